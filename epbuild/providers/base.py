@@ -1,0 +1,133 @@
+"""The provider adapter interface: how an execution provider plugs into epbuild.
+
+An adapter has two sides. The *coordinator* side (``validate_options``, ``versions``)
+must not import onnxruntime or the EP package: it runs on the no-op path. The *worker*
+side (``attach``) runs inside a fresh worker process that has imported onnxruntime.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Protocol
+
+from ..errors import ManifestError, ProviderUnavailableError
+
+if TYPE_CHECKING:
+    import onnxruntime
+
+
+@dataclass(frozen=True)
+class ProviderConfig:
+    """A named provider configuration from the manifest, already validated."""
+
+    name: str
+    """Manifest name, e.g. ``htp-v73``."""
+    ep: str
+    """Adapter kind, e.g. ``qnn``."""
+    options: Mapping[str, str]
+    """Provider options passed to the EP (normalised to strings)."""
+    session_options: Mapping[str, str] = field(default_factory=dict)
+    """Extra ORT session config entries."""
+    settings: Mapping[str, str] = field(default_factory=dict)
+    """Adapter settings that are not EP options (e.g. plugin ``library``, ``ep_name``)."""
+
+
+class Provider(Protocol):
+    """An execution-provider adapter."""
+
+    kind: str
+    """The manifest ``ep`` value that selects this adapter."""
+    extra: str
+    """The pip extra that installs its EP package (``pip install "epbuild[<extra>]"``)."""
+    shares_weights: bool
+    """Whether the EP supports ``ep.share_ep_contexts`` weight-sharing groups."""
+
+    def validate_options(
+        self, options: Mapping[str, Any], settings: Mapping[str, Any], *, key: str
+    ) -> tuple[dict[str, str], dict[str, str]]:
+        """Check manifest options; return (provider options, adapter settings) as strings.
+
+        Raise ``ManifestError`` naming ``key + "." + option`` for a value the EP would
+        misread. Must not import onnxruntime.
+        """
+        ...
+
+    def versions(self, config: ProviderConfig) -> dict[str, str]:
+        """Toolchain versions for the action key (``importlib.metadata``, no imports)."""
+        ...
+
+    def context_source(self, config: ProviderConfig) -> str:
+        """The ``source`` attribute its EPContext nodes carry (e.g. ``qnn``)."""
+        ...
+
+    def compatibility_key(self, config: ProviderConfig) -> str | None:
+        """Name ``X`` of the ``ep_compatibility_info.X`` metadata it writes, if any."""
+        ...
+
+    def check_compatibility(self, config: ProviderConfig, info: str) -> str | None:
+        """Return a message if ``info`` does not match the requested target, else None."""
+        ...
+
+    def attach(
+        self, ort: onnxruntime, so: onnxruntime.SessionOptions, config: ProviderConfig
+    ) -> None:
+        """Worker side: register the EP if needed and add it to ``so``.
+
+        Raise ``ProviderUnavailableError`` naming the extra to install when the EP
+        package or a device is missing.
+        """
+        ...
+
+
+def dist_version(dist: str) -> str:
+    """Installed version of a distribution, or ``"absent"``; never imports it."""
+    try:
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return "absent"
+
+
+def stringify_options(
+    options: Mapping[str, Any], *, key: str, allowed: frozenset[str] | None = None
+) -> dict[str, str]:
+    """Turn manifest option values into the strings ORT wants; refuse nested values.
+
+    With ``allowed``, an unknown option key is an error naming it.
+    """
+    out: dict[str, str] = {}
+    for name, value in options.items():
+        if allowed is not None and name not in allowed:
+            raise ManifestError(
+                f"unknown provider option {name!r}",
+                key=f"{key}.{name}",
+                hint="known options: " + ", ".join(sorted(allowed)),
+            )
+        if isinstance(value, bool):
+            out[name] = "1" if value else "0"
+        elif isinstance(value, (int, float, str)):
+            out[name] = str(value)
+        else:
+            raise ManifestError(
+                f"option value must be a string, number or boolean, not {type(value).__name__}",
+                key=f"{key}.{name}",
+            )
+    return out
+
+
+def require_devices(
+    ort: onnxruntime, ep_name: str, *, extra: str, device_type: str | None = None
+) -> list[Any]:
+    """EP devices named ``ep_name`` (optionally of one hardware type), or a clear error."""
+    devices = [d for d in ort.get_ep_devices() if d.ep_name == ep_name]
+    if device_type is not None:
+        wanted = device_type.upper()
+        devices = [d for d in devices if d.device.type.name == wanted]
+    if not devices:
+        raise ProviderUnavailableError(
+            f"execution provider {ep_name!r} found no device on this machine"
+            + (f" of type {device_type}" if device_type else ""),
+            hint=f'install it with pip install "epbuild[{extra}]" and check the hardware',
+        )
+    return devices

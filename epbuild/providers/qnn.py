@@ -1,0 +1,176 @@
+"""The QNN adapter: Qualcomm HTP context binaries through the ``onnxruntime-qnn`` plugin."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import re
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from ..errors import ManifestError, ProviderUnavailableError
+from .base import ProviderConfig, dist_version, require_devices, stringify_options
+
+if TYPE_CHECKING:
+    import onnxruntime
+
+EP_NAME = "qnn"
+"""Name the plugin registers its EP and devices under (not ``QNNExecutionProvider``)."""
+DIST = "onnxruntime-qnn"
+
+# HTP architectures and SoC models the QNN SDK accepts. Anything else compiles silently for
+# a default target or falls back to the CPU EP (ORT-QNN-FACTS.md), so we refuse it first.
+HTP_ARCHS = frozenset({"68", "69", "73", "75", "79", "81"})
+SOC_MODELS = frozenset(
+    {
+        "30", "36", "37", "42", "43", "52", "53", "54", "56", "57", "58", "59", "60",
+        "62", "64", "65", "66", "67", "68", "69", "70", "72", "73", "74", "75", "76",
+        "77", "79", "80", "81", "82", "83", "87", "88", "89", "90", "93", "94", "97",
+    }
+)  # fmt: skip
+KNOWN_OPTIONS = frozenset(
+    {
+        "backend_type", "backend_path", "htp_arch", "soc_model", "htp_performance_mode",
+        "htp_graph_finalization_optimization_mode", "vtcm_mb", "enable_htp_fp16_precision",
+        "offload_graph_io_quantization", "enable_htp_weight_sharing", "profiling_level",
+        "profiling_file_path", "rpc_control_latency", "device_id", "qnn_context_priority",
+        "htp_bf16_enable", "enable_htp_spill_fill_buffer", "enable_htp_shared_memory_allocator",
+        "dump_json_qnn_graph", "json_qnn_graph_dir", "qnn_saver_path",
+    }
+)  # fmt: skip
+
+
+def _split(value: str) -> list[str]:
+    return [part.strip() for part in value.split(",")]
+
+
+class QnnProvider:
+    """Compiles HTP context binaries; runs on Linux x86_64 without Qualcomm hardware."""
+
+    kind = "qnn"
+    extra = "qnn"
+    shares_weights = True
+
+    def validate_options(
+        self, options: Mapping[str, Any], settings: Mapping[str, Any], *, key: str
+    ) -> tuple[dict[str, str], dict[str, str]]:
+        opts = stringify_options(options, key=f"{key}.options", allowed=KNOWN_OPTIONS)
+        if "backend_type" in opts and "backend_path" in opts:
+            raise ManifestError(
+                "set backend_type or backend_path, not both",
+                key=f"{key}.options.backend_path",
+                hint="with both, ONNX Runtime silently falls back to the CPU EP",
+            )
+        if "backend_path" not in opts:
+            backend = opts.setdefault("backend_type", "htp")
+            if backend != "htp":
+                raise ManifestError(
+                    f"backend_type {backend!r} cannot produce context binaries here",
+                    key=f"{key}.options.backend_type",
+                    hint='use backend_type = "htp" (the wheel ships only the HTP backend)',
+                )
+        for name, allowed in (("htp_arch", HTP_ARCHS), ("soc_model", SOC_MODELS)):
+            if name in opts:
+                values = _split(opts[name])
+                bad = [v for v in values if v not in allowed]
+                if bad:
+                    raise ManifestError(
+                        f"{name} {bad[0]!r} is not a known value",
+                        key=f"{key}.options.{name}",
+                        hint=f"use one of {', '.join(sorted(allowed, key=int))}; the EP "
+                        "would silently compile for a default target instead",
+                    )
+                opts[name] = ",".join(values)
+        archs = _split(opts.get("htp_arch", ""))
+        socs = _split(opts.get("soc_model", ""))
+        if ("htp_arch" in opts and "soc_model" in opts) and len(archs) != len(socs):
+            raise ManifestError(
+                "htp_arch and soc_model list different numbers of targets",
+                key=f"{key}.options.soc_model",
+                hint="give one soc_model per htp_arch (multi-SoC targets are comma lists)",
+            )
+        if settings:
+            name = next(iter(settings))
+            raise ManifestError(
+                f"{name!r} is not a setting of the qnn provider", key=f"{key}.{name}"
+            )
+        return opts, {}
+
+    def is_multi_soc(self, config: ProviderConfig) -> bool:
+        """Whether the configuration targets several SoCs in one context."""
+        return "," in config.options.get("soc_model", "") or "," in config.options.get(
+            "htp_arch", ""
+        )
+
+    def versions(self, config: ProviderConfig) -> dict[str, str]:
+        return {
+            "onnxruntime": dist_version("onnxruntime"),
+            DIST: dist_version(DIST),
+            "qnn-sdk": qnn_sdk_version(),
+        }
+
+    def context_source(self, config: ProviderConfig) -> str:
+        return EP_NAME
+
+    def compatibility_key(self, config: ProviderConfig) -> str | None:
+        return EP_NAME
+
+    def check_compatibility(self, config: ProviderConfig, info: str) -> str | None:
+        # v2:6:<sdk>:<htp api>:<arch>:<soc>:<vtcm>:0 for a single target.
+        if self.is_multi_soc(config):
+            return None
+        parts = info.split(":")
+        if len(parts) < 6 or parts[0] != "v2":
+            return f"unrecognised ep_compatibility_info.qnn {info!r}"
+        want_arch = config.options.get("htp_arch")
+        want_soc = config.options.get("soc_model")
+        if want_arch and parts[4] != want_arch:
+            return f"context targets htp_arch {parts[4]}, the manifest asks for {want_arch}"
+        if want_soc and parts[5] != want_soc:
+            return f"context targets soc_model {parts[5]}, the manifest asks for {want_soc}"
+        return None
+
+    def attach(
+        self, ort: onnxruntime, so: onnxruntime.SessionOptions, config: ProviderConfig
+    ) -> None:
+        try:
+            import onnxruntime_qnn
+        except ImportError as exc:
+            raise ProviderUnavailableError(
+                "the QNN execution provider package onnxruntime-qnn is not installed",
+                hint='install it with pip install "epbuild[qnn]"',
+            ) from exc
+        register_plugin(ort, EP_NAME, onnxruntime_qnn.get_library_path())
+        devices = require_devices(ort, EP_NAME, extra=self.extra)
+        so.add_provider_for_devices(devices, dict(config.options))
+
+
+_registered: set[str] = set()
+
+
+def register_plugin(ort: onnxruntime, name: str, library: str) -> None:
+    """Register a plugin EP library once per process."""
+    if name in _registered:
+        return
+    try:
+        ort.register_execution_provider_library(name, library)
+    except Exception as exc:  # ORT raises its own pybind classes
+        if "already registered" not in str(exc):
+            raise ProviderUnavailableError(
+                f"could not register execution provider library {library}: {exc}"
+            ) from exc
+    _registered.add(name)
+
+
+def qnn_sdk_version() -> str:
+    """The QNN SDK version bundled in the onnxruntime-qnn wheel, read without importing it."""
+    try:
+        dist = importlib.metadata.distribution(DIST)
+    except importlib.metadata.PackageNotFoundError:
+        return "absent"
+    info = dist.locate_file("onnxruntime_qnn/build_and_package_info.py")
+    try:
+        text = open(info, encoding="utf-8").read()  # noqa: PTH123, SIM115
+    except OSError:
+        return "unknown"
+    match = re.search(r"qnn_version\s*=\s*['\"]([^'\"]+)", text)
+    return match.group(1) if match else "unknown"
