@@ -59,7 +59,20 @@ class Provider(Protocol):
         ...
 
     def context_source(self, config: ProviderConfig) -> str:
-        """The ``source`` attribute its EPContext nodes carry (e.g. ``qnn``)."""
+        """The ``source`` attribute its EPContext nodes carry (e.g. ``qnn``).
+
+        ``""`` means the EP writes no ``source`` attribute at all (the TensorRT EP).
+        """
+        ...
+
+    def context_options(
+        self, config: ProviderConfig, ctx_path: str, embed_mode: int
+    ) -> dict[str, str]:
+        """Extra provider options the worker merges in to make the EP dump a ctx model.
+
+        Most EPs read the ``ep.context_*`` session options and return ``{}``; the TensorRT
+        EP takes its own ``trt_*`` options.
+        """
         ...
 
     def compatibility_key(self, config: ProviderConfig) -> str | None:
@@ -116,6 +129,25 @@ def stringify_options(
     return out
 
 
+_registered: set[str] = set()
+
+
+def register_plugin(
+    ort: onnxruntime, name: str, library: str, *, hint: str | None = None
+) -> None:
+    """Register a plugin EP library once per process."""
+    if name in _registered:
+        return
+    try:
+        ort.register_execution_provider_library(name, library)
+    except Exception as exc:  # ORT raises its own pybind classes
+        if "already registered" not in str(exc):
+            raise ProviderUnavailableError(
+                f"could not register execution provider library {library}: {exc}", hint=hint
+            ) from exc
+    _registered.add(name)
+
+
 def require_devices(
     ort: onnxruntime, ep_name: str, *, extra: str, device_type: str | None = None
 ) -> list[Any]:
@@ -128,6 +160,13 @@ def require_devices(
         raise ProviderUnavailableError(
             f"execution provider {ep_name!r} found no device on this machine"
             + (f" of type {device_type}" if device_type else ""),
-            hint=f'install it with pip install "epbuild[{extra}]" and check the hardware',
+            hint=install_hint(extra) + " and check the hardware",
         )
     return devices
+
+
+def install_hint(extra: str) -> str:
+    """How to install an adapter's EP package; ``extra=""`` for EPs epbuild has no extra for."""
+    if extra:
+        return f'install it with pip install "epbuild[{extra}]"'
+    return "install the EP's own package and check the library path"

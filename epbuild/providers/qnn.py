@@ -8,7 +8,13 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from ..errors import ManifestError, ProviderUnavailableError
-from .base import ProviderConfig, dist_version, require_devices, stringify_options
+from .base import (
+    ProviderConfig,
+    dist_version,
+    register_plugin,
+    require_devices,
+    stringify_options,
+)
 
 if TYPE_CHECKING:
     import onnxruntime
@@ -111,6 +117,11 @@ class QnnProvider:
     def context_source(self, config: ProviderConfig) -> str:
         return EP_NAME
 
+    def context_options(
+        self, config: ProviderConfig, ctx_path: str, embed_mode: int
+    ) -> dict[str, str]:
+        return {}
+
     def compatibility_key(self, config: ProviderConfig) -> str | None:
         return EP_NAME
 
@@ -142,23 +153,6 @@ class QnnProvider:
         register_plugin(ort, EP_NAME, onnxruntime_qnn.get_library_path())
         devices = require_devices(ort, EP_NAME, extra=self.extra)
         so.add_provider_for_devices(devices, dict(config.options))
-
-
-_registered: set[str] = set()
-
-
-def register_plugin(ort: onnxruntime, name: str, library: str) -> None:
-    """Register a plugin EP library once per process."""
-    if name in _registered:
-        return
-    try:
-        ort.register_execution_provider_library(name, library)
-    except Exception as exc:  # ORT raises its own pybind classes
-        if "already registered" not in str(exc):
-            raise ProviderUnavailableError(
-                f"could not register execution provider library {library}: {exc}"
-            ) from exc
-    _registered.add(name)
 
 
 def qnn_sdk_version() -> str:

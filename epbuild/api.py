@@ -1,0 +1,427 @@
+"""The library API: ``build``, ``status`` and ``clean``. The CLI is a thin layer over it."""
+
+from __future__ import annotations
+
+import enum
+import os
+import posixpath
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from . import locks
+from .commit import check_staged, clean_stale_staging, commit, make_staging
+from .errors import EpbuildError, Interrupted
+from .fsutil import remove_tree
+from .graph import Action
+from .plan import ActionPlan, make_plan, plan_action
+from .providers import get_provider
+from .state import ActionRecord, OutputRecord
+from .statcache import Entry, hash_file
+from .workspace import Workspace, open_workspace
+
+
+class Outcome(enum.Enum):
+    """How an action ended in a build (or would, in a dry run)."""
+
+    COMPILED = "compiled"
+    RESTORED = "restored"
+    UP_TO_DATE = "up_to_date"
+    FAILED = "failed"
+    SKIPPED = "skipped"
+    WOULD_BUILD = "would_build"
+
+
+@dataclass
+class ActionResult:
+    """One action's result."""
+
+    id: str
+    group: str
+    provider: str
+    outcome: Outcome
+    seconds: float = 0.0
+    outputs: list[str] = field(default_factory=list)
+    reasons: list[str] = field(default_factory=list)
+    error: str | None = None
+    hint: str | None = None
+    log_tail: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        """The ``--json`` form."""
+        data: dict[str, Any] = {
+            "id": self.id,
+            "group": self.group,
+            "provider": self.provider,
+            "outcome": self.outcome.value,
+            "seconds": round(self.seconds, 3),
+            "outputs": self.outputs,
+            "reasons": self.reasons,
+        }
+        if self.error:
+            data["error"] = self.error
+            if self.hint:
+                data["hint"] = self.hint
+        if self.warnings:
+            data["warnings"] = self.warnings
+        return data
+
+
+@dataclass
+class BuildResult:
+    """What a build did."""
+
+    actions: list[ActionResult]
+    seconds: float
+    warnings: list[str] = field(default_factory=list)
+
+    def count(self, outcome: Outcome) -> int:
+        """How many actions ended with ``outcome``."""
+        return sum(1 for a in self.actions if a.outcome is outcome)
+
+    @property
+    def ok(self) -> bool:
+        """No action failed."""
+        return self.count(Outcome.FAILED) == 0
+
+    def summary(self) -> dict[str, Any]:
+        """Counts per outcome plus the wall time."""
+        data: dict[str, Any] = {o.value: self.count(o) for o in Outcome}
+        data["total"] = len(self.actions)
+        data["seconds"] = round(self.seconds, 3)
+        return data
+
+    def to_json(self) -> dict[str, Any]:
+        """The ``--json`` document."""
+        return {
+            "summary": self.summary(),
+            "actions": [a.to_json() for a in self.actions],
+            "warnings": self.warnings,
+        }
+
+
+class Reporter:
+    """Receives progress events; the CLI renders them. The default ignores them."""
+
+    def start(self, total: int, stale: int) -> None:
+        """The build is about to run ``stale`` of ``total`` actions."""
+
+    def action_started(self, action_id: str) -> None:
+        """An action began compiling."""
+
+    def action_finished(self, result: ActionResult) -> None:
+        """An action ended."""
+
+    def message(self, text: str) -> None:
+        """A one-off note (waiting on a lock, a warning)."""
+
+
+def _result(action: Action, outcome: Outcome, **kw: Any) -> ActionResult:
+    return ActionResult(action.id, action.group.name, action.provider.name, outcome, **kw)
+
+
+def status(
+    directory: str | os.PathLike[str] = ".",
+    manifest: str | os.PathLike[str] | None = None,
+    selectors: list[str] | tuple[str, ...] = (),
+) -> list[ActionPlan]:
+    """Every selected action as up to date or stale, with reasons. Takes no lock."""
+    ws = open_workspace(directory, manifest, selectors)
+    plans = make_plan(ws.actions, ws.state, ws.keys, ws.stats, ws.root)
+    _save_stats(ws)
+    return plans
+
+
+def _save_stats(ws: Workspace) -> None:
+    if not ws.stats.dirty or not os.path.isdir(ws.state_dir):
+        return
+    with locks.hold(ws.state_lock, "epbuild (saving the stat cache)"):
+        ws.stats.save()
+
+
+class _Builder:
+    """Runs the stale actions of one build."""
+
+    def __init__(
+        self,
+        ws: Workspace,
+        *,
+        jobs: int,
+        keep_going: bool,
+        reporter: Reporter,
+        lock_timeout: float | None,
+    ) -> None:
+        from .executor import LocalExecutor
+
+        self.ws = ws
+        self.jobs = jobs
+        self.keep_going = keep_going
+        self.reporter = reporter
+        self.lock_timeout = lock_timeout
+        self.executor = LocalExecutor(ws.root, prewarm=True)
+        self.warned: set[str] = set()
+
+    def run_one(self, plan: ActionPlan) -> ActionResult:
+        action = plan.action
+        if plan.error is not None:
+            return _result(
+                action, Outcome.FAILED, reasons=plan.reasons, error=plan.error.message,
+                hint=plan.error.hint,
+            )  # fmt: skip
+        try:
+            with locks.hold(
+                self.ws.action_lock(action),
+                f"epbuild build {action.id}",
+                timeout=self.lock_timeout,
+                on_wait=lambda msg: self.reporter.message(f"{action.id}: {msg}"),
+            ):
+                return self._locked(plan)
+        except EpbuildError as exc:
+            return _result(action, Outcome.FAILED, reasons=plan.reasons, error=exc.message,
+                           hint=exc.hint)  # fmt: skip
+
+    def _locked(self, plan: ActionPlan) -> ActionResult:
+        ws, action = self.ws, plan.action
+        state = ws.reload_state()
+        again = plan_action(action, state, ws.keys, ws.stats, ws.root)
+        if not again.stale:
+            return _result(action, Outcome.UP_TO_DATE, outputs=_outputs(ws, action))
+        assert again.key is not None
+        key = again.key
+        self.reporter.action_started(action.id)
+        staging = make_staging(ws.root, ws.manifest.workspace.out_dir, action.slug)
+        try:
+            outcome = self.executor.run(self._job(action, staging))
+            if not outcome.ok:
+                return _result(
+                    action, Outcome.FAILED, reasons=plan.reasons,
+                    error=outcome.error, hint=outcome.hint, log_tail=outcome.log_tail,
+                )  # fmt: skip
+            names = check_staged(ws.root, staging, action.ctx_names)
+            warnings = self._check_detail(action, outcome.result.get("detail", {}))
+            changed = [
+                rel for rel, digest in key.inputs.items()
+                if ws.stats.digest(ws.root, rel).digest != digest
+            ]  # fmt: skip
+            if changed:
+                return _result(
+                    action, Outcome.FAILED, reasons=plan.reasons,
+                    error=f"input {changed[0]} changed while it was being compiled; "
+                    "the result was discarded",
+                    hint="run the build again once the file is written",
+                )  # fmt: skip
+            staged_dir = os.path.join(ws.root, staging)
+            outputs: dict[str, OutputRecord] = {}
+            for name in names:
+                full = os.path.join(staged_dir, name)
+                outputs[posixpath.join(action.out_dir, name)] = OutputRecord(
+                    os.path.getsize(full), hash_file(full)
+                )
+            record = ActionRecord(
+                id=action.id,
+                key=key.key,
+                components=key.components,
+                outputs=outputs,
+                seconds=float(outcome.result.get("seconds", 0.0)),
+                peak_rss=int(outcome.result.get("peak_rss", 0)),
+                at=time.time(),
+                detail=outcome.result.get("detail", {}),
+            )
+            old = list(state.records[action.id].outputs) if action.id in state.records else []
+            with locks.hold(ws.state_lock, f"epbuild commit {action.id}"):
+                ws.journal.begin(action.id, key.key)
+            commit(ws.root, staging, action.out_dir, names, old)
+            for rel, out in outputs.items():
+                st = os.stat(os.path.join(ws.root, rel))
+                ws.stats.remember(rel, Entry(st.st_ino, st.st_size, st.st_mtime_ns, out.digest))
+            with locks.hold(ws.state_lock, f"epbuild commit {action.id}"):
+                ws.journal.done(record)
+            return _result(
+                action, Outcome.COMPILED, seconds=record.seconds, outputs=sorted(outputs),
+                reasons=plan.reasons, warnings=warnings,
+            )  # fmt: skip
+        finally:
+            remove_tree(os.path.join(ws.root, staging))
+
+    def _job(self, action: Action, staging: str) -> dict[str, Any]:
+        g, p = action.group, action.provider
+        names = None
+        if g.external_initializers:
+            from .manifest import model_stem
+
+            names = [
+                g.external_initializers if len(action.models) == 1 and not g.share_weights
+                and len(g.models) == 1 else f"{model_stem(m)}_{g.external_initializers}"
+                for m in action.models
+            ]  # fmt: skip
+        return {
+            "provider": {
+                "name": p.name, "ep": p.ep, "options": dict(p.options),
+                "session_options": dict(p.session_options), "settings": dict(p.settings),
+            },
+            "models": list(action.models),
+            "staging": staging,
+            "share_weights": g.share_weights,
+            "embed_mode": g.embed_mode,
+            "node_name_prefix": g.node_name_prefix,
+            "external_initializers": g.external_initializers,
+            "external_initializers_names": names,
+            "load": g.load,
+        }  # fmt: skip
+
+    def _check_detail(self, action: Action, detail: dict[str, Any]) -> list[str]:
+        from .errors import VerificationError
+
+        adapter = get_provider(action.provider.ep)
+        warnings: list[str] = []
+        for model, info in detail.get("models", {}).items():
+            compat = info.get("compatibility")
+            if compat:
+                problem = adapter.check_compatibility(action.provider, compat)
+                if problem:
+                    raise VerificationError(f"{model}: {problem}")
+            prefix = action.group.node_name_prefix
+            if prefix and not all(n.startswith(prefix) for n in info.get("node_names", [])):
+                note = (
+                    f"the {action.provider.ep} EP "
+                    f"({', '.join(f'{k} {v}' for k, v in adapter.versions(action.provider).items())})"
+                    " ignores node_name_prefix; EPContext node names were not prefixed"
+                )
+                if note not in self.warned:
+                    self.warned.add(note)
+                    self.reporter.message(f"warning: {note}")
+                    warnings.append(note)
+        return warnings
+
+
+def _outputs(ws: Workspace, action: Action) -> list[str]:
+    rec = ws.state.records.get(action.id)
+    return sorted(rec.outputs) if rec else []
+
+
+def build(
+    directory: str | os.PathLike[str] = ".",
+    manifest: str | os.PathLike[str] | None = None,
+    selectors: list[str] | tuple[str, ...] = (),
+    *,
+    jobs: int | None = None,
+    keep_going: bool = False,
+    dry_run: bool = False,
+    reporter: Reporter | None = None,
+    lock_timeout: float | None = None,
+) -> BuildResult:
+    """Bring the selected actions up to date; returns what happened to each."""
+    t0 = time.perf_counter()
+    reporter = reporter or Reporter()
+    ws = open_workspace(directory, manifest, selectors)
+    warnings = list(ws.state.warnings)
+    for w in warnings:
+        reporter.message(f"warning: {w}")
+    plans = make_plan(ws.actions, ws.state, ws.keys, ws.stats, ws.root)
+    stale = [p for p in plans if p.stale]
+    results: dict[str, ActionResult] = {
+        p.action.id: _result(p.action, Outcome.UP_TO_DATE, outputs=_outputs(ws, p.action))
+        for p in plans
+        if not p.stale
+    }
+    if dry_run or not stale:
+        for p in stale:
+            results[p.action.id] = _result(p.action, Outcome.WOULD_BUILD, reasons=p.reasons)
+        if not dry_run:
+            _save_stats(ws)
+        return BuildResult([results[p.action.id] for p in plans], time.perf_counter() - t0,
+                           warnings)  # fmt: skip
+    os.makedirs(ws.state_dir, exist_ok=True)
+    with locks.hold(ws.state_lock, "epbuild build (startup)", timeout=lock_timeout):
+        clean_stale_staging(ws.root, ws.manifest.workspace.out_dir)
+        if ws.state.warnings:
+            ws.journal.compact_if_needed(ws.reload_state())
+    reporter.start(len(plans), len(stale))
+    builder = _Builder(
+        ws,
+        jobs=max(1, jobs or ws.manifest.workspace.jobs),
+        keep_going=keep_going,
+        reporter=reporter,
+        lock_timeout=lock_timeout,
+    )
+    try:
+        results.update(_schedule(builder, stale))
+    finally:
+        builder.executor.close()
+        _save_stats(ws)
+        with locks.hold(ws.state_lock, "epbuild build (finish)"):
+            ws.journal.compact_if_needed(ws.reload_state())
+    return BuildResult([results[p.action.id] for p in plans], time.perf_counter() - t0, warnings)
+
+
+def _schedule(builder: _Builder, stale: list[ActionPlan]) -> dict[str, ActionResult]:
+    """One loop: start ready actions up to -j, wait for the first to finish, repeat."""
+    from collections import deque
+    from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+
+    results: dict[str, ActionResult] = {}
+    pending = deque(stale)
+    running: dict[Future[ActionResult], ActionPlan] = {}
+    stop = False
+    pool = ThreadPoolExecutor(max_workers=builder.jobs, thread_name_prefix="epbuild-slot")
+    try:
+        while pending or running:
+            while pending and len(running) < builder.jobs and not stop:
+                plan = pending.popleft()
+                running[pool.submit(builder.run_one, plan)] = plan
+            if not running:
+                break
+            done, _ = wait(running, return_when=FIRST_COMPLETED)
+            for fut in done:
+                plan = running.pop(fut)
+                res = fut.result()
+                results[plan.action.id] = res
+                builder.reporter.action_finished(res)
+                if res.outcome is Outcome.FAILED and not builder.keep_going:
+                    stop = True
+    except KeyboardInterrupt:
+        builder.executor.cancel()
+        wait(running)
+        pool.shutdown(wait=True)
+        raise Interrupted("interrupted; workers stopped, nothing half-written was kept") from None
+    pool.shutdown(wait=True)
+    for plan in pending:
+        results[plan.action.id] = _result(
+            plan.action, Outcome.SKIPPED, reasons=plan.reasons,
+            error="not started because an earlier action failed (use -k to keep going)",
+        )  # fmt: skip
+    return results
+
+
+def clean(
+    directory: str | os.PathLike[str] = ".",
+    manifest: str | os.PathLike[str] | None = None,
+    selectors: list[str] | tuple[str, ...] = (),
+) -> list[str]:
+    """Remove the selected actions' outputs and records; returns the removed paths."""
+    ws = open_workspace(directory, manifest, selectors)
+    removed: list[str] = []
+    if not os.path.isdir(ws.state_dir):
+        return removed
+    with locks.hold(ws.state_lock, "epbuild clean"):
+        state = ws.reload_state()
+        for action in ws.actions:
+            rec = state.records.get(action.id)
+            paths = list(rec.outputs) if rec else []
+            for rel in paths:
+                full = os.path.join(ws.root, rel)
+                if os.path.lexists(full):
+                    os.unlink(full)
+                    removed.append(rel)
+            if rec or action.id in state.interrupted:
+                ws.journal.forget(action.id)
+        clean_stale_staging(ws.root, ws.manifest.workspace.out_dir)
+    top = os.path.join(ws.root, ws.manifest.workspace.out_dir)
+    for action in ws.actions:  # drop directories we emptied, never above out_dir
+        d = os.path.join(ws.root, action.out_dir)
+        while d.startswith(top + os.sep) and os.path.isdir(d) and not os.listdir(d):
+            os.rmdir(d)
+            d = os.path.dirname(d)
+    return removed

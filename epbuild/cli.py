@@ -1,0 +1,157 @@
+"""The ``epbuild`` command line: parse arguments, call the API, render, map exit codes.
+
+Exit codes: 0 success, 1 build failure, 2 user error, 3 lock timeout, 130 interrupted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from .errors import EpbuildError, UserError
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="epbuild", description="Build ONNX Runtime EPContext models incrementally."
+    )
+    p.add_argument("-C", dest="directory", default=".", help="run as if started in DIR")
+    p.add_argument("-f", "--file", dest="manifest", help="manifest file (default epbuild.toml)")
+    sub = p.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+
+    sub.add_parser("init", help="write a commented starter epbuild.toml")
+
+    b = sub.add_parser("build", help="compile stale actions")
+    b.add_argument("selectors", nargs="*", metavar="SELECTOR", help="group, group/provider or id")
+    b.add_argument("-j", "--jobs", type=int, help="compiles at once")
+    b.add_argument("-k", "--keep-going", action="store_true", help="continue after failures")
+    b.add_argument("-n", "--dry-run", action="store_true", help="show what would be built")
+    b.add_argument("--json", action="store_true", help="print one JSON object on stdout")
+    b.add_argument("--lock-timeout", type=float, metavar="SECONDS", help="give up waiting")
+
+    s = sub.add_parser("status", help="list actions as up to date or stale, with reasons")
+    s.add_argument("selectors", nargs="*", metavar="SELECTOR")
+    s.add_argument("--json", action="store_true")
+
+    c = sub.add_parser("clean", help="remove built outputs and their records")
+    c.add_argument("selectors", nargs="*", metavar="SELECTOR")
+    return p
+
+
+def _print_json(data: Any) -> None:
+    sys.stdout.write(json.dumps(data, indent=2) + "\n")
+
+
+def _cmd_build(args: argparse.Namespace) -> int:
+    from .api import Outcome, build
+    from .progress import ConsoleReporter
+
+    if args.jobs is not None and args.jobs < 1:
+        raise UserError("-j must be at least 1")
+    result = build(
+        args.directory,
+        args.manifest,
+        args.selectors,
+        jobs=args.jobs,
+        keep_going=args.keep_going,
+        dry_run=args.dry_run,
+        reporter=ConsoleReporter(),
+        lock_timeout=args.lock_timeout,
+    )
+    if args.json:
+        _print_json(result.to_json())
+    else:
+        if args.dry_run:
+            for a in result.actions:
+                if a.outcome is Outcome.WOULD_BUILD:
+                    print(f"would build {a.id}: {'; '.join(a.reasons)}")
+        s = result.summary()
+        parts = [f"{s[o.value]} {o.value.replace('_', ' ')}" for o in Outcome if s[o.value]]
+        print(f"epbuild: {', '.join(parts) or 'nothing to do'} in {result.seconds:.2f}s")
+    if not result.ok:
+        if any(a.outcome is Outcome.FAILED and "lock held by" in (a.error or "")
+               for a in result.actions):  # fmt: skip
+            return 3
+        return 1
+    return 0
+
+
+def _cmd_status(args: argparse.Namespace) -> int:
+    from .api import status
+
+    plans = status(args.directory, args.manifest, args.selectors)
+    if args.json:
+        _print_json(
+            {
+                "actions": [
+                    {
+                        "id": p.action.id,
+                        "group": p.action.group.name,
+                        "provider": p.action.provider.name,
+                        "stale": p.stale,
+                        "reasons": p.reasons,
+                        "key": p.key.key if p.key else None,
+                    }
+                    for p in plans
+                ]
+            }
+        )
+        return 0
+    for p in plans:
+        if p.stale:
+            print(f"stale       {p.action.id}")
+            for r in p.reasons:
+                print(f"              - {r}")
+        else:
+            print(f"up to date  {p.action.id}")
+    return 0
+
+
+def _cmd_init(args: argparse.Namespace) -> int:
+    from .initcmd import init
+
+    path = init(args.directory, args.manifest)
+    print(f"epbuild: wrote {path}")
+    return 0
+
+
+def _cmd_clean(args: argparse.Namespace) -> int:
+    from .api import clean
+
+    removed = clean(args.directory, args.manifest, args.selectors)
+    print(f"epbuild: removed {len(removed)} file(s)")
+    return 0
+
+
+COMMANDS = {"build": _cmd_build, "status": _cmd_status, "init": _cmd_init, "clean": _cmd_clean}
+
+
+def _sigterm(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the CLI; returns the exit code (also used as the console script)."""
+    args = _parser().parse_args(argv)
+    if args.directory != "." and not os.path.isdir(args.directory):
+        print(f"epbuild: error: -C {args.directory}: no such directory", file=sys.stderr)
+        return 2
+    signal.signal(signal.SIGTERM, _sigterm)
+    try:
+        return COMMANDS[args.command](args)
+    except EpbuildError as exc:
+        print(f"epbuild: error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        print("epbuild: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

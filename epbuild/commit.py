@@ -1,0 +1,124 @@
+"""Staging and committing outputs: check what a worker wrote, then move it into place.
+
+A worker writes into ``<out_dir>/.staging/<slug>-<pid>/``. The coordinator checks every path
+written into the staged models (relative, inside the action's directory, existing), that no
+absolute workspace path leaked into any file, then — with a ``begin`` record in the journal —
+removes the action's old outputs, renames the staged files into place and records ``done``.
+"""
+
+from __future__ import annotations
+
+import os
+import posixpath
+from dataclasses import dataclass
+
+from .errors import UnsafePathError, VerificationError
+from .fsutil import remove_tree
+from .paths import ensure_dir_inside, is_safe_reference
+from .worker import LOG_NAME, RESULT_NAME
+
+STAGING = ".staging"
+
+
+@dataclass(frozen=True)
+class StagedFile:
+    """A staged output file."""
+
+    name: str
+    size: int
+    digest: str
+
+
+def staging_root(root: str, out_dir: str) -> str:
+    """Absolute path of the staging area inside the output directory."""
+    return os.path.join(root, out_dir, STAGING)
+
+
+def make_staging(root: str, out_dir: str, slug: str) -> str:
+    """Create a fresh staging directory; returns it workspace-relative."""
+    ensure_dir_inside(os.path.join(root, out_dir), root, what="out_dir")
+    base = staging_root(root, out_dir)
+    ensure_dir_inside(base, root, what="staging directory")
+    rel = posixpath.join(out_dir, STAGING, f"{slug}-{os.getpid()}")
+    full = os.path.join(root, rel)
+    remove_tree(full)
+    os.mkdir(full)
+    return rel
+
+
+def clean_stale_staging(root: str, out_dir: str) -> None:
+    """Remove staging directories of processes that no longer run."""
+    base = staging_root(root, out_dir)
+    try:
+        names = os.listdir(base)
+    except OSError:
+        return
+    for name in names:
+        pid = name.rsplit("-", 1)[-1]
+        if pid.isdigit() and not _alive(int(pid)):
+            remove_tree(os.path.join(base, name))
+
+
+def _alive(pid: int) -> bool:
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def check_staged(root: str, staging: str, ctx_names: tuple[str, ...]) -> list[str]:
+    """Validate a staging directory; return the output file names (raises on problems)."""
+    from .onnxproto import ProtoError, read_model
+
+    full = os.path.join(root, staging)
+    names = sorted(n for n in os.listdir(full) if n not in (LOG_NAME, RESULT_NAME))
+    for name in names:
+        if os.path.islink(os.path.join(full, name)) or not os.path.isfile(
+            os.path.join(full, name)
+        ):
+            raise UnsafePathError(f"staged output {name} is not a regular file; refusing it")
+    for ctx in ctx_names:
+        if ctx not in names:
+            raise VerificationError(f"expected output {ctx} was not written")
+        try:
+            info = read_model(os.path.join(full, ctx))
+        except ProtoError as exc:
+            raise VerificationError(f"{ctx}: unreadable ctx model ({exc})") from exc
+        refs = [
+            str(n.attributes["ep_cache_context"])
+            for n in info.context_nodes
+            if n.attributes.get("embed_mode", 1) == 0 and "ep_cache_context" in n.attributes
+        ] + [r.location for r in info.external_refs]
+        for ref in refs:
+            if not is_safe_reference(ref):
+                raise VerificationError(
+                    f"{ctx}: references {ref!r}, which is absolute or climbs out with '..'"
+                )
+            if posixpath.normpath(ref) not in names:
+                raise VerificationError(f"{ctx}: references {ref!r}, which was not written")
+    needle = os.path.realpath(root).encode()
+    for name in names:
+        with open(os.path.join(full, name), "rb") as f:
+            if needle in f.read():
+                raise VerificationError(
+                    f"{name}: contains the absolute workspace path {needle.decode()!r}"
+                )
+    return names
+
+
+def commit(root: str, staging: str, out_dir: str, names: list[str], old: list[str]) -> None:
+    """Replace an action's old outputs with the staged ones (caller journals begin/done)."""
+    target = os.path.join(root, out_dir)
+    ensure_dir_inside(target, root, what="output directory")
+    for rel in old:
+        path = os.path.join(root, rel)
+        if os.path.lexists(path) and posixpath.basename(rel) not in names:
+            os.unlink(path)
+    for name in names:
+        os.replace(os.path.join(root, staging, name), os.path.join(target, name))
+    remove_tree(os.path.join(root, staging))

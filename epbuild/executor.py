@@ -1,0 +1,163 @@
+"""Executors run one action's job in a fresh worker process and report how it ended.
+
+``LocalExecutor`` starts ``python -m epbuild.worker`` subprocesses. To keep start-up cheap it
+keeps one spare worker warm per slot (already past ``import onnxruntime``, waiting for its
+job): still a fresh process per action, but its start-up overlaps the previous compile.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from .worker import LOG_NAME, RESULT_NAME
+
+
+@dataclass
+class WorkerOutcome:
+    """How a worker ended."""
+
+    ok: bool
+    result: dict[str, Any] = field(default_factory=dict)
+    error: str | None = None
+    hint: str | None = None
+    log_tail: list[str] = field(default_factory=list)
+
+
+class Executor(Protocol):
+    """Runs jobs; ``cancel`` stops everything running."""
+
+    def run(self, job: dict[str, Any]) -> WorkerOutcome:
+        """Run one job to completion (blocking)."""
+        ...
+
+    def cancel(self) -> None:
+        """Kill all running workers (Ctrl-C)."""
+        ...
+
+    def close(self) -> None:
+        """Release spare workers."""
+        ...
+
+
+def _tail(path: str, lines: int = 12) -> list[str]:
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(0, f.tell() - 16384))
+            text = f.read().decode("utf-8", "replace")
+    except OSError:
+        return []
+    return [ln for ln in text.splitlines() if ln.strip()][-lines:]
+
+
+def _describe_exit(code: int) -> str:
+    if code < 0:
+        try:
+            name = signal.Signals(-code).name
+        except ValueError:
+            name = f"signal {-code}"
+        return f"the worker was killed by {name}"
+    return f"the worker exited with status {code}"
+
+
+class LocalExecutor:
+    """Fresh subprocess per action on this machine."""
+
+    def __init__(self, root: str, *, prewarm: bool = True) -> None:
+        self.root = root
+        self.prewarm = prewarm
+        self._lock = threading.Lock()
+        self._running: set[subprocess.Popen[bytes]] = set()
+        self._spares: list[subprocess.Popen[bytes]] = []
+        self._cancelled = False
+
+    def _spawn(self) -> subprocess.Popen[bytes]:
+        env = dict(os.environ)
+        env.setdefault("PYTHONDONTWRITEBYTECODE", "1")
+        return subprocess.Popen(
+            [sys.executable, "-m", "epbuild.worker"],
+            cwd=self.root,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            env=env,
+            start_new_session=True,  # Ctrl-C reaches the coordinator, which stops workers
+        )
+
+    def _take(self) -> subprocess.Popen[bytes]:
+        with self._lock:
+            while self._spares:
+                proc = self._spares.pop()
+                if proc.poll() is None:
+                    break
+            else:
+                proc = self._spawn()
+            if self.prewarm and not self._cancelled:
+                self._spares.append(self._spawn())
+            self._running.add(proc)
+            return proc
+
+    def run(self, job: dict[str, Any]) -> WorkerOutcome:
+        staging = os.path.join(self.root, job["staging"])
+        log_path = os.path.join(staging, LOG_NAME)
+        proc = self._take()
+        assert proc.stdin is not None and proc.stdout is not None
+        try:
+            try:
+                proc.stdin.write(json.dumps(job).encode() + b"\n")
+                proc.stdin.flush()
+            except OSError:
+                pass  # the worker died on start; its exit status tells why
+            with open(log_path, "wb") as log:
+                while chunk := proc.stdout.read1(65536):
+                    log.write(chunk)
+            code = proc.wait()
+        finally:
+            if proc.stdin:
+                try:
+                    proc.stdin.close()
+                except OSError:
+                    pass
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+            with self._lock:
+                self._running.discard(proc)
+        result_path = os.path.join(staging, RESULT_NAME)
+        try:
+            with open(result_path, encoding="utf-8") as f:
+                result = json.load(f)
+        except (OSError, ValueError):
+            return WorkerOutcome(False, error=_describe_exit(code), log_tail=_tail(log_path))
+        if not result.get("ok"):
+            return WorkerOutcome(
+                False,
+                result,
+                error=result.get("error", _describe_exit(code)),
+                hint=result.get("hint"),
+                log_tail=_tail(log_path) if "traceback" in result else [],
+            )
+        return WorkerOutcome(True, result)
+
+    def cancel(self) -> None:
+        with self._lock:
+            self._cancelled = True
+            for proc in list(self._running) + self._spares:
+                if proc.poll() is None:
+                    proc.kill()
+            self._spares.clear()
+
+    def close(self) -> None:
+        with self._lock:
+            for proc in self._spares:
+                if proc.poll() is None:
+                    proc.kill()
+                    proc.wait()
+            self._spares.clear()

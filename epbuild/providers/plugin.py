@@ -1,0 +1,139 @@
+"""The generic plugin-EP adapter: any EP shared library registered with ONNX Runtime.
+
+Manifest settings beside ``ep = "plugin"``: ``library`` (path to the EP's shared library),
+``ep_name`` (the name it registers its EP and devices under), optional ``device_type``
+(``cpu``, ``gpu`` or ``npu``) and ``source`` (the ``source`` its EPContext nodes carry,
+default ``ep_name``). Provider options pass through as strings: epbuild cannot know them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from ..errors import ManifestError, ProviderUnavailableError
+from .base import (
+    ProviderConfig,
+    dist_version,
+    install_hint,
+    register_plugin,
+    require_devices,
+    stringify_options,
+)
+
+if TYPE_CHECKING:
+    import onnxruntime
+
+DEVICE_TYPES = ("cpu", "gpu", "npu")
+SETTINGS = ("library", "ep_name", "device_type", "source")
+LIBRARY_KEY = "plugin-library"
+"""Key of the library digest in ``versions()``: a rebuilt library rebuilds every action."""
+
+# (path, inode, size, mtime_ns) -> digest; the coordinator asks once per action.
+_digests: dict[tuple[str, int, int, int], str] = {}
+
+
+def library_digest(path: str) -> str:
+    """First 16 hex digits of the library's SHA-256, or ``"absent"`` when it is missing."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return "absent"
+    memo = (os.path.abspath(path), st.st_ino, st.st_size, st.st_mtime_ns)
+    if memo not in _digests:
+        h = hashlib.sha256()
+        try:
+            with open(path, "rb") as f:
+                for block in iter(lambda: f.read(1 << 20), b""):
+                    h.update(block)
+        except OSError:
+            return "absent"
+        _digests[memo] = h.hexdigest()[:16]
+    return _digests[memo]
+
+
+def _setting(settings: Mapping[str, Any], name: str, *, key: str) -> str | None:
+    value = settings.get(name)
+    if value is None:
+        return None
+    if not isinstance(value, str) or not value.strip():
+        raise ManifestError(f"{name} must be a non-empty string", key=f"{key}.{name}")
+    return value.strip()
+
+
+class PluginProvider:
+    """Any plugin EP library; options are the EP's own and pass through unchecked."""
+
+    kind = "plugin"
+    extra = ""
+    shares_weights = True
+
+    def validate_options(
+        self, options: Mapping[str, Any], settings: Mapping[str, Any], *, key: str
+    ) -> tuple[dict[str, str], dict[str, str]]:
+        opts = stringify_options(options, key=f"{key}.options")
+        for name in settings:
+            if name not in SETTINGS:
+                raise ManifestError(
+                    f"{name!r} is not a setting of the plugin provider",
+                    key=f"{key}.{name}",
+                    hint="settings: " + ", ".join(SETTINGS),
+                )
+        out: dict[str, str] = {}
+        for name in ("library", "ep_name"):
+            value = _setting(settings, name, key=key)
+            if value is None:
+                raise ManifestError(
+                    f"the plugin provider needs {name!r}",
+                    key=f"{key}.{name}",
+                    hint='e.g. library = "libs/libmy_ep.so", ep_name = "MyExecutionProvider"',
+                )
+            out[name] = value
+        device_type = _setting(settings, "device_type", key=key)
+        if device_type is not None:
+            if device_type.lower() not in DEVICE_TYPES:
+                raise ManifestError(
+                    f"device_type {device_type!r} is not a device type",
+                    key=f"{key}.device_type",
+                    hint="use one of " + ", ".join(DEVICE_TYPES),
+                )
+            out["device_type"] = device_type.lower()
+        out["source"] = _setting(settings, "source", key=key) or out["ep_name"]
+        return opts, out
+
+    def versions(self, config: ProviderConfig) -> dict[str, str]:
+        return {
+            "onnxruntime": dist_version("onnxruntime"),
+            LIBRARY_KEY: library_digest(config.settings["library"]),
+        }
+
+    def context_source(self, config: ProviderConfig) -> str:
+        return config.settings.get("source") or config.settings["ep_name"]
+
+    def context_options(
+        self, config: ProviderConfig, ctx_path: str, embed_mode: int
+    ) -> dict[str, str]:
+        return {}
+
+    def compatibility_key(self, config: ProviderConfig) -> str | None:
+        return config.settings["ep_name"]
+
+    def check_compatibility(self, config: ProviderConfig, info: str) -> str | None:
+        return None  # the format of a third-party EP's compatibility string is its own
+
+    def attach(
+        self, ort: onnxruntime, so: onnxruntime.SessionOptions, config: ProviderConfig
+    ) -> None:
+        ep_name = config.settings["ep_name"]
+        library = config.settings["library"]
+        if not os.path.isfile(library):
+            raise ProviderUnavailableError(
+                f"plugin EP library {library} does not exist", hint=install_hint(self.extra)
+            )
+        register_plugin(ort, ep_name, library, hint=install_hint(self.extra))
+        devices = require_devices(
+            ort, ep_name, extra=self.extra, device_type=config.settings.get("device_type")
+        )
+        so.add_provider_for_devices(devices, dict(config.options))

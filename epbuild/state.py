@@ -1,0 +1,181 @@
+"""The state journal: an append-only, versioned record of completed actions.
+
+Each line is one JSON record. A ``begin`` record is appended before an action's outputs are
+touched and a ``done`` record after they are all in place (Snakemake's incomplete marker):
+an action whose last record is ``begin`` was interrupted and is stale. A damaged tail (a
+crash mid-append) is dropped on load; a damaged header starts over. When the journal grows
+well past its live records it is compacted by writing a new file and renaming it over the
+old one (Ninja's build log).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from .fsutil import atomic_write_bytes
+
+HEADER = {"epbuild_state": 1}
+_HEADER_LINE = json.dumps(HEADER, separators=(",", ":")).encode() + b"\n"
+
+
+@dataclass(frozen=True)
+class OutputRecord:
+    """One committed output file."""
+
+    size: int
+    digest: str
+
+
+@dataclass(frozen=True)
+class ActionRecord:
+    """The last completed run of an action."""
+
+    id: str
+    key: str
+    components: dict[str, Any]
+    outputs: dict[str, OutputRecord]
+    """Workspace-relative path → size and digest."""
+    seconds: float
+    peak_rss: int
+    at: float
+    detail: dict[str, Any] = field(default_factory=dict)
+    """Per-model coverage and sizes, for reports."""
+    restored: bool = False
+
+
+@dataclass
+class State:
+    """What the journal says, after replay."""
+
+    records: dict[str, ActionRecord] = field(default_factory=dict)
+    interrupted: set[str] = field(default_factory=set)
+    lines: int = 0
+    warnings: list[str] = field(default_factory=list)
+
+
+def _record(data: dict[str, Any]) -> ActionRecord:
+    return ActionRecord(
+        id=data["id"],
+        key=data["key"],
+        components=data["components"],
+        outputs={p: OutputRecord(o["size"], o["digest"]) for p, o in data["outputs"].items()},
+        seconds=float(data["seconds"]),
+        peak_rss=int(data.get("peak_rss", 0)),
+        at=float(data.get("at", 0)),
+        detail=data.get("detail", {}),
+        restored=bool(data.get("restored", False)),
+    )
+
+
+def load_state(path: str) -> State:
+    """Replay the journal; never raises for damaged content."""
+    state = State()
+    try:
+        with open(path, "rb") as f:
+            raw = f.read()
+    except FileNotFoundError:
+        return state
+    except OSError as exc:
+        state.warnings.append(f"cannot read state {path}: {exc.strerror}; starting over")
+        return state
+    lines = raw.split(b"\n")
+    if not raw.startswith(_HEADER_LINE):
+        if raw.strip():
+            state.warnings.append(f"state {path} has an unknown header; starting over")
+        return state
+    for number, line in enumerate(lines[1:], 2):
+        if not line:
+            continue
+        try:
+            data = json.loads(line)
+            op = data["op"]
+            if op == "begin":
+                state.interrupted.add(data["id"])
+            elif op == "done":
+                rec = _record(data)
+                state.records[rec.id] = rec
+                state.interrupted.discard(rec.id)
+            elif op == "forget":
+                state.records.pop(data["id"], None)
+                state.interrupted.discard(data["id"])
+        except (ValueError, KeyError, TypeError, AttributeError):
+            rest = sum(1 for x in lines[number - 1 :] if x)
+            state.warnings.append(
+                f"state {path}: dropped {rest} damaged record(s) from line {number} on"
+            )
+            break
+        state.lines += 1
+    return state
+
+
+def _line(data: dict[str, Any]) -> bytes:
+    return json.dumps(data, separators=(",", ":"), sort_keys=True).encode() + b"\n"
+
+
+def _done_dict(rec: ActionRecord) -> dict[str, Any]:
+    return {
+        "op": "done",
+        "id": rec.id,
+        "key": rec.key,
+        "components": rec.components,
+        "outputs": {p: {"size": o.size, "digest": o.digest} for p, o in rec.outputs.items()},
+        "seconds": round(rec.seconds, 4),
+        "peak_rss": rec.peak_rss,
+        "at": rec.at or time.time(),
+        "detail": rec.detail,
+        "restored": rec.restored,
+    }
+
+
+class Journal:
+    """Appends records to the state file (callers hold the state lock)."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def _append(self, data: dict[str, Any]) -> None:
+        line = _line(data)
+        os.makedirs(os.path.dirname(self.path) or ".", exist_ok=True)
+        fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        try:
+            if os.fstat(fd).st_size == 0:
+                os.write(fd, _HEADER_LINE)
+            else:
+                # A crash mid-append leaves a line without its newline: end it first so
+                # this record does not merge into the damaged one.
+                with open(self.path, "rb") as f:
+                    f.seek(-1, os.SEEK_END)
+                    if f.read(1) != b"\n":
+                        line = b"\n" + line
+            os.write(fd, line)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+    def begin(self, action_id: str, key: str) -> None:
+        """Mark an action's outputs as being replaced."""
+        self._append({"op": "begin", "id": action_id, "key": key, "pid": os.getpid()})
+
+    def done(self, rec: ActionRecord) -> None:
+        """Record a completed action."""
+        self._append(_done_dict(rec))
+
+    def forget(self, action_id: str) -> None:
+        """Drop an action's record (its outputs were removed)."""
+        self._append({"op": "forget", "id": action_id})
+
+    def compact_if_needed(self, state: State) -> None:
+        """Rewrite the journal with only live records when it has grown too long."""
+        live = len(state.records) + len(state.interrupted)
+        if state.lines <= 2 * live + 200 and not state.warnings:
+            return
+        out = [_HEADER_LINE]
+        for rec in state.records.values():
+            out.append(_line(_done_dict(rec)))
+        for action_id in state.interrupted:
+            out.append(_line({"op": "begin", "id": action_id, "key": ""}))
+        atomic_write_bytes(self.path, b"".join(out))
