@@ -159,7 +159,7 @@ def load_manifest(path: str | os.PathLike[str]) -> Manifest:
         msg = str(exc)
         line = re.search(r"line (\d+)", msg)
         raise ManifestError(
-            f"invalid TOML: {re.sub(r' \(at line.*', '', msg)}",
+            "invalid TOML: " + re.sub(r" \(at line.*", "", msg),
             file=str(file),
             line=int(line.group(1)) if line else None,
         ) from exc

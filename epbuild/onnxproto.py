@@ -59,6 +59,8 @@ class ContextNode:
 
 @dataclass(frozen=True)
 class ModelInfo:
+    """What epbuild needs to know about a model file."""
+
     ir_version: int
     opsets: dict[str, int]
     external_refs: list[ExternalRef]
@@ -142,6 +144,10 @@ def _fields(buf: _Buf, pos: int, end: int, spec: _Spec) -> Iterator[tuple[int, i
             pos += size
         else:
             raise ProtoError(f"invalid wire type {wt} at byte {start}")
+
+
+def _i64(value: int) -> int:
+    return value - (1 << 64) if value >= 1 << 63 else value
 
 
 def _str(buf: _Buf, a: int, b: int) -> str:
@@ -259,7 +265,7 @@ class _Reader:
             elif f == 2:
                 found[_FLOAT] = struct.unpack_from("<f", buf, s)[0]
             elif f == 3:
-                found[_INT] = s - (1 << 64) if s >= 1 << 63 else s
+                found[_INT] = _i64(s)
             elif f == 4:
                 raw = bytes(buf[s:e])
                 try:
@@ -279,7 +285,7 @@ class _Reader:
         metadata: dict[str, str] = {}
         for f, s, e in _fields(buf, 0, len(buf), _MODEL):
             if f == 1:
-                ir_version = s
+                ir_version = _i64(s)
             elif f == 7:
                 has_graph = True
                 self.graph(s, e, 0, True)
@@ -289,7 +295,7 @@ class _Reader:
                     if g == 1:
                         domain = _str(buf, s2, e2)
                     elif g == 2:
-                        version = s2
+                        version = _i64(s2)
                 opsets[domain] = version
             elif f == 14:
                 key, value = _entry(buf, s, e)
@@ -319,8 +325,10 @@ class _Reader:
 
 def parse_model(data: bytes | memoryview) -> ModelInfo:
     """Read a serialized ModelProto; raises `ProtoError` if it is not one."""
-    if isinstance(data, memoryview) and (data.format != "B" or data.ndim != 1):
-        data = data.cast("B") if data.c_contiguous else data.tobytes()
+    if isinstance(data, memoryview) and (
+        data.format != "B" or data.ndim != 1 or not data.c_contiguous
+    ):
+        data = data.tobytes()  # an unusual view: copy rather than cast
     if not len(data):
         raise ProtoError("empty file")
     return _Reader(data).model()

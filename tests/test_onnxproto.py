@@ -102,6 +102,8 @@ def test_inline_weights(tmp_path: Path) -> None:
     )
     assert parse_model(path.read_bytes()) == info
     assert parse_model(memoryview(path.read_bytes())) == info
+    assert parse_model(memoryview(np.frombuffer(path.read_bytes(), np.uint8))) == info
+    assert parse_model(memoryview(b"xx" + path.read_bytes())[2:]) == info
     assert read_model(str(path)) == info
 
 

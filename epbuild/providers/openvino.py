@@ -1,0 +1,245 @@
+"""The OpenVINO adapter: Intel NPU (also GPU, CPU) blobs through the OpenVINO EP.
+
+Two packagings exist. ``onnxruntime-ep-openvino`` is a plugin EP for the stock
+``onnxruntime`` wheel (registered like QNN; devices come from ``get_ep_devices()`` with an
+``ov_device`` metadata entry such as ``NPU`` or ``GPU.0``). ``onnxruntime-openvino`` is a
+whole ONNX Runtime build with the EP built in, added by name. ``attach`` prefers the plugin
+and falls back to the built-in EP.
+
+Manifest ``device_type`` picks the device (default ``NPU``); it is never passed to the
+plugin, which refuses device selection through options. The options the plugin only
+accepts inside ``load_config`` are refused here with the equivalent ``load_config`` entry,
+because the EP would only log that it ignored them. EPContext nodes carry
+``source = "OpenVINOExecutionProvider"``; the context binary is written next to the ctx
+model as ``<ctx stem>_OpenVINOExecutionProvider.bin`` (one per sharing group).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from ..errors import ManifestError, ProviderUnavailableError
+from .base import ProviderConfig, dist_version, install_hint, register_plugin, stringify_options
+
+if TYPE_CHECKING:
+    import onnxruntime
+
+EP_NAME = "OpenVINOExecutionProvider"
+"""Name of the EP, its devices and the ``source`` of its EPContext nodes."""
+PLUGIN_DIST = "onnxruntime-ep-openvino"
+BUILTIN_DIST = "onnxruntime-openvino"
+DEFAULT_DEVICE = "NPU"
+DEVICE_RE = re.compile(r"(CPU|GPU|NPU)(\.\d+)?")
+META_DEVICES = ("AUTO", "HETERO", "MULTI")
+LOAD_CONFIG_DEVICES = frozenset({"CPU", "GPU", "NPU", "AUTO", "HETERO", "MULTI"})
+RESHAPE_RE = re.compile(r"\s*[^\[\],]+\s*\[[^\]]*\](\s*,\s*[^\[\],]+\s*\[[^\]]*\])*\s*")
+
+BOOL_OPTIONS = frozenset({"enable_causallm", "hint_enable_gqa", "dump_subgraphs"})
+KNOWN_OPTIONS = frozenset({"device_type", "load_config", "reshape_input"}) | BOOL_OPTIONS
+# Documented options the plugin EP ignores (with a log line) unless given through load_config.
+LOAD_CONFIG_EQUIVALENT = {
+    "precision": '{"NPU": {"INFERENCE_PRECISION_HINT": "f16"}}',
+    "num_of_threads": '{"CPU": {"INFERENCE_NUM_THREADS": "1"}}',
+    "num_streams": '{"CPU": {"NUM_STREAMS": "1"}}',
+    "model_priority": '{"NPU": {"MODEL_PRIORITY": "LOW"}}',
+    "enable_opencl_throttling": '{"GPU": {"PLUGIN_THROTTLE": "1"}}',
+    "enable_qdq_optimizer": '{"NPU": {"NPU_QDQ_OPTIMIZATION": "YES"}}',
+}
+REFUSED = {
+    "cache_dir": "an EPContext build is the cache; the model cache would only hide stale blobs",
+    "device_id": "select the device with device_type (e.g. \"GPU.1\")",
+    "device_luid": "select the device with device_type (e.g. \"GPU.1\")",
+    "context": "a remote context pointer cannot be given in a manifest",
+    "disable_dynamic_shapes": "give static shapes with reshape_input instead",
+}
+
+
+def normalise_device(value: str, *, key: str) -> str:
+    """Upper-case ``CPU``/``GPU``/``NPU`` with an optional ``.N`` index; refuse the rest."""
+    device = value.replace(" ", "").upper()
+    if DEVICE_RE.fullmatch(device):
+        return device
+    mode = device.split(":", 1)[0]
+    if mode in META_DEVICES:
+        raise ManifestError(
+            f"device_type {value!r} is an OpenVINO meta-device, which cannot produce "
+            "EPContext models",
+            key=key,
+            hint="name one physical device: NPU, GPU (or GPU.0, GPU.1, ...) or CPU",
+        )
+    if "_" in device and DEVICE_RE.fullmatch(device.split("_", 1)[0]):
+        raise ManifestError(
+            f"device_type {value!r} uses the removed <device>_<precision> form",
+            key=key,
+            hint=f'use device_type = "{device.split("_", 1)[0]}" and set the precision with '
+            'load_config, e.g. {"NPU": {"INFERENCE_PRECISION_HINT": "f16"}}',
+        )
+    raise ManifestError(
+        f"device_type {value!r} is not an OpenVINO device",
+        key=key,
+        hint="use NPU, GPU (or GPU.0, GPU.1, ...) or CPU",
+    )
+
+
+def normalise_load_config(value: Any, *, key: str) -> str:
+    """``load_config`` as canonical JSON: ``{"<DEVICE>": {"<PROPERTY>": value, ...}, ...}``."""
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except ValueError as exc:
+            raise ManifestError(f"load_config is not valid JSON: {exc}", key=key) from exc
+    if not isinstance(value, Mapping):
+        raise ManifestError(
+            "load_config must be a table of devices", key=key,
+            hint='e.g. load_config = { NPU = { NPU_QDQ_OPTIMIZATION = "YES" } }',
+        )  # fmt: skip
+    for device, props in value.items():
+        if device not in LOAD_CONFIG_DEVICES:
+            raise ManifestError(
+                f"load_config device {device!r} is not an OpenVINO device",
+                key=f"{key}.{device}",
+                hint="use " + ", ".join(sorted(LOAD_CONFIG_DEVICES)),
+            )
+        if not isinstance(props, Mapping):
+            raise ManifestError(
+                "each load_config device must map property names to values",
+                key=f"{key}.{device}",
+            )
+        _check_json_values(props, key=f"{key}.{device}")
+    return json.dumps(value, sort_keys=True, separators=(",", ":"))
+
+
+def _check_json_values(props: Mapping[Any, Any], *, key: str) -> None:
+    for name, item in props.items():
+        if isinstance(item, Mapping):
+            _check_json_values(item, key=f"{key}.{name}")
+        elif not isinstance(item, (str, int, float, bool)):
+            raise ManifestError(
+                f"load_config value of type {type(item).__name__} is not supported",
+                key=f"{key}.{name}",
+            )
+
+
+def normalise_bool(value: Any, *, key: str) -> str:
+    """OpenVINO EP booleans are ``true``/``false`` (it refuses ``1``/``0``)."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str) and value.lower() in ("true", "false") and value[1:].islower():
+        return value.lower()
+    raise ManifestError(f"{value!r} is not a boolean", key=key, hint="use true or false")
+
+
+class OpenVinoProvider:
+    """Compiles OpenVINO blobs; needs an Intel device (the EP lists no device elsewhere)."""
+
+    kind = "openvino"
+    extra = "openvino"
+    shares_weights = True
+
+    def validate_options(
+        self, options: Mapping[str, Any], settings: Mapping[str, Any], *, key: str
+    ) -> tuple[dict[str, str], dict[str, str]]:
+        okey = f"{key}.options"
+        for name in options:
+            if name in LOAD_CONFIG_EQUIVALENT:
+                raise ManifestError(
+                    f"the OpenVINO EP ignores {name!r} as a provider option",
+                    key=f"{okey}.{name}",
+                    hint=f"set it through load_config instead, e.g. load_config = "
+                    f"'{LOAD_CONFIG_EQUIVALENT[name]}'",
+                )
+            if name in REFUSED:
+                raise ManifestError(
+                    f"{name!r} cannot be used for an EPContext build", key=f"{okey}.{name}",
+                    hint=REFUSED[name],
+                )  # fmt: skip
+        rest = {k: v for k, v in options.items() if k != "load_config" and k not in BOOL_OPTIONS}
+        opts = stringify_options(rest, key=okey, allowed=KNOWN_OPTIONS)
+        opts["device_type"] = normalise_device(
+            opts.get("device_type", DEFAULT_DEVICE), key=f"{okey}.device_type"
+        )
+        if "load_config" in options:
+            opts["load_config"] = normalise_load_config(
+                options["load_config"], key=f"{okey}.load_config"
+            )
+        for name in BOOL_OPTIONS & options.keys():
+            opts[name] = normalise_bool(options[name], key=f"{okey}.{name}")
+        if "reshape_input" in opts and not RESHAPE_RE.fullmatch(opts["reshape_input"]):
+            raise ManifestError(
+                f"reshape_input {opts['reshape_input']!r} is not a shape list",
+                key=f"{okey}.reshape_input",
+                hint='write e.g. "input_ids[1,128],attention_mask[1,128]" (ranges as 1..64)',
+            )
+        if settings:
+            name = next(iter(settings))
+            raise ManifestError(
+                f"{name!r} is not a setting of the openvino provider", key=f"{key}.{name}"
+            )
+        return opts, {}
+
+    def versions(self, config: ProviderConfig) -> dict[str, str]:
+        return {
+            "onnxruntime": dist_version("onnxruntime"),
+            PLUGIN_DIST: dist_version(PLUGIN_DIST),
+            BUILTIN_DIST: dist_version(BUILTIN_DIST),
+            "openvino": dist_version("openvino"),
+        }
+
+    def context_source(self, config: ProviderConfig) -> str:
+        return EP_NAME
+
+    def context_options(
+        self, config: ProviderConfig, ctx_path: str, embed_mode: int
+    ) -> dict[str, str]:
+        return {}  # the EP reads ep.context_* from the session options
+
+    def compatibility_key(self, config: ProviderConfig) -> str | None:
+        return EP_NAME  # the plugin EP writes ep_compatibility_info.OpenVINOExecutionProvider
+
+    def check_compatibility(self, config: ProviderConfig, info: str) -> str | None:
+        return None  # an OpenVINO-internal JSON document; the EP checks it when loading
+
+    def attach(
+        self, ort: onnxruntime, so: onnxruntime.SessionOptions, config: ProviderConfig
+    ) -> None:
+        device = config.options.get("device_type", DEFAULT_DEVICE)
+        options = {k: v for k, v in config.options.items() if k != "device_type"}
+        try:
+            import onnxruntime_ep_openvino as plugin
+        except ImportError:
+            plugin = None
+        if plugin is not None:
+            ep_name = str(plugin.get_ep_name())
+            hint = install_hint(self.extra)
+            register_plugin(ort, ep_name, str(plugin.get_library_path()), hint=hint)
+            chosen = pick_device([d for d in ort.get_ep_devices() if d.ep_name == ep_name], device)
+            if chosen is None:
+                raise ProviderUnavailableError(
+                    f"the OpenVINO execution provider found no {device} device on this machine",
+                    hint="it lists Intel CPUs, GPUs and NPUs only; " + hint,
+                )
+            so.add_provider_for_devices([chosen], options)
+        elif EP_NAME in ort.get_available_providers():
+            # onnxruntime-openvino: the EP is built in and takes device_type as an option.
+            so.add_provider(EP_NAME, {**options, "device_type": device})
+        else:
+            raise ProviderUnavailableError(
+                "the OpenVINO execution provider is not installed",
+                hint=install_hint(self.extra),
+            )
+
+
+def pick_device(devices: list[Any], device: str) -> Any | None:
+    """The EP device whose ``ov_device`` is ``device`` (``GPU`` also matches ``GPU.0``)."""
+    names = [(str(d.ep_metadata.get("ov_device", "")), d) for d in devices]
+    for name, d in names:
+        if name == device:
+            return d
+    if "." not in device:
+        for name, d in names:
+            if name.startswith(device + "."):
+                return d
+    return None
