@@ -102,7 +102,7 @@ def test_inline_weights(tmp_path: Path) -> None:
     )
     assert parse_model(path.read_bytes()) == info
     assert parse_model(memoryview(path.read_bytes())) == info
-    assert parse_model(memoryview(np.frombuffer(path.read_bytes(), np.uint8))) == info
+    assert parse_model(memoryview(path.read_bytes()).cast("b")) == info  # signed bytes
     assert parse_model(memoryview(b"xx" + path.read_bytes())[2:]) == info
     assert read_model(str(path)) == info
 
@@ -310,7 +310,8 @@ def _rich() -> bytes:
         helper.make_sparse_tensor(_weights("sv", 1), _weights("si", 1), [4])
     )
     helper.set_model_props(model, {"k": "v"})
-    return model.SerializeToString()
+    data: bytes = model.SerializeToString()
+    return data
 
 
 @pytest.mark.parametrize("data", [_small().SerializeToString(), _rich()], ids=["small", "rich"])
