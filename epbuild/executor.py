@@ -67,6 +67,19 @@ def _describe_exit(code: int) -> str:
     return f"the worker exited with status {code}"
 
 
+def _reap(proc: subprocess.Popen[bytes]) -> None:
+    """Kill (if still running), wait for and close the pipes of a worker."""
+    if proc.poll() is None:
+        proc.kill()
+    proc.wait()
+    for pipe in (proc.stdin, proc.stdout):
+        if pipe is not None:
+            try:
+                pipe.close()
+            except OSError:
+                pass
+
+
 class LocalExecutor:
     """Fresh subprocess per action on this machine."""
 
@@ -80,7 +93,6 @@ class LocalExecutor:
 
     def _spawn(self) -> subprocess.Popen[bytes]:
         env = dict(os.environ)
-        env.setdefault("PYTHONDONTWRITEBYTECODE", "1")
         return subprocess.Popen(
             [sys.executable, "-m", "epbuild.worker"],
             cwd=self.root,
@@ -120,14 +132,7 @@ class LocalExecutor:
                     log.write(chunk)
             code = proc.wait()
         finally:
-            if proc.stdin:
-                try:
-                    proc.stdin.close()
-                except OSError:
-                    pass
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
+            _reap(proc)
             with self._lock:
                 self._running.discard(proc)
         result_path = os.path.join(staging, RESULT_NAME)
@@ -149,15 +154,15 @@ class LocalExecutor:
     def cancel(self) -> None:
         with self._lock:
             self._cancelled = True
-            for proc in list(self._running) + self._spares:
+            for proc in self._running:
                 if proc.poll() is None:
                     proc.kill()
+            for proc in self._spares:
+                _reap(proc)
             self._spares.clear()
 
     def close(self) -> None:
         with self._lock:
             for proc in self._spares:
-                if proc.poll() is None:
-                    proc.kill()
-                    proc.wait()
+                _reap(proc)
             self._spares.clear()

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from .fsutil import atomic_write_bytes
 
 _VERSION = 1
-_RACY_NS = 50_000_000  # an mtime this close to "now" may still change within its tick
+_RACY_NS = 20_000_000  # an mtime this close to "now" may still change within its tick
 _CHUNK = 1 << 20
 
 

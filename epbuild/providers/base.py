@@ -132,9 +132,7 @@ def stringify_options(
 _registered: set[str] = set()
 
 
-def register_plugin(
-    ort: onnxruntime, name: str, library: str, *, hint: str | None = None
-) -> None:
+def register_plugin(ort: onnxruntime, name: str, library: str, *, hint: str | None = None) -> None:
     """Register a plugin EP library once per process."""
     if name in _registered:
         return

@@ -16,6 +16,7 @@ model as ``<ctx stem>_OpenVINOExecutionProvider.bin`` (one per sharing group).
 
 from __future__ import annotations
 
+import importlib
 import json
 import re
 from collections.abc import Mapping
@@ -50,8 +51,8 @@ LOAD_CONFIG_EQUIVALENT = {
 }
 REFUSED = {
     "cache_dir": "an EPContext build is the cache; the model cache would only hide stale blobs",
-    "device_id": "select the device with device_type (e.g. \"GPU.1\")",
-    "device_luid": "select the device with device_type (e.g. \"GPU.1\")",
+    "device_id": 'select the device with device_type (e.g. "GPU.1")',
+    "device_luid": 'select the device with device_type (e.g. "GPU.1")',
     "context": "a remote context pointer cannot be given in a manifest",
     "disable_dynamic_shapes": "give static shapes with reshape_input instead",
 }
@@ -127,7 +128,7 @@ def normalise_bool(value: Any, *, key: str) -> str:
     """OpenVINO EP booleans are ``true``/``false`` (it refuses ``1``/``0``)."""
     if isinstance(value, bool):
         return "true" if value else "false"
-    if isinstance(value, str) and value.lower() in ("true", "false") and value[1:].islower():
+    if isinstance(value, str) and value in ("true", "True", "false", "False"):
         return value.lower()
     raise ManifestError(f"{value!r} is not a boolean", key=key, hint="use true or false")
 
@@ -208,7 +209,7 @@ class OpenVinoProvider:
         device = config.options.get("device_type", DEFAULT_DEVICE)
         options = {k: v for k, v in config.options.items() if k != "device_type"}
         try:
-            import onnxruntime_ep_openvino as plugin
+            plugin: Any = importlib.import_module("onnxruntime_ep_openvino")
         except ImportError:
             plugin = None
         if plugin is not None:

@@ -163,7 +163,8 @@ def qnn_sdk_version() -> str:
         return "absent"
     info = dist.locate_file("onnxruntime_qnn/build_and_package_info.py")
     try:
-        text = open(info, encoding="utf-8").read()  # noqa: PTH123, SIM115
+        with open(str(info), encoding="utf-8") as f:
+            text = f.read()
     except OSError:
         return "unknown"
     match = re.search(r"qnn_version\s*=\s*['\"]([^'\"]+)", text)

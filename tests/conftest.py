@@ -1,0 +1,118 @@
+"""Shared fixtures: a ``workspace`` that generates a manifest and tiny models in a temp dir."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from modelgen import matmul_model, save  # noqa: E402
+
+HTP73 = {"ep": "qnn", "options": {"htp_arch": "73", "soc_model": "60"}}
+HTP75 = {"ep": "qnn", "options": {"htp_arch": "75", "soc_model": "69"}}
+
+
+def toml_value(value: Any) -> str:
+    """Render a Python value as TOML (enough for manifests)."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return str(value)
+    if isinstance(value, str):
+        return json.dumps(value)
+    if isinstance(value, list):
+        return "[" + ", ".join(toml_value(v) for v in value) + "]"
+    if isinstance(value, dict):
+        return "{ " + ", ".join(f"{json.dumps(k)} = {toml_value(v)}" for k, v in value.items()) + " }"
+    raise TypeError(value)
+
+
+def render_manifest(data: dict[str, Any]) -> str:
+    """dict → epbuild.toml text (tables for workspace/providers/groups)."""
+    lines: list[str] = []
+    if "workspace" in data:
+        lines.append("[workspace]")
+        lines += [f"{k} = {toml_value(v)}" for k, v in data["workspace"].items()]
+    for section in ("providers", "groups"):
+        for name, table in data.get(section, {}).items():
+            lines.append(f"\n[{section}.{name}]")
+            lines += [f"{k} = {toml_value(v)}" for k, v in table.items()]
+    return "\n".join(lines) + "\n"
+
+
+class Workspace:
+    """A temp workspace: write models and a manifest, run epbuild on it."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+
+    def model(self, rel: str, model: Any = None, **kw: Any) -> Path:
+        return save(model if model is not None else matmul_model(), self.root / rel, **kw)
+
+    def manifest(self, data: dict[str, Any] | str) -> Path:
+        path = self.root / "epbuild.toml"
+        path.write_text(data if isinstance(data, str) else render_manifest(data))
+        return path
+
+    def build(self, *selectors: str, **kw: Any) -> Any:
+        from epbuild import build
+
+        return build(self.root, None, list(selectors), **kw)
+
+    def cli(self, *args: str, check: bool = False, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+        proc = subprocess.run(
+            [sys.executable, "-m", "epbuild", "-C", str(self.root), *args],
+            capture_output=True, text=True, timeout=timeout,
+        )  # fmt: skip
+        if check and proc.returncode != 0:
+            raise AssertionError(f"epbuild {args} failed ({proc.returncode}):\n{proc.stderr}")
+        return proc
+
+    def cli_json(self, *args: str) -> dict[str, Any]:
+        proc = self.cli(*args, "--json")
+        try:
+            return json.loads(proc.stdout)  # type: ignore[no-any-return]
+        except ValueError as exc:
+            raise AssertionError(f"no JSON ({proc.returncode}): {proc.stdout}\n{proc.stderr}") from exc
+
+
+@pytest.fixture
+def workspace(tmp_path: Path) -> Workspace:
+    """An empty workspace directory."""
+    return Workspace(tmp_path / "ws")
+
+
+@pytest.fixture
+def simple_ws(workspace: Workspace) -> Callable[..., Workspace]:
+    """A workspace with a sharing pair and a single model for one HTP target."""
+
+    def make(**group_overrides: Any) -> Workspace:
+        import numpy as np
+
+        w = np.random.default_rng(7).standard_normal((32, 32), dtype=np.float32) * 0.1
+        workspace.model("models/a.onnx", matmul_model(1, shared=w))
+        workspace.model("models/b.onnx", matmul_model(2, shared=w, batch=4))
+        workspace.model("models/c.onnx", matmul_model(3))
+        workspace.manifest(
+            {
+                "providers": {"htp": HTP73},
+                "groups": {
+                    "pair": {"models": ["models/a.onnx", "models/b.onnx"], "providers": ["htp"],
+                             "share_weights": True, **group_overrides},
+                    "single": {"models": ["models/c.onnx"], "providers": ["htp"]},
+                },
+            }
+        )  # fmt: skip
+        return workspace
+
+    return make
+
+

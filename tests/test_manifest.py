@@ -1,0 +1,171 @@
+"""Manifest validation: every mistake is one clear message naming file, line and key."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from conftest import HTP73, Workspace
+from epbuild.errors import ManifestError, UserError
+from epbuild.manifest import load_manifest
+from epbuild.schema import SCHEMA, schema_text, validate
+
+
+def _err(ws: Workspace, text: str) -> ManifestError:
+    ws.model("models/a.onnx")
+    path = ws.manifest(text)
+    with pytest.raises(ManifestError) as info:
+        load_manifest(path)
+    return info.value
+
+
+GOOD = """\
+[providers.htp]
+ep = "qnn"
+options = { htp_arch = "73", soc_model = "60" }
+
+[groups.g]
+models = ["models/a.onnx"]
+providers = ["htp"]
+"""
+
+
+def test_good_manifest_loads(workspace: Workspace) -> None:
+    workspace.model("models/a.onnx")
+    m = load_manifest(workspace.manifest(GOOD))
+    assert m.groups["g"].models == ("models/a.onnx",)
+    assert m.providers["htp"].options["backend_type"] == "htp"
+    assert m.workspace.out_dir == "build"
+
+
+def test_unknown_key_names_line_and_key(workspace: Workspace) -> None:
+    err = _err(workspace, GOOD + "share_weight = true\n")
+    assert err.line == 8
+    assert err.key == "groups.g.share_weight"
+    assert "unknown key" in str(err) and "share_weights" in str(err)
+    assert "epbuild.toml:8" in str(err)
+
+
+def test_wrong_type(workspace: Workspace) -> None:
+    err = _err(workspace, GOOD + "embed_mode = \"0\"\n")
+    assert err.key == "groups.g.embed_mode" and "must be integer" in str(err)
+
+
+def test_undefined_provider(workspace: Workspace) -> None:
+    err = _err(workspace, GOOD.replace('providers = ["htp"]', 'providers = ["htp-v75"]'))
+    assert err.key == "groups.g.providers" and "htp-v75" in str(err) and err.line == 7
+    assert "[providers.htp-v75]" in str(err)
+
+
+def test_missing_model(workspace: Workspace) -> None:
+    err = _err(workspace, GOOD.replace("models/a.onnx", "models/nope.onnx"))
+    assert err.key == "groups.g.models" and "does not exist" in str(err)
+
+
+def test_glob_matching_nothing(workspace: Workspace) -> None:
+    err = _err(workspace, GOOD.replace("models/a.onnx", "models/*.bin"))
+    assert "matches no files" in str(err)
+
+
+@pytest.mark.parametrize("path", ["/etc/passwd", "../outside.onnx", "models/../../x.onnx"])
+def test_paths_leaving_workspace(workspace: Workspace, path: str) -> None:
+    err = _err(workspace, GOOD.replace("models/a.onnx", path))
+    assert err.key == "groups.g.models"
+    assert "absolute" in str(err) or "leaves the workspace" in str(err)
+
+
+def test_out_dir_outside(workspace: Workspace) -> None:
+    err = _err(workspace, '[workspace]\nout_dir = "../build"\n' + GOOD)
+    assert err.key == "workspace.out_dir" and err.line == 2
+
+
+def test_output_collision(workspace: Workspace) -> None:
+    workspace.model("other/a.onnx")
+    err = _err(workspace, GOOD.replace('["models/a.onnx"]', '["models/a.onnx", "other/a.onnx"]'))
+    assert "a_ctx.onnx" in str(err)
+
+
+@pytest.mark.parametrize(
+    ("option", "value"),
+    [("htp_arch", "99"), ("soc_model", "abc"), ("soc_model", "9999"), ("backend_type", "cpu")],
+)
+def test_options_the_ep_would_misread(workspace: Workspace, option: str, value: str) -> None:
+    options = {"htp_arch": "73", "soc_model": "60", option: value}
+    line = "options = { " + ", ".join(f'{k} = "{v}"' for k, v in options.items()) + " }"
+    err = _err(workspace, GOOD.replace('options = { htp_arch = "73", soc_model = "60" }', line))
+    assert err.key == f"providers.htp.options.{option}"
+    assert err.line == 3
+
+
+def test_backend_type_and_path(workspace: Workspace) -> None:
+    err = _err(workspace, GOOD.replace('soc_model = "60"', 'soc_model = "60", backend_type = "htp", backend_path = "x.so"'))
+    assert err.key == "providers.htp.options.backend_path"
+
+
+def test_embed_1_with_sharing_refused(workspace: Workspace) -> None:
+    err = _err(workspace, GOOD + "share_weights = true\nembed_mode = 1\n")
+    assert err.key == "groups.g.embed_mode"
+
+
+def test_multi_soc_with_sharing_refused(workspace: Workspace) -> None:
+    text = GOOD.replace('htp_arch = "73", soc_model = "60"', 'htp_arch = "73,75", soc_model = "60,69"')
+    err = _err(workspace, text + "share_weights = true\n")
+    assert err.key == "groups.g.share_weights"
+
+
+def test_invalid_toml_has_line(workspace: Workspace) -> None:
+    err = _err(workspace, GOOD + "[groups.h\n")
+    assert err.line == 8 and "invalid TOML" in str(err)
+
+
+def test_duplicate_key(workspace: Workspace) -> None:
+    err = _err(workspace, GOOD + 'providers = ["htp"]\n')
+    assert "invalid TOML" in str(err)
+
+
+def test_session_option_reserved(workspace: Workspace) -> None:
+    err = _err(workspace, GOOD.replace('ep = "qnn"', 'ep = "qnn"\nsession_options = { "ep.context_embed_mode" = "1" }'))
+    assert "ep.context_embed_mode" in (err.key or "")
+
+
+def test_schema_file_matches_code() -> None:
+    path = Path(__file__).parent.parent / "schemas" / "epbuild.schema.json"
+    assert path.read_text() == schema_text(), "run: python -m epbuild.schema"
+    assert json.loads(path.read_text()) == SCHEMA
+
+
+def test_schema_accepts_examples() -> None:
+    import tomllib
+
+    for manifest in (Path(__file__).parent.parent / "examples").rglob("epbuild.toml"):
+        validate(tomllib.loads(manifest.read_text()))
+
+
+def test_cli_reports_manifest_error_without_traceback(workspace: Workspace) -> None:
+    workspace.model("models/a.onnx")
+    workspace.manifest(GOOD + "bogus = 1\n")
+    proc = workspace.cli("build")
+    assert proc.returncode == 2
+    assert "Traceback" not in proc.stderr
+    assert "epbuild.toml:8: groups.g.bogus: unknown key" in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) <= 2
+
+
+def test_init_writes_valid_manifest_and_refuses_overwrite(workspace: Workspace) -> None:
+    workspace.root.mkdir(parents=True)
+    assert workspace.cli("init").returncode == 0
+    text = (workspace.root / "epbuild.toml").read_text()
+    assert "# " in text and "[providers.htp-v73]" in text
+    proc = workspace.cli("init")
+    assert proc.returncode == 2 and "already exists" in proc.stderr
+    assert (workspace.root / "epbuild.toml").read_text() == text
+
+
+def test_unknown_selector(workspace: Workspace) -> None:
+    workspace.model("models/a.onnx")
+    workspace.manifest({"providers": {"htp": HTP73},
+                        "groups": {"g": {"models": ["models/a.onnx"], "providers": ["htp"]}}})  # fmt: skip
+    with pytest.raises(UserError, match="no action matches"):
+        workspace.build("nope", dry_run=True)
