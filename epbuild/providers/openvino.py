@@ -220,7 +220,8 @@ class OpenVinoProvider:
             if chosen is None:
                 raise ProviderUnavailableError(
                     f"the OpenVINO execution provider found no {device} device on this machine",
-                    hint="it lists Intel CPUs, GPUs and NPUs only; " + hint,
+                    hint="it lists only Intel CPUs, GPUs and NPUs, so build on a machine with "
+                    f"one (the EP itself: {hint.removeprefix('install it with ')})",
                 )
             so.add_provider_for_devices([chosen], options)
         elif EP_NAME in ort.get_available_providers():
