@@ -82,7 +82,8 @@ def compile_action(job: dict[str, Any]) -> dict[str, Any]:
             entries.update(config.session_options)
             for k, v in entries.items():
                 so.add_session_config_entry(k, v)
-            adapter.attach(ort, so, config)
+            extra = adapter.context_options(config, ctx_path, int(job["embed_mode"]))
+            adapter.attach(ort, so, _with_options(config, extra) if extra else config)
             try:
                 if job["load"] == "bytes":
                     with open(model, "rb") as f:
@@ -95,7 +96,9 @@ def compile_action(job: dict[str, Any]) -> dict[str, Any]:
         while sessions:  # reverse order of creation
             sessions.pop()
     seconds = time.perf_counter() - t0
-    detail = check_outputs(job, adapter.context_source(config), models)
+    detail = check_outputs(
+        job, adapter.context_source(config), adapter.compatibility_key(config), models
+    )
     return {
         "ok": True,
         "seconds": seconds,
@@ -109,7 +112,15 @@ def _ort_message(exc: BaseException) -> str:
     return text.splitlines()[0] if text else type(exc).__name__
 
 
-def check_outputs(job: dict[str, Any], source: str, models: list[str]) -> dict[str, Any]:
+def _with_options(config: Any, extra: dict[str, str]) -> Any:
+    from dataclasses import replace
+
+    return replace(config, options={**config.options, **extra})
+
+
+def check_outputs(
+    job: dict[str, Any], source: str, compat_key: str | None, models: list[str]
+) -> dict[str, Any]:
     """Never trust a successful return: every ctx model must hold EPContext nodes."""
     from .onnxproto import ProtoError, read_model
 
@@ -135,7 +146,8 @@ def check_outputs(job: dict[str, Any], source: str, models: list[str]) -> dict[s
                 f"{model}: the ctx model has no EPContext node — nothing was compiled by the EP",
                 hint="the model's ops are probably unsupported by this EP",
             )
-        wrong = [n for n in nodes if n.attributes.get("source") != source]
+        # An EP that writes no ``source`` attribute (TensorRT) has source "".
+        wrong = [n for n in nodes if n.attributes.get("source", "") != source]
         if wrong:
             raise CompileFailure(
                 f"{model}: EPContext node {wrong[0].name} has source "
@@ -149,7 +161,9 @@ def check_outputs(job: dict[str, Any], source: str, models: list[str]) -> dict[s
             "cpu_nodes": sum(cpu_ops.values()),
             "cpu_op_types": cpu_ops,
             "node_names": [n.name for n in nodes],
-            "compatibility": info.metadata.get(f"ep_compatibility_info.{source}"),
+            "compatibility": info.metadata.get(f"ep_compatibility_info.{compat_key}")
+            if compat_key
+            else None,
         }
     return detail
 
