@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from .errors import UnsafePathError, VerificationError
 from .fsutil import remove_tree
 from .paths import ensure_dir_inside, is_safe_reference
-from .worker import LOG_NAME, RESULT_NAME
+from .worker_files import LOG_NAME, RESULT_NAME
 
 STAGING = ".staging"
 

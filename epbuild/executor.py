@@ -16,7 +16,7 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from .worker import LOG_NAME, RESULT_NAME
+from .worker_files import LOG_NAME, RESULT_NAME
 
 
 @dataclass

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -41,6 +40,8 @@ def hold(
     on_wait: Callable[[str], None] | None = None,
 ) -> Iterator[None]:
     """Hold the lock at ``lock_path``; ``what`` names the holder for waiters' messages."""
+    import socket
+
     from filelock import FileLock, Timeout
 
     os.makedirs(os.path.dirname(lock_path), exist_ok=True)

@@ -6,7 +6,6 @@ manifest use tomlkit instead (see ``initcmd``). Every error names file, line and
 
 from __future__ import annotations
 
-import glob
 import os
 import posixpath
 import re
@@ -346,6 +345,7 @@ def _nested(a: str, b: str) -> bool:
 def _expand(root: Path, pattern: str, excluded: tuple[str, ...]) -> list[str]:
     if not _GLOB_CHARS.search(pattern):
         return [pattern]
+    import glob
     found = sorted(
         posixpath.normpath(Path(p).relative_to(root).as_posix())
         for p in glob.glob(str(root / pattern), recursive=True)

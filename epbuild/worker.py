@@ -18,8 +18,7 @@ import time
 import traceback
 from typing import Any
 
-RESULT_NAME = ".epbuild-result.json"
-LOG_NAME = ".epbuild-worker.log"
+from .worker_files import RESULT_NAME
 
 
 class CompileFailure(Exception):

@@ -8,12 +8,14 @@ points are read only for a kind that is not built in, so the no-op path never sc
 from __future__ import annotations
 
 import importlib
-import importlib.metadata
 import threading
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..errors import ManifestError
 from .base import Provider
+
+if TYPE_CHECKING:
+    import importlib.metadata
 
 ENTRY_POINT_GROUP = "epbuild.providers"
 BUILTIN: dict[str, tuple[str, str]] = {
@@ -69,6 +71,8 @@ def _load(kind: str) -> Provider:
 
 
 def _entry_points() -> list[importlib.metadata.EntryPoint]:
+    import importlib.metadata
+
     return list(importlib.metadata.entry_points(group=ENTRY_POINT_GROUP))
 
 

@@ -7,7 +7,8 @@ side (``attach``) runs inside a fresh worker process that has imported onnxrunti
 
 from __future__ import annotations
 
-import importlib.metadata
+import os
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
@@ -94,8 +95,48 @@ class Provider(Protocol):
         ...
 
 
+_DIST_INFO: dict[str, tuple[str, str]] | None = None
+
+
+def _normalise(name: str) -> str:
+    return name.lower().replace("-", "_").replace(".", "_")
+
+
+def _scan_dist_info() -> dict[str, tuple[str, str]]:
+    """Normalised distribution name → (version, site directory), from ``*.dist-info`` names.
+
+    One ``listdir`` per ``sys.path`` entry: far cheaper than importing importlib.metadata,
+    and this runs on every no-op build. The first entry on ``sys.path`` wins, as for imports.
+    """
+    global _DIST_INFO
+    if _DIST_INFO is None:
+        found: dict[str, tuple[str, str]] = {}
+        for directory in sys.path:
+            try:
+                names = os.listdir(directory or ".")
+            except OSError:
+                continue
+            for entry in names:
+                if entry.endswith(".dist-info") and "-" in entry:
+                    name, _, version = entry[: -len(".dist-info")].partition("-")
+                    found.setdefault(_normalise(name), (version, directory))
+        _DIST_INFO = found
+    return _DIST_INFO
+
+
+def dist_location(dist: str) -> str | None:
+    """The site directory a distribution is installed in, if found by the fast scan."""
+    hit = _scan_dist_info().get(_normalise(dist))
+    return hit[1] if hit else None
+
+
 def dist_version(dist: str) -> str:
     """Installed version of a distribution, or ``"absent"``; never imports it."""
+    hit = _scan_dist_info().get(_normalise(dist))
+    if hit is not None:
+        return hit[0]
+    import importlib.metadata  # slow path: egg-info and other layouts
+
     try:
         return importlib.metadata.version(dist)
     except importlib.metadata.PackageNotFoundError:

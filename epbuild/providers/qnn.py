@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import importlib.metadata
+import os
 import re
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 from ..errors import ManifestError, ProviderUnavailableError
 from .base import (
     ProviderConfig,
+    dist_location,
     dist_version,
     register_plugin,
     require_devices,
@@ -140,6 +141,32 @@ class QnnProvider:
             return f"context targets soc_model {parts[5]}, the manifest asks for {want_soc}"
         return None
 
+    def check_installed(self, config: ProviderConfig, info: str) -> str | None:
+        """Runtime side: a message if a context's SDK differs from the installed one."""
+        parts = info.split(":")
+        installed = qnn_sdk_version()
+        if len(parts) > 2 and installed not in ("absent", "unknown") and parts[2] != installed:
+            return (
+                f"context was built with QNN SDK {parts[2]}, the installed onnxruntime-qnn "
+                f"ships {installed}"
+            )
+        return None
+
+    def load_problem(self, config: ProviderConfig, share_weights: bool) -> str | None:
+        """Why a built context cannot be loaded on this host (x86_64 has no HTP), or None."""
+        import platform
+
+        if platform.machine().lower() not in ("x86_64", "amd64"):
+            return None
+        if share_weights:
+            return (
+                "weight-shared QNN contexts cannot be loaded on x86_64 (the EP refuses them "
+                "or crashes the process); load them on the target device"
+            )
+        if self.is_multi_soc(config):
+            return "multi-SoC QNN contexts cannot be loaded on x86_64; load them on the target"
+        return None
+
     def attach(
         self, ort: onnxruntime, so: onnxruntime.SessionOptions, config: ProviderConfig
     ) -> None:
@@ -157,13 +184,16 @@ class QnnProvider:
 
 def qnn_sdk_version() -> str:
     """The QNN SDK version bundled in the onnxruntime-qnn wheel, read without importing it."""
+    site = dist_location(DIST)
+    if site is None:
+        if dist_version(DIST) == "absent":
+            return "absent"
+        import importlib.metadata
+
+        site = str(importlib.metadata.distribution(DIST).locate_file(""))
     try:
-        dist = importlib.metadata.distribution(DIST)
-    except importlib.metadata.PackageNotFoundError:
-        return "absent"
-    info = dist.locate_file("onnxruntime_qnn/build_and_package_info.py")
-    try:
-        with open(str(info), encoding="utf-8") as f:
+        with open(os.path.join(site, "onnxruntime_qnn", "build_and_package_info.py"),
+                  encoding="utf-8") as f:  # fmt: skip
             text = f.read()
     except OSError:
         return "unknown"
