@@ -192,6 +192,12 @@ def _resolve(file: Path, locator: _Locator, data: dict[str, Any]) -> Manifest:
             file, locator, ("workspace", "state_dir"), "out_dir and state_dir must not overlap"
         )
     budget = ws.get("memory_budget")
+    if budget is not None:
+        try:
+            budget = parse_memory(budget, key="workspace.memory_budget")
+        except ManifestError as exc:
+            raise _error(file, locator, ("workspace", "memory_budget"), _strip_where(exc),
+                         exc.hint) from exc  # fmt: skip
     cache = ws.get("cache")
     if cache is not None and "://" not in cache:
         cache = rel(cache, ("workspace", "cache"), "cache")
@@ -199,9 +205,7 @@ def _resolve(file: Path, locator: _Locator, data: dict[str, Any]) -> Manifest:
         out_dir=out_dir,
         state_dir=state_dir,
         jobs=ws.get("jobs") or os.cpu_count() or 1,
-        memory_budget=None
-        if budget is None
-        else parse_memory(budget, key="workspace.memory_budget"),
+        memory_budget=budget,
         cache=cache,
         executor=ws.get("executor", "local"),
         scheduler=ws.get("scheduler"),

@@ -1,0 +1,265 @@
+"""Hostile and broken input: fuzzed manifests, escaping paths, broken models.
+
+Every case must end in one clear error naming the file (and line/key where there is one),
+never a traceback, and must never read or write outside the workspace's own directories.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from conftest import HTP73, Workspace, render_manifest
+from epbuild.api import Outcome
+from epbuild.errors import EpbuildError, ManifestError, UserError
+from epbuild.manifest import load_manifest
+from modelgen import matmul_model, save
+
+# ---------------------------------------------------------------------------------------
+# Manifests: property-based mutation of a valid manifest
+
+VALID: dict[str, Any] = {
+    "workspace": {"out_dir": "build", "state_dir": ".epbuild", "jobs": 2,
+                  "memory_budget": "8G", "cache": "cache"},
+    "providers": {
+        "htp": {"ep": "qnn", "options": {"htp_arch": "73", "soc_model": "60"},
+                "session_options": {"session.intra_op.allow_spinning": "0"}},
+        "htp75": {"ep": "qnn", "options": {"htp_arch": "75", "soc_model": "69"}},
+    },
+    "groups": {
+        "pair": {"models": ["models/a.onnx", "models/b.onnx"], "providers": ["htp", "htp75"],
+                 "share_weights": True, "embed_mode": 0, "node_name_prefix": "p_",
+                 "external_initializers": "w.bin", "load": "path"},
+        "all": {"models": ["models/*.onnx"], "providers": ["htp"]},
+    },
+}  # fmt: skip
+
+_weird_strings = st.sampled_from([
+    "", "/etc/passwd", "../outside.onnx", "models/../../x.onnx", "C:\\x.onnx", "a\\b",
+    "models/\x00.onnx", "\u202e", "x" * 5000, "..", ".", "~", "models/*.onnx", "**/*",
+    "[", "build", ".epbuild", "htp", "s3://bucket/x", "-1", "1e999", "9" * 40, "ünï",
+    "models/a.onnx", "w.bin", "a_ctx.onnx", "bytes", "dask",
+])  # fmt: skip
+_values = st.recursive(
+    st.one_of(
+        st.booleans(),
+        st.integers(min_value=-(2**63), max_value=2**63 - 1),
+        st.sampled_from([0, -1, 1, 2**63 - 1, -(2**63), 10**18]),
+        st.floats(allow_nan=True, allow_infinity=True),
+        _weird_strings,
+        st.text(max_size=20),
+    ),
+    lambda kids: st.one_of(
+        st.lists(kids, max_size=4),
+        st.dictionaries(st.one_of(_weird_strings, st.text(max_size=8)), kids, max_size=3),
+    ),
+    max_leaves=8,
+)
+
+
+def _paths(data: Any, prefix: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+    out = [prefix]
+    if isinstance(data, dict):
+        for k, v in data.items():
+            out += _paths(v, (*prefix, k))
+    elif isinstance(data, list):
+        for i, v in enumerate(data):
+            out += _paths(v, (*prefix, i))
+    return out
+
+
+@st.composite
+def _structural(draw: st.DrawFn) -> str:
+    data = copy.deepcopy(VALID)
+    for _ in range(draw(st.integers(1, 3))):
+        paths = [p for p in _paths(data) if p]
+        if not paths:
+            break
+        path = draw(st.sampled_from(paths))
+        parent = data
+        for k in path[:-1]:
+            parent = parent[k]
+        op = draw(st.sampled_from(["replace", "delete", "unknown", "retype"]))
+        if op == "delete":
+            del parent[path[-1]]
+        elif op == "unknown" and isinstance(parent, dict):
+            parent[draw(st.one_of(_weird_strings, st.text(min_size=1, max_size=10)))] = draw(
+                _values
+            )
+        elif op == "retype":
+            parent[path[-1]] = draw(st.sampled_from([[], {}, "", 0, True, 1.5, [{}], {"x": []}]))
+        else:
+            parent[path[-1]] = draw(_values)
+    return _render_any(data)
+
+
+def _toml_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, float):
+        if value != value:
+            return "nan"
+        if value in (float("inf"), float("-inf")):
+            return "inf" if value > 0 else "-inf"
+        return repr(value)
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, str):
+        return json.dumps(value)
+    if isinstance(value, list):
+        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+    return "{ " + ", ".join(f"{json.dumps(k)} = {_toml_value(v)}" for k, v in value.items()) + " }"
+
+
+def _render_any(data: Any) -> str:
+    if not isinstance(data, dict):
+        return f"x = {_toml_value(data)}\n"
+    lines: list[str] = []
+    for section, table in data.items():
+        if section in ("providers", "groups") and isinstance(table, dict) and all(
+            isinstance(v, dict) for v in table.values()
+        ):
+            for name, sub in table.items():
+                lines.append(f"[{section}.{json.dumps(name)}]")
+                lines += [f"{json.dumps(k)} = {_toml_value(v)}" for k, v in sub.items()]
+        elif isinstance(table, dict):
+            lines.append(f"[{json.dumps(section)}]")
+            lines += [f"{json.dumps(k)} = {_toml_value(v)}" for k, v in table.items()]
+        else:
+            lines.insert(0, f"{json.dumps(section)} = {_toml_value(table)}")
+    return "\n".join(lines) + "\n"
+
+
+@st.composite
+def _textual(draw: st.DrawFn) -> bytes:
+    raw = render_manifest(VALID).encode()
+    lines = raw.split(b"\n")
+    op = draw(st.sampled_from(["garbage", "truncate", "duplicate", "swap", "bytes"]))
+    if op == "garbage":
+        pos = draw(st.integers(0, len(raw)))
+        return raw[:pos] + draw(st.binary(min_size=1, max_size=12)) + raw[pos:]
+    if op == "truncate":
+        return raw[: draw(st.integers(0, len(raw)))]
+    if op == "duplicate":  # a key or a table header twice
+        i = draw(st.integers(0, len(lines) - 1))
+        return b"\n".join([*lines[: i + 1], lines[i], *lines[i + 1 :]])
+    if op == "swap":
+        i = draw(st.integers(0, len(lines) - 1))
+        j = draw(st.integers(0, len(lines) - 1))
+        lines[i], lines[j] = lines[j], lines[i]
+        return b"\n".join(lines)
+    return draw(st.binary(max_size=200))
+
+
+@pytest.fixture(scope="module")
+def fuzz_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("fuzz")
+    for name in ("a", "b", "c"):
+        save(matmul_model(ord(name), n=8), root / "models" / f"{name}.onnx")
+    return root
+
+
+FUZZ_COUNT = {"n": 0}
+
+
+def _check_load(root: Path, raw: bytes) -> None:
+    path = root / "epbuild.toml"
+    path.write_bytes(raw)
+    FUZZ_COUNT["n"] += 1
+    try:
+        load_manifest(path)
+    except ManifestError as exc:
+        assert str(path) in str(exc), f"error does not name the file: {exc}"
+    except UserError as exc:  # a user error other than the manifest's own (e.g. a provider)
+        assert str(exc).strip()
+    # anything else propagates and fails the test with the input that caused it
+
+
+@settings(max_examples=700, deadline=None, suppress_health_check=[HealthCheck.too_slow,
+          HealthCheck.function_scoped_fixture])  # fmt: skip
+@given(text=_structural())
+def test_fuzzed_manifests_structural(fuzz_root: Path, text: str) -> None:
+    _check_load(fuzz_root, text.encode("utf-8", "surrogatepass"))
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow,
+          HealthCheck.function_scoped_fixture])  # fmt: skip
+@given(raw=_textual())
+def test_fuzzed_manifests_textual(fuzz_root: Path, raw: bytes) -> None:
+    _check_load(fuzz_root, raw)
+
+
+def _cli(root: Path, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "epbuild", "-C", str(root), *args],
+        capture_output=True, text=True, timeout=timeout,
+    )  # fmt: skip
+
+
+def _assert_clean_user_error(proc: subprocess.CompletedProcess[str], *needles: str) -> None:
+    assert proc.returncode == 2, (proc.returncode, proc.stdout, proc.stderr)
+    assert "Traceback" not in proc.stderr + proc.stdout
+    assert proc.stderr.startswith("epbuild: error: "), proc.stderr
+    assert proc.stderr.count("error:") == 1, proc.stderr
+    for needle in needles:
+        assert needle in proc.stderr, (needle, proc.stderr)
+
+
+@settings(max_examples=15, deadline=None, derandomize=True,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@given(raw=st.one_of(_structural().map(str.encode), _textual()))
+def test_cli_hostile_manifest_sample(fuzz_root: Path, raw: bytes) -> None:
+    (fuzz_root / "epbuild.toml").write_bytes(raw)
+    proc = _cli(fuzz_root, "status")
+    if proc.returncode != 0:  # some mutations leave a valid manifest
+        _assert_clean_user_error(proc, "epbuild.toml")
+
+
+@pytest.mark.parametrize(
+    ("text", "where"),
+    [
+        ('[workspace]\nout_dir = "build"\nout_dir = "x"\n', "epbuild.toml:3"),  # duplicate key
+        ("[workspace]\njobs = 99999999999999999999999\n", "epbuild.toml:2"),  # huge value
+        ('[workspace]\njobs = "2"\n', "epbuild.toml:2: workspace.jobs"),
+        ('[groups.g]\nmodels = ["m.onnx"]\n', "groups.g.providers"),  # missing key
+        ("[groups]\ng = 3\n", "epbuild.toml:2: groups.g"),
+        ('[workspace]\nmemory_budget = "lots"\n', "epbuild.toml:2: workspace.memory_budget"),
+    ],
+)
+def test_cli_broken_manifest_names_place(workspace: Workspace, text: str, where: str) -> None:
+    workspace.root.mkdir(parents=True)
+    workspace.manifest(text)
+    _assert_clean_user_error(_cli(workspace.root, "build"), where)
+
+
+def test_non_utf8_manifest(workspace: Workspace) -> None:
+    workspace.root.mkdir(parents=True)
+    (workspace.root / "epbuild.toml").write_bytes(b'[workspace]\nout_dir = "\xff\xfe"\n')
+    _assert_clean_user_error(_cli(workspace.root, "build"), "epbuild.toml", "UTF-8")
+
+
+def test_manifest_is_a_directory(workspace: Workspace) -> None:
+    (workspace.root / "epbuild.toml").mkdir(parents=True)
+    _assert_clean_user_error(_cli(workspace.root, "build"), "epbuild.toml")
+    _assert_clean_user_error(_cli(workspace.root, "-f", ".", "build"), "no manifest")
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root reads files whatever their mode")
+def test_unreadable_manifest(workspace: Workspace) -> None:
+    workspace.root.mkdir(parents=True)
+    path = workspace.manifest("[workspace]\n")
+    path.chmod(0)
+    try:
+        _assert_clean_user_error(_cli(workspace.root, "build"), "epbuild.toml", "cannot read")
+    finally:
+        path.chmod(0o644)
