@@ -38,6 +38,13 @@ def _parser() -> argparse.ArgumentParser:
     s = sub.add_parser("status", help="list actions as up to date or stale, with reasons")
     s.add_argument("selectors", nargs="*", metavar="SELECTOR")
     s.add_argument("--json", action="store_true")
+    s.add_argument("--detail", action="store_true",
+                   help="EPContext coverage, CPU fallback, sizes, time, memory")  # fmt: skip
+
+    v = sub.add_parser("verify", help="check built outputs (schema, paths, digests)")
+    v.add_argument("selectors", nargs="*", metavar="SELECTOR")
+    v.add_argument("--json", action="store_true")
+    v.add_argument("--load", action="store_true", help="also run each model vs the CPU EP")
 
     c = sub.add_parser("clean", help="remove built outputs and their records")
     c.add_argument("selectors", nargs="*", metavar="SELECTOR")
@@ -85,6 +92,15 @@ def _cmd_build(args: argparse.Namespace) -> int:
 def _cmd_status(args: argparse.Namespace) -> int:
     from .api import status
 
+    if args.detail:
+        from .report import render, status_detail
+
+        details = status_detail(args.directory, args.manifest, args.selectors)
+        if args.json:
+            _print_json({"actions": [d.to_json() for d in details]})
+        else:
+            print("\n".join(render(details)))
+        return 0
     plans = status(args.directory, args.manifest, args.selectors)
     if args.json:
         _print_json(
@@ -129,7 +145,27 @@ def _cmd_clean(args: argparse.Namespace) -> int:
     return 0
 
 
-COMMANDS = {"build": _cmd_build, "status": _cmd_status, "init": _cmd_init, "clean": _cmd_clean}
+def _cmd_verify(args: argparse.Namespace) -> int:
+    from .verify import verify_outputs
+
+    result = verify_outputs(args.directory, args.manifest, args.selectors, load=args.load)
+    if args.json:
+        _print_json(result.to_json())
+    else:
+        for line in result.lines():
+            print(line)
+        for c in result.loads:
+            if c.outcome.value == "not_loadable_here":
+                print(f"{c.file}: not loadable here: {c.message}")
+        passed = sum(1 for c in result.loads if c.outcome.value == "passed")
+        loads = f", {passed} loaded and matched the CPU EP" if args.load else ""
+        print(f"epbuild: verified {len(result.checked)} model(s){loads}: "
+              f"{len(result.lines())} problem(s)")  # fmt: skip
+    return 0 if result.ok else 1
+
+
+COMMANDS = {"build": _cmd_build, "status": _cmd_status, "init": _cmd_init, "clean": _cmd_clean,
+            "verify": _cmd_verify}  # fmt: skip
 
 
 def _sigterm(signum: int, frame: object) -> None:
