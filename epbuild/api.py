@@ -8,7 +8,7 @@ import posixpath
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from . import locks
 from .commit import check_staged, clean_stale_staging, commit, make_staging
@@ -20,6 +20,11 @@ from .providers import get_provider
 from .state import ActionRecord, OutputRecord
 from .statcache import Entry, hash_file
 from .workspace import Workspace, open_workspace
+
+if TYPE_CHECKING:
+    from .executor import Executor
+    from .memory import MemoryPlan
+    from .trace import Tracer
 
 
 class Outcome(enum.Enum):
@@ -152,15 +157,22 @@ class _Builder:
         keep_going: bool,
         reporter: Reporter,
         lock_timeout: float | None,
+        executor: Executor | None = None,
+        tracer: Tracer | None = None,
+        memory: MemoryPlan | None = None,
     ) -> None:
         from .executor import LocalExecutor
+        from .memory import MemoryPlan
+        from .trace import Tracer
 
         self.ws = ws
         self.jobs = jobs
         self.keep_going = keep_going
         self.reporter = reporter
         self.lock_timeout = lock_timeout
-        self.executor = LocalExecutor(ws.root, prewarm=True)
+        self.executor: Executor = executor or LocalExecutor(ws.root, prewarm=True)
+        self.tracer = tracer or Tracer()
+        self.memory = memory or MemoryPlan(None, {})
         self.warned: set[str] = set()
 
     def run_one(self, plan: ActionPlan) -> ActionResult:
@@ -170,6 +182,7 @@ class _Builder:
                 action, Outcome.FAILED, reasons=plan.reasons, error=plan.error.message,
                 hint=plan.error.hint,
             )  # fmt: skip
+        waited = self.tracer.now()
         try:
             with locks.hold(
                 self.ws.action_lock(action),
@@ -177,15 +190,17 @@ class _Builder:
                 timeout=self.lock_timeout,
                 on_wait=lambda msg: self.reporter.message(f"{action.id}: {msg}"),
             ):
+                self.tracer.add("lock", waited, action.id)
                 return self._locked(plan)
         except EpbuildError as exc:
             return _result(action, Outcome.FAILED, reasons=plan.reasons, error=exc.message,
                            hint=exc.hint)  # fmt: skip
 
     def _locked(self, plan: ActionPlan) -> ActionResult:
-        ws, action = self.ws, plan.action
-        state = ws.reload_state()
-        again = plan_action(action, state, ws.keys, ws.stats, ws.root)
+        ws, action, tracer = self.ws, plan.action, self.tracer
+        with tracer.span("hash", action.id):
+            state = ws.reload_state()
+            again = plan_action(action, state, ws.keys, ws.stats, ws.root)
         if not again.stale:
             return _result(action, Outcome.UP_TO_DATE, outputs=_outputs(ws, action))
         assert again.key is not None
@@ -193,18 +208,26 @@ class _Builder:
         self.reporter.action_started(action.id)
         staging = make_staging(ws.root, ws.manifest.workspace.out_dir, action.slug)
         try:
-            outcome = self.executor.run(self._job(action, staging))
+            job = self._job(action, staging)
+            job["inputs"] = dict(key.inputs)  # for executors that ship inputs elsewhere
+            job["predicted_peak"] = self.memory.peaks.get(action.id, 0)
+            started = tracer.now()
+            outcome = self.executor.run(job)
+            tracer.add("compile", started, action.id, ok=outcome.ok,
+                       peak_rss=outcome.result.get("peak_rss"))  # fmt: skip
             if not outcome.ok:
                 return _result(
                     action, Outcome.FAILED, reasons=plan.reasons,
                     error=outcome.error, hint=outcome.hint, log_tail=outcome.log_tail,
                 )  # fmt: skip
+            started = tracer.now()
             names = check_staged(ws.root, staging, action.ctx_names)
             warnings = self._check_detail(action, outcome.result.get("detail", {}))
             changed = [
                 rel for rel, digest in key.inputs.items()
                 if ws.stats.digest(ws.root, rel).digest != digest
             ]  # fmt: skip
+            tracer.add("verify", started, action.id)
             if changed:
                 return _result(
                     action, Outcome.FAILED, reasons=plan.reasons,
@@ -212,6 +235,7 @@ class _Builder:
                     "the result was discarded",
                     hint="run the build again once the file is written",
                 )  # fmt: skip
+            started = tracer.now()
             staged_dir = os.path.join(ws.root, staging)
             outputs: dict[str, OutputRecord] = {}
             for name in names:
@@ -238,6 +262,7 @@ class _Builder:
                 ws.stats.remember(rel, Entry(st.st_ino, st.st_size, st.st_mtime_ns, out.digest))
             with locks.hold(ws.state_lock, f"epbuild commit {action.id}"):
                 ws.journal.done(record)
+            tracer.add("commit", started, action.id)
             return _result(
                 action, Outcome.COMPILED, seconds=record.seconds, outputs=sorted(outputs),
                 reasons=plan.reasons, warnings=warnings,
@@ -311,15 +336,29 @@ def build(
     dry_run: bool = False,
     reporter: Reporter | None = None,
     lock_timeout: float | None = None,
+    memory_budget: int | None = None,
+    trace: str | os.PathLike[str] | None = None,
+    executor: str | Executor | None = None,
+    scheduler: str | None = None,
 ) -> BuildResult:
-    """Bring the selected actions up to date; returns what happened to each."""
+    """Bring the selected actions up to date; returns what happened to each.
+
+    ``memory_budget`` (bytes) caps the summed predicted peaks of concurrent local compiles
+    (default: manifest, else a safe share of RAM); ``trace`` writes the timeline as Chrome
+    trace-event JSON; ``executor`` is ``"local"``, ``"dask"`` (with ``scheduler``, a Dask
+    scheduler address) or an ``Executor`` object.
+    """
+    from .trace import TRACE_NAME, Tracer
+
     t0 = time.perf_counter()
+    tracer = Tracer()
     reporter = reporter or Reporter()
-    ws = open_workspace(directory, manifest, selectors)
-    warnings = list(ws.state.warnings)
-    for w in warnings:
-        reporter.message(f"warning: {w}")
-    plans = make_plan(ws.actions, ws.state, ws.keys, ws.stats, ws.root)
+    with tracer.span("plan"):
+        ws = open_workspace(directory, manifest, selectors)
+        warnings = list(ws.state.warnings)
+        for w in warnings:
+            reporter.message(f"warning: {w}")
+        plans = make_plan(ws.actions, ws.state, ws.keys, ws.stats, ws.root)
     stale = [p for p in plans if p.stale]
     results: dict[str, ActionResult] = {
         p.action.id: _result(p.action, Outcome.UP_TO_DATE, outputs=_outputs(ws, p.action))
@@ -331,8 +370,11 @@ def build(
             results[p.action.id] = _result(p.action, Outcome.WOULD_BUILD, reasons=p.reasons)
         if not dry_run:
             _save_stats(ws)
+        if trace is not None:
+            tracer.write(trace)
         return BuildResult([results[p.action.id] for p in plans], time.perf_counter() - t0,
                            warnings)  # fmt: skip
+    run_on, jobs, memory = _executor_for(ws, stale, executor, scheduler, jobs, memory_budget)
     os.makedirs(ws.state_dir, exist_ok=True)
     with locks.hold(ws.state_lock, "epbuild build (startup)", timeout=lock_timeout):
         clean_stale_staging(ws.root, ws.manifest.workspace.out_dir)
@@ -341,10 +383,13 @@ def build(
     reporter.start(len(plans), len(stale))
     builder = _Builder(
         ws,
-        jobs=max(1, jobs or ws.manifest.workspace.jobs),
+        jobs=jobs,
         keep_going=keep_going,
         reporter=reporter,
         lock_timeout=lock_timeout,
+        executor=run_on,
+        tracer=tracer,
+        memory=memory,
     )
     try:
         results.update(_schedule(builder, stale))
@@ -353,11 +398,52 @@ def build(
         _save_stats(ws)
         with locks.hold(ws.state_lock, "epbuild build (finish)"):
             ws.journal.compact_if_needed(ws.reload_state())
+        tracer.write(os.path.join(ws.state_dir, TRACE_NAME))
+        if trace is not None:
+            tracer.write(trace)
     return BuildResult([results[p.action.id] for p in plans], time.perf_counter() - t0, warnings)
 
 
+def _executor_for(
+    ws: Workspace,
+    stale: list[ActionPlan],
+    executor: str | Executor | None,
+    scheduler: str | None,
+    jobs: int | None,
+    memory_budget: int | None,
+) -> tuple[Executor, int, MemoryPlan]:
+    """The executor, slot count and memory plan of a build."""
+    from .errors import UserError
+    from .executor import LocalExecutor
+    from .memory import MemoryPlan, default_budget, predict_peak
+
+    peaks = {p.action.id: predict_peak(p, ws.state, ws.stats, ws.root) for p in stale}
+    kind = executor if executor is not None else ws.manifest.workspace.executor
+    if isinstance(kind, str) and kind == "dask":
+        from .dask_executor import DaskExecutor
+
+        address = scheduler or ws.manifest.workspace.scheduler
+        if not address:
+            raise UserError(
+                "the dask executor needs a scheduler address",
+                hint="pass --scheduler tcp://HOST:PORT or set scheduler in [workspace]",
+            )
+        dask = DaskExecutor(ws.root, address)
+        # The farm's workers hold the memory: map predictions onto their resources instead.
+        return dask, max(1, jobs or dask.slots()), MemoryPlan(None, peaks)
+    if isinstance(kind, str):
+        if kind != "local":
+            raise UserError(f"unknown executor {kind!r}", hint="use local or dask")
+        run_on: Executor = LocalExecutor(ws.root, prewarm=True)
+    else:
+        run_on = kind
+    budget = memory_budget or ws.manifest.workspace.memory_budget or default_budget()
+    return run_on, max(1, jobs or ws.manifest.workspace.jobs), MemoryPlan(budget, peaks)
+
+
 def _schedule(builder: _Builder, stale: list[ActionPlan]) -> dict[str, ActionResult]:
-    """One loop: start ready actions up to -j, wait for the first to finish, repeat."""
+    """One loop: start ready actions up to -j while their predicted memory fits the budget,
+    wait for the first to finish, repeat."""
     from collections import deque
     from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 
@@ -369,13 +455,16 @@ def _schedule(builder: _Builder, stale: list[ActionPlan]) -> dict[str, ActionRes
     try:
         while pending or running:
             while pending and len(running) < builder.jobs and not stop:
-                plan = pending.popleft()
-                running[pool.submit(builder.run_one, plan)] = plan
+                taken = builder.memory.take(pending, idle=not running)
+                if taken is None:
+                    break
+                running[pool.submit(builder.run_one, taken)] = taken
             if not running:
                 break
             done, _ = wait(running, return_when=FIRST_COMPLETED)
             for fut in done:
                 plan = running.pop(fut)
+                builder.memory.release(plan)
                 res = fut.result()
                 results[plan.action.id] = res
                 builder.reporter.action_finished(res)

@@ -34,6 +34,16 @@ def _parser() -> argparse.ArgumentParser:
     b.add_argument("-n", "--dry-run", action="store_true", help="show what would be built")
     b.add_argument("--json", action="store_true", help="print one JSON object on stdout")
     b.add_argument("--lock-timeout", type=float, metavar="SECONDS", help="give up waiting")
+    b.add_argument("--memory-budget", metavar="SIZE",
+                   help="memory local compiles may use at once, e.g. 8G (default: 3/4 of RAM)")
+    b.add_argument("--trace", metavar="FILE", help="write the timeline as Chrome trace JSON")
+    b.add_argument("--executor", choices=("local", "dask"), help="where actions run")
+    b.add_argument("--scheduler", metavar="ADDRESS", help="Dask scheduler, tcp://HOST:PORT")
+
+    r = sub.add_parser("report", help="per-action report of the last builds (HTML page)")
+    r.add_argument("selectors", nargs="*", metavar="SELECTOR")
+    r.add_argument("--html", metavar="FILE", required=True,
+                   help="write a self-contained HTML page (timeline + table)")
 
     s = sub.add_parser("status", help="list actions as up to date or stale, with reasons")
     s.add_argument("selectors", nargs="*", metavar="SELECTOR")
@@ -61,6 +71,18 @@ def _cmd_build(args: argparse.Namespace) -> int:
 
     if args.jobs is not None and args.jobs < 1:
         raise UserError("-j must be at least 1")
+    budget = None
+    if args.memory_budget is not None:
+        from .errors import ManifestError
+        from .manifest import parse_memory
+
+        try:
+            budget = parse_memory(args.memory_budget, key="--memory-budget")
+        except ManifestError:
+            raise UserError(f"--memory-budget {args.memory_budget!r} is not a size",
+                            hint="write e.g. 8G or 512M") from None  # fmt: skip
+        if budget <= 0:
+            raise UserError("--memory-budget must be positive", hint="write e.g. 8G or 512M")
     result = build(
         args.directory,
         args.manifest,
@@ -70,6 +92,10 @@ def _cmd_build(args: argparse.Namespace) -> int:
         dry_run=args.dry_run,
         reporter=ConsoleReporter(),
         lock_timeout=args.lock_timeout,
+        memory_budget=budget,
+        trace=args.trace,
+        executor=args.executor,
+        scheduler=args.scheduler,
     )
     if args.json:
         _print_json(result.to_json())
@@ -145,6 +171,14 @@ def _cmd_clean(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_report(args: argparse.Namespace) -> int:
+    from .report_html import write_html_report
+
+    count = write_html_report(args.directory, args.manifest, args.selectors, args.html)
+    print(f"epbuild: wrote {args.html} ({count} action(s))")
+    return 0
+
+
 def _cmd_verify(args: argparse.Namespace) -> int:
     from .verify import verify_outputs
 
@@ -165,7 +199,7 @@ def _cmd_verify(args: argparse.Namespace) -> int:
 
 
 COMMANDS = {"build": _cmd_build, "status": _cmd_status, "init": _cmd_init, "clean": _cmd_clean,
-            "verify": _cmd_verify}  # fmt: skip
+            "verify": _cmd_verify, "report": _cmd_report}  # fmt: skip
 
 
 def _sigterm(signum: int, frame: object) -> None:
