@@ -148,6 +148,13 @@ class KeyComputer:
 
 def explain_difference(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
     """Human reasons why two key component sets differ."""
+    try:
+        return _explain(old, new)
+    except (TypeError, KeyError, AttributeError, ValueError):
+        return ["key changed (the recorded key components are unreadable)"]
+
+
+def _explain(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
     reasons: list[str] = []
     if old.get("format") != new.get("format"):
         reasons.append(f"epbuild output format {old.get('format')} → {new.get('format')}")

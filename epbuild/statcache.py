@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from .fsutil import atomic_write_bytes
 
-_VERSION = 1
+_VERSION = 2  # 2: a sha256 of the payload on the first line (a flipped byte is caught)
 _RACY_NS = 20_000_000  # an mtime this close to "now" may still change within its tick
 _CHUNK = 1 << 20
 
@@ -42,6 +42,20 @@ def hash_file(path: str) -> str:
     return h.hexdigest()
 
 
+def _well_formed(rel: object, e: Entry) -> bool:
+    from .paths import is_safe_reference
+
+    ints = all(isinstance(v, int) and not isinstance(v, bool) for v in (e.ino, e.size, e.mtime_ns))
+    return (
+        ints
+        and isinstance(rel, str)
+        and is_safe_reference(rel)
+        and isinstance(e.digest, str)
+        and len(e.digest) == 64
+        and (e.refs is None or all(isinstance(r, str) and is_safe_reference(r) for r in e.refs))
+    )
+
+
 class StatCache:
     """Maps files to digests, re-hashing only when their stat changed."""
 
@@ -56,13 +70,23 @@ class StatCache:
     def _load(self) -> None:
         try:
             with open(self.path, "rb") as f:
-                data = json.loads(f.read())
-            if data.get("version") != _VERSION:
+                head, _, body = f.read().partition(b"\n")
+            header = json.loads(head)
+            if header.get("version") != _VERSION:
+                return
+            if header.get("sha256") != hashlib.sha256(body).hexdigest():
+                return
+            data = json.loads(body)
+            if not isinstance(data, dict):
                 return
             for rel, e in data["entries"].items():
                 refs = tuple(e[4]) if len(e) > 4 and e[4] is not None else None
-                self.entries[rel] = Entry(e[0], e[1], e[2], e[3], refs)
-        except (OSError, ValueError, KeyError, TypeError, IndexError):
+                entry = Entry(e[0], e[1], e[2], e[3], refs)
+                if not _well_formed(rel, entry):
+                    raise ValueError(rel)
+                self.entries[rel] = entry
+        except (OSError, ValueError, KeyError, TypeError, IndexError, AttributeError,
+                RecursionError):  # fmt: skip
             self.entries = {}  # a damaged stat cache only costs re-hashing
 
     def lookup(self, rel: str, st: os.stat_result) -> Entry | None:
@@ -109,12 +133,13 @@ class StatCache:
         current._load()
         current.entries.update(self.dirty)
         payload = {
-            "version": _VERSION,
             "entries": {
                 rel: [e.ino, e.size, e.mtime_ns, e.digest, list(e.refs) if e.refs is not None else None]
                 for rel, e in current.entries.items()
             },
         }
-        atomic_write_bytes(self.path, json.dumps(payload, separators=(",", ":")).encode())
+        body = json.dumps(payload, separators=(",", ":")).encode()
+        head = {"version": _VERSION, "sha256": hashlib.sha256(body).hexdigest()}
+        atomic_write_bytes(self.path, json.dumps(head).encode() + b"\n" + body)
         self.entries = current.entries
         self.dirty = {}

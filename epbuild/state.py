@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .fsutil import atomic_write_bytes
+from .paths import is_safe_reference
 
 HEADER = {"epbuild_state": 1}
 _HEADER_LINE = json.dumps(HEADER, separators=(",", ":")).encode() + b"\n"
@@ -57,16 +58,35 @@ class State:
     warnings: list[str] = field(default_factory=list)
 
 
+class _Damaged(ValueError):
+    """A record that parses as JSON but does not have the shape epbuild writes."""
+
+
+def _want(value: Any, kind: type | tuple[type, ...]) -> Any:
+    if not isinstance(value, kind) or isinstance(value, bool) and kind is not bool:
+        raise _Damaged(f"unexpected {type(value).__name__}")
+    return value
+
+
 def _record(data: dict[str, Any]) -> ActionRecord:
+    outputs: dict[str, OutputRecord] = {}
+    for path, out in _want(data["outputs"], dict).items():
+        _want(out, dict)
+        size = _want(out["size"], int)
+        if size < 0:
+            raise _Damaged("negative size")
+        if not is_safe_reference(path):  # never let a damaged record point clean elsewhere
+            raise _Damaged(f"unsafe output path {path!r}")
+        outputs[path] = OutputRecord(size, _want(out["digest"], str))
     return ActionRecord(
-        id=data["id"],
-        key=data["key"],
-        components=data["components"],
-        outputs={p: OutputRecord(o["size"], o["digest"]) for p, o in data["outputs"].items()},
-        seconds=float(data["seconds"]),
-        peak_rss=int(data.get("peak_rss", 0)),
-        at=float(data.get("at", 0)),
-        detail=data.get("detail", {}),
+        id=_want(data["id"], str),
+        key=_want(data["key"], str),
+        components=_want(data["components"], dict),
+        outputs=outputs,
+        seconds=float(_want(data["seconds"], (int, float))),
+        peak_rss=int(_want(data.get("peak_rss", 0), int)),
+        at=float(_want(data.get("at", 0), (int, float))),
+        detail=_want(data.get("detail", {}), dict),
         restored=bool(data.get("restored", False)),
     )
 
@@ -91,18 +111,20 @@ def load_state(path: str) -> State:
         if not line:
             continue
         try:
-            data = json.loads(line)
+            data = _want(json.loads(line), dict)
             op = data["op"]
             if op == "begin":
-                state.interrupted.add(data["id"])
+                state.interrupted.add(_want(data["id"], str))
             elif op == "done":
                 rec = _record(data)
                 state.records[rec.id] = rec
                 state.interrupted.discard(rec.id)
             elif op == "forget":
-                state.records.pop(data["id"], None)
+                state.records.pop(_want(data["id"], str), None)
                 state.interrupted.discard(data["id"])
-        except (ValueError, KeyError, TypeError, AttributeError):
+            else:
+                raise _Damaged(f"unknown op {op!r}")
+        except (ValueError, KeyError, TypeError, AttributeError, RecursionError):
             rest = sum(1 for x in lines[number - 1 :] if x)
             state.warnings.append(
                 f"state {path}: dropped {rest} damaged record(s) from line {number} on"
