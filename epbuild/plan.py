@@ -54,6 +54,9 @@ def plan_action(
         key = keys.compute(action)
     except ModelError as exc:
         return ActionPlan(action, None, True, [exc.message], error=exc)
+    too_big = _embed_too_big(action, key, stats, root)
+    if too_big is not None:
+        return ActionPlan(action, key, True, [too_big.message], error=too_big)
     rec = state.records.get(action.id)
     if action.id in state.interrupted:
         return ActionPlan(action, key, True, ["the last build of this action was interrupted"])
@@ -65,6 +68,27 @@ def plan_action(
         root, stats, {p: (o.size, o.digest) for p, o in rec.outputs.items()}
     )
     return ActionPlan(action, key, bool(problems), problems)
+
+
+EMBED_LIMIT = 2 << 30
+"""Protobuf's 2 GB message limit: a ctx model with the context embedded cannot exceed it."""
+
+
+def _embed_too_big(
+    action: Action, key: ActionKey, stats: StatCache, root: str
+) -> ModelError | None:
+    if action.group.embed_mode != 1:
+        return None
+    for m in key.components["models"]:
+        size = sum(stats.digest(root, rel).size for rel in (m["path"], *m["external"]))
+        if size >= EMBED_LIMIT:
+            return ModelError(
+                f"{m['path']}: {size / (1 << 30):.1f} GB with its external data; with "
+                "embed_mode = 1 its ctx model would pass protobuf's 2 GB limit",
+                hint=f"set embed_mode = 0 for group {action.group.name!r} (and "
+                "external_initializers for weights that stay on the CPU EP)",
+            )
+    return None
 
 
 def make_plan(
