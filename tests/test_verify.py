@@ -1,0 +1,240 @@
+"""``epbuild verify``: passes on good builds, catches each kind of hand-broken output."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import onnx
+import pytest
+
+from conftest import HTP73, Workspace
+from epbuild.verify import LoadOutcome, Problem, verify_outputs
+from test_options import mod_model
+
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+
+
+@pytest.fixture(scope="module")
+def good(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One build with a sharing pair, a plain model and a partial model with external
+    initializers; each test corrupts its own copy."""
+    import numpy as np
+
+    from modelgen import matmul_model
+
+    ws = Workspace(tmp_path_factory.mktemp("verify") / "ws")
+    w = np.random.default_rng(7).standard_normal((32, 32), dtype=np.float32) * 0.1
+    ws.model("m/a.onnx", matmul_model(1, shared=w))
+    ws.model("m/b.onnx", matmul_model(2, shared=w, batch=4))
+    ws.model("m/c.onnx", matmul_model(3))
+    ws.model("m/p.onnx", mod_model(1))
+    ws.manifest({"providers": {"htp": HTP73}, "groups": {
+        "pair": {"models": ["m/a.onnx", "m/b.onnx"], "providers": ["htp"], "share_weights": True},
+        "single": {"models": ["m/c.onnx"], "providers": ["htp"], "embed_mode": 1},
+        "part": {"models": ["m/p.onnx"], "providers": ["htp"],
+                 "external_initializers": "w.bin"}}})  # fmt: skip
+    result = ws.build()
+    assert result.ok, [a.error for a in result.actions]
+    return ws.root
+
+
+@pytest.fixture
+def copy(good: Path, tmp_path: Path) -> Path:
+    dest = tmp_path / "copy"
+    shutil.copytree(good, dest)
+    return dest
+
+
+def edit_ctx(ctx: Path, change: Callable[[onnx.ModelProto], None]) -> None:
+    model = onnx.load(str(ctx), load_external_data=False)
+    change(model)
+    onnx.save(model, str(ctx))
+
+
+def set_attr(name: str, value: bytes) -> Callable[[onnx.ModelProto], None]:
+    def change(model: onnx.ModelProto) -> None:
+        for node in model.graph.node:
+            for a in node.attribute:
+                if a.name == name:
+                    a.s = value
+
+    return change
+
+
+def set_location(value: str) -> Callable[[onnx.ModelProto], None]:
+    def change(model: onnx.ModelProto) -> None:
+        for t in model.graph.initializer:
+            for e in t.external_data:
+                if e.key == "location":
+                    e.value = value
+
+    return change
+
+
+def lines(problems: list[Problem]) -> str:
+    return "\n".join(p.line() for p in problems)
+
+
+def test_good_builds_pass(good: Path) -> None:
+    result = verify_outputs(good)
+    assert result.ok, lines(result.problems)
+    assert sorted(result.checked) == [
+        "build/pair/htp/a_ctx.onnx", "build/pair/htp/b_ctx.onnx",
+        "build/part/htp/p_ctx.onnx", "build/single/htp/c_ctx.onnx"]  # fmt: skip
+
+
+def test_verify_load_good_build(good: Path) -> None:
+    result = verify_outputs(good, load=True)
+    assert result.ok, result.lines()
+    outcomes = {c.file: c.outcome for c in result.loads}
+    assert outcomes["build/pair/htp/a_ctx.onnx"] is LoadOutcome.NOT_LOADABLE
+    assert outcomes["build/single/htp/c_ctx.onnx"] is LoadOutcome.PASSED
+    assert outcomes["build/part/htp/p_ctx.onnx"] is LoadOutcome.PASSED
+    assert all((c.max_error or 0) < 2e-2 for c in result.loads)
+
+
+def test_absolute_ep_cache_context(copy: Path) -> None:
+    ctx = copy / "build/pair/htp/a_ctx.onnx"
+    absolute = str(copy / "build/pair/htp/a_ctx_qnn.bin").encode()
+    edit_ctx(ctx, set_attr("ep_cache_context", absolute))
+    result = verify_outputs(copy)
+    found = [p for p in result.problems if p.attribute == "ep_cache_context"]
+    assert len(found) == 1 and found[0].file == "build/pair/htp/a_ctx.onnx"
+    assert "is absolute" in found[0].message and found[0].node is not None
+    assert any("absolute path" in p.message for p in result.problems)  # the leak scan too
+
+
+def test_dotdot_in_location(copy: Path) -> None:
+    out = copy / "build/part/htp"
+    shutil.copyfile(out / "w.bin", copy / "build/part/w.bin")  # it exists, but out of bounds
+    edit_ctx(out / "p_ctx.onnx", set_location("../w.bin"))
+    result = verify_outputs(copy)
+    found = [p for p in result.problems if (p.attribute or "").endswith("location")]
+    assert len(found) == 1 and "contains '..'" in found[0].message
+    assert found[0].line().startswith("build/part/htp/p_ctx.onnx: tensor M: location: ")
+
+
+def test_missing_bin(copy: Path) -> None:
+    os.unlink(copy / "build/pair/htp/a_ctx_qnn.bin")
+    result = verify_outputs(copy)
+    text = lines(result.problems)
+    assert "build/pair/htp/a_ctx_qnn.bin: recorded output is missing" in text
+    assert "build/pair/htp/b_ctx.onnx: node " in text and "'a_ctx_qnn.bin' does not exist" in text
+
+
+def test_truncated_external_data(copy: Path) -> None:
+    path = copy / "build/part/htp/w.bin"
+    path.write_bytes(path.read_bytes()[:50])
+    result = verify_outputs(copy)
+    found = [p for p in result.problems if p.attribute == "tensor M: offset/length"]
+    assert len(found) == 1 and "past the end of 'w.bin' (50 bytes)" in found[0].message
+
+
+def test_wrong_source(copy: Path) -> None:
+    edit_ctx(copy / "build/single/htp/c_ctx.onnx", set_attr("source", b"openvino"))
+    result = verify_outputs(copy)
+    found = [p for p in result.problems if p.attribute == "source"]
+    assert len(found) == 1 and "'openvino'" in found[0].message and found[0].node
+
+
+def test_digest_mismatch(copy: Path) -> None:
+    path = copy / "build/pair/htp/a_ctx_qnn.bin"
+    data = bytearray(path.read_bytes())
+    data[-1] ^= 0xFF
+    path.write_bytes(bytes(data))
+    result = verify_outputs(copy)
+    assert [p.line() for p in result.problems] == [
+        "build/pair/htp/a_ctx_qnn.bin: content does not match the digest recorded by the build"
+    ]
+
+
+def test_wrong_target_in_compatibility_info(copy: Path) -> None:
+    def change(model: onnx.ModelProto) -> None:
+        for p in model.metadata_props:
+            if p.key == "ep_compatibility_info.qnn":
+                p.value = p.value.replace(":73:60:", ":75:69:")
+
+    edit_ctx(copy / "build/single/htp/c_ctx.onnx", change)
+    found = [p for p in verify_outputs(copy).problems
+             if p.attribute == "ep_compatibility_info.qnn"]  # fmt: skip
+    assert len(found) == 1 and "htp_arch 75" in found[0].message
+
+
+def test_cli_exit_codes_and_json(copy: Path) -> None:
+    def cli(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "epbuild", "-C", str(copy), "verify", *args],
+                              capture_output=True, text=True, timeout=120)  # fmt: skip
+
+    ok = cli()
+    assert ok.returncode == 0 and "0 problem(s)" in ok.stdout, ok.stderr
+    os.unlink(copy / "build/part/htp/w.bin")
+    bad = cli("--json")
+    assert bad.returncode == 1 and "Traceback" not in bad.stderr
+    doc = json.loads(bad.stdout)
+    assert not doc["ok"] and {p["file"] for p in doc["problems"]} == {
+        "build/part/htp/w.bin", "build/part/htp/p_ctx.onnx"}  # fmt: skip
+
+
+def test_status_detail_cli(copy: Path) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "epbuild", "-C", str(copy), "status", "--detail", "--json"],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    actions = {a["id"]: a for a in json.loads(proc.stdout)["actions"]}
+    part = actions["part/htp/p"]
+    assert part["models"][0]["cpu_op_types"] == {"Mod": 1}
+    assert part["models"][0]["context_nodes"] == 2 and part["binary_bytes"] > 0
+    assert part["seconds"] > 0 and part["peak_rss"] > 0
+    assert actions["single/htp/c"]["binary_bytes"] == 0  # embedded
+    text = subprocess.run(
+        [sys.executable, "-m", "epbuild", "-C", str(copy), "status", "--detail"],
+        capture_output=True, text=True, timeout=120,
+    ).stdout  # fmt: skip
+    assert "m/p.onnx: 2 EPContext node(s) from 4 source nodes; on the CPU EP: Mod x1" in text
+
+
+def _example(name: str, dest: Path) -> Path:
+    shutil.copytree(EXAMPLES / name, dest,
+                    ignore=shutil.ignore_patterns("build", ".epbuild", "models"))  # fmt: skip
+    if (EXAMPLES / name / "models").is_dir() and name == "quickstart":
+        shutil.copytree(EXAMPLES / name / "models", dest / "models")
+    return dest
+
+
+def _build_and_verify_load(root: Path) -> Any:
+    from epbuild import build
+
+    result = build(root)
+    assert result.ok, [a.error for a in result.actions]
+    checked = verify_outputs(root, load=True)
+    assert checked.ok, checked.lines()
+    return checked
+
+
+def test_verify_load_quickstart(tmp_path: Path) -> None:
+    root = _example("quickstart", tmp_path / "quickstart")
+    checked = _build_and_verify_load(root)
+    outcomes = {c.file: c.outcome.value for c in checked.loads}
+    assert outcomes == {
+        "build/llm/htp-v73/prefill_ctx.onnx": "not_loadable_here",
+        "build/llm/htp-v73/decode_ctx.onnx": "not_loadable_here",
+        "build/vision/htp-v73/classifier_ctx.onnx": "passed",
+    }
+
+
+@pytest.mark.slow
+def test_verify_load_model_zoo(tmp_path: Path) -> None:
+    root = _example("model-zoo", tmp_path / "zoo")
+    subprocess.run([sys.executable, str(root / "fetch_models.py")], check=True,
+                   capture_output=True, timeout=120)  # fmt: skip
+    checked = _build_and_verify_load(root)
+    assert len(checked.loads) == 18
+    assert all(c.outcome is LoadOutcome.PASSED for c in checked.loads), checked.lines()
