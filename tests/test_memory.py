@@ -25,6 +25,13 @@ from epbuild.memory import (
 )
 
 
+
+@pytest.fixture(autouse=True)
+def _no_cache(monkeypatch: pytest.MonkeyPatch) -> None:
+    """These tests are about compiling: keep a shared action cache out of them."""
+    monkeypatch.setenv("EPBUILD_CACHE", "off")
+
+
 def test_meminfo_parsing(tmp_path: Path) -> None:
     info = tmp_path / "meminfo"
     info.write_text("MemTotal:       16000000 kB\nMemFree:  100 kB\nMemAvailable:    8000000 kB\n")
