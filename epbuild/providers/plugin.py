@@ -109,6 +109,10 @@ class PluginProvider:
             LIBRARY_KEY: library_digest(config.settings["library"]),
         }
 
+    def version_inputs(self, config: ProviderConfig) -> list[str]:
+        """The library file: its stat vouches for its digest in ``versions``."""
+        return [config.settings["library"]]
+
     def context_source(self, config: ProviderConfig) -> str:
         return config.settings.get("source") or config.settings["ep_name"]
 

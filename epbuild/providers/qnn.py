@@ -115,6 +115,11 @@ class QnnProvider:
             "qnn-sdk": qnn_sdk_version(),
         }
 
+    def version_inputs(self, config: ProviderConfig) -> list[str]:
+        """Files besides dist-info directories whose stat vouches for ``versions``."""
+        site = dist_location(DIST)
+        return [os.path.join(site, "onnxruntime_qnn", "build_and_package_info.py")] if site else []
+
     def context_source(self, config: ProviderConfig) -> str:
         return EP_NAME
 

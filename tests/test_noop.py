@@ -1,0 +1,88 @@
+"""The no-op fast path answers only when nothing it vouches for changed."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Callable
+
+from conftest import Workspace
+from epbuild.noop import fast_noop
+from modelgen import matmul_model
+
+
+def _noop_ready(ws: Workspace) -> None:
+    ws.build()
+    ws.build()  # all up to date: records the fingerprint
+    assert (ws.root / ".epbuild" / "noop.json").exists()
+
+
+def test_fast_path_answers_after_a_noop(simple_ws: Callable[..., Workspace]) -> None:
+    ws = simple_ws()
+    _noop_ready(ws)
+    doc = fast_noop(str(ws.root), None, [])
+    assert doc is not None and doc["summary"]["up_to_date"] == 2
+    assert fast_noop(str(ws.root), None, ["pair"]) is None  # other selectors: full path
+    proc = ws.cli("build", "--json")
+    assert proc.returncode == 0 and json.loads(proc.stdout)["summary"]["up_to_date"] == 2
+
+
+def test_fast_path_imports_nothing_heavy(simple_ws: Callable[..., Workspace]) -> None:
+    ws = simple_ws()
+    _noop_ready(ws)
+    code = (
+        "import sys; from epbuild.cli import main; rc = main(['-C', sys.argv[1], 'build']); "
+        "heavy = [m for m in ('onnx', 'onnxruntime', 'epbuild.api', 'filelock') if m in sys.modules]; "
+        "print('HEAVY', heavy); sys.exit(rc)"
+    )
+    proc = subprocess.run([sys.executable, "-c", code, str(ws.root)], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    assert "HEAVY []" in proc.stdout
+
+
+def test_changed_bytes_miss_and_rebuild(simple_ws: Callable[..., Workspace]) -> None:
+    ws = simple_ws()
+    _noop_ready(ws)
+    ws.model("models/c.onnx", matmul_model(42))
+    assert fast_noop(str(ws.root), None, []) is None
+    doc = ws.cli_json("build")
+    assert doc["summary"]["compiled"] == 1
+
+
+def test_touch_misses_then_records_again(simple_ws: Callable[..., Workspace]) -> None:
+    ws = simple_ws()
+    _noop_ready(ws)
+    p = ws.root / "models" / "a.onnx"
+    st = p.stat()
+    os.utime(p, ns=(st.st_atime_ns, st.st_mtime_ns - 3_000_000_000))
+    assert fast_noop(str(ws.root), None, []) is None
+    assert ws.build().count  # full path: up to date, records a new fingerprint
+    assert fast_noop(str(ws.root), None, []) is not None
+
+
+def test_new_glob_match_and_deleted_output_miss(workspace: Workspace) -> None:
+    workspace.model("m/a.onnx")
+    workspace.manifest({"providers": {"htp": {"ep": "qnn", "options": {"soc_model": "60"}}},
+                        "groups": {"g": {"models": ["m/*.onnx"], "providers": ["htp"]}}})  # fmt: skip
+    _noop_ready(workspace)
+    workspace.model("m/b.onnx", matmul_model(5))
+    assert fast_noop(str(workspace.root), None, []) is None
+    assert workspace.cli_json("build")["summary"]["compiled"] == 1
+    _noop_ready(workspace)
+    (workspace.root / "build" / "g" / "htp" / "a_ctx_qnn.bin").unlink()
+    assert fast_noop(str(workspace.root), None, []) is None
+    summary = workspace.cli_json("build")["summary"]
+    assert summary["compiled"] + summary.get("restored", 0) == 1
+
+
+def test_manifest_edit_and_clean_miss(simple_ws: Callable[..., Workspace]) -> None:
+    ws = simple_ws()
+    _noop_ready(ws)
+    manifest = ws.root / "epbuild.toml"
+    manifest.write_text(manifest.read_text() + "\n# a comment\n")
+    assert fast_noop(str(ws.root), None, []) is None
+    _noop_ready(ws)
+    assert ws.cli("clean").returncode == 0
+    assert fast_noop(str(ws.root), None, []) is None
