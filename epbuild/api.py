@@ -23,6 +23,7 @@ from .workspace import Workspace, open_workspace
 
 if TYPE_CHECKING:
     from .executor import Executor
+    from .manifest import Manifest
     from .memory import MemoryPlan
     from .trace import Tracer
 
@@ -340,13 +341,15 @@ def build(
     trace: str | os.PathLike[str] | None = None,
     executor: str | Executor | None = None,
     scheduler: str | None = None,
+    loaded: Manifest | None = None,
 ) -> BuildResult:
     """Bring the selected actions up to date; returns what happened to each.
 
     ``memory_budget`` (bytes) caps the summed predicted peaks of concurrent local compiles
     (default: manifest, else a safe share of RAM); ``trace`` writes the timeline as Chrome
     trace-event JSON; ``executor`` is ``"local"``, ``"dask"`` (with ``scheduler``, a Dask
-    scheduler address) or an ``Executor`` object.
+    scheduler address) or an ``Executor`` object. ``loaded`` builds with an already-loaded
+    manifest instead of re-reading the file (watch keeps its last good one).
     """
     from .trace import TRACE_NAME, Tracer
 
@@ -354,7 +357,7 @@ def build(
     tracer = Tracer()
     reporter = reporter or Reporter()
     with tracer.span("plan"):
-        ws = open_workspace(directory, manifest, selectors)
+        ws = open_workspace(directory, manifest, selectors, loaded=loaded)
         warnings = list(ws.state.warnings)
         for w in warnings:
             reporter.message(f"warning: {w}")

@@ -58,6 +58,15 @@ def _parser() -> argparse.ArgumentParser:
 
     c = sub.add_parser("clean", help="remove built outputs and their records")
     c.add_argument("selectors", nargs="*", metavar="SELECTOR")
+
+    w = sub.add_parser("watch", help="rebuild affected actions whenever their inputs change")
+    w.add_argument("selectors", nargs="*", metavar="SELECTOR")
+    w.add_argument("-j", "--jobs", type=int, help="compiles at once")
+    w.add_argument("--debounce", type=float, default=0.3, metavar="SECONDS",
+                   help="quiet time before a burst of changes is built (default 0.3)")
+    w.add_argument("--poll", action="store_true",
+                   help="poll instead of inotify (network file systems)")
+    w.add_argument("--json", action="store_true", help="one JSON object per cycle on stdout")
     return p
 
 
@@ -198,8 +207,41 @@ def _cmd_verify(args: argparse.Namespace) -> int:
     return 0 if result.ok else 1
 
 
+def _cmd_watch(args: argparse.Namespace) -> int:
+    from .progress import ConsoleReporter
+    from .watch import Cycle, watch
+
+    if args.jobs is not None and args.jobs < 1:
+        raise UserError("-j must be at least 1")
+
+    def show(c: Cycle) -> None:
+        if args.json:
+            print(json.dumps(c.to_json()), flush=True)
+            return
+        what = "initial build" if c.number == 1 else ", ".join(c.changed) + " changed"
+        print(f"epbuild watch: {what}", flush=True)
+        for err in (c.manifest_error, c.error):
+            if err:
+                print(f"epbuild: error: {err}", file=sys.stderr)
+        if c.manifest_error:
+            print("epbuild watch: keeping the last good manifest", file=sys.stderr, flush=True)
+        if c.result is not None:
+            s = c.result.summary()
+            parts = [f"{s[o]} {o.replace('_', ' ')}" for o in s if o not in ("total", "seconds")
+                     and s[o]]  # fmt: skip
+            print(f"epbuild: {', '.join(parts) or 'nothing to do'} in {c.result.seconds:.2f}s",
+                  flush=True)  # fmt: skip
+
+    watch(
+        args.directory, args.manifest, args.selectors, debounce=args.debounce, jobs=args.jobs,
+        poll=args.poll, reporter_factory=ConsoleReporter, on_cycle=show,
+        on_message=lambda text: print(f"epbuild watch: {text}", file=sys.stderr, flush=True),
+    )  # fmt: skip
+    return 0
+
+
 COMMANDS = {"build": _cmd_build, "status": _cmd_status, "init": _cmd_init, "clean": _cmd_clean,
-            "verify": _cmd_verify, "report": _cmd_report}  # fmt: skip
+            "verify": _cmd_verify, "report": _cmd_report, "watch": _cmd_watch}  # fmt: skip
 
 
 def _sigterm(signum: int, frame: object) -> None:

@@ -49,10 +49,15 @@ def open_workspace(
     directory: str | os.PathLike[str] = ".",
     manifest: str | os.PathLike[str] | None = None,
     selectors: list[str] | tuple[str, ...] = (),
+    *,
+    loaded: Manifest | None = None,
 ) -> Workspace:
-    """Load the manifest, the state and the stat cache; select actions."""
-    path = find_manifest(directory, os.fspath(manifest) if manifest else None)
-    m = load_manifest(path)
+    """Load the manifest (unless ``loaded`` is given), the state and the stat cache; select
+    actions."""
+    if loaded is not None:
+        m = loaded
+    else:
+        m = load_manifest(find_manifest(directory, os.fspath(manifest) if manifest else None))
     root = str(m.root)
     state_dir = os.path.join(root, m.workspace.state_dir)
     if os.path.lexists(state_dir):
