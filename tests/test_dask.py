@@ -12,8 +12,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
 from conftest import Workspace
+
 from epbuild.api import Outcome
 
 distributed = pytest.importorskip("distributed")
@@ -69,9 +69,11 @@ def test_dask_via_manifest_and_cli_json(workspace: Workspace, cluster: Any) -> N
     from conftest import HTP73
 
     workspace.model("m/x.onnx")
-    workspace.manifest({"workspace": {"executor": "dask", "scheduler": cluster.scheduler_address},
+    address = cluster.scheduler_address
+    workspace.manifest({"workspace": {"executor": "dask", "scheduler": address},
                         "providers": {"htp": HTP73},
-                        "groups": {"g": {"models": ["m/x.onnx"], "providers": ["htp"]}}})  # fmt: skip
+                        "groups": {"g": {"models": ["m/x.onnx"],
+                                         "providers": ["htp"]}}})  # fmt: skip
     data = workspace.cli_json("build")
     assert data["summary"]["compiled"] == 1, data
     assert (workspace.root / "build/g/htp/x_ctx.onnx").is_file()

@@ -9,11 +9,10 @@ from collections import deque
 from collections.abc import Callable
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from conftest import Workspace
 from epbuild.api import ActionResult, Outcome, Reporter, _schedule
 from epbuild.memory import (
     BASE_PEAK,
@@ -24,6 +23,8 @@ from epbuild.memory import (
     predict_peak,
 )
 
+if TYPE_CHECKING:
+    from conftest import Workspace
 
 
 @pytest.fixture(autouse=True)
