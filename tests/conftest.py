@@ -84,6 +84,22 @@ class Workspace:
             raise AssertionError(f"no JSON ({proc.returncode}): {proc.stdout}\n{proc.stderr}") from exc
 
 
+@pytest.fixture(autouse=True)
+def _private_user_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Never touch the real per-user cache; each test starts with an empty one."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg-cache"))
+    monkeypatch.delenv("EPBUILD_CACHE", raising=False)
+
+
+@pytest.fixture(autouse=True)
+def _isolated_cache(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Never touch the real per-user cache; the action cache is off unless a test turns it
+    on (``cache=`` / ``--cache``, or ``monkeypatch.delenv("EPBUILD_CACHE")``), so tests that
+    expect compiles get compiles."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path_factory.mktemp("xdg-cache")))
+    monkeypatch.setenv("EPBUILD_CACHE", "off")
+
+
 @pytest.fixture
 def workspace(tmp_path: Path) -> Workspace:
     """An empty workspace directory."""
