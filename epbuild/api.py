@@ -15,11 +15,15 @@ from .commit import check_staged, clean_stale_staging, commit, make_staging
 from .errors import EpbuildError, Interrupted
 from .fsutil import remove_tree
 from .graph import Action
+from .keys import ActionKey
 from .plan import ActionPlan, make_plan, plan_action
 from .providers import get_provider
-from .state import ActionRecord, OutputRecord
+from .state import ActionRecord, OutputRecord, State
 from .statcache import Entry, hash_file
 from .workspace import Workspace, open_workspace
+
+if TYPE_CHECKING:
+    from .cache.actioncache import ActionCache
 
 if TYPE_CHECKING:
     from .executor import Executor
@@ -132,12 +136,35 @@ def status(
     directory: str | os.PathLike[str] = ".",
     manifest: str | os.PathLike[str] | None = None,
     selectors: list[str] | tuple[str, ...] = (),
+    *,
+    cache: str | bool | None = None,
 ) -> list[ActionPlan]:
-    """Every selected action as up to date or stale, with reasons. Takes no lock."""
+    """Every selected action as up to date or stale, with reasons. Takes no lock.
+
+    A stale action's reasons end with what the cache says: restorable, or why not (the
+    key components that differ from the newest cache entry of the same action id).
+    """
     ws = open_workspace(directory, manifest, selectors)
     plans = make_plan(ws.actions, ws.state, ws.keys, ws.stats, ws.root)
+    if any(p.stale and p.key for p in plans):
+        cached = _open_cache(ws, directory, cache)
+        if cached is not None:
+            from .cache.explain import explain_plans
+
+            explain_plans(cached, plans)
     _save_stats(ws)
     return plans
+
+
+def _open_cache(
+    ws: Workspace, directory: str | os.PathLike[str], option: str | bool | None, push: bool = False
+) -> ActionCache | None:
+    from .cache.location import open_cache
+
+    return open_cache(
+        option, base=os.path.abspath(directory), manifest_value=ws.manifest.workspace.cache,
+        manifest_root=ws.root, push=push,
+    )  # fmt: skip
 
 
 def _save_stats(ws: Workspace) -> None:
@@ -149,6 +176,11 @@ def _save_stats(ws: Workspace) -> None:
 
 class _Builder:
     """Runs the stale actions of one build."""
+
+    cache: ActionCache | None = None
+    """Restores actions before compiling them and stores them after (None: no cache)."""
+    cache_only: bool = False
+    """Fail an action that the cache cannot restore instead of compiling it."""
 
     def __init__(
         self,
@@ -206,6 +238,13 @@ class _Builder:
             return _result(action, Outcome.UP_TO_DATE, outputs=_outputs(ws, action))
         assert again.key is not None
         key = again.key
+        cache_note = None
+        if self.cache is not None:
+            restored, cache_note = self._restore(plan, key, state)
+            if restored is not None:
+                return restored
+        if self.cache_only:
+            return self._not_cached(plan, key, cache_note)
         self.reporter.action_started(action.id)
         staging = make_staging(ws.root, ws.manifest.workspace.out_dir, action.slug)
         try:
@@ -264,12 +303,98 @@ class _Builder:
             with locks.hold(ws.state_lock, f"epbuild commit {action.id}"):
                 ws.journal.done(record)
             tracer.add("commit", started, action.id)
+            warnings += self._store(action, record, cache_note)
             return _result(
                 action, Outcome.COMPILED, seconds=record.seconds, outputs=sorted(outputs),
                 reasons=plan.reasons, warnings=warnings,
             )  # fmt: skip
         finally:
             remove_tree(os.path.join(ws.root, staging))
+
+    def _restore(
+        self, plan: ActionPlan, key: ActionKey, state: State
+    ) -> tuple[ActionResult | None, str | None]:
+        """Restore from the cache through the commit path; (None, why) when it cannot."""
+        from .cache.actioncache import CacheDamagedError
+        from .errors import VerificationError
+
+        assert self.cache is not None
+        ws, action, t0 = self.ws, plan.action, time.perf_counter()
+        staging = make_staging(ws.root, ws.manifest.workspace.out_dir, action.slug)
+        try:
+            try:
+                hit = self.cache.restore(key.key, os.path.join(ws.root, staging))
+                if hit is None:
+                    return None, None
+                names = check_staged(ws.root, staging, action.ctx_names, scan_paths=False)
+                if set(names) != set(hit.entry.outputs):
+                    raise VerificationError("outputs do not match the entry")
+            except (CacheDamagedError, VerificationError) as exc:
+                if isinstance(exc, VerificationError):
+                    self.cache.local.discard(key.key)
+                note = f"cache entry of {action.id} not restored: {exc}"
+                self.reporter.message(f"warning: {note}")
+                return None, note
+            except OSError as exc:
+                note = f"cache unusable for {action.id}: {exc}"
+                self.reporter.message(f"warning: {note}")
+                return None, note
+            e = hit.entry
+            record = ActionRecord(
+                id=action.id, key=key.key, components=key.components,
+                outputs={posixpath.join(action.out_dir, n): OutputRecord(o.size, o.digest)
+                         for n, o in e.outputs.items()},
+                seconds=e.seconds, peak_rss=e.peak_rss, at=time.time(), detail=e.detail,
+                restored=True,
+            )  # fmt: skip
+            old = list(state.records[action.id].outputs) if action.id in state.records else []
+            with locks.hold(ws.state_lock, f"epbuild restore {action.id}"):
+                ws.journal.begin(action.id, key.key)
+            commit(ws.root, staging, action.out_dir, names, old)
+            for rel, out in record.outputs.items():
+                st = os.stat(os.path.join(ws.root, rel))
+                ws.stats.remember(rel, Entry(st.st_ino, st.st_size, st.st_mtime_ns, out.digest))
+            with locks.hold(ws.state_lock, f"epbuild restore {action.id}"):
+                ws.journal.done(record)
+            return _result(
+                action, Outcome.RESTORED, seconds=time.perf_counter() - t0,
+                outputs=sorted(record.outputs), reasons=plan.reasons,
+            ), None  # fmt: skip
+        finally:
+            remove_tree(os.path.join(ws.root, staging))
+
+    def _not_cached(self, plan: ActionPlan, key: ActionKey, note: str | None) -> ActionResult:
+        """The --cache-only failure of an action the cache could not restore."""
+        why = note or (
+            self.cache.explain_miss(plan.action.id, key.components)
+            if self.cache is not None else "the cache is off"
+        )  # fmt: skip
+        return _result(
+            plan.action, Outcome.FAILED, reasons=plan.reasons, error=f"not in the cache: {why}",
+            hint="build without --cache-only where the toolchain is installed, and push or "
+            "export the cache",
+        )  # fmt: skip
+
+    def _store(self, action: Action, record: ActionRecord, note: str | None) -> list[str]:
+        """Put a compiled action into the cache; returns warnings (never fails the build)."""
+        warnings = [note] if note else []
+        if self.cache is None:
+            return warnings
+        from .cache.store import CachedOutput
+
+        try:
+            self.cache.save(
+                key=record.key, action_id=action.id, components=record.components,
+                src_dir=os.path.join(self.ws.root, action.out_dir),
+                outputs={posixpath.basename(p): CachedOutput(o.size, o.digest)
+                         for p, o in record.outputs.items()},
+                seconds=record.seconds, peak_rss=record.peak_rss, detail=record.detail,
+            )  # fmt: skip
+        except Exception as exc:  # a cache that cannot be written must not fail a build
+            note = f"{action.id} not stored in the cache {self.cache.describe()}: {exc}"
+            self.reporter.message(f"warning: {note}")
+            warnings.append(note)
+        return warnings
 
     def _job(self, action: Action, staging: str) -> dict[str, Any]:
         g, p = action.group, action.provider
@@ -337,6 +462,9 @@ def build(
     dry_run: bool = False,
     reporter: Reporter | None = None,
     lock_timeout: float | None = None,
+    cache: str | bool | None = None,
+    cache_only: bool = False,
+    cache_push: bool = False,
     memory_budget: int | None = None,
     trace: str | os.PathLike[str] | None = None,
     executor: str | Executor | None = None,
@@ -394,6 +522,11 @@ def build(
         tracer=tracer,
         memory=memory,
     )
+    # cache: a directory or URL, False for none, None for the configured one; cache_only
+    # fails what the cache cannot restore; cache_push also writes compiles to a remote cache.
+    builder.cache = _open_cache(ws, directory, cache, cache_push)
+    builder.cache_only = cache_only
+    builder.keep_going = keep_going or cache_only  # list everything that is missing
     try:
         results.update(_schedule(builder, stale))
     finally:

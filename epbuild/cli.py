@@ -34,6 +34,11 @@ def _parser() -> argparse.ArgumentParser:
     b.add_argument("-n", "--dry-run", action="store_true", help="show what would be built")
     b.add_argument("--json", action="store_true", help="print one JSON object on stdout")
     b.add_argument("--lock-timeout", type=float, metavar="SECONDS", help="give up waiting")
+    _cache_args(b)
+    b.add_argument("--cache-only", action="store_true",
+                   help="restore from the cache or fail (exit 1): never compile")
+    b.add_argument("--cache-push", action="store_true",
+                   help="also write compiled actions to the remote cache (--cache URL)")
     b.add_argument("--memory-budget", metavar="SIZE",
                    help="memory local compiles may use at once, e.g. 8G (default: 3/4 of RAM)")
     b.add_argument("--trace", metavar="FILE", help="write the timeline as Chrome trace JSON")
@@ -48,6 +53,7 @@ def _parser() -> argparse.ArgumentParser:
     s = sub.add_parser("status", help="list actions as up to date or stale, with reasons")
     s.add_argument("selectors", nargs="*", metavar="SELECTOR")
     s.add_argument("--json", action="store_true")
+    _cache_args(s)
     s.add_argument("--detail", action="store_true",
                    help="EPContext coverage, CPU fallback, sizes, time, memory")  # fmt: skip
 
@@ -58,6 +64,21 @@ def _parser() -> argparse.ArgumentParser:
 
     c = sub.add_parser("clean", help="remove built outputs and their records")
     c.add_argument("selectors", nargs="*", metavar="SELECTOR")
+
+    k = sub.add_parser("cache", help="the action cache: key, export, import, prune")
+    ks = k.add_subparsers(dest="cache_command", metavar="CACHE_COMMAND")
+    ks.required = True
+    key = ks.add_parser("key", help="print a short key that changes when any action key does")
+    key.add_argument("selectors", nargs="*", metavar="SELECTOR")
+    exp = ks.add_parser("export", help="write the entries this manifest needs to one archive")
+    exp.add_argument("file", metavar="FILE", help="archive to write (.tar, or .tar.gz)")
+    exp.add_argument("selectors", nargs="*", metavar="SELECTOR")
+    imp = ks.add_parser("import", help="add an exported archive to the local cache")
+    imp.add_argument("file", metavar="FILE")
+    prn = ks.add_parser("prune", help="evict least-recently-used entries")
+    prn.add_argument("--max-size", required=True, metavar="SIZE", help="e.g. 10G, 500M")
+    for cmd in (exp, imp, prn):
+        cmd.add_argument("--cache", metavar="DIR|URL", help="the cache (default: configured)")
 
     w = sub.add_parser("watch", help="rebuild affected actions whenever their inputs change")
     w.add_argument("selectors", nargs="*", metavar="SELECTOR")
@@ -101,6 +122,9 @@ def _cmd_build(args: argparse.Namespace) -> int:
         dry_run=args.dry_run,
         reporter=ConsoleReporter(),
         lock_timeout=args.lock_timeout,
+        cache=_cache_option(args),
+        cache_only=args.cache_only,
+        cache_push=args.cache_push,
         memory_budget=budget,
         trace=args.trace,
         executor=args.executor,
@@ -136,7 +160,7 @@ def _cmd_status(args: argparse.Namespace) -> int:
         else:
             print("\n".join(render(details)))
         return 0
-    plans = status(args.directory, args.manifest, args.selectors)
+    plans = status(args.directory, args.manifest, args.selectors, cache=_cache_option(args))
     if args.json:
         _print_json(
             {
@@ -242,6 +266,57 @@ def _cmd_watch(args: argparse.Namespace) -> int:
 
 COMMANDS = {"build": _cmd_build, "status": _cmd_status, "init": _cmd_init, "clean": _cmd_clean,
             "verify": _cmd_verify, "report": _cmd_report, "watch": _cmd_watch}  # fmt: skip
+
+
+def _cache_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--cache", metavar="DIR|URL",
+                   help="cache directory or fsspec URL (s3://bucket/prefix)")
+    p.add_argument("--no-cache", action="store_true", help="neither restore nor store")
+
+
+def _cache_option(args: argparse.Namespace) -> str | bool | None:
+    if args.no_cache and args.cache:
+        raise UserError("--cache and --no-cache contradict each other")
+    return False if args.no_cache else args.cache
+
+
+def _cmd_cache(args: argparse.Namespace) -> int:
+    from .cache import commands
+
+    where = (args.directory, args.manifest)
+    if args.cache_command == "key":
+        print(commands.cache_key(*where, args.selectors))
+        return 0
+    if args.cache_command == "export":
+        report, missing = commands.export_cache(args.file, *where, args.selectors,
+                                                cache=args.cache)  # fmt: skip
+        print(f"epbuild: wrote {args.file}: {report.entries} entr(ies), {report.objects} "
+              f"object(s), {report.bytes} bytes")  # fmt: skip
+        for line in missing:
+            print(f"epbuild: missing {line}", file=sys.stderr)
+        return 1 if missing else 0
+    if args.cache_command == "import":
+        report = commands.import_cache(args.file, *where, cache=args.cache)
+        print(f"epbuild: imported {report.entries} entr(ies), {report.objects} object(s), "
+              f"{report.bytes} bytes from {args.file}")  # fmt: skip
+        for line in report.problems:
+            print(f"epbuild: warning: {line}", file=sys.stderr)
+        return 1 if report.problems else 0
+    from .errors import ManifestError
+    from .manifest import parse_memory
+
+    try:
+        limit = parse_memory(args.max_size, key="--max-size")
+    except ManifestError:
+        raise UserError(f"--max-size {args.max_size!r} is not a size",
+                        hint="write e.g. 10G or 500M") from None  # fmt: skip
+    pruned = commands.prune_cache(limit, *where, cache=args.cache)
+    print(f"epbuild: removed {pruned.entries_removed} entr(ies) ({pruned.bytes_removed} bytes), "
+          f"kept {pruned.entries_kept} ({pruned.bytes_kept} bytes)")  # fmt: skip
+    return 0
+
+
+COMMANDS["cache"] = _cmd_cache
 
 
 def _sigterm(signum: int, frame: object) -> None:

@@ -71,8 +71,14 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def check_staged(root: str, staging: str, ctx_names: tuple[str, ...]) -> list[str]:
-    """Validate a staging directory; return the output file names (raises on problems)."""
+def check_staged(
+    root: str, staging: str, ctx_names: tuple[str, ...], *, scan_paths: bool = True
+) -> list[str]:
+    """Validate a staging directory; return the output file names (raises on problems).
+
+    ``scan_paths=False`` skips searching every byte for the workspace path (a restore from
+    the cache: those bytes were scanned when compiled, and are verified by digest).
+    """
     from .onnxproto import ProtoError, read_model
 
     full = os.path.join(root, staging)
@@ -101,6 +107,8 @@ def check_staged(root: str, staging: str, ctx_names: tuple[str, ...]) -> list[st
                 )
             if posixpath.normpath(ref) not in names:
                 raise VerificationError(f"{ctx}: references {ref!r}, which was not written")
+    if not scan_paths:
+        return names
     needle = os.path.realpath(root).encode()
     for name in names:
         with open(os.path.join(full, name), "rb") as f:

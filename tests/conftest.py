@@ -92,11 +92,10 @@ def _private_user_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None
 
 
 @pytest.fixture(autouse=True)
-def _isolated_cache(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Never touch the real per-user cache; the action cache is off unless a test turns it
-    on (``cache=`` / ``--cache``, or ``monkeypatch.delenv("EPBUILD_CACHE")``), so tests that
-    expect compiles get compiles."""
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path_factory.mktemp("xdg-cache")))
+def _cache_off(_private_user_cache: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The action cache is off unless a test turns it on (``cache=`` / ``--cache``, or
+    ``monkeypatch.delenv("EPBUILD_CACHE")``): tests that expect compiles get compiles.
+    Runs after ``_private_user_cache`` (which clears EPBUILD_CACHE) by depending on it."""
     monkeypatch.setenv("EPBUILD_CACHE", "off")
 
 

@@ -1,0 +1,214 @@
+"""The action cache a build talks to: a local directory tier, optionally in front of a
+remote (fsspec) tier that is read on a local miss and written with ``push``.
+
+A restore materializes every output into a directory (hard link, reflink or copy) and
+verifies its size and digest; a damaged or partial entry is discarded and reported, never
+restored. A remote hit is first pulled into the local tier, verified on the way in.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from ..keys import explain_difference
+from ..statcache import hash_file
+from .local import LocalBackend, temp_name
+from .store import CachedOutput, CacheEntry, CorruptEntryError, Store, entry_path, object_path
+
+_CHUNK = 1 << 20
+
+
+class CacheDamagedError(Exception):
+    """A cache entry was found but could not be restored; it has been discarded."""
+
+
+@dataclass(frozen=True)
+class Restored:
+    """A successful restore."""
+
+    entry: CacheEntry
+    source: str
+    """The cache it came from (the local directory or the remote URL)."""
+    method: str
+    """How the files were put in place: link, reflink or copy (the weakest used)."""
+
+
+class ActionCache:
+    """Local tier + optional remote tier."""
+
+    def __init__(
+        self, local_dir: str, remote_url: str | None = None, *, push: bool = False
+    ) -> None:
+        self.local_backend = LocalBackend(local_dir)
+        self.local = Store(self.local_backend)
+        self.remote: Store | None = None
+        if remote_url:
+            from .remote import FsspecBackend
+
+            self.remote = Store(FsspecBackend(remote_url))
+        self.push = push
+
+    def describe(self) -> str:
+        """Where the cache is, for messages."""
+        return self.local.url + (f" + {self.remote.url}" if self.remote else "")
+
+    # -- restore -------------------------------------------------------------------------
+
+    def restore(self, key: str, dest_dir: str) -> Restored | None:
+        """Put the outputs of ``key`` into ``dest_dir``; None on a miss.
+
+        Raises CacheDamagedError (after discarding the entry) when an entry exists but is
+        unreadable, misses an object or an object's digest is wrong.
+        """
+        source = self.local.url
+        try:
+            entry = self.local.get_entry(key)
+        except CorruptEntryError as exc:
+            self.local.discard(key)
+            raise CacheDamagedError(f"{exc} in {self.local.url}; discarded") from exc
+        if entry is None and self.remote is not None:
+            entry = self._pull(key)
+            source = self.remote.url
+        if entry is None:
+            return None
+        methods: set[str] = set()
+        for name, out in entry.outputs.items():
+            dest = os.path.join(dest_dir, name)
+            try:
+                methods.add(self.local_backend.materialize(object_path(out.digest), dest))
+            except FileNotFoundError:
+                self.local.discard(entry)
+                raise CacheDamagedError(
+                    f"entry {key[:12]} in {self.local.url}: the object of {name} is missing; "
+                    "discarded"
+                ) from None
+            size, digest = os.path.getsize(dest), hash_file(dest)
+            if (size, digest) != (out.size, out.digest):
+                os.unlink(dest)
+                self.local.discard(entry, damaged=(out.digest,))
+                raise CacheDamagedError(
+                    f"entry {key[:12]} in {self.local.url}: {name} is damaged (expected "
+                    f"{out.digest[:12]}, {out.size} bytes; found {digest[:12]}, {size} bytes); "
+                    "discarded"
+                )
+        self.local_backend.touch(entry_path(key))
+        method = "copy" if "copy" in methods else "reflink" if "reflink" in methods else "link"
+        return Restored(entry, source, method)
+
+    def _pull(self, key: str) -> CacheEntry | None:
+        assert self.remote is not None
+        try:
+            entry = self.remote.get_entry(key)
+        except CorruptEntryError as exc:
+            raise CacheDamagedError(f"{exc} in {self.remote.url}; not used") from exc
+        if entry is None:
+            return None
+        for name, out in entry.outputs.items():
+            if self.local.has_object(out.digest):
+                continue
+            final = self.local_backend.full(object_path(out.digest))
+            os.makedirs(os.path.dirname(final), exist_ok=True)
+            tmp = temp_name(final)
+            try:
+                try:
+                    self.remote.backend.download(object_path(out.digest), tmp)
+                except FileNotFoundError:
+                    raise CacheDamagedError(
+                        f"entry {key[:12]} in {self.remote.url}: the object of {name} is "
+                        "missing; not used"
+                    ) from None
+                digest = hash_file(tmp)
+                if digest != out.digest:
+                    raise CacheDamagedError(
+                        f"entry {key[:12]} in {self.remote.url}: {name} is damaged; not used"
+                    )
+                os.chmod(tmp, 0o444)
+                os.replace(tmp, final)
+            finally:
+                if os.path.exists(tmp):
+                    os.unlink(tmp)
+        self.local.put_entry(entry)
+        return entry
+
+    # -- store ---------------------------------------------------------------------------
+
+    def save(
+        self,
+        *,
+        key: str,
+        action_id: str,
+        components: dict[str, Any],
+        src_dir: str,
+        outputs: dict[str, CachedOutput],
+        seconds: float = 0.0,
+        peak_rss: int = 0,
+        detail: dict[str, Any] | None = None,
+    ) -> CacheEntry:
+        """Store an action's committed outputs (objects first, entry last); push if asked."""
+        for name, out in outputs.items():
+            self._ingest(os.path.join(src_dir, name), out)
+        entry = CacheEntry(
+            key=key, action_id=action_id, components=components, outputs=outputs,
+            seconds=seconds, peak_rss=peak_rss, detail=detail or {}, created=time.time(),
+        )  # fmt: skip
+        self.local.put_entry(entry)
+        if self.push and self.remote is not None:
+            self.push_entry(entry)
+        return entry
+
+    def push_entry(self, entry: CacheEntry) -> None:
+        """Copy a local entry and its objects to the remote tier."""
+        assert self.remote is not None
+        for out in entry.outputs.values():
+            if not self.remote.has_object(out.digest):
+                self.remote.backend.upload(
+                    self.local_backend.full(object_path(out.digest)), object_path(out.digest)
+                )
+        self.remote.put_entry(entry)
+
+    def _ingest(self, src: str, out: CachedOutput) -> None:
+        path = object_path(out.digest)
+        final = self.local_backend.full(path)
+        if os.path.isfile(final) and os.path.getsize(final) == out.size:
+            self.local_backend.touch(path)  # keeps it out of a concurrent prune's reach
+            return
+        os.makedirs(os.path.dirname(final), exist_ok=True)
+        tmp = temp_name(final)
+        h = hashlib.sha256()
+        try:
+            with open(src, "rb") as s, open(tmp, "wb") as d:
+                while chunk := s.read(_CHUNK):
+                    h.update(chunk)
+                    d.write(chunk)
+            if h.hexdigest() != out.digest:
+                raise OSError(f"{os.path.basename(src)} changed while it was being cached")
+            os.chmod(tmp, 0o444)
+            os.replace(tmp, final)
+        finally:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+
+    # -- explain -------------------------------------------------------------------------
+
+    def has(self, key: str) -> str | None:
+        """Which tier holds an entry for ``key`` (not verified), or None."""
+        for store in (self.local, self.remote):
+            if store is not None and store.backend.exists(entry_path(key)):
+                return store.url
+        return None
+
+    def explain_miss(self, action_id: str, components: dict[str, Any]) -> str:
+        """Why ``components`` have no entry: what differs from this action's newest entry."""
+        entries: list[CacheEntry] = []
+        for store in (self.local, self.remote):
+            if store is not None:
+                entries += store.entries_for(action_id)
+        if not entries:
+            return f"no entry for {action_id} in the cache ({self.describe()})"
+        newest = max(entries, key=lambda e: e.created)
+        diff = explain_difference(newest.components, components)
+        return f"the cache has {action_id} under another key (cache → here): " + "; ".join(diff)

@@ -1,0 +1,151 @@
+"""Single-file cache archives (for CI systems that cache files, not directories).
+
+A tar (gzip-compressed when the name ends in ``.gz``/``.tgz``) in the store's own layout:
+objects first, entries after them. Import streams members, accepts only object and entry
+paths, verifies every object's digest on the way in and writes an entry only when all its
+objects are present, so a truncated or tampered archive never yields a usable bad entry.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import os
+import re
+import tarfile
+from dataclasses import dataclass, field
+from typing import IO
+
+from ..errors import UserError
+from .local import LocalBackend, temp_name
+from .store import (
+    ENTRIES,
+    OBJECTS,
+    CacheEntry,
+    CorruptEntryError,
+    Store,
+    entry_path,
+    object_path,
+)
+
+_OBJECT = re.compile(rf"{OBJECTS}/[0-9a-f]{{2}}/([0-9a-f]{{64}})")
+_ENTRY = re.compile(rf"{ENTRIES}/[0-9a-f]{{2}}/([0-9a-f]{{64}})\.json")
+_CHUNK = 1 << 20
+
+
+@dataclass
+class ArchiveReport:
+    """What an export or import moved."""
+
+    entries: int = 0
+    objects: int = 0
+    bytes: int = 0
+    problems: list[str] = field(default_factory=list)
+
+
+def export_entries(store: Store, backend: LocalBackend, entries: list[CacheEntry],
+                   path: str) -> ArchiveReport:  # fmt: skip
+    """Write ``entries`` and their objects (each verified) to an archive at ``path``."""
+    report = ArchiveReport()
+    tmp = temp_name(os.path.abspath(path))
+    try:
+        gz = path.endswith((".gz", ".tgz"))
+        with tarfile.open(tmp, "w:gz") if gz else tarfile.open(tmp, "w") as tar:
+            digests = sorted({o.digest for e in entries for o in e.outputs.values()})
+            for digest in digests:
+                full = backend.full(object_path(digest))
+                h = hashlib.sha256()
+                with open(full, "rb") as f:
+                    while chunk := f.read(_CHUNK):
+                        h.update(chunk)
+                if h.hexdigest() != digest:
+                    raise UserError(
+                        f"cache object {digest[:12]} in {store.url} is damaged",
+                        hint="run epbuild build to recompile, then export again",
+                    )
+                info = tar.gettarinfo(full, arcname=object_path(digest))
+                info.uid = info.gid = 0
+                info.uname = info.gname = ""
+                info.mode = 0o444
+                with open(full, "rb") as f:
+                    tar.addfile(info, f)
+                report.objects += 1
+                report.bytes += info.size
+            for entry in entries:
+                raw = entry.to_bytes()
+                info = tarfile.TarInfo(entry_path(entry.key))
+                info.size = len(raw)
+                info.mode = 0o644
+                tar.addfile(info, io.BytesIO(raw))
+                report.entries += 1
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return report
+
+
+def import_archive(store: Store, backend: LocalBackend, path: str) -> ArchiveReport:
+    """Add an archive's objects and entries to a local store."""
+    report = ArchiveReport()
+    entries: list[CacheEntry] = []
+    try:
+        tar = tarfile.open(path, "r|*")  # noqa: SIM115 (closed by the with below)
+    except FileNotFoundError:
+        raise UserError(f"{path}: no such file") from None
+    except (tarfile.TarError, OSError) as exc:
+        raise UserError(f"{path}: not a cache archive ({exc})") from None
+    try:
+        with tar:
+            for member in tar:
+                if not member.isfile():
+                    report.problems.append(f"{member.name}: not a regular file; skipped")
+                    continue
+                src = tar.extractfile(member)
+                if src is None:
+                    continue
+                with src:
+                    if m := _OBJECT.fullmatch(member.name):
+                        if _import_object(backend, m.group(1), src):
+                            report.objects += 1
+                            report.bytes += member.size
+                        else:
+                            report.problems.append(f"object {m.group(1)[:12]} is damaged; skipped")
+                    elif m := _ENTRY.fullmatch(member.name):
+                        try:
+                            entries.append(CacheEntry.from_bytes(src.read(), m.group(1)))
+                        except CorruptEntryError as exc:
+                            report.problems.append(str(exc))
+                    else:
+                        report.problems.append(f"{member.name}: not a cache file; skipped")
+    except (tarfile.TarError, OSError, EOFError) as exc:
+        report.problems.append(f"archive is truncated or damaged ({exc}); kept what was whole")
+    for entry in entries:
+        missing = [o for o in entry.outputs.values() if not store.has_object(o.digest)]
+        if missing:
+            report.problems.append(f"entry {entry.key[:12]} ({entry.action_id}) lacks objects; "
+                                   "skipped")  # fmt: skip
+            continue
+        store.put_entry(entry)
+        report.entries += 1
+    return report
+
+
+def _import_object(backend: LocalBackend, digest: str, src: IO[bytes]) -> bool:
+    final = backend.full(object_path(digest))
+    os.makedirs(os.path.dirname(final), exist_ok=True)
+    tmp = temp_name(final)
+    h = hashlib.sha256()
+    try:
+        with open(tmp, "wb") as f:
+            while chunk := src.read(_CHUNK):
+                h.update(chunk)
+                f.write(chunk)
+        if h.hexdigest() != digest:
+            return False
+        os.chmod(tmp, 0o444)
+        os.replace(tmp, final)
+        return True
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)

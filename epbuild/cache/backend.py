@@ -1,0 +1,49 @@
+"""The storage seam under the cache: a few byte- and file-level operations on relative paths."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Protocol
+
+
+@dataclass(frozen=True)
+class StoredFile:
+    """A file in a backend, as listed."""
+
+    path: str
+    """Path relative to the backend root, with ``/`` separators."""
+    size: int
+    mtime: float
+    """Last write (or, for local entries, last use) as a POSIX timestamp."""
+
+
+class Backend(Protocol):
+    """Where cache files live. Paths are relative, ``/``-separated; writes are atomic."""
+
+    url: str
+    """Where this backend points, for messages."""
+
+    def read_bytes(self, path: str) -> bytes | None:
+        """The file's content, or None when it does not exist."""
+
+    def write_bytes(self, path: str, data: bytes) -> None:
+        """Create or replace a file atomically (readers see the old or the new content)."""
+
+    def exists(self, path: str) -> bool:
+        """Whether a file exists."""
+
+    def download(self, path: str, dest: str) -> None:
+        """Copy a stored file to the local path ``dest`` (raises FileNotFoundError)."""
+
+    def upload(self, src: str, path: str) -> None:
+        """Store the local file ``src`` atomically under ``path``."""
+
+    def listdir(self, path: str) -> list[str]:
+        """Names directly under a directory (empty when it does not exist)."""
+
+    def walk(self, path: str) -> Iterator[StoredFile]:
+        """Every file under a directory."""
+
+    def delete(self, path: str) -> None:
+        """Remove a file if it exists."""

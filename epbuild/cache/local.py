@@ -1,0 +1,134 @@
+"""A cache backend in a local directory: temp file + rename for every write, and restores by
+hard link (or reflink) where the filesystem allows, by copy otherwise."""
+
+from __future__ import annotations
+
+import errno
+import os
+import shutil
+import uuid
+from collections.abc import Iterator
+
+from .backend import StoredFile
+
+_FICLONE = 0x40049409  # Linux ioctl: share the source's extents (btrfs, XFS, ...)
+
+
+def temp_name(path: str) -> str:
+    """A sibling temp path unique to this process and call."""
+    return f"{path}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+
+
+class LocalBackend:
+    """Files under a root directory."""
+
+    def __init__(self, root: str) -> None:
+        self.root = os.path.abspath(root)
+        self.url = self.root
+
+    def full(self, path: str) -> str:
+        """The absolute local path of a stored file."""
+        return os.path.join(self.root, *path.split("/"))
+
+    def read_bytes(self, path: str) -> bytes | None:
+        try:
+            with open(self.full(path), "rb") as f:
+                return f.read()
+        except FileNotFoundError:
+            return None
+
+    def write_bytes(self, path: str, data: bytes, *, mode: int = 0o644) -> None:
+        full = self.full(path)
+        os.makedirs(os.path.dirname(full), exist_ok=True)
+        tmp = temp_name(full)
+        try:
+            with open(tmp, "wb") as f:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+            os.chmod(tmp, mode)
+            os.replace(tmp, full)
+        except BaseException:
+            _unlink(tmp)
+            raise
+
+    def exists(self, path: str) -> bool:
+        return os.path.isfile(self.full(path))
+
+    def download(self, path: str, dest: str) -> None:
+        shutil.copyfile(self.full(path), dest)
+
+    def upload(self, src: str, path: str) -> None:
+        full = self.full(path)
+        os.makedirs(os.path.dirname(full), exist_ok=True)
+        tmp = temp_name(full)
+        try:
+            shutil.copyfile(src, tmp)
+            os.chmod(tmp, 0o444)
+            os.replace(tmp, full)
+        except BaseException:
+            _unlink(tmp)
+            raise
+
+    def listdir(self, path: str) -> list[str]:
+        try:
+            return sorted(os.listdir(self.full(path)))
+        except (FileNotFoundError, NotADirectoryError):
+            return []
+
+    def walk(self, path: str) -> Iterator[StoredFile]:
+        base = self.full(path)
+        for dirpath, _dirs, files in os.walk(base):
+            for name in files:
+                full = os.path.join(dirpath, name)
+                try:
+                    st = os.stat(full)
+                except FileNotFoundError:
+                    continue
+                rel = os.path.relpath(full, self.root).replace(os.sep, "/")
+                yield StoredFile(rel, st.st_size, st.st_mtime)
+
+    def delete(self, path: str) -> None:
+        _unlink(self.full(path))
+
+    def touch(self, path: str) -> None:
+        """Mark a file as just used (prune evicts least recently used entries first)."""
+        try:
+            os.utime(self.full(path))
+        except OSError:
+            pass
+
+    def materialize(self, path: str, dest: str) -> str:
+        """Put a stored file at ``dest``: hard link, else reflink, else copy; says which."""
+        src = self.full(path)
+        try:
+            os.link(src, dest)
+            return "link"
+        except OSError as exc:
+            if exc.errno == errno.ENOENT:
+                raise
+        if _reflink(src, dest):
+            return "reflink"
+        shutil.copyfile(src, dest)
+        return "copy"
+
+
+def _reflink(src: str, dest: str) -> bool:
+    try:
+        import fcntl
+    except ImportError:  # not on this platform
+        return False
+    try:
+        with open(src, "rb") as s, open(dest, "wb") as d:
+            fcntl.ioctl(d.fileno(), _FICLONE, s.fileno())
+        return True
+    except OSError:
+        _unlink(dest)
+        return False
+
+
+def _unlink(path: str) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass

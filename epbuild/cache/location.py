@@ -1,0 +1,105 @@
+"""Where the cache lives: ``--cache``/``--no-cache``, then ``EPBUILD_CACHE``, then the
+manifest's ``[workspace] cache``, then a per-user directory (platform conventions).
+
+A directory is the local tier. A URL (``s3://bucket/prefix``, ``file:///srv/cache``) is the
+remote tier, with the per-user directory as the local tier in front of it.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .actioncache import ActionCache
+
+OFF = ("off", "none", "no", "0", "false")
+ENV = "EPBUILD_CACHE"
+
+
+@dataclass(frozen=True)
+class CacheConfig:
+    """A resolved cache location."""
+
+    local: str
+    """Absolute path of the local cache directory."""
+    remote: str | None = None
+    """fsspec URL of the remote tier, if any."""
+    push: bool = False
+    """Write compiled actions to the remote tier too."""
+
+
+def default_cache_dir() -> str:
+    """The per-user cache directory for epbuild."""
+    home = os.path.expanduser("~")
+    if sys.platform == "win32":
+        base = os.environ.get("LOCALAPPDATA") or os.path.join(home, "AppData", "Local")
+        return os.path.join(base, "epbuild", "Cache")
+    if sys.platform == "darwin":
+        return os.path.join(home, "Library", "Caches", "epbuild")
+    xdg = os.environ.get("XDG_CACHE_HOME", "")
+    base = xdg if os.path.isabs(xdg) else os.path.join(home, ".cache")
+    return os.path.join(base, "epbuild")
+
+
+def is_url(value: str) -> bool:
+    """Whether a cache location is an fsspec URL rather than a directory."""
+    return "://" in value
+
+
+def resolve(
+    option: str | bool | None,
+    *,
+    base: str,
+    manifest_value: str | None = None,
+    manifest_root: str | None = None,
+    push: bool = False,
+) -> CacheConfig | None:
+    """The cache to use, or None when caching is off.
+
+    ``option`` is the ``--cache`` value (a directory relative to ``base``, or a URL), False
+    for ``--no-cache``, None to fall back to the environment, the manifest and the default.
+    """
+    if option is False:
+        return None
+    value: str | None = option if isinstance(option, str) else None
+    rel_to = base
+    if value is None and os.environ.get(ENV) is not None:
+        value, rel_to = os.environ[ENV], os.getcwd()
+    if value is None and manifest_value is not None:
+        value, rel_to = manifest_value, manifest_root or base
+    if value is not None and value.strip().lower() in (*OFF, ""):
+        return None
+    if value is None:
+        return CacheConfig(default_cache_dir(), None, push)
+    if is_url(value):
+        return CacheConfig(default_cache_dir(), value, push)
+    return CacheConfig(os.path.abspath(os.path.join(rel_to, os.path.expanduser(value))), None, push)
+
+
+def open_cache(
+    option: str | bool | None,
+    *,
+    base: str,
+    manifest_value: str | None = None,
+    manifest_root: str | None = None,
+    push: bool = False,
+) -> ActionCache | None:
+    """The action cache to use (see ``resolve``); None when caching is off."""
+    from ..errors import UserError
+    from .actioncache import ActionCache
+
+    cfg = resolve(option, base=base, manifest_value=manifest_value,
+                  manifest_root=manifest_root, push=push)  # fmt: skip
+    if cfg is None:
+        if push:
+            raise UserError("--cache-push needs a cache", hint="drop --no-cache")
+        return None
+    if push and cfg.remote is None:
+        raise UserError(
+            "--cache-push needs a remote cache URL",
+            hint="pass --cache s3://bucket/prefix (or set [workspace] cache to a URL)",
+        )
+    return ActionCache(cfg.local, cfg.remote, push=cfg.push)

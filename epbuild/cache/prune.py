@@ -1,0 +1,82 @@
+"""Least-recently-used eviction down to a size limit.
+
+An entry's file time is its last use (written when stored, touched on every restore).
+Entries are kept newest first while the unique bytes of their objects fit; the others are
+removed with the objects only they used. Unreferenced objects and temp files younger than a
+grace period are left alone: a concurrent build may be storing them before writing its entry.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+
+from .local import LocalBackend
+from .store import ENTRIES, IDS, OBJECTS, CorruptEntryError, Store, entry_path, is_key
+
+GRACE_SECONDS = 600.0
+
+
+@dataclass(frozen=True)
+class PruneReport:
+    """What a prune removed and kept."""
+
+    entries_removed: int
+    entries_kept: int
+    bytes_removed: int
+    bytes_kept: int
+
+
+def prune(store: Store, max_size: int, *, grace: float = GRACE_SECONDS) -> PruneReport:
+    """Evict least-recently-used entries until the objects fit in ``max_size`` bytes."""
+    from .. import locks
+
+    backend = store.backend
+    lock_dir = backend.root if isinstance(backend, LocalBackend) else None
+    if lock_dir is None:
+        return _prune(store, max_size, grace)
+    with locks.hold(os.path.join(lock_dir, "prune.lock"), "epbuild cache prune"):
+        return _prune(store, max_size, grace)
+
+
+def _prune(store: Store, max_size: int, grace: float) -> PruneReport:
+    backend = store.backend
+    now = time.time()
+    sizes = {f.path.rsplit("/", 1)[-1]: f for f in backend.walk(OBJECTS)}
+    listed = sorted(backend.walk(ENTRIES), key=lambda f: f.mtime, reverse=True)
+    kept_digests: set[str] = set()
+    evicted: set[str] = set()
+    total = kept = removed = 0
+    for f in listed:
+        key = f.path.rsplit("/", 1)[-1].removesuffix(".json")
+        if not is_key(key):
+            continue
+        try:
+            entry = store.get_entry(key)
+        except CorruptEntryError:
+            entry = None
+        if entry is None:
+            backend.delete(entry_path(key))
+            removed += 1
+            continue
+        new = {o.digest for o in entry.outputs.values()} - kept_digests
+        add = sum(sizes[d].size for d in new if d in sizes)
+        if total + add <= max_size:
+            kept_digests |= new
+            total += add
+            kept += 1
+        else:
+            store.discard(entry)
+            evicted |= new
+            removed += 1
+    freed = 0
+    for name, f in sizes.items():
+        if name not in kept_digests and (name in evicted or now - f.mtime > grace):
+            backend.delete(f.path)
+            freed += f.size
+    for f in backend.walk(IDS):  # markers of entries that are gone
+        key = f.path.rsplit("/", 1)[-1]
+        if not backend.exists(entry_path(key)) and now - f.mtime > grace:
+            backend.delete(f.path)
+    return PruneReport(removed, kept, freed, total)
