@@ -95,7 +95,38 @@ def _print_json(data: Any) -> None:
     sys.stdout.write(json.dumps(data, indent=2) + "\n")
 
 
+def _print_summary(doc: dict[str, Any]) -> None:
+    from .api import Outcome
+
+    s = doc["summary"]
+    parts = [f"{s[o.value]} {o.value.replace('_', ' ')}" for o in Outcome if s.get(o.value)]
+    print(f"epbuild: {', '.join(parts) or 'nothing to do'} in {s['seconds']:.2f}s")
+
+
+def _fast_noop(args: argparse.Namespace) -> dict[str, Any] | None:
+    """The recorded result when nothing changed since an all-up-to-date build (``noop``)."""
+    if args.dry_run or args.trace:
+        return None
+    import time
+
+    from .noop import fast_noop
+
+    t0 = time.perf_counter()
+    doc = fast_noop(args.directory, args.manifest, args.selectors)
+    if doc is not None:
+        doc["summary"]["seconds"] = round(time.perf_counter() - t0, 3)
+    return doc
+
+
 def _cmd_build(args: argparse.Namespace) -> int:
+    doc = _fast_noop(args)
+    if doc is not None:
+        if args.json:
+            _print_json(doc)
+        else:
+            print(f"epbuild: {doc['summary']['up_to_date']} up to date in "
+                  f"{doc['summary']['seconds']:.2f}s")  # fmt: skip
+        return 0
     from .api import Outcome, build
     from .progress import ConsoleReporter
 
@@ -137,9 +168,7 @@ def _cmd_build(args: argparse.Namespace) -> int:
             for a in result.actions:
                 if a.outcome is Outcome.WOULD_BUILD:
                     print(f"would build {a.id}: {'; '.join(a.reasons)}")
-        s = result.summary()
-        parts = [f"{s[o.value]} {o.value.replace('_', ' ')}" for o in Outcome if s[o.value]]
-        print(f"epbuild: {', '.join(parts) or 'nothing to do'} in {result.seconds:.2f}s")
+        _print_summary(result.to_json())
     if not result.ok:
         if any(a.outcome is Outcome.FAILED and "lock held by" in (a.error or "")
                for a in result.actions):  # fmt: skip
