@@ -8,13 +8,13 @@ from typing import Any
 import numpy as np
 import onnx
 import pytest
+from conftest import HTP73, Workspace
+from modelgen import _model, matmul_model
 from onnx import helper, numpy_helper
 
-from conftest import HTP73, Workspace
 from epbuild.api import Outcome
 from epbuild.onnxproto import read_model
 from epbuild.verify import verify_outputs
-from modelgen import _model, matmul_model
 
 MULTI = {"ep": "qnn", "options": {"htp_arch": "73,75", "soc_model": "60,69"}}
 
@@ -162,8 +162,8 @@ def test_multi_soc_target(workspace: Workspace) -> None:
 def test_multi_soc_with_sharing_is_refused(workspace: Workspace) -> None:
     workspace.model("m/a.onnx")
     workspace.model("m/b.onnx")
-    workspace.manifest({"providers": {"multi": MULTI}, "groups": {"g": {
-        "models": ["m/a.onnx", "m/b.onnx"], "providers": ["multi"], "share_weights": True}}})  # fmt: skip
+    group = {"models": ["m/a.onnx", "m/b.onnx"], "providers": ["multi"], "share_weights": True}
+    workspace.manifest({"providers": {"multi": MULTI}, "groups": {"g": group}})
     proc = workspace.cli("build")
     assert proc.returncode == 2 and "several SoCs" in proc.stderr
     assert "groups.g.share_weights" in proc.stderr

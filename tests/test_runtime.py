@@ -12,12 +12,12 @@ from typing import Any
 import numpy as np
 import onnx
 import pytest
-
 from conftest import HTP73, Workspace
+from modelgen import matmul_model
+
 from epbuild.errors import CompatibilityError, LockTimeoutError, UserError
 from epbuild.providers.base import ProviderConfig
 from epbuild.runtime import open_action, open_models
-from modelgen import matmul_model
 
 PROVIDER = ProviderConfig("htp", "qnn", {"backend_type": "htp", **HTP73["options"]}, {}, {})
 

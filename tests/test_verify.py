@@ -13,10 +13,10 @@ from typing import Any
 
 import onnx
 import pytest
-
 from conftest import HTP73, Workspace
-from epbuild.verify import LoadOutcome, Problem, verify_outputs
 from test_options import mod_model
+
+from epbuild.verify import LoadOutcome, Problem, verify_outputs
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 
@@ -26,7 +26,6 @@ def good(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """One build with a sharing pair, a plain model and a partial model with external
     initializers; each test corrupts its own copy."""
     import numpy as np
-
     from modelgen import matmul_model
 
     ws = Workspace(tmp_path_factory.mktemp("verify") / "ws")
