@@ -46,6 +46,11 @@ class Executor(Protocol):
         ...
 
 
+# Started from the workspace root, but never import from it: a folder there named like a
+# module (even "epbuild") must not shadow the installed package.
+WORKER_BOOT = "import sys; del sys.path[0]; from epbuild.worker import main; main()"
+
+
 def _tail(path: str, lines: int = 12) -> list[str]:
     try:
         with open(path, "rb") as f:
@@ -94,7 +99,7 @@ class LocalExecutor:
     def _spawn(self) -> subprocess.Popen[bytes]:
         env = dict(os.environ)
         return subprocess.Popen(
-            [sys.executable, "-m", "epbuild.worker"],
+            [sys.executable, "-c", WORKER_BOOT],
             cwd=self.root,
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
@@ -130,6 +135,7 @@ class LocalExecutor:
             with open(log_path, "wb") as log:
                 while chunk := proc.stdout.read1(65536):
                     log.write(chunk)
+                    log.flush()  # the log of a long compile can be followed as it runs
             code = proc.wait()
         finally:
             _reap(proc)
