@@ -1,0 +1,324 @@
+"""``epbuild watch``: a real watcher in a subprocess, real file operations, the real QNN EP."""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import onnx
+import pytest
+from conftest import HTP73, HTP75, Workspace, render_manifest
+from modelgen import matmul_model, save
+
+from epbuild.watch import glob_match, make_targets
+
+CYCLE_TIMEOUT = 60.0
+
+
+class Watcher:
+    """``epbuild watch --json`` in a subprocess; cycles are read by a thread, with timeouts."""
+
+    def __init__(self, root: Path, *args: str) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "epbuild", "-C", str(root), "watch", "--json",
+             "--debounce", "0.2", *args],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        self.cycles: queue.Queue[dict[str, Any]] = queue.Queue()
+        self.stderr: list[str] = []
+        self.bad: list[str] = []
+        self.threads = [
+            threading.Thread(target=self._read_out, daemon=True),
+            threading.Thread(target=self._read_err, daemon=True),
+        ]
+        for t in self.threads:
+            t.start()
+
+    def _read_out(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            try:
+                self.cycles.put(json.loads(line))
+            except ValueError:
+                self.bad.append(line)
+
+    def _read_err(self) -> None:
+        assert self.proc.stderr is not None
+        for line in self.proc.stderr:
+            self.stderr.append(line)
+
+    def next(self, timeout: float = CYCLE_TIMEOUT) -> dict[str, Any]:
+        """The next cycle; fails (never hangs) when none comes in time."""
+        try:
+            return self.cycles.get(timeout=timeout)
+        except queue.Empty:
+            raise AssertionError(
+                f"no watch cycle within {timeout}s (exit {self.proc.poll()}):\n"
+                + "".join(self.stderr[-40:])
+            ) from None
+
+    def quiet(self, seconds: float) -> None:
+        """Assert that no cycle runs for ``seconds``."""
+        try:
+            extra = self.cycles.get(timeout=seconds)
+        except queue.Empty:
+            return
+        raise AssertionError(f"unexpected cycle: {json.dumps(extra)[:2000]}")
+
+    def stop(self, sig: int = signal.SIGTERM) -> int:
+        """Signal the watcher and return its exit status."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+        try:
+            code = self.proc.wait(timeout=30)
+        finally:
+            self.close()
+        return code
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+        for t in self.threads:
+            t.join(timeout=5)
+        for pipe in (self.proc.stdout, self.proc.stderr):
+            if pipe is not None:
+                pipe.close()
+
+
+@pytest.fixture
+def watcher() -> Iterator[Callable[..., Watcher]]:
+    started: list[Watcher] = []
+
+    def start(root: Path, *args: str) -> Watcher:
+        w = Watcher(root, *args)
+        started.append(w)
+        return w
+
+    yield start
+    for w in started:
+        w.close()
+
+
+def built(cycle: dict[str, Any]) -> dict[str, str]:
+    """Action id → outcome, for actions that did something (not up to date)."""
+    return {a["id"]: a["outcome"] for a in cycle["actions"] if a["outcome"] != "up_to_date"}
+
+
+def atomic_save(model: onnx.ModelProto, path: Path) -> None:
+    """Save like an exporter that writes a temp file and renames it over the target."""
+    tmp = path.with_name(path.name + ".tmp")
+    onnx.save(model, tmp)
+    os.replace(tmp, path)
+
+
+def test_file_operations_rebuild_exactly_the_affected_actions(
+    simple_ws: Callable[..., Workspace], watcher: Callable[..., Watcher]
+) -> None:
+    ws = simple_ws()
+    models = ws.root / "models"
+    w = watcher(ws.root)
+    first = w.next()
+    assert first["cycle"] == 1 and first["changed"] == []
+    assert built(first) == {"pair/htp": "compiled", "single/htp/c": "compiled"}
+
+    # plain write
+    save(matmul_model(30), models / "c.onnx")
+    c = w.next()
+    assert (c["cycle"], c["changed"]) == (2, ["models/c.onnx"])
+    assert built(c) == {"single/htp/c": "compiled"}
+    assert c["first_event"] <= c["started"] <= c["action_started"]["single/htp/c"]
+
+    # save by rename (the temp file next to it is not an input)
+    atomic_save(matmul_model(31, batch=4), models / "b.onnx")
+    c = w.next()
+    assert (c["changed"], built(c)) == (["models/b.onnx"], {"pair/htp": "compiled"})
+
+    # delete and recreate
+    (models / "c.onnx").unlink()
+    time.sleep(0.05)
+    save(matmul_model(32), models / "c.onnx")
+    c = w.next()
+    assert (c["changed"], built(c)) == (["models/c.onnx"], {"single/htp/c": "compiled"})
+
+    # a slow writer: pauses between chunks are longer than the debounce, the file stays open
+    data = matmul_model(33, n=256).SerializeToString()
+    with open(models / "c.onnx", "wb") as f:
+        for i in range(4):
+            f.write(data[i * len(data) // 4 : (i + 1) * len(data) // 4])
+            f.flush()
+            time.sleep(0.35)
+    c = w.next()
+    assert (c["changed"], built(c)) == (["models/c.onnx"], {"single/htp/c": "compiled"})
+
+    # a burst of 20 saves is one build
+    for i in range(20):
+        save(matmul_model(40 + i), models / "a.onnx")
+        time.sleep(0.02)
+    c = w.next()
+    assert (c["changed"], built(c)) == (["models/a.onnx"], {"pair/htp": "compiled"})
+    w.quiet(1.5)  # its own writes (outputs, state, stat cache) trigger nothing
+    assert not any(a["stale"] for a in ws.cli_json("status")["actions"])
+    assert w.stop() == 0, "".join(w.stderr)
+    assert not w.bad, w.bad
+
+
+def test_manifest_globs_external_data_and_failures(
+    workspace: Workspace, watcher: Callable[..., Watcher]
+) -> None:
+    models = workspace.root / "models"
+    workspace.model("models/a.onnx", matmul_model(1))
+    workspace.model("models/e.onnx", matmul_model(2), external="e.data")
+    data: dict[str, Any] = {
+        "providers": {"htp": HTP73},
+        "groups": {"g": {"models": ["models/*.onnx"], "providers": ["htp"]}},
+    }
+    workspace.manifest(data)
+    w = watcher(workspace.root)
+    assert built(w.next()) == {"g/htp/a": "compiled", "g/htp/e": "compiled"}
+
+    # the external-data file is an input too
+    blob = bytearray((models / "e.data").read_bytes())
+    blob[8:12] = bytes(4)
+    (models / "e.data").write_bytes(bytes(blob))
+    c = w.next()
+    assert (c["changed"], built(c)) == (["models/e.data"], {"g/htp/e": "compiled"})
+
+    # a new model matched by the glob; a hidden temp file is not
+    (models / ".scratch.onnx").write_bytes(b"half")
+    save(matmul_model(3), models / "d.onnx")
+    c = w.next()
+    assert (c["changed"], built(c)) == (["models/d.onnx"], {"g/htp/d": "compiled"})
+    assert c["manifest_reloaded"] is True
+
+    # a manifest edit reloads it
+    data["providers"]["v75"] = HTP75
+    data["groups"]["g"]["providers"] = ["htp", "v75"]
+    workspace.manifest(data)
+    c = w.next()
+    assert c["changed"] == ["epbuild.toml"] and c["manifest_reloaded"] is True
+    assert built(c) == {f"g/v75/{m}": "compiled" for m in "ade"}
+
+    # a broken manifest is reported; the last good one stays in use
+    workspace.manifest(render_manifest(data).replace("[groups.g]", "[groups.g"))
+    c = w.next()
+    assert c["summary"] is None and c["actions"] == []
+    assert "epbuild.toml:" in c["manifest_error"] and "invalid TOML" in c["manifest_error"]
+    save(matmul_model(4), models / "a.onnx")
+    c = w.next()
+    assert c["changed"] == ["models/a.onnx"] and c["manifest_error"] is None
+    assert built(c) == {"g/htp/a": "compiled", "g/v75/a": "compiled"}
+
+    # a failing compile is reported and the next save retries
+    (models / "d.onnx").write_bytes(b"not an onnx model")
+    c = w.next()
+    assert built(c) == {"g/htp/d": "failed", "g/v75/d": "failed"}
+    assert all("d.onnx" in a["error"] for a in c["actions"])
+    save(matmul_model(5), models / "d.onnx")
+    c = w.next()
+    assert built(c) == {"g/htp/d": "compiled", "g/v75/d": "compiled"}
+
+    # fixing the manifest (one provider again) reloads it
+    data["groups"]["g"]["providers"] = ["htp"]
+    workspace.manifest(data)
+    c = w.next()
+    assert c["manifest_reloaded"] is True and c["manifest_error"] is None
+    assert {a["id"] for a in c["actions"]} == {"g/htp/a", "g/htp/d", "g/htp/e"}
+    assert built(c) == {}
+    assert w.stop(signal.SIGINT) == 0
+    assert not list((workspace.root / "build").rglob(".staging/*"))
+
+
+def test_watch_and_manual_build_never_compile_the_same_action_twice(
+    simple_ws: Callable[..., Workspace], watcher: Callable[..., Watcher]
+) -> None:
+    ws = simple_ws()
+    w = watcher(ws.root)
+    w.next()
+    for seed in (50, 51):
+        save(matmul_model(seed), ws.root / "models" / "c.onnx")
+        manual = ws.cli_json("build", "single")  # races the watcher's debounced build
+        cycle = w.next()
+        by_manual = {a["id"]: a["outcome"] for a in manual["actions"]}["single/htp/c"]
+        by_watch = {a["id"]: a["outcome"] for a in cycle["actions"]}["single/htp/c"]
+        assert sorted([by_manual, by_watch]) == ["compiled", "up_to_date"]
+    assert w.stop() == 0
+
+
+def test_interrupt_during_a_build_stops_workers_and_releases_locks(
+    workspace: Workspace, watcher: Callable[..., Watcher]
+) -> None:
+    import psutil
+    from filelock import FileLock
+
+    workspace.model("m/big.onnx", matmul_model(1, n=512))
+    group = {"models": ["m/big.onnx"], "providers": ["htp"]}
+    workspace.manifest({"providers": {"htp": HTP73}, "groups": {"g": group}})
+    w = watcher(workspace.root)
+    me = psutil.Process(w.proc.pid)
+    workers: list[psutil.Process] = []
+    deadline = time.monotonic() + 30
+    while not workers and time.monotonic() < deadline:
+        try:
+            workers = [p for p in me.children() if "epbuild.worker" in " ".join(p.cmdline())]
+        except psutil.Error:
+            pass
+        time.sleep(0.01)
+    assert workers, "no worker was started"
+    assert w.stop(signal.SIGINT) == 0, "".join(w.stderr)
+    _, alive = psutil.wait_procs(workers, timeout=10)
+    assert not alive
+    locks = list((workspace.root / ".epbuild").rglob("*.lock"))
+    assert locks
+    for path in locks:
+        lock = FileLock(str(path))
+        lock.acquire(timeout=0)
+        lock.release()
+    assert not list((workspace.root / "build").rglob(".staging/*"))
+
+
+def test_glob_match() -> None:
+    assert glob_match("models/a.onnx", "models/*.onnx")
+    assert not glob_match("models/.a.onnx", "models/*.onnx")
+    assert not glob_match("models/sub/a.onnx", "models/*.onnx")
+    assert glob_match("models/sub/deep/a.onnx", "models/**/*.onnx")
+    assert glob_match("models/a.onnx", "models/**/*.onnx")
+    assert not glob_match("models/.git/a.onnx", "models/**/*.onnx")
+    assert glob_match("m/x1.onnx", "m/x[0-9].onnx") and not glob_match("m/xa.onnx", "m/x[0-9].onnx")
+
+
+def test_targets_are_the_inputs_never_the_outputs(workspace: Workspace) -> None:
+    from epbuild.manifest import load_manifest
+
+    workspace.model("models/a.onnx", matmul_model(1), external="a.data")
+    workspace.model("more/x/b.onnx", matmul_model(2))
+    path = workspace.manifest({
+        "workspace": {"out_dir": "more/out"},
+        "providers": {"htp": HTP73},
+        "groups": {"g": {"models": ["models/a.onnx"], "providers": ["htp"]},
+                   "h": {"models": ["more/**/*.onnx"], "providers": ["htp"]}},
+    })  # fmt: skip
+    (workspace.root / "more" / "out" / "h").mkdir(parents=True)
+    t = make_targets(load_manifest(path), [])
+    root = str(workspace.root)
+    assert t.inputs == {"g/htp/a": {"models/a.onnx", "models/a.data"},
+                        "h/htp/b": {"more/x/b.onnx"}}  # fmt: skip
+    files = ("epbuild.toml", "models/a.onnx", "models/a.data", "more/x/b.onnx")
+    assert t.files == {os.path.join(root, p) for p in files}
+    # the glob's tree is watched around the output directory, not through it
+    assert (os.path.join(root, "more"), False) in t.dirs
+    assert (os.path.join(root, "more", "x"), True) in t.dirs
+    assert not any(d.startswith(os.path.join(root, "more", "out")) for d, _ in t.dirs)
+    assert t.wants(os.path.join(root, "more", "y", "new.onnx"), False)
+    assert not t.wants(os.path.join(root, "more", "out", "h", "b_ctx.onnx"), False)
+    assert not t.wants(os.path.join(root, ".epbuild", "state.jsonl"), False)
+    assert not t.wants(os.path.join(root, "models", "a.onnx.tmp"), False)
