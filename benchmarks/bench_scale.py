@@ -67,8 +67,8 @@ def make_workspace(root: Path, count: int) -> None:
 def fabricate_state(root: Path) -> None:
     """Record every action as built, with a small output file in place (no compile)."""
     from epbuild.fsutil import atomic_write_bytes
-    from epbuild.state import _HEADER_LINE, ActionRecord, OutputRecord, _done_dict, _line
     from epbuild.statcache import hash_file
+    from epbuild.state import _HEADER_LINE, ActionRecord, OutputRecord, _done_dict, _line
     from epbuild.workspace import open_workspace
 
     ws = open_workspace(root)
