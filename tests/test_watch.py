@@ -322,3 +322,49 @@ def test_targets_are_the_inputs_never_the_outputs(workspace: Workspace) -> None:
     assert not t.wants(os.path.join(root, "more", "out", "h", "b_ctx.onnx"), False)
     assert not t.wants(os.path.join(root, ".epbuild", "state.jsonl"), False)
     assert not t.wants(os.path.join(root, "models", "a.onnx.tmp"), False)
+
+
+def _wait_for_worker(proc: subprocess.Popen[str], timeout: float = 30) -> None:
+    import psutil
+
+    me = psutil.Process(proc.pid)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if any("epbuild.worker" in " ".join(p.cmdline()) for p in me.children()):
+                return
+        except psutil.Error:
+            pass
+        time.sleep(0.01)
+    raise AssertionError("no worker was started")
+
+
+def test_changes_during_a_build_coalesce_into_one_follow_up(
+    workspace: Workspace, watcher: Callable[..., Watcher]
+) -> None:
+    model = workspace.model("m/big.onnx", matmul_model(1, n=512))
+    group = {"models": ["m/big.onnx"], "providers": ["htp"]}
+    workspace.manifest({"providers": {"htp": HTP73}, "groups": {"g": group}})
+    w = watcher(workspace.root)
+    _wait_for_worker(w.proc)
+    for seed in range(2, 7):
+        save(matmul_model(seed, n=512), model)
+    w.next()  # the first build: compiled, or discarded because its input changed meanwhile
+    c = w.next()
+    assert (c["cycle"], c["changed"], built(c)) == (2, ["m/big.onnx"], {"g/htp/big": "compiled"})
+    w.quiet(1.0)
+    assert w.stop() == 0
+
+
+def test_polling_observer(
+    simple_ws: Callable[..., Workspace], watcher: Callable[..., Watcher]
+) -> None:
+    ws = simple_ws()
+    w = watcher(ws.root, "--poll", "single")
+    assert built(w.next()) == {"single/htp/c": "compiled"}
+    atomic_save(matmul_model(60), ws.root / "models" / "c.onnx")
+    save(matmul_model(61), ws.root / "models" / "a.onnx")  # not selected: not watched
+    c = w.next()
+    assert (c["changed"], built(c)) == (["models/c.onnx"], {"single/htp/c": "compiled"})
+    w.quiet(1.5)
+    assert w.stop() == 0
