@@ -63,7 +63,7 @@ class _Damaged(ValueError):
 
 
 def _want(value: Any, kind: type | tuple[type, ...]) -> Any:
-    if not isinstance(value, kind) or isinstance(value, bool) and kind is not bool:
+    if not isinstance(value, kind) or (isinstance(value, bool) and kind is not bool):
         raise _Damaged(f"unexpected {type(value).__name__}")
     return value
 

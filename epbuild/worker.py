@@ -40,6 +40,31 @@ def _stem(model: str) -> str:
     return name[:-5] if name.endswith(".onnx") else name
 
 
+def _test_hook(model: str) -> None:
+    """A narrow seam for crash tests: ``EPBUILD_TEST_HOOK=KIND:SUBSTRING[:SECONDS]``.
+
+    Before the session of a model whose path contains SUBSTRING: ``segv`` kills the worker
+    with SIGSEGV, ``abort`` aborts it (what a crashing native SDK does), ``sleep`` waits
+    SECONDS (a slow compile). Unset in normal use.
+    """
+    hook = os.environ.get("EPBUILD_TEST_HOOK")
+    if not hook:
+        return
+    kind, _, rest = hook.partition(":")
+    needle, _, arg = rest.partition(":")
+    if not needle or needle not in model:
+        return
+    print(f"epbuild test hook: {kind} before compiling {model}", file=sys.stderr, flush=True)
+    if kind == "segv":
+        import signal
+
+        os.kill(os.getpid(), signal.SIGSEGV)
+    elif kind == "abort":
+        os.abort()
+    elif kind == "sleep":
+        time.sleep(float(arg or 1))
+
+
 def compile_action(job: dict[str, Any]) -> dict[str, Any]:
     """Create the sessions of one action in order, destroy them in reverse, check outputs."""
     import onnxruntime as ort
@@ -83,6 +108,7 @@ def compile_action(job: dict[str, Any]) -> dict[str, Any]:
                 so.add_session_config_entry(k, v)
             extra = adapter.context_options(config, ctx_path, int(job["embed_mode"]))
             adapter.attach(ort, so, _with_options(config, extra) if extra else config)
+            _test_hook(model)
             try:
                 if job["load"] == "bytes":
                     with open(model, "rb") as f:

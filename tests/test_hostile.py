@@ -25,6 +25,12 @@ from epbuild.errors import EpbuildError, ManifestError, UserError
 from epbuild.manifest import load_manifest
 from modelgen import matmul_model, save
 
+@pytest.fixture(autouse=True)
+def _no_cache(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Compile for real: no restores from a per-user action cache."""
+    monkeypatch.setenv("EPBUILD_CACHE", "off")
+
+
 # ---------------------------------------------------------------------------------------
 # Manifests: property-based mutation of a valid manifest
 

@@ -22,6 +22,12 @@ from epbuild.statcache import StatCache, hash_file
 from epbuild.workspace import open_workspace
 
 
+@pytest.fixture(autouse=True)
+def _no_cache(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Compile for real: no restores from a per-user action cache."""
+    monkeypatch.setenv("EPBUILD_CACHE", "off")
+
+
 def _built(simple_ws: Callable[..., Workspace]) -> tuple[Workspace, Path, bytes]:
     ws = simple_ws()
     assert ws.build().ok
