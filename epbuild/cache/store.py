@@ -175,7 +175,7 @@ class Store:
                 found.append(entry)
         return sorted(found, key=lambda e: e.created, reverse=True)
 
-    def keys(self) -> list[str]:
+    def entry_keys(self) -> list[str]:
         """Every entry key in the store."""
         keys: list[str] = []
         for sub in self.backend.listdir(ENTRIES):

@@ -1,0 +1,245 @@
+"""The action cache, end to end with the real QNN EP: restore instead of compile, export /
+import across workspaces, corruption, concurrent writers, LRU prune, miss explanations."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from conftest import Workspace
+
+from epbuild.api import Outcome
+from epbuild.cache.actioncache import ActionCache
+from epbuild.cache.store import OBJECTS, CacheEntry, object_path
+from epbuild.statcache import hash_file
+
+if TYPE_CHECKING:
+    import pytest
+
+
+def outputs(ws: Workspace) -> dict[str, bytes]:
+    out = ws.root / "build"
+    return {str(p.relative_to(out)): p.read_bytes() for p in sorted(out.rglob("*"))
+            if p.is_file() and ".staging" not in p.parts}  # fmt: skip
+
+
+def outcomes(result) -> dict[str, str]:  # type: ignore[no-untyped-def]
+    return {a.id: a.outcome.value for a in result.actions}
+
+
+def check_consistent(cache_dir: Path) -> list[CacheEntry]:
+    """Every entry readable, every object it names present with the right digest, no temps."""
+    cache = ActionCache(str(cache_dir))
+    entries = [cache.local.get_entry(k) for k in cache.local.entry_keys()]
+    assert all(e is not None for e in entries)
+    for entry in entries:
+        assert entry is not None
+        for name, out in entry.outputs.items():
+            obj = cache_dir / object_path(out.digest)
+            assert obj.is_file(), f"{entry.action_id}: object of {name} missing"
+            assert hash_file(str(obj)) == out.digest and obj.stat().st_size == out.size
+    leftovers = [p for p in cache_dir.rglob("*") if ".tmp-" in p.name]
+    assert not leftovers, leftovers
+    return [e for e in entries if e is not None]
+
+
+def clone(ws: Workspace, dest: Path) -> Workspace:
+    """The workspace's sources (manifest + models) at another absolute path, no state."""
+    shutil.copytree(ws.root, dest, ignore=shutil.ignore_patterns("build", ".epbuild"))
+    return Workspace(dest)
+
+
+def test_restore_after_clean_is_byte_identical(simple_ws: Callable[..., Workspace],
+                                               tmp_path: Path) -> None:  # fmt: skip
+    ws = simple_ws()
+    cache = str(tmp_path / "cache")
+    first = ws.build(cache=cache)
+    assert outcomes(first) == {"pair/htp": "compiled", "single/htp/c": "compiled"}
+    before = outputs(ws)
+    assert len(check_consistent(Path(cache))) == 2
+    ws.cli("clean", check=True)
+    doc = ws.cli_json("build", "--cache", cache)
+    assert doc["summary"]["restored"] == 2 and doc["summary"]["compiled"] == 0
+    assert outputs(ws) == before
+    # restored by hard link into the output directory, read-only so nothing edits the cache
+    bin_path = ws.root / "build" / "single" / "htp" / "c_ctx_qnn.bin"
+    assert bin_path.stat().st_nlink >= 2 and bin_path.stat().st_mode & 0o222 == 0
+    again = ws.build(cache=cache)
+    assert again.count(Outcome.UP_TO_DATE) == 2
+    from epbuild.state import load_state
+
+    state = load_state(str(ws.root / ".epbuild" / "state.jsonl"))
+    assert all(r.restored for r in state.records.values())
+
+
+def test_export_clone_import_cache_only(simple_ws: Callable[..., Workspace],
+                                        tmp_path: Path) -> None:  # fmt: skip
+    from epbuild.verify import verify_outputs
+
+    ws = simple_ws()
+    ws.build(cache=str(tmp_path / "cache-a"))
+    archive = tmp_path / "ci-cache.tar.gz"
+    ws.cli("cache", "export", str(archive), "--cache", str(tmp_path / "cache-a"), check=True)
+    other = clone(ws, tmp_path / "elsewhere" / "deeper" / "ws")
+    cache_b = str(tmp_path / "cache-b")
+    proc = other.cli("cache", "import", str(archive), "--cache", cache_b, check=True)
+    assert "imported 2 entr(ies), 5 object(s)" in proc.stdout
+    doc = other.cli_json("build", "--cache-only", "--cache", cache_b)
+    assert doc["summary"]["compiled"] == 0 and doc["summary"]["restored"] == 2, doc
+    assert outputs(other) == outputs(ws)
+    result = verify_outputs(other.root)
+    assert result.ok and len(result.checked) == 3, result.lines()
+    # the CI key depends on action keys only, not on where the workspace lives
+    assert other.cli("cache", "key").stdout == ws.cli("cache", "key").stdout
+
+
+def test_flipped_bit_in_object_is_detected_and_recompiled(simple_ws: Callable[..., Workspace],
+                                                          tmp_path: Path) -> None:  # fmt: skip
+    ws = simple_ws()
+    cache = tmp_path / "cache"
+    ws.build(cache=str(cache))
+    good = outputs(ws)
+    ws.cli("clean", check=True)
+    entry = next(e for e in check_consistent(cache) if e.action_id == "single/htp/c")
+    obj = cache / object_path(entry.outputs["c_ctx_qnn.bin"].digest)
+    obj.chmod(0o644)
+    data = bytearray(obj.read_bytes())
+    data[len(data) // 2] ^= 0x10
+    obj.write_bytes(bytes(data))
+    result = ws.build(cache=str(cache))
+    by_id = {a.id: a for a in result.actions}
+    assert by_id["pair/htp"].outcome is Outcome.RESTORED
+    assert by_id["single/htp/c"].outcome is Outcome.COMPILED
+    assert any("c_ctx_qnn.bin is damaged" in w for w in by_id["single/htp/c"].warnings)
+    assert outputs(ws) == good  # the damaged bytes never reached the output directory
+    check_consistent(cache)  # the recompile stored a good object again
+    ws.cli("clean", check=True)
+    assert ws.build(cache=str(cache)).count(Outcome.RESTORED) == 2
+
+
+def test_cache_only_miss_fails_listing_why(simple_ws: Callable[..., Workspace],
+                                           tmp_path: Path) -> None:  # fmt: skip
+    ws = simple_ws()
+    proc = ws.cli("build", "--cache-only", "--cache", str(tmp_path / "empty"))
+    assert proc.returncode == 1, proc.stderr
+    assert proc.stderr.count("not in the cache: no entry for") == 2
+    assert "pair/htp" in proc.stderr and "single/htp/c" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert not list((ws.root / "build").rglob("*.onnx"))
+
+
+def test_version_bump_miss_is_explained(simple_ws: Callable[..., Workspace], tmp_path: Path,
+                                        monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    from epbuild import api
+    from epbuild.providers import qnn
+
+    ws = simple_ws()
+    cache = str(tmp_path / "cache")
+    ws.build(cache=cache)
+    other = clone(ws, tmp_path / "fresh")
+    plans = api.status(other.root, cache=cache)
+    assert all(p.reasons[-1].startswith("in the cache (") for p in plans)
+    real = qnn.dist_version
+    here = real("onnxruntime-qnn")
+    monkeypatch.setattr(qnn, "dist_version",
+                        lambda d: "9.9.9" if d == "onnxruntime-qnn" else real(d))  # fmt: skip
+    plans = api.status(other.root, cache=cache)
+    expected = (f"not in the cache: the cache has pair/htp under another key (cache → here): "
+                f"onnxruntime-qnn {here} → 9.9.9")  # fmt: skip
+    assert plans[0].reasons == ["never built", expected]
+    result = other.build(cache=cache, cache_only=True)
+    assert result.count(Outcome.FAILED) == 2
+    assert f"onnxruntime-qnn {here} → 9.9.9" in (result.actions[1].error or "")
+
+
+def test_two_processes_fill_one_cache(simple_ws: Callable[..., Workspace], tmp_path: Path) -> None:
+    ws = simple_ws()
+    twin = clone(ws, tmp_path / "twin")  # same keys: both write the same objects and entries
+    cache = tmp_path / "cache"
+    procs = [
+        subprocess.Popen([sys.executable, "-m", "epbuild", "-C", str(w.root), "build", "--json",
+                          "--cache", str(cache)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         text=True)
+        for w in (ws, twin)
+    ]  # fmt: skip
+    docs = []
+    for p in procs:
+        out, err = p.communicate(timeout=300)
+        assert p.returncode == 0, err
+        docs.append(json.loads(out))
+    assert all(d["summary"]["compiled"] + d["summary"]["restored"] == 2 for d in docs)
+    entries = check_consistent(cache)
+    assert sorted(e.action_id for e in entries) == ["pair/htp", "single/htp/c"]
+    third = clone(ws, tmp_path / "third")
+    doc = third.cli_json("build", "--cache-only", "--cache", str(cache))
+    assert doc["summary"]["restored"] == 2
+    assert outputs(third) == outputs(ws) == outputs(twin)
+
+
+def test_prune_evicts_least_recently_used(simple_ws: Callable[..., Workspace],
+                                          tmp_path: Path) -> None:  # fmt: skip
+    ws = simple_ws()
+    cache = tmp_path / "cache"
+    ws.build(cache=str(cache))
+    entries = {e.action_id: e for e in check_consistent(cache)}
+    ws.cli("clean", "single", check=True)
+    ws.build("single", cache=str(cache))  # a restore: single/htp/c is now the most recent
+    limit = entries["single/htp/c"].size + 10
+    proc = ws.cli("cache", "prune", "--max-size", str(limit), "--cache", str(cache), check=True)
+    assert "removed 1 entr(ies)" in proc.stdout
+    left = check_consistent(cache)
+    assert [e.action_id for e in left] == ["single/htp/c"]
+    stored = sum(p.stat().st_size for p in (cache / OBJECTS).rglob("*") if p.is_file())
+    assert stored <= limit
+    ws.cli("clean", check=True)
+    result = ws.build(cache=str(cache), cache_only=True)
+    assert outcomes(result) == {"pair/htp": "failed", "single/htp/c": "restored"}
+    assert ws.cli("cache", "prune", "--max-size", "lots").returncode == 2
+
+
+def test_cache_key_follows_action_keys(simple_ws: Callable[..., Workspace]) -> None:
+    from modelgen import matmul_model
+
+    ws = simple_ws()
+    first = ws.cli("cache", "key", check=True).stdout.strip()
+    assert first.startswith("epbuild-") and len(first) == 24
+    assert ws.cli("cache", "key", check=True).stdout.strip() == first
+    (ws.root / "models" / "c.onnx").touch()
+    assert ws.cli("cache", "key", check=True).stdout.strip() == first
+    ws.model("models/c.onnx", matmul_model(42))
+    assert ws.cli("cache", "key", check=True).stdout.strip() != first
+
+
+def test_default_cache_is_per_user_and_no_cache_bypasses(
+    simple_ws: Callable[..., Workspace], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("EPBUILD_CACHE")
+    ws = simple_ws()
+    ws.build("single")
+    user_cache = Path(os.environ["XDG_CACHE_HOME"]) / "epbuild"
+    assert len(check_consistent(user_cache)) == 1
+    ws.cli("clean", check=True)
+    doc = ws.cli_json("build", "--no-cache")
+    assert doc["summary"]["compiled"] == 2 and doc["summary"]["restored"] == 0
+    assert len(check_consistent(user_cache)) == 1  # --no-cache stores nothing either
+
+
+def test_damaged_archive_imports_nothing_bad(simple_ws: Callable[..., Workspace],
+                                             tmp_path: Path) -> None:  # fmt: skip
+    ws = simple_ws()
+    ws.build("single", cache=str(tmp_path / "a"))
+    archive = tmp_path / "x.tar"
+    ws.cli("cache", "export", str(archive), "single", "--cache", str(tmp_path / "a"), check=True)
+    raw = archive.read_bytes()
+    archive.write_bytes(raw[: len(raw) // 3])
+    proc = ws.cli("cache", "import", str(archive), "--cache", str(tmp_path / "b"))
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr
+    assert check_consistent(tmp_path / "b") == []
+    missing = ws.cli("cache", "import", str(tmp_path / "nope.tar"), "--cache", str(tmp_path / "b"))
+    assert missing.returncode == 2 and "no such file" in missing.stderr
