@@ -133,7 +133,7 @@ class LocalExecutor:
             except OSError:
                 pass  # the worker died on start; its exit status tells why
             with open(log_path, "wb") as log:
-                while chunk := proc.stdout.read1(65536):
+                while chunk := os.read(proc.stdout.fileno(), 65536):
                     log.write(chunk)
                     log.flush()  # the log of a long compile can be followed as it runs
             code = proc.wait()

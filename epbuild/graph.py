@@ -48,7 +48,8 @@ def make_actions(manifest: Manifest) -> list[Action]:
             provider = manifest.providers[pname]
             out_dir = posixpath.join(manifest.workspace.out_dir, group.name, pname)
             if group.share_weights:
-                actions.append(Action(f"{group.name}/{pname}", group, provider, group.models, out_dir))
+                action_id = f"{group.name}/{pname}"
+                actions.append(Action(action_id, group, provider, group.models, out_dir))
             else:
                 for model in group.models:
                     actions.append(

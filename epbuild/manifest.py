@@ -21,7 +21,7 @@ from .schema import SchemaViolation, validate
 try:
     import tomllib
 except ModuleNotFoundError:  # pragma: no cover - Python 3.10
-    import tomli as tomllib  # type: ignore[no-redef]
+    import tomli as tomllib  # type: ignore[no-redef,import-not-found,unused-ignore]
 
 MANIFEST_NAME = "epbuild.toml"
 _GLOB_CHARS = re.compile(r"[*?\[]")
@@ -232,7 +232,7 @@ def _resolve(file: Path, locator: _Locator, data: dict[str, Any]) -> Manifest:
             for k, v in table.get("session_options", {}).items()
         }
         for k in session_options:
-            if k.startswith("ep.context_") or k.startswith("ep.share_ep_contexts") or k in (
+            if k.startswith(("ep.context_", "ep.share_ep_contexts")) or k in (
                 "ep.stop_share_ep_contexts",
                 "session.model_external_initializers_file_folder_path",
             ):
@@ -358,7 +358,9 @@ def _expand(root: Path, pattern: str, excluded: tuple[str, ...]) -> list[str]:
     return [p for p in found if not any(p == d or p.startswith(d + "/") for d in excluded)]
 
 
-def _check_model(file: Path, locator: _Locator, root: Path, model: str, base: tuple[str, ...]) -> None:
+def _check_model(
+    file: Path, locator: _Locator, root: Path, model: str, base: tuple[str, ...]
+) -> None:
     path = root / model
     if not path.exists():
         raise _error(

@@ -107,8 +107,8 @@ def write_fingerprint(
     """Record the fingerprint of an all-up-to-date build; returns whether it was written."""
     from .fsutil import atomic_write_bytes
     from .manifest import load_manifest
-    from .providers import get_provider
     from .providers import base as provider_base
+    from .providers import get_provider
     from .state import load_state
 
     if any(p.stale for p in plans):
@@ -121,9 +121,9 @@ def write_fingerprint(
     files[os.path.relpath(journal, root)] = _stamp(journal)
     # Version sources: site directories (a package install or upgrade changes their
     # listing) and adapter-specific files; stamped first, then re-checked below.
-    for entry in sys.path:
-        if entry and os.path.isdir(entry):
-            dirs[os.path.abspath(entry)] = _dir_stamp(entry)
+    for site in sys.path:
+        if site and os.path.isdir(site):
+            dirs[os.path.abspath(site)] = _dir_stamp(site)
     for action in ws.actions:
         adapter = get_provider(action.provider.ep)
         version_inputs = getattr(adapter, "version_inputs", None)
@@ -190,7 +190,7 @@ def _patterns_of(ws: Workspace, group: str) -> list[str]:
 
 def _glob_base(pattern: str) -> str | None:
     """The directory a one-level glob lists, or None for recursive/directory globs."""
-    head, _, tail = pattern.rpartition("/")
+    head = pattern.rpartition("/")[0]
     if "**" in pattern or any(c in head for c in "*?["):
         return None
     return head

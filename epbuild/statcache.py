@@ -134,7 +134,7 @@ class StatCache:
         current.entries.update(self.dirty)
         payload = {
             "entries": {
-                rel: [e.ino, e.size, e.mtime_ns, e.digest, list(e.refs) if e.refs is not None else None]
+                rel: [e.ino, e.size, e.mtime_ns, e.digest, None if e.refs is None else list(e.refs)]
                 for rel, e in current.entries.items()
             },
         }
