@@ -2,31 +2,31 @@
 
 It reads only what epbuild needs (opsets, external-data references, EPContext nodes,
 op-type counts, metadata) and must not import onnx, onnxruntime or protobuf: importing
-onnx alone costs far more than a whole no-op build. Files are memory-mapped and
-length-delimited fields are skipped by offset, so ``raw_data`` is never read or copied
-and a model of hundreds of MB costs about as much as a small one.
+onnx alone costs far more than a whole no-op build. Length-delimited fields are skipped by
+offset; a big file is read in pages on demand (``os.pread``), so ``raw_data`` is never read
+and a model of hundreds of MB costs about as much as a small one. Files are not
+memory-mapped: a model truncated by another process while it is read (an exporter
+rewriting it) would kill the reader with SIGBUS; a short read is a clean ``ProtoError``.
 """
 
 from __future__ import annotations
 
-import mmap
 import os
 import struct
-import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import TypeAlias
+from typing import TypeAlias, overload
 
 __all__ = ["ContextNode", "ExternalRef", "ModelInfo", "ProtoError", "parse_model", "read_model"]
 
-_Buf: TypeAlias = bytes | memoryview | mmap.mmap
+_Buf: TypeAlias = "bytes | memoryview | _PagedFile"
 _Spec: TypeAlias = tuple[str, dict[int, int]]
 _AttrValue: TypeAlias = int | float | str | bytes
 
-# Big files are mostly raw_data that is skipped: without MADV_RANDOM, the kernel's
-# read-around on each page fault reads nearly all of it when the page cache is cold
-# (400 MB inline: 260 ms instead of 5 ms). Small or dense files read better sequentially.
-_RANDOM_ACCESS_MIN = 64 << 20
+# Big files are mostly raw_data that is skipped: read them in pages, on demand. Small or
+# dense files read better in one go.
+_PAGED_MIN = 64 << 20
+_PAGE_BITS = 16
 _MAX_DEPTH = 64  # nested subgraphs; protobuf itself stops at 100 messages deep
 _EXTERNAL = 1  # TensorProto.DataLocation.EXTERNAL
 _FLOAT, _INT, _STRING = 1, 2, 3  # AttributeProto.AttributeType
@@ -263,7 +263,7 @@ class _Reader:
             elif f == 20:
                 kind = s
             elif f == 2:
-                found[_FLOAT] = struct.unpack_from("<f", buf, s)[0]
+                found[_FLOAT] = struct.unpack("<f", bytes(buf[s : s + 4]))[0]
             elif f == 3:
                 found[_INT] = _i64(s)
             elif f == 4:
@@ -334,13 +334,55 @@ def parse_model(data: bytes | memoryview) -> ModelInfo:
     return _Reader(data).model()
 
 
+class _PagedFile:
+    """Read-only, indexable view of a file that reads (and keeps) only the pages touched."""
+
+    def __init__(self, fd: int, size: int) -> None:
+        self.fd = fd
+        self.size = size
+        self.pages: dict[int, bytes] = {}
+
+    def __len__(self) -> int:
+        return self.size
+
+    def _page(self, number: int) -> bytes:
+        page = self.pages.get(number)
+        if page is None:
+            start = number << _PAGE_BITS
+            want = min(1 << _PAGE_BITS, self.size - start)
+            page = os.pread(self.fd, want, start)
+            if len(page) != want:
+                raise ProtoError(f"the file shrank while it was being read (at byte {start})")
+            self.pages[number] = page
+        return page
+
+    @overload
+    def __getitem__(self, index: int) -> int: ...
+    @overload
+    def __getitem__(self, index: slice) -> bytes: ...
+    def __getitem__(self, index: int | slice) -> int | bytes:
+        mask = (1 << _PAGE_BITS) - 1
+        if isinstance(index, int):
+            if not 0 <= index < self.size:
+                raise IndexError(index)
+            return self._page(index >> _PAGE_BITS)[index & mask]
+        start, stop, _ = index.indices(self.size)
+        if stop <= start:
+            return b""
+        first, last = start >> _PAGE_BITS, (stop - 1) >> _PAGE_BITS
+        if first == last:
+            return self._page(first)[start & mask : (stop - 1 & mask) + 1]
+        return b"".join(self._page(n) for n in range(first, last + 1))[
+            start - (first << _PAGE_BITS) : stop - (first << _PAGE_BITS)
+        ]
+
+
 def read_model(path: str | os.PathLike[str]) -> ModelInfo:
-    """Read an ONNX file through mmap (external data files are not opened)."""
+    """Read an ONNX file (external data files are not opened)."""
     with open(path, "rb") as f:
         size = os.fstat(f.fileno()).st_size
         if size == 0:
             raise ProtoError("empty file")
-        with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm:
-            if size >= _RANDOM_ACCESS_MIN and sys.platform != "win32":
-                mm.madvise(mmap.MADV_RANDOM)
-            return _Reader(mm).model()
+        if size < _PAGED_MIN:
+            return parse_model(f.read())
+        return _Reader(_PagedFile(f.fileno(), size)).model()

@@ -269,3 +269,57 @@ def test_unreadable_manifest(workspace: Workspace) -> None:
         _assert_clean_user_error(_cli(workspace.root, "build"), "epbuild.toml", "cannot read")
     finally:
         path.chmod(0o644)
+
+
+# ---------------------------------------------------------------------------------------
+# Models read while another process truncates them
+
+
+def test_paged_reader_matches_whole_read(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from epbuild import onnxproto
+    from modelgen import partial_model
+
+    for i, model in enumerate([matmul_model(1, n=24), partial_model(2)]):
+        path = save(model, tmp_path / f"m{i}.onnx")
+        whole = onnxproto.read_model(path)
+        monkeypatch.setattr(onnxproto, "_PAGED_MIN", 0)
+        monkeypatch.setattr(onnxproto, "_PAGE_BITS", 3)  # 8-byte pages: every boundary case
+        assert onnxproto.read_model(path) == whole
+        monkeypatch.undo()
+
+
+_READER = """
+import sys
+from epbuild import onnxproto
+from epbuild.onnxproto import ProtoError
+if sys.argv[2] == "paged":
+    onnxproto._PAGED_MIN = 0
+    onnxproto._PAGE_BITS = 8
+ok = bad = 0
+for _ in range(int(sys.argv[3])):
+    try:
+        onnxproto.read_model(sys.argv[1])
+        ok += 1
+    except (ProtoError, OSError):
+        bad += 1
+print(ok, bad)
+"""
+
+
+@pytest.mark.parametrize("mode", ["whole", "paged"])
+def test_model_truncated_while_read_never_kills_the_reader(tmp_path: Path, mode: str) -> None:
+    """An exporter truncating and rewriting a model while epbuild parses it (mmap: SIGBUS)."""
+    path = save(matmul_model(3, n=256), tmp_path / "m.onnx")
+    full = path.read_bytes()
+    reader = subprocess.Popen([sys.executable, "-c", _READER, str(path), mode, "3000"],
+                              stdout=subprocess.PIPE, text=True)  # fmt: skip
+    while reader.poll() is None:
+        with open(path, "r+b") as f:  # same inode: truncate, then write back
+            f.truncate(len(full) // 3)
+            f.flush()
+            f.truncate(0)
+            f.write(full)
+    out, _ = reader.communicate()
+    assert reader.returncode == 0, f"reader died with {reader.returncode}"
+    ok, bad = map(int, out.split())
+    assert ok + bad == 3000 and ok > 0
