@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from . import locks
-from .commit import check_staged, clean_stale_staging, commit, make_staging
+from .commit import check_removable, check_staged, clean_stale_staging, commit, make_staging
 from .errors import EpbuildError, Interrupted
 from .fsutil import remove_tree
 from .graph import Action
@@ -650,6 +650,9 @@ def clean(
         return removed
     with locks.hold(ws.state_lock, "epbuild clean"):
         state = ws.reload_state()
+        for action in ws.actions:  # refuse before deleting anything
+            rec = state.records.get(action.id)
+            check_removable(ws.root, ws.manifest.workspace.out_dir, list(rec.outputs) if rec else [])
         for action in ws.actions:
             rec = state.records.get(action.id)
             paths = list(rec.outputs) if rec else []
@@ -664,7 +667,8 @@ def clean(
     top = os.path.join(ws.root, ws.manifest.workspace.out_dir)
     for action in ws.actions:  # drop directories we emptied, never above out_dir
         d = os.path.join(ws.root, action.out_dir)
-        while d.startswith(top + os.sep) and os.path.isdir(d) and not os.listdir(d):
+        while (d.startswith(top + os.sep) and os.path.isdir(d) and not os.path.islink(d)
+               and not os.listdir(d)):  # fmt: skip
             os.rmdir(d)
             d = os.path.dirname(d)
     return removed

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from .errors import UnsafePathError, VerificationError
 from .fsutil import remove_tree
-from .paths import ensure_dir_inside, is_safe_reference
+from .paths import ensure_dir_inside, inside, is_safe_reference
 from .worker_files import LOG_NAME, RESULT_NAME
 
 STAGING = ".staging"
@@ -119,10 +119,29 @@ def check_staged(
     return names
 
 
+def check_removable(root: str, top: str, rels: list[str]) -> None:
+    """Refuse to delete recorded outputs whose directory resolves outside ``root/top``.
+
+    ``top`` is the workspace's out_dir: a directory under it replaced by a symlink that leads
+    elsewhere must never make epbuild delete the files it points at.
+    """
+    base = os.path.join(root, top)
+    for rel in rels:
+        parent = os.path.dirname(os.path.join(root, rel))
+        if os.path.lexists(parent) and not inside(parent, base):
+            raise UnsafePathError(
+                f"{posixpath.dirname(rel)} resolves to {os.path.realpath(parent)!r}, outside "
+                f"the output directory {top}; refusing to delete through it",
+                hint="remove the symlink (epbuild owns everything under out_dir)",
+            )
+
+
 def commit(root: str, staging: str, out_dir: str, names: list[str], old: list[str]) -> None:
     """Replace an action's old outputs with the staged ones (caller journals begin/done)."""
     target = os.path.join(root, out_dir)
-    ensure_dir_inside(target, root, what="output directory")
+    top = posixpath.dirname(posixpath.dirname(out_dir))  # <out_dir>/<group>/<provider>
+    ensure_dir_inside(target, os.path.join(root, top), what="output directory")
+    check_removable(root, top, old)
     for rel in old:
         path = os.path.join(root, rel)
         if os.path.lexists(path) and posixpath.basename(rel) not in names:

@@ -53,9 +53,24 @@ def ensure_dir_inside(path: str, root: str, *, what: str) -> None:
 
     epbuild never writes or deletes through a symlink that leads out of its own directories.
     """
+    refuse_outward(path, root, what=what)  # before creating anything through a link
     os.makedirs(path, exist_ok=True)
     if not inside(path, root):
         raise UnsafePathError(
             f"{what} {path!r} resolves to {os.path.realpath(path)!r}, outside the workspace",
+            hint="remove the symlink or point it inside the workspace",
+        )
+
+
+def refuse_outward(path: str, root: str, *, what: str) -> None:
+    """Refuse ``path`` when it, or its nearest existing ancestor, resolves outside ``root``."""
+    existing = path
+    while not os.path.lexists(existing) and os.path.dirname(existing) != existing:
+        existing = os.path.dirname(existing)
+    if not inside(existing, root):
+        raise UnsafePathError(
+            f"{what} {path!r} resolves to "
+            f"{os.path.join(os.path.realpath(existing), os.path.relpath(path, existing))!r}"
+            ", outside the workspace",
             hint="remove the symlink or point it inside the workspace",
         )

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from .graph import Action, make_actions, select
 from .keys import KeyComputer
 from .manifest import Manifest, find_manifest, load_manifest
-from .paths import ensure_dir_inside
+from .paths import ensure_dir_inside, refuse_outward
 from .state import Journal, State, load_state
 from .statcache import StatCache
 
@@ -62,6 +62,7 @@ def open_workspace(
     state_dir = os.path.join(root, m.workspace.state_dir)
     if os.path.lexists(state_dir):
         ensure_dir_inside(state_dir, root, what="state_dir")
+    refuse_outward(os.path.join(root, m.workspace.out_dir), root, what="out_dir")
     state = load_state(os.path.join(state_dir, "state.jsonl"))
     stats = StatCache(os.path.join(state_dir, "statcache.json"))
     actions = select(make_actions(m), selectors)

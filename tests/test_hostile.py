@@ -323,3 +323,247 @@ def test_model_truncated_while_read_never_kills_the_reader(tmp_path: Path, mode:
     assert reader.returncode == 0, f"reader died with {reader.returncode}"
     ok, bad = map(int, out.split())
     assert ok + bad == 3000 and ok > 0
+
+
+# ---------------------------------------------------------------------------------------
+# Paths
+
+
+def _one_model_ws(workspace: Workspace, **ws_table: Any) -> Workspace:
+    workspace.model("m/a.onnx", matmul_model(1, n=16))
+    data: dict[str, Any] = {"providers": {"htp": HTP73},
+                            "groups": {"g": {"models": ["m/a.onnx"], "providers": ["htp"]}}}  # fmt: skip
+    if ws_table:
+        data["workspace"] = ws_table
+    workspace.manifest(data)
+    return workspace
+
+
+@pytest.mark.parametrize(
+    ("table", "key", "value"),
+    [
+        ("groups.g", "models", ["/etc/passwd"]),
+        ("groups.g", "models", ["../outside.onnx"]),
+        ("groups.g", "models", ["m/../../outside.onnx"]),
+        ("workspace", "out_dir", "/tmp"),
+        ("workspace", "out_dir", "../out"),
+        ("workspace", "state_dir", "/var/tmp/state"),
+        ("workspace", "state_dir", "x/../../state"),
+        ("workspace", "cache", "../cache"),
+        ("workspace", "cache", "/tmp/cache"),
+    ],
+)
+def test_escaping_manifest_paths_are_refused(workspace: Workspace, table: str, key: str,
+                                             value: Any) -> None:  # fmt: skip
+    ws = _one_model_ws(workspace)
+    data: dict[str, Any] = {"providers": {"htp": HTP73},
+                            "groups": {"g": {"models": ["m/a.onnx"], "providers": ["htp"]}},
+                            "workspace": {}}  # fmt: skip
+    target = data
+    for part in table.split("."):
+        target = target[part]
+    target[key] = value
+    ws.manifest(data)
+    proc = _cli(ws.root, "build")
+    _assert_clean_user_error(proc, "epbuild.toml:", key)
+    assert re.search(r"absolute|leaves the workspace", proc.stderr), proc.stderr
+
+
+def test_model_symlinked_from_outside_is_read_through_the_link(workspace: Workspace,
+                                                               tmp_path: Path) -> None:  # fmt: skip
+    outside = save(matmul_model(5, n=16), tmp_path / "big-models" / "a.onnx")
+    (workspace.root / "m").mkdir(parents=True)
+    (workspace.root / "m" / "a.onnx").symlink_to(outside)
+    workspace.manifest({"providers": {"htp": HTP73},
+                        "groups": {"g": {"models": ["m/a.onnx"], "providers": ["htp"]}}})  # fmt: skip
+    assert workspace.build().count(Outcome.COMPILED) == 1
+    assert workspace.build().count(Outcome.UP_TO_DATE) == 1
+    save(matmul_model(6, n=16), outside)  # keyed by content: the link's target changed
+    result = workspace.build(dry_run=True)
+    assert result.actions[0].reasons == ["model m/a.onnx changed"]
+    assert (workspace.root / "m" / "a.onnx").is_symlink() and outside.is_file()
+
+
+@pytest.mark.parametrize("where", ["root", "outside", "outside-nested"])
+def test_out_dir_symlinked_outward_is_refused(workspace: Workspace, tmp_path: Path,
+                                              where: str) -> None:  # fmt: skip
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    out_dir = "build/sub" if where == "outside-nested" else "build"
+    ws = _one_model_ws(workspace, out_dir=out_dir)
+    (ws.root / "build").symlink_to("/" if where == "root" else outside)
+    proc = _cli(ws.root, "build")
+    _assert_clean_user_error(proc, "outside the workspace")
+    assert list(outside.iterdir()) == [], "epbuild wrote through the symlink"
+    assert not os.path.exists("/.staging")
+
+
+def test_state_dir_symlinked_outward_is_refused(workspace: Workspace, tmp_path: Path) -> None:
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    ws = _one_model_ws(workspace)
+    (ws.root / ".epbuild").symlink_to(outside)
+    for command in ("build", "status", "clean"):
+        _assert_clean_user_error(_cli(ws.root, command), "state_dir", "outside the workspace")
+    assert list(outside.iterdir()) == []
+
+
+def test_clean_never_deletes_through_a_symlinked_output_dir(workspace: Workspace,
+                                                            tmp_path: Path) -> None:  # fmt: skip
+    ws = _one_model_ws(workspace)
+    assert ws.build().ok
+    group_dir = ws.root / "build" / "g"
+    outside = tmp_path / "outside"
+    group_dir.rename(outside)  # the user's files now live outside, behind a link
+    group_dir.symlink_to(outside)
+    before = sorted(p.name for p in (outside / "htp").iterdir())
+    assert before
+    proc = _cli(ws.root, "clean")
+    assert "Traceback" not in proc.stderr
+    assert sorted(p.name for p in (outside / "htp").iterdir()) == before
+    save(matmul_model(2, n=16), ws.root / "m" / "a.onnx")
+    proc = _cli(ws.root, "build")  # and a rebuild does not write through it either
+    assert proc.returncode != 0 and "outside" in proc.stderr, proc.stderr
+    assert sorted(p.name for p in (outside / "htp").iterdir()) == before
+
+
+def _ctx_model(ref: str | None = None, location: str | None = None) -> Any:
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    attrs: dict[str, Any] = {"embed_mode": 0, "main_context": 1, "source": "qnn"}
+    if ref is not None:
+        attrs["ep_cache_context"] = ref
+    node = helper.make_node("EPContext", ["x"], ["y"], domain="com.microsoft", name="n", **attrs)
+    inits = []
+    if location is not None:
+        import numpy as np
+
+        t = numpy_helper.from_array(np.zeros(4, np.float32), "w")
+        t.data_location = TensorProto.EXTERNAL
+        t.ClearField("raw_data")
+        for k, v in (("location", location), ("offset", "0"), ("length", "16")):
+            entry = t.external_data.add()
+            entry.key, entry.value = k, v
+        inits.append(t)
+    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info(
+        "x", TensorProto.FLOAT, [1])], [helper.make_tensor_value_info("y", TensorProto.FLOAT,
+                                                                        [1])], inits)  # fmt: skip
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17),
+                                                   helper.make_opsetid("com.microsoft", 1)])
+
+
+@pytest.mark.parametrize(
+    ("ref", "location", "message"),
+    [
+        ("../evil.bin", None, "absolute or climbs out"),
+        ("/etc/evil.bin", None, "absolute or climbs out"),
+        ("sub/../../evil.bin", None, "absolute or climbs out"),
+        ("a_ctx_qnn.bin", "/etc/passwd", "absolute or climbs out"),
+        ("a_ctx_qnn.bin", "../w.bin", "absolute or climbs out"),
+        ("missing.bin", None, "was not written"),
+    ],
+)
+def test_built_models_with_escaping_references_are_refused(
+    tmp_path: Path, ref: str, location: str | None, message: str
+) -> None:
+    from epbuild.commit import check_staged
+    from epbuild.errors import VerificationError
+
+    staging = tmp_path / "build" / ".staging" / "x-1"
+    staging.mkdir(parents=True)
+    import onnx
+
+    onnx.save(_ctx_model(ref, location), staging / "a_ctx.onnx")
+    (staging / "a_ctx_qnn.bin").write_bytes(b"bin")
+    with pytest.raises(VerificationError, match=re.escape(message)):
+        check_staged(str(tmp_path), "build/.staging/x-1", ("a_ctx.onnx",))
+
+
+def test_staged_file_replaced_by_a_symlink_is_refused(tmp_path: Path) -> None:
+    import onnx
+
+    from epbuild.commit import check_staged
+    from epbuild.errors import UnsafePathError
+
+    staging = tmp_path / "build" / ".staging" / "x-1"
+    staging.mkdir(parents=True)
+    onnx.save(_ctx_model("a_ctx_qnn.bin"), staging / "a_ctx.onnx")
+    (tmp_path / "secret").write_bytes(b"secret")
+    (staging / "a_ctx_qnn.bin").symlink_to(tmp_path / "secret")
+    with pytest.raises(UnsafePathError, match="not a regular file"):
+        check_staged(str(tmp_path), "build/.staging/x-1", ("a_ctx.onnx",))
+
+
+# ---------------------------------------------------------------------------------------
+# Broken models: one clear error per model, naming it; -k builds the rest
+
+
+def _broken_models(root: Path) -> dict[str, str]:
+    """model path → a fragment its error must contain."""
+    import onnx
+
+    good = matmul_model(1, n=16)
+    m = root / "m"
+    m.mkdir(parents=True, exist_ok=True)
+    raw = good.SerializeToString()
+    (m / "empty.onnx").write_bytes(b"")
+    (m / "truncated.onnx").write_bytes(raw[: len(raw) // 2])
+    (m / "garbage.onnx").write_bytes(os.urandom(64) + b"\xff" * 64)
+    wrong_ir = copy.deepcopy(good)
+    wrong_ir.ir_version = 99
+    onnx.save(wrong_ir, m / "wrong_ir.onnx")
+    wrong_opset = copy.deepcopy(good)
+    wrong_opset.opset_import[0].version = 999
+    onnx.save(wrong_opset, m / "wrong_opset.onnx")
+    save(matmul_model(2, n=16), m / "ext_missing.onnx", external="ext_missing.data")
+    (m / "ext_missing.data").unlink()
+    save(matmul_model(3, n=16), m / "ext_short.onnx", external="ext_short.data")
+    data = (m / "ext_short.data").read_bytes()
+    (m / "ext_short.data").write_bytes(data[: len(data) - 8])
+    save(matmul_model(4, n=16), m / "ext_abs.onnx", external="ext_abs.data")
+    _rewrite_location(m / "ext_abs.onnx", str(m / "ext_abs.data"))
+    save(matmul_model(5, n=16), m / "ext_up.onnx", external="ext_up.data")
+    _rewrite_location(m / "ext_up.onnx", "../m/ext_up.data")
+    return {
+        "m/empty.onnx": "empty",
+        "m/truncated.onnx": "not a valid ONNX model",
+        "m/garbage.onnx": "not a valid ONNX model",
+        "m/wrong_ir.onnx": "IR version",
+        "m/wrong_opset.onnx": "opset",
+        "m/ext_missing.onnx": "missing",
+        "m/ext_short.onnx": "needs bytes up to",
+        "m/ext_abs.onnx": "unsafe external-data location",
+        "m/ext_up.onnx": "unsafe external-data location",
+    }
+
+
+def _rewrite_location(path: Path, location: str) -> None:
+    import onnx
+
+    model = onnx.load(path, load_external_data=False)
+    for t in model.graph.initializer:
+        for entry in t.external_data:
+            if entry.key == "location":
+                entry.value = location
+    onnx.save(model, path)
+
+
+def test_broken_models_fail_one_by_one(workspace: Workspace) -> None:
+    expect = _broken_models(workspace.root)
+    workspace.model("m/good.onnx", matmul_model(9, n=16))
+    workspace.manifest({"providers": {"htp": HTP73},
+                        "groups": {"g": {"models": ["m/*.onnx"], "providers": ["htp"]}}})  # fmt: skip
+    proc = _cli(workspace.root, "build", "-k", "--json")
+    assert proc.returncode == 1, proc.stderr
+    assert "Traceback" not in proc.stderr + proc.stdout
+    by_id = {a["id"]: a for a in json.loads(proc.stdout)["actions"]}
+    assert by_id["g/htp/good"]["outcome"] == "compiled"
+    for model, fragment in expect.items():
+        stem = model[2:-5]
+        result = by_id[f"g/htp/{stem}"]
+        assert result["outcome"] == "failed", (model, result)
+        assert model in result["error"], (model, result["error"])
+        assert fragment.lower() in result["error"].lower(), (model, result["error"])
+    assert not any(p.name.startswith(("empty", "garbage")) for p in
+                   (workspace.root / "build").rglob("*_ctx.onnx"))  # fmt: skip
