@@ -1,0 +1,101 @@
+"""Benchmark cache restores of the model-zoo outputs against ``cp -r`` of the same files.
+
+    python benchmarks/bench_restore.py [--runs 5] [--jobs 2]
+
+In one temp directory, on this machine: builds model-zoo (9 CNNs x 2 HTP targets = 18
+actions) once with a fresh cache, then repeatedly (a) removes the outputs (``epbuild clean``)
+and restores all 18 actions from the cache — through the library API and through the CLI —
+and (b) copies the same output files with ``cp -r``. A restore hard-links each object into
+the output directory (reflink or copy where it cannot), verifies every digest and journals
+each action, so it reads every byte once; ``cp -r`` reads and writes every byte. Target:
+restore <= 2x ``cp -r``. Page cache is warm for both (same run, same files).
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+ZOO = ROOT / "examples" / "model-zoo"
+
+
+def light_models() -> list[Path]:
+    """The ONNX "light" CNNs inside the installed onnx wheel."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("onnx")
+    assert spec is not None and spec.submodule_search_locations
+    light = Path(next(iter(spec.submodule_search_locations))) / "backend/test/data/light"
+    return sorted(light.glob("light_*.onnx"))
+
+
+def make_workspace(dest: Path) -> Path:
+    """model-zoo's manifest + its nine models in ``dest``."""
+    (dest / "models").mkdir(parents=True)
+    shutil.copy(ZOO / "epbuild.toml", dest / "epbuild.toml")
+    for src in light_models():
+        shutil.copyfile(src, dest / "models" / src.name.removeprefix("light_"))
+    return dest
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--runs", type=int, default=5)
+    ap.add_argument("--jobs", type=int, default=2)
+    args = ap.parse_args()
+
+    from epbuild.api import Outcome, build, clean
+
+    tmp = Path(tempfile.mkdtemp(prefix="epbuild-bench-restore-"))
+    try:
+        ws = make_workspace(tmp / "ws")
+        cache = str(tmp / "cache")
+        t0 = time.perf_counter()
+        first = build(ws, cache=cache, jobs=args.jobs)
+        compile_s = time.perf_counter() - t0
+        assert first.ok, [a.error for a in first.actions if a.error]
+        n = first.count(Outcome.COMPILED)
+        files = [p for p in (ws / "build").rglob("*") if p.is_file() and ".staging" not in p.parts]
+        size = sum(p.stat().st_size for p in files)
+        api_s, cli_s, cp_s = [], [], []
+        for _ in range(args.runs):
+            clean(ws)
+            t0 = time.perf_counter()
+            result = build(ws, cache=cache, jobs=args.jobs)
+            api_s.append(time.perf_counter() - t0)
+            assert result.count(Outcome.RESTORED) == n, result.summary()
+            clean(ws)
+            t0 = time.perf_counter()
+            subprocess.run([sys.executable, "-m", "epbuild", "-C", str(ws), "build", "--cache",
+                            cache, "-j", str(args.jobs)], check=True, capture_output=True)  # fmt: skip
+            cli_s.append(time.perf_counter() - t0)
+            shutil.rmtree(tmp / "copy", ignore_errors=True)
+            t0 = time.perf_counter()
+            subprocess.run(["cp", "-r", str(ws / "build"), str(tmp / "copy")], check=True)
+            cp_s.append(time.perf_counter() - t0)
+        api, cli, cp = (statistics.median(x) for x in (api_s, cli_s, cp_s))
+        nlink = min(p.stat().st_nlink for p in files)
+        print(f"model-zoo: {n} actions, {len(files)} output files, {size / 1e6:.1f} MB; "
+              f"first build (compile + store) {compile_s:.1f}s at -j {args.jobs}")  # fmt: skip
+        print(f"restore via API (median of {args.runs}): {api * 1000:.0f} ms  "
+              f"[{', '.join(f'{x * 1000:.0f}' for x in api_s)}]")  # fmt: skip
+        print(f"restore via CLI (incl. interpreter start): {cli * 1000:.0f} ms  "
+              f"[{', '.join(f'{x * 1000:.0f}' for x in cli_s)}]")  # fmt: skip
+        print(f"cp -r of the same files:  {cp * 1000:.0f} ms  "
+              f"[{', '.join(f'{x * 1000:.0f}' for x in cp_s)}]")  # fmt: skip
+        print(f"ratio restore/cp -r: API {api / cp:.2f}x, CLI {cli / cp:.2f}x (target <= 2x); "
+              f"outputs hard-linked: {'yes' if nlink >= 2 else 'no'}")  # fmt: skip
+        return 0
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
