@@ -213,10 +213,13 @@ def make_targets(
         inputs[action.id] = frozenset(mine)
     manifest = os.path.abspath(m.path)
     files = {manifest} | {os.path.join(root, p) for s in inputs.values() for p in s}
+    from .cache.location import resolve
+
     wsc = m.workspace
     excluded = [wsc.out_dir, wsc.state_dir]
-    if wsc.cache and "://" not in wsc.cache:
-        excluded.append(wsc.cache)
+    cache = resolve(None, base=root, manifest_value=wsc.cache, manifest_root=root)
+    if cache is not None:
+        excluded.append(cache.local)
     excl = tuple(os.path.normpath(os.path.join(root, x)) for x in excluded)
     dirs: set[tuple[str, bool]] = {(os.path.dirname(f), False) for f in files}
     patterns = _raw_patterns(m)
@@ -392,6 +395,29 @@ class _Observer:
         self.observer.join(timeout=5)
 
 
+class _WarmExecutor:
+    """A local executor whose spare worker (already past ``import onnxruntime``) outlives a
+    build, so the next save's compile does not wait for a worker to start. Still a fresh
+    process per action; ``shutdown`` releases the spare when watching ends."""
+
+    def __init__(self, root: str) -> None:
+        from .executor import LocalExecutor
+
+        self.inner = LocalExecutor(root, prewarm=True)
+
+    def run(self, job: dict[str, Any]) -> Any:
+        return self.inner.run(job)
+
+    def cancel(self) -> None:
+        self.inner.cancel()
+
+    def close(self) -> None:
+        """Called after every build: keep the spare warm."""
+
+    def shutdown(self) -> None:
+        self.inner.close()
+
+
 class _CycleReporter(Reporter):
     """Forwards progress to the caller's reporter and notes when each compile started."""
 
@@ -433,6 +459,7 @@ class _Session:
         self.targets = make_targets(self.manifest, selectors)
         self.seen: dict[str, _Sig | None] = {}
         self.number = 0
+        self.warm: _WarmExecutor | None = None
 
     def snapshot(self, paths: Iterable[str]) -> None:
         for p in paths:
@@ -496,13 +523,17 @@ class _Session:
         """Build the given actions (None: all selected) with the current manifest."""
         from .api import build
 
+        kw = dict(self.build_kw)
+        if self.manifest.workspace.executor == "local":
+            if self.warm is None:
+                self.warm = _WarmExecutor(str(self.manifest.root))
+            kw["executor"] = self.warm
         cycle.started = time.time()
         try:
             cycle.result = build(
                 self.manifest.root, None, list(self.selectors) if ids is None else ids,
                 keep_going=True, loaded=self.manifest,
-                reporter=_CycleReporter(self.reporter_factory(), cycle.action_started),
-                **self.build_kw,
+                reporter=_CycleReporter(self.reporter_factory(), cycle.action_started), **kw,
             )  # fmt: skip
         except Interrupted:
             raise
@@ -599,4 +630,6 @@ def watch(
         pass
     finally:
         obs.stop()
+        if session.warm is not None:
+            session.warm.shutdown()
     return session.number

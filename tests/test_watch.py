@@ -296,13 +296,17 @@ def test_glob_match() -> None:
     assert glob_match("m/x1.onnx", "m/x[0-9].onnx") and not glob_match("m/xa.onnx", "m/x[0-9].onnx")
 
 
-def test_targets_are_the_inputs_never_the_outputs(workspace: Workspace) -> None:
+def test_targets_are_the_inputs_never_the_outputs(
+    workspace: Workspace, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from epbuild.manifest import load_manifest
+
+    monkeypatch.delenv("EPBUILD_CACHE")
 
     workspace.model("models/a.onnx", matmul_model(1), external="a.data")
     workspace.model("more/x/b.onnx", matmul_model(2))
     path = workspace.manifest({
-        "workspace": {"out_dir": "more/out"},
+        "workspace": {"out_dir": "more/out", "cache": "more/cache"},
         "providers": {"htp": HTP73},
         "groups": {"g": {"models": ["models/a.onnx"], "providers": ["htp"]},
                    "h": {"models": ["more/**/*.onnx"], "providers": ["htp"]}},
@@ -321,6 +325,7 @@ def test_targets_are_the_inputs_never_the_outputs(workspace: Workspace) -> None:
     assert t.wants(os.path.join(root, "more", "y", "new.onnx"), False)
     assert not t.wants(os.path.join(root, "more", "out", "h", "b_ctx.onnx"), False)
     assert not t.wants(os.path.join(root, ".epbuild", "state.jsonl"), False)
+    assert not t.wants(os.path.join(root, "more", "cache", "x", "m.onnx"), False)
     assert not t.wants(os.path.join(root, "models", "a.onnx.tmp"), False)
 
 
