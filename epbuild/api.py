@@ -652,7 +652,8 @@ def clean(
         state = ws.reload_state()
         for action in ws.actions:  # refuse before deleting anything
             rec = state.records.get(action.id)
-            check_removable(ws.root, ws.manifest.workspace.out_dir, list(rec.outputs) if rec else [])
+            outputs = list(rec.outputs) if rec else []
+            check_removable(ws.root, ws.manifest.workspace.out_dir, outputs)
         for action in ws.actions:
             rec = state.records.get(action.id)
             paths = list(rec.outputs) if rec else []

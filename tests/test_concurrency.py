@@ -14,15 +14,16 @@ import sys
 import time
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import pytest
-
 from conftest import HTP73, Workspace
-from epbuild.api import Outcome, status
-from epbuild.state import load_state
-from epbuild.statcache import StatCache
 from modelgen import matmul_model
 from test_crash import verify_outputs
+
+from epbuild.api import Outcome, status
+from epbuild.statcache import StatCache
+from epbuild.state import load_state
 
 
 @pytest.fixture(autouse=True)
@@ -31,8 +32,9 @@ def _no_cache(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("EPBUILD_CACHE", "off")
 
 
-def _race(root: Path, n: int, *args: str, env: dict[str, str] | None = None,
-          timeout: float = 300) -> list[tuple[int, dict, str]]:  # type: ignore[type-arg]  # fmt: skip
+def _race(
+    root: Path, n: int, *args: str, env: dict[str, str] | None = None, timeout: float = 300
+) -> list[tuple[int, dict[str, Any], str]]:
     """Start ``n`` builds at once; returns (exit code, --json document, stderr) of each."""
     go = root.parent / "go"
     go.unlink(missing_ok=True)
@@ -48,7 +50,7 @@ def _race(root: Path, n: int, *args: str, env: dict[str, str] | None = None,
             [sys.executable, "-c", starter, "-C", str(root), "build", "--json", *args],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
             env={**os.environ, **(env or {})},
-        )  # fmt: skip
+        )
         for _ in range(n)
     ]
     time.sleep(0.5)  # let the interpreters start
@@ -64,22 +66,22 @@ def _race(root: Path, n: int, *args: str, env: dict[str, str] | None = None,
     return results
 
 
-def _check_race(root: Path, results: list[tuple[int, dict, str]], n_actions: int) -> None:  # type: ignore[type-arg]
-    for code, doc, err in results:
+def _check_race(root: Path, results: list[tuple[int, dict[str, Any], str]], n: int) -> None:
+    for code, _, err in results:
         assert code == 0, err
         assert "Traceback" not in err
     compiled = Counter(
         a["id"] for _, doc, _ in results for a in doc["actions"] if a["outcome"] == "compiled"
     )
-    assert len(compiled) == n_actions and set(compiled.values()) == {1}, compiled
-    assert sum(doc["summary"]["compiled"] for _, doc, _ in results) == n_actions
+    assert len(compiled) == n and set(compiled.values()) == {1}, compiled
+    assert sum(doc["summary"]["compiled"] for _, doc, _ in results) == n
     # the journal holds one completed compile per action: nobody compiled twice
     raw = (root / ".epbuild" / "state.jsonl").read_bytes().splitlines()[1:]
     done = Counter(json.loads(x)["id"] for x in raw if b'"op":"done"' in x)
-    assert set(done.values()) == {1} and len(done) == n_actions, done
+    assert set(done.values()) == {1} and len(done) == n, done
     state = load_state(str(root / ".epbuild" / "state.jsonl"))
     assert not state.warnings and not state.interrupted
-    assert verify_outputs(root) >= n_actions
+    assert verify_outputs(root) >= n
     assert StatCache(str(root / ".epbuild" / "statcache.json")).entries, "stat cache lost"
     assert not any(p.stale for p in status(root))
     staging = root / "build" / ".staging"
@@ -90,7 +92,8 @@ def test_eight_concurrent_builds_compile_each_action_once(workspace: Workspace) 
     for i in range(6):
         workspace.model(f"m/m{i}.onnx", matmul_model(i, n=16))
     workspace.manifest({"providers": {"htp": HTP73},
-                        "groups": {"g": {"models": ["m/*.onnx"], "providers": ["htp"]}}})  # fmt: skip
+                        "groups": {"g": {"models": ["m/*.onnx"],
+                                         "providers": ["htp"]}}})  # fmt: skip
     results = _race(workspace.root, 8, "-j", "2")
     _check_race(workspace.root, results, 6)
     waited = sum(err.count("waiting for") for _, _, err in results)
@@ -157,7 +160,8 @@ def _lock_ws(workspace: Workspace) -> tuple[Workspace, Path]:
     workspace.model("m/m0.onnx", matmul_model(0, n=16))
     workspace.model("m/m1.onnx", matmul_model(1, n=16))
     workspace.manifest({"providers": {"htp": HTP73},
-                        "groups": {"g": {"models": ["m/*.onnx"], "providers": ["htp"]}}})  # fmt: skip
+                        "groups": {"g": {"models": ["m/*.onnx"],
+                                         "providers": ["htp"]}}})  # fmt: skip
     ws = open_workspace(workspace.root)
     action = next(a for a in ws.actions if a.id == "g/htp/m0")
     return workspace, Path(ws.action_lock(action))
@@ -201,7 +205,8 @@ def test_input_rewritten_during_compile_is_not_recorded(workspace: Workspace) ->
     workspace.model("m/a.onnx", matmul_model(0, n=16))
     workspace.model("m/b.onnx", matmul_model(1, n=16))
     workspace.manifest({"providers": {"htp": HTP73},
-                        "groups": {"g": {"models": ["m/*.onnx"], "providers": ["htp"]}}})  # fmt: skip
+                        "groups": {"g": {"models": ["m/*.onnx"],
+                                         "providers": ["htp"]}}})  # fmt: skip
     proc = subprocess.Popen(
         [sys.executable, "-m", "epbuild", "-C", str(workspace.root), "build", "-k", "--json"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,

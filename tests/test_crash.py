@@ -18,13 +18,13 @@ from typing import Any
 
 import psutil
 import pytest
-
 from conftest import HTP73, Workspace
+from modelgen import matmul_model
+
 from epbuild.api import Outcome, status
 from epbuild.onnxproto import read_model
-from epbuild.state import load_state
 from epbuild.statcache import hash_file
-from modelgen import matmul_model
+from epbuild.state import load_state
 
 
 @pytest.fixture(autouse=True)

@@ -16,14 +16,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import HTP73, Workspace, render_manifest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-
-from conftest import HTP73, Workspace, render_manifest
-from epbuild.api import Outcome
-from epbuild.errors import EpbuildError, ManifestError, UserError
-from epbuild.manifest import load_manifest
 from modelgen import matmul_model, save
+
+from epbuild.api import Outcome
+from epbuild.errors import ManifestError, UserError
+from epbuild.manifest import load_manifest
+
 
 @pytest.fixture(autouse=True)
 def _no_cache(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -276,8 +277,9 @@ def test_unreadable_manifest(workspace: Workspace) -> None:
 
 
 def test_paged_reader_matches_whole_read(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from epbuild import onnxproto
     from modelgen import partial_model
+
+    from epbuild import onnxproto
 
     for i, model in enumerate([matmul_model(1, n=24), partial_model(2)]):
         path = save(model, tmp_path / f"m{i}.onnx")
@@ -332,7 +334,8 @@ def test_model_truncated_while_read_never_kills_the_reader(tmp_path: Path, mode:
 def _one_model_ws(workspace: Workspace, **ws_table: Any) -> Workspace:
     workspace.model("m/a.onnx", matmul_model(1, n=16))
     data: dict[str, Any] = {"providers": {"htp": HTP73},
-                            "groups": {"g": {"models": ["m/a.onnx"], "providers": ["htp"]}}}  # fmt: skip
+                            "groups": {"g": {"models": ["m/a.onnx"],
+                                             "providers": ["htp"]}}}  # fmt: skip
     if ws_table:
         data["workspace"] = ws_table
     workspace.manifest(data)
@@ -375,7 +378,8 @@ def test_model_symlinked_from_outside_is_read_through_the_link(workspace: Worksp
     (workspace.root / "m").mkdir(parents=True)
     (workspace.root / "m" / "a.onnx").symlink_to(outside)
     workspace.manifest({"providers": {"htp": HTP73},
-                        "groups": {"g": {"models": ["m/a.onnx"], "providers": ["htp"]}}})  # fmt: skip
+                        "groups": {"g": {"models": ["m/a.onnx"],
+                                         "providers": ["htp"]}}})  # fmt: skip
     assert workspace.build().count(Outcome.COMPILED) == 1
     assert workspace.build().count(Outcome.UP_TO_DATE) == 1
     save(matmul_model(6, n=16), outside)  # keyed by content: the link's target changed
@@ -428,7 +432,6 @@ def test_clean_never_deletes_through_a_symlinked_output_dir(workspace: Workspace
 
 
 def _ctx_model(ref: str | None = None, location: str | None = None) -> Any:
-    import onnx
     from onnx import TensorProto, helper, numpy_helper
 
     attrs: dict[str, Any] = {"embed_mode": 0, "main_context": 1, "source": "qnn"}
@@ -553,7 +556,8 @@ def test_broken_models_fail_one_by_one(workspace: Workspace) -> None:
     expect = _broken_models(workspace.root)
     workspace.model("m/good.onnx", matmul_model(9, n=16))
     workspace.manifest({"providers": {"htp": HTP73},
-                        "groups": {"g": {"models": ["m/*.onnx"], "providers": ["htp"]}}})  # fmt: skip
+                        "groups": {"g": {"models": ["m/*.onnx"],
+                                         "providers": ["htp"]}}})  # fmt: skip
     proc = _cli(workspace.root, "build", "-k", "--json")
     assert proc.returncode == 1, proc.stderr
     assert "Traceback" not in proc.stderr + proc.stdout

@@ -13,12 +13,12 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from conftest import Workspace  # noqa: TC002
 
-from conftest import Workspace
 from epbuild.api import Outcome
 from epbuild.plan import make_plan
-from epbuild.state import ActionRecord, Journal, State, load_state
 from epbuild.statcache import StatCache, hash_file
+from epbuild.state import ActionRecord, Journal, State, load_state
 from epbuild.workspace import open_workspace
 
 
@@ -91,7 +91,7 @@ def _earlier_record(raw: bytes, rec: ActionRecord) -> bool:
 def test_build_converges_after_truncation(simple_ws: Callable[..., Workspace]) -> None:
     ws, path, full = _built(simple_ws)
     rng = random.Random(4)
-    for cut in sorted(rng.sample(range(1, len(full)), 5)) + [len(_header(full)) - 3]:
+    for cut in [*sorted(rng.sample(range(1, len(full)), 5)), len(_header(full)) - 3]:
         path.write_bytes(full[:cut])
         result = ws.build()
         assert result.ok, [a.error for a in result.actions]
