@@ -73,8 +73,9 @@ def main() -> int:
             assert result.count(Outcome.RESTORED) == n, result.summary()
             clean(ws)
             t0 = time.perf_counter()
-            subprocess.run([sys.executable, "-m", "epbuild", "-C", str(ws), "build", "--cache",
-                            cache, "-j", str(args.jobs)], check=True, capture_output=True)  # fmt: skip
+            cmd = [sys.executable, "-m", "epbuild", "-C", str(ws), "build", "--cache", cache,
+                   "-j", str(args.jobs)]  # fmt: skip
+            subprocess.run(cmd, check=True, capture_output=True)
             cli_s.append(time.perf_counter() - t0)
             shutil.rmtree(tmp / "copy", ignore_errors=True)
             t0 = time.perf_counter()
