@@ -245,14 +245,14 @@ class _Pending:
         self.last = 0.0
         self.first_wall: float | None = None
 
-    def note(self, path: str, kind: str) -> None:
+    def note(self, path: str, kind: str, is_dir: bool = False) -> None:
         with self.cond:
             now = time.monotonic()
             self.paths.add(path)
             self.last = now
             if self.first_wall is None:
                 self.first_wall = time.time()
-            if kind in ("created", "modified") and self.track_writes:
+            if kind in ("created", "modified") and self.track_writes and not is_dir:
                 self.writing[path] = now
             elif kind in ("closed", "deleted", "moved_from"):
                 self.writing.pop(path, None)
@@ -303,11 +303,11 @@ def _make_handler(
                 dead.add(src)  # a watch on it (if any) is gone with it
             if kind == "moved":
                 if src and targets.wants(src, event.is_directory):
-                    pending.note(src, "moved_from")
+                    pending.note(src, "moved_from", event.is_directory)
                 if dest and targets.wants(dest, event.is_directory):
-                    pending.note(dest, "moved_to")  # save-by-rename lands here
+                    pending.note(dest, "moved_to", event.is_directory)  # save-by-rename
             elif targets.wants(src, event.is_directory):
-                pending.note(src, kind)
+                pending.note(src, kind, event.is_directory)
 
     return Handler()
 

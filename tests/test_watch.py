@@ -373,3 +373,28 @@ def test_polling_observer(
     assert (c["changed"], built(c)) == (["models/c.onnx"], {"single/htp/c": "compiled"})
     w.quiet(1.5)
     assert w.stop() == 0
+
+
+def test_model_directory_removed_and_restored(
+    simple_ws: Callable[..., Workspace], watcher: Callable[..., Watcher], tmp_path: Path
+) -> None:
+    import shutil
+
+    ws = simple_ws()
+    models = ws.root / "models"
+    w = watcher(ws.root)
+    w.next()
+    shutil.copytree(models, tmp_path / "backup")
+    shutil.rmtree(models)
+    c = w.next()  # the build fails cleanly: the models are gone
+    assert set(built(c).values()) == {"failed"}
+    assert all("does not exist" in a["error"] for a in c["actions"])
+    save(matmul_model(70), tmp_path / "backup" / "c.onnx")
+    shutil.copytree(tmp_path / "backup", models)  # a new directory: the watch is re-made
+    c = w.next()
+    assert {a["id"]: a["outcome"] for a in c["actions"]} == {
+        "pair/htp": "up_to_date", "single/htp/c": "compiled"}  # fmt: skip
+    save(matmul_model(71), models / "c.onnx")
+    c = w.next()
+    assert (c["changed"], built(c)) == (["models/c.onnx"], {"single/htp/c": "compiled"})
+    assert w.stop() == 0
