@@ -13,6 +13,8 @@ import hashlib
 import json
 import os
 import posixpath
+import re
+import signal
 import subprocess
 import sys
 from dataclasses import dataclass, field
@@ -87,6 +89,8 @@ class LoadCheck:
     outcome: LoadOutcome
     message: str = ""
     max_error: float | None = None
+    crashed: bool = False
+    """The loader process died from a signal (a native crash)."""
 
     def to_json(self) -> dict[str, Any]:
         """The ``--json`` form."""
@@ -379,7 +383,18 @@ def _load_checks(ws: Workspace, action: Action) -> list[LoadCheck]:
                 "settings": dict(p.settings),
             },
         }
-        checks.append(_run_loader(ws.root, ctx, job))
+        check = _run_loader(ws.root, ctx, job)
+        # Where the adapter says this host is not the target (QNN on x86_64 runs contexts in
+        # an emulation), a native crash of the loader is the host's limit, not a bad build;
+        # a corrupt context still fails with an error or wrong numbers.
+        emulated = load_problem is not None and load_problem(action.provider, True) is not None
+        if check.crashed and emulated:
+            check = LoadCheck(
+                ctx,
+                LoadOutcome.NOT_LOADABLE,
+                f"{check.message}; this host cannot load it, check it on the target",
+            )
+        checks.append(check)
     return checks
 
 
@@ -398,9 +413,23 @@ def _run_loader(root: str, ctx: str, job: dict[str, Any]) -> LoadCheck:
         return LoadCheck(ctx, LoadOutcome.FAILED, f"loading took over {LOAD_TIMEOUT:g}s")
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
     if proc.returncode < 0 or not lines:
-        tail = [ln for ln in proc.stderr.splitlines() if ln.strip()][-1:]
-        why = f"the loader process died (exit {proc.returncode})" + (f": {tail[0]}" if tail else "")
-        return LoadCheck(ctx, LoadOutcome.FAILED, why)
+        why = f"the loader process died ({_describe(proc.returncode)})"
+        tail = [ln for ln in proc.stderr.splitlines() if ln.strip() and not _NOISE.search(ln)]
+        if tail and proc.returncode >= 0:
+            why += f": {tail[-1].strip()}"
+        return LoadCheck(ctx, LoadOutcome.FAILED, why, crashed=proc.returncode < 0)
     data = json.loads(lines[-1])
     outcome = LoadOutcome(data["outcome"])
     return LoadCheck(ctx, outcome, data.get("message", ""), data.get("max_error"))
+
+
+_NOISE = re.compile(r"\[W:onnxruntime|LIBNATIVE|\x1b\[")
+
+
+def _describe(code: int) -> str:
+    if code < 0:
+        try:
+            return f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"exit status {code}"
