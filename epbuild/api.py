@@ -242,7 +242,8 @@ class _Builder:
         key = again.key
         cache_note = None
         if self.cache is not None:
-            restored, cache_note = self._restore(plan, key, state)
+            with tracer.span("restore", action.id):
+                restored, cache_note = self._restore(plan, key, state)
             if restored is not None:
                 return restored
         if self.cache_only:
