@@ -267,12 +267,15 @@ def _cmd_watch(args: argparse.Namespace) -> int:
     if args.jobs is not None and args.jobs < 1:
         raise UserError("-j must be at least 1")
 
+    def started(c: Cycle) -> None:
+        if not args.json:
+            what = "initial build" if c.number == 1 else ", ".join(c.changed) + " changed"
+            print(f"epbuild watch: {what}", flush=True)
+
     def show(c: Cycle) -> None:
         if args.json:
             print(json.dumps(c.to_json()), flush=True)
             return
-        what = "initial build" if c.number == 1 else ", ".join(c.changed) + " changed"
-        print(f"epbuild watch: {what}", flush=True)
         for err in (c.manifest_error, c.error):
             if err:
                 print(f"epbuild: error: {err}", file=sys.stderr)
@@ -287,7 +290,7 @@ def _cmd_watch(args: argparse.Namespace) -> int:
 
     watch(
         args.directory, args.manifest, args.selectors, debounce=args.debounce, jobs=args.jobs,
-        poll=args.poll, reporter_factory=ConsoleReporter, on_cycle=show,
+        poll=args.poll, reporter_factory=ConsoleReporter, on_start=started, on_cycle=show,
         on_message=lambda text: print(f"epbuild watch: {text}", file=sys.stderr, flush=True),
     )  # fmt: skip
     return 0

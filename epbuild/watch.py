@@ -295,6 +295,12 @@ def _make_handler(
 
     class Handler(FileSystemEventHandler):
         def on_any_event(self, event: FileSystemEvent) -> None:
+            try:
+                self._on(event)
+            except Exception:  # never let one odd event stop the watchdog thread
+                pending.note(os.fsdecode(event.src_path), "unknown", event.is_directory)
+
+        def _on(self, event: FileSystemEvent) -> None:
             targets = get_targets()
             kind = event.event_type
             src = os.fsdecode(event.src_path)
@@ -392,7 +398,7 @@ class _Observer:
 
     def stop(self) -> None:
         self.observer.stop()
-        self.observer.join(timeout=5)
+        self.observer.join(timeout=0.5)  # its threads are daemons; do not hold Ctrl-C up
 
 
 class _WarmExecutor:
@@ -448,6 +454,7 @@ class _Session:
         selectors: list[str] | tuple[str, ...],
         build_kw: dict[str, Any],
         reporter_factory: Callable[[], Reporter],
+        on_start: Callable[[Cycle], None],
     ) -> None:
         from .manifest import load_manifest
 
@@ -455,6 +462,8 @@ class _Session:
         self.selectors = selectors
         self.build_kw = build_kw
         self.reporter_factory = reporter_factory
+        self.on_start = on_start
+        self.broken = False
         self.manifest = load_manifest(manifest_path)
         self.targets = make_targets(self.manifest, selectors)
         self.seen: dict[str, _Sig | None] = {}
@@ -491,8 +500,12 @@ class _Session:
         if manifest_changed or candidates:
             loaded, error = self._reload()
             if loaded is not None:
-                reloaded = loaded != self.manifest
+                # fixed after an error: say so, and build with it even if it reads the same
+                reloaded = loaded != self.manifest or (manifest_changed and self.broken)
                 new = loaded
+                self.broken = False
+            elif manifest_changed:
+                self.broken = True
             elif not manifest_changed:
                 error = None  # a glob candidate while the manifest is broken: reported already
         self.snapshot(changed)
@@ -505,6 +518,7 @@ class _Session:
             return None
         cycle = Cycle(self.number + 1, sorted(rel), reloaded, error, first_event=first_event)
         self.number += 1
+        self.on_start(cycle)
         if reloaded and manifest_changed:
             ids = None  # everything selected: the plan decides what is stale
         else:
@@ -572,6 +586,7 @@ def watch(
     poll_interval: float = 0.5,
     settle_timeout: float = 30.0,
     reporter_factory: Callable[[], Reporter] | None = None,
+    on_start: Callable[[Cycle], None] | None = None,
     on_cycle: Callable[[Cycle], None] | None = None,
     on_message: Callable[[str], None] | None = None,
     stop: threading.Event | None = None,
@@ -579,7 +594,8 @@ def watch(
     """Build the selected actions, then rebuild the affected ones whenever an input changes.
 
     Runs until ``stop`` is set or Ctrl-C/SIGTERM (``KeyboardInterrupt``) arrives, which stops
-    the workers and releases every lock; returns the number of cycles run. ``on_cycle`` gets
+    the workers and releases every lock; returns the number of cycles run. ``on_start`` gets
+    each :class:`Cycle` once it knows what changed, before its build; ``on_cycle`` gets
     each :class:`Cycle` (the first one builds everything selected). ``settle_timeout`` caps
     how long a file that is still open for writing holds a build back. ``poll`` uses
     watchdog's polling observer (network file systems, no inotify) every ``poll_interval``
@@ -590,12 +606,13 @@ def watch(
     if debounce < 0:
         raise UserError("--debounce must not be negative")
     on_cycle = on_cycle or (lambda c: None)
+    on_start = on_start or (lambda c: None)
     on_message = on_message or (lambda text: None)
     stop = stop or threading.Event()
     path = str(find_manifest(directory, os.fspath(manifest) if manifest else None))
     session = _Session(
         path, selectors, {"jobs": jobs, "lock_timeout": lock_timeout},
-        reporter_factory or Reporter,
+        reporter_factory or Reporter, on_start,
     )  # fmt: skip
     pending = _Pending(track_writes=not poll)
     obs = _Observer(poll, poll_interval, on_message)
@@ -605,6 +622,7 @@ def watch(
         obs.reconcile(session.targets)
         first = Cycle(1, [], started=time.time())
         session.number = 1
+        on_start(first)
         session.snapshot(session.targets.files)
         session.run_build(first, None)
         pending.add(session.retarget(first.started))

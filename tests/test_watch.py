@@ -27,10 +27,12 @@ CYCLE_TIMEOUT = 60.0
 class Watcher:
     """``epbuild watch --json`` in a subprocess; cycles are read by a thread, with timeouts."""
 
-    def __init__(self, root: Path, *args: str) -> None:
+    def __init__(self, root: Path, *args: str, json_lines: bool = True) -> None:
+        self.json_lines = json_lines
+        self.text: queue.Queue[str] = queue.Queue()
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "epbuild", "-C", str(root), "watch", "--json",
-             "--debounce", "0.2", *args],
+            [sys.executable, "-m", "epbuild", "-C", str(root), "watch",
+             *(["--json"] if json_lines else []), "--debounce", "0.2", *args],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         )  # fmt: skip
         self.cycles: queue.Queue[dict[str, Any]] = queue.Queue()
@@ -46,6 +48,9 @@ class Watcher:
     def _read_out(self) -> None:
         assert self.proc.stdout is not None
         for line in self.proc.stdout:
+            if not self.json_lines:
+                self.text.put(line.rstrip("\n"))
+                continue
             try:
                 self.cycles.put(json.loads(line))
             except ValueError:
@@ -99,8 +104,8 @@ class Watcher:
 def watcher() -> Iterator[Callable[..., Watcher]]:
     started: list[Watcher] = []
 
-    def start(root: Path, *args: str) -> Watcher:
-        w = Watcher(root, *args)
+    def start(root: Path, *args: str, json_lines: bool = True) -> Watcher:
+        w = Watcher(root, *args, json_lines=json_lines)
         started.append(w)
         return w
 
@@ -398,3 +403,20 @@ def test_model_directory_removed_and_restored(
     c = w.next()
     assert (c["changed"], built(c)) == (["models/c.onnx"], {"single/htp/c": "compiled"})
     assert w.stop() == 0
+
+
+def test_plain_output_says_what_changed_then_builds(
+    simple_ws: Callable[..., Workspace], watcher: Callable[..., Watcher]
+) -> None:
+    ws = simple_ws()
+    w = watcher(ws.root, "single", json_lines=False)
+    lines = [w.text.get(timeout=CYCLE_TIMEOUT) for _ in range(2)]
+    save(matmul_model(80), ws.root / "models" / "c.onnx")
+    lines += [w.text.get(timeout=CYCLE_TIMEOUT) for _ in range(2)]
+    assert lines[0] == "epbuild watch: initial build"
+    assert lines[1].startswith("epbuild: 1 compiled in ")
+    assert lines[2] == "epbuild watch: models/c.onnx changed"
+    assert lines[3].startswith("epbuild: 1 compiled in ")
+    assert w.stop() == 0
+    err = "".join(w.stderr)
+    assert "compiled single/htp/c" in err and "Traceback" not in err
