@@ -350,10 +350,13 @@ def _expand(root: Path, pattern: str, excluded: tuple[str, ...]) -> list[str]:
     if not _GLOB_CHARS.search(pattern):
         return [pattern]
     import glob
+
+    # root_dir: the workspace path itself may contain glob characters ("proj[1]").
+    base = str(root)
     found = sorted(
-        posixpath.normpath(Path(p).relative_to(root).as_posix())
-        for p in glob.glob(str(root / pattern), recursive=True)
-        if os.path.isfile(p)
+        posixpath.normpath(p.replace(os.sep, "/"))
+        for p in glob.glob(pattern, root_dir=base, recursive=True)
+        if os.path.isfile(os.path.join(base, p))
     )
     return [p for p in found if not any(p == d or p.startswith(d + "/") for d in excluded)]
 
@@ -361,14 +364,17 @@ def _expand(root: Path, pattern: str, excluded: tuple[str, ...]) -> list[str]:
 def _check_model(
     file: Path, locator: _Locator, root: Path, model: str, base: tuple[str, ...]
 ) -> None:
-    path = root / model
-    if not path.exists():
+    import stat
+
+    try:
+        mode = os.stat(os.path.join(root, model)).st_mode
+    except OSError:
         raise _error(
             file, locator, (*base, "models"),
             f"model file {model!r} does not exist",
             "check the path (it is relative to the manifest's directory)",
-        )  # fmt: skip
-    if not path.is_file():
+        ) from None  # fmt: skip
+    if not stat.S_ISREG(mode):
         raise _error(file, locator, (*base, "models"), f"{model!r} is not a file")
 
 

@@ -169,3 +169,11 @@ def test_unknown_selector(workspace: Workspace) -> None:
                         "groups": {"g": {"models": ["models/a.onnx"], "providers": ["htp"]}}})  # fmt: skip
     with pytest.raises(UserError, match="no action matches"):
         workspace.build("nope", dry_run=True)
+
+
+def test_glob_in_workspace_with_glob_characters_in_its_path(tmp_path: Path) -> None:
+    ws = Workspace(tmp_path / "proj[1]*")
+    ws.model("models/a.onnx")
+    ws.model("models/b.onnx")
+    m = load_manifest(ws.manifest(GOOD.replace('["models/a.onnx"]', '["models/*.onnx"]')))
+    assert m.groups["g"].models == ("models/a.onnx", "models/b.onnx")
