@@ -39,7 +39,7 @@ class KeyComputer:
     def __init__(self, root: str, stats: StatCache) -> None:
         self.root = root
         self.stats = stats
-        self._versions: dict[tuple[str, str], dict[str, str]] = {}
+        self._versions: dict[tuple[str, tuple[tuple[str, str], ...]], dict[str, str]] = {}
         self._models: dict[str, tuple[str, dict[str, str]]] = {}
 
     def model_inputs(self, model: str) -> tuple[str, dict[str, str]]:
@@ -111,7 +111,7 @@ class KeyComputer:
     def versions(self, action: Action) -> dict[str, str]:
         """Toolchain versions for the action's provider (memoised)."""
         cfg = action.provider
-        memo = (cfg.ep, json.dumps(dict(cfg.settings), sort_keys=True))
+        memo = (cfg.ep, tuple(sorted(cfg.settings.items())))
         if memo not in self._versions:
             self._versions[memo] = get_provider(cfg.ep).versions(cfg)
         return self._versions[memo]
