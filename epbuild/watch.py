@@ -506,7 +506,7 @@ class _Session:
                 self.broken = False
             elif manifest_changed:
                 self.broken = True
-            elif not manifest_changed:
+            else:
                 error = None  # a glob candidate while the manifest is broken: reported already
         self.snapshot(changed)
         old_models = {m for g in self.manifest.groups.values() for m in g.models}
