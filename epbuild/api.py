@@ -351,14 +351,17 @@ class _Builder:
                 restored=True,
             )  # fmt: skip
             old = list(state.records[action.id].outputs) if action.id in state.records else []
+            # One state-lock hold for begin → commit (renames only) → done; the done record
+            # is made durable by build()'s final journal sync: lost, it costs a re-restore.
             with locks.hold(ws.state_lock, f"epbuild restore {action.id}"):
                 ws.journal.begin(action.id, key.key)
-            commit(ws.root, staging, action.out_dir, names, old)
-            for rel, out in record.outputs.items():
-                st = os.stat(os.path.join(ws.root, rel))
-                ws.stats.remember(rel, Entry(st.st_ino, st.st_size, st.st_mtime_ns, out.digest))
-            with locks.hold(ws.state_lock, f"epbuild restore {action.id}"):
-                ws.journal.done(record)
+                commit(ws.root, staging, action.out_dir, names, old)
+                for rel, out in record.outputs.items():
+                    st = os.stat(os.path.join(ws.root, rel))
+                    ws.stats.remember(
+                        rel, Entry(st.st_ino, st.st_size, st.st_mtime_ns, out.digest)
+                    )
+                ws.journal.done(record, sync=False)
             return _result(
                 action, Outcome.RESTORED, seconds=time.perf_counter() - t0,
                 outputs=sorted(record.outputs), reasons=plan.reasons,
@@ -539,6 +542,7 @@ def build(
         builder.executor.close()
         _save_stats(ws)
         with locks.hold(ws.state_lock, "epbuild build (finish)"):
+            ws.journal.sync()  # restores' done records
             ws.journal.compact_if_needed(ws.reload_state())
         tracer.write(os.path.join(ws.state_dir, TRACE_NAME))
         if trace is not None:

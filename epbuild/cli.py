@@ -65,7 +65,7 @@ def _parser() -> argparse.ArgumentParser:
     c = sub.add_parser("clean", help="remove built outputs and their records")
     c.add_argument("selectors", nargs="*", metavar="SELECTOR")
 
-    k = sub.add_parser("cache", help="the action cache: key, export, import, prune")
+    k = sub.add_parser("cache", help="the action cache: key, export, import, prune, verify")
     ks = k.add_subparsers(dest="cache_command", metavar="CACHE_COMMAND")
     ks.required = True
     key = ks.add_parser("key", help="print a short key that changes when any action key does")
@@ -77,7 +77,8 @@ def _parser() -> argparse.ArgumentParser:
     imp.add_argument("file", metavar="FILE")
     prn = ks.add_parser("prune", help="evict least-recently-used entries")
     prn.add_argument("--max-size", required=True, metavar="SIZE", help="e.g. 10G, 500M")
-    for cmd in (exp, imp, prn):
+    ver = ks.add_parser("verify", help="re-hash every cached object; discard damaged entries")
+    for cmd in (exp, imp, prn, ver):
         cmd.add_argument("--cache", metavar="DIR|URL", help="the cache (default: configured)")
 
     w = sub.add_parser("watch", help="rebuild affected actions whenever their inputs change")
@@ -334,6 +335,13 @@ def _cmd_cache(args: argparse.Namespace) -> int:
         for line in report.problems:
             print(f"epbuild: warning: {line}", file=sys.stderr)
         return 1 if report.problems else 0
+    if args.cache_command == "verify":
+        checked = commands.verify_cache(*where, cache=args.cache)
+        print(f"epbuild: checked {checked.objects} object(s), {checked.bytes} bytes, of "
+              f"{checked.entries} entr(ies); {len(checked.problems)} discarded")  # fmt: skip
+        for line in checked.problems:
+            print(f"epbuild: {line}", file=sys.stderr)
+        return 1 if checked.problems else 0
     from .errors import ManifestError
     from .manifest import parse_memory
 

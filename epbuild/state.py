@@ -159,7 +159,7 @@ class Journal:
     def __init__(self, path: str) -> None:
         self.path = path
 
-    def _append(self, data: dict[str, Any]) -> None:
+    def _append(self, data: dict[str, Any], *, sync: bool = True) -> None:
         line = _line(data)
         os.makedirs(os.path.dirname(self.path) or ".", exist_ok=True)
         fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
@@ -174,17 +174,44 @@ class Journal:
                     if f.read(1) != b"\n":
                         line = b"\n" + line
             os.write(fd, line)
-            os.fsync(fd)
+            if sync:
+                os.fsync(fd)
         finally:
             os.close(fd)
 
     def begin(self, action_id: str, key: str) -> None:
-        """Mark an action's outputs as being replaced."""
-        self._append({"op": "begin", "id": action_id, "key": key, "pid": os.getpid()})
+        """Mark an action's outputs as being replaced.
 
-    def done(self, rec: ActionRecord) -> None:
-        """Record a completed action."""
-        self._append(_done_dict(rec))
+        Not fsynced. A process crash cannot lose a completed ``write`` (the page cache
+        survives it), so only an OS crash or power loss can drop it — together with every
+        later unsynced record, and the outputs' renames and bytes are not synced either.
+        Losing it is then safe: the journal still ends with the action's previous ``done``
+        (or nothing), and the planner trusts that record only if its key still matches and
+        every output it lists still has its recorded size and digest (``outputs_intact``,
+        which re-hashes any file whose stat changed). A begun action was stale (new key, or
+        outputs missing or damaged), and a replacement only half on disk leaves it so: a
+        replaced file has other bytes or its old key is wrong. Any ``done`` that is fsynced
+        flushes the ``begin`` before it, so a durable ``done`` is never missing its begin.
+        """
+        self._append(
+            {"op": "begin", "id": action_id, "key": key, "pid": os.getpid()}, sync=False
+        )
+
+    def done(self, rec: ActionRecord, *, sync: bool = True) -> None:
+        """Record a completed action (``sync=False``: durable only at the next ``sync``; for
+        restores, where a lost record just means restoring again)."""
+        self._append(_done_dict(rec), sync=sync)
+
+    def sync(self) -> None:
+        """Make every appended record durable (one fsync for a batch of restores)."""
+        try:
+            fd = os.open(self.path, os.O_WRONLY | os.O_APPEND)
+        except FileNotFoundError:
+            return
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
 
     def forget(self, action_id: str) -> None:
         """Drop an action's record (its outputs were removed)."""

@@ -123,6 +123,68 @@ def test_flipped_bit_in_object_is_detected_and_recompiled(simple_ws: Callable[..
     assert ws.build(cache=str(cache)).count(Outcome.RESTORED) == 2
 
 
+def test_restore_trusts_objects_verified_before(
+    simple_ws: Callable[..., Workspace], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A hard-linked object whose stat matches its verified record is not re-hashed; one whose
+    record is gone is re-hashed once and recorded again."""
+    import epbuild.cache.actioncache as ac
+    from epbuild.cache.trust import verified_path
+
+    ws = simple_ws()
+    cache = tmp_path / "cache"
+    ws.build(cache=str(cache))
+    digests = {o.digest for e in check_consistent(cache) for o in e.outputs.values()}
+    assert all((cache / verified_path(d)).is_file() for d in digests)  # sealed when stored
+    hashed: list[str] = []
+    real = ac.hash_file
+    monkeypatch.setattr(ac, "hash_file", lambda p: hashed.append(p) or real(p))
+    ws.cli("clean", check=True)
+    assert ws.build(cache=str(cache)).count(Outcome.RESTORED) == 2
+    assert hashed == []
+    (cache / verified_path(next(iter(digests)))).unlink()
+    ws.cli("clean", check=True)
+    assert ws.build(cache=str(cache)).count(Outcome.RESTORED) == 2
+    assert len(hashed) == 1 and (cache / verified_path(next(iter(digests)))).is_file()
+    assert ws.cli("verify").returncode == 0
+
+
+def test_tampering_that_keeps_size_and_mtime_needs_a_full_verify(
+    simple_ws: Callable[..., Workspace], tmp_path: Path
+) -> None:
+    """The documented limit of the stat trust model: a bit flipped with size and mtime put
+    back is restored on trust; ``verify`` catches it in the output (a hard link to the
+    object), ``cache verify`` discards it, and the next build recompiles."""
+    ws = simple_ws()
+    cache = tmp_path / "cache"
+    ws.build(cache=str(cache))
+    good = outputs(ws)
+    ws.cli("clean", check=True)
+    entry = next(e for e in check_consistent(cache) if e.action_id == "single/htp/c")
+    obj = cache / object_path(entry.outputs["c_ctx_qnn.bin"].digest)
+    st = obj.stat()
+    obj.chmod(0o644)
+    data = bytearray(obj.read_bytes())
+    data[len(data) // 2] ^= 0x10
+    obj.write_bytes(bytes(data))
+    obj.chmod(0o444)
+    os.utime(obj, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert ws.build(cache=str(cache)).count(Outcome.RESTORED) == 2
+    proc = ws.cli("verify")
+    assert proc.returncode == 1 and "c_ctx_qnn.bin" in proc.stdout + proc.stderr
+    proc = ws.cli("cache", "verify", "--cache", str(cache))
+    assert proc.returncode == 1, proc.stderr
+    assert "single/htp/c): c_ctx_qnn.bin missing or damaged; discarded" in proc.stderr
+    assert not obj.exists()
+    ws.cli("clean", check=True)
+    result = ws.build(cache=str(cache))
+    assert outcomes(result) == {"pair/htp": "restored", "single/htp/c": "compiled"}
+    assert outputs(ws) == good
+    proc = ws.cli("cache", "verify", "--cache", str(cache))
+    assert proc.returncode == 0 and "; 0 discarded" in proc.stdout, proc.stderr
+    check_consistent(cache)
+
+
 def test_cache_only_miss_fails_listing_why(simple_ws: Callable[..., Workspace],
                                            tmp_path: Path) -> None:  # fmt: skip
     ws = simple_ws()

@@ -2,8 +2,10 @@
 remote (fsspec) tier that is read on a local miss and written with ``push``.
 
 A restore materializes every output into a directory (hard link, reflink or copy) and
-verifies its size and digest; a damaged or partial entry is discarded and reported, never
-restored. A remote hit is first pulled into the local tier, verified on the way in.
+verifies its size and digest — a hard-linked object whose stat is unchanged since it was last
+verified is taken on trust (see ``trust``); a damaged or partial entry is discarded and
+reported, never restored. A remote hit is first pulled into the local tier, verified on the
+way in.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from typing import Any
 
 from ..keys import explain_difference
 from ..statcache import hash_file
+from . import trust
 from .local import LocalBackend, temp_name
 from .store import CachedOutput, CacheEntry, CorruptEntryError, Store, entry_path, object_path
 
@@ -79,16 +82,30 @@ class ActionCache:
         for name, out in entry.outputs.items():
             dest = os.path.join(dest_dir, name)
             try:
-                methods.add(self.local_backend.materialize(object_path(out.digest), dest))
+                method = self.local_backend.materialize(object_path(out.digest), dest)
             except FileNotFoundError:
                 self.local.discard(entry)
                 raise CacheDamagedError(
                     f"entry {key[:12]} in {self.local.url}: the object of {name} is missing; "
                     "discarded"
                 ) from None
-            size, digest = os.path.getsize(dest), hash_file(dest)
-            if (size, digest) != (out.size, out.digest):
+            methods.add(method)
+            st = os.stat(dest)
+            linked = method == "link"  # dest is the object itself: same inode, same bytes
+            if linked and st.st_size == out.size and trust.is_trusted(
+                self.local_backend, out.digest, st
+            ):
+                continue
+            size, digest = st.st_size, hash_file(dest)
+            if (size, digest) == (out.size, out.digest):
+                after = os.stat(dest)
+                if linked and (after.st_ino, after.st_size, after.st_mtime_ns) == (
+                    st.st_ino, st.st_size, st.st_mtime_ns
+                ):
+                    trust.record(self.local_backend, out.digest, st)
+            else:
                 os.unlink(dest)
+                trust.forget(self.local_backend, out.digest)
                 self.local.discard(entry, damaged=(out.digest,))
                 raise CacheDamagedError(
                     f"entry {key[:12]} in {self.local.url}: {name} is damaged (expected "
@@ -126,8 +143,7 @@ class ActionCache:
                     raise CacheDamagedError(
                         f"entry {key[:12]} in {self.remote.url}: {name} is damaged; not used"
                     )
-                os.chmod(tmp, 0o444)
-                os.replace(tmp, final)
+                trust.seal(self.local_backend, out.digest, tmp, final)
             finally:
                 if os.path.exists(tmp):
                     os.unlink(tmp)
@@ -186,8 +202,7 @@ class ActionCache:
                     d.write(chunk)
             if h.hexdigest() != out.digest:
                 raise OSError(f"{os.path.basename(src)} changed while it was being cached")
-            os.chmod(tmp, 0o444)
-            os.replace(tmp, final)
+            trust.seal(self.local_backend, out.digest, tmp, final)
         finally:
             if os.path.exists(tmp):
                 os.unlink(tmp)

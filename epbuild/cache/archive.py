@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import IO
 
 from ..errors import UserError
+from . import trust
 from .local import LocalBackend, temp_name
 from .store import (
     ENTRIES,
@@ -143,8 +144,7 @@ def _import_object(backend: LocalBackend, digest: str, src: IO[bytes]) -> bool:
                 f.write(chunk)
         if h.hexdigest() != digest:
             return False
-        os.chmod(tmp, 0o444)
-        os.replace(tmp, final)
+        trust.seal(backend, digest, tmp, final)
         return True
     finally:
         if os.path.exists(tmp):

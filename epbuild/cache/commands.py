@@ -10,6 +10,7 @@ from ..errors import UserError
 from .archive import ArchiveReport, export_entries, import_archive
 from .location import open_cache
 from .prune import PruneReport, prune
+from .trust import CacheVerifyReport, verify_all
 
 if TYPE_CHECKING:
     from ..workspace import Workspace
@@ -117,3 +118,15 @@ def prune_cache(
     ws = _open(directory, manifest)
     c = _cache(ws, directory, cache)
     return prune(c.local, max_size)
+
+
+def verify_cache(
+    directory: str | os.PathLike[str] = ".",
+    manifest: str | os.PathLike[str] | None = None,
+    *,
+    cache: str | None = None,
+) -> CacheVerifyReport:
+    """Re-hash every object of the local cache; discard damaged entries."""
+    ws = _open(directory, manifest)
+    c = _cache(ws, directory, cache)
+    return verify_all(c.local, c.local_backend)

@@ -13,7 +13,17 @@ import time
 from dataclasses import dataclass
 
 from .local import LocalBackend
-from .store import ENTRIES, IDS, OBJECTS, CorruptEntryError, Store, entry_path, is_key
+from .store import (
+    ENTRIES,
+    IDS,
+    OBJECTS,
+    CorruptEntryError,
+    Store,
+    entry_path,
+    is_key,
+    object_path,
+)
+from .trust import VERIFIED
 
 GRACE_SECONDS = 600.0
 
@@ -75,6 +85,10 @@ def _prune(store: Store, max_size: int, grace: float) -> PruneReport:
         if name not in kept_digests and (name in evicted or now - f.mtime > grace):
             backend.delete(f.path)
             freed += f.size
+    if isinstance(backend, LocalBackend):  # verified-stat records of objects that are gone
+        for f in backend.walk(VERIFIED):
+            if not backend.exists(object_path(f.path.rsplit("/", 1)[-1])):
+                backend.delete(f.path)
     for f in backend.walk(IDS):  # markers of entries that are gone
         key = f.path.rsplit("/", 1)[-1]
         if not backend.exists(entry_path(key)) and now - f.mtime > grace:

@@ -1,0 +1,139 @@
+"""Which local cache objects need no re-hash on restore: the stat each had when verified.
+
+An object is verified when epbuild writes it into the local cache (its bytes hashed as they
+are written) or fully re-hashes it. Its (inode, size, mtime_ns) at that moment is recorded
+in ``v1/verified/ab/<digest>``; a hard-link restore that finds the same stat takes the
+digest on trust, as the workspace stat cache does for inputs and outputs (and ccache,
+Bazel's disk cache and git's index do for their files). Any write moves the mtime, so a
+flipped bit is re-hashed, detected, discarded and recompiled: objects are sealed with an
+mtime one second in the past, and a re-hash is recorded only for an mtime older than the
+racy window, so a write can never land on the recorded mtime.
+
+What a stat check cannot see — a change that keeps size and mtime (``os.utime`` put back,
+bit rot below the filesystem) — is caught only by a full re-hash: ``epbuild verify`` (a
+restored output is a hard link to its object: the same bytes) or ``epbuild cache verify``.
+A record is only a hint: missing, unreadable or stale, it costs one re-hash.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass, field
+
+from .local import LocalBackend, temp_name
+from .store import LAYOUT, CorruptEntryError, Store, object_path
+
+VERIFIED = f"{LAYOUT}/verified"
+_RACY_NS = 20_000_000  # as in the stat cache: a write in the same tick may keep the mtime
+_BACKDATE_NS = 1_000_000_000
+
+
+def verified_path(digest: str) -> str:
+    """Where an object's verified stat is recorded."""
+    return f"{VERIFIED}/{digest[:2]}/{digest}"
+
+
+def _stat_key(st: os.stat_result) -> bytes:
+    return f"{st.st_ino} {st.st_size} {st.st_mtime_ns}\n".encode()
+
+
+def is_trusted(backend: LocalBackend, digest: str, st: os.stat_result) -> bool:
+    """Whether the object with stat ``st`` is the one verified as ``digest``."""
+    try:
+        with open(backend.full(verified_path(digest)), "rb") as f:
+            return f.read(100) == _stat_key(st)
+    except OSError:
+        return False
+
+
+def record(backend: LocalBackend, digest: str, st: os.stat_result) -> None:
+    """Note that the object with stat ``st`` was just verified as ``digest`` (best effort).
+
+    Not fsynced: a record lost in a crash costs one re-hash. Skipped for an mtime within the
+    racy window (a write in the same clock tick could leave it unchanged).
+    """
+    if time.time_ns() - st.st_mtime_ns < _RACY_NS:
+        return
+    full = backend.full(verified_path(digest))
+    tmp = temp_name(full)
+    try:
+        os.makedirs(os.path.dirname(full), exist_ok=True)
+        with open(tmp, "wb") as f:
+            f.write(_stat_key(st))
+        os.replace(tmp, full)
+    except OSError:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+
+
+def forget(backend: LocalBackend, digest: str) -> None:
+    """Drop an object's record (the object is damaged or gone)."""
+    backend.delete(verified_path(digest))
+
+
+def seal(backend: LocalBackend, digest: str, tmp: str, final: str) -> None:
+    """Move a just-written, just-hashed object into place, read-only, and record it."""
+    os.chmod(tmp, 0o444)
+    then = time.time_ns() - _BACKDATE_NS
+    os.utime(tmp, ns=(then, then))
+    st = os.stat(tmp)  # a rename keeps inode, size and mtime
+    os.replace(tmp, final)
+    record(backend, digest, st)
+
+
+@dataclass(frozen=True)
+class CacheVerifyReport:
+    """What ``verify_all`` checked and discarded."""
+
+    entries: int
+    objects: int
+    bytes: int
+    problems: list[str] = field(default_factory=list)
+    """One line per discarded entry: which output was missing or damaged."""
+
+
+def verify_all(store: Store, backend: LocalBackend) -> CacheVerifyReport:
+    """Re-hash every object every entry uses, ignoring recorded stats; discard damaged
+    entries (and their damaged objects) and re-record the stats of intact objects."""
+    from ..statcache import hash_file
+
+    intact: dict[str, bool] = {}
+    problems: list[str] = []
+    entries = objects = size = 0
+    for key in store.entry_keys():
+        try:
+            entry = store.get_entry(key)
+        except CorruptEntryError as exc:
+            store.discard(key)
+            problems.append(f"{exc}; discarded")
+            continue
+        if entry is None:
+            continue
+        entries += 1
+        bad: list[str] = []
+        for name, out in entry.outputs.items():
+            if out.digest not in intact:
+                full = backend.full(object_path(out.digest))
+                try:
+                    st = os.stat(full)
+                    ok = st.st_size == out.size and hash_file(full) == out.digest
+                except FileNotFoundError:
+                    ok = False
+                intact[out.digest] = ok
+                if ok:
+                    objects, size = objects + 1, size + out.size
+                    if os.stat(full).st_mtime_ns == st.st_mtime_ns:
+                        record(backend, out.digest, st)
+                else:
+                    forget(backend, out.digest)
+            if not intact[out.digest]:
+                bad.append(name)
+        if bad:
+            damaged = tuple(o.digest for n, o in entry.outputs.items() if n in bad)
+            store.discard(entry, damaged=damaged)
+            problems.append(f"entry {key[:12]} ({entry.action_id}): {', '.join(bad)} missing or "
+                            "damaged; discarded")  # fmt: skip
+    return CacheVerifyReport(entries, objects, size, problems)
