@@ -56,6 +56,9 @@ class State:
     interrupted: set[str] = field(default_factory=set)
     lines: int = 0
     warnings: list[str] = field(default_factory=list)
+    replayed: bytes = field(default=b"", repr=False, compare=False)
+    """The journal bytes this state replays (whole, undamaged): a reload that finds the file
+    still starting with them replays only what was appended since."""
 
 
 class _Damaged(ValueError):
@@ -91,8 +94,13 @@ def _record(data: dict[str, Any]) -> ActionRecord:
     )
 
 
-def load_state(path: str) -> State:
-    """Replay the journal; never raises for damaged content."""
+def load_state(path: str, previous: State | None = None) -> State:
+    """Replay the journal; never raises for damaged content.
+
+    ``previous``: an earlier load of the same path. When the file still begins with the
+    bytes it replayed (the journal is append-only; compaction writes a new file), only the
+    lines appended since are replayed on a copy of it — the same result as a full replay.
+    """
     state = State()
     try:
         with open(path, "rb") as f:
@@ -102,12 +110,19 @@ def load_state(path: str) -> State:
     except OSError as exc:
         state.warnings.append(f"cannot read state {path}: {exc.strerror}; starting over")
         return state
-    lines = raw.split(b"\n")
-    if not raw.startswith(_HEADER_LINE):
-        if raw.strip():
-            state.warnings.append(f"state {path} has an unknown header; starting over")
-        return state
-    for number, line in enumerate(lines[1:], 2):
+    if previous is not None and previous.replayed and raw.startswith(previous.replayed):
+        done = previous.replayed
+        state = State(dict(previous.records), set(previous.interrupted), previous.lines)
+        lines = raw[len(done) :].split(b"\n")
+        first = done.count(b"\n") + 1
+    else:
+        if not raw.startswith(_HEADER_LINE):
+            if raw.strip():
+                state.warnings.append(f"state {path} has an unknown header; starting over")
+            return state
+        lines = raw.split(b"\n")[1:]
+        first = 2
+    for number, line in enumerate(lines, first):
         if not line:
             continue
         try:
@@ -125,12 +140,14 @@ def load_state(path: str) -> State:
             else:
                 raise _Damaged(f"unknown op {op!r}")
         except (ValueError, KeyError, TypeError, AttributeError, RecursionError):
-            rest = sum(1 for x in lines[number - 1 :] if x)
+            rest = sum(1 for x in lines[number - first :] if x)
             state.warnings.append(
                 f"state {path}: dropped {rest} damaged record(s) from line {number} on"
             )
             break
         state.lines += 1
+    if not state.warnings and raw.endswith(b"\n"):
+        state.replayed = raw
     return state
 
 

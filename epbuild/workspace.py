@@ -40,9 +40,12 @@ class Workspace:
         return os.path.join(self.state_dir, "locks", f"{action.slug}.lock")
 
     def reload_state(self) -> State:
-        """Re-read the journal (another process may have committed)."""
-        self.state = load_state(os.path.join(self.state_dir, "state.jsonl"))
-        return self.state
+        """Re-read the journal (another process may have committed); replays only what
+        was appended since the last load. Returns this call's state: another thread may
+        replace ``self.state`` meanwhile."""
+        state = load_state(os.path.join(self.state_dir, "state.jsonl"), self.state)
+        self.state = state
+        return state
 
 
 def open_workspace(
