@@ -59,8 +59,8 @@ def make_workspace(root: Path, count: int) -> None:
         model.ir_version = 9
         onnx.save(model, str(root / "models" / f"m{i:05d}.onnx"))
     (root / "epbuild.toml").write_text(
-        "[providers.htp]\nep = \"qnn\"\noptions = { htp_arch = \"73\", soc_model = \"60\" }\n\n"
-        "[groups.many]\nmodels = [\"models/*.onnx\"]\nproviders = [\"htp\"]\n"
+        '[providers.htp]\nep = "qnn"\noptions = { htp_arch = "73", soc_model = "60" }\n\n'
+        '[groups.many]\nmodels = ["models/*.onnx"]\nproviders = ["htp"]\n'
     )
 
 

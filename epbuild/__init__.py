@@ -15,12 +15,24 @@ if TYPE_CHECKING:
     from .runtime import open_action, open_models
     from .verify import verify_outputs
 
-__all__ = ["BuildResult", "build", "clean", "open_action", "open_models", "status",
-           "status_detail", "verify_outputs"]
+__all__ = [
+    "BuildResult",
+    "build",
+    "clean",
+    "open_action",
+    "open_models",
+    "status",
+    "status_detail",
+    "verify_outputs",
+]
 # Functions that live outside api.py (their names differ from their modules' names, so
 # importing a submodule never shadows a function).
-_MODULES = {"status_detail": "report", "verify_outputs": "verify", "open_action": "runtime",
-            "open_models": "runtime"}
+_MODULES = {
+    "status_detail": "report",
+    "verify_outputs": "verify",
+    "open_action": "runtime",
+    "open_models": "runtime",
+}
 
 
 def __getattr__(name: str) -> Any:

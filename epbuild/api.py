@@ -6,7 +6,6 @@ import enum
 import os
 import posixpath
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -18,8 +17,8 @@ from .graph import Action
 from .keys import ActionKey
 from .plan import ActionPlan, make_plan, plan_action
 from .providers import get_provider
-from .state import ActionRecord, OutputRecord, State
 from .statcache import Entry, hash_file
+from .state import ActionRecord, OutputRecord, State
 from .workspace import Workspace, open_workspace
 
 if TYPE_CHECKING:
@@ -358,9 +357,7 @@ class _Builder:
                 commit(ws.root, staging, action.out_dir, names, old)
                 for rel, out in record.outputs.items():
                     st = os.stat(os.path.join(ws.root, rel))
-                    ws.stats.remember(
-                        rel, Entry(st.st_ino, st.st_size, st.st_mtime_ns, out.digest)
-                    )
+                    ws.stats.remember(rel, Entry(st.st_ino, st.st_size, st.st_mtime_ns, out.digest))
                 ws.journal.done(record, sync=False)
             return _result(
                 action, Outcome.RESTORED, seconds=time.perf_counter() - t0,
@@ -441,9 +438,10 @@ class _Builder:
                     raise VerificationError(f"{model}: {problem}")
             prefix = action.group.node_name_prefix
             if prefix and not all(n.startswith(prefix) for n in info.get("node_names", [])):
+                versions = adapter.versions(action.provider)
                 note = (
                     f"the {action.provider.ep} EP "
-                    f"({', '.join(f'{k} {v}' for k, v in adapter.versions(action.provider).items())})"
+                    f"({', '.join(f'{k} {v}' for k, v in versions.items())})"
                     " ignores node_name_prefix; EPContext node names were not prefixed"
                 )
                 if note not in self.warned:

@@ -35,20 +35,33 @@ def _parser() -> argparse.ArgumentParser:
     b.add_argument("--json", action="store_true", help="print one JSON object on stdout")
     b.add_argument("--lock-timeout", type=float, metavar="SECONDS", help="give up waiting")
     _cache_args(b)
-    b.add_argument("--cache-only", action="store_true",
-                   help="restore from the cache or fail (exit 1): never compile")
-    b.add_argument("--cache-push", action="store_true",
-                   help="also write compiled actions to the remote cache (--cache URL)")
-    b.add_argument("--memory-budget", metavar="SIZE",
-                   help="memory local compiles may use at once, e.g. 8G (default: 3/4 of RAM)")
+    b.add_argument(
+        "--cache-only",
+        action="store_true",
+        help="restore from the cache or fail (exit 1): never compile",
+    )
+    b.add_argument(
+        "--cache-push",
+        action="store_true",
+        help="also write compiled actions to the remote cache (--cache URL)",
+    )
+    b.add_argument(
+        "--memory-budget",
+        metavar="SIZE",
+        help="memory local compiles may use at once, e.g. 8G (default: 3/4 of RAM)",
+    )
     b.add_argument("--trace", metavar="FILE", help="write the timeline as Chrome trace JSON")
     b.add_argument("--executor", choices=("local", "dask"), help="where actions run")
     b.add_argument("--scheduler", metavar="ADDRESS", help="Dask scheduler, tcp://HOST:PORT")
 
     r = sub.add_parser("report", help="per-action report of the last builds (HTML page)")
     r.add_argument("selectors", nargs="*", metavar="SELECTOR")
-    r.add_argument("--html", metavar="FILE", required=True,
-                   help="write a self-contained HTML page (timeline + table)")
+    r.add_argument(
+        "--html",
+        metavar="FILE",
+        required=True,
+        help="write a self-contained HTML page (timeline + table)",
+    )
 
     s = sub.add_parser("status", help="list actions as up to date or stale, with reasons")
     s.add_argument("selectors", nargs="*", metavar="SELECTOR")
@@ -84,10 +97,16 @@ def _parser() -> argparse.ArgumentParser:
     w = sub.add_parser("watch", help="rebuild affected actions whenever their inputs change")
     w.add_argument("selectors", nargs="*", metavar="SELECTOR")
     w.add_argument("-j", "--jobs", type=int, help="compiles at once")
-    w.add_argument("--debounce", type=float, default=0.3, metavar="SECONDS",
-                   help="quiet time before a burst of changes is built (default 0.3)")
-    w.add_argument("--poll", action="store_true",
-                   help="poll instead of inotify (network file systems)")
+    w.add_argument(
+        "--debounce",
+        type=float,
+        default=0.3,
+        metavar="SECONDS",
+        help="quiet time before a burst of changes is built (default 0.3)",
+    )
+    w.add_argument(
+        "--poll", action="store_true", help="poll instead of inotify (network file systems)"
+    )
     w.add_argument("--json", action="store_true", help="one JSON object per cycle on stdout")
     return p
 
@@ -302,8 +321,9 @@ COMMANDS = {"build": _cmd_build, "status": _cmd_status, "init": _cmd_init, "clea
 
 
 def _cache_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--cache", metavar="DIR|URL",
-                   help="cache directory or fsspec URL (s3://bucket/prefix)")
+    p.add_argument(
+        "--cache", metavar="DIR|URL", help="cache directory or fsspec URL (s3://bucket/prefix)"
+    )
     p.add_argument("--no-cache", action="store_true", help="neither restore nor store")
 
 

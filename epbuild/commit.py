@@ -84,9 +84,7 @@ def check_staged(
     full = os.path.join(root, staging)
     names = sorted(n for n in os.listdir(full) if n not in (LOG_NAME, RESULT_NAME))
     for name in names:
-        if os.path.islink(os.path.join(full, name)) or not os.path.isfile(
-            os.path.join(full, name)
-        ):
+        if os.path.islink(os.path.join(full, name)) or not os.path.isfile(os.path.join(full, name)):
             raise UnsafePathError(f"staged output {name} is not a regular file; refusing it")
     for ctx in ctx_names:
         if ctx not in names:

@@ -9,8 +9,8 @@ from dataclasses import dataclass, field
 from .errors import ModelError
 from .graph import Action
 from .keys import ActionKey, KeyComputer, explain_difference
-from .state import State
 from .statcache import StatCache
+from .state import State
 
 
 @dataclass
@@ -64,9 +64,7 @@ def plan_action(
         return ActionPlan(action, key, True, ["never built"])
     if rec.key != key.key:
         return ActionPlan(action, key, True, explain_difference(rec.components, key.components))
-    problems = outputs_intact(
-        root, stats, {p: (o.size, o.digest) for p, o in rec.outputs.items()}
-    )
+    problems = outputs_intact(root, stats, {p: (o.size, o.digest) for p, o in rec.outputs.items()})
     return ActionPlan(action, key, bool(problems), problems)
 
 

@@ -137,9 +137,7 @@ def _row(d: ActionDetail) -> str:
 def render_html(details: list[ActionDetail], trace: dict[str, Any] | None, title: str) -> str:
     """The page, as one string with its CSS, data and script inline."""
     trace = trace or {"traceEvents": []}
-    legend = "".join(
-        f'<span><i style="background:{_COLORS[k]}"></i>{k}</span>' for k in KINDS
-    )
+    legend = "".join(f'<span><i style="background:{_COLORS[k]}"></i>{k}</span>' for k in KINDS)
     rows = "\n".join(_row(d) for d in details)
     built = sum(1 for d in details if d.built)
     hits = sum(1 for d in details if d.restored)

@@ -210,9 +210,7 @@ class Journal:
         replaced file has other bytes or its old key is wrong. Any ``done`` that is fsynced
         flushes the ``begin`` before it, so a durable ``done`` is never missing its begin.
         """
-        self._append(
-            {"op": "begin", "id": action_id, "key": key, "pid": os.getpid()}, sync=False
-        )
+        self._append({"op": "begin", "id": action_id, "key": key, "pid": os.getpid()}, sync=False)
 
     def done(self, rec: ActionRecord, *, sync: bool = True) -> None:
         """Record a completed action (``sync=False``: durable only at the next ``sync``; for

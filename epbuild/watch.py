@@ -67,8 +67,8 @@ class Cycle:
     @property
     def ok(self) -> bool:
         """Nothing failed in this cycle."""
-        return not self.manifest_error and not self.error and (
-            self.result is None or self.result.ok
+        return (
+            not self.manifest_error and not self.error and (self.result is None or self.result.ok)
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -288,9 +288,7 @@ class _Pending:
             return None
 
 
-def _make_handler(
-    get_targets: Callable[[], Targets], pending: _Pending, dead: set[str]
-) -> Any:
+def _make_handler(get_targets: Callable[[], Targets], pending: _Pending, dead: set[str]) -> Any:
     from watchdog.events import FileSystemEventHandler
 
     class Handler(FileSystemEventHandler):
@@ -364,8 +362,10 @@ class _Observer:
         """Add and drop watches; returns directories newly watched."""
         want: set[tuple[str, bool]] = set()
         for d, rec in targets.dirs:
-            while not os.path.isdir(d) and _under(os.path.dirname(d), targets.root) and (
-                os.path.dirname(d) != d
+            while (
+                not os.path.isdir(d)
+                and _under(os.path.dirname(d), targets.root)
+                and (os.path.dirname(d) != d)
             ):
                 d, rec = os.path.dirname(d), False  # watch for it to (re)appear
             if os.path.isdir(d):

@@ -9,8 +9,8 @@ from .graph import Action, make_actions, select
 from .keys import KeyComputer
 from .manifest import Manifest, find_manifest, load_manifest
 from .paths import ensure_dir_inside, refuse_outward
-from .state import Journal, State, load_state
 from .statcache import StatCache
+from .state import Journal, State, load_state
 
 
 @dataclass

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from collections.abc import Callable
@@ -14,7 +13,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from modelgen import matmul_model, save  # noqa: E402
+from modelgen import matmul_model, save
 
 HTP73 = {"ep": "qnn", "options": {"htp_arch": "73", "soc_model": "60"}}
 HTP75 = {"ep": "qnn", "options": {"htp_arch": "75", "soc_model": "69"}}
@@ -31,7 +30,9 @@ def toml_value(value: Any) -> str:
     if isinstance(value, list):
         return "[" + ", ".join(toml_value(v) for v in value) + "]"
     if isinstance(value, dict):
-        return "{ " + ", ".join(f"{json.dumps(k)} = {toml_value(v)}" for k, v in value.items()) + " }"
+        return (
+            "{ " + ", ".join(f"{json.dumps(k)} = {toml_value(v)}" for k, v in value.items()) + " }"
+        )
     raise TypeError(value)
 
 
@@ -67,7 +68,9 @@ class Workspace:
 
         return build(self.root, None, list(selectors), **kw)
 
-    def cli(self, *args: str, check: bool = False, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    def cli(
+        self, *args: str, check: bool = False, timeout: float = 300
+    ) -> subprocess.CompletedProcess[str]:
         proc = subprocess.run(
             [sys.executable, "-m", "epbuild", "-C", str(self.root), *args],
             capture_output=True, text=True, timeout=timeout,
@@ -81,7 +84,9 @@ class Workspace:
         try:
             return json.loads(proc.stdout)  # type: ignore[no-any-return]
         except ValueError as exc:
-            raise AssertionError(f"no JSON ({proc.returncode}): {proc.stdout}\n{proc.stderr}") from exc
+            raise AssertionError(
+                f"no JSON ({proc.returncode}): {proc.stdout}\n{proc.stderr}"
+            ) from exc
 
 
 @pytest.fixture(autouse=True)
@@ -129,5 +134,3 @@ def simple_ws(workspace: Workspace) -> Callable[..., Workspace]:
         return workspace
 
     return make
-
-

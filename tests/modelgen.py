@@ -63,7 +63,9 @@ def unsupported_model() -> onnx.ModelProto:
     return _model(nodes, [], [1, 8], [1, 8])
 
 
-def save(model: onnx.ModelProto, path: str | os.PathLike[str], *, external: str | None = None) -> Path:
+def save(
+    model: onnx.ModelProto, path: str | os.PathLike[str], *, external: str | None = None
+) -> Path:
     """Save a model, optionally with all tensors in one external-data file."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -8,11 +8,11 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-
 from conftest import HTP73, HTP75, Workspace
+from modelgen import matmul_model, unsupported_model
+
 from epbuild.api import Outcome
 from epbuild.onnxproto import read_model
-from modelgen import matmul_model, unsupported_model
 
 
 def outcomes(result) -> dict[str, str]:  # type: ignore[no-untyped-def]
@@ -38,7 +38,9 @@ def test_sharing_group_references_one_bin(simple_ws: Callable[..., Workspace]) -
     for ctx in ("a_ctx.onnx", "b_ctx.onnx"):
         nodes = read_model(d / ctx).context_nodes
         assert nodes and all(n.attributes["source"] == "qnn" for n in nodes)
-        refs |= {n.attributes["ep_cache_context"] for n in nodes if n.attributes["main_context"] == 1}
+        refs |= {
+            n.attributes["ep_cache_context"] for n in nodes if n.attributes["main_context"] == 1
+        }
     assert refs == {"a_ctx_qnn.bin"}
 
 
@@ -57,8 +59,8 @@ def test_three_model_sharing_group(workspace: Workspace) -> None:
 
 
 def test_touch_rebuilds_nothing_and_rehashes_once(simple_ws: Callable[..., Workspace]) -> None:
-    from epbuild.workspace import open_workspace
     from epbuild.plan import make_plan
+    from epbuild.workspace import open_workspace
 
     ws = simple_ws()
     ws.build()
@@ -120,8 +122,16 @@ def test_outputs_identical_across_workspace_paths(simple_ws: Callable[..., Works
     shutil.copytree(ws.root, other)
     ws.build()
     Workspace(other).build()
-    a = {p.relative_to(ws.root / "build"): p.read_bytes() for p in (ws.root / "build").rglob("*") if p.is_file()}
-    b = {p.relative_to(other / "build"): p.read_bytes() for p in (other / "build").rglob("*") if p.is_file()}
+    a = {
+        p.relative_to(ws.root / "build"): p.read_bytes()
+        for p in (ws.root / "build").rglob("*")
+        if p.is_file()
+    }
+    b = {
+        p.relative_to(other / "build"): p.read_bytes()
+        for p in (other / "build").rglob("*")
+        if p.is_file()
+    }
     assert a.keys() == b.keys() and len(a) == 5
     assert a == b
     for data in a.values():

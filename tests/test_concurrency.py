@@ -48,7 +48,9 @@ def _race(
     procs = [
         subprocess.Popen(
             [sys.executable, "-c", starter, "-C", str(root), "build", "--json", *args],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
             env={**os.environ, **(env or {})},
         )
         for _ in range(n)

@@ -133,8 +133,10 @@ def _render_any(data: Any) -> str:
         return f"x = {_toml_value(data)}\n"
     lines: list[str] = []
     for section, table in data.items():
-        if section in ("providers", "groups") and isinstance(table, dict) and all(
-            isinstance(v, dict) for v in table.values()
+        if (
+            section in ("providers", "groups")
+            and isinstance(table, dict)
+            and all(isinstance(v, dict) for v in table.values())
         ):
             for name, sub in table.items():
                 lines.append(f"[{section}.{json.dumps(name)}]")
@@ -222,8 +224,12 @@ def _assert_clean_user_error(proc: subprocess.CompletedProcess[str], *needles: s
         assert needle in proc.stderr, (needle, proc.stderr)
 
 
-@settings(max_examples=15, deadline=None, derandomize=True,
-          suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=15,
+    deadline=None,
+    derandomize=True,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+)
 @given(raw=st.one_of(_structural().map(str.encode), _textual()))
 def test_cli_hostile_manifest_sample(fuzz_root: Path, raw: bytes) -> None:
     (fuzz_root / "epbuild.toml").write_bytes(raw)
@@ -452,8 +458,9 @@ def _ctx_model(ref: str | None = None, location: str | None = None) -> Any:
     graph = helper.make_graph([node], "g", [helper.make_tensor_value_info(
         "x", TensorProto.FLOAT, [1])], [helper.make_tensor_value_info("y", TensorProto.FLOAT,
                                                                         [1])], inits)  # fmt: skip
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17),
-                                                   helper.make_opsetid("com.microsoft", 1)])
+    return helper.make_model(
+        graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)]
+    )
 
 
 @pytest.mark.parametrize(

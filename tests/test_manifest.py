@@ -6,8 +6,8 @@ import json
 from pathlib import Path
 
 import pytest
-
 from conftest import HTP73, Workspace
+
 from epbuild.errors import ManifestError, UserError
 from epbuild.manifest import load_manifest
 from epbuild.schema import SCHEMA, schema_text, validate
@@ -49,7 +49,7 @@ def test_unknown_key_names_line_and_key(workspace: Workspace) -> None:
 
 
 def test_wrong_type(workspace: Workspace) -> None:
-    err = _err(workspace, GOOD + "embed_mode = \"0\"\n")
+    err = _err(workspace, GOOD + 'embed_mode = "0"\n')
     assert err.key == "groups.g.embed_mode" and "must be integer" in str(err)
 
 
@@ -100,7 +100,12 @@ def test_options_the_ep_would_misread(workspace: Workspace, option: str, value: 
 
 
 def test_backend_type_and_path(workspace: Workspace) -> None:
-    err = _err(workspace, GOOD.replace('soc_model = "60"', 'soc_model = "60", backend_type = "htp", backend_path = "x.so"'))
+    err = _err(
+        workspace,
+        GOOD.replace(
+            'soc_model = "60"', 'soc_model = "60", backend_type = "htp", backend_path = "x.so"'
+        ),
+    )
     assert err.key == "providers.htp.options.backend_path"
 
 
@@ -110,7 +115,9 @@ def test_embed_1_with_sharing_refused(workspace: Workspace) -> None:
 
 
 def test_multi_soc_with_sharing_refused(workspace: Workspace) -> None:
-    text = GOOD.replace('htp_arch = "73", soc_model = "60"', 'htp_arch = "73,75", soc_model = "60,69"')
+    text = GOOD.replace(
+        'htp_arch = "73", soc_model = "60"', 'htp_arch = "73,75", soc_model = "60,69"'
+    )
     err = _err(workspace, text + "share_weights = true\n")
     assert err.key == "groups.g.share_weights"
 
@@ -126,7 +133,12 @@ def test_duplicate_key(workspace: Workspace) -> None:
 
 
 def test_session_option_reserved(workspace: Workspace) -> None:
-    err = _err(workspace, GOOD.replace('ep = "qnn"', 'ep = "qnn"\nsession_options = { "ep.context_embed_mode" = "1" }'))
+    err = _err(
+        workspace,
+        GOOD.replace(
+            'ep = "qnn"', 'ep = "qnn"\nsession_options = { "ep.context_embed_mode" = "1" }'
+        ),
+    )
     assert "ep.context_embed_mode" in (err.key or "")
 
 
@@ -166,7 +178,8 @@ def test_init_writes_valid_manifest_and_refuses_overwrite(workspace: Workspace) 
 def test_unknown_selector(workspace: Workspace) -> None:
     workspace.model("models/a.onnx")
     workspace.manifest({"providers": {"htp": HTP73},
-                        "groups": {"g": {"models": ["models/a.onnx"], "providers": ["htp"]}}})  # fmt: skip
+                        "groups": {"g": {"models": ["models/a.onnx"],
+                                         "providers": ["htp"]}}})  # fmt: skip
     with pytest.raises(UserError, match="no action matches"):
         workspace.build("nope", dry_run=True)
 

@@ -9,8 +9,9 @@ import sys
 from collections.abc import Callable
 
 from conftest import Workspace
-from epbuild.noop import fast_noop
 from modelgen import matmul_model
+
+from epbuild.noop import fast_noop
 
 
 def _noop_ready(ws: Workspace) -> None:
@@ -34,10 +35,13 @@ def test_fast_path_imports_nothing_heavy(simple_ws: Callable[..., Workspace]) ->
     _noop_ready(ws)
     code = (
         "import sys; from epbuild.cli import main; rc = main(['-C', sys.argv[1], 'build']); "
-        "heavy = [m for m in ('onnx', 'onnxruntime', 'epbuild.api', 'filelock') if m in sys.modules]; "
+        "heavy = [m for m in ('onnx', 'onnxruntime', 'epbuild.api', 'filelock') "
+        "if m in sys.modules]; "
         "print('HEAVY', heavy); sys.exit(rc)"
     )
-    proc = subprocess.run([sys.executable, "-c", code, str(ws.root)], capture_output=True, text=True)
+    proc = subprocess.run(
+        [sys.executable, "-c", code, str(ws.root)], capture_output=True, text=True
+    )
     assert proc.returncode == 0, proc.stderr
     assert "HEAVY []" in proc.stdout
 
@@ -64,8 +68,9 @@ def test_touch_misses_then_records_again(simple_ws: Callable[..., Workspace]) ->
 
 def test_new_glob_match_and_deleted_output_miss(workspace: Workspace) -> None:
     workspace.model("m/a.onnx")
-    workspace.manifest({"providers": {"htp": {"ep": "qnn", "options": {"soc_model": "60"}}},
-                        "groups": {"g": {"models": ["m/*.onnx"], "providers": ["htp"]}}})  # fmt: skip
+    htp = {"ep": "qnn", "options": {"soc_model": "60"}}
+    group = {"models": ["m/*.onnx"], "providers": ["htp"]}
+    workspace.manifest({"providers": {"htp": htp}, "groups": {"g": group}})
     _noop_ready(workspace)
     workspace.model("m/b.onnx", matmul_model(5))
     assert fast_noop(str(workspace.root), None, []) is None

@@ -141,12 +141,17 @@ def test_second_sharing_group_waits(simple_ws: Any) -> None:
     """
     ws = simple_ws()
     text = (ws.root / "epbuild.toml").read_text()
-    (ws.root / "epbuild.toml").write_text(text.replace("[groups.single]", """[groups.pair2]
+    (ws.root / "epbuild.toml").write_text(
+        text.replace(
+            "[groups.single]",
+            """[groups.pair2]
 models = ["models/a.onnx", "models/b.onnx"]
 providers = ["htp"]
 share_weights = true
 
-[groups.single]"""))
+[groups.single]""",
+        )
+    )
     assert ws.build().ok
     events: list[str] = []
 

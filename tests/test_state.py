@@ -13,7 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from conftest import Workspace  # noqa: TC002
+from conftest import Workspace
 
 from epbuild.api import Outcome
 from epbuild.plan import make_plan
@@ -185,8 +185,13 @@ def test_statcache_damage_only_costs_rehashing(simple_ws: Callable[..., Workspac
     else:
         data = json.loads(full.partition(b"\n")[2])
         rel = next(iter(data["entries"]))
-        for entry in ([1, 2], ["a", 1, 1, "0" * 64, None], [1, 1, 1, 5, None],
-                      [1, 1, 1, "0" * 64, [7]], [1, 1, 1, "0" * 64, ["../../etc/passwd"]]):
+        for entry in (
+            [1, 2],
+            ["a", 1, 1, "0" * 64, None],
+            [1, 1, 1, 5, None],
+            [1, 1, 1, "0" * 64, [7]],
+            [1, 1, 1, "0" * 64, ["../../etc/passwd"]],
+        ):
             data["entries"][rel] = entry
             variants.append(_signed(json.dumps(data).encode()))
         variants += [_signed(b"[]"), _signed(b"null"), _signed(b'{"entries":[]}'), b"[]\n{}"]

@@ -92,15 +92,19 @@ class ActionCache:
             methods.add(method)
             st = os.stat(dest)
             linked = method == "link"  # dest is the object itself: same inode, same bytes
-            if linked and st.st_size == out.size and trust.is_trusted(
-                self.local_backend, out.digest, st
+            if (
+                linked
+                and st.st_size == out.size
+                and trust.is_trusted(self.local_backend, out.digest, st)
             ):
                 continue
             size, digest = st.st_size, hash_file(dest)
             if (size, digest) == (out.size, out.digest):
                 after = os.stat(dest)
                 if linked and (after.st_ino, after.st_size, after.st_mtime_ns) == (
-                    st.st_ino, st.st_size, st.st_mtime_ns
+                    st.st_ino,
+                    st.st_size,
+                    st.st_mtime_ns,
                 ):
                     trust.record(self.local_backend, out.digest, st)
             else:

@@ -9,13 +9,10 @@ from __future__ import annotations
 
 import importlib
 import threading
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ..errors import ManifestError
 from .base import Provider
-
-if TYPE_CHECKING:
-    import importlib.metadata
 
 ENTRY_POINT_GROUP = "epbuild.providers"
 BUILTIN: dict[str, tuple[str, str]] = {
@@ -70,13 +67,13 @@ def _load(kind: str) -> Provider:
     )
 
 
-def _entry_points() -> list[importlib.metadata.EntryPoint]:
+def _entry_points() -> list[Any]:
     import importlib.metadata
 
     return list(importlib.metadata.entry_points(group=ENTRY_POINT_GROUP))
 
 
-def _third_party(kind: str, ep: importlib.metadata.EntryPoint) -> Provider:
+def _third_party(kind: str, ep: Any) -> Provider:  # an importlib.metadata.EntryPoint
     where = f"entry point {ep.name} = {ep.value!r}"
     try:
         obj = ep.load()
