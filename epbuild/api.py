@@ -57,6 +57,8 @@ class ActionResult:
     hint: str | None = None
     log_tail: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
+    exit_code: int = 1
+    """The exit code a failure of this action maps to (3: a lock wait timed out)."""
 
     def to_json(self) -> dict[str, Any]:
         """The ``--json`` form."""
@@ -96,6 +98,12 @@ class BuildResult:
     def ok(self) -> bool:
         """No action failed."""
         return self.count(Outcome.FAILED) == 0
+
+    @property
+    def exit_code(self) -> int:
+        """0 on success, 3 if a lock wait timed out, else 1."""
+        codes = {a.exit_code for a in self.actions if a.outcome is Outcome.FAILED}
+        return 0 if not codes else 3 if 3 in codes else 1
 
     def summary(self) -> dict[str, Any]:
         """Counts per outcome plus the wall time."""
@@ -228,7 +236,7 @@ class _Builder:
                 return self._locked(plan)
         except EpbuildError as exc:
             return _result(action, Outcome.FAILED, reasons=plan.reasons, error=exc.message,
-                           hint=exc.hint)  # fmt: skip
+                           hint=exc.hint, exit_code=exc.exit_code)  # fmt: skip
 
     def _locked(self, plan: ActionPlan) -> ActionResult:
         ws, action, tracer = self.ws, plan.action, self.tracer

@@ -189,12 +189,7 @@ def _cmd_build(args: argparse.Namespace) -> int:
                 if a.outcome is Outcome.WOULD_BUILD:
                     print(f"would build {a.id}: {'; '.join(a.reasons)}")
         _print_summary(result.to_json())
-    if not result.ok:
-        if any(a.outcome is Outcome.FAILED and "lock held by" in (a.error or "")
-               for a in result.actions):  # fmt: skip
-            return 3
-        return 1
-    return 0
+    return result.exit_code
 
 
 def _cmd_status(args: argparse.Namespace) -> int:

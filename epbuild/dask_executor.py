@@ -27,7 +27,7 @@ import uuid
 from typing import TYPE_CHECKING, Any
 
 from .errors import UserError
-from .executor import WorkerOutcome, _describe_exit, _tail
+from .executor import WORKER_BOOT, WorkerOutcome, _describe_exit, _tail
 from .paths import is_safe_reference
 from .worker_files import LOG_NAME, RESULT_NAME
 
@@ -68,7 +68,7 @@ def remote_compile(job: dict[str, Any], files: dict[str, tuple[str, bytes]]) -> 
         staging = os.path.join(tmp, job["staging"])
         os.makedirs(staging)
         proc = subprocess.Popen(
-            [sys.executable, "-m", "epbuild.worker"],
+            [sys.executable, "-c", WORKER_BOOT],
             cwd=tmp,
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
