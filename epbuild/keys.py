@@ -10,10 +10,11 @@ import hashlib
 import json
 import os
 import posixpath
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from .errors import ModelError
+from .errors import ModelError, UserError
 from .graph import Action
 from .paths import is_safe_reference
 from .providers import get_provider
@@ -36,9 +37,12 @@ class ActionKey:
 class KeyComputer:
     """Computes action keys, hashing each input file at most once per run."""
 
-    def __init__(self, root: str, stats: StatCache) -> None:
+    def __init__(
+        self, root: str, stats: StatCache, problems: Mapping[str, UserError] | None = None
+    ) -> None:
         self.root = root
         self.stats = stats
+        self.problems = problems or {}
         self._versions: dict[tuple[str, tuple[tuple[str, str], ...]], dict[str, str]] = {}
         self._models: dict[str, tuple[str, dict[str, str]]] = {}
 
@@ -46,6 +50,9 @@ class KeyComputer:
         """(digest, {external-data path: digest}) of a source model."""
         if model in self._models:
             return self._models[model]
+        if model in self.problems:
+            problem = self.problems[model]
+            raise ModelError(problem.message, hint=problem.hint)
         full = os.path.join(self.root, model)
         try:
             entry = self.stats.digest(self.root, model)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import posixpath
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -64,6 +64,9 @@ class Manifest:
     workspace: Workspace
     providers: dict[str, ProviderConfig]
     groups: dict[str, Group]
+    problems: dict[str, ManifestError] = field(default_factory=dict)
+    """Models named in the manifest that are missing or not files: their actions fail
+    (naming file, line and key) while the others still build with ``-k``."""
 
 
 def find_manifest(directory: str | os.PathLike[str] = ".", name: str | None = None) -> Path:
@@ -251,6 +254,7 @@ def _resolve(file: Path, locator: _Locator, data: dict[str, Any]) -> Manifest:
         )
 
     groups: dict[str, Group] = {}
+    problems: dict[str, ManifestError] = {}
     excluded = (out_dir, state_dir)
     for name, table in data.get("groups", {}).items():
         base = ("groups", name)
@@ -276,7 +280,9 @@ def _resolve(file: Path, locator: _Locator, data: dict[str, Any]) -> Manifest:
                     raise _error(
                         file, locator, (*base, "models"), f"model {model!r} is listed twice"
                     )
-                _check_model(file, locator, root, model, base)
+                problem = _check_model(file, locator, root, model, base)
+                if problem is not None:
+                    problems[model] = problem
                 models.append(model)
         stems: dict[str, str] = {}
         for model in models:
@@ -331,7 +337,7 @@ def _resolve(file: Path, locator: _Locator, data: dict[str, Any]) -> Manifest:
             external_initializers=ext,
             load=table.get("load", "path"),
         )
-    return Manifest(file, root, workspace, providers, groups)
+    return Manifest(file, root, workspace, providers, groups, problems)
 
 
 def _strip_where(exc: ManifestError) -> str:
@@ -363,19 +369,20 @@ def _expand(root: Path, pattern: str, excluded: tuple[str, ...]) -> list[str]:
 
 def _check_model(
     file: Path, locator: _Locator, root: Path, model: str, base: tuple[str, ...]
-) -> None:
+) -> ManifestError | None:
     import stat
 
     try:
         mode = os.stat(os.path.join(root, model)).st_mode
     except OSError:
-        raise _error(
+        return _error(
             file, locator, (*base, "models"),
             f"model file {model!r} does not exist",
             "check the path (it is relative to the manifest's directory)",
-        ) from None  # fmt: skip
+        )  # fmt: skip
     if not stat.S_ISREG(mode):
-        raise _error(file, locator, (*base, "models"), f"{model!r} is not a file")
+        return _error(file, locator, (*base, "models"), f"{model!r} is not a file")
+    return None
 
 
 def model_stem(model: str) -> str:

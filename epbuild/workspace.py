@@ -69,4 +69,5 @@ def open_workspace(
     state = load_state(os.path.join(state_dir, "state.jsonl"))
     stats = StatCache(os.path.join(state_dir, "statcache.json"))
     actions = select(make_actions(m), selectors)
-    return Workspace(m, root, state_dir, state, stats, KeyComputer(root, stats), actions)
+    keys = KeyComputer(root, stats, m.problems)
+    return Workspace(m, root, state_dir, state, stats, keys, actions)

@@ -59,9 +59,18 @@ def test_undefined_provider(workspace: Workspace) -> None:
     assert "[providers.htp-v75]" in str(err)
 
 
-def test_missing_model(workspace: Workspace) -> None:
-    err = _err(workspace, GOOD.replace("models/a.onnx", "models/nope.onnx"))
-    assert err.key == "groups.g.models" and "does not exist" in str(err)
+def test_missing_model_fails_its_action_naming_the_line(workspace: Workspace) -> None:
+    workspace.model("models/a.onnx")
+    workspace.manifest(GOOD.replace('["models/a.onnx"]', '["models/nope.onnx", "models/a.onnx"]'))
+    doc = workspace.cli_json("build", "-k")
+    by_id = {a["id"]: a for a in doc["actions"]}
+    assert by_id["g/htp/a"]["outcome"] == "compiled"
+    missing = by_id["g/htp/nope"]
+    assert missing["outcome"] == "failed"
+    assert (
+        "epbuild.toml:6: groups.g.models: model file 'models/nope.onnx' does not exist"
+        in (missing["error"])
+    )
 
 
 def test_glob_matching_nothing(workspace: Workspace) -> None:
