@@ -27,7 +27,7 @@ import uuid
 from typing import TYPE_CHECKING, Any
 
 from .errors import UserError
-from .executor import WORKER_BOOT, WorkerOutcome, _describe_exit, _tail
+from .executor import WORKER_BOOT, WorkerOutcome, outcome_of
 from .paths import is_safe_reference
 from .worker_files import LOG_NAME, RESULT_NAME
 
@@ -243,19 +243,10 @@ class DaskExecutor:
             result = json.loads(reply["result"]) if reply["result"] is not None else None
         except ValueError:
             result = None
-        if not isinstance(result, dict):
-            return WorkerOutcome(False, error=_describe_exit(code), log_tail=_tail(log_path))
-        with open(os.path.join(staging, RESULT_NAME), "w", encoding="utf-8") as f:
-            json.dump(result, f)
-        if not result.get("ok"):
-            return WorkerOutcome(
-                False,
-                result,
-                error=result.get("error", _describe_exit(code)),
-                hint=result.get("hint"),
-                log_tail=_tail(log_path) if "traceback" in result else [],
-            )
-        return WorkerOutcome(True, result)
+        if isinstance(result, dict):
+            with open(os.path.join(staging, RESULT_NAME), "w", encoding="utf-8") as f:
+                json.dump(result, f)
+        return outcome_of(result, code, log_path)
 
     def cancel(self) -> None:
         """Cancel running tasks and kill their compile subprocesses."""

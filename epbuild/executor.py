@@ -85,6 +85,21 @@ def _reap(proc: subprocess.Popen[bytes]) -> None:
                 pass
 
 
+def outcome_of(result: Any, code: int, log_path: str) -> WorkerOutcome:
+    """How a worker ended, from its result document (None if it wrote none) and exit code."""
+    if not isinstance(result, dict):
+        return WorkerOutcome(False, error=_describe_exit(code), log_tail=_tail(log_path))
+    if not result.get("ok"):
+        return WorkerOutcome(
+            False,
+            result,
+            error=result.get("error", _describe_exit(code)),
+            hint=result.get("hint"),
+            log_tail=_tail(log_path) if "traceback" in result else [],
+        )
+    return WorkerOutcome(True, result)
+
+
 class LocalExecutor:
     """Fresh subprocess per action on this machine."""
 
@@ -141,21 +156,12 @@ class LocalExecutor:
             _reap(proc)
             with self._lock:
                 self._running.discard(proc)
-        result_path = os.path.join(staging, RESULT_NAME)
         try:
-            with open(result_path, encoding="utf-8") as f:
+            with open(os.path.join(staging, RESULT_NAME), encoding="utf-8") as f:
                 result = json.load(f)
         except (OSError, ValueError):
-            return WorkerOutcome(False, error=_describe_exit(code), log_tail=_tail(log_path))
-        if not result.get("ok"):
-            return WorkerOutcome(
-                False,
-                result,
-                error=result.get("error", _describe_exit(code)),
-                hint=result.get("hint"),
-                log_tail=_tail(log_path) if "traceback" in result else [],
-            )
-        return WorkerOutcome(True, result)
+            result = None
+        return outcome_of(result, code, log_path)
 
     def cancel(self) -> None:
         with self._lock:

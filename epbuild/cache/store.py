@@ -20,7 +20,11 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..state import OutputRecord
 from .backend import Backend
+
+CachedOutput = OutputRecord
+"""One output file of an entry: the same record the state keeps."""
 
 LAYOUT = "v1"
 OBJECTS = f"{LAYOUT}/objects"
@@ -33,14 +37,6 @@ _NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.+\-]*")
 
 class CorruptEntryError(Exception):
     """An entry that cannot be used (unreadable, or an object is missing or damaged)."""
-
-
-@dataclass(frozen=True)
-class CachedOutput:
-    """One output file of an entry."""
-
-    size: int
-    digest: str
 
 
 @dataclass(frozen=True)
