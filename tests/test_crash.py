@@ -181,7 +181,9 @@ def test_sigkill_loop_converges(workspace: Workspace) -> None:
     models = ["m/p1.onnx", "m/p2.onnx", "s/s0.onnx", "s/s1.onnx", "s/s2.onnx"]
     kills = {"coordinator": 0, "worker": 0, "finished first": 0}
     seen_fresh_checked = 0
-    for round_ in range(8):
+    for round_ in range(24):  # at least 8 rounds, more until enough kills landed mid-build
+        if round_ >= 8 and kills["coordinator"] >= 2 and kills["worker"] >= 2:
+            break
         # change one or two inputs so there is work to interrupt
         for model in rng.sample(models, rng.randint(1, 2)):
             if model.startswith("m/"):
@@ -228,7 +230,7 @@ def test_sigkill_loop_converges(workspace: Workspace) -> None:
         assert _staging_left(ws.root) == []
         assert {p.action.id for p in status(ws.root) if p.stale} == set()
     print(f"kills: {kills}, fresh outputs verified after kills: {seen_fresh_checked}")
-    assert kills["coordinator"] + kills["worker"] >= 6 and kills["worker"] >= 1, kills
+    assert kills["coordinator"] >= 2 and kills["worker"] >= 2, kills
     assert seen_fresh_checked > 0
 
 
