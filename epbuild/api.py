@@ -10,14 +10,21 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from . import locks
-from .commit import check_removable, check_staged, clean_stale_staging, commit, make_staging
+from .commit import (
+    check_removable,
+    check_staged,
+    clean_stale_staging,
+    commit,
+    hash_staged,
+    make_staging,
+)
 from .errors import EpbuildError, Interrupted
 from .fsutil import remove_tree
 from .graph import Action
 from .keys import ActionKey
 from .plan import ActionPlan, make_plan, plan_action
 from .providers import get_provider
-from .statcache import Entry, hash_file
+from .statcache import Entry
 from .state import ActionRecord, OutputRecord, State
 from .workspace import Workspace, open_workspace
 
@@ -272,6 +279,7 @@ class _Builder:
                 )  # fmt: skip
             started = tracer.now()
             names = check_staged(ws.root, staging, action.ctx_names)
+            outputs = hash_staged(ws.root, staging, action.out_dir, names)
             warnings = self._check_detail(action, outcome.result.get("detail", {}))
             changed = [
                 rel for rel, digest in key.inputs.items()
@@ -286,13 +294,6 @@ class _Builder:
                     hint="run the build again once the file is written",
                 )  # fmt: skip
             started = tracer.now()
-            staged_dir = os.path.join(ws.root, staging)
-            outputs: dict[str, OutputRecord] = {}
-            for name in names:
-                full = os.path.join(staged_dir, name)
-                outputs[posixpath.join(action.out_dir, name)] = OutputRecord(
-                    os.path.getsize(full), hash_file(full)
-                )
             record = ActionRecord(
                 id=action.id,
                 key=key.key,
@@ -336,7 +337,7 @@ class _Builder:
                 hit = self.cache.restore(key.key, os.path.join(ws.root, staging))
                 if hit is None:
                     return None, None
-                names = check_staged(ws.root, staging, action.ctx_names, scan_paths=False)
+                names = check_staged(ws.root, staging, action.ctx_names)
                 if set(names) != set(hit.entry.outputs):
                     raise VerificationError("outputs do not match the entry")
             except (CacheDamagedError, VerificationError) as exc:

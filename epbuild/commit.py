@@ -10,23 +10,14 @@ from __future__ import annotations
 
 import os
 import posixpath
-from dataclasses import dataclass
 
 from .errors import UnsafePathError, VerificationError
 from .fsutil import remove_tree
 from .paths import ensure_dir_inside, inside, is_safe_reference
+from .state import OutputRecord
 from .worker_files import LOG_NAME, RESULT_NAME
 
 STAGING = ".staging"
-
-
-@dataclass(frozen=True)
-class StagedFile:
-    """A staged output file."""
-
-    name: str
-    size: int
-    digest: str
 
 
 def staging_root(root: str, out_dir: str) -> str:
@@ -71,14 +62,8 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def check_staged(
-    root: str, staging: str, ctx_names: tuple[str, ...], *, scan_paths: bool = True
-) -> list[str]:
-    """Validate a staging directory; return the output file names (raises on problems).
-
-    ``scan_paths=False`` skips searching every byte for the workspace path (a restore from
-    the cache: those bytes were scanned when compiled, and are verified by digest).
-    """
+def check_staged(root: str, staging: str, ctx_names: tuple[str, ...]) -> list[str]:
+    """Validate a staging directory; return the output file names (raises on problems)."""
     from .onnxproto import ProtoError, read_model
 
     full = os.path.join(root, staging)
@@ -105,16 +90,31 @@ def check_staged(
                 )
             if posixpath.normpath(ref) not in names:
                 raise VerificationError(f"{ctx}: references {ref!r}, which was not written")
-    if not scan_paths:
-        return names
-    needle = os.path.realpath(root).encode()
+    return names
+
+
+def hash_staged(root: str, staging: str, out_dir: str, names: list[str]) -> dict[str, OutputRecord]:
+    """Size and digest of each staged output, refusing any that holds the workspace path.
+
+    One read per file serves both: compiled outputs must never carry the build machine's
+    absolute paths, and their digests go into the state.
+    """
+    import hashlib
+
+    needles = {os.path.realpath(root).encode(), os.path.abspath(root).encode()}
+    records: dict[str, OutputRecord] = {}
     for name in names:
-        with open(os.path.join(full, name), "rb") as f:
-            if needle in f.read():
+        with open(os.path.join(root, staging, name), "rb") as f:
+            data = f.read()
+        for needle in needles:
+            if needle in data:
                 raise VerificationError(
                     f"{name}: contains the absolute workspace path {needle.decode()!r}"
                 )
-    return names
+        records[posixpath.join(out_dir, name)] = OutputRecord(
+            len(data), hashlib.sha256(data).hexdigest()
+        )
+    return records
 
 
 def check_removable(root: str, top: str, rels: list[str]) -> None:

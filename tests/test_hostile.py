@@ -578,3 +578,20 @@ def test_broken_models_fail_one_by_one(workspace: Workspace) -> None:
         assert fragment.lower() in result["error"].lower(), (model, result["error"])
     assert not any(p.name.startswith(("empty", "garbage")) for p in
                    (workspace.root / "build").rglob("*_ctx.onnx"))  # fmt: skip
+
+
+def test_staged_output_holding_the_workspace_path_is_refused(tmp_path: Path) -> None:
+    from epbuild.commit import hash_staged
+    from epbuild.errors import VerificationError
+
+    staging = tmp_path / "build" / ".staging" / "x-1"
+    staging.mkdir(parents=True)
+    (staging / "a_ctx.onnx").write_bytes(b"ok")
+    (staging / "a_ctx_qnn.bin").write_bytes(b"\0" + str(tmp_path).encode() + b"/models\0")
+    with pytest.raises(VerificationError, match="absolute workspace path"):
+        hash_staged(
+            str(tmp_path), "build/.staging/x-1", "build/g/p", ["a_ctx.onnx", "a_ctx_qnn.bin"]
+        )
+    (staging / "a_ctx_qnn.bin").write_bytes(b"clean")
+    records = hash_staged(str(tmp_path), "build/.staging/x-1", "build/g/p", ["a_ctx_qnn.bin"])
+    assert records["build/g/p/a_ctx_qnn.bin"].size == 5
