@@ -251,6 +251,7 @@ def _resolve(file: Path, locator: _Locator, data: dict[str, Any]) -> Manifest:
             options=options,
             session_options=session_options,
             settings=adapter_settings,
+            base_dir=str(root),
         )
 
     groups: dict[str, Group] = {}

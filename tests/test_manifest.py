@@ -199,3 +199,21 @@ def test_glob_in_workspace_with_glob_characters_in_its_path(tmp_path: Path) -> N
     ws.model("models/b.onnx")
     m = load_manifest(ws.manifest(GOOD.replace('["models/a.onnx"]', '["models/*.onnx"]')))
     assert m.groups["g"].models == ("models/a.onnx", "models/b.onnx")
+
+
+def test_plugin_library_is_relative_to_the_manifest(
+    workspace: Workspace, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    from epbuild.providers import get_provider
+
+    workspace.model("models/a.onnx")
+    (workspace.root / "libs").mkdir()
+    (workspace.root / "libs" / "libmy_ep.so").write_bytes(b"not really a library")
+    text = (
+        GOOD + '\n[providers.mine]\nep = "plugin"\nlibrary = "libs/libmy_ep.so"\nep_name = "mine"\n'
+    )
+    monkeypatch.chdir(tmp_path)  # the coordinator may run anywhere (-C)
+    m = load_manifest(workspace.manifest(text))
+    cfg = m.providers["mine"]
+    assert cfg.settings["library"] == "libs/libmy_ep.so"  # the key stays relocatable
+    assert get_provider("plugin").versions(cfg)["plugin-library"] != "absent"

@@ -33,6 +33,12 @@ class ProviderConfig:
     """Extra ORT session config entries."""
     settings: Mapping[str, str] = field(default_factory=dict)
     """Adapter settings that are not EP options (e.g. plugin ``library``, ``ep_name``)."""
+    base_dir: str = ""
+    """Directory relative settings are resolved against (the manifest's); not in the key."""
+
+    def resolve(self, path: str) -> str:
+        """A setting's path, relative to the manifest's directory unless absolute."""
+        return os.path.join(self.base_dir, path) if self.base_dir else path
 
 
 class Provider(Protocol):

@@ -106,12 +106,12 @@ class PluginProvider:
     def versions(self, config: ProviderConfig) -> dict[str, str]:
         return {
             "onnxruntime": dist_version("onnxruntime"),
-            LIBRARY_KEY: library_digest(config.settings["library"]),
+            LIBRARY_KEY: library_digest(config.resolve(config.settings["library"])),
         }
 
     def version_inputs(self, config: ProviderConfig) -> list[str]:
         """The library file: its stat vouches for its digest in ``versions``."""
-        return [config.settings["library"]]
+        return [config.resolve(config.settings["library"])]
 
     def context_source(self, config: ProviderConfig) -> str:
         return config.settings.get("source") or config.settings["ep_name"]
@@ -131,7 +131,7 @@ class PluginProvider:
         self, ort: onnxruntime, so: onnxruntime.SessionOptions, config: ProviderConfig
     ) -> None:
         ep_name = config.settings["ep_name"]
-        library = config.settings["library"]
+        library = config.resolve(config.settings["library"])
         if not os.path.isfile(library):
             raise ProviderUnavailableError(
                 f"plugin EP library {library} does not exist", hint=install_hint(self.extra)
