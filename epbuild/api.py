@@ -650,6 +650,21 @@ def _schedule(builder: _Builder, stale: list[ActionPlan]) -> dict[str, ActionRes
     return results
 
 
+def orphaned_actions(ws: Workspace) -> list[str]:
+    """Recorded actions the manifest no longer has (their outputs are still on disk)."""
+    from .graph import make_actions
+
+    current = {a.id for a in make_actions(ws.manifest)}
+    return sorted(i for i in ws.state.records if i not in current)
+
+
+def orphaned(
+    directory: str | os.PathLike[str] = ".", manifest: str | os.PathLike[str] | None = None
+) -> list[str]:
+    """Ids of built actions the manifest no longer has; ``clean`` removes their outputs."""
+    return orphaned_actions(open_workspace(directory, manifest))
+
+
 def clean(
     directory: str | os.PathLike[str] = ".",
     manifest: str | os.PathLike[str] | None = None,
@@ -662,24 +677,27 @@ def clean(
         return removed
     with locks.hold(ws.state_lock, "epbuild clean"):
         state = ws.reload_state()
-        for action in ws.actions:  # refuse before deleting anything
-            rec = state.records.get(action.id)
+        ids = [a.id for a in ws.actions]
+        if not selectors:  # also what earlier manifests built and this one no longer has
+            ids += orphaned_actions(ws)
+        for action_id in ids:  # refuse before deleting anything
+            rec = state.records.get(action_id)
             outputs = list(rec.outputs) if rec else []
             check_removable(ws.root, ws.manifest.workspace.out_dir, outputs)
-        for action in ws.actions:
-            rec = state.records.get(action.id)
+        for action_id in ids:
+            rec = state.records.get(action_id)
             paths = list(rec.outputs) if rec else []
             for rel in paths:
                 full = os.path.join(ws.root, rel)
                 if os.path.lexists(full):
                     os.unlink(full)
                     removed.append(rel)
-            if rec or action.id in state.interrupted:
-                ws.journal.forget(action.id)
+            if rec or action_id in state.interrupted:
+                ws.journal.forget(action_id)
         clean_stale_staging(ws.root, ws.manifest.workspace.out_dir)
     top = os.path.join(ws.root, ws.manifest.workspace.out_dir)
-    for action in ws.actions:  # drop directories we emptied, never above out_dir
-        d = os.path.join(ws.root, action.out_dir)
+    for rel in removed:  # drop directories we emptied, never above out_dir
+        d = os.path.dirname(os.path.join(ws.root, rel))
         while (d.startswith(top + os.sep) and os.path.isdir(d) and not os.path.islink(d)
                and not os.listdir(d)):  # fmt: skip
             os.rmdir(d)

@@ -229,6 +229,12 @@ def _cmd_status(args: argparse.Namespace) -> int:
                 print(f"              - {r}")
         else:
             print(f"up to date  {p.action.id}")
+    if not args.selectors:
+        from .api import orphaned
+
+        for action_id in orphaned(args.directory, args.manifest):
+            print(f"orphaned    {action_id}")
+            print("              - no longer in the manifest; 'epbuild clean' removes its outputs")
     return 0
 
 

@@ -202,3 +202,20 @@ def test_clean_removes_outputs(simple_ws: Callable[..., Workspace]) -> None:
     assert not list((ws.root / "build").rglob("*.onnx"))
     assert (ws.root / "models" / "a.onnx").exists()
     assert ws.build().count(Outcome.COMPILED) == 2
+
+
+def test_outputs_of_removed_actions_are_reported_and_cleaned(
+    simple_ws: Callable[..., Workspace],
+) -> None:
+    ws = simple_ws()
+    ws.build()
+    text = (ws.root / "epbuild.toml").read_text()
+    single = text.index("[groups.single]")
+    (ws.root / "epbuild.toml").write_text(text[:single])
+    proc = ws.cli("status")
+    assert "orphaned    single/htp/c" in proc.stdout
+    assert (ws.root / "build" / "single" / "htp" / "c_ctx.onnx").exists()
+    assert ws.cli("clean").returncode == 0
+    assert not (ws.root / "build" / "single").exists()
+    assert (ws.root / "models" / "c.onnx").exists()
+    assert "orphaned" not in ws.cli("status").stdout
