@@ -116,7 +116,7 @@ def _print_json(data: Any) -> None:
 
 
 def _print_summary(doc: dict[str, Any]) -> None:
-    from .api import Outcome
+    from .results import Outcome
 
     s = doc["summary"]
     parts = [f"{s[o.value]} {o.value.replace('_', ' ')}" for o in Outcome if s.get(o.value)]

@@ -7,7 +7,7 @@ import sys
 import threading
 from typing import TextIO
 
-from .api import ActionResult, Outcome, Reporter
+from .results import ActionResult, Outcome, Reporter
 
 _MARK = {
     Outcome.COMPILED: "compiled",

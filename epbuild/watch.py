@@ -23,14 +23,14 @@ from dataclasses import dataclass, field
 from fnmatch import fnmatchcase
 from typing import TYPE_CHECKING, Any
 
-from .api import Reporter
+from .results import Reporter
 from .errors import EpbuildError, Interrupted, UserError
 
 if TYPE_CHECKING:
     from watchdog.events import FileSystemEvent
     from watchdog.observers.api import BaseObserver, ObservedWatch
 
-    from .api import ActionResult, BuildResult
+    from .results import ActionResult, BuildResult
     from .manifest import Manifest
 
 if sys.version_info >= (3, 11):

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from epbuild.api import ActionResult, Outcome, Reporter, _schedule
+from epbuild.builder import schedule as _schedule
 from epbuild.memory import (
     BASE_PEAK,
     MemoryPlan,
@@ -22,6 +22,7 @@ from epbuild.memory import (
     predict_from_inputs,
     predict_peak,
 )
+from epbuild.results import ActionResult, Outcome, Reporter
 
 if TYPE_CHECKING:
     from conftest import Workspace
@@ -84,7 +85,7 @@ def test_take_admits_what_fits_and_a_too_big_one_alone() -> None:
 
 
 class FakeBuilder:
-    """What ``_schedule`` needs from ``_Builder``; the fake executor records start/end times."""
+    """What ``schedule`` needs from ``Builder``; the fake executor records start/end times."""
 
     def __init__(self, jobs: int, memory: MemoryPlan, seconds: float) -> None:
         self.jobs = jobs

@@ -1,0 +1,121 @@
+"""What a build reports: outcomes, per-action and whole-build results, progress events."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .graph import Action
+
+
+class Outcome(enum.Enum):
+    """How an action ended in a build (or would, in a dry run)."""
+
+    COMPILED = "compiled"
+    RESTORED = "restored"
+    UP_TO_DATE = "up_to_date"
+    FAILED = "failed"
+    SKIPPED = "skipped"
+    WOULD_BUILD = "would_build"
+
+
+@dataclass
+class ActionResult:
+    """One action's result."""
+
+    id: str
+    group: str
+    provider: str
+    outcome: Outcome
+    seconds: float = 0.0
+    outputs: list[str] = field(default_factory=list)
+    reasons: list[str] = field(default_factory=list)
+    error: str | None = None
+    hint: str | None = None
+    log_tail: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    exit_code: int = 1
+    """The exit code a failure of this action maps to (3: a lock wait timed out)."""
+
+    def to_json(self) -> dict[str, Any]:
+        """The ``--json`` form."""
+        data: dict[str, Any] = {
+            "id": self.id,
+            "group": self.group,
+            "provider": self.provider,
+            "outcome": self.outcome.value,
+            "seconds": round(self.seconds, 3),
+            "outputs": self.outputs,
+            "reasons": self.reasons,
+        }
+        if self.error:
+            data["error"] = self.error
+            if self.hint:
+                data["hint"] = self.hint
+            if self.log_tail:
+                data["log_tail"] = self.log_tail
+        if self.warnings:
+            data["warnings"] = self.warnings
+        return data
+
+
+@dataclass
+class BuildResult:
+    """What a build did."""
+
+    actions: list[ActionResult]
+    seconds: float
+    warnings: list[str] = field(default_factory=list)
+
+    def count(self, outcome: Outcome) -> int:
+        """How many actions ended with ``outcome``."""
+        return sum(1 for a in self.actions if a.outcome is outcome)
+
+    @property
+    def ok(self) -> bool:
+        """No action failed."""
+        return self.count(Outcome.FAILED) == 0
+
+    @property
+    def exit_code(self) -> int:
+        """0 on success, 3 if a lock wait timed out, else 1."""
+        codes = {a.exit_code for a in self.actions if a.outcome is Outcome.FAILED}
+        return 0 if not codes else 3 if 3 in codes else 1
+
+    def summary(self) -> dict[str, Any]:
+        """Counts per outcome plus the wall time."""
+        data: dict[str, Any] = {o.value: self.count(o) for o in Outcome}
+        data["total"] = len(self.actions)
+        data["seconds"] = round(self.seconds, 3)
+        return data
+
+    def to_json(self) -> dict[str, Any]:
+        """The ``--json`` document."""
+        return {
+            "summary": self.summary(),
+            "actions": [a.to_json() for a in self.actions],
+            "warnings": self.warnings,
+        }
+
+
+class Reporter:
+    """Receives progress events; the CLI renders them. The default ignores them."""
+
+    def start(self, total: int, stale: int) -> None:
+        """The build is about to run ``stale`` of ``total`` actions."""
+
+    def action_started(self, action_id: str) -> None:
+        """An action began compiling."""
+
+    def action_finished(self, result: ActionResult) -> None:
+        """An action ended."""
+
+    def message(self, text: str) -> None:
+        """A one-off note (waiting on a lock, a warning)."""
+
+
+def action_result(action: Action, outcome: Outcome, **kw: Any) -> ActionResult:
+    """A result for ``action`` with its group and provider filled in."""
+    return ActionResult(action.id, action.group.name, action.provider.name, outcome, **kw)
