@@ -23,15 +23,15 @@ from dataclasses import dataclass, field
 from fnmatch import fnmatchcase
 from typing import TYPE_CHECKING, Any
 
-from .results import Reporter
 from .errors import EpbuildError, Interrupted, UserError
+from .results import Reporter
 
 if TYPE_CHECKING:
     from watchdog.events import FileSystemEvent
     from watchdog.observers.api import BaseObserver, ObservedWatch
 
-    from .results import ActionResult, BuildResult
     from .manifest import Manifest
+    from .results import ActionResult, BuildResult
 
 if sys.version_info >= (3, 11):
     import tomllib
