@@ -27,7 +27,7 @@ import uuid
 from typing import TYPE_CHECKING, Any
 
 from .errors import UserError
-from .executor import WORKER_BOOT, WorkerOutcome, outcome_of
+from .executor import WORKER_BOOT, WorkerOutcome, outcome_of, send_job
 from .paths import is_safe_reference
 from .worker_files import LOG_NAME, RESULT_NAME
 
@@ -80,11 +80,7 @@ def remote_compile(job: dict[str, Any], files: dict[str, tuple[str, bytes]]) -> 
             _PROCS[token] = proc
         assert proc.stdin is not None and proc.stdout is not None
         try:
-            try:
-                proc.stdin.write(json.dumps(job).encode() + b"\n")
-                proc.stdin.flush()
-            except OSError:
-                pass
+            send_job(proc, job)
             log = proc.stdout.read()
             code = proc.wait()
         finally:

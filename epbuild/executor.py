@@ -85,6 +85,16 @@ def _reap(proc: subprocess.Popen[bytes]) -> None:
                 pass
 
 
+def send_job(proc: subprocess.Popen[bytes], job: dict[str, Any]) -> None:
+    """Hand a worker its job line; its stdin then stays open until the coordinator goes."""
+    assert proc.stdin is not None
+    try:
+        proc.stdin.write(json.dumps(job).encode() + b"\n")
+        proc.stdin.flush()
+    except OSError:
+        pass  # the worker died on start; its exit status tells why
+
+
 def outcome_of(result: Any, code: int, log_path: str) -> WorkerOutcome:
     """How a worker ended, from its result document (None if it wrote none) and exit code."""
     if not isinstance(result, dict):
@@ -142,11 +152,7 @@ class LocalExecutor:
         proc = self._take()
         assert proc.stdin is not None and proc.stdout is not None
         try:
-            try:
-                proc.stdin.write(json.dumps(job).encode() + b"\n")
-                proc.stdin.flush()
-            except OSError:
-                pass  # the worker died on start; its exit status tells why
+            send_job(proc, job)
             with open(log_path, "wb") as log:
                 while chunk := os.read(proc.stdout.fileno(), 65536):
                     log.write(chunk)

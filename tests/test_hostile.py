@@ -356,10 +356,10 @@ def _one_model_ws(workspace: Workspace, **ws_table: Any) -> Workspace:
         ("groups.g", "models", ["m/../../outside.onnx"]),
         ("workspace", "out_dir", "/tmp"),
         ("workspace", "out_dir", "../out"),
-        ("workspace", "state_dir", "/var/tmp/state"),
+        ("workspace", "state_dir", "/srv/epbuild-state"),
         ("workspace", "state_dir", "x/../../state"),
         ("workspace", "cache", "../cache"),
-        ("workspace", "cache", "/tmp/cache"),
+        ("workspace", "cache", "/srv/epbuild-cache"),
     ],
 )
 def test_escaping_manifest_paths_are_refused(workspace: Workspace, table: str, key: str,
