@@ -274,8 +274,9 @@ def _resolve(file: Path, locator: _Locator, data: dict[str, Any]) -> Manifest:
             expanded = _expand(root, rel(pattern, (*base, "models"), "model"), excluded)
             if not expanded:
                 raise _error(
-                    file, locator, (*base, "models"), f"pattern {pattern!r} matches no files"
-                )
+                    file, locator, (*base, "models"), f"pattern {pattern!r} matches no files",
+                    "add the models, or fix the pattern (relative to the manifest's directory)",
+                )  # fmt: skip
             for model in expanded:
                 if model in models:
                     raise _error(
