@@ -10,7 +10,7 @@ import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from conftest import Workspace
 
@@ -99,15 +99,20 @@ def test_export_clone_import_cache_only(simple_ws: Callable[..., Workspace],
     assert other.cli("cache", "key").stdout == ws.cli("cache", "key").stdout
 
 
-def test_flipped_bit_in_object_is_detected_and_recompiled(simple_ws: Callable[..., Workspace],
-                                                          tmp_path: Path) -> None:  # fmt: skip
-    ws = simple_ws()
+def _built_cleaned_object(ws: Workspace, tmp_path: Path) -> tuple[Path, Any, Path]:
+    """Build into a fresh cache, clean, and return (cache, outputs, the c binary's object)."""
     cache = tmp_path / "cache"
     ws.build(cache=str(cache))
     good = outputs(ws)
     ws.cli("clean", check=True)
     entry = next(e for e in check_consistent(cache) if e.action_id == "single/htp/c")
-    obj = cache / object_path(entry.outputs["c_ctx_qnn.bin"].digest)
+    return cache, good, cache / object_path(entry.outputs["c_ctx_qnn.bin"].digest)
+
+
+def test_flipped_bit_in_object_is_detected_and_recompiled(simple_ws: Callable[..., Workspace],
+                                                          tmp_path: Path) -> None:  # fmt: skip
+    ws = simple_ws()
+    cache, good, obj = _built_cleaned_object(ws, tmp_path)
     obj.chmod(0o644)
     data = bytearray(obj.read_bytes())
     data[len(data) // 2] ^= 0x10
@@ -156,12 +161,7 @@ def test_tampering_that_keeps_size_and_mtime_needs_a_full_verify(
     back is restored on trust; ``verify`` catches it in the output (a hard link to the
     object), ``cache verify`` discards it, and the next build recompiles."""
     ws = simple_ws()
-    cache = tmp_path / "cache"
-    ws.build(cache=str(cache))
-    good = outputs(ws)
-    ws.cli("clean", check=True)
-    entry = next(e for e in check_consistent(cache) if e.action_id == "single/htp/c")
-    obj = cache / object_path(entry.outputs["c_ctx_qnn.bin"].digest)
+    cache, good, obj = _built_cleaned_object(ws, tmp_path)
     st = obj.stat()
     obj.chmod(0o644)
     data = bytearray(obj.read_bytes())
