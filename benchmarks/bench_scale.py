@@ -29,7 +29,7 @@ from pathlib import Path
 
 RSS_WRAPPER = (
     "import resource, sys\n"
-    "from epbuild.cli import main\n"
+    "from epbuild.frontends.cli import main\n"
     "rc = main(sys.argv[1:])\n"
     "print('EPBUILD_MAXRSS', resource.getrusage(resource.RUSAGE_SELF).ru_maxrss,"
     " file=sys.stderr)\n"
@@ -66,10 +66,10 @@ def make_workspace(root: Path, count: int) -> None:
 
 def fabricate_state(root: Path) -> None:
     """Record every action as built, with a small output file in place (no compile)."""
-    from epbuild.fsutil import atomic_write_bytes
-    from epbuild.statcache import hash_file
-    from epbuild.state import _HEADER_LINE, ActionRecord, OutputRecord, _done_dict, _line
-    from epbuild.workspace import open_workspace
+    from epbuild.fs import atomic_write_bytes
+    from epbuild.state.journal import _HEADER_LINE, ActionRecord, OutputRecord, _done_dict, _line
+    from epbuild.state.statcache import hash_file
+    from epbuild.state.workspace import open_workspace
 
     ws = open_workspace(root)
     lines = [_HEADER_LINE]

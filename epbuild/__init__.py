@@ -10,10 +10,10 @@ from typing import TYPE_CHECKING, Any
 __version__ = "0.1.0"
 
 if TYPE_CHECKING:
-    from .api import BuildResult, build, clean, status
-    from .report import status_detail
-    from .runtime import open_action, open_models
-    from .verify import verify_outputs
+    from epbuild.api import BuildResult, build, clean, status
+    from epbuild.inspect.detail import status_detail
+    from epbuild.inspect.verify import verify_outputs
+    from epbuild.runtime import open_action, open_models
 
 __all__ = [
     "BuildResult",
@@ -28,8 +28,8 @@ __all__ = [
 # Functions that live outside api.py (their names differ from their modules' names, so
 # importing a submodule never shadows a function).
 _MODULES = {
-    "status_detail": "report",
-    "verify_outputs": "verify",
+    "status_detail": "inspect.detail",
+    "verify_outputs": "inspect.verify",
     "open_action": "runtime",
     "open_models": "runtime",
 }

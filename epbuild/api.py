@@ -6,8 +6,7 @@ import os
 import time
 from typing import TYPE_CHECKING
 
-from . import locks
-from .builder import (
+from epbuild.engine.builder import (
     Builder,
     executor_for,
     open_action_cache,
@@ -15,15 +14,16 @@ from .builder import (
     save_stats,
     schedule,
 )
-from .commit import check_removable, clean_stale_staging
-from .errors import EpbuildError
-from .plan import ActionPlan, make_plan
-from .results import ActionResult, BuildResult, Outcome, Reporter, action_result
-from .workspace import Workspace, open_workspace
+from epbuild.engine.staging import check_removable, clean_stale_staging
+from epbuild.errors import EpbuildError
+from epbuild.planning.staleness import ActionPlan, make_plan
+from epbuild.results import ActionResult, BuildResult, Outcome, Reporter, action_result
+from epbuild.state import locks
+from epbuild.state.workspace import Workspace, open_workspace
 
 if TYPE_CHECKING:
-    from .executor import Executor
-    from .manifest import Manifest
+    from epbuild.executors.local import Executor
+    from epbuild.manifest.load import Manifest
 
 
 __all__ = [
@@ -48,7 +48,7 @@ def status(
     if any(p.stale and p.key for p in plans):
         cached = open_action_cache(ws, directory, cache)
         if cached is not None:
-            from .cache.explain import explain_plans
+            from epbuild.planning.cache_explain import explain_plans
 
             explain_plans(cached, plans)
     save_stats(ws)
@@ -82,7 +82,7 @@ def build(
     scheduler address) or an ``Executor`` object. ``loaded`` builds with an already-loaded
     manifest instead of re-reading the file (watch keeps its last good one).
     """
-    from .trace import TRACE_NAME, Tracer
+    from epbuild.engine.trace import TRACE_NAME, Tracer
 
     t0 = time.perf_counter()
     tracer = Tracer()
@@ -154,7 +154,7 @@ def _record_noop(
     result: BuildResult,
 ) -> None:  # fmt: skip
     """Let the next no-op build answer from stats alone (see ``noop``)."""
-    from .noop import write_fingerprint
+    from epbuild.planning.noop import write_fingerprint
 
     try:
         write_fingerprint(ws, plans, selectors, result.to_json())
@@ -164,7 +164,7 @@ def _record_noop(
 
 def orphaned_actions(ws: Workspace) -> list[str]:
     """Recorded actions the manifest no longer has (their outputs are still on disk)."""
-    from .graph import make_actions
+    from epbuild.planning.actions import make_actions
 
     current = {a.id for a in make_actions(ws.manifest)}
     return sorted(i for i in ws.state.records if i not in current)

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from .graph import Action
+    from epbuild.planning.actions import Action
 
 
 class Outcome(enum.Enum):

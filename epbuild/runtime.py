@@ -18,12 +18,12 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, Literal
 
-from .errors import CompatibilityError, LockTimeoutError, UserError
+from epbuild.errors import CompatibilityError, LockTimeoutError, UserError
 
 if TYPE_CHECKING:
     from types import TracebackType
 
-    from .providers.base import ProviderConfig
+    from epbuild.providers.base import ProviderConfig
 
 ModelSource = str | os.PathLike[str] | tuple[str | os.PathLike[str], bytes]
 """A ctx model path, or ``(path, bytes)``: an in-memory model and the path it was built at
@@ -122,8 +122,8 @@ def _stem(path: str) -> str:
 
 def check_context(label: str, data: bytes | None, path: str, provider: ProviderConfig) -> None:
     """Raise ``CompatibilityError`` if a ctx model is not for this EP and its installed SDK."""
-    from .onnxproto import ProtoError, parse_model, read_model
-    from .providers import get_provider
+    from epbuild.onnx.proto import ProtoError, parse_model, read_model
+    from epbuild.providers import get_provider
 
     adapter = get_provider(provider.ep)
     try:
@@ -171,7 +171,7 @@ def open_models(
     session_factory: SessionFactory | None = None,
 ) -> BuiltAction:
     """Create one session per ctx model, in order; see the module docstring."""
-    from .providers import get_provider
+    from epbuild.providers import get_provider
 
     adapter = get_provider(provider.ep)
     items: list[tuple[str, bytes | None]] = []
@@ -247,7 +247,7 @@ def open_action(
     session_factory: SessionFactory | None = None,
 ) -> BuiltAction:
     """Open a built action (``group/provider`` or an action id) of a workspace."""
-    from .workspace import open_workspace
+    from epbuild.state.workspace import open_workspace
 
     ws = open_workspace(directory, manifest, [selector])
     actions = ws.actions

@@ -12,7 +12,7 @@ from conftest import HTP73, HTP75, Workspace
 from modelgen import matmul_model, unsupported_model
 
 from epbuild.api import Outcome
-from epbuild.onnxproto import read_model
+from epbuild.onnx.proto import read_model
 
 
 def outcomes(result) -> dict[str, str]:  # type: ignore[no-untyped-def]
@@ -59,8 +59,8 @@ def test_three_model_sharing_group(workspace: Workspace) -> None:
 
 
 def test_touch_rebuilds_nothing_and_rehashes_once(simple_ws: Callable[..., Workspace]) -> None:
-    from epbuild.plan import make_plan
-    from epbuild.workspace import open_workspace
+    from epbuild.planning.staleness import make_plan
+    from epbuild.state.workspace import open_workspace
 
     ws = simple_ws()
     ws.build()

@@ -17,7 +17,7 @@ from conftest import Workspace
 from epbuild.api import Outcome
 from epbuild.cache.actioncache import ActionCache
 from epbuild.cache.store import OBJECTS, CacheEntry, object_path
-from epbuild.statcache import hash_file
+from epbuild.state.statcache import hash_file
 
 if TYPE_CHECKING:
     import pytest
@@ -72,7 +72,7 @@ def test_restore_after_clean_is_byte_identical(simple_ws: Callable[..., Workspac
     assert bin_path.stat().st_nlink >= 2 and bin_path.stat().st_mode & 0o222 == 0
     again = ws.build(cache=cache)
     assert again.count(Outcome.UP_TO_DATE) == 2
-    from epbuild.state import load_state
+    from epbuild.state.journal import load_state
 
     state = load_state(str(ws.root / ".epbuild" / "state.jsonl"))
     assert all(r.restored for r in state.records.values())
@@ -80,7 +80,7 @@ def test_restore_after_clean_is_byte_identical(simple_ws: Callable[..., Workspac
 
 def test_export_clone_import_cache_only(simple_ws: Callable[..., Workspace],
                                         tmp_path: Path) -> None:  # fmt: skip
-    from epbuild.verify import verify_outputs
+    from epbuild.inspect.verify import verify_outputs
 
     ws = simple_ws()
     ws.build(cache=str(tmp_path / "cache-a"))

@@ -22,8 +22,8 @@ from modelgen import matmul_model
 from test_crash import verify_outputs
 
 from epbuild.api import Outcome, status
-from epbuild.statcache import StatCache
-from epbuild.state import load_state
+from epbuild.state.journal import load_state
+from epbuild.state.statcache import StatCache
 
 
 @pytest.fixture(autouse=True)
@@ -42,7 +42,7 @@ def _race(
     starter = (
         "import os, sys, time\n"
         f"while not os.path.exists({str(go)!r}): time.sleep(0.005)\n"
-        "from epbuild.cli import main\n"
+        "from epbuild.frontends.cli import main\n"
         "sys.exit(main(sys.argv[1:]))\n"
     )
     procs = [
@@ -142,7 +142,7 @@ def test_eight_concurrent_builds_of_model_zoo(tmp_path: Path) -> None:
 
 _HOLDER = """
 import sys, time
-from epbuild import locks
+from epbuild.state import locks
 with locks.hold(sys.argv[1], "epbuild build g/htp/m0 (test holder)"):
     print("held", flush=True)
     time.sleep(float(sys.argv[2]))
@@ -157,7 +157,7 @@ def _hold(lock: Path, seconds: float) -> subprocess.Popen[str]:
 
 
 def _lock_ws(workspace: Workspace) -> tuple[Workspace, Path]:
-    from epbuild.workspace import open_workspace
+    from epbuild.state.workspace import open_workspace
 
     workspace.model("m/m0.onnx", matmul_model(0, n=16))
     workspace.model("m/m1.onnx", matmul_model(1, n=16))

@@ -22,9 +22,9 @@ from conftest import HTP73, Workspace
 from modelgen import matmul_model
 
 from epbuild.api import Outcome, status
-from epbuild.onnxproto import read_model
-from epbuild.statcache import hash_file
-from epbuild.state import load_state
+from epbuild.onnx.proto import read_model
+from epbuild.state.journal import load_state
+from epbuild.state.statcache import hash_file
 
 
 @pytest.fixture(autouse=True)
@@ -94,7 +94,7 @@ def _workers_of(pid: int) -> list[psutil.Process]:
     out = []
     for k in kids:
         try:
-            if "epbuild.worker" in " ".join(k.cmdline()):
+            if "epbuild.executors.worker" in " ".join(k.cmdline()):
                 out.append(k)
         except psutil.Error:
             pass

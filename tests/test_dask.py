@@ -123,7 +123,7 @@ def test_killed_worker_mid_compile_is_retried_elsewhere(
             for pid in pids:
                 try:
                     children = psutil.Process(pid).children(recursive=True)
-                    busy = any("epbuild.worker" in " ".join(c.cmdline()) for c in children)
+                    busy = any("executors.worker" in " ".join(c.cmdline()) for c in children)
                 except psutil.Error:
                     continue
                 if busy:  # a compile is running under this Dask worker: kill the worker

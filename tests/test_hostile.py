@@ -23,7 +23,7 @@ from modelgen import matmul_model, save
 
 from epbuild.api import Outcome
 from epbuild.errors import ManifestError, UserError
-from epbuild.manifest import load_manifest
+from epbuild.manifest.load import load_manifest
 
 
 @pytest.fixture(autouse=True)
@@ -285,7 +285,7 @@ def test_unreadable_manifest(workspace: Workspace) -> None:
 def test_paged_reader_matches_whole_read(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from modelgen import partial_model
 
-    from epbuild import onnxproto
+    from epbuild.onnx import proto as onnxproto
 
     for i, model in enumerate([matmul_model(1, n=24), partial_model(2)]):
         path = save(model, tmp_path / f"m{i}.onnx")
@@ -298,8 +298,8 @@ def test_paged_reader_matches_whole_read(tmp_path: Path, monkeypatch: pytest.Mon
 
 _READER = """
 import sys
-from epbuild import onnxproto
-from epbuild.onnxproto import ProtoError
+from epbuild.onnx import proto as onnxproto
+from epbuild.onnx.proto import ProtoError
 if sys.argv[2] == "paged":
     onnxproto._PAGED_MIN = 0
     onnxproto._PAGE_BITS = 8
@@ -477,7 +477,7 @@ def _ctx_model(ref: str | None = None, location: str | None = None) -> Any:
 def test_built_models_with_escaping_references_are_refused(
     tmp_path: Path, ref: str, location: str | None, message: str
 ) -> None:
-    from epbuild.commit import check_staged
+    from epbuild.engine.staging import check_staged
     from epbuild.errors import VerificationError
 
     staging = tmp_path / "build" / ".staging" / "x-1"
@@ -493,7 +493,7 @@ def test_built_models_with_escaping_references_are_refused(
 def test_staged_file_replaced_by_a_symlink_is_refused(tmp_path: Path) -> None:
     import onnx
 
-    from epbuild.commit import check_staged
+    from epbuild.engine.staging import check_staged
     from epbuild.errors import UnsafePathError
 
     staging = tmp_path / "build" / ".staging" / "x-1"
@@ -581,7 +581,7 @@ def test_broken_models_fail_one_by_one(workspace: Workspace) -> None:
 
 
 def test_staged_output_holding_the_workspace_path_is_refused(tmp_path: Path) -> None:
-    from epbuild.commit import hash_staged
+    from epbuild.engine.staging import hash_staged
     from epbuild.errors import VerificationError
 
     staging = tmp_path / "build" / ".staging" / "x-1"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from epbuild.state import ActionRecord, Journal, OutputRecord, State, load_state
+from epbuild.state.journal import ActionRecord, Journal, OutputRecord, State, load_state
 
 
 def _rec(i: int) -> ActionRecord:

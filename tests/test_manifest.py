@@ -9,8 +9,8 @@ import pytest
 from conftest import HTP73, Workspace
 
 from epbuild.errors import ManifestError, UserError
-from epbuild.manifest import load_manifest
-from epbuild.schema import SCHEMA, schema_text, validate
+from epbuild.manifest.load import load_manifest
+from epbuild.manifest.schema import SCHEMA, schema_text, validate
 
 
 def _err(ws: Workspace, text: str) -> ManifestError:
@@ -153,7 +153,7 @@ def test_session_option_reserved(workspace: Workspace) -> None:
 
 def test_schema_file_matches_code() -> None:
     path = Path(__file__).parent.parent / "schemas" / "epbuild.schema.json"
-    assert path.read_text() == schema_text(), "run: python -m epbuild.schema"
+    assert path.read_text() == schema_text(), "run: python -m epbuild.manifest.schema"
     assert json.loads(path.read_text()) == SCHEMA
 
 

@@ -13,8 +13,8 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from epbuild.builder import schedule as _schedule
-from epbuild.memory import (
+from epbuild.engine.builder import schedule as _schedule
+from epbuild.engine.memory import (
     BASE_PEAK,
     MemoryPlan,
     available_memory,
@@ -45,8 +45,8 @@ def test_meminfo_parsing(tmp_path: Path) -> None:
 
 
 def test_prediction_from_inputs_then_from_record(simple_ws: Callable[..., Workspace]) -> None:
-    from epbuild.plan import make_plan
-    from epbuild.workspace import open_workspace
+    from epbuild.planning.staleness import make_plan
+    from epbuild.state.workspace import open_workspace
 
     ws = simple_ws()
     w = open_workspace(ws.root)

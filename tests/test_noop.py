@@ -11,7 +11,7 @@ from collections.abc import Callable
 from conftest import Workspace
 from modelgen import matmul_model
 
-from epbuild.noop import fast_noop
+from epbuild.planning.noop import fast_noop
 
 
 def _noop_ready(ws: Workspace) -> None:
@@ -34,7 +34,8 @@ def test_fast_path_imports_nothing_heavy(simple_ws: Callable[..., Workspace]) ->
     ws = simple_ws()
     _noop_ready(ws)
     code = (
-        "import sys; from epbuild.cli import main; rc = main(['-C', sys.argv[1], 'build']); "
+        "import sys; from epbuild.frontends.cli import main; "
+        "rc = main(['-C', sys.argv[1], 'build']); "
         "heavy = [m for m in ('onnx', 'onnxruntime', 'epbuild.api', 'filelock') "
         "if m in sys.modules]; "
         "print('HEAVY', heavy); sys.exit(rc)"

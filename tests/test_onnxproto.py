@@ -21,7 +21,7 @@ from onnx.external_data_helper import (
     uses_external_data,
 )
 
-from epbuild.onnxproto import (
+from epbuild.onnx.proto import (
     ContextNode,
     ExternalRef,
     ModelInfo,
@@ -381,7 +381,7 @@ def test_light_model_zoo(path: Path) -> None:
 
 def test_does_not_import_onnx() -> None:
     code = (
-        "import sys, epbuild.onnxproto; "
+        "import sys, epbuild.onnx.proto; "
         "bad = [m for m in ('onnx', 'onnxruntime', 'google.protobuf') if m in sys.modules]; "
         "assert not bad, bad"
     )

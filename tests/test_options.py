@@ -13,8 +13,8 @@ from modelgen import _model, matmul_model
 from onnx import helper, numpy_helper
 
 from epbuild.api import Outcome
-from epbuild.onnxproto import read_model
-from epbuild.verify import verify_outputs
+from epbuild.inspect.verify import verify_outputs
+from epbuild.onnx.proto import read_model
 
 MULTI = {"ep": "qnn", "options": {"htp_arch": "73,75", "soc_model": "60,69"}}
 
@@ -88,7 +88,7 @@ def test_sharing_group_embed0_verifies(simple_ws: Any) -> None:
 
 @pytest.mark.parametrize("ext", [None, "weights.bin"])
 def test_partial_model(workspace: Workspace, ext: str | None) -> None:
-    from epbuild.report import status_detail
+    from epbuild.inspect.detail import status_detail
     from epbuild.runtime import open_action
 
     src = workspace.model("m/p.onnx", mod_model(1))
@@ -184,7 +184,7 @@ def test_node_name_prefix_ignored_warns_once(workspace: Workspace) -> None:
 
 
 def test_embed1_over_2gb_is_refused(workspace: Workspace, monkeypatch: pytest.MonkeyPatch) -> None:
-    from epbuild import plan
+    from epbuild.planning import staleness as plan
 
     # A real 2 GB model would take minutes to write and hash: lower the limit instead.
     src = workspace.model("m/a.onnx", matmul_model(1), external="a.data")

@@ -16,10 +16,10 @@ import pytest
 from conftest import Workspace
 
 from epbuild.api import Outcome
-from epbuild.plan import make_plan
-from epbuild.statcache import StatCache, hash_file
-from epbuild.state import ActionRecord, Journal, State, load_state
-from epbuild.workspace import open_workspace
+from epbuild.planning.staleness import make_plan
+from epbuild.state.journal import ActionRecord, Journal, State, load_state
+from epbuild.state.statcache import StatCache, hash_file
+from epbuild.state.workspace import open_workspace
 
 
 @pytest.fixture(autouse=True)

@@ -16,7 +16,7 @@ import pytest
 from conftest import HTP73, Workspace
 from test_options import mod_model
 
-from epbuild.verify import LoadOutcome, Problem, verify_outputs
+from epbuild.inspect.verify import LoadOutcome, Problem, verify_outputs
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 

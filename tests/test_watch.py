@@ -19,7 +19,7 @@ import pytest
 from conftest import HTP73, HTP75, Workspace, render_manifest
 from modelgen import matmul_model, save
 
-from epbuild.watch import glob_match, make_targets
+from epbuild.frontends.watch import glob_match, make_targets
 
 CYCLE_TIMEOUT = 60.0
 
@@ -274,7 +274,7 @@ def test_interrupt_during_a_build_stops_workers_and_releases_locks(
     deadline = time.monotonic() + 30
     while not workers and time.monotonic() < deadline:
         try:
-            workers = [p for p in me.children() if "epbuild.worker" in " ".join(p.cmdline())]
+            workers = [p for p in me.children() if "executors.worker" in " ".join(p.cmdline())]
         except psutil.Error:
             pass
         time.sleep(0.01)
@@ -304,7 +304,7 @@ def test_glob_match() -> None:
 def test_targets_are_the_inputs_never_the_outputs(
     workspace: Workspace, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from epbuild.manifest import load_manifest
+    from epbuild.manifest.load import load_manifest
 
     monkeypatch.delenv("EPBUILD_CACHE")
 
@@ -341,7 +341,7 @@ def _wait_for_worker(proc: subprocess.Popen[str], timeout: float = 30) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         try:
-            if any("epbuild.worker" in " ".join(p.cmdline()) for p in me.children()):
+            if any("epbuild.executors.worker" in " ".join(p.cmdline()) for p in me.children()):
                 return
         except psutil.Error:
             pass

@@ -16,11 +16,18 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from ..keys import explain_difference
-from ..statcache import hash_file
-from . import trust
-from .local import LocalBackend, temp_name
-from .store import CachedOutput, CacheEntry, CorruptEntryError, Store, entry_path, object_path
+from epbuild.cache import trust
+from epbuild.cache.local import LocalBackend, temp_name
+from epbuild.cache.store import (
+    CachedOutput,
+    CacheEntry,
+    CorruptEntryError,
+    Store,
+    entry_path,
+    object_path,
+)
+from epbuild.planning.keys import explain_difference
+from epbuild.state.statcache import hash_file
 
 _CHUNK = 1 << 20
 
@@ -50,7 +57,7 @@ class ActionCache:
         self.local = Store(self.local_backend)
         self.remote: Store | None = None
         if remote_url:
-            from .remote import FsspecBackend
+            from epbuild.cache.remote import FsspecBackend
 
             self.remote = Store(FsspecBackend(remote_url))
         self.push = push

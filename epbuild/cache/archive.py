@@ -16,10 +16,9 @@ import tarfile
 from dataclasses import dataclass, field
 from typing import IO
 
-from ..errors import UserError
-from . import trust
-from .local import LocalBackend, temp_name
-from .store import (
+from epbuild.cache import trust
+from epbuild.cache.local import LocalBackend, temp_name
+from epbuild.cache.store import (
     ENTRIES,
     OBJECTS,
     CacheEntry,
@@ -28,6 +27,7 @@ from .store import (
     entry_path,
     object_path,
 )
+from epbuild.errors import UserError
 
 _OBJECT = re.compile(rf"{OBJECTS}/[0-9a-f]{{2}}/([0-9a-f]{{64}})")
 _ENTRY = re.compile(rf"{ENTRIES}/[0-9a-f]{{2}}/([0-9a-f]{{64}})\.json")

@@ -9,7 +9,7 @@ import shutil
 import uuid
 from collections.abc import Iterator
 
-from .backend import StoredFile
+from epbuild.cache.backend import StoredFile
 
 _FICLONE = 0x40049409  # Linux ioctl: share the source's extents (btrfs, XFS, ...)
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from .actioncache import ActionCache
+    from epbuild.cache.actioncache import ActionCache
 
 OFF = ("off", "none", "no", "0", "false")
 ENV = "EPBUILD_CACHE"
@@ -88,8 +88,8 @@ def open_cache(
     push: bool = False,
 ) -> ActionCache | None:
     """The action cache to use (see ``resolve``); None when caching is off."""
-    from ..errors import UserError
-    from .actioncache import ActionCache
+    from epbuild.cache.actioncache import ActionCache
+    from epbuild.errors import UserError
 
     cfg = resolve(option, base=base, manifest_value=manifest_value,
                   manifest_root=manifest_root, push=push)  # fmt: skip

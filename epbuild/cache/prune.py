@@ -12,8 +12,8 @@ import os
 import time
 from dataclasses import dataclass
 
-from .local import LocalBackend
-from .store import (
+from epbuild.cache.local import LocalBackend
+from epbuild.cache.store import (
     ENTRIES,
     IDS,
     OBJECTS,
@@ -23,7 +23,7 @@ from .store import (
     is_key,
     object_path,
 )
-from .trust import VERIFIED
+from epbuild.cache.trust import VERIFIED
 
 GRACE_SECONDS = 600.0
 
@@ -40,7 +40,7 @@ class PruneReport:
 
 def prune(store: Store, max_size: int, *, grace: float = GRACE_SECONDS) -> PruneReport:
     """Evict least-recently-used entries until the objects fit in ``max_size`` bytes."""
-    from .. import locks
+    from epbuild.state import locks
 
     backend = store.backend
     lock_dir = backend.root if isinstance(backend, LocalBackend) else None

@@ -12,8 +12,8 @@ from collections.abc import Iterator
 from datetime import datetime
 from typing import Any
 
-from ..errors import UserError
-from .backend import StoredFile
+from epbuild.cache.backend import StoredFile
+from epbuild.errors import UserError
 
 
 def _fsspec() -> Any:

@@ -20,8 +20,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..state import OutputRecord
-from .backend import Backend
+from epbuild.cache.backend import Backend
+from epbuild.state.journal import OutputRecord
 
 CachedOutput = OutputRecord
 """One output file of an entry: the same record the state keeps."""

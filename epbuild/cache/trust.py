@@ -21,8 +21,8 @@ import os
 import time
 from dataclasses import dataclass, field
 
-from .local import LocalBackend, temp_name
-from .store import LAYOUT, CorruptEntryError, Store, object_path
+from epbuild.cache.local import LocalBackend, temp_name
+from epbuild.cache.store import LAYOUT, CorruptEntryError, Store, object_path
 
 VERIFIED = f"{LAYOUT}/verified"
 _RACY_NS = 20_000_000  # as in the stat cache: a write in the same tick may keep the mtime
@@ -98,7 +98,7 @@ class CacheVerifyReport:
 def verify_all(store: Store, backend: LocalBackend) -> CacheVerifyReport:
     """Re-hash every object every entry uses, ignoring recorded stats; discard damaged
     entries (and their damaged objects) and re-record the stats of intact objects."""
-    from ..statcache import hash_file
+    from epbuild.state.statcache import hash_file
 
     intact: dict[str, bool] = {}
     problems: list[str] = []

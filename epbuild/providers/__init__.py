@@ -11,8 +11,8 @@ import importlib
 import threading
 from typing import Any
 
-from ..errors import ManifestError
-from .base import Provider
+from epbuild.errors import ManifestError
+from epbuild.providers.base import Provider
 
 ENTRY_POINT_GROUP = "epbuild.providers"
 BUILTIN: dict[str, tuple[str, str]] = {

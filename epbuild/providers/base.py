@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
-from ..errors import ManifestError, ProviderUnavailableError
+from epbuild.errors import ManifestError, ProviderUnavailableError
 
 if TYPE_CHECKING:
     import onnxruntime

@@ -22,8 +22,14 @@ import re
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from ..errors import ManifestError, ProviderUnavailableError
-from .base import ProviderConfig, dist_version, install_hint, register_plugin, stringify_options
+from epbuild.errors import ManifestError, ProviderUnavailableError
+from epbuild.providers.base import (
+    ProviderConfig,
+    dist_version,
+    install_hint,
+    register_plugin,
+    stringify_options,
+)
 
 if TYPE_CHECKING:
     import onnxruntime

@@ -13,8 +13,8 @@ import os
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from ..errors import ManifestError, ProviderUnavailableError
-from .base import (
+from epbuild.errors import ManifestError, ProviderUnavailableError
+from epbuild.providers.base import (
     ProviderConfig,
     dist_version,
     install_hint,

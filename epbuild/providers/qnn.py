@@ -7,8 +7,8 @@ import re
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from ..errors import ManifestError, ProviderUnavailableError
-from .base import (
+from epbuild.errors import ManifestError, ProviderUnavailableError
+from epbuild.providers.base import (
     ProviderConfig,
     dist_location,
     dist_version,

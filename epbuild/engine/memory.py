@@ -1,0 +1,134 @@
+"""The memory plan: how many compiles may run at once under a memory budget.
+
+Each action's peak memory is predicted from its last recorded run (``peak_rss`` in the
+state), or, for a first-time action, from the size of its inputs: QNN compiles peak at about
+3.5x the source model plus a fixed ~150 MB for the runtime itself (see ORT-QNN-FACTS). The
+scheduler admits ready actions while the sum of the predicted peaks of running actions stays
+under the budget; an action bigger than the whole budget still runs, alone.
+
+RAM is read from ``/proc/meminfo`` (or ``os.sysconf``): no psutil on the build path.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections import deque
+from collections.abc import Iterable, Mapping
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from epbuild.planning.staleness import ActionPlan
+    from epbuild.state.journal import State
+    from epbuild.state.statcache import StatCache
+
+BASE_PEAK = 150 << 20
+"""What a worker process holds before it compiles anything (ORT + EP libraries)."""
+INPUT_FACTOR = 3.5
+"""Peak memory per byte of source model, measured for QNN HTP compiles."""
+SAFE_SHARE = 0.75
+"""Share of the available memory the default budget takes."""
+
+
+def _meminfo(path: str = "/proc/meminfo") -> dict[str, int]:
+    values: dict[str, int] = {}
+    try:
+        with open(path, encoding="ascii") as f:
+            for line in f:
+                name, _, rest = line.partition(":")
+                parts = rest.split()
+                if parts and parts[0].isdigit():
+                    scale = 1024 if parts[1:2] == ["kB"] else 1
+                    values[name] = int(parts[0]) * scale
+    except OSError:
+        pass
+    return values
+
+
+def available_memory(meminfo: str = "/proc/meminfo") -> int:
+    """Bytes of memory available to new processes now (MemAvailable, else total RAM)."""
+    info = _meminfo(meminfo)
+    if "MemAvailable" in info:
+        return info["MemAvailable"]
+    if "MemTotal" in info:
+        return info["MemTotal"]
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return 4 << 30  # unknown platform: assume a small machine
+
+
+def default_budget(meminfo: str = "/proc/meminfo") -> int:
+    """A safe share of the memory available now."""
+    return int(available_memory(meminfo) * SAFE_SHARE)
+
+
+def predict_from_inputs(input_bytes: int) -> int:
+    """Predicted peak of a first-time compile of ``input_bytes`` of models and weights."""
+    return BASE_PEAK + int(INPUT_FACTOR * input_bytes)
+
+
+def predict_peak(plan: ActionPlan, state: State, stats: StatCache, root: str) -> int:
+    """An action's predicted peak memory: its last measured peak, else from input sizes."""
+    rec = state.records.get(plan.action.id)
+    if rec is not None and rec.peak_rss > 0:
+        return rec.peak_rss
+    inputs: Iterable[str] = plan.key.inputs if plan.key is not None else plan.action.models
+    total = 0
+    for rel in inputs:
+        entry = stats.entries.get(rel)
+        if entry is not None:
+            total += entry.size
+            continue
+        try:
+            total += os.stat(os.path.join(root, rel)).st_size
+        except OSError:
+            pass  # a missing input fails the action anyway
+    return predict_from_inputs(total)
+
+
+class MemoryPlan:
+    """Admission control: tracks the predicted peaks of running actions against a budget."""
+
+    def __init__(self, budget: int | None, peaks: Mapping[str, int]) -> None:
+        self.budget = budget
+        """Bytes; None means unlimited (the executor places work itself)."""
+        self.peaks = dict(peaks)
+        """Action id → predicted peak bytes."""
+        self.in_use = 0
+        self._lock = threading.Lock()
+
+    def take(self, pending: deque[ActionPlan], *, idle: bool) -> ActionPlan | None:
+        """Remove and return the first pending action that fits (None if none does).
+
+        ``idle`` says nothing is running: then the first action is admitted even when it is
+        bigger than the whole budget, so it runs alone.
+        """
+        if not pending:
+            return None
+        with self._lock:
+            if self.budget is None or (idle and self.in_use == 0):
+                chosen = pending[0]
+            else:
+                for plan in pending:
+                    if self.in_use + self.peaks.get(plan.action.id, 0) <= self.budget:
+                        chosen = plan
+                        break
+                else:
+                    return None
+            pending.remove(chosen)
+            self.in_use += self.peaks.get(chosen.action.id, 0)
+            return chosen
+
+    def release(self, plan: ActionPlan) -> None:
+        """An admitted action finished."""
+        with self._lock:
+            self.in_use = max(0, self.in_use - self.peaks.get(plan.action.id, 0))
+
+
+def format_bytes(n: float) -> str:
+    """1.5 GB, 300 MB, 12 kB."""
+    for unit, scale in (("GB", 1 << 30), ("MB", 1 << 20), ("kB", 1 << 10)):
+        if n >= scale:
+            return f"{n / scale:.1f} {unit}"
+    return f"{int(n)} B"

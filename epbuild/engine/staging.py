@@ -1,0 +1,148 @@
+"""Staging and committing outputs: check what a worker wrote, then move it into place.
+
+A worker writes into ``<out_dir>/.staging/<slug>-<pid>/``. The coordinator checks every path
+written into the staged models (relative, inside the action's directory, existing), that no
+absolute workspace path leaked into any file, then — with a ``begin`` record in the journal —
+removes the action's old outputs, renames the staged files into place and records ``done``.
+"""
+
+from __future__ import annotations
+
+import os
+import posixpath
+
+from epbuild._names import LOG_NAME, RESULT_NAME
+from epbuild.errors import UnsafePathError, VerificationError
+from epbuild.fs import ensure_dir_inside, inside, is_safe_reference, remove_tree
+from epbuild.state.journal import OutputRecord
+
+STAGING = ".staging"
+
+
+def staging_root(root: str, out_dir: str) -> str:
+    """Absolute path of the staging area inside the output directory."""
+    return os.path.join(root, out_dir, STAGING)
+
+
+def make_staging(root: str, out_dir: str, slug: str) -> str:
+    """Create a fresh staging directory; returns it workspace-relative."""
+    ensure_dir_inside(os.path.join(root, out_dir), root, what="out_dir")
+    base = staging_root(root, out_dir)
+    ensure_dir_inside(base, root, what="staging directory")
+    rel = posixpath.join(out_dir, STAGING, f"{slug}-{os.getpid()}")
+    full = os.path.join(root, rel)
+    remove_tree(full)
+    os.mkdir(full)
+    return rel
+
+
+def clean_stale_staging(root: str, out_dir: str) -> None:
+    """Remove staging directories of processes that no longer run."""
+    base = staging_root(root, out_dir)
+    try:
+        names = os.listdir(base)
+    except OSError:
+        return
+    for name in names:
+        pid = name.rsplit("-", 1)[-1]
+        if pid.isdigit() and not _alive(int(pid)):
+            remove_tree(os.path.join(base, name))
+
+
+def _alive(pid: int) -> bool:
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def check_staged(root: str, staging: str, ctx_names: tuple[str, ...]) -> list[str]:
+    """Validate a staging directory; return the output file names (raises on problems)."""
+    from epbuild.onnx.proto import ProtoError, read_model
+
+    full = os.path.join(root, staging)
+    names = sorted(n for n in os.listdir(full) if n not in (LOG_NAME, RESULT_NAME))
+    for name in names:
+        if os.path.islink(os.path.join(full, name)) or not os.path.isfile(os.path.join(full, name)):
+            raise UnsafePathError(f"staged output {name} is not a regular file; refusing it")
+    for ctx in ctx_names:
+        if ctx not in names:
+            raise VerificationError(f"expected output {ctx} was not written")
+        try:
+            info = read_model(os.path.join(full, ctx))
+        except ProtoError as exc:
+            raise VerificationError(f"{ctx}: unreadable ctx model ({exc})") from exc
+        refs = [
+            str(n.attributes["ep_cache_context"])
+            for n in info.context_nodes
+            if n.attributes.get("embed_mode", 1) == 0 and "ep_cache_context" in n.attributes
+        ] + [r.location for r in info.external_refs]
+        for ref in refs:
+            if not is_safe_reference(ref):
+                raise VerificationError(
+                    f"{ctx}: references {ref!r}, which is absolute or climbs out with '..'"
+                )
+            if posixpath.normpath(ref) not in names:
+                raise VerificationError(f"{ctx}: references {ref!r}, which was not written")
+    return names
+
+
+def hash_staged(root: str, staging: str, out_dir: str, names: list[str]) -> dict[str, OutputRecord]:
+    """Size and digest of each staged output, refusing any that holds the workspace path.
+
+    One read per file serves both: compiled outputs must never carry the build machine's
+    absolute paths, and their digests go into the state.
+    """
+    import hashlib
+
+    needles = {os.path.realpath(root).encode(), os.path.abspath(root).encode()}
+    records: dict[str, OutputRecord] = {}
+    for name in names:
+        with open(os.path.join(root, staging, name), "rb") as f:
+            data = f.read()
+        for needle in needles:
+            if needle in data:
+                raise VerificationError(
+                    f"{name}: contains the absolute workspace path {needle.decode()!r}"
+                )
+        records[posixpath.join(out_dir, name)] = OutputRecord(
+            len(data), hashlib.sha256(data).hexdigest()
+        )
+    return records
+
+
+def check_removable(root: str, top: str, rels: list[str]) -> None:
+    """Refuse to delete recorded outputs whose directory resolves outside ``root/top``.
+
+    ``top`` is the workspace's out_dir: a directory under it replaced by a symlink that leads
+    elsewhere must never make epbuild delete the files it points at.
+    """
+    base = os.path.join(root, top)
+    for rel in rels:
+        parent = os.path.dirname(os.path.join(root, rel))
+        if os.path.lexists(parent) and not inside(parent, base):
+            raise UnsafePathError(
+                f"{posixpath.dirname(rel)} resolves to {os.path.realpath(parent)!r}, outside "
+                f"the output directory {top}; refusing to delete through it",
+                hint="remove the symlink (epbuild owns everything under out_dir)",
+            )
+
+
+def commit(root: str, staging: str, out_dir: str, names: list[str], old: list[str]) -> None:
+    """Replace an action's old outputs with the staged ones (caller journals begin/done)."""
+    target = os.path.join(root, out_dir)
+    top = posixpath.dirname(posixpath.dirname(out_dir))  # <out_dir>/<group>/<provider>
+    ensure_dir_inside(target, os.path.join(root, top), what="output directory")
+    check_removable(root, top, old)
+    for rel in old:
+        path = os.path.join(root, rel)
+        if os.path.lexists(path) and posixpath.basename(rel) not in names:
+            os.unlink(path)
+    for name in names:
+        os.replace(os.path.join(root, staging, name), os.path.join(target, name))
+    remove_tree(os.path.join(root, staging))

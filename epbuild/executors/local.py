@@ -1,0 +1,186 @@
+"""Executors run one action's job in a fresh worker process and report how it ended.
+
+``LocalExecutor`` starts ``python -m epbuild.executors.worker`` subprocesses. To keep start-up
+cheap it keeps one spare worker warm per slot (already past ``import onnxruntime``, waiting for its
+job): still a fresh process per action, but its start-up overlaps the previous compile.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from epbuild._names import LOG_NAME, RESULT_NAME
+
+
+@dataclass
+class WorkerOutcome:
+    """How a worker ended."""
+
+    ok: bool
+    result: dict[str, Any] = field(default_factory=dict)
+    error: str | None = None
+    hint: str | None = None
+    log_tail: list[str] = field(default_factory=list)
+
+
+class Executor(Protocol):
+    """Runs jobs; ``cancel`` stops everything running."""
+
+    def run(self, job: dict[str, Any]) -> WorkerOutcome:
+        """Run one job to completion (blocking)."""
+        ...
+
+    def cancel(self) -> None:
+        """Kill all running workers (Ctrl-C)."""
+        ...
+
+    def close(self) -> None:
+        """Release spare workers."""
+        ...
+
+
+# Started from the workspace root, but never import from it: a folder there named like a
+# module (even "epbuild") must not shadow the installed package.
+WORKER_BOOT = "import sys; del sys.path[0]; from epbuild.executors.worker import main; main()"
+
+
+def _tail(path: str, lines: int = 12) -> list[str]:
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(0, f.tell() - 16384))
+            text = f.read().decode("utf-8", "replace")
+    except OSError:
+        return []
+    return [ln for ln in text.splitlines() if ln.strip()][-lines:]
+
+
+def _describe_exit(code: int) -> str:
+    if code < 0:
+        try:
+            name = signal.Signals(-code).name
+        except ValueError:
+            name = f"signal {-code}"
+        return f"the worker was killed by {name}"
+    return f"the worker exited with status {code}"
+
+
+def _reap(proc: subprocess.Popen[bytes]) -> None:
+    """Kill (if still running), wait for and close the pipes of a worker."""
+    if proc.poll() is None:
+        proc.kill()
+    proc.wait()
+    for pipe in (proc.stdin, proc.stdout):
+        if pipe is not None:
+            try:
+                pipe.close()
+            except OSError:
+                pass
+
+
+def send_job(proc: subprocess.Popen[bytes], job: dict[str, Any]) -> None:
+    """Hand a worker its job line; its stdin then stays open until the coordinator goes."""
+    assert proc.stdin is not None
+    try:
+        proc.stdin.write(json.dumps(job).encode() + b"\n")
+        proc.stdin.flush()
+    except OSError:
+        pass  # the worker died on start; its exit status tells why
+
+
+def outcome_of(result: Any, code: int, log_path: str) -> WorkerOutcome:
+    """How a worker ended, from its result document (None if it wrote none) and exit code."""
+    if not isinstance(result, dict):
+        return WorkerOutcome(False, error=_describe_exit(code), log_tail=_tail(log_path))
+    if not result.get("ok"):
+        return WorkerOutcome(
+            False,
+            result,
+            error=result.get("error", _describe_exit(code)),
+            hint=result.get("hint"),
+            log_tail=_tail(log_path) if "traceback" in result else [],
+        )
+    return WorkerOutcome(True, result)
+
+
+class LocalExecutor:
+    """Fresh subprocess per action on this machine."""
+
+    def __init__(self, root: str, *, prewarm: bool = True) -> None:
+        self.root = root
+        self.prewarm = prewarm
+        self._lock = threading.Lock()
+        self._running: set[subprocess.Popen[bytes]] = set()
+        self._spares: list[subprocess.Popen[bytes]] = []
+        self._cancelled = False
+
+    def _spawn(self) -> subprocess.Popen[bytes]:
+        env = dict(os.environ)
+        return subprocess.Popen(
+            [sys.executable, "-c", WORKER_BOOT],
+            cwd=self.root,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            env=env,
+            start_new_session=True,  # Ctrl-C reaches the coordinator, which stops workers
+        )
+
+    def _take(self) -> subprocess.Popen[bytes]:
+        with self._lock:
+            while self._spares:
+                proc = self._spares.pop()
+                if proc.poll() is None:
+                    break
+            else:
+                proc = self._spawn()
+            if self.prewarm and not self._cancelled:
+                self._spares.append(self._spawn())
+            self._running.add(proc)
+            return proc
+
+    def run(self, job: dict[str, Any]) -> WorkerOutcome:
+        staging = os.path.join(self.root, job["staging"])
+        log_path = os.path.join(staging, LOG_NAME)
+        proc = self._take()
+        assert proc.stdin is not None and proc.stdout is not None
+        try:
+            send_job(proc, job)
+            with open(log_path, "wb") as log:
+                while chunk := os.read(proc.stdout.fileno(), 65536):
+                    log.write(chunk)
+                    log.flush()  # the log of a long compile can be followed as it runs
+            code = proc.wait()
+        finally:
+            _reap(proc)
+            with self._lock:
+                self._running.discard(proc)
+        try:
+            with open(os.path.join(staging, RESULT_NAME), encoding="utf-8") as f:
+                result = json.load(f)
+        except (OSError, ValueError):
+            result = None
+        return outcome_of(result, code, log_path)
+
+    def cancel(self) -> None:
+        with self._lock:
+            self._cancelled = True
+            for proc in self._running:
+                if proc.poll() is None:
+                    proc.kill()
+            for proc in self._spares:
+                _reap(proc)
+            self._spares.clear()
+
+    def close(self) -> None:
+        with self._lock:
+            for proc in self._spares:
+                _reap(proc)
+            self._spares.clear()

@@ -1,0 +1,80 @@
+"""Rendering build progress: one updating status line on a terminal, plain lines otherwise."""
+
+from __future__ import annotations
+
+import shutil
+import sys
+import threading
+from typing import TextIO
+
+from epbuild.results import ActionResult, Outcome, Reporter
+
+_MARK = {
+    Outcome.COMPILED: "compiled",
+    Outcome.RESTORED: "restored",
+    Outcome.UP_TO_DATE: "up to date",
+    Outcome.FAILED: "FAILED",
+    Outcome.SKIPPED: "skipped",
+    Outcome.WOULD_BUILD: "would build",
+}
+
+
+class ConsoleReporter(Reporter):
+    """Writes progress to a stream (stderr by default)."""
+
+    def __init__(self, stream: TextIO | None = None, *, quiet: bool = False) -> None:
+        self.stream = stream or sys.stderr
+        self.tty = self.stream.isatty()
+        self.quiet = quiet
+        self.total = 0
+        self.done = 0
+        self.running: list[str] = []
+        self._lock = threading.Lock()
+
+    def _line(self, text: str) -> None:
+        if self.tty:
+            self.stream.write("\r\x1b[K" + text + "\n")
+            self._status()
+        else:
+            self.stream.write(text + "\n")
+        self.stream.flush()
+
+    def _status(self) -> None:
+        if not self.tty or not self.running:
+            if self.tty:
+                self.stream.write("\r\x1b[K")
+            return
+        width = shutil.get_terminal_size((100, 20)).columns
+        text = f"[{self.done}/{self.total}] compiling {', '.join(self.running)}"
+        self.stream.write("\r\x1b[K" + text[: width - 1])
+        self.stream.flush()
+
+    def start(self, total: int, stale: int) -> None:
+        self.total = stale
+        if not self.quiet:
+            self._line(f"epbuild: {stale} of {total} action(s) to build")
+
+    def action_started(self, action_id: str) -> None:
+        with self._lock:
+            self.running.append(action_id)
+            self._status()
+
+    def action_finished(self, result: ActionResult) -> None:
+        with self._lock:
+            if result.id in self.running:
+                self.running.remove(result.id)
+            self.done += 1
+            if result.outcome is Outcome.FAILED or not self.quiet:
+                extra = f" ({result.seconds:.1f}s)" if result.outcome is Outcome.COMPILED else ""
+                self._line(f"[{self.done}/{self.total}] {_MARK[result.outcome]} {result.id}{extra}")
+            if result.outcome is Outcome.FAILED:
+                self._line(f"  error: {result.error}")
+                if result.hint:
+                    self._line(f"  hint: {result.hint}")
+                for line in result.log_tail:
+                    self._line(f"  | {line}")
+            self._status()
+
+    def message(self, text: str) -> None:
+        with self._lock:
+            self._line(f"epbuild: {text}")

@@ -1,0 +1,101 @@
+"""The filesystem rules: manifest paths stay relative and inside the workspace; epbuild never
+writes or deletes through a symlink that leads out of its own directories; writes are atomic.
+"""
+
+from __future__ import annotations
+
+import os
+import posixpath
+import shutil
+
+from epbuild.errors import UnsafePathError
+
+
+def atomic_write_bytes(path: str, data: bytes) -> None:
+    """Write ``data`` to ``path`` via a temp file + fsync + rename: all or nothing."""
+    directory = os.path.dirname(path) or "."
+    os.makedirs(directory, exist_ok=True)
+    tmp = f"{path}.tmp.{os.getpid()}"
+    with open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def remove_tree(path: str) -> None:
+    """Remove a directory tree without following symlinks out of it."""
+    if os.path.islink(path):
+        os.unlink(path)
+    elif os.path.isdir(path):
+        shutil.rmtree(path, ignore_errors=True)
+    elif os.path.lexists(path):
+        os.unlink(path)
+
+
+def safe_relpath(value: str, *, what: str) -> str:
+    """Normalise a manifest path to a POSIX relative path inside the workspace.
+
+    Refuses absolute paths, drive letters, backslashes and ``..`` that climbs out.
+    """
+    if not value or "\x00" in value:
+        raise UnsafePathError(f"{what}: empty or invalid path {value!r}")
+    if value.startswith(("/", "\\")) or (len(value) > 1 and value[1] == ":"):
+        raise UnsafePathError(
+            f"{what}: {value!r} is absolute",
+            hint="use a path relative to the manifest's directory",
+        )
+    if "\\" in value:
+        raise UnsafePathError(f"{what}: {value!r} contains a backslash", hint="use '/'")
+    norm = posixpath.normpath(value)
+    if norm == ".." or norm.startswith("../"):
+        raise UnsafePathError(
+            f"{what}: {value!r} leaves the workspace",
+            hint="keep models and directories inside the manifest's directory "
+            "(a symlinked model file is fine)",
+        )
+    return norm
+
+
+def is_safe_reference(value: str) -> bool:
+    """Whether a path stored in a model (location, ep_cache_context) is relative and tame."""
+    if not value or "\x00" in value or "\\" in value:
+        return False
+    if value.startswith("/") or (len(value) > 1 and value[1] == ":"):
+        return False
+    return ".." not in value.split("/")
+
+
+def inside(path: str, directory: str) -> bool:
+    """Whether the real location of ``path`` is inside the real ``directory``."""
+    real = os.path.realpath(path)
+    base = os.path.realpath(directory)
+    return real == base or real.startswith(base.rstrip(os.sep) + os.sep)
+
+
+def ensure_dir_inside(path: str, root: str, *, what: str) -> None:
+    """Create ``path`` (a directory under ``root``) and refuse one that resolves outside it.
+
+    epbuild never writes or deletes through a symlink that leads out of its own directories.
+    """
+    refuse_outward(path, root, what=what)  # before creating anything through a link
+    os.makedirs(path, exist_ok=True)
+    if not inside(path, root):
+        raise UnsafePathError(
+            f"{what} {path!r} resolves to {os.path.realpath(path)!r}, outside the workspace",
+            hint="remove the symlink or point it inside the workspace",
+        )
+
+
+def refuse_outward(path: str, root: str, *, what: str) -> None:
+    """Refuse ``path`` when it, or its nearest existing ancestor, resolves outside ``root``."""
+    existing = path
+    while not os.path.lexists(existing) and os.path.dirname(existing) != existing:
+        existing = os.path.dirname(existing)
+    if not inside(existing, root):
+        raise UnsafePathError(
+            f"{what} {path!r} resolves to "
+            f"{os.path.join(os.path.realpath(existing), os.path.relpath(path, existing))!r}"
+            ", outside the workspace",
+            hint="remove the symlink or point it inside the workspace",
+        )

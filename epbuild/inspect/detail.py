@@ -1,0 +1,142 @@
+"""``epbuild status --detail``: what each build put into EPContext nodes and what fell back
+to the CPU EP, with binary sizes, compile seconds and peak memory, from the state journal."""
+
+from __future__ import annotations
+
+import os
+import posixpath
+from dataclasses import dataclass, field
+from typing import Any
+
+from epbuild.manifest.load import model_stem
+
+
+@dataclass(frozen=True)
+class ModelDetail:
+    """One built model of one action."""
+
+    model: str
+    ctx: str
+    context_nodes: int
+    source_nodes: int
+    cpu_nodes: int
+    cpu_op_types: dict[str, int]
+
+    def to_json(self) -> dict[str, Any]:
+        """The ``--json`` form."""
+        return {
+            "model": self.model,
+            "ctx": self.ctx,
+            "context_nodes": self.context_nodes,
+            "source_nodes": self.source_nodes,
+            "cpu_nodes": self.cpu_nodes,
+            "cpu_op_types": self.cpu_op_types,
+        }
+
+
+@dataclass
+class ActionDetail:
+    """One action's last build, or that it was never built."""
+
+    id: str
+    group: str
+    provider: str
+    stale: bool
+    built: bool
+    seconds: float = 0.0
+    peak_rss: int = 0
+    restored: bool = False
+    files: dict[str, int] = field(default_factory=dict)
+    """Workspace-relative output → size in bytes."""
+    models: list[ModelDetail] = field(default_factory=list)
+
+    @property
+    def binary_bytes(self) -> int:
+        """Total size of the outputs that are not ctx models (context binaries, weights)."""
+        return sum(s for p, s in self.files.items() if not p.endswith("_ctx.onnx"))
+
+    def to_json(self) -> dict[str, Any]:
+        """The ``--json`` form."""
+        return {
+            "id": self.id,
+            "group": self.group,
+            "provider": self.provider,
+            "stale": self.stale,
+            "built": self.built,
+            "seconds": round(self.seconds, 3),
+            "peak_rss": self.peak_rss,
+            "restored": self.restored,
+            "files": self.files,
+            "binary_bytes": self.binary_bytes,
+            "models": [m.to_json() for m in self.models],
+        }
+
+
+def status_detail(
+    directory: str | os.PathLike[str] = ".",
+    manifest: str | os.PathLike[str] | None = None,
+    selectors: list[str] | tuple[str, ...] = (),
+) -> list[ActionDetail]:
+    """Per action and model: EPContext coverage, CPU fallback, sizes, time and memory."""
+    from epbuild.planning.staleness import make_plan
+    from epbuild.state.workspace import open_workspace
+
+    ws = open_workspace(directory, manifest, selectors)
+    plans = make_plan(ws.actions, ws.state, ws.keys, ws.stats, ws.root)
+    state = ws.state
+    details: list[ActionDetail] = []
+    for plan in plans:
+        a = plan.action
+        rec = state.records.get(a.id)
+        d = ActionDetail(a.id, a.group.name, a.provider.name, plan.stale, rec is not None)
+        details.append(d)
+        if rec is None:
+            continue
+        d.seconds, d.peak_rss, d.restored = rec.seconds, rec.peak_rss, rec.restored
+        d.files = {p: o.size for p, o in sorted(rec.outputs.items())}
+        models = rec.detail.get("models", {})
+        for model in a.models:
+            info = models.get(model, {})
+            d.models.append(
+                ModelDetail(
+                    model=model,
+                    ctx=posixpath.join(a.out_dir, info.get("ctx", f"{model_stem(model)}_ctx.onnx")),
+                    context_nodes=int(info.get("context_nodes", 0)),
+                    source_nodes=int(info.get("source_nodes", 0)),
+                    cpu_nodes=int(info.get("cpu_nodes", 0)),
+                    cpu_op_types=dict(info.get("cpu_op_types", {})),
+                )
+            )
+    return details
+
+
+def _size(n: int) -> str:
+    size = float(n)
+    for unit in ("B", "KB", "MB", "GB"):
+        if size < 1024 or unit == "GB":
+            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1024
+    return f"{n} B"  # pragma: no cover
+
+
+def render(details: list[ActionDetail]) -> list[str]:
+    """Human-readable lines."""
+    lines: list[str] = []
+    for d in details:
+        state = "stale" if d.stale else "up to date"
+        if not d.built:
+            lines.append(f"{d.id}  (never built)")
+            continue
+        how = "restored" if d.restored else f"compiled in {d.seconds:.2f}s"
+        lines.append(
+            f"{d.id}  ({state}; {how}, peak {_size(d.peak_rss)}, binaries {_size(d.binary_bytes)})"
+        )
+        for m in d.models:
+            cpu = ", ".join(f"{op} x{n}" for op, n in sorted(m.cpu_op_types.items())) or "none"
+            lines.append(
+                f"  {m.model}: {m.context_nodes} EPContext node(s) from "
+                f"{m.source_nodes} source nodes; on the CPU EP: {cpu}"
+            )
+        for path, size in d.files.items():
+            lines.append(f"    {path}  {_size(size)}")
+    return lines

@@ -1,0 +1,187 @@
+"""``epbuild report --html FILE``: one self-contained page (no network) showing the last
+build's timeline and a table per action: outcome, compile seconds, peak memory, binary
+sizes, nodes compiled vs. left on the CPU EP, cache hit or miss.
+
+The table is rendered here (readable without JavaScript); the timeline is drawn by a small
+inline script from the trace the last build left in the state directory.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import os
+from typing import Any
+
+from epbuild.engine.memory import format_bytes
+from epbuild.engine.trace import KINDS, TRACE_NAME, load_trace
+from epbuild.inspect.detail import ActionDetail, status_detail
+
+_CSS = """
+body{font:14px/1.4 system-ui,sans-serif;margin:24px;color:#222}
+h1{font-size:20px;margin:0 0 4px} .sub{color:#666;margin-bottom:16px}
+table{border-collapse:collapse;width:100%;margin-top:16px}
+th,td{border-bottom:1px solid #ddd;padding:4px 8px;text-align:left;vertical-align:top}
+th{background:#f4f4f4} td.n{text-align:right;font-variant-numeric:tabular-nums}
+.ok{color:#17823b}.stale{color:#b35900}.never{color:#888}.hit{color:#17823b}
+#timeline{border:1px solid #ddd;overflow-x:auto} #timeline svg{display:block}
+.legend span{display:inline-block;margin-right:12px}
+.legend i{display:inline-block;width:10px;height:10px;margin-right:4px}
+small{color:#666}
+"""
+
+_COLORS = {
+    "plan": "#9e9e9e", "hash": "#7e57c2", "lock": "#ef5350", "compile": "#1e88e5",
+    "verify": "#43a047", "commit": "#fb8c00", "restore": "#00acc1",
+}  # fmt: skip
+
+_JS = """
+(function () {
+  var data = JSON.parse(document.getElementById('trace-data').textContent);
+  var colors = JSON.parse(document.getElementById('trace-colors').textContent);
+  var box = document.getElementById('timeline');
+  var spans = data.traceEvents.filter(function (e) { return e.ph === 'X'; });
+  var names = {};
+  data.traceEvents.forEach(function (e) {
+    if (e.ph === 'M' && e.name === 'thread_name') { names[e.tid] = e.args.name; }
+  });
+  if (!spans.length) {
+    box.textContent = 'No build timeline recorded yet (run epbuild build).';
+  } else {
+    var lanes = Array.from(new Set(spans.map(function (e) { return e.tid; })))
+      .sort(function (a, b) { return a - b; });
+    var end = Math.max.apply(null, spans.map(function (e) { return e.ts + e.dur; })) || 1;
+    var W = Math.max(box.clientWidth || 900, 600) - 2, left = 90, lh = 22;
+    var scale = (W - left - 10) / end;
+    var ns = 'http://www.w3.org/2000/svg';
+    var svg = document.createElementNS(ns, 'svg');
+    svg.setAttribute('width', W);
+    svg.setAttribute('height', lanes.length * lh + 24);
+    lanes.forEach(function (tid, i) {
+      var t = document.createElementNS(ns, 'text');
+      t.setAttribute('x', 4); t.setAttribute('y', i * lh + 15);
+      t.setAttribute('font-size', '12');
+      t.textContent = names[tid] || ('lane ' + tid);
+      svg.appendChild(t);
+    });
+    spans.forEach(function (e) {
+      var r = document.createElementNS(ns, 'rect');
+      r.setAttribute('x', left + e.ts * scale);
+      r.setAttribute('y', lanes.indexOf(e.tid) * lh + 3);
+      r.setAttribute('width', Math.max(1, e.dur * scale));
+      r.setAttribute('height', lh - 6);
+      r.setAttribute('fill', colors[e.cat] || '#555');
+      var tip = document.createElementNS(ns, 'title');
+      tip.textContent = e.name + ' ' + (e.dur / 1000).toFixed(1) + ' ms';
+      r.appendChild(tip);
+      svg.appendChild(r);
+    });
+    var axis = document.createElementNS(ns, 'text');
+    axis.setAttribute('x', left); axis.setAttribute('y', lanes.length * lh + 18);
+    axis.setAttribute('font-size', '11');
+    axis.textContent = '0 s … ' + (end / 1e6).toFixed(2) + ' s';
+    svg.appendChild(axis);
+    box.appendChild(svg);
+  }
+  document.documentElement.setAttribute('data-rendered', 'ok');
+})();
+"""
+
+_ONERROR = """
+window.addEventListener('error', function (e) {
+  var el = document.documentElement;
+  el.setAttribute('data-errors', (el.getAttribute('data-errors') || '') + e.message + ';');
+});
+"""
+
+
+def _json_script(element_id: str, data: Any) -> str:
+    text = json.dumps(data, separators=(",", ":")).replace("</", "<\\/")
+    return f'<script type="application/json" id="{element_id}">{text}</script>'
+
+
+def _row(d: ActionDetail) -> str:
+    e = html.escape
+    if not d.built:
+        state = '<span class="never">never built</span>'
+        cells = ["—"] * 5
+    else:
+        state = ('<span class="stale">stale</span>' if d.stale
+                 else '<span class="ok">up to date</span>')  # fmt: skip
+        ctx = sum(s for p, s in d.files.items() if p.endswith("_ctx.onnx"))
+        compiled = sum(m.context_nodes for m in d.models)
+        source = sum(m.source_nodes for m in d.models)
+        cpu = sum(m.cpu_nodes for m in d.models)
+        ops = ", ".join(
+            f"{e(op)} x{n}" for m in d.models for op, n in sorted(m.cpu_op_types.items())
+        )
+        cells = [
+            "—" if d.restored else f"{d.seconds:.2f}",
+            format_bytes(d.peak_rss) if d.peak_rss else "—",
+            f"{format_bytes(d.binary_bytes)} <small>bin</small> + "
+            f"{format_bytes(ctx)} <small>ctx</small>",
+            f"{compiled} EPContext <small>from {source} nodes</small> / {cpu} on CPU"
+            + (f" <small>({ops})</small>" if ops else ""),
+            '<span class="hit">hit</span>' if d.restored else "miss",
+        ]
+    how = "" if not d.built else (" (restored)" if d.restored else " (compiled)")
+    return (
+        f"<tr><td>{e(d.id)}</td><td>{state}{how}</td>"
+        + "".join(
+            f'<td class="n">{c}</td>' if i < 2 else f"<td>{c}</td>" for i, c in enumerate(cells)
+        )
+        + "</tr>"
+    )
+
+
+def render_html(details: list[ActionDetail], trace: dict[str, Any] | None, title: str) -> str:
+    """The page, as one string with its CSS, data and script inline."""
+    trace = trace or {"traceEvents": []}
+    legend = "".join(f'<span><i style="background:{_COLORS[k]}"></i>{k}</span>' for k in KINDS)
+    rows = "\n".join(_row(d) for d in details)
+    built = sum(1 for d in details if d.built)
+    hits = sum(1 for d in details if d.restored)
+    return f"""<!DOCTYPE html>
+<html lang="en"><head><meta charset="utf-8">
+<meta http-equiv="Content-Security-Policy" content="default-src 'none'; \
+style-src 'unsafe-inline'; script-src 'unsafe-inline'; img-src data:">
+<title>epbuild report: {html.escape(title)}</title>
+<script>{_ONERROR}</script>
+<style>{_CSS}</style></head>
+<body>
+<h1>epbuild report</h1>
+<div class="sub">{html.escape(title)} · {len(details)} action(s), {built} built, \
+{hits} from the cache</div>
+<h2>Last build</h2>
+<div class="legend">{legend}</div>
+<div id="timeline"></div>
+<h2>Actions</h2>
+<table>
+<thead><tr><th>action</th><th>outcome</th><th>compile s</th><th>peak memory</th>
+<th>binary sizes</th><th>nodes compiled / on CPU</th><th>cache</th></tr></thead>
+<tbody>
+{rows}
+</tbody></table>
+{_json_script("trace-data", trace)}
+{_json_script("trace-colors", _COLORS)}
+<script>{_JS}</script>
+</body></html>
+"""
+
+
+def write_html_report(
+    directory: str | os.PathLike[str],
+    manifest: str | os.PathLike[str] | None,
+    selectors: list[str] | tuple[str, ...],
+    path: str | os.PathLike[str],
+) -> int:
+    """Write the report page to ``path``; returns how many actions it lists."""
+    from epbuild.fs import atomic_write_bytes
+    from epbuild.state.workspace import open_workspace
+
+    ws = open_workspace(directory, manifest, selectors)
+    details = status_detail(directory, manifest, selectors)
+    trace = load_trace(os.path.join(ws.state_dir, TRACE_NAME))
+    page = render_html(details, trace, os.path.basename(ws.root))
+    atomic_write_bytes(os.fspath(path), page.encode("utf-8"))
+    return len(details)

@@ -1,0 +1,253 @@
+"""The manifest's JSON Schema: the one model both validation and ``schemas/`` come from.
+
+``SCHEMA`` is written to ``schemas/epbuild.schema.json`` by ``python -m
+epbuild.manifest.schema``; a test fails when the file and this module drift apart.
+``validate`` checks a parsed manifest against the subset of JSON Schema used here, without
+third-party imports.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+NAME_PATTERN = "^[A-Za-z0-9][A-Za-z0-9_.-]*$"
+_SCALAR = {"type": ["string", "integer", "number", "boolean"]}
+
+SCHEMA: dict[str, Any] = {
+    "$schema": "https://json-schema.org/draft/2020-12/schema",
+    "title": "epbuild manifest (epbuild.toml)",
+    "type": "object",
+    "additionalProperties": False,
+    "properties": {
+        "workspace": {
+            "type": "object",
+            "description": "Where outputs, state and cache live, and how much runs at once.",
+            "additionalProperties": False,
+            "properties": {
+                "out_dir": {
+                    "type": "string",
+                    "minLength": 1,
+                    "description": "Output directory, relative to the manifest (default build).",
+                },
+                "state_dir": {
+                    "type": "string",
+                    "minLength": 1,
+                    "description": "State directory, relative to the manifest (default .epbuild).",
+                },
+                "jobs": {
+                    "type": "integer",
+                    "minimum": 1,
+                    "maximum": 1024,
+                    "description": "Compiles run at once (default: number of CPUs).",
+                },
+                "memory_budget": {
+                    "type": ["integer", "string"],
+                    "description": "Memory compiles may use at once: bytes or '8G', '512M'.",
+                },
+                "cache": {
+                    "type": "string",
+                    "minLength": 1,
+                    "description": "Cache directory (relative) or fsspec URL (s3://...).",
+                },
+                "executor": {
+                    "type": "string",
+                    "enum": ["local", "dask"],
+                    "description": "Where actions run (default local).",
+                },
+                "scheduler": {
+                    "type": "string",
+                    "description": "Dask scheduler address for executor = dask.",
+                },
+            },
+        },
+        "providers": {
+            "type": "object",
+            "description": "Named provider configurations.",
+            "propertyNames": {"pattern": NAME_PATTERN},
+            "additionalProperties": {
+                "type": "object",
+                "additionalProperties": False,
+                "required": ["ep"],
+                "properties": {
+                    "ep": {
+                        "type": "string",
+                        "description": "Adapter: qnn, openvino, tensorrt, plugin or a "
+                        "third-party adapter.",
+                    },
+                    "options": {
+                        "type": "object",
+                        "additionalProperties": _SCALAR,
+                        "description": "Provider options passed to the EP.",
+                    },
+                    "session_options": {
+                        "type": "object",
+                        "additionalProperties": _SCALAR,
+                        "description": "Extra ONNX Runtime session config entries.",
+                    },
+                    "library": {
+                        "type": "string",
+                        "description": "plugin: path of the EP shared library.",
+                    },
+                    "ep_name": {
+                        "type": "string",
+                        "description": "plugin: the name the EP registers.",
+                    },
+                    "device_type": {
+                        "type": "string",
+                        "enum": ["cpu", "gpu", "npu"],
+                        "description": "plugin: which device type to compile for.",
+                    },
+                    "source": {
+                        "type": "string",
+                        "description": "plugin: the EPContext 'source' value expected.",
+                    },
+                },
+            },
+        },
+        "groups": {
+            "type": "object",
+            "description": "Model groups.",
+            "propertyNames": {"pattern": NAME_PATTERN},
+            "additionalProperties": {
+                "type": "object",
+                "additionalProperties": False,
+                "required": ["models", "providers"],
+                "properties": {
+                    "models": {
+                        "type": "array",
+                        "minItems": 1,
+                        "items": {"type": "string", "minLength": 1},
+                        "description": "Model paths relative to the manifest; globs allowed.",
+                    },
+                    "providers": {
+                        "type": "array",
+                        "minItems": 1,
+                        "items": {"type": "string", "minLength": 1},
+                        "description": "Names of [providers.*] tables to compile for.",
+                    },
+                    "share_weights": {
+                        "type": "boolean",
+                        "description": "One weight-sharing session group per provider.",
+                    },
+                    "embed_mode": {
+                        "type": "integer",
+                        "enum": [0, 1],
+                        "description": "0: separate context binary (default); 1: embedded.",
+                    },
+                    "node_name_prefix": {
+                        "type": "string",
+                        "description": "ep.context_node_name_prefix for EPContext node names.",
+                    },
+                    "external_initializers": {
+                        "type": "string",
+                        "minLength": 1,
+                        "description": "File name for CPU-side initializers of ctx models.",
+                    },
+                    "load": {
+                        "type": "string",
+                        "enum": ["path", "bytes"],
+                        "description": "Give models to ONNX Runtime by path (default) or bytes.",
+                    },
+                },
+            },
+        },
+    },
+}
+
+_TYPES: dict[str, tuple[type, ...]] = {
+    "string": (str,),
+    "integer": (int,),
+    "number": (int, float),
+    "boolean": (bool,),
+    "array": (list,),
+    "object": (dict,),
+}
+
+
+class SchemaViolation(Exception):
+    """One violation: the key path and a message."""
+
+    def __init__(self, path: tuple[str, ...], message: str, hint: str | None = None) -> None:
+        super().__init__(message)
+        self.path = path
+        self.message = message
+        self.hint = hint
+
+
+def _type_ok(value: Any, types: str | list[str]) -> bool:
+    for name in [types] if isinstance(types, str) else types:
+        if isinstance(value, bool) and name in ("integer", "number"):
+            continue
+        if isinstance(value, _TYPES[name]):
+            return True
+    return False
+
+
+def _describe(value: Any) -> str:
+    return {bool: "a boolean", int: "an integer", float: "a number", str: "a string",
+            list: "an array", dict: "a table"}.get(type(value), type(value).__name__)  # fmt: skip
+
+
+def validate(value: Any, schema: dict[str, Any] = SCHEMA, path: tuple[str, ...] = ()) -> None:
+    """Raise ``SchemaViolation`` for the first place ``value`` breaks ``schema``."""
+    import re
+
+    if "type" in schema and not _type_ok(value, schema["type"]):
+        wanted = schema["type"] if isinstance(schema["type"], str) else " or ".join(schema["type"])
+        raise SchemaViolation(path, f"must be {wanted}, not {_describe(value)}")
+    if "enum" in schema and value not in schema["enum"]:
+        choices = ", ".join(json.dumps(c) for c in schema["enum"])
+        raise SchemaViolation(path, f"{json.dumps(value)} is not allowed", f"use one of {choices}")
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        if "minimum" in schema and value < schema["minimum"]:
+            raise SchemaViolation(path, f"must be at least {schema['minimum']}")
+        if "maximum" in schema and value > schema["maximum"]:
+            raise SchemaViolation(path, f"must be at most {schema['maximum']}")
+    if isinstance(value, str) and len(value) < schema.get("minLength", 0):
+        raise SchemaViolation(path, "must not be empty")
+    if isinstance(value, list):
+        if len(value) < schema.get("minItems", 0):
+            raise SchemaViolation(path, "must not be empty")
+        for i, item in enumerate(value):
+            validate(item, schema.get("items", {}), (*path, f"[{i}]"))
+    if isinstance(value, dict):
+        props = schema.get("properties", {})
+        for req in schema.get("required", []):
+            if req not in value:
+                raise SchemaViolation((*path, req), "is required")
+        pattern = schema.get("propertyNames", {}).get("pattern")
+        for key, item in value.items():
+            if pattern and not re.match(pattern, key):
+                raise SchemaViolation(
+                    (*path, key), "is not a valid name",
+                    "use letters, digits, '_', '-' and '.', starting with a letter or digit",
+                )  # fmt: skip
+            if key in props:
+                validate(item, props[key], (*path, key))
+                continue
+            extra = schema.get("additionalProperties", True)
+            if extra is False:
+                hint = "known keys: " + ", ".join(props) if props else None
+                raise SchemaViolation((*path, key), "unknown key", hint)
+            if isinstance(extra, dict):
+                validate(item, extra, (*path, key))
+
+
+def schema_text() -> str:
+    """The schema file's exact contents."""
+    return json.dumps(SCHEMA, indent=2) + "\n"
+
+
+def main() -> None:
+    """Write (or with --check, compare) ``schemas/epbuild.schema.json``."""
+    target = Path(__file__).resolve().parents[2] / "schemas" / "epbuild.schema.json"
+    if "--check" in sys.argv:
+        sys.exit(0 if target.read_text() == schema_text() else 1)
+    target.write_text(schema_text())
+
+
+if __name__ == "__main__":
+    main()

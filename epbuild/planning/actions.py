@@ -1,0 +1,87 @@
+"""Actions: the units of compile work a manifest describes, in a deterministic order."""
+
+from __future__ import annotations
+
+import hashlib
+import posixpath
+from dataclasses import dataclass
+
+from epbuild.errors import UserError
+from epbuild.manifest.load import Group, Manifest, model_stem
+from epbuild.providers.base import ProviderConfig
+
+
+@dataclass(frozen=True)
+class Action:
+    """One unit of compile work: a sharing group × provider, or one model × provider."""
+
+    id: str
+    """``group/provider`` for a sharing group, ``group/provider/model-stem`` otherwise."""
+    group: Group
+    provider: ProviderConfig
+    models: tuple[str, ...]
+    """Workspace-relative source models, in session order."""
+    out_dir: str
+    """Workspace-relative directory the outputs go to: ``<out_dir>/<group>/<provider>``."""
+
+    @property
+    def ctx_names(self) -> tuple[str, ...]:
+        """File names of the ctx models, one per source model."""
+        return tuple(f"{model_stem(m)}_ctx.onnx" for m in self.models)
+
+    @property
+    def ctx_paths(self) -> tuple[str, ...]:
+        """Workspace-relative paths of the ctx models."""
+        return tuple(posixpath.join(self.out_dir, n) for n in self.ctx_names)
+
+    @property
+    def slug(self) -> str:
+        """A short, file-name-safe, stable token for locks and staging directories."""
+        return hashlib.sha256(self.id.encode()).hexdigest()[:16]
+
+
+def make_actions(manifest: Manifest) -> list[Action]:
+    """All actions of a manifest, groups and providers in manifest order."""
+    actions: list[Action] = []
+    for group in manifest.groups.values():
+        for pname in group.providers:
+            provider = manifest.providers[pname]
+            out_dir = posixpath.join(manifest.workspace.out_dir, group.name, pname)
+            if group.share_weights:
+                action_id = f"{group.name}/{pname}"
+                actions.append(Action(action_id, group, provider, group.models, out_dir))
+            else:
+                for model in group.models:
+                    actions.append(
+                        Action(
+                            f"{group.name}/{pname}/{model_stem(model)}",
+                            group,
+                            provider,
+                            (model,),
+                            out_dir,
+                        )
+                    )
+    return actions
+
+
+def select(actions: list[Action], selectors: list[str] | tuple[str, ...]) -> list[Action]:
+    """Actions matching any selector (a group, ``group/provider`` or an action id)."""
+    if not selectors:
+        return actions
+    chosen: list[Action] = []
+    for sel in selectors:
+        sel = sel.strip("/")
+        matched = [
+            a
+            for a in actions
+            if a.id == sel or a.group.name == sel or f"{a.group.name}/{a.provider.name}" == sel
+        ]
+        if not matched:
+            known = ", ".join(sorted({a.group.name for a in actions})) or "none"
+            raise UserError(
+                f"no action matches {sel!r}",
+                hint=f"give a group ({known}), group/provider or an action id "
+                "(see 'epbuild status')",
+            )
+        chosen.extend(a for a in matched if a not in chosen)
+    return [a for a in actions if a in chosen]

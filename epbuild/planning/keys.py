@@ -1,0 +1,208 @@
+"""Action keys: a digest of everything that can change an action's outputs.
+
+Inputs are hashed through the stat cache; toolchain versions come from package metadata.
+Nothing here imports onnx or onnxruntime: this is the no-op path.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import posixpath
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from epbuild.errors import ModelError, UserError
+from epbuild.fs import is_safe_reference
+from epbuild.planning.actions import Action
+from epbuild.providers import get_provider
+from epbuild.state.statcache import StatCache
+
+FORMAT_VERSION = "1"
+"""epbuild's output-format version: bump it when the same inputs give different outputs."""
+
+
+@dataclass(frozen=True)
+class ActionKey:
+    """An action's key and the components it was computed from."""
+
+    key: str
+    components: dict[str, Any]
+    inputs: dict[str, str]
+    """Workspace-relative input path → digest (models and external-data files)."""
+
+
+class KeyComputer:
+    """Computes action keys, hashing each input file at most once per run."""
+
+    def __init__(
+        self, root: str, stats: StatCache, problems: Mapping[str, UserError] | None = None
+    ) -> None:
+        self.root = root
+        self.stats = stats
+        self.problems = problems or {}
+        self._versions: dict[tuple[str, tuple[tuple[str, str], ...]], dict[str, str]] = {}
+        self._models: dict[str, tuple[str, dict[str, str]]] = {}
+
+    def model_inputs(self, model: str) -> tuple[str, dict[str, str]]:
+        """(digest, {external-data path: digest}) of a source model."""
+        if model in self._models:
+            return self._models[model]
+        if model in self.problems:
+            problem = self.problems[model]
+            raise ModelError(problem.message, hint=problem.hint)
+        full = os.path.join(self.root, model)
+        try:
+            entry = self.stats.digest(self.root, model)
+        except FileNotFoundError as exc:
+            raise ModelError(f"{model}: model file does not exist") from exc
+        except OSError as exc:
+            raise ModelError(f"{model}: cannot read: {exc.strerror}") from exc
+        if entry.size == 0:
+            raise ModelError(f"{model}: file is empty", hint="re-export the model")
+        refs = entry.refs
+        if refs is None:
+            refs = self._parse_refs(model, full)
+            entry = self.stats.with_refs(model, entry, refs)
+        external: dict[str, str] = {}
+        for ref in refs:
+            try:
+                external[ref] = self.stats.digest(self.root, ref).digest
+            except OSError as exc:
+                raise ModelError(
+                    f"{model}: external data file {ref!r} is missing",
+                    hint="keep external-data files next to the model, as its 'location' says",
+                ) from exc
+        self._models[model] = (entry.digest, external)
+        return self._models[model]
+
+    def _parse_refs(self, model: str, full: str) -> tuple[str, ...]:
+        from epbuild.onnx.proto import ProtoError, read_model
+
+        try:
+            info = read_model(full)
+        except ProtoError as exc:
+            raise ModelError(
+                f"{model}: not a valid ONNX model ({exc})", hint="re-export or re-download it"
+            ) from exc
+        base = posixpath.dirname(model)
+        sizes: dict[str, int] = {}
+        refs: list[str] = []
+        for ref in info.external_refs:
+            if not is_safe_reference(ref.location):
+                raise ModelError(
+                    f"{model}: tensor {ref.tensor!r} has unsafe external-data location "
+                    f"{ref.location!r}",
+                    hint="external data must be a relative path without '..' next to the model",
+                )
+            rel = posixpath.normpath(posixpath.join(base, ref.location))
+            if rel not in sizes:
+                try:
+                    sizes[rel] = os.stat(os.path.join(self.root, rel)).st_size
+                except OSError as exc:
+                    raise ModelError(
+                        f"{model}: external data file {rel!r} (tensor {ref.tensor!r}) is missing"
+                    ) from exc
+                refs.append(rel)
+            end = (ref.offset or 0) + (ref.length or 0)
+            if end > sizes[rel]:
+                raise ModelError(
+                    f"{model}: tensor {ref.tensor!r} needs bytes up to {end} of {rel!r}, "
+                    f"which has {sizes[rel]}",
+                    hint="the external-data file is truncated; re-export the model",
+                )
+        return tuple(refs)
+
+    def versions(self, action: Action) -> dict[str, str]:
+        """Toolchain versions for the action's provider (memoised)."""
+        cfg = action.provider
+        memo = (cfg.ep, tuple(sorted(cfg.settings.items())))
+        if memo not in self._versions:
+            self._versions[memo] = get_provider(cfg.ep).versions(cfg)
+        return self._versions[memo]
+
+    def compute(self, action: Action) -> ActionKey:
+        """The action's key (raises ModelError for a broken input)."""
+        models = []
+        inputs: dict[str, str] = {}
+        for model in action.models:
+            digest, external = self.model_inputs(model)
+            models.append({"path": model, "digest": digest, "external": external})
+            inputs[model] = digest
+            inputs.update(external)
+        g = action.group
+        components: dict[str, Any] = {
+            "format": FORMAT_VERSION,
+            "ep": action.provider.ep,
+            "provider_options": dict(action.provider.options),
+            "session_options": dict(action.provider.session_options),
+            "settings": dict(action.provider.settings),
+            "versions": self.versions(action),
+            "group": {
+                "share_weights": g.share_weights,
+                "embed_mode": g.embed_mode,
+                "node_name_prefix": g.node_name_prefix,
+                "external_initializers": g.external_initializers,
+                "load": g.load,
+            },
+            "models": models,
+        }
+        blob = json.dumps(components, sort_keys=True, separators=(",", ":")).encode()
+        return ActionKey(hashlib.sha256(blob).hexdigest(), components, inputs)
+
+
+def explain_difference(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
+    """Human reasons why two key component sets differ."""
+    try:
+        return _explain(old, new)
+    except (TypeError, KeyError, AttributeError, ValueError):
+        return ["key changed (the recorded key components are unreadable)"]
+
+
+def _explain(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
+    reasons: list[str] = []
+    if old.get("format") != new.get("format"):
+        reasons.append(f"epbuild output format {old.get('format')} → {new.get('format')}")
+    for name in sorted(set(old.get("versions", {})) | set(new.get("versions", {}))):
+        a, b = old.get("versions", {}).get(name), new.get("versions", {}).get(name)
+        if a != b:
+            reasons.append(f"{name} {a} → {b}")
+    for section, label in (
+        ("provider_options", "provider option"),
+        ("session_options", "session option"),
+        ("settings", "provider setting"),
+        ("group", "group setting"),
+    ):
+        a_map, b_map = old.get(section, {}), new.get(section, {})
+        for name in sorted(set(a_map) | set(b_map)):
+            a, b = a_map.get(name), b_map.get(name)
+            if a != b:
+                reasons.append(f"{label} {name}: {_show(a)} → {_show(b)}")
+    if old.get("ep") != new.get("ep"):
+        reasons.append(f"provider adapter {old.get('ep')} → {new.get('ep')}")
+    old_models = {m["path"]: m for m in old.get("models", [])}
+    new_models = {m["path"]: m for m in new.get("models", [])}
+    for path, m in new_models.items():
+        before = old_models.get(path)
+        if before is None:
+            reasons.append(f"model {path} added")
+            continue
+        if before["digest"] != m["digest"]:
+            reasons.append(f"model {path} changed")
+        for ext in sorted(set(before["external"]) | set(m["external"])):
+            a, b = before["external"].get(ext), m["external"].get(ext)
+            if a != b:
+                what = "added" if a is None else "removed" if b is None else "changed"
+                reasons.append(f"external data {ext} of {path} {what}")
+    for path in old_models:
+        if path not in new_models:
+            reasons.append(f"model {path} removed")
+    if not reasons and [m["path"] for m in old.get("models", [])] != list(new_models):
+        reasons.append("model order changed")
+    return reasons or ["key changed"]
+
+
+def _show(value: object) -> str:
+    return "unset" if value is None else json.dumps(value)

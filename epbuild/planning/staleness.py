@@ -1,0 +1,96 @@
+"""The plan: which actions are stale, and why (reasons are data, shared by status,
+dry-run and JSON output)."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+
+from epbuild.errors import ModelError
+from epbuild.planning.actions import Action
+from epbuild.planning.keys import ActionKey, KeyComputer, explain_difference
+from epbuild.state.journal import State
+from epbuild.state.statcache import StatCache
+
+
+@dataclass
+class ActionPlan:
+    """One action's planned fate."""
+
+    action: Action
+    key: ActionKey | None
+    stale: bool
+    reasons: list[str] = field(default_factory=list)
+    error: ModelError | None = None
+    """A broken input: the action cannot be built until it is fixed."""
+
+
+def outputs_intact(root: str, stats: StatCache, outputs: dict[str, tuple[int, str]]) -> list[str]:
+    """Reasons an action's recorded outputs are not intact (empty when they are)."""
+    problems: list[str] = []
+    for rel, (size, digest) in outputs.items():
+        full = os.path.join(root, rel)
+        try:
+            st = os.lstat(full)
+        except FileNotFoundError:
+            problems.append(f"output {rel} is missing")
+            continue
+        if st.st_size != size:
+            problems.append(f"output {rel} was modified")
+            continue
+        cached = stats.lookup(rel, st)
+        if cached is None:
+            cached = stats.digest(root, rel)
+        if cached.digest != digest:
+            problems.append(f"output {rel} was modified")
+    return problems
+
+
+def plan_action(
+    action: Action, state: State, keys: KeyComputer, stats: StatCache, root: str
+) -> ActionPlan:
+    """Decide whether one action is stale."""
+    try:
+        key = keys.compute(action)
+    except ModelError as exc:
+        return ActionPlan(action, None, True, [exc.message], error=exc)
+    too_big = _embed_too_big(action, key, stats, root)
+    if too_big is not None:
+        return ActionPlan(action, key, True, [too_big.message], error=too_big)
+    rec = state.records.get(action.id)
+    if action.id in state.interrupted:
+        return ActionPlan(action, key, True, ["the last build of this action was interrupted"])
+    if rec is None:
+        return ActionPlan(action, key, True, ["never built"])
+    if rec.key != key.key:
+        return ActionPlan(action, key, True, explain_difference(rec.components, key.components))
+    problems = outputs_intact(root, stats, {p: (o.size, o.digest) for p, o in rec.outputs.items()})
+    return ActionPlan(action, key, bool(problems), problems)
+
+
+EMBED_LIMIT = 2 << 30
+"""Protobuf's 2 GB message limit: a ctx model with the context embedded cannot exceed it."""
+
+
+def _embed_too_big(
+    action: Action, key: ActionKey, stats: StatCache, root: str
+) -> ModelError | None:
+    if action.group.embed_mode != 1:
+        return None
+    for m in key.components["models"]:
+        size = sum(stats.digest(root, rel).size for rel in (m["path"], *m["external"]))
+        if size >= EMBED_LIMIT:
+            return ModelError(
+                f"{m['path']}: {size / (1 << 30):.1f} GB with its external data; with "
+                "embed_mode = 1 its ctx model would pass protobuf's 2 GB limit",
+                hint=f"set embed_mode = 0 for group {action.group.name!r} (and "
+                "external_initializers for weights that stay on the CPU EP)",
+            )
+    return None
+
+
+def make_plan(
+    actions: list[Action], state: State, keys: KeyComputer, stats: StatCache, root: str
+) -> list[ActionPlan]:
+    """Plan every action, in order."""
+    return [plan_action(a, state, keys, stats, root) for a in actions]

@@ -1,0 +1,145 @@
+"""Content digests with a stat cache: an unchanged file is never read twice.
+
+Entries map a workspace-relative path to (inode, size, mtime_ns) → sha256 digest, plus,
+for ONNX models, the external-data files the model references (parsed once per digest).
+The file is rewritten whole (temp + rename) under the state lock, merging entries other
+processes wrote meanwhile, so concurrent writers never corrupt it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import time
+from dataclasses import dataclass
+
+from epbuild.fs import atomic_write_bytes
+
+_VERSION = 2  # 2: a sha256 of the payload on the first line (a flipped byte is caught)
+_RACY_NS = 20_000_000  # an mtime this close to "now" may still change within its tick
+_CHUNK = 1 << 20
+
+
+@dataclass(frozen=True)
+class Entry:
+    """What we know about one file's content."""
+
+    ino: int
+    size: int
+    mtime_ns: int
+    digest: str
+    refs: tuple[str, ...] | None = None
+    """External-data files (workspace-relative) of an ONNX model; None if not parsed."""
+
+
+def hash_file(path: str) -> str:
+    """sha256 hex digest of a file's bytes."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(_CHUNK):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _well_formed(rel: object, e: Entry) -> bool:
+    from epbuild.fs import is_safe_reference
+
+    ints = all(isinstance(v, int) and not isinstance(v, bool) for v in (e.ino, e.size, e.mtime_ns))
+    return (
+        ints
+        and isinstance(rel, str)
+        and is_safe_reference(rel)
+        and isinstance(e.digest, str)
+        and len(e.digest) == 64
+        and (e.refs is None or all(isinstance(r, str) and is_safe_reference(r) for r in e.refs))
+    )
+
+
+class StatCache:
+    """Maps files to digests, re-hashing only when their stat changed."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.entries: dict[str, Entry] = {}
+        self.dirty: dict[str, Entry] = {}
+        self.hashed = 0
+        """How many files were read and hashed in this process (for tests and reports)."""
+        self._load()
+
+    def _load(self) -> None:
+        try:
+            with open(self.path, "rb") as f:
+                head, _, body = f.read().partition(b"\n")
+            header = json.loads(head)
+            if header.get("version") != _VERSION:
+                return
+            if header.get("sha256") != hashlib.sha256(body).hexdigest():
+                return
+            data = json.loads(body)
+            if not isinstance(data, dict):
+                return
+            for rel, e in data["entries"].items():
+                refs = tuple(e[4]) if len(e) > 4 and e[4] is not None else None
+                entry = Entry(e[0], e[1], e[2], e[3], refs)
+                if not _well_formed(rel, entry):
+                    raise ValueError(rel)
+                self.entries[rel] = entry
+        except (OSError, ValueError, KeyError, TypeError, IndexError, AttributeError,
+                RecursionError):  # fmt: skip
+            self.entries = {}  # a damaged stat cache only costs re-hashing
+
+    def lookup(self, rel: str, st: os.stat_result) -> Entry | None:
+        """The cached entry for ``rel`` if its stat still matches."""
+        e = self.dirty.get(rel) or self.entries.get(rel)
+        if e and e.ino == st.st_ino and e.size == st.st_size and e.mtime_ns == st.st_mtime_ns:
+            return e
+        return None
+
+    def digest(self, root: str, rel: str) -> Entry:
+        """Entry for ``root/rel``: from the cache when the stat matches, else hashed now."""
+        full = os.path.join(root, rel)
+        st = os.stat(full)
+        cached = self.lookup(rel, st)
+        if cached is not None:
+            return cached
+        digest = hash_file(full)
+        self.hashed += 1
+        after = os.stat(full)
+        entry = Entry(after.st_ino, after.st_size, after.st_mtime_ns, digest)
+        if (after.st_mtime_ns, after.st_size) == (st.st_mtime_ns, st.st_size):
+            self.remember(rel, entry)
+        return entry
+
+    def remember(self, rel: str, entry: Entry) -> None:
+        """Record an entry (unless its mtime is too recent to trust)."""
+        if time.time_ns() - entry.mtime_ns < _RACY_NS:
+            return
+        self.dirty[rel] = entry
+
+    def with_refs(self, rel: str, entry: Entry, refs: tuple[str, ...]) -> Entry:
+        """Attach parsed external-data references to an entry and remember it."""
+        new = Entry(entry.ino, entry.size, entry.mtime_ns, entry.digest, refs)
+        self.remember(rel, new)
+        return new
+
+    def save(self) -> None:
+        """Merge our new entries into the file on disk (call under the state lock)."""
+        if not self.dirty:
+            return
+        current = StatCache.__new__(StatCache)
+        current.path = self.path
+        current.entries = {}
+        current._load()
+        current.entries.update(self.dirty)
+        payload = {
+            "entries": {
+                rel: [e.ino, e.size, e.mtime_ns, e.digest, None if e.refs is None else list(e.refs)]
+                for rel, e in current.entries.items()
+            },
+        }
+        body = json.dumps(payload, separators=(",", ":")).encode()
+        head = {"version": _VERSION, "sha256": hashlib.sha256(body).hexdigest()}
+        atomic_write_bytes(self.path, json.dumps(head).encode() + b"\n" + body)
+        self.entries = current.entries
+        self.dirty = {}

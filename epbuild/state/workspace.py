@@ -1,0 +1,73 @@
+"""A workspace: a loaded manifest plus its state directory, stat cache and actions."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+from epbuild.fs import ensure_dir_inside, refuse_outward
+from epbuild.manifest.load import Manifest, find_manifest, load_manifest
+from epbuild.planning.actions import Action, make_actions, select
+from epbuild.planning.keys import KeyComputer
+from epbuild.state.journal import Journal, State, load_state
+from epbuild.state.statcache import StatCache
+
+
+@dataclass
+class Workspace:
+    """Everything a command needs to look at a workspace."""
+
+    manifest: Manifest
+    root: str
+    state_dir: str
+    state: State
+    stats: StatCache
+    keys: KeyComputer
+    actions: list[Action]
+
+    @property
+    def journal(self) -> Journal:
+        """Appends to the state journal (hold the state lock)."""
+        return Journal(os.path.join(self.state_dir, "state.jsonl"))
+
+    @property
+    def state_lock(self) -> str:
+        """Path of the workspace-state lock."""
+        return os.path.join(self.state_dir, "state.lock")
+
+    def action_lock(self, action: Action) -> str:
+        """Path of an action's lock."""
+        return os.path.join(self.state_dir, "locks", f"{action.slug}.lock")
+
+    def reload_state(self) -> State:
+        """Re-read the journal (another process may have committed); replays only what
+        was appended since the last load. Returns this call's state: another thread may
+        replace ``self.state`` meanwhile."""
+        state = load_state(os.path.join(self.state_dir, "state.jsonl"), self.state)
+        self.state = state
+        return state
+
+
+def open_workspace(
+    directory: str | os.PathLike[str] = ".",
+    manifest: str | os.PathLike[str] | None = None,
+    selectors: list[str] | tuple[str, ...] = (),
+    *,
+    loaded: Manifest | None = None,
+) -> Workspace:
+    """Load the manifest (unless ``loaded`` is given), the state and the stat cache; select
+    actions."""
+    if loaded is not None:
+        m = loaded
+    else:
+        m = load_manifest(find_manifest(directory, os.fspath(manifest) if manifest else None))
+    root = str(m.root)
+    state_dir = os.path.join(root, m.workspace.state_dir)
+    if os.path.lexists(state_dir):
+        ensure_dir_inside(state_dir, root, what="state_dir")
+    refuse_outward(os.path.join(root, m.workspace.out_dir), root, what="out_dir")
+    state = load_state(os.path.join(state_dir, "state.jsonl"))
+    stats = StatCache(os.path.join(state_dir, "statcache.json"))
+    actions = select(make_actions(m), selectors)
+    keys = KeyComputer(root, stats, m.problems)
+    return Workspace(m, root, state_dir, state, stats, keys, actions)
