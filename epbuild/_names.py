@@ -1,4 +1,65 @@
-"""Names of the files a worker writes into its staging directory besides the outputs."""
+"""Names and constants shared across layers, and the tomllib fallback. Imports nothing of
+epbuild's (the no-op path and the worker import it; it must stay cheap)."""
 
+from __future__ import annotations
+
+import posixpath
+import sys
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - Python 3.10
+    import tomli as tomllib
+
+__all__ = ["tomllib"]
+
+MANIFEST_NAME = "epbuild.toml"
+"""The manifest's file name, looked for in the working directory (or ``-C DIR``)."""
+DEFAULT_OUT_DIR = "build"
+"""``[workspace] out_dir`` when the manifest does not set it."""
+DEFAULT_STATE_DIR = ".epbuild"
+"""``[workspace] state_dir`` when the manifest does not set it."""
+
+# Files in the state directory.
+JOURNAL_NAME = "state.jsonl"
+"""The append-only journal of completed actions."""
+STATCACHE_NAME = "statcache.json"
+"""The stat cache: (inode, size, mtime_ns) → digest."""
+STATE_LOCK_NAME = "state.lock"
+"""The workspace-state lock."""
+LOCKS_DIR = "locks"
+"""Per-action locks."""
+NOOP_NAME = "noop.json"
+"""The no-op fingerprint of the last all-up-to-date build."""
+TRACE_NAME = "trace.json"
+"""The last build's timeline (Chrome trace events)."""
+
+# Files in the output directory.
+STAGING_DIR = ".staging"
+"""Where workers write, inside the output directory, before the commit."""
 RESULT_NAME = ".epbuild-result.json"
+"""The worker's result document, in its staging directory."""
 LOG_NAME = ".epbuild-worker.log"
+"""The worker's output, in its staging directory."""
+CTX_SUFFIX = "_ctx.onnx"
+"""A built model is ``<model-stem>_ctx.onnx``."""
+
+
+def model_stem(model: str) -> str:
+    """``models/prefill.onnx`` → ``prefill``."""
+    name = posixpath.basename(model)
+    return name[: -len(".onnx")] if name.endswith(".onnx") else name
+
+
+def ctx_name(model: str) -> str:
+    """File name of the ctx model built from ``model``: ``prefill_ctx.onnx``."""
+    return model_stem(model) + CTX_SUFFIX
+
+
+def ctx_stem(path: str) -> str:
+    """The model name of a ctx model path: ``out/prefill_ctx.onnx`` → ``prefill``."""
+    name = posixpath.basename(path.replace("\\", "/"))
+    for suffix in (CTX_SUFFIX, ".onnx"):
+        if name.endswith(suffix):
+            return name[: -len(suffix)]
+    return name

@@ -82,7 +82,8 @@ def build(
     scheduler address) or an ``Executor`` object. ``loaded`` builds with an already-loaded
     manifest instead of re-reading the file (watch keeps its last good one).
     """
-    from epbuild.engine.trace import TRACE_NAME, Tracer
+    from epbuild._names import TRACE_NAME
+    from epbuild.engine.trace import Tracer
 
     t0 = time.perf_counter()
     tracer = Tracer()

@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, Literal
 
+from epbuild._names import ctx_stem
 from epbuild.errors import CompatibilityError, LockTimeoutError, UserError
 
 if TYPE_CHECKING:
@@ -112,14 +113,6 @@ class BuiltAction:
                 release()
 
 
-def _stem(path: str) -> str:
-    name = os.path.basename(path)
-    for suffix in ("_ctx.onnx", ".onnx"):
-        if name.endswith(suffix):
-            return name[: -len(suffix)]
-    return name
-
-
 def check_context(label: str, data: bytes | None, path: str, provider: ProviderConfig) -> None:
     """Raise ``CompatibilityError`` if a ctx model is not for this EP and its installed SDK."""
     from epbuild.onnx.proto import ProtoError, parse_model, read_model
@@ -189,7 +182,7 @@ def open_models(
             raise CompatibilityError(problem)
     for path, data in items:
         check_context(path, data, path, provider)
-    built = BuiltAction([_stem(p) for p, _ in items], share_weights)
+    built = BuiltAction([ctx_stem(p) for p, _ in items], share_weights)
     if share_weights:
         _acquire_shared(lock_timeout, ", ".join(built.names))
         built._release = _SHARED_WORKSPACE.release

@@ -7,6 +7,7 @@ import posixpath
 import time
 from typing import TYPE_CHECKING, Any
 
+from epbuild._names import model_stem
 from epbuild.engine.staging import check_staged, commit, hash_staged, make_staging
 from epbuild.errors import EpbuildError, Interrupted
 from epbuild.fs import remove_tree
@@ -268,18 +269,13 @@ class Builder:
         g, p = action.group, action.provider
         names = None
         if g.external_initializers:
-            from epbuild.manifest.load import model_stem
-
             names = [
                 g.external_initializers if len(action.models) == 1 and not g.share_weights
                 and len(g.models) == 1 else f"{model_stem(m)}_{g.external_initializers}"
                 for m in action.models
             ]  # fmt: skip
         return {
-            "provider": {
-                "name": p.name, "ep": p.ep, "options": dict(p.options),
-                "session_options": dict(p.session_options), "settings": dict(p.settings),
-            },
+            "provider": p.to_json(),
             "models": list(action.models),
             "staging": staging,
             "share_weights": g.share_weights,

@@ -11,17 +11,15 @@ from __future__ import annotations
 import os
 import posixpath
 
-from epbuild._names import LOG_NAME, RESULT_NAME
+from epbuild._names import LOG_NAME, RESULT_NAME, STAGING_DIR
 from epbuild.errors import UnsafePathError, VerificationError
 from epbuild.fs import ensure_dir_inside, inside, is_safe_reference, remove_tree
 from epbuild.state.journal import OutputRecord
 
-STAGING = ".staging"
-
 
 def staging_root(root: str, out_dir: str) -> str:
     """Absolute path of the staging area inside the output directory."""
-    return os.path.join(root, out_dir, STAGING)
+    return os.path.join(root, out_dir, STAGING_DIR)
 
 
 def make_staging(root: str, out_dir: str, slug: str) -> str:
@@ -29,7 +27,7 @@ def make_staging(root: str, out_dir: str, slug: str) -> str:
     ensure_dir_inside(os.path.join(root, out_dir), root, what="out_dir")
     base = staging_root(root, out_dir)
     ensure_dir_inside(base, root, what="staging directory")
-    rel = posixpath.join(out_dir, STAGING, f"{slug}-{os.getpid()}")
+    rel = posixpath.join(out_dir, STAGING_DIR, f"{slug}-{os.getpid()}")
     full = os.path.join(root, rel)
     remove_tree(full)
     os.mkdir(full)

@@ -18,7 +18,6 @@ from typing import Any
 
 from epbuild.fs import atomic_write_bytes
 
-TRACE_NAME = "trace.json"
 """The last build's trace, kept in the state directory for ``epbuild report``."""
 
 KINDS = ("plan", "hash", "lock", "compile", "verify", "commit", "restore")

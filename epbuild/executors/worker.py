@@ -18,7 +18,7 @@ import time
 import traceback
 from typing import Any
 
-from epbuild._names import RESULT_NAME
+from epbuild._names import RESULT_NAME, ctx_name
 
 
 class CompileFailure(Exception):
@@ -33,11 +33,6 @@ def _watch_parent() -> None:
     # Block on stdin after the job line; EOF means the coordinator is gone.
     sys.stdin.buffer.read()
     os._exit(70)
-
-
-def _stem(model: str) -> str:
-    name = posixpath.basename(model)
-    return name[:-5] if name.endswith(".onnx") else name
 
 
 def _test_hook(model: str) -> None:
@@ -73,7 +68,7 @@ def compile_action(job: dict[str, Any]) -> dict[str, Any]:
     from epbuild.providers.base import ProviderConfig
 
     p = job["provider"]
-    config = ProviderConfig(p["name"], p["ep"], p["options"], p["session_options"], p["settings"])
+    config = ProviderConfig.from_json(p)
     adapter = get_provider(config.ep)
     staging = job["staging"]
     models: list[str] = job["models"]
@@ -83,7 +78,7 @@ def compile_action(job: dict[str, Any]) -> dict[str, Any]:
     try:
         for index, model in enumerate(models):
             so = ort.SessionOptions()
-            ctx_path = posixpath.join(staging, f"{_stem(model)}_ctx.onnx")
+            ctx_path = posixpath.join(staging, ctx_name(model))
             entries = {
                 "ep.context_enable": "1",
                 "ep.context_file_path": ctx_path,
@@ -152,7 +147,7 @@ def check_outputs(
     staging = job["staging"]
     detail: dict[str, Any] = {"models": {}}
     for model in models:
-        ctx = posixpath.join(staging, f"{_stem(model)}_ctx.onnx")
+        ctx = posixpath.join(staging, ctx_name(model))
         if not os.path.exists(ctx):
             raise CompileFailure(
                 f"{model}: no EPContext model was written — the EP compiled nothing and ONNX "

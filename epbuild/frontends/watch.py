@@ -15,7 +15,6 @@ from __future__ import annotations
 import os
 import posixpath
 import re
-import sys
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -23,6 +22,7 @@ from dataclasses import dataclass, field
 from fnmatch import fnmatchcase
 from typing import TYPE_CHECKING, Any
 
+from epbuild._names import tomllib
 from epbuild.errors import EpbuildError, Interrupted, UserError
 from epbuild.results import Reporter
 
@@ -33,10 +33,6 @@ if TYPE_CHECKING:
     from epbuild.manifest.load import Manifest
     from epbuild.results import ActionResult, BuildResult
 
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover
-    import tomli as tomllib
 
 _GLOB_CHARS = re.compile(r"[*?\[]")
 _Sig = tuple[int, int, int]

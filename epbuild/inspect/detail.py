@@ -8,7 +8,7 @@ import posixpath
 from dataclasses import dataclass, field
 from typing import Any
 
-from epbuild.manifest.load import model_stem
+from epbuild._names import CTX_SUFFIX, ctx_name
 
 
 @dataclass(frozen=True)
@@ -53,7 +53,7 @@ class ActionDetail:
     @property
     def binary_bytes(self) -> int:
         """Total size of the outputs that are not ctx models (context binaries, weights)."""
-        return sum(s for p, s in self.files.items() if not p.endswith("_ctx.onnx"))
+        return sum(s for p, s in self.files.items() if not p.endswith(CTX_SUFFIX))
 
     def to_json(self) -> dict[str, Any]:
         """The ``--json`` form."""
@@ -100,7 +100,7 @@ def status_detail(
             d.models.append(
                 ModelDetail(
                     model=model,
-                    ctx=posixpath.join(a.out_dir, info.get("ctx", f"{model_stem(model)}_ctx.onnx")),
+                    ctx=posixpath.join(a.out_dir, info.get("ctx", ctx_name(model))),
                     context_nodes=int(info.get("context_nodes", 0)),
                     source_nodes=int(info.get("source_nodes", 0)),
                     cpu_nodes=int(info.get("cpu_nodes", 0)),

@@ -13,8 +13,9 @@ import json
 import os
 from typing import Any
 
+from epbuild._names import CTX_SUFFIX, TRACE_NAME
 from epbuild.engine.memory import format_bytes
-from epbuild.engine.trace import KINDS, TRACE_NAME, load_trace
+from epbuild.engine.trace import KINDS, load_trace
 from epbuild.inspect.detail import ActionDetail, status_detail
 
 _CSS = """
@@ -108,7 +109,7 @@ def _row(d: ActionDetail) -> str:
     else:
         state = ('<span class="stale">stale</span>' if d.stale
                  else '<span class="ok">up to date</span>')  # fmt: skip
-        ctx = sum(s for p, s in d.files.items() if p.endswith("_ctx.onnx"))
+        ctx = sum(s for p, s in d.files.items() if p.endswith(CTX_SUFFIX))
         compiled = sum(m.context_nodes for m in d.models)
         source = sum(m.source_nodes for m in d.models)
         cpu = sum(m.cpu_nodes for m in d.models)

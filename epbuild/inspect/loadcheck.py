@@ -73,7 +73,7 @@ def check(job: dict[str, Any]) -> dict[str, Any]:
     from epbuild.runtime import open_models
 
     p = job["provider"]
-    config = ProviderConfig(p["name"], p["ep"], p["options"], p["session_options"], p["settings"])
+    config = ProviderConfig.from_json(p)
     cpu = ort.InferenceSession(job["source"], providers=["CPUExecutionProvider"])
     feeds = random_inputs(cpu)
     want = cpu.run(None, feeds)

@@ -369,20 +369,9 @@ def _load_checks(ws: Workspace, action: Action) -> list[LoadCheck]:
     reason = load_problem(action.provider, action.group.share_weights) if load_problem else None
     if reason:
         return [LoadCheck(ctx, LoadOutcome.NOT_LOADABLE, reason) for ctx in action.ctx_paths]
-    p = action.provider
     checks = []
     for model, ctx in zip(action.models, action.ctx_paths, strict=True):
-        job = {
-            "ctx": ctx,
-            "source": model,
-            "provider": {
-                "name": p.name,
-                "ep": p.ep,
-                "options": dict(p.options),
-                "session_options": dict(p.session_options),
-                "settings": dict(p.settings),
-            },
-        }
+        job = {"ctx": ctx, "source": model, "provider": action.provider.to_json()}
         check = _run_loader(ws.root, ctx, job)
         # Where the adapter says this host is not the target (QNN on x86_64 runs contexts in
         # an emulation), a native crash of the loader is the host's limit, not a bad build;

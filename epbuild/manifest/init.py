@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import os
 
+from epbuild._names import MANIFEST_NAME
 from epbuild.errors import UserError
-from epbuild.manifest.load import MANIFEST_NAME
 
 STARTER = """\
 # epbuild manifest (README.md documents every key).

@@ -13,17 +13,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from epbuild._names import (
+    CTX_SUFFIX,
+    DEFAULT_OUT_DIR,
+    DEFAULT_STATE_DIR,
+    MANIFEST_NAME,
+    model_stem,
+    tomllib,
+)
 from epbuild.errors import ManifestError, UnsafePathError
 from epbuild.fs import safe_relpath
 from epbuild.manifest.schema import SchemaViolation, validate
 from epbuild.providers.base import ProviderConfig
 
-try:
-    import tomllib
-except ModuleNotFoundError:  # pragma: no cover - Python 3.10
-    import tomli as tomllib  # type: ignore[no-redef,import-not-found,unused-ignore]
-
-MANIFEST_NAME = "epbuild.toml"
 _GLOB_CHARS = re.compile(r"[*?\[]")
 
 
@@ -183,8 +185,8 @@ def _resolve(file: Path, locator: _Locator, data: dict[str, Any]) -> Manifest:
         except UnsafePathError as exc:
             raise _error(file, locator, path, exc.message, exc.hint) from exc
 
-    out_dir = rel(ws.get("out_dir", "build"), ("workspace", "out_dir"), "out_dir")
-    state_dir = rel(ws.get("state_dir", ".epbuild"), ("workspace", "state_dir"), "state_dir")
+    out_dir = rel(ws.get("out_dir", DEFAULT_OUT_DIR), ("workspace", "out_dir"), "out_dir")
+    state_dir = rel(ws.get("state_dir", DEFAULT_STATE_DIR), ("workspace", "state_dir"), "state_dir")
     for name, value in (("out_dir", out_dir), ("state_dir", state_dir)):
         if value == ".":
             raise _error(
@@ -292,7 +294,7 @@ def _resolve(file: Path, locator: _Locator, data: dict[str, Any]) -> Manifest:
             if stem in stems:
                 raise _error(
                     file, locator, (*base, "models"),
-                    f"{stems[stem]!r} and {model!r} would both write {stem}_ctx.onnx",
+                    f"{stems[stem]!r} and {model!r} would both write {stem}{CTX_SUFFIX}",
                     "rename one of them, or put them in different groups",
                 )  # fmt: skip
             stems[stem] = model
@@ -323,7 +325,7 @@ def _resolve(file: Path, locator: _Locator, data: dict[str, Any]) -> Manifest:
                     )  # fmt: skip
         ext = table.get("external_initializers")
         if ext is not None and (
-            "/" in ext or "\\" in ext or ext in (".", "..") or ext.endswith("_ctx.onnx")
+            "/" in ext or "\\" in ext or ext in (".", "..") or ext.endswith(CTX_SUFFIX)
         ):
             raise _error(
                 file, locator, (*base, "external_initializers"),
@@ -385,9 +387,3 @@ def _check_model(
     if not stat.S_ISREG(mode):
         return _error(file, locator, (*base, "models"), f"{model!r} is not a file")
     return None
-
-
-def model_stem(model: str) -> str:
-    """``models/prefill.onnx`` → ``prefill``."""
-    name = posixpath.basename(model)
-    return name[: -len(".onnx")] if name.endswith(".onnx") else name

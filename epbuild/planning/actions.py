@@ -6,8 +6,9 @@ import hashlib
 import posixpath
 from dataclasses import dataclass
 
+from epbuild._names import ctx_name, model_stem
 from epbuild.errors import UserError
-from epbuild.manifest.load import Group, Manifest, model_stem
+from epbuild.manifest.load import Group, Manifest
 from epbuild.providers.base import ProviderConfig
 
 
@@ -27,7 +28,7 @@ class Action:
     @property
     def ctx_names(self) -> tuple[str, ...]:
         """File names of the ctx models, one per source model."""
-        return tuple(f"{model_stem(m)}_ctx.onnx" for m in self.models)
+        return tuple(ctx_name(m) for m in self.models)
 
     @property
     def ctx_paths(self) -> tuple[str, ...]:

@@ -18,11 +18,12 @@ import os
 import sys
 from typing import TYPE_CHECKING, Any
 
+from epbuild._names import DEFAULT_STATE_DIR, JOURNAL_NAME, MANIFEST_NAME, NOOP_NAME, tomllib
+
 if TYPE_CHECKING:
     from epbuild.planning.staleness import ActionPlan
     from epbuild.state.workspace import Workspace
 
-NAME = "noop.json"
 _VERSION = 1
 
 
@@ -44,14 +45,10 @@ def _dir_stamp(path: str) -> list[int] | None:
 
 def _state_dir_of(root: str, manifest_bytes: bytes) -> str | None:
     try:
-        import tomllib
-    except ModuleNotFoundError:  # pragma: no cover - Python 3.10
-        return None
-    try:
         data = tomllib.loads(manifest_bytes.decode("utf-8"))
     except (UnicodeDecodeError, ValueError):
         return None
-    state_dir = data.get("workspace", {}).get("state_dir", ".epbuild")
+    state_dir = data.get("workspace", {}).get("state_dir", DEFAULT_STATE_DIR)
     if not isinstance(state_dir, str) or state_dir.startswith("/") or ".." in state_dir:
         return None
     return os.path.join(root, state_dir)
@@ -67,7 +64,7 @@ def fast_noop(
     directory: str, manifest: str | None, selectors: list[str] | tuple[str, ...]
 ) -> dict[str, Any] | None:
     """The recorded ``--json`` document if nothing changed since it was recorded, else None."""
-    path = os.path.join(directory, manifest or "epbuild.toml")
+    path = os.path.join(directory, manifest or MANIFEST_NAME)
     try:
         with open(path, "rb") as f:
             raw = f.read()
@@ -78,7 +75,7 @@ def fast_noop(
     if state_dir is None:
         return None
     try:
-        with open(os.path.join(state_dir, NAME), "rb") as f:
+        with open(os.path.join(state_dir, NOOP_NAME), "rb") as f:
             data = json.loads(f.read())
     except (OSError, ValueError):
         return None
@@ -117,7 +114,7 @@ def write_fingerprint(
     files: dict[str, list[int] | None] = {}
     dirs: dict[str, list[int] | None] = {}
     manifest_stamp = _stamp(str(ws.manifest.path))
-    journal = os.path.join(ws.state_dir, "state.jsonl")
+    journal = os.path.join(ws.state_dir, JOURNAL_NAME)
     files[os.path.relpath(journal, root)] = _stamp(journal)
     # Version sources: site directories (a package install or upgrade changes their
     # listing) and adapter-specific files; stamped first, then re-checked below.
@@ -167,21 +164,19 @@ def write_fingerprint(
         "dirs": dirs,
         "result": doc,
     }
-    atomic_write_bytes(os.path.join(ws.state_dir, NAME), json.dumps(payload).encode())
+    atomic_write_bytes(os.path.join(ws.state_dir, NOOP_NAME), json.dumps(payload).encode())
     return True
 
 
 def forget(state_dir: str) -> None:
     """Drop the fingerprint (a build is about to change things)."""
     try:
-        os.unlink(os.path.join(state_dir, NAME))
+        os.unlink(os.path.join(state_dir, NOOP_NAME))
     except OSError:
         pass
 
 
 def _patterns_of(ws: Workspace, group: str) -> list[str]:
-    import tomllib
-
     with open(ws.manifest.path, "rb") as f:
         data = tomllib.load(f)
     models = data.get("groups", {}).get(group, {}).get("models", [])

@@ -40,6 +40,29 @@ class ProviderConfig:
         """A setting's path, relative to the manifest's directory unless absolute."""
         return os.path.join(self.base_dir, path) if self.base_dir else path
 
+    def to_json(self) -> dict[str, Any]:
+        """The form that crosses process boundaries (jobs, load checks). Leaves ``base_dir``
+        out: the receiving process runs in the manifest's directory (or its copy on a farm
+        worker), where relative settings resolve as they are."""
+        return {
+            "name": self.name,
+            "ep": self.ep,
+            "options": dict(self.options),
+            "session_options": dict(self.session_options),
+            "settings": dict(self.settings),
+        }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> ProviderConfig:
+        """Rebuild a config written by ``to_json``."""
+        return cls(
+            name=str(data["name"]),
+            ep=str(data["ep"]),
+            options=dict(data.get("options", {})),
+            session_options=dict(data.get("session_options", {})),
+            settings=dict(data.get("settings", {})),
+        )
+
 
 class Provider(Protocol):
     """An execution-provider adapter."""

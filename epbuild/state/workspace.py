@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
+from epbuild._names import JOURNAL_NAME, LOCKS_DIR, STATCACHE_NAME, STATE_LOCK_NAME
 from epbuild.fs import ensure_dir_inside, refuse_outward
 from epbuild.manifest.load import Manifest, find_manifest, load_manifest
 from epbuild.planning.actions import Action, make_actions, select
@@ -28,22 +29,22 @@ class Workspace:
     @property
     def journal(self) -> Journal:
         """Appends to the state journal (hold the state lock)."""
-        return Journal(os.path.join(self.state_dir, "state.jsonl"))
+        return Journal(os.path.join(self.state_dir, JOURNAL_NAME))
 
     @property
     def state_lock(self) -> str:
         """Path of the workspace-state lock."""
-        return os.path.join(self.state_dir, "state.lock")
+        return os.path.join(self.state_dir, STATE_LOCK_NAME)
 
     def action_lock(self, action: Action) -> str:
         """Path of an action's lock."""
-        return os.path.join(self.state_dir, "locks", f"{action.slug}.lock")
+        return os.path.join(self.state_dir, LOCKS_DIR, f"{action.slug}.lock")
 
     def reload_state(self) -> State:
         """Re-read the journal (another process may have committed); replays only what
         was appended since the last load. Returns this call's state: another thread may
         replace ``self.state`` meanwhile."""
-        state = load_state(os.path.join(self.state_dir, "state.jsonl"), self.state)
+        state = load_state(os.path.join(self.state_dir, JOURNAL_NAME), self.state)
         self.state = state
         return state
 
@@ -66,8 +67,8 @@ def open_workspace(
     if os.path.lexists(state_dir):
         ensure_dir_inside(state_dir, root, what="state_dir")
     refuse_outward(os.path.join(root, m.workspace.out_dir), root, what="out_dir")
-    state = load_state(os.path.join(state_dir, "state.jsonl"))
-    stats = StatCache(os.path.join(state_dir, "statcache.json"))
+    state = load_state(os.path.join(state_dir, JOURNAL_NAME))
+    stats = StatCache(os.path.join(state_dir, STATCACHE_NAME))
     actions = select(make_actions(m), selectors)
     keys = KeyComputer(root, stats, m.problems)
     return Workspace(m, root, state_dir, state, stats, keys, actions)
