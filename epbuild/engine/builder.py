@@ -287,18 +287,19 @@ class Builder:
         }  # fmt: skip
 
     def _check_detail(self, action: Action, detail: dict[str, Any]) -> list[str]:
+        """The worker's report against the rules: refused compatibility info fails the
+        action; an EP that ignored ``node_name_prefix`` is a warning (once per build)."""
         from epbuild.errors import VerificationError
+        from epbuild.onnx.context import compatibility_issue, prefix_ignored
 
         adapter = get_provider(action.provider.ep)
         warnings: list[str] = []
         for model, info in detail.get("models", {}).items():
             compat = info.get("compatibility")
-            if compat:
-                problem = adapter.check_compatibility(action.provider, compat)
-                if problem:
-                    raise VerificationError(f"{model}: {problem}")
-            prefix = action.group.node_name_prefix
-            if prefix and not all(n.startswith(prefix) for n in info.get("node_names", [])):
+            problem = compatibility_issue(adapter, action.provider, compat) if compat else None
+            if problem:
+                raise VerificationError(f"{model}: {problem}")
+            if prefix_ignored(info.get("node_names", []), action.group.node_name_prefix):
                 versions = adapter.versions(action.provider)
                 note = (
                     f"the {action.provider.ep} EP "
