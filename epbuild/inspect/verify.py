@@ -15,7 +15,7 @@ import re
 import signal
 import subprocess
 import sys
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from epbuild.onnx.context import Problem, context_problems, workspace_path_leak
@@ -49,12 +49,8 @@ class LoadCheck:
 
     def to_json(self) -> dict[str, Any]:
         """The ``--json`` form."""
-        return {
-            "file": self.file,
-            "outcome": self.outcome.value,
-            "message": self.message,
-            "max_error": self.max_error,
-        }
+        doc = {k: v for k, v in asdict(self).items() if k != "crashed"}
+        return {**doc, "outcome": self.outcome.value}
 
 
 @dataclass
