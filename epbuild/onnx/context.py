@@ -315,11 +315,30 @@ def compatibility_problems(
     return [Problem(file, f"{value!r}: {issue}", attribute=attr)] if issue else []
 
 
-def prefix_ignored(node_names: Iterable[str], prefix: str | None) -> bool:
-    """Whether an EP left EPContext node names without the asked ``node_name_prefix``."""
-    if not prefix:
-        return False
-    return not all(n.startswith(prefix) for n in node_names)
+def report_problems(
+    model: str,
+    report: dict[str, Any],
+    adapter: Provider,
+    config: ProviderConfig,
+    prefix: str | None,
+) -> list[Problem]:
+    """What a worker reported about one model (``check_outputs``' detail), against the rules:
+    compatibility info the adapter refuses is an error; an EP that ignored the asked
+    ``node_name_prefix`` is a warning."""
+    problems: list[Problem] = []
+    compat = report.get("compatibility")
+    issue = compatibility_issue(adapter, config, compat) if compat else None
+    if issue:
+        problems.append(Problem(model, issue))
+    names = report.get("node_names", [])
+    if prefix and not all(n.startswith(prefix) for n in names):
+        versions = ", ".join(f"{k} {v}" for k, v in adapter.versions(config).items())
+        note = (
+            f"the {config.ep} EP ({versions}) ignores node_name_prefix; "
+            "EPContext node names were not prefixed"
+        )
+        problems.append(Problem(model, note, severity=Severity.WARNING))
+    return problems
 
 
 # ---------------------------------------------------------------------------------------
