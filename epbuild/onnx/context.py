@@ -26,8 +26,6 @@ from typing import TYPE_CHECKING, Any
 from epbuild.fs import reference_problem
 
 if TYPE_CHECKING:
-    from collections.abc import Iterable
-
     from epbuild.onnx.proto import ContextNode, ExternalRef, ModelInfo
     from epbuild.providers.base import Provider, ProviderConfig
 
@@ -78,11 +76,6 @@ class Problem:
     def to_json(self) -> dict[str, Any]:
         """The ``--json`` form."""
         return {**asdict(self), "severity": self.severity.value}
-
-
-def errors(problems: Iterable[Problem]) -> list[Problem]:
-    """The problems that make an output invalid."""
-    return [p for p in problems if p.severity is Severity.ERROR]
 
 
 # ---------------------------------------------------------------------------------------
