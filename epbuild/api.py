@@ -23,7 +23,7 @@ from epbuild.state.workspace import Workspace, open_workspace
 
 if TYPE_CHECKING:
     from epbuild.executors.local import Executor
-    from epbuild.manifest.load import Manifest
+    from epbuild.manifest.model import Manifest
 
 
 __all__ = [
