@@ -10,7 +10,6 @@ from dataclasses import dataclass
 from fnmatch import fnmatchcase
 from typing import TYPE_CHECKING
 
-from epbuild._names import tomllib
 from epbuild.errors import EpbuildError
 
 if TYPE_CHECKING:
@@ -92,19 +91,6 @@ class Targets:
         return any(under(d, path) or (rec and under(path, d)) for d, rec in self.dirs)
 
 
-def _raw_patterns(m: Manifest) -> tuple[str, ...]:
-    try:
-        data = tomllib.loads(m.path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return ()
-    found: list[str] = []
-    for name, table in data.get("groups", {}).items():
-        if name in m.groups and isinstance(table, dict):
-            models = [p for p in table.get("models", []) if isinstance(p, str)]
-            found += [posixpath.normpath(p) for p in models if GLOB_CHARS.search(p)]
-    return tuple(found)
-
-
 def _tree(base: str, excluded: tuple[str, ...]) -> list[tuple[str, bool]]:
     """Watches covering ``base`` recursively, leaving the excluded directories out."""
     if any(under(base, x) for x in excluded):
@@ -153,7 +139,7 @@ def make_targets(
         excluded.append(cache.local)
     excl = tuple(os.path.normpath(os.path.join(root, x)) for x in excluded)
     dirs: set[tuple[str, bool]] = {(os.path.dirname(f), False) for f in files}
-    patterns = _raw_patterns(m)
+    patterns = tuple(p for g in m.groups.values() for p in g.patterns)
     for pat in patterns:
         parts = pat.split("/")
         first = next(i for i, p in enumerate(parts) if GLOB_CHARS.search(p))
