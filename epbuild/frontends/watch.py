@@ -30,6 +30,7 @@ if TYPE_CHECKING:
     from watchdog.events import FileSystemEvent
     from watchdog.observers.api import BaseObserver, ObservedWatch
 
+    from epbuild.executors.local import LocalExecutor
     from epbuild.manifest.load import Manifest
     from epbuild.results import ActionResult, BuildResult
 
@@ -397,29 +398,6 @@ class _Observer:
         self.observer.join(timeout=0.5)  # its threads are daemons; do not hold Ctrl-C up
 
 
-class _WarmExecutor:
-    """A local executor whose spare worker (already past ``import onnxruntime``) outlives a
-    build, so the next save's compile does not wait for a worker to start. Still a fresh
-    process per action; ``shutdown`` releases the spare when watching ends."""
-
-    def __init__(self, root: str) -> None:
-        from epbuild.executors.local import LocalExecutor
-
-        self.inner = LocalExecutor(root, prewarm=True)
-
-    def run(self, job: dict[str, Any]) -> Any:
-        return self.inner.run(job)
-
-    def cancel(self) -> None:
-        self.inner.cancel()
-
-    def close(self) -> None:
-        """Called after every build: keep the spare warm."""
-
-    def shutdown(self) -> None:
-        self.inner.close()
-
-
 class _CycleReporter(Reporter):
     """Forwards progress to the caller's reporter and notes when each compile started."""
 
@@ -464,7 +442,9 @@ class _Session:
         self.targets = make_targets(self.manifest, selectors)
         self.seen: dict[str, _Sig | None] = {}
         self.number = 0
-        self.warm: _WarmExecutor | None = None
+        self.warm: LocalExecutor | None = None
+        """Outlives each build (which does not close an executor passed in): its spare worker,
+        already past ``import onnxruntime``, takes the next save's compile at once."""
 
     def snapshot(self, paths: Iterable[str]) -> None:
         for p in paths:
@@ -536,7 +516,9 @@ class _Session:
         kw = dict(self.build_kw)
         if self.manifest.workspace.executor == "local":
             if self.warm is None:
-                self.warm = _WarmExecutor(str(self.manifest.root))
+                from epbuild.executors.local import LocalExecutor
+
+                self.warm = LocalExecutor(str(self.manifest.root), prewarm=True)
             kw["executor"] = self.warm
         cycle.started = time.time()
         try:
@@ -645,5 +627,5 @@ def watch(
     finally:
         obs.stop()
         if session.warm is not None:
-            session.warm.shutdown()
+            session.warm.close()
     return session.number
