@@ -183,9 +183,15 @@ class ActionCache:
         for name, out in outputs.items():
             self._ingest(os.path.join(src_dir, name), out)
         entry = CacheEntry(
-            key=key, action_id=action_id, components=components, outputs=outputs,
-            seconds=seconds, peak_rss=peak_rss, detail=detail or {}, created=time.time(),
-        )  # fmt: skip
+            key=key,
+            action_id=action_id,
+            components=components,
+            outputs=outputs,
+            seconds=seconds,
+            peak_rss=peak_rss,
+            detail=detail or {},
+            created=time.time(),
+        )
         self.local.put_entry(entry)
         if self.push and self.remote is not None:
             self.push_entry(entry)
