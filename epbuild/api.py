@@ -74,8 +74,8 @@ def build(
     ``memory_budget`` (bytes) caps the summed predicted peaks of concurrent local compiles
     (default: manifest, else a safe share of RAM); ``trace`` writes the timeline as Chrome
     trace-event JSON; ``executor`` is ``"local"``, ``"dask"`` (with ``scheduler``, a Dask
-    scheduler address) or an ``Executor`` object. ``loaded`` builds with an already-loaded
-    manifest instead of re-reading the file (watch keeps its last good one).
+    scheduler address) or an ``Executor`` object (the caller's to close). ``loaded`` builds
+    with an already-loaded manifest instead of re-reading the file (watch keeps its last).
     """
     from epbuild.engine.trace import Tracer
 

@@ -114,3 +114,17 @@ def test_the_job_is_complete_and_survives_json(simple_ws: Callable[..., Workspac
     for job in fake.jobs:  # base_dir stays behind: the worker runs in the workspace
         data = json.loads(json.dumps(job.to_json()))
         assert Job.from_json(data).to_json() == data
+
+
+def test_peak_memory_and_liveness_are_portable_helpers() -> None:
+    import subprocess
+    import sys
+
+    from epbuild.engine.staging import _alive
+    from epbuild.executors.worker import peak_rss
+
+    assert peak_rss() > 10 << 20  # this interpreter, in bytes (not KiB)
+    assert _alive(os.getpid())
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()
+    assert not _alive(child.pid)
