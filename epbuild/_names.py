@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import posixpath
 import sys
+from collections.abc import Mapping
+from typing import Any
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -19,6 +21,19 @@ DEFAULT_OUT_DIR = "build"
 """``[workspace] out_dir`` when the manifest does not set it."""
 DEFAULT_STATE_DIR = ".epbuild"
 """``[workspace] state_dir`` when the manifest does not set it."""
+
+
+def state_dir_setting(manifest: Mapping[str, Any]) -> Any:
+    """``[workspace] state_dir`` of a parsed manifest as written, else ``DEFAULT_STATE_DIR``.
+
+    The one home of where the state directory is configured: the loader checks the value
+    (``safe_relpath``), the no-op fast path (which must not import the loader) reads it here.
+    """
+    workspace = manifest.get("workspace")
+    if not isinstance(workspace, Mapping):
+        return DEFAULT_STATE_DIR
+    return workspace.get("state_dir", DEFAULT_STATE_DIR)
+
 
 # Files in the state directory.
 JOURNAL_NAME = "state.jsonl"

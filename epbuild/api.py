@@ -11,19 +11,36 @@ from epbuild.engine.scheduler import executor_for, schedule
 from epbuild.engine.staging import check_removable, clean_stale_staging
 from epbuild.errors import EpbuildError
 from epbuild.planning.staleness import ActionPlan, make_plan
-from epbuild.results import ActionResult, BuildResult, Outcome, Reporter, action_result
+from epbuild.results import (
+    ActionResult,
+    ActionStatus,
+    BuildResult,
+    Outcome,
+    Reporter,
+    StatusResult,
+    action_result,
+)
 from epbuild.state import locks
 from epbuild.state.workspace import Workspace, open_workspace
 
 if TYPE_CHECKING:
     from epbuild.engine.trace import Tracer
     from epbuild.executors.local import Executor
-    from epbuild.manifest.load import Manifest
+    from epbuild.manifest.model import Manifest
 
 
 __all__ = [
-    "ActionResult", "BuildResult", "Outcome", "Reporter", "build", "clean", "orphaned", "status",
-]  # fmt: skip
+    "ActionResult",
+    "ActionStatus",
+    "BuildResult",
+    "Outcome",
+    "Reporter",
+    "StatusResult",
+    "build",
+    "clean",
+    "orphaned",
+    "status",
+]
 
 
 def status(
@@ -32,11 +49,12 @@ def status(
     selectors: list[str] | tuple[str, ...] = (),
     *,
     cache: str | bool | None = None,
-) -> list[ActionPlan]:
+) -> StatusResult:
     """Every selected action as up to date or stale, with reasons. Takes no lock.
 
     A stale action's reasons end with what the cache says: restorable, or why not (the
-    key components that differ from the newest cache entry of the same action id).
+    key components that differ from the newest cache entry of the same action id). Without
+    selectors it also lists the orphaned actions (built, but no longer in the manifest).
     """
     ws = open_workspace(directory, manifest, selectors)
     plans = make_plan(ws.actions, ws.state, ws.keys, ws.stats, ws.root)
@@ -47,7 +65,8 @@ def status(
 
             explain_plans(cached, plans)
     save_stats(ws)
-    return plans
+    orphans = [] if selectors else orphaned_actions(ws)
+    return StatusResult([ActionStatus.from_plan(p) for p in plans], orphans)
 
 
 def build(
@@ -227,26 +246,40 @@ def clean(
         ids = [a.id for a in ws.actions]
         if not selectors:  # also what earlier manifests built and this one no longer has
             ids += orphaned_actions(ws)
-        for action_id in ids:  # refuse before deleting anything
-            rec = state.records.get(action_id)
-            outputs = list(rec.outputs) if rec else []
-            check_removable(ws.root, ws.manifest.workspace.out_dir, outputs)
-        for action_id in ids:
-            rec = state.records.get(action_id)
-            paths = list(rec.outputs) if rec else []
-            for rel in paths:
-                full = os.path.join(ws.root, rel)
-                if os.path.lexists(full):
-                    os.unlink(full)
-                    removed.append(rel)
-            if rec or action_id in state.interrupted:
+        outputs = {i: list(state.records[i].outputs) if i in state.records else [] for i in ids}
+        for paths in outputs.values():  # refuse before deleting anything
+            check_removable(ws.root, ws.manifest.workspace.out_dir, paths)
+        for action_id, paths in outputs.items():
+            removed += _unlink_existing(ws.root, paths)
+            if action_id in state.records or action_id in state.interrupted:
                 ws.journal.forget(action_id)
         clean_stale_staging(ws.root, ws.manifest.workspace.out_dir)
-    top = os.path.join(ws.root, ws.manifest.workspace.out_dir)
-    for rel in removed:  # drop directories we emptied, never above out_dir
-        d = os.path.dirname(os.path.join(ws.root, rel))
-        while (d.startswith(top + os.sep) and os.path.isdir(d) and not os.path.islink(d)
-               and not os.listdir(d)):  # fmt: skip
+    _remove_emptied_dirs(ws.root, ws.manifest.workspace.out_dir, removed)
+    return removed
+
+
+def _unlink_existing(root: str, paths: list[str]) -> list[str]:
+    """Delete those of ``paths`` (workspace-relative) that exist; returns them."""
+    gone = []
+    for rel in paths:
+        full = os.path.join(root, rel)
+        if os.path.lexists(full):
+            os.unlink(full)
+            gone.append(rel)
+    return gone
+
+
+def _remove_emptied_dirs(root: str, out_dir: str, removed: list[str]) -> None:
+    """Drop the directories that deleting ``removed`` left empty, never above ``out_dir``."""
+    top = os.path.join(root, out_dir)
+    for rel in removed:
+        d = os.path.dirname(os.path.join(root, rel))
+        while _empty_dir_below(d, top):
             os.rmdir(d)
             d = os.path.dirname(d)
-    return removed
+
+
+def _empty_dir_below(d: str, top: str) -> bool:
+    """Is ``d`` a real, empty directory strictly inside ``top``?"""
+    inside = d.startswith(top + os.sep)
+    return inside and os.path.isdir(d) and not os.path.islink(d) and not os.listdir(d)

@@ -57,13 +57,26 @@ def safe_relpath(value: str, *, what: str) -> str:
     return norm
 
 
+def reference_problem(value: str) -> str | None:
+    """Why a path stored in a model (location, ep_cache_context) is not relative and tame.
+
+    The one spelling of that rule: ``epbuild.onnx.context`` adds "inside the output
+    directory, exists" on top; the journal, stat cache and executors use the predicate.
+    """
+    if not value:
+        return "is empty"
+    if "\x00" in value:
+        return f"{value!r} contains a NUL byte"
+    if value.startswith("/") or "\\" in value or (len(value) > 1 and value[1] == ":"):
+        return f"{value!r} is absolute (must be relative to the model)"
+    if ".." in value.split("/"):
+        return f"{value!r} contains '..'"
+    return None
+
+
 def is_safe_reference(value: str) -> bool:
     """Whether a path stored in a model (location, ep_cache_context) is relative and tame."""
-    if not value or "\x00" in value or "\\" in value:
-        return False
-    if value.startswith("/") or (len(value) > 1 and value[1] == ":"):
-        return False
-    return ".." not in value.split("/")
+    return reference_problem(value) is None
 
 
 def inside(path: str, directory: str) -> bool:

@@ -1,4 +1,4 @@
-"""What a build reports: outcomes, per-action and whole-build results, progress events."""
+"""What the API reports: outcomes, build and status results, progress events."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from epbuild.planning.actions import Action
+    from epbuild.planning.staleness import ActionPlan
 
 
 class Outcome(enum.Enum):
@@ -97,6 +98,54 @@ class BuildResult:
             "summary": self.summary(),
             "actions": [a.to_json() for a in self.actions],
             "warnings": self.warnings,
+        }
+
+
+@dataclass(frozen=True)
+class ActionStatus:
+    """One action as ``status`` sees it: up to date or stale, and why."""
+
+    id: str
+    group: str
+    provider: str
+    stale: bool
+    reasons: list[str]
+    """Why it is stale; a stale action's last reason says what the cache could restore."""
+    key: str | None
+    """Its action key; None when an input is broken."""
+
+    @classmethod
+    def from_plan(cls, plan: ActionPlan) -> ActionStatus:
+        """The status of a planned action."""
+        a = plan.action
+        key = plan.key.key if plan.key else None
+        return cls(a.id, a.group.name, a.provider.name, plan.stale, list(plan.reasons), key)
+
+    def to_json(self) -> dict[str, Any]:
+        """One entry of ``status --json``."""
+        return {
+            "id": self.id,
+            "group": self.group,
+            "provider": self.provider,
+            "stale": self.stale,
+            "reasons": self.reasons,
+            "key": self.key,
+        }
+
+
+@dataclass(frozen=True)
+class StatusResult:
+    """What ``status`` found: the selected actions, and recorded ones the manifest dropped."""
+
+    actions: list[ActionStatus]
+    orphaned: list[str] = field(default_factory=list)
+    """Ids of built actions no longer in the manifest (only listed without selectors)."""
+
+    def to_json(self) -> dict[str, Any]:
+        """The ``status --json`` document."""
+        return {
+            "actions": [a.to_json() for a in self.actions],
+            "orphaned": self.orphaned,
         }
 
 

@@ -115,6 +115,7 @@ class BuiltAction:
 
 def check_context(label: str, data: bytes | None, path: str, provider: ProviderConfig) -> None:
     """Raise ``CompatibilityError`` if a ctx model is not for this EP and its installed SDK."""
+    from epbuild.onnx.context import compatibility_problems, missing_context, source_problems
     from epbuild.onnx.proto import ProtoError, parse_model, read_model
     from epbuild.providers import get_provider
 
@@ -123,34 +124,23 @@ def check_context(label: str, data: bytes | None, path: str, provider: ProviderC
         info = parse_model(data) if data is not None else read_model(path)
     except (ProtoError, OSError) as exc:
         raise UserError(f"{label}: cannot read the ctx model: {exc}") from exc
-    if not info.context_nodes:
-        raise CompatibilityError(f"{label}: has no EPContext node; it is not a built ctx model")
-    source = adapter.context_source(provider)
-    for node in info.context_nodes:
-        got = str(node.attributes.get("source", ""))
-        if source and got != source:
-            raise CompatibilityError(
-                f"{label}: EPContext node {node.name}: source {got!r} is not for the "
-                f"{provider.ep} EP (expects {source!r})",
-                hint="open it with the provider it was built for",
-            )
-    key = adapter.compatibility_key(provider)
-    if key is None:
-        return
-    compat = info.metadata.get(f"ep_compatibility_info.{key}")
-    if compat is None:
+    missing = missing_context(label, info)
+    if missing is not None:
+        raise CompatibilityError(f"{label}: {missing.message}; it is not a built ctx model")
+    wrong = source_problems(label, info, adapter.context_source(provider), provider.ep)
+    if wrong:
         raise CompatibilityError(
-            f"{label}: metadata ep_compatibility_info.{key} is missing",
-            hint="rebuild it with 'epbuild build'",
+            f"{label}: EPContext node {wrong[0].node}: source {wrong[0].message}",
+            hint="open it with the provider it was built for",
         )
-    problem = adapter.check_compatibility(provider, compat)
-    installed = getattr(adapter, "check_installed", None)
-    if problem is None and installed is not None:
-        problem = installed(provider, compat)
-    if problem:
+    refused = compatibility_problems(label, info, adapter, provider, installed=True)
+    if refused:
+        attr = refused[0].attribute or ""
         raise CompatibilityError(
-            f"{label}: ep_compatibility_info.{key} {compat!r}: {problem}",
-            hint="rebuild it for this target and SDK ('epbuild build'), or install the EP "
+            f"{label}: {attr} {refused[0].message}",
+            hint="rebuild it with 'epbuild build'"
+            if attr not in info.metadata
+            else "rebuild it for this target and SDK ('epbuild build'), or install the EP "
             "version it was built with",
         )
 

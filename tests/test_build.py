@@ -110,7 +110,7 @@ def test_version_change_stales_everything(simple_ws: Callable[..., Workspace],
     real = qnn.dist_version
     monkeypatch.setattr(qnn, "dist_version",
                         lambda d: "9.9.9" if d == "onnxruntime-qnn" else real(d))  # fmt: skip
-    plans = api.status(ws.root)
+    plans = api.status(ws.root).actions
     assert all(p.stale for p in plans)
     assert all(any("onnxruntime-qnn 2." in r and "→ 9.9.9" in r for r in p.reasons) for p in plans)
 
@@ -219,3 +219,14 @@ def test_outputs_of_removed_actions_are_reported_and_cleaned(
     assert not (ws.root / "build" / "single").exists()
     assert (ws.root / "models" / "c.onnx").exists()
     assert "orphaned" not in ws.cli("status").stdout
+
+
+def test_status_json_lists_orphaned_actions(simple_ws: Callable[..., Workspace]) -> None:
+    ws = simple_ws()
+    ws.build()
+    text = (ws.root / "epbuild.toml").read_text()
+    (ws.root / "epbuild.toml").write_text(text[: text.index("[groups.single]")])
+    doc = ws.cli_json("status")
+    assert doc["orphaned"] == ["single/htp/c"]
+    assert [(a["id"], a["stale"]) for a in doc["actions"]] == [("pair/htp", False)]
+    assert ws.cli_json("status", "pair")["orphaned"] == []  # selected: orphans not listed

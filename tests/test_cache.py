@@ -205,13 +205,13 @@ def test_version_bump_miss_is_explained(simple_ws: Callable[..., Workspace], tmp
     cache = str(tmp_path / "cache")
     ws.build(cache=cache)
     other = clone(ws, tmp_path / "fresh")
-    plans = api.status(other.root, cache=cache)
+    plans = api.status(other.root, cache=cache).actions
     assert all(p.reasons[-1].startswith("in the cache (") for p in plans)
     real = qnn.dist_version
     here = real("onnxruntime-qnn")
     monkeypatch.setattr(qnn, "dist_version",
                         lambda d: "9.9.9" if d == "onnxruntime-qnn" else real(d))  # fmt: skip
-    plans = api.status(other.root, cache=cache)
+    plans = api.status(other.root, cache=cache).actions
     expected = (f"not in the cache: the cache has pair/htp under another key (cache → here): "
                 f"onnxruntime-qnn {here} → 9.9.9")  # fmt: skip
     assert plans[0].reasons == ["never built", expected]

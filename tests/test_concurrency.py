@@ -85,7 +85,7 @@ def _check_race(root: Path, results: list[tuple[int, dict[str, Any], str]], n: i
     assert not state.warnings and not state.interrupted
     assert verify_outputs(root) >= n
     assert StatCache(str(root / ".epbuild" / "statcache.json")).entries, "stat cache lost"
-    assert not any(p.stale for p in status(root))
+    assert not any(p.stale for p in status(root).actions)
     staging = root / "build" / ".staging"
     assert not staging.is_dir() or not list(staging.iterdir())
 
@@ -233,7 +233,7 @@ def test_input_rewritten_during_compile_is_not_recorded(workspace: Workspace) ->
     state = load_state(str(workspace.root / ".epbuild" / "state.jsonl"))
     assert "g/htp/a" not in state.records and "g/htp/b" in state.records
     assert not (workspace.root / "build" / "g" / "htp" / "a_ctx.onnx").exists()
-    plans = {p.action.id: p for p in status(workspace.root)}
+    plans = {p.id: p for p in status(workspace.root).actions}
     assert plans["g/htp/a"].stale and not plans["g/htp/b"].stale
     again = workspace.build()
     assert {a.id: a.outcome for a in again.actions} == {

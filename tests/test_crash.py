@@ -217,7 +217,7 @@ def test_sigkill_loop_converges(workspace: Workspace) -> None:
         # workers never outlive their coordinator (they watch stdin for EOF)
         assert _gone(workers, timeout=15) == [], f"round {round_}: orphaned workers"
         # nothing partial is reported fresh: every action status calls up to date verifies
-        fresh = {p.action.id for p in status(ws.root) if not p.stale}
+        fresh = {p.id for p in status(ws.root).actions if not p.stale}
         seen_fresh_checked += verify_outputs(ws.root, fresh)
         # the next build converges, rebuilding only what was not committed
         proc2 = _popen(ws, "build", "--json")
@@ -228,7 +228,7 @@ def test_sigkill_loop_converges(workspace: Workspace) -> None:
         assert not compiled & fresh, f"round {round_}: rebuilt committed {compiled & fresh}"
         assert verify_outputs(ws.root) == 9
         assert _staging_left(ws.root) == []
-        assert {p.action.id for p in status(ws.root) if p.stale} == set()
+        assert {p.id for p in status(ws.root).actions if p.stale} == set()
     print(f"kills: {kills}, fresh outputs verified after kills: {seen_fresh_checked}")
     assert kills["coordinator"] >= 2 and kills["worker"] >= 2, kills
     assert seen_fresh_checked > 0

@@ -217,3 +217,12 @@ def test_plugin_library_is_relative_to_the_manifest(
     cfg = m.providers["mine"]
     assert cfg.settings["library"] == "libs/libmy_ep.so"  # the key stays relocatable
     assert get_provider("plugin").versions(cfg)["plugin-library"] != "absent"
+
+
+def test_group_carries_its_glob_patterns_normalised(workspace: Workspace) -> None:
+    workspace.model("models/a.onnx")
+    workspace.model("models/sub/b.onnx")
+    models = '["./models/*.onnx", "models/sub/b.onnx"]'
+    m = load_manifest(workspace.manifest(GOOD.replace('["models/a.onnx"]', models)))
+    assert m.groups["g"].models == ("models/a.onnx", "models/sub/b.onnx")
+    assert m.groups["g"].patterns == ("models/*.onnx",)

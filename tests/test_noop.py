@@ -92,3 +92,15 @@ def test_manifest_edit_and_clean_miss(simple_ws: Callable[..., Workspace]) -> No
     _noop_ready(ws)
     assert ws.cli("clean").returncode == 0
     assert fast_noop(str(ws.root), None, []) is None
+
+
+def test_bad_arguments_fail_before_the_fast_path(simple_ws: Callable[..., Workspace]) -> None:
+    ws = simple_ws()
+    _noop_ready(ws)
+    for args in (["-j", "0"], ["--memory-budget", "lots"], ["--cache", "c", "--no-cache"]):
+        proc = ws.cli("build", *args)
+        assert proc.returncode == 2, (args, proc.stdout, proc.stderr)
+        assert "up to date" not in proc.stdout
+    assert fast_noop(str(ws.root), None, []) is not None  # it would have answered
+    proc = ws.cli("build")
+    assert proc.returncode == 0 and proc.stdout.startswith("epbuild: 2 up to date in ")

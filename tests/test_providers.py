@@ -602,3 +602,27 @@ def test_broken_third_party_adapters_are_manifest_errors(
     with pytest.raises(ManifestError) as info:
         get_provider("acme")
     assert words in info.value.message
+
+
+def test_base_provider_gives_an_adapter_its_defaults() -> None:
+    class Tiny(base.BaseProvider):
+        kind = "tiny"
+
+        def versions(self, config: ProviderConfig) -> dict[str, str]:
+            return {}
+
+        def context_source(self, config: ProviderConfig) -> str:
+            return "tiny"
+
+        def attach(self, ort: Any, so: Any, config: ProviderConfig) -> None:
+            return None
+
+    tiny: Provider = Tiny()
+    assert all(hasattr(tiny, name) for name in providers._REQUIRED)
+    assert tiny.validate_options({"a": True, "b": 2}, {}, key=KEY) == ({"a": "1", "b": "2"}, {})
+    with pytest.raises(ManifestError) as info:
+        tiny.validate_options({}, {"library": "x.so"}, key=KEY)
+    assert info.value.key == f"{KEY}.library" and "setting of the tiny provider" in str(info.value)
+    cfg = ProviderConfig("x", "tiny", {})
+    assert tiny.context_options(cfg, "out_ctx.onnx", 0) == {}
+    assert tiny.compatibility_key(cfg) is None and tiny.check_compatibility(cfg, "i") is None

@@ -16,7 +16,8 @@ import pytest
 from conftest import HTP73, Workspace
 from test_options import mod_model
 
-from epbuild.inspect.verify import LoadOutcome, Problem, verify_outputs
+from epbuild.inspect.verify import LoadOutcome, verify_outputs
+from epbuild.onnx.context import Problem
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 

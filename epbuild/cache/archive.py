@@ -44,8 +44,9 @@ class ArchiveReport:
     problems: list[str] = field(default_factory=list)
 
 
-def export_entries(store: Store, backend: LocalBackend, entries: list[CacheEntry],
-                   path: str) -> ArchiveReport:  # fmt: skip
+def export_entries(
+    store: Store, backend: LocalBackend, entries: list[CacheEntry], path: str
+) -> ArchiveReport:
     """Write ``entries`` and their objects (each verified) to an archive at ``path``."""
     report = ArchiveReport()
     tmp = temp_name(os.path.abspath(path))
@@ -124,8 +125,9 @@ def import_archive(store: Store, backend: LocalBackend, path: str) -> ArchiveRep
     for entry in entries:
         missing = [o for o in entry.outputs.values() if not store.has_object(o.digest)]
         if missing:
-            report.problems.append(f"entry {entry.key[:12]} ({entry.action_id}) lacks objects; "
-                                   "skipped")  # fmt: skip
+            report.problems.append(
+                f"entry {entry.key[:12]} ({entry.action_id}) lacks objects; skipped"
+            )
             continue
         store.put_entry(entry)
         report.entries += 1

@@ -91,8 +91,9 @@ def open_cache(
     from epbuild.cache.actioncache import ActionCache
     from epbuild.errors import UserError
 
-    cfg = resolve(option, base=base, manifest_value=manifest_value,
-                  manifest_root=manifest_root, push=push)  # fmt: skip
+    cfg = resolve(
+        option, base=base, manifest_value=manifest_value, manifest_root=manifest_root, push=push
+    )
     if cfg is None:
         if push:
             raise UserError("--cache-push needs a cache", hint="drop --no-cache")

@@ -134,6 +134,8 @@ def verify_all(store: Store, backend: LocalBackend) -> CacheVerifyReport:
         if bad:
             damaged = tuple(o.digest for n, o in entry.outputs.items() if n in bad)
             store.discard(entry, damaged=damaged)
-            problems.append(f"entry {key[:12]} ({entry.action_id}): {', '.join(bad)} missing or "
-                            "damaged; discarded")  # fmt: skip
+            problems.append(
+                f"entry {key[:12]} ({entry.action_id}): {', '.join(bad)} missing or "
+                "damaged; discarded"
+            )
     return CacheVerifyReport(entries, objects, size, problems)

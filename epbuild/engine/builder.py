@@ -336,28 +336,22 @@ class Builder:
         return warnings
 
     def _check_detail(self, action: Action, detail: dict[str, Any]) -> list[str]:
+        """The worker's report against the rules: an error fails the action; a warning is
+        said once per build and returned."""
         from epbuild.errors import VerificationError
+        from epbuild.onnx.context import Severity, report_problems
 
         adapter = get_provider(action.provider.ep)
+        prefix = action.group.node_name_prefix
         warnings: list[str] = []
-        for model, info in detail.get("models", {}).items():
-            compat = info.get("compatibility")
-            if compat:
-                problem = adapter.check_compatibility(action.provider, compat)
-                if problem:
-                    raise VerificationError(f"{model}: {problem}")
-            prefix = action.group.node_name_prefix
-            if prefix and not all(n.startswith(prefix) for n in info.get("node_names", [])):
-                versions = adapter.versions(action.provider)
-                note = (
-                    f"the {action.provider.ep} EP "
-                    f"({', '.join(f'{k} {v}' for k, v in versions.items())})"
-                    " ignores node_name_prefix; EPContext node names were not prefixed"
-                )
-                if note not in self.warned:
-                    self.warned.add(note)
-                    self.reporter.message(f"warning: {note}")
-                    warnings.append(note)
+        for model, report in detail.get("models", {}).items():
+            for p in report_problems(model, report, adapter, action.provider, prefix):
+                if p.severity is Severity.ERROR:
+                    raise VerificationError(p.line())
+                if p.message not in self.warned:
+                    self.warned.add(p.message)
+                    self.reporter.message(f"warning: {p.message}")
+                    warnings.append(p.message)
         return warnings
 
 

@@ -15,7 +15,7 @@ from typing import Any
 
 from epbuild._names import LOG_NAME, RESULT_NAME, STAGING_DIR
 from epbuild.errors import UnsafePathError, VerificationError
-from epbuild.fs import ensure_dir_inside, inside, is_safe_reference, remove_tree
+from epbuild.fs import ensure_dir_inside, inside, remove_tree
 from epbuild.state.journal import OutputRecord
 
 
@@ -88,6 +88,7 @@ def _alive_windows(pid: int) -> bool:
 
 def check_staged(root: str, staging: str, ctx_names: tuple[str, ...]) -> list[str]:
     """Validate a staging directory; return the output file names (raises on problems)."""
+    from epbuild.onnx.context import RefFault, check_reference, stored_references
     from epbuild.onnx.proto import ProtoError, read_model
 
     full = os.path.join(root, staging)
@@ -102,17 +103,13 @@ def check_staged(root: str, staging: str, ctx_names: tuple[str, ...]) -> list[st
             info = read_model(os.path.join(full, ctx))
         except ProtoError as exc:
             raise VerificationError(f"{ctx}: unreadable ctx model ({exc})") from exc
-        refs = [
-            str(n.attributes["ep_cache_context"])
-            for n in info.context_nodes
-            if n.attributes.get("embed_mode", 1) == 0 and "ep_cache_context" in n.attributes
-        ] + [r.location for r in info.external_refs]
-        for ref in refs:
-            if not is_safe_reference(ref):
+        for ref in stored_references(info):
+            check = check_reference(root, posixpath.join(staging, ctx), ref, staging)
+            if check.fault is RefFault.UNSAFE:
                 raise VerificationError(
                     f"{ctx}: references {ref!r}, which is absolute or climbs out with '..'"
                 )
-            if posixpath.normpath(ref) not in names:
+            if check.path is None or posixpath.basename(check.path) not in names:
                 raise VerificationError(f"{ctx}: references {ref!r}, which was not written")
     return names
 
@@ -125,16 +122,15 @@ def hash_staged(root: str, staging: str, out_dir: str, names: list[str]) -> dict
     """
     import hashlib
 
-    needles = {os.path.realpath(root).encode(), os.path.abspath(root).encode()}
+    from epbuild.onnx.context import workspace_path_leak
+
     records: dict[str, OutputRecord] = {}
     for name in names:
         with open(os.path.join(root, staging, name), "rb") as f:
             data = f.read()
-        for needle in needles:
-            if needle in data:
-                raise VerificationError(
-                    f"{name}: contains the absolute workspace path {needle.decode()!r}"
-                )
+        leak = workspace_path_leak(root, data)
+        if leak is not None:
+            raise VerificationError(f"{name}: contains the absolute workspace path {leak!r}")
         records[posixpath.join(out_dir, name)] = OutputRecord(
             len(data), hashlib.sha256(data).hexdigest()
         )

@@ -15,10 +15,13 @@ import sys
 import threading
 import time
 import traceback
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from epbuild._names import RESULT_NAME, ctx_name
 from epbuild.engine.job import Job
+
+if TYPE_CHECKING:
+    from epbuild.providers.base import Provider, ProviderConfig
 
 
 class CompileFailure(Exception):
@@ -84,12 +87,7 @@ def compile_action(job: Job) -> dict[str, Any]:
         while sessions:  # reverse order of creation
             sessions.pop()
     seconds = time.perf_counter() - t0
-    detail = check_outputs(
-        job.to_json(),
-        adapter.context_source(config),
-        adapter.compatibility_key(config),
-        list(job.models),
-    )
+    detail = check_outputs(job.staging, list(job.models), adapter, config)
     return {"ok": True, "seconds": seconds, "peak_rss": peak_rss(), "detail": detail}
 
 
@@ -182,12 +180,14 @@ def _with_options(config: Any, extra: dict[str, str]) -> Any:
 
 
 def check_outputs(
-    job: dict[str, Any], source: str, compat_key: str | None, models: list[str]
+    staging: str, models: list[str], adapter: Provider, config: ProviderConfig
 ) -> dict[str, Any]:
-    """Never trust a successful return: every ctx model must hold EPContext nodes."""
+    """Never trust a successful return: every ctx model must hold the provider's EPContext
+    nodes. Returns the build detail (node counts, CPU fallback, compatibility info)."""
+    from epbuild.onnx.context import COMPAT_PREFIX, missing_context, source_problems
     from epbuild.onnx.proto import ProtoError, read_model
 
-    staging = job["staging"]
+    key = adapter.compatibility_key(config)
     detail: dict[str, Any] = {"models": {}}
     for model in models:
         ctx = posixpath.join(staging, ctx_name(model))
@@ -203,19 +203,18 @@ def check_outputs(
             src = read_model(model)
         except ProtoError as exc:
             raise CompileFailure(f"{ctx}: unreadable ctx model: {exc}") from exc
-        nodes = info.context_nodes
-        if not nodes:
+        missing = missing_context(ctx, info)
+        if missing is not None:
             raise CompileFailure(
-                f"{model}: the ctx model has no EPContext node — nothing was compiled by the EP",
+                f"{model}: the ctx model {missing.message} — nothing was compiled by the EP",
                 hint="the model's ops are probably unsupported by this EP",
             )
-        # An EP that writes no ``source`` attribute (TensorRT) has source "".
-        wrong = [n for n in nodes if n.attributes.get("source", "") != source]
+        wrong = source_problems(ctx, info, adapter.context_source(config), config.ep)
         if wrong:
             raise CompileFailure(
-                f"{model}: EPContext node {wrong[0].name} has source "
-                f"{wrong[0].attributes.get('source')!r}, expected {source!r}"
+                f"{model}: EPContext node {wrong[0].node}: source {wrong[0].message}"
             )
+        nodes = info.context_nodes
         cpu_ops = {op: n for op, n in info.op_types.items() if not op.endswith("EPContext")}
         detail["models"][model] = {
             "ctx": posixpath.basename(ctx),
@@ -224,9 +223,7 @@ def check_outputs(
             "cpu_nodes": sum(cpu_ops.values()),
             "cpu_op_types": cpu_ops,
             "node_names": [n.name for n in nodes],
-            "compatibility": info.metadata.get(f"ep_compatibility_info.{compat_key}")
-            if compat_key
-            else None,
+            "compatibility": info.metadata.get(COMPAT_PREFIX + key) if key else None,
         }
     return detail
 

@@ -1,9 +1,13 @@
-"""The ``epbuild cache`` commands as library calls: key, export, import, prune."""
+"""The ``epbuild cache`` commands: library calls (key, export, import, prune, verify) and
+their command-line rendering (:func:`run_cache_command`)."""
 
 from __future__ import annotations
 
+import argparse
 import hashlib
 import os
+import sys
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from epbuild.cache.archive import ArchiveReport, export_entries, import_archive
@@ -17,21 +21,24 @@ if TYPE_CHECKING:
     from epbuild.state.workspace import Workspace
 
 
-def _open(directory: str | os.PathLike[str], manifest: str | os.PathLike[str] | None,
-          selectors: list[str] | tuple[str, ...] = ()) -> Workspace:  # fmt: skip
+def _open(
+    directory: str | os.PathLike[str],
+    manifest: str | os.PathLike[str] | None,
+    selectors: list[str] | tuple[str, ...] = (),
+) -> Workspace:
     from epbuild.state.workspace import open_workspace
 
     return open_workspace(directory, manifest, selectors)
 
 
 def _cache(ws: Workspace, directory: str | os.PathLike[str], option: str | None) -> ActionCache:
-    cache = open_cache(
-        option, base=os.path.abspath(directory), manifest_value=ws.manifest.workspace.cache,
-        manifest_root=ws.root,
-    )  # fmt: skip
+    base = os.path.abspath(directory)
+    configured = ws.manifest.workspace.cache
+    cache = open_cache(option, base=base, manifest_value=configured, manifest_root=ws.root)
     if cache is None:
-        raise UserError("the cache is off (EPBUILD_CACHE or [workspace] cache)",
-                        hint="pass --cache DIR")  # fmt: skip
+        raise UserError(
+            "the cache is off (EPBUILD_CACHE or [workspace] cache)", hint="pass --cache DIR"
+        )
     return cache
 
 
@@ -130,3 +137,69 @@ def verify_cache(
     ws = _open(directory, manifest)
     c = _cache(ws, directory, cache)
     return verify_all(c.local, c.local_backend)
+
+
+def _print_key(args: argparse.Namespace) -> int:
+    print(cache_key(args.directory, args.manifest, args.selectors))
+    return 0
+
+
+def _print_export(args: argparse.Namespace) -> int:
+    report, missing = export_cache(
+        args.file, args.directory, args.manifest, args.selectors, cache=args.cache
+    )
+    print(
+        f"epbuild: wrote {args.file}: {report.entries} entr(ies), {report.objects} object(s), "
+        f"{report.bytes} bytes"
+    )
+    for line in missing:
+        print(f"epbuild: missing {line}", file=sys.stderr)
+    return 1 if missing else 0
+
+
+def _print_import(args: argparse.Namespace) -> int:
+    report = import_cache(args.file, args.directory, args.manifest, cache=args.cache)
+    print(
+        f"epbuild: imported {report.entries} entr(ies), {report.objects} object(s), "
+        f"{report.bytes} bytes from {args.file}"
+    )
+    for line in report.problems:
+        print(f"epbuild: warning: {line}", file=sys.stderr)
+    return 1 if report.problems else 0
+
+
+def _print_verify(args: argparse.Namespace) -> int:
+    checked = verify_cache(args.directory, args.manifest, cache=args.cache)
+    print(
+        f"epbuild: checked {checked.objects} object(s), {checked.bytes} bytes, of "
+        f"{checked.entries} entr(ies); {len(checked.problems)} discarded"
+    )
+    for line in checked.problems:
+        print(f"epbuild: {line}", file=sys.stderr)
+    return 1 if checked.problems else 0
+
+
+def _print_prune(args: argparse.Namespace) -> int:
+    from epbuild.frontends.args import size_option
+
+    limit = size_option(args.max_size, "--max-size", "10G or 500M")
+    pruned = prune_cache(limit, args.directory, args.manifest, cache=args.cache)
+    print(
+        f"epbuild: removed {pruned.entries_removed} entr(ies) ({pruned.bytes_removed} bytes), "
+        f"kept {pruned.entries_kept} ({pruned.bytes_kept} bytes)"
+    )
+    return 0
+
+
+_COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
+    "key": _print_key,
+    "export": _print_export,
+    "import": _print_import,
+    "verify": _print_verify,
+    "prune": _print_prune,
+}
+
+
+def run_cache_command(args: argparse.Namespace) -> int:
+    """Run ``epbuild cache CACHE_COMMAND`` and render its result; returns the exit code."""
+    return _COMMANDS[args.cache_command](args)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 import posixpath
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from epbuild._names import CTX_SUFFIX, ctx_name
@@ -24,14 +24,7 @@ class ModelDetail:
 
     def to_json(self) -> dict[str, Any]:
         """The ``--json`` form."""
-        return {
-            "model": self.model,
-            "ctx": self.ctx,
-            "context_nodes": self.context_nodes,
-            "source_nodes": self.source_nodes,
-            "cpu_nodes": self.cpu_nodes,
-            "cpu_op_types": self.cpu_op_types,
-        }
+        return asdict(self)
 
 
 @dataclass
@@ -57,19 +50,8 @@ class ActionDetail:
 
     def to_json(self) -> dict[str, Any]:
         """The ``--json`` form."""
-        return {
-            "id": self.id,
-            "group": self.group,
-            "provider": self.provider,
-            "stale": self.stale,
-            "built": self.built,
-            "seconds": round(self.seconds, 3),
-            "peak_rss": self.peak_rss,
-            "restored": self.restored,
-            "files": self.files,
-            "binary_bytes": self.binary_bytes,
-            "models": [m.to_json() for m in self.models],
-        }
+        doc = asdict(self)  # models become dicts: ModelDetail.to_json is asdict too
+        return {**doc, "seconds": round(self.seconds, 3), "binary_bytes": self.binary_bytes}
 
 
 def status_detail(
@@ -95,19 +77,20 @@ def status_detail(
         d.seconds, d.peak_rss, d.restored = rec.seconds, rec.peak_rss, rec.restored
         d.files = {p: o.size for p, o in sorted(rec.outputs.items())}
         models = rec.detail.get("models", {})
-        for model in a.models:
-            info = models.get(model, {})
-            d.models.append(
-                ModelDetail(
-                    model=model,
-                    ctx=posixpath.join(a.out_dir, info.get("ctx", ctx_name(model))),
-                    context_nodes=int(info.get("context_nodes", 0)),
-                    source_nodes=int(info.get("source_nodes", 0)),
-                    cpu_nodes=int(info.get("cpu_nodes", 0)),
-                    cpu_op_types=dict(info.get("cpu_op_types", {})),
-                )
-            )
+        d.models = [_model_detail(a.out_dir, m, models.get(m, {})) for m in a.models]
     return details
+
+
+def _model_detail(out_dir: str, model: str, info: dict[str, Any]) -> ModelDetail:
+    """One model's detail from what the worker reported (absent keys read as zero)."""
+    return ModelDetail(
+        model=model,
+        ctx=posixpath.join(out_dir, info.get("ctx", ctx_name(model))),
+        context_nodes=int(info.get("context_nodes", 0)),
+        source_nodes=int(info.get("source_nodes", 0)),
+        cpu_nodes=int(info.get("cpu_nodes", 0)),
+        cpu_op_types=dict(info.get("cpu_op_types", {})),
+    )
 
 
 def _size(n: int) -> str:

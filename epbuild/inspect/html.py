@@ -32,9 +32,14 @@ small{color:#666}
 """
 
 _COLORS = {
-    "plan": "#9e9e9e", "hash": "#7e57c2", "lock": "#ef5350", "compile": "#1e88e5",
-    "verify": "#43a047", "commit": "#fb8c00", "restore": "#00acc1",
-}  # fmt: skip
+    "plan": "#9e9e9e",
+    "hash": "#7e57c2",
+    "lock": "#ef5350",
+    "compile": "#1e88e5",
+    "verify": "#43a047",
+    "commit": "#fb8c00",
+    "restore": "#00acc1",
+}
 
 _JS = """
 (function () {
@@ -107,8 +112,9 @@ def _row(d: ActionDetail) -> str:
         state = '<span class="never">never built</span>'
         cells = ["—"] * 5
     else:
-        state = ('<span class="stale">stale</span>' if d.stale
-                 else '<span class="ok">up to date</span>')  # fmt: skip
+        state = (
+            '<span class="stale">stale</span>' if d.stale else '<span class="ok">up to date</span>'
+        )
         ctx = sum(s for p, s in d.files.items() if p.endswith(CTX_SUFFIX))
         compiled = sum(m.context_nodes for m in d.models)
         source = sum(m.source_nodes for m in d.models)

@@ -1,7 +1,7 @@
 """``epbuild verify``: check built outputs against the EPContext schema, the ONNX external-data
 rules, the manifest and the state journal; optionally load and run them (``--load``).
 
-The static checks read models with ``onnxproto`` (no onnx/onnxruntime import). ``--load`` runs
+The static checks are ``epbuild.onnx.context``'s rules (no onnx/onnxruntime import). ``--load`` runs
 each ctx model in a fresh subprocess (``python -m epbuild.inspect.loadcheck``): some built contexts
 crash the process that loads them on a host without the target hardware.
 """
@@ -9,38 +9,22 @@ crash the process that loads them on a host without the target hardware.
 from __future__ import annotations
 
 import enum
-import hashlib
 import json
 import os
-import posixpath
 import re
 import signal
 import subprocess
 import sys
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from epbuild.fs import is_safe_reference
-from epbuild.onnx.proto import ContextNode, ModelInfo, ProtoError, read_model
+from epbuild.onnx.context import Problem, context_problems, workspace_path_leak
+from epbuild.onnx.proto import ProtoError, read_model
 from epbuild.planning.actions import Action
 from epbuild.providers import get_provider
 from epbuild.state.statcache import hash_file
 from epbuild.state.workspace import Workspace, open_workspace
 
-# EPContext attribute types from the EPContext design: int64 or string.
-_INT_ATTRS = frozenset({"main_context", "embed_mode", "max_size", "is_multi_soc_ep_context"})
-_STR_ATTRS = frozenset(
-    {
-        "ep_cache_context",
-        "ep_sdk_version",
-        "onnx_model_filename",
-        "hardware_architecture",
-        "partition_name",
-        "source",
-        "notes",
-    }
-)
-_MAX_PATH = 4096
 LOAD_TIMEOUT = 300.0
 
 
@@ -50,35 +34,6 @@ class LoadOutcome(enum.Enum):
     PASSED = "passed"
     FAILED = "failed"
     NOT_LOADABLE = "not_loadable_here"
-
-
-@dataclass(frozen=True)
-class Problem:
-    """One thing wrong with a built output."""
-
-    file: str
-    """Workspace-relative path of the file the problem is in."""
-    message: str
-    node: str | None = None
-    attribute: str | None = None
-
-    def line(self) -> str:
-        """The one-line form: ``file: node N: attribute A: message``."""
-        where = self.file
-        if self.node is not None:
-            where += f": node {self.node}"
-        if self.attribute is not None:
-            where += f": {self.attribute}"
-        return f"{where}: {self.message}"
-
-    def to_json(self) -> dict[str, Any]:
-        """The ``--json`` form."""
-        return {
-            "file": self.file,
-            "node": self.node,
-            "attribute": self.attribute,
-            "message": self.message,
-        }
 
 
 @dataclass
@@ -94,12 +49,8 @@ class LoadCheck:
 
     def to_json(self) -> dict[str, Any]:
         """The ``--json`` form."""
-        return {
-            "file": self.file,
-            "outcome": self.outcome.value,
-            "message": self.message,
-            "max_error": self.max_error,
-        }
+        doc = {k: v for k, v in asdict(self).items() if k != "crashed"}
+        return {**doc, "outcome": self.outcome.value}
 
 
 @dataclass
@@ -176,20 +127,16 @@ def _check_digests(
 
 
 def _check_leaks(ws: Workspace, outputs: list[str], result: VerifyResult) -> None:
-    needles = {os.path.realpath(ws.root).encode(), os.path.abspath(ws.root).encode()}
     for rel in outputs:
-        full = os.path.join(ws.root, rel)
         try:
-            with open(full, "rb") as f:
-                data = f.read()
+            with open(os.path.join(ws.root, rel), "rb") as f:
+                leak = workspace_path_leak(ws.root, f.read())
         except OSError:
             continue  # reported as missing
-        for needle in needles:
-            if needle in data:
-                result.problems.append(
-                    Problem(rel, f"contains the absolute path {needle.decode()!r} of this machine")
-                )
-                break
+        if leak is not None:
+            result.problems.append(
+                Problem(rel, f"contains the absolute path {leak!r} of this machine")
+            )
 
 
 def _check_ctx(ws: Workspace, action: Action, ctx: str, result: VerifyResult) -> None:
@@ -202,165 +149,10 @@ def _check_ctx(ws: Workspace, action: Action, ctx: str, result: VerifyResult) ->
     except (ProtoError, OSError) as exc:
         result.problems.append(Problem(ctx, f"not a readable ONNX model ({exc})"))
         return
-    problems = result.problems
-    nodes = info.context_nodes
-    if not nodes:
-        problems.append(Problem(ctx, "has no EPContext node"))
-    adapter = get_provider(action.provider.ep)
-    source = adapter.context_source(action.provider)
-    mains = [n for n in nodes if n.attributes.get("main_context", 1) == 1]
-    for node in nodes:
-        _check_node(ws, action, ctx, node, source, problems)
-    if nodes and not mains:
-        problems.append(
-            Problem(
-                ctx,
-                "every EPContext node has main_context = 0; none holds the context",
-                attribute="main_context",
-            )
-        )
-    _check_external(ws, action, ctx, info, problems)
-    key = adapter.compatibility_key(action.provider)
-    if key is not None and nodes:
-        attr = f"ep_compatibility_info.{key}"
-        compat = info.metadata.get(attr)
-        if compat is None:
-            problems.append(Problem(ctx, "metadata is missing", attribute=attr))
-        else:
-            issue = adapter.check_compatibility(action.provider, compat)
-            if issue:
-                problems.append(Problem(ctx, issue, attribute=attr))
-
-
-def _check_node(
-    ws: Workspace, action: Action, ctx: str, node: ContextNode, source: str, problems: list[Problem]
-) -> None:
-    attrs = node.attributes
-
-    def bad(attr: str | None, message: str) -> None:
-        problems.append(Problem(ctx, message, node=node.name, attribute=attr))
-
-    for name, value in attrs.items():
-        if name in _INT_ATTRS and not isinstance(value, int):
-            bad(name, f"must be an int64, not {type(value).__name__}")
-        elif name in _STR_ATTRS and name != "ep_cache_context" and not isinstance(value, str):
-            bad(name, f"must be a string, not {type(value).__name__}")
-    main = attrs.get("main_context", 1)
-    embed = attrs.get("embed_mode", 1)
-    if main not in (0, 1):
-        bad("main_context", f"must be 0 or 1, not {main!r}")
-    if embed not in (0, 1):
-        bad("embed_mode", f"must be 0 or 1, not {embed!r}")
-        return
-    if source and attrs.get("source", "") != source:
-        bad(
-            "source",
-            f"is {attrs.get('source', '')!r}, the {action.provider.ep} provider writes {source!r}",
-        )
-    if main != 1:
-        return
-    if embed != action.group.embed_mode:
-        bad("embed_mode", f"is {embed}, the manifest asks for {action.group.embed_mode}")
-    cache = attrs.get("ep_cache_context")
-    if cache is None:
-        bad("ep_cache_context", "is missing on a main_context = 1 node")
-        return
-    if embed == 1:
-        if not cache:
-            bad("ep_cache_context", "is empty although embed_mode = 1 (no embedded context)")
-        elif isinstance(cache, str) and len(cache) < _MAX_PATH and _is_existing_ref(ws, ctx, cache):
-            bad("ep_cache_context", f"names a file ({cache!r}) although embed_mode = 1")
-        return
-    if not isinstance(cache, str) or len(cache) > _MAX_PATH or "\x00" in cache:
-        bad("ep_cache_context", "holds binary data although embed_mode = 0 (expects a path)")
-        return
-    _check_ref(ws, action, ctx, cache, "ep_cache_context", node.name, problems)
-
-
-def _is_existing_ref(ws: Workspace, ctx: str, ref: str) -> bool:
-    if not is_safe_reference(ref):
-        return False
-    return os.path.isfile(os.path.join(ws.root, posixpath.dirname(ctx), ref))
-
-
-def _check_ref(
-    ws: Workspace,
-    action: Action,
-    ctx: str,
-    ref: str,
-    attr: str,
-    node: str | None,
-    problems: list[Problem],
-) -> str | None:
-    """Check a path stored in a model; returns its workspace-relative form when usable."""
-    if not ref:
-        problems.append(Problem(ctx, "is empty", node=node, attribute=attr))
-        return None
-    if ref.startswith("/") or "\\" in ref or (len(ref) > 1 and ref[1] == ":"):
-        problems.append(
-            Problem(
-                ctx,
-                f"{ref!r} is absolute (must be relative to the model)",
-                node=node,
-                attribute=attr,
-            )
-        )
-        return None
-    if ".." in ref.split("/"):
-        problems.append(Problem(ctx, f"{ref!r} contains '..'", node=node, attribute=attr))
-        return None
-    rel = posixpath.normpath(posixpath.join(posixpath.dirname(ctx), ref))
-    out = ws.manifest.workspace.out_dir
-    if not rel.startswith(out + "/"):
-        problems.append(
-            Problem(ctx, f"{ref!r} leaves the output directory", node=node, attribute=attr)
-        )
-        return None
-    if not os.path.isfile(os.path.join(ws.root, rel)):
-        problems.append(Problem(ctx, f"{ref!r} does not exist", node=node, attribute=attr))
-        return None
-    return rel
-
-
-def _check_external(
-    ws: Workspace, action: Action, ctx: str, info: ModelInfo, problems: list[Problem]
-) -> None:
-    bad_locations: set[str] = set()
-    for ref in info.external_refs:
-        where = f"tensor {ref.tensor}"
-        if ref.location in bad_locations:
-            continue
-        rel = _check_ref(ws, action, ctx, ref.location, f"{where}: location", None, problems)
-        if rel is None:
-            bad_locations.add(ref.location)
-            continue
-        full = os.path.join(ws.root, rel)
-        size = os.path.getsize(full)
-        offset, length = ref.offset or 0, ref.length
-        end = offset + (length if length is not None else 0)
-        if offset < 0 or (length is not None and length < 0) or end > size or offset > size:
-            problems.append(
-                Problem(
-                    ctx,
-                    f"offset {offset} + length {length or 0} is past the end of "
-                    f"{ref.location!r} ({size} bytes)",
-                    attribute=f"{where}: offset/length",
-                )
-            )
-            continue
-        if ref.checksum:
-            with open(full, "rb") as f:
-                whole = f.read()
-            part = whole[offset : end if length is not None else None]
-            sums = {hashlib.sha1(whole).hexdigest(), hashlib.sha1(part).hexdigest()}
-            if ref.checksum.lower() not in sums:
-                problems.append(
-                    Problem(
-                        ctx,
-                        f"SHA1 of {ref.location!r} does not match",
-                        attribute=f"{where}: checksum",
-                    )
-                )
+    out_dir = ws.manifest.workspace.out_dir
+    result.problems += context_problems(
+        ws.root, ctx, info, action.provider, action.group.embed_mode, out_dir
+    )
 
 
 def _load_checks(ws: Workspace, action: Action) -> list[LoadCheck]:

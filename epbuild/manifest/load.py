@@ -1,7 +1,9 @@
-"""Read ``epbuild.toml`` into typed, validated objects.
+"""Read ``epbuild.toml`` into typed, validated objects (``manifest.model``).
 
 Parsing uses the stdlib ``tomllib`` (fast, no comment preservation); commands that edit the
-manifest use tomlkit instead (see ``initcmd``). Every error names file, line and key.
+manifest use tomlkit instead (see ``manifest.init``). Every error names file, line and key
+(``manifest.locate``). Facts several commands need (expanded models, the glob patterns
+behind them, the state directory) are computed here once and carried on the model.
 """
 
 from __future__ import annotations
@@ -9,66 +11,41 @@ from __future__ import annotations
 import os
 import posixpath
 import re
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from epbuild._names import (
     CTX_SUFFIX,
     DEFAULT_OUT_DIR,
-    DEFAULT_STATE_DIR,
     MANIFEST_NAME,
     model_stem,
+    state_dir_setting,
     tomllib,
 )
 from epbuild.errors import ManifestError, UnsafePathError
 from epbuild.fs import safe_relpath
+from epbuild.manifest.locate import Where
+from epbuild.manifest.model import Group, Manifest, WorkspaceSettings
 from epbuild.manifest.schema import SchemaViolation, validate
+from epbuild.providers import get_provider
 from epbuild.providers.base import ProviderConfig
 
+__all__ = [
+    "Group",
+    "Manifest",
+    "WorkspaceSettings",
+    "find_manifest",
+    "load_manifest",
+    "parse_memory",
+]
+
 _GLOB_CHARS = re.compile(r"[*?\[]")
-
-
-@dataclass(frozen=True)
-class Workspace:
-    """The ``[workspace]`` table, with defaults applied."""
-
-    out_dir: str
-    state_dir: str
-    jobs: int
-    memory_budget: int | None
-    cache: str | None
-    executor: str
-    scheduler: str | None
-
-
-@dataclass(frozen=True)
-class Group:
-    """A model group: models compiled for each of its providers."""
-
-    name: str
-    models: tuple[str, ...]
-    """Workspace-relative POSIX paths, in manifest order (globs expanded, sorted)."""
-    providers: tuple[str, ...]
-    share_weights: bool
-    embed_mode: int
-    node_name_prefix: str | None
-    external_initializers: str | None
-    load: str
-
-
-@dataclass(frozen=True)
-class Manifest:
-    """A loaded manifest."""
-
-    path: Path
-    root: Path
-    workspace: Workspace
-    providers: dict[str, ProviderConfig]
-    groups: dict[str, Group]
-    problems: dict[str, ManifestError] = field(default_factory=dict)
-    """Models named in the manifest that are missing or not files: their actions fail
-    (naming file, line and key) while the others still build with ``-k``."""
+# Session options epbuild derives from the group settings; a manifest may not set them.
+_RESERVED_SESSION_PREFIXES = ("ep.context_", "ep.share_ep_contexts")
+_RESERVED_SESSION_KEYS = (
+    "ep.stop_share_ep_contexts",
+    "session.model_external_initializers_file_folder_path",
+)
 
 
 def find_manifest(directory: str | os.PathLike[str] = ".", name: str | None = None) -> Path:
@@ -81,56 +58,6 @@ def find_manifest(directory: str | os.PathLike[str] = ".", name: str | None = No
             hint="run 'epbuild init' to create one, or pass -f/-C",
         )
     return path
-
-
-class _Locator:
-    """Finds the line of a key path in the TOML text (tomllib reports no positions)."""
-
-    def __init__(self, text: str) -> None:
-        self.lines = text.splitlines()
-
-    def line(self, path: tuple[str, ...]) -> int | None:
-        keys = [p for p in path if not p.startswith("[")]
-        for depth in range(len(keys), 0, -1):
-            found = self._find(keys[:depth])
-            if found is not None:
-                return found
-        return None
-
-    def _find(self, keys: list[str]) -> int | None:
-        header: list[str] = []
-        best: int | None = None
-        for number, raw in enumerate(self.lines, 1):
-            line = raw.strip()
-            if line.startswith("["):
-                inner = line.strip("[]").split("#")[0].strip()
-                header = [k.strip().strip("\"'") for k in inner.split(".")]
-                if header == keys:
-                    return number
-                continue
-            name = re.match(r"([A-Za-z0-9_.\"'-]+)\s*=", line)
-            if not name:
-                continue
-            dotted = [k.strip().strip("\"'") for k in name.group(1).split(".")]
-            full = header + dotted
-            if full == keys:
-                return number
-            if full == keys[: len(full)] and len(keys) > len(full):
-                # The rest of the path is inside an inline table or array on this line.
-                rest = keys[len(full) :]
-                if all(re.search(rf"\b{re.escape(k)}\b", line) for k in rest):
-                    return number
-                best = best or number
-        return best
-
-
-def _error(
-    file: Path, locator: _Locator, path: tuple[str, ...], message: str, hint: str | None = None
-) -> ManifestError:
-    key = ".".join(p for p in path if not p.startswith("[")) + "".join(
-        p for p in path if p.startswith("[")
-    )
-    return ManifestError(message, file=str(file), line=locator.line(path), key=key, hint=hint)
 
 
 def parse_memory(value: int | str, *, key: str) -> int:
@@ -149,16 +76,40 @@ def parse_memory(value: int | str, *, key: str) -> int:
 def load_manifest(path: str | os.PathLike[str]) -> Manifest:
     """Read, validate and resolve a manifest file."""
     file = Path(path)
+    text = _read_text(file)
+    data = _parse(file, text)
+    where = Where(file, text)
+    try:
+        validate(data)
+    except SchemaViolation as exc:
+        raise where.error(exc.path, exc.message, exc.hint) from exc
+    root = file.resolve().parent
+    workspace = _workspace(where, data)
+    providers = {
+        name: _provider(where, root, name, table)
+        for name, table in data.get("providers", {}).items()
+    }
+    groups: dict[str, Group] = {}
+    problems: dict[str, ManifestError] = {}
+    for name, table in data.get("groups", {}).items():
+        groups[name] = _group(where, root, name, table, providers, workspace, problems)
+    return Manifest(file, root, workspace, providers, groups, problems)
+
+
+def _read_text(file: Path) -> str:
     try:
         raw = file.read_bytes()
     except OSError as exc:
         raise ManifestError(f"cannot read: {exc.strerror}", file=str(file)) from exc
     try:
-        text = raw.decode("utf-8")
+        return raw.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise ManifestError("is not UTF-8 text", file=str(file)) from exc
+
+
+def _parse(file: Path, text: str) -> dict[str, Any]:
     try:
-        data = tomllib.loads(text)
+        return tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         msg = str(exc)
         line = re.search(r"line (\d+)", msg)
@@ -167,46 +118,37 @@ def load_manifest(path: str | os.PathLike[str]) -> Manifest:
             file=str(file),
             line=int(line.group(1)) if line else None,
         ) from exc
-    locator = _Locator(text)
+
+
+def _rel(where: Where, value: str, path: tuple[str, ...], what: str) -> str:
+    """``safe_relpath``, its refusal reported at ``path``."""
     try:
-        validate(data)
-    except SchemaViolation as exc:
-        raise _error(file, locator, exc.path, exc.message, exc.hint) from exc
-    return _resolve(file, locator, data)
+        return safe_relpath(value, what=what)
+    except UnsafePathError as exc:
+        raise where.error(path, exc.message, exc.hint) from exc
 
 
-def _resolve(file: Path, locator: _Locator, data: dict[str, Any]) -> Manifest:
-    root = file.resolve().parent
+def _workspace(where: Where, data: dict[str, Any]) -> WorkspaceSettings:
+    """The ``[workspace]`` table: directories inside the workspace and apart, sizes parsed."""
     ws = data.get("workspace", {})
-
-    def rel(value: str, path: tuple[str, ...], what: str) -> str:
-        try:
-            return safe_relpath(value, what=what)
-        except UnsafePathError as exc:
-            raise _error(file, locator, path, exc.message, exc.hint) from exc
-
-    out_dir = rel(ws.get("out_dir", DEFAULT_OUT_DIR), ("workspace", "out_dir"), "out_dir")
-    state_dir = rel(ws.get("state_dir", DEFAULT_STATE_DIR), ("workspace", "state_dir"), "state_dir")
+    out_dir = _rel(where, ws.get("out_dir", DEFAULT_OUT_DIR), ("workspace", "out_dir"), "out_dir")
+    state_dir = _rel(where, state_dir_setting(data), ("workspace", "state_dir"), "state_dir")
     for name, value in (("out_dir", out_dir), ("state_dir", state_dir)):
         if value == ".":
-            raise _error(
-                file, locator, ("workspace", name), "must be a subdirectory, not the workspace"
-            )
+            raise where.error(("workspace", name), "must be a subdirectory, not the workspace")
     if out_dir == state_dir or _nested(out_dir, state_dir):
-        raise _error(
-            file, locator, ("workspace", "state_dir"), "out_dir and state_dir must not overlap"
-        )
+        raise where.error(("workspace", "state_dir"), "out_dir and state_dir must not overlap")
     budget = ws.get("memory_budget")
     if budget is not None:
         try:
             budget = parse_memory(budget, key="workspace.memory_budget")
         except ManifestError as exc:
-            raise _error(file, locator, ("workspace", "memory_budget"), _strip_where(exc),
-                         exc.hint) from exc  # fmt: skip
+            path = ("workspace", "memory_budget")
+            raise where.error(path, _strip_where(exc), exc.hint) from exc
     cache = ws.get("cache")
     if cache is not None and "://" not in cache:
-        cache = rel(cache, ("workspace", "cache"), "cache")
-    workspace = Workspace(
+        cache = _rel(where, cache, ("workspace", "cache"), "cache")
+    return WorkspaceSettings(
         out_dir=out_dir,
         state_dir=state_dir,
         jobs=ws.get("jobs") or os.cpu_count() or 1,
@@ -216,132 +158,166 @@ def _resolve(file: Path, locator: _Locator, data: dict[str, Any]) -> Manifest:
         scheduler=ws.get("scheduler"),
     )
 
-    from epbuild.providers import get_provider
 
-    providers: dict[str, ProviderConfig] = {}
-    for name, table in data.get("providers", {}).items():
-        key = f"providers.{name}"
-        try:
-            adapter = get_provider(table["ep"])
-            settings = {
-                k: v for k, v in table.items() if k not in ("ep", "options", "session_options")
-            }
-            options, adapter_settings = adapter.validate_options(
-                table.get("options", {}), settings, key=key
+def _provider(where: Where, root: Path, name: str, table: dict[str, Any]) -> ProviderConfig:
+    """One ``[providers.<name>]`` table, its options checked by the adapter."""
+    key = f"providers.{name}"
+    try:
+        adapter = get_provider(table["ep"])
+        settings = {k: v for k, v in table.items() if k not in ("ep", "options", "session_options")}
+        options, adapter_settings = adapter.validate_options(
+            table.get("options", {}), settings, key=key
+        )
+    except ManifestError as exc:
+        sub = tuple((exc.key or key).split("."))
+        raise where.error(sub, _strip_where(exc), exc.hint) from exc
+    session_options = {
+        k: ("1" if v is True else "0" if v is False else str(v))
+        for k, v in table.get("session_options", {}).items()
+    }
+    for k in session_options:
+        if k.startswith(_RESERVED_SESSION_PREFIXES) or k in _RESERVED_SESSION_KEYS:
+            raise where.error(
+                (*key.split("."), "session_options", k),
+                "is set by epbuild from the group settings",
+                "use the group's embed_mode, share_weights, node_name_prefix or "
+                "external_initializers instead",
             )
-        except ManifestError as exc:
-            sub = tuple((exc.key or key).split("."))
-            raise _error(file, locator, sub, _strip_where(exc), exc.hint) from exc
-        session_options = {
-            k: ("1" if v is True else "0" if v is False else str(v))
-            for k, v in table.get("session_options", {}).items()
-        }
-        for k in session_options:
-            if k.startswith(("ep.context_", "ep.share_ep_contexts")) or k in (
-                "ep.stop_share_ep_contexts",
-                "session.model_external_initializers_file_folder_path",
-            ):
-                raise _error(
-                    file, locator, (*key.split("."), "session_options", k),
-                    "is set by epbuild from the group settings",
-                    "use the group's embed_mode, share_weights, node_name_prefix or "
-                    "external_initializers instead",
-                )  # fmt: skip
-        providers[name] = ProviderConfig(
-            name=name,
-            ep=table["ep"],
-            options=options,
-            session_options=session_options,
-            settings=adapter_settings,
-            base_dir=str(root),
-        )
+    return ProviderConfig(
+        name=name,
+        ep=table["ep"],
+        options=options,
+        session_options=session_options,
+        settings=adapter_settings,
+        base_dir=str(root),
+    )
 
-    groups: dict[str, Group] = {}
-    problems: dict[str, ManifestError] = {}
-    excluded = (out_dir, state_dir)
-    for name, table in data.get("groups", {}).items():
-        base = ("groups", name)
-        for i, pname in enumerate(table["providers"]):
-            if pname not in providers:
-                defined = ", ".join(providers) or "none"
-                raise _error(
-                    file, locator, (*base, "providers"),
-                    f"provider {pname!r} is not defined",
-                    f"add a [providers.{pname}] table (defined: {defined})",
-                )  # fmt: skip
-            if pname in table["providers"][:i]:
-                raise _error(file, locator, (*base, "providers"), f"{pname!r} is listed twice")
-        models: list[str] = []
-        for pattern in table["models"]:
-            expanded = _expand(root, rel(pattern, (*base, "models"), "model"), excluded)
-            if not expanded:
-                raise _error(
-                    file, locator, (*base, "models"), f"pattern {pattern!r} matches no files",
-                    "add the models, or fix the pattern (relative to the manifest's directory)",
-                )  # fmt: skip
-            for model in expanded:
-                if model in models:
-                    raise _error(
-                        file, locator, (*base, "models"), f"model {model!r} is listed twice"
-                    )
-                problem = _check_model(file, locator, root, model, base)
-                if problem is not None:
-                    problems[model] = problem
-                models.append(model)
-        stems: dict[str, str] = {}
-        for model in models:
-            stem = model_stem(model)
-            if stem in stems:
-                raise _error(
-                    file, locator, (*base, "models"),
-                    f"{stems[stem]!r} and {model!r} would both write {stem}{CTX_SUFFIX}",
-                    "rename one of them, or put them in different groups",
-                )  # fmt: skip
-            stems[stem] = model
-        share = table.get("share_weights", False)
-        embed = table.get("embed_mode", 0)
-        if share and embed == 1:
-            raise _error(
-                file, locator, (*base, "embed_mode"),
-                "embed_mode = 1 cannot be combined with share_weights = true",
-                "the EP would only log a conflict; use embed_mode = 0 for sharing groups",
-            )  # fmt: skip
-        if share:
-            for pname in table["providers"]:
-                cfg = providers[pname]
-                adapter = get_provider(cfg.ep)
-                if not adapter.shares_weights:
-                    raise _error(
-                        file, locator, (*base, "share_weights"),
-                        f"provider {pname!r} ({cfg.ep}) does not support weight sharing",
-                    )  # fmt: skip
-                if "," in cfg.options.get("soc_model", "") + cfg.options.get("htp_arch", ""):
-                    raise _error(
-                        file, locator, (*base, "share_weights"),
-                        f"provider {pname!r} targets several SoCs, which the EP cannot "
-                        "combine with weight sharing",
-                        "compile this group for single-SoC providers, or set "
-                        "share_weights = false",
-                    )  # fmt: skip
-        ext = table.get("external_initializers")
-        if ext is not None and (
-            "/" in ext or "\\" in ext or ext in (".", "..") or ext.endswith(CTX_SUFFIX)
-        ):
-            raise _error(
-                file, locator, (*base, "external_initializers"),
-                "must be a plain file name", "write e.g. external_initializers = \"weights.bin\"",
-            )  # fmt: skip
-        groups[name] = Group(
-            name=name,
-            models=tuple(models),
-            providers=tuple(table["providers"]),
-            share_weights=share,
-            embed_mode=embed,
-            node_name_prefix=table.get("node_name_prefix"),
-            external_initializers=ext,
-            load=table.get("load", "path"),
+
+def _group(
+    where: Where,
+    root: Path,
+    name: str,
+    table: dict[str, Any],
+    providers: dict[str, ProviderConfig],
+    workspace: WorkspaceSettings,
+    problems: dict[str, ManifestError],
+) -> Group:
+    """One ``[groups.<name>]`` table; missing models go to ``problems``, not errors."""
+    base = ("groups", name)
+    _check_group_providers(where, base, table["providers"], providers)
+    excluded = (workspace.out_dir, workspace.state_dir)
+    models, patterns = _group_models(where, root, base, table["models"], excluded, problems)
+    share = table.get("share_weights", False)
+    embed = table.get("embed_mode", 0)
+    if share and embed == 1:
+        raise where.error(
+            (*base, "embed_mode"),
+            "embed_mode = 1 cannot be combined with share_weights = true",
+            "the EP would only log a conflict; use embed_mode = 0 for sharing groups",
         )
-    return Manifest(file, root, workspace, providers, groups, problems)
+    if share:
+        _check_sharing(where, base, [providers[p] for p in table["providers"]])
+    ext = table.get("external_initializers")
+    if ext is not None and (
+        "/" in ext or "\\" in ext or ext in (".", "..") or ext.endswith(CTX_SUFFIX)
+    ):
+        raise where.error(
+            (*base, "external_initializers"),
+            "must be a plain file name",
+            'write e.g. external_initializers = "weights.bin"',
+        )
+    return Group(
+        name=name,
+        models=models,
+        providers=tuple(table["providers"]),
+        share_weights=share,
+        embed_mode=embed,
+        node_name_prefix=table.get("node_name_prefix"),
+        external_initializers=ext,
+        load=table.get("load", "path"),
+        patterns=patterns,
+    )
+
+
+def _check_group_providers(
+    where: Where, base: tuple[str, ...], names: list[str], providers: dict[str, ProviderConfig]
+) -> None:
+    """Every provider a group lists is defined, and listed once."""
+    for i, pname in enumerate(names):
+        if pname not in providers:
+            defined = ", ".join(providers) or "none"
+            raise where.error(
+                (*base, "providers"),
+                f"provider {pname!r} is not defined",
+                f"add a [providers.{pname}] table (defined: {defined})",
+            )
+        if pname in names[:i]:
+            raise where.error((*base, "providers"), f"{pname!r} is listed twice")
+
+
+def _group_models(
+    where: Where,
+    root: Path,
+    base: tuple[str, ...],
+    entries: list[str],
+    excluded: tuple[str, ...],
+    problems: dict[str, ManifestError],
+) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """A group's models (globs expanded) and the normalised glob patterns among its entries."""
+    path = (*base, "models")
+    models: list[str] = []
+    patterns: list[str] = []
+    for entry in entries:
+        pattern = _rel(where, entry, path, "model")
+        if _GLOB_CHARS.search(pattern):
+            patterns.append(pattern)
+        expanded = _expand(root, pattern, excluded)
+        if not expanded:
+            raise where.error(
+                path,
+                f"pattern {entry!r} matches no files",
+                "add the models, or fix the pattern (relative to the manifest's directory)",
+            )
+        for model in expanded:
+            if model in models:
+                raise where.error(path, f"model {model!r} is listed twice")
+            problem = _check_model(where, root, model, path)
+            if problem is not None:
+                problems[model] = problem
+            models.append(model)
+    _check_stems(where, path, models)
+    return tuple(models), tuple(patterns)
+
+
+def _check_stems(where: Where, path: tuple[str, ...], models: list[str]) -> None:
+    """No two models of a group would write the same ctx model."""
+    stems: dict[str, str] = {}
+    for model in models:
+        stem = model_stem(model)
+        if stem in stems:
+            raise where.error(
+                path,
+                f"{stems[stem]!r} and {model!r} would both write {stem}{CTX_SUFFIX}",
+                "rename one of them, or put them in different groups",
+            )
+        stems[stem] = model
+
+
+def _check_sharing(where: Where, base: tuple[str, ...], configs: list[ProviderConfig]) -> None:
+    """Every provider of a weight-sharing group can share weights, for a single SoC."""
+    path = (*base, "share_weights")
+    for cfg in configs:
+        if not get_provider(cfg.ep).shares_weights:
+            raise where.error(
+                path, f"provider {cfg.name!r} ({cfg.ep}) does not support weight sharing"
+            )
+        if "," in cfg.options.get("soc_model", "") + cfg.options.get("htp_arch", ""):
+            raise where.error(
+                path,
+                f"provider {cfg.name!r} targets several SoCs, which the EP cannot "
+                "combine with weight sharing",
+                "compile this group for single-SoC providers, or set share_weights = false",
+            )
 
 
 def _strip_where(exc: ManifestError) -> str:
@@ -372,18 +348,18 @@ def _expand(root: Path, pattern: str, excluded: tuple[str, ...]) -> list[str]:
 
 
 def _check_model(
-    file: Path, locator: _Locator, root: Path, model: str, base: tuple[str, ...]
+    where: Where, root: Path, model: str, path: tuple[str, ...]
 ) -> ManifestError | None:
     import stat
 
     try:
         mode = os.stat(os.path.join(root, model)).st_mode
     except OSError:
-        return _error(
-            file, locator, (*base, "models"),
+        return where.error(
+            path,
             f"model file {model!r} does not exist",
             "check the path (it is relative to the manifest's directory)",
-        )  # fmt: skip
+        )
     if not stat.S_ISREG(mode):
-        return _error(file, locator, (*base, "models"), f"{model!r} is not a file")
+        return where.error(path, f"{model!r} is not a file")
     return None

@@ -186,9 +186,18 @@ def _type_ok(value: Any, types: str | list[str]) -> bool:
     return False
 
 
+_TYPE_NAMES: dict[type, str] = {
+    bool: "a boolean",
+    int: "an integer",
+    float: "a number",
+    str: "a string",
+    list: "an array",
+    dict: "a table",
+}
+
+
 def _describe(value: Any) -> str:
-    return {bool: "a boolean", int: "an integer", float: "a number", str: "a string",
-            list: "an array", dict: "a table"}.get(type(value), type(value).__name__)  # fmt: skip
+    return _TYPE_NAMES.get(type(value), type(value).__name__)
 
 
 def validate(value: Any, schema: dict[str, Any] = SCHEMA, path: tuple[str, ...] = ()) -> None:
@@ -222,9 +231,10 @@ def validate(value: Any, schema: dict[str, Any] = SCHEMA, path: tuple[str, ...] 
         for key, item in value.items():
             if pattern and not re.match(pattern, key):
                 raise SchemaViolation(
-                    (*path, key), "is not a valid name",
+                    (*path, key),
+                    "is not a valid name",
                     "use letters, digits, '_', '-' and '.', starting with a letter or digit",
-                )  # fmt: skip
+                )
             if key in props:
                 validate(item, props[key], (*path, key))
                 continue

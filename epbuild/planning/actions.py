@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from epbuild._names import ctx_name, model_stem
 from epbuild.errors import UserError
-from epbuild.manifest.load import Group, Manifest
+from epbuild.manifest.model import Group, Manifest
 from epbuild.providers.base import ProviderConfig
 
 

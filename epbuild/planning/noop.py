@@ -18,7 +18,7 @@ import os
 import sys
 from typing import TYPE_CHECKING, Any
 
-from epbuild._names import DEFAULT_STATE_DIR, JOURNAL_NAME, MANIFEST_NAME, NOOP_NAME, tomllib
+from epbuild._names import JOURNAL_NAME, MANIFEST_NAME, NOOP_NAME, state_dir_setting, tomllib
 
 if TYPE_CHECKING:
     from epbuild.planning.staleness import ActionPlan
@@ -44,12 +44,14 @@ def _dir_stamp(path: str) -> list[int] | None:
 
 
 def _state_dir_of(root: str, manifest_bytes: bytes) -> str | None:
+    """The state directory the manifest names, if it is a tame relative path (the loader
+    refuses the rest, so no fingerprint was ever written outside the workspace)."""
     try:
         data = tomllib.loads(manifest_bytes.decode("utf-8"))
     except (UnicodeDecodeError, ValueError):
         return None
-    state_dir = data.get("workspace", {}).get("state_dir", DEFAULT_STATE_DIR)
-    if not isinstance(state_dir, str) or state_dir.startswith("/") or ".." in state_dir:
+    state_dir = state_dir_setting(data)
+    if not isinstance(state_dir, str) or state_dir.startswith(("/", "\\")) or ".." in state_dir:
         return None
     return os.path.join(root, state_dir)
 
@@ -98,62 +100,25 @@ def fast_noop(
 
 
 def write_fingerprint(
-    ws: Workspace, plans: list[ActionPlan], selectors: list[str] | tuple[str, ...],
+    ws: Workspace,
+    plans: list[ActionPlan],
+    selectors: list[str] | tuple[str, ...],
     doc: dict[str, Any],
-) -> bool:  # fmt: skip
+) -> bool:
     """Record the fingerprint of an all-up-to-date build; returns whether it was written."""
     from epbuild.fs import atomic_write_bytes
-    from epbuild.manifest.load import load_manifest
-    from epbuild.providers import base as provider_base
-    from epbuild.providers import get_provider
-    from epbuild.state.journal import load_state
 
     if any(p.stale for p in plans):
         return False
-    root = ws.root
-    files: dict[str, list[int] | None] = {}
-    dirs: dict[str, list[int] | None] = {}
     manifest_stamp = _stamp(str(ws.manifest.path))
     journal = os.path.join(ws.state_dir, JOURNAL_NAME)
-    files[os.path.relpath(journal, root)] = _stamp(journal)
-    # Version sources: site directories (a package install or upgrade changes their
-    # listing) and adapter-specific files; stamped first, then re-checked below.
-    for site in sys.path:
-        if site and os.path.isdir(site):
-            dirs[os.path.abspath(site)] = _dir_stamp(site)
-    for action in ws.actions:
-        adapter = get_provider(action.provider.ep)
-        version_inputs = getattr(adapter, "version_inputs", None)
-        extra = version_inputs(action.provider) if version_inputs else None
-        if extra is None:
-            return False  # this adapter's versions cannot be vouched for by stat
-        for path in extra:
-            files[os.path.abspath(os.path.join(root, path))] = _stamp(path)
-    for group in ws.manifest.groups.values():
-        for pattern in _patterns_of(ws, group.name):
-            base = _glob_base(pattern)
-            if base is None:
-                return False
-            dirs[base or "."] = _dir_stamp(os.path.join(root, base))
-    # Now re-check that what the build used is still what is there.
-    if load_manifest(ws.manifest.path) != ws.manifest:
+    files: dict[str, list[int] | None] = {os.path.relpath(journal, ws.root): _stamp(journal)}
+    dirs: dict[str, list[int] | None] = {}
+    # Version sources and glob directories are stamped first, then re-checked below.
+    if not _stamp_sources(ws, files, dirs) or not _still_current(ws):
         return False
-    provider_base._DIST_INFO = None
-    for action in ws.actions:
-        if get_provider(action.provider.ep).versions(action.provider) != ws.keys.versions(action):
-            return False
-    state = load_state(journal)
-    for plan in plans:
-        rec = state.records.get(plan.action.id)
-        if rec is None or plan.key is None or rec.key != plan.key.key:
-            return False
-        if plan.action.id in state.interrupted:
-            return False
-        for rel in [*plan.key.inputs, *rec.outputs]:
-            entry = ws.stats.dirty.get(rel) or ws.stats.entries.get(rel)
-            if entry is None:
-                return False  # too fresh to trust (racy mtime): no fingerprint this time
-            files[rel] = [entry.ino, entry.size, entry.mtime_ns]
+    if not _stamp_plans(ws, plans, journal, files):
+        return False
     if None in files.values() or None in dirs.values():
         return False
     payload = {
@@ -168,19 +133,74 @@ def write_fingerprint(
     return True
 
 
+def _stamp_sources(
+    ws: Workspace, files: dict[str, list[int] | None], dirs: dict[str, list[int] | None]
+) -> bool:
+    """Stamp what versions and glob expansions depend on; False if stat cannot vouch."""
+    from epbuild.providers import get_provider
+
+    # Site directories: a package install or upgrade changes their listing.
+    for site in sys.path:
+        if site and os.path.isdir(site):
+            dirs[os.path.abspath(site)] = _dir_stamp(site)
+    for action in ws.actions:
+        version_inputs = getattr(get_provider(action.provider.ep), "version_inputs", None)
+        extra = version_inputs(action.provider) if version_inputs else None
+        if extra is None:
+            return False  # this adapter's versions cannot be vouched for by stat
+        for path in extra:
+            files[os.path.abspath(os.path.join(ws.root, path))] = _stamp(path)
+    for group in ws.manifest.groups.values():
+        for pattern in group.patterns:
+            base = _glob_base(pattern)
+            if base is None:
+                return False
+            dirs[base or "."] = _dir_stamp(os.path.join(ws.root, base))
+    return True
+
+
+def _still_current(ws: Workspace) -> bool:
+    """Whether the manifest and the toolchain versions are still what the build used."""
+    from epbuild.manifest.load import load_manifest
+    from epbuild.providers import base as provider_base
+    from epbuild.providers import get_provider
+
+    if load_manifest(ws.manifest.path) != ws.manifest:
+        return False
+    provider_base._DIST_INFO = None
+    return all(
+        get_provider(action.provider.ep).versions(action.provider) == ws.keys.versions(action)
+        for action in ws.actions
+    )
+
+
+def _stamp_plans(
+    ws: Workspace, plans: list[ActionPlan], journal: str, files: dict[str, list[int] | None]
+) -> bool:
+    """Stamp every plan's inputs and outputs from the stat cache, if the journal agrees."""
+    from epbuild.state.journal import load_state
+
+    state = load_state(journal)
+    for plan in plans:
+        rec = state.records.get(plan.action.id)
+        if rec is None or plan.key is None or rec.key != plan.key.key:
+            return False
+        if plan.action.id in state.interrupted:
+            return False
+        for rel in [*plan.key.inputs, *rec.outputs]:
+            entry = ws.stats.dirty.get(rel) or ws.stats.entries.get(rel)
+            if entry is None:
+                return False  # too fresh to trust (racy mtime): no fingerprint this time
+            files[rel] = [entry.ino, entry.size, entry.mtime_ns]
+    return True
+
+
 def forget(state_dir: str) -> None:
     """Drop the fingerprint (a build is about to change things)."""
     try:
         os.unlink(os.path.join(state_dir, NOOP_NAME))
     except OSError:
         pass
-
-
-def _patterns_of(ws: Workspace, group: str) -> list[str]:
-    with open(ws.manifest.path, "rb") as f:
-        data = tomllib.load(f)
-    models = data.get("groups", {}).get(group, {}).get("models", [])
-    return [m for m in models if any(c in m for c in "*?[")]
 
 
 def _glob_base(pattern: str) -> str | None:

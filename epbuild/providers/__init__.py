@@ -22,9 +22,17 @@ BUILTIN: dict[str, tuple[str, str]] = {
     "tensorrt": ("tensorrt", "TensorRtProvider"),
 }
 _REQUIRED = (
-    "kind", "extra", "shares_weights", "validate_options", "versions", "context_source",
-    "context_options", "compatibility_key", "check_compatibility", "attach",
-)  # fmt: skip
+    "kind",
+    "extra",
+    "shares_weights",
+    "validate_options",
+    "versions",
+    "context_source",
+    "context_options",
+    "compatibility_key",
+    "check_compatibility",
+    "attach",
+)
 
 _cache: dict[str, Provider] = {}
 _lock = threading.Lock()

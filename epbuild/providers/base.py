@@ -7,6 +7,7 @@ side (``attach``) runs inside a fresh worker process that has imported onnxrunti
 
 from __future__ import annotations
 
+import abc
 import os
 import sys
 from collections.abc import Mapping
@@ -122,6 +123,75 @@ class Provider(Protocol):
         package or a device is missing.
         """
         ...
+
+
+class BaseProvider(abc.ABC):
+    """Defaults for the built-in adapters, so each writes only what differs.
+
+    The ``Provider`` protocol stays the contract (third-party adapters need not inherit).
+    By default an adapter takes no settings, passes its options through as strings
+    (limited to ``known_options`` when set), writes no EP-specific context options, records
+    no compatibility info, and cannot vouch for its versions by stat (no no-op fingerprint).
+    """
+
+    kind: str
+    extra: str = ""
+    shares_weights: bool = True
+    known_options: frozenset[str] | None = None
+    """Option names the EP accepts; None passes any name through."""
+
+    def validate_options(
+        self, options: Mapping[str, Any], settings: Mapping[str, Any], *, key: str
+    ) -> tuple[dict[str, str], dict[str, str]]:
+        """Options first (``check_options``), then settings (``check_settings``)."""
+        opts = self.check_options(options, key=f"{key}.options")
+        return opts, self.check_settings(settings, key=key)
+
+    def check_options(self, options: Mapping[str, Any], *, key: str) -> dict[str, str]:
+        """The EP options as strings; ``key`` is the manifest's ``providers.<name>.options``."""
+        return stringify_options(options, key=key, allowed=self.known_options)
+
+    def check_settings(self, settings: Mapping[str, Any], *, key: str) -> dict[str, str]:
+        """Adapter settings beside ``ep``; by default there are none."""
+        if settings:
+            name = next(iter(settings))
+            raise ManifestError(
+                f"{name!r} is not a setting of the {self.kind} provider", key=f"{key}.{name}"
+            )
+        return {}
+
+    @abc.abstractmethod
+    def versions(self, config: ProviderConfig) -> dict[str, str]:
+        """Toolchain versions for the action key (``importlib.metadata``, no imports)."""
+
+    def version_inputs(self, config: ProviderConfig) -> list[str] | None:
+        """Files besides dist-info directories whose stat vouches for ``versions``; None
+        when stat cannot vouch for them (the no-op fast path then stays off)."""
+        return None
+
+    @abc.abstractmethod
+    def context_source(self, config: ProviderConfig) -> str:
+        """The ``source`` attribute its EPContext nodes carry (``""``: none)."""
+
+    def context_options(
+        self, config: ProviderConfig, ctx_path: str, embed_mode: int
+    ) -> dict[str, str]:
+        """None by default: the EP reads the ``ep.context_*`` session options."""
+        return {}
+
+    def compatibility_key(self, config: ProviderConfig) -> str | None:
+        """Name ``X`` of the ``ep_compatibility_info.X`` metadata it writes; None by default."""
+        return None
+
+    def check_compatibility(self, config: ProviderConfig, info: str) -> str | None:
+        """A message if ``info`` does not match the requested target; None by default."""
+        return None
+
+    @abc.abstractmethod
+    def attach(
+        self, ort: onnxruntime, so: onnxruntime.SessionOptions, config: ProviderConfig
+    ) -> None:
+        """Worker side: register the EP if needed and add it to ``so``."""
 
 
 _DIST_INFO: dict[str, tuple[str, str]] | None = None

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from epbuild.errors import ManifestError, ProviderUnavailableError
 from epbuild.providers.base import (
+    BaseProvider,
     ProviderConfig,
     dist_version,
     install_hint,
@@ -100,9 +101,10 @@ def normalise_load_config(value: Any, *, key: str) -> str:
             raise ManifestError(f"load_config is not valid JSON: {exc}", key=key) from exc
     if not isinstance(value, Mapping):
         raise ManifestError(
-            "load_config must be a table of devices", key=key,
+            "load_config must be a table of devices",
+            key=key,
             hint='e.g. load_config = { NPU = { NPU_QDQ_OPTIMIZATION = "YES" } }',
-        )  # fmt: skip
+        )
     for device, props in value.items():
         if device not in LOAD_CONFIG_DEVICES:
             raise ManifestError(
@@ -139,53 +141,46 @@ def normalise_bool(value: Any, *, key: str) -> str:
     raise ManifestError(f"{value!r} is not a boolean", key=key, hint="use true or false")
 
 
-class OpenVinoProvider:
+class OpenVinoProvider(BaseProvider):
     """Compiles OpenVINO blobs; needs an Intel device (the EP lists no device elsewhere)."""
 
     kind = "openvino"
     extra = "openvino"
-    shares_weights = True
 
-    def validate_options(
-        self, options: Mapping[str, Any], settings: Mapping[str, Any], *, key: str
-    ) -> tuple[dict[str, str], dict[str, str]]:
-        okey = f"{key}.options"
+    def check_options(self, options: Mapping[str, Any], *, key: str) -> dict[str, str]:
+        """Refuse what the plugin ignores; normalise device, load_config and booleans."""
         for name in options:
             if name in LOAD_CONFIG_EQUIVALENT:
                 raise ManifestError(
                     f"the OpenVINO EP ignores {name!r} as a provider option",
-                    key=f"{okey}.{name}",
+                    key=f"{key}.{name}",
                     hint=f"set it through load_config instead, e.g. load_config = "
                     f"'{LOAD_CONFIG_EQUIVALENT[name]}'",
                 )
             if name in REFUSED:
                 raise ManifestError(
-                    f"{name!r} cannot be used for an EPContext build", key=f"{okey}.{name}",
+                    f"{name!r} cannot be used for an EPContext build",
+                    key=f"{key}.{name}",
                     hint=REFUSED[name],
-                )  # fmt: skip
+                )
         rest = {k: v for k, v in options.items() if k != "load_config" and k not in BOOL_OPTIONS}
-        opts = stringify_options(rest, key=okey, allowed=KNOWN_OPTIONS)
+        opts = stringify_options(rest, key=key, allowed=KNOWN_OPTIONS)
         opts["device_type"] = normalise_device(
-            opts.get("device_type", DEFAULT_DEVICE), key=f"{okey}.device_type"
+            opts.get("device_type", DEFAULT_DEVICE), key=f"{key}.device_type"
         )
         if "load_config" in options:
             opts["load_config"] = normalise_load_config(
-                options["load_config"], key=f"{okey}.load_config"
+                options["load_config"], key=f"{key}.load_config"
             )
         for name in BOOL_OPTIONS & options.keys():
-            opts[name] = normalise_bool(options[name], key=f"{okey}.{name}")
+            opts[name] = normalise_bool(options[name], key=f"{key}.{name}")
         if "reshape_input" in opts and not RESHAPE_RE.fullmatch(opts["reshape_input"]):
             raise ManifestError(
                 f"reshape_input {opts['reshape_input']!r} is not a shape list",
-                key=f"{okey}.reshape_input",
+                key=f"{key}.reshape_input",
                 hint='write e.g. "input_ids[1,128],attention_mask[1,128]" (ranges as 1..64)',
             )
-        if settings:
-            name = next(iter(settings))
-            raise ManifestError(
-                f"{name!r} is not a setting of the openvino provider", key=f"{key}.{name}"
-            )
-        return opts, {}
+        return opts
 
     def versions(self, config: ProviderConfig) -> dict[str, str]:
         return {
@@ -198,16 +193,11 @@ class OpenVinoProvider:
     def context_source(self, config: ProviderConfig) -> str:
         return EP_NAME
 
-    def context_options(
-        self, config: ProviderConfig, ctx_path: str, embed_mode: int
-    ) -> dict[str, str]:
-        return {}  # the EP reads ep.context_* from the session options
-
     def compatibility_key(self, config: ProviderConfig) -> str | None:
-        return EP_NAME  # the plugin EP writes ep_compatibility_info.OpenVINOExecutionProvider
-
-    def check_compatibility(self, config: ProviderConfig, info: str) -> str | None:
-        return None  # an OpenVINO-internal JSON document; the EP checks it when loading
+        # The plugin EP writes ep_compatibility_info.OpenVINOExecutionProvider: an
+        # OpenVINO-internal JSON document that the EP checks itself when loading, so
+        # check_compatibility keeps the default (no message).
+        return EP_NAME
 
     def attach(
         self, ort: onnxruntime, so: onnxruntime.SessionOptions, config: ProviderConfig

@@ -15,12 +15,12 @@ from typing import TYPE_CHECKING, Any
 
 from epbuild.errors import ManifestError, ProviderUnavailableError
 from epbuild.providers.base import (
+    BaseProvider,
     ProviderConfig,
     dist_version,
     install_hint,
     register_plugin,
     require_devices,
-    stringify_options,
 )
 
 if TYPE_CHECKING:
@@ -63,17 +63,13 @@ def _setting(settings: Mapping[str, Any], name: str, *, key: str) -> str | None:
     return value.strip()
 
 
-class PluginProvider:
+class PluginProvider(BaseProvider):
     """Any plugin EP library; options are the EP's own and pass through unchecked."""
 
     kind = "plugin"
-    extra = ""
-    shares_weights = True
 
-    def validate_options(
-        self, options: Mapping[str, Any], settings: Mapping[str, Any], *, key: str
-    ) -> tuple[dict[str, str], dict[str, str]]:
-        opts = stringify_options(options, key=f"{key}.options")
+    def check_settings(self, settings: Mapping[str, Any], *, key: str) -> dict[str, str]:
+        """``library`` and ``ep_name`` required; ``device_type`` and ``source`` optional."""
         for name in settings:
             if name not in SETTINGS:
                 raise ManifestError(
@@ -101,7 +97,7 @@ class PluginProvider:
                 )
             out["device_type"] = device_type.lower()
         out["source"] = _setting(settings, "source", key=key) or out["ep_name"]
-        return opts, out
+        return out
 
     def versions(self, config: ProviderConfig) -> dict[str, str]:
         return {
@@ -116,16 +112,9 @@ class PluginProvider:
     def context_source(self, config: ProviderConfig) -> str:
         return config.settings.get("source") or config.settings["ep_name"]
 
-    def context_options(
-        self, config: ProviderConfig, ctx_path: str, embed_mode: int
-    ) -> dict[str, str]:
-        return {}
-
     def compatibility_key(self, config: ProviderConfig) -> str | None:
+        # check_compatibility keeps the default: a third-party EP's format is its own.
         return config.settings["ep_name"]
-
-    def check_compatibility(self, config: ProviderConfig, info: str) -> str | None:
-        return None  # the format of a third-party EP's compatibility string is its own
 
     def attach(
         self, ort: onnxruntime, so: onnxruntime.SessionOptions, config: ProviderConfig

@@ -9,12 +9,12 @@ from typing import TYPE_CHECKING, Any
 
 from epbuild.errors import ManifestError, ProviderUnavailableError
 from epbuild.providers.base import (
+    BaseProvider,
     ProviderConfig,
     dist_location,
     dist_version,
     register_plugin,
     require_devices,
-    stringify_options,
 )
 
 if TYPE_CHECKING:
@@ -36,35 +36,49 @@ SOC_MODELS = frozenset(
 )  # fmt: skip
 KNOWN_OPTIONS = frozenset(
     {
-        "backend_type", "backend_path", "htp_arch", "soc_model", "htp_performance_mode",
-        "htp_graph_finalization_optimization_mode", "vtcm_mb", "enable_htp_fp16_precision",
-        "offload_graph_io_quantization", "enable_htp_weight_sharing", "profiling_level",
-        "profiling_file_path", "rpc_control_latency", "device_id", "qnn_context_priority",
-        "htp_bf16_enable", "enable_htp_spill_fill_buffer", "enable_htp_shared_memory_allocator",
-        "dump_json_qnn_graph", "json_qnn_graph_dir", "qnn_saver_path",
+        "backend_type",
+        "backend_path",
+        "htp_arch",
+        "soc_model",
+        "htp_performance_mode",
+        "htp_graph_finalization_optimization_mode",
+        "vtcm_mb",
+        "enable_htp_fp16_precision",
+        "offload_graph_io_quantization",
+        "enable_htp_weight_sharing",
+        "profiling_level",
+        "profiling_file_path",
+        "rpc_control_latency",
+        "device_id",
+        "qnn_context_priority",
+        "htp_bf16_enable",
+        "enable_htp_spill_fill_buffer",
+        "enable_htp_shared_memory_allocator",
+        "dump_json_qnn_graph",
+        "json_qnn_graph_dir",
+        "qnn_saver_path",
     }
-)  # fmt: skip
+)
 
 
 def _split(value: str) -> list[str]:
     return [part.strip() for part in value.split(",")]
 
 
-class QnnProvider:
+class QnnProvider(BaseProvider):
     """Compiles HTP context binaries; runs on Linux x86_64 without Qualcomm hardware."""
 
     kind = "qnn"
     extra = "qnn"
-    shares_weights = True
+    known_options = KNOWN_OPTIONS
 
-    def validate_options(
-        self, options: Mapping[str, Any], settings: Mapping[str, Any], *, key: str
-    ) -> tuple[dict[str, str], dict[str, str]]:
-        opts = stringify_options(options, key=f"{key}.options", allowed=KNOWN_OPTIONS)
+    def check_options(self, options: Mapping[str, Any], *, key: str) -> dict[str, str]:
+        """Backend HTP only; known architectures and SoCs, as many of each."""
+        opts = super().check_options(options, key=key)
         if "backend_type" in opts and "backend_path" in opts:
             raise ManifestError(
                 "set backend_type or backend_path, not both",
-                key=f"{key}.options.backend_path",
+                key=f"{key}.backend_path",
                 hint="with both, ONNX Runtime silently falls back to the CPU EP",
             )
         if "backend_path" not in opts:
@@ -72,7 +86,7 @@ class QnnProvider:
             if backend != "htp":
                 raise ManifestError(
                     f"backend_type {backend!r} cannot produce context binaries here",
-                    key=f"{key}.options.backend_type",
+                    key=f"{key}.backend_type",
                     hint='use backend_type = "htp" (the wheel ships only the HTP backend)',
                 )
         for name, allowed in (("htp_arch", HTP_ARCHS), ("soc_model", SOC_MODELS)):
@@ -82,7 +96,7 @@ class QnnProvider:
                 if bad:
                     raise ManifestError(
                         f"{name} {bad[0]!r} is not a known value",
-                        key=f"{key}.options.{name}",
+                        key=f"{key}.{name}",
                         hint=f"use one of {', '.join(sorted(allowed, key=int))}; the EP "
                         "would silently compile for a default target instead",
                     )
@@ -92,15 +106,10 @@ class QnnProvider:
         if ("htp_arch" in opts and "soc_model" in opts) and len(archs) != len(socs):
             raise ManifestError(
                 "htp_arch and soc_model list different numbers of targets",
-                key=f"{key}.options.soc_model",
+                key=f"{key}.soc_model",
                 hint="give one soc_model per htp_arch (multi-SoC targets are comma lists)",
             )
-        if settings:
-            name = next(iter(settings))
-            raise ManifestError(
-                f"{name!r} is not a setting of the qnn provider", key=f"{key}.{name}"
-            )
-        return opts, {}
+        return opts
 
     def is_multi_soc(self, config: ProviderConfig) -> bool:
         """Whether the configuration targets several SoCs in one context."""
@@ -122,11 +131,6 @@ class QnnProvider:
 
     def context_source(self, config: ProviderConfig) -> str:
         return EP_NAME
-
-    def context_options(
-        self, config: ProviderConfig, ctx_path: str, embed_mode: int
-    ) -> dict[str, str]:
-        return {}
 
     def compatibility_key(self, config: ProviderConfig) -> str | None:
         return EP_NAME
@@ -197,8 +201,9 @@ def qnn_sdk_version() -> str:
 
         site = str(importlib.metadata.distribution(DIST).locate_file(""))
     try:
-        with open(os.path.join(site, "onnxruntime_qnn", "build_and_package_info.py"),
-                  encoding="utf-8") as f:  # fmt: skip
+        with open(
+            os.path.join(site, "onnxruntime_qnn", "build_and_package_info.py"), encoding="utf-8"
+        ) as f:
             text = f.read()
     except OSError:
         return "unknown"

@@ -20,7 +20,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from epbuild.errors import ManifestError, ProviderUnavailableError
-from epbuild.providers.base import ProviderConfig, dist_version, install_hint, stringify_options
+from epbuild.providers.base import BaseProvider, ProviderConfig, dist_version, install_hint
 
 if TYPE_CHECKING:
     import onnxruntime
@@ -30,21 +30,38 @@ DIST = "onnxruntime-gpu"
 # TensorRT wheels; the first one installed names the version. Libraries installed outside
 # pip (apt, a tarball) cannot be seen without loading them and show as "absent".
 TENSORRT_DISTS = (
-    "tensorrt-cu13-libs", "tensorrt-cu12-libs", "tensorrt-cu11-libs", "tensorrt-libs",
-    "tensorrt-cu13", "tensorrt-cu12", "tensorrt-cu11", "tensorrt",
-)  # fmt: skip
+    "tensorrt-cu13-libs",
+    "tensorrt-cu12-libs",
+    "tensorrt-cu11-libs",
+    "tensorrt-libs",
+    "tensorrt-cu13",
+    "tensorrt-cu12",
+    "tensorrt-cu11",
+    "tensorrt",
+)
 
 BOOL_OPTIONS = frozenset(
     {
-        "trt_fp16_enable", "trt_int8_enable", "trt_int8_use_native_calibration_table",
-        "trt_dla_enable", "trt_dump_subgraphs", "trt_engine_cache_enable",
-        "trt_weight_stripped_engine_enable", "trt_engine_decryption_enable",
-        "trt_force_sequential_engine_build", "trt_context_memory_sharing_enable",
-        "trt_layer_norm_fp32_fallback", "trt_timing_cache_enable", "trt_force_timing_cache",
-        "trt_detailed_build_log", "trt_build_heuristics_enable", "trt_sparsity_enable",
-        "trt_cuda_graph_enable", "trt_engine_hw_compatible",
+        "trt_fp16_enable",
+        "trt_int8_enable",
+        "trt_int8_use_native_calibration_table",
+        "trt_dla_enable",
+        "trt_dump_subgraphs",
+        "trt_engine_cache_enable",
+        "trt_weight_stripped_engine_enable",
+        "trt_engine_decryption_enable",
+        "trt_force_sequential_engine_build",
+        "trt_context_memory_sharing_enable",
+        "trt_layer_norm_fp32_fallback",
+        "trt_timing_cache_enable",
+        "trt_force_timing_cache",
+        "trt_detailed_build_log",
+        "trt_build_heuristics_enable",
+        "trt_sparsity_enable",
+        "trt_cuda_graph_enable",
+        "trt_engine_hw_compatible",
     }
-)  # fmt: skip
+)
 # name -> (minimum, maximum or None)
 INT_OPTIONS: dict[str, tuple[int, int | None]] = {
     "device_id": (0, None),
@@ -58,20 +75,32 @@ INT_OPTIONS: dict[str, tuple[int, int | None]] = {
 PROFILE_OPTIONS = ("trt_profile_min_shapes", "trt_profile_max_shapes", "trt_profile_opt_shapes")
 STRING_OPTIONS = frozenset(
     {
-        "trt_int8_calibration_table_name", "trt_engine_cache_path", "trt_onnx_model_folder_path",
-        "trt_engine_cache_prefix", "trt_engine_decryption_lib_path", "trt_timing_cache_path",
-        "trt_tactic_sources", "trt_extra_plugin_lib_paths", "trt_op_types_to_exclude",
+        "trt_int8_calibration_table_name",
+        "trt_engine_cache_path",
+        "trt_onnx_model_folder_path",
+        "trt_engine_cache_prefix",
+        "trt_engine_decryption_lib_path",
+        "trt_timing_cache_path",
+        "trt_tactic_sources",
+        "trt_extra_plugin_lib_paths",
+        "trt_op_types_to_exclude",
         *PROFILE_OPTIONS,
     }
-)  # fmt: skip
+)
 KNOWN_OPTIONS = BOOL_OPTIONS | INT_OPTIONS.keys() | STRING_OPTIONS
-CONTEXT_OPTIONS = ("trt_dump_ep_context_model", "trt_ep_context_file_path",
-                   "trt_ep_context_embed_mode")  # fmt: skip
+CONTEXT_OPTIONS = (
+    "trt_dump_ep_context_model",
+    "trt_ep_context_file_path",
+    "trt_ep_context_embed_mode",
+)
 POINTER_OPTIONS = (
-    "user_compute_stream", "has_user_compute_stream", "trt_onnx_bytestream",
-    "trt_onnx_bytestream_size", "trt_external_data_bytestream",
+    "user_compute_stream",
+    "has_user_compute_stream",
+    "trt_onnx_bytestream",
+    "trt_onnx_bytestream_size",
+    "trt_external_data_bytestream",
     "trt_external_data_bytestream_size",
-)  # fmt: skip
+)
 SHAPES_RE = re.compile(r"[^:,]+:\d+(x\d+)*(,[^:,]+:\d+(x\d+)*)*")
 
 
@@ -119,48 +148,48 @@ def tensorrt_version() -> str:
     return "absent"
 
 
-class TensorRtProvider:
+class TensorRtProvider(BaseProvider):
     """Builds TensorRT engines; needs an NVIDIA GPU, and the engine only runs on its model."""
 
     kind = "tensorrt"
     extra = "tensorrt"
     shares_weights = False
+    known_options = KNOWN_OPTIONS
 
-    def validate_options(
-        self, options: Mapping[str, Any], settings: Mapping[str, Any], *, key: str
-    ) -> tuple[dict[str, str], dict[str, str]]:
-        okey = f"{key}.options"
+    def check_options(self, options: Mapping[str, Any], *, key: str) -> dict[str, str]:
+        """Refuse what epbuild sets or a manifest cannot; type-check the rest."""
         for name in options:
             if name in CONTEXT_OPTIONS:
                 raise ManifestError(
-                    f"{name!r} is set by epbuild", key=f"{okey}.{name}",
+                    f"{name!r} is set by epbuild",
+                    key=f"{key}.{name}",
                     hint="use the group's embed_mode; epbuild chooses the ctx file path",
-                )  # fmt: skip
+                )
             if name in POINTER_OPTIONS:
                 raise ManifestError(
                     f"{name!r} takes a memory address and cannot be set in a manifest",
-                    key=f"{okey}.{name}",
+                    key=f"{key}.{name}",
                 )
-        opts = stringify_options(options, key=okey, allowed=KNOWN_OPTIONS)
+        opts = super().check_options(options, key=key)
         for name, value in opts.items():
             if name in BOOL_OPTIONS:
-                opts[name] = _bool(value, key=f"{okey}.{name}")
+                opts[name] = _bool(value, key=f"{key}.{name}")
             elif name in INT_OPTIONS:
-                opts[name] = _int(value, INT_OPTIONS[name], key=f"{okey}.{name}")
+                opts[name] = _int(value, INT_OPTIONS[name], key=f"{key}.{name}")
         given = [name for name in PROFILE_OPTIONS if name in opts]
         if given and len(given) != len(PROFILE_OPTIONS):
             missing = next(name for name in PROFILE_OPTIONS if name not in opts)
             raise ManifestError(
                 "trt_profile_min_shapes, trt_profile_max_shapes and trt_profile_opt_shapes "
                 "go together",
-                key=f"{okey}.{missing}",
+                key=f"{key}.{missing}",
                 hint="give all three, or none and let the EP take the shapes of the model",
             )
         for name in given:
             if not SHAPES_RE.fullmatch(opts[name].replace(" ", "")):
                 raise ManifestError(
                     f"{opts[name]!r} is not a shape list",
-                    key=f"{okey}.{name}",
+                    key=f"{key}.{name}",
                     hint='write e.g. "input:1x3x224x224,mask:1x224"',
                 )
             opts[name] = opts[name].replace(" ", "")
@@ -170,16 +199,11 @@ class TensorRtProvider:
         ):
             raise ManifestError(
                 f"trt_engine_cache_path {cache!r} must be a relative path without '..'",
-                key=f"{okey}.trt_engine_cache_path",
+                key=f"{key}.trt_engine_cache_path",
                 hint="the engine lands in this folder beside the ctx model, and the EP refuses "
                 "to load a ctx model whose engine path is absolute or leaves its folder",
             )
-        if settings:
-            name = next(iter(settings))
-            raise ManifestError(
-                f"{name!r} is not a setting of the tensorrt provider", key=f"{key}.{name}"
-            )
-        return opts, {}
+        return opts
 
     def versions(self, config: ProviderConfig) -> dict[str, str]:
         return {
@@ -203,11 +227,8 @@ class TensorRtProvider:
             extra["trt_engine_cache_enable"] = "1"  # the ctx node points at the cached engine
         return extra
 
-    def compatibility_key(self, config: ProviderConfig) -> str | None:
-        return None  # it records the compute capability in hardware_architecture instead
-
-    def check_compatibility(self, config: ProviderConfig, info: str) -> str | None:
-        return None
+    # compatibility_key: the default None; the EP records the compute capability in the
+    # EPContext node's hardware_architecture instead of ep_compatibility_info.
 
     def attach(
         self, ort: onnxruntime, so: onnxruntime.SessionOptions, config: ProviderConfig

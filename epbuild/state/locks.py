@@ -80,8 +80,10 @@ def hold(
         nonlocal told
         if on_wait is not None and not told:
             owner = read_owner(lock_path)
-            on_wait(f"waiting for {owner.get('what', what)} (pid {owner.get('pid', '?')}) "
-                    "to release its lock")  # fmt: skip
+            on_wait(
+                f"waiting for {owner.get('what', what)} (pid {owner.get('pid', '?')}) "
+                "to release its lock"
+            )
             told = True
 
     def timed_out() -> LockTimeoutError:

@@ -19,6 +19,8 @@ from epbuild.fs import atomic_write_bytes
 _VERSION = 2  # 2: a sha256 of the payload on the first line (a flipped byte is caught)
 _RACY_NS = 20_000_000  # an mtime this close to "now" may still change within its tick
 _CHUNK = 1 << 20
+# What a damaged or hand-edited stat cache can raise while it is read: it is then dropped.
+_UNREADABLE = (OSError, ValueError, KeyError, TypeError, IndexError, AttributeError, RecursionError)
 
 
 @dataclass(frozen=True)
@@ -85,8 +87,7 @@ class StatCache:
                 if not _well_formed(rel, entry):
                     raise ValueError(rel)
                 self.entries[rel] = entry
-        except (OSError, ValueError, KeyError, TypeError, IndexError, AttributeError,
-                RecursionError):  # fmt: skip
+        except _UNREADABLE:
             self.entries = {}  # a damaged stat cache only costs re-hashing
 
     def lookup(self, rel: str, st: os.stat_result) -> Entry | None:

@@ -1,0 +1,48 @@
+"""Checks of command-line values that the API cannot make (it never sees the raw text).
+
+They run before any work, the no-op fast path included, so a bad argument is exit 2 whether
+or not anything is stale. Imported on the fast path: heavier modules load only when needed.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from epbuild.errors import UserError
+
+
+def check_jobs(jobs: int | None) -> int | None:
+    """``-j``: at least 1 when given."""
+    if jobs is not None and jobs < 1:
+        raise UserError("-j must be at least 1")
+    return jobs
+
+
+def size_option(value: str, option: str, example: str) -> int:
+    """A size such as ``8G`` given to ``option``; ``example`` goes into the hint."""
+    from epbuild.errors import ManifestError
+    from epbuild.manifest.load import parse_memory
+
+    try:
+        return parse_memory(value, key=option)
+    except ManifestError:
+        raise UserError(f"{option} {value!r} is not a size", hint=f"write e.g. {example}") from None
+
+
+def memory_budget(value: str | None) -> int | None:
+    """``--memory-budget``: a positive size when given."""
+    if value is None:
+        return None
+    budget = size_option(value, "--memory-budget", "8G or 512M")
+    if budget <= 0:
+        raise UserError("--memory-budget must be positive", hint="write e.g. 8G or 512M")
+    return budget
+
+
+def cache_option(args: argparse.Namespace) -> str | bool | None:
+    """``--cache``/``--no-cache`` as the API's ``cache``: a location, False (off) or None."""
+    if args.no_cache and args.cache:
+        raise UserError("--cache and --no-cache contradict each other")
+    if args.no_cache and getattr(args, "cache_push", False):
+        raise UserError("--cache-push needs a cache", hint="drop --no-cache")
+    return False if args.no_cache else args.cache

@@ -1,0 +1,235 @@
+"""One watch session: the last good manifest, what changed, and the build each cycle runs."""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from epbuild.errors import EpbuildError, Interrupted
+from epbuild.frontends.watch.targets import Sig, glob_match, make_targets, signature
+from epbuild.results import Reporter
+
+if TYPE_CHECKING:
+    from epbuild.executors.local import LocalExecutor
+    from epbuild.manifest.load import Manifest
+    from epbuild.results import ActionResult, BuildResult
+
+
+@dataclass
+class Cycle:
+    """One watch cycle: what changed and what the build did about it."""
+
+    number: int
+    changed: list[str]
+    """Workspace-relative paths that changed (empty for the first build)."""
+    reloaded: bool = False
+    """The manifest was re-read and differs from the one before."""
+    manifest_error: str | None = None
+    """The manifest could not be reloaded; the last good one is still in use."""
+    error: str | None = None
+    """The build could not start (e.g. a selector no longer matches)."""
+    result: BuildResult | None = None
+    first_event: float | None = None
+    """Wall time of the first event of the burst this cycle answers."""
+    started: float = 0.0
+    finished: float = 0.0
+    action_started: dict[str, float] = field(default_factory=dict)
+    """Action id -> wall time its compile started."""
+
+    @property
+    def ok(self) -> bool:
+        """Nothing failed in this cycle."""
+        return (
+            not self.manifest_error and not self.error and (self.result is None or self.result.ok)
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        """One line of ``watch --json``."""
+        data: dict[str, Any] = {
+            "cycle": self.number,
+            "changed": self.changed,
+            "manifest_reloaded": self.reloaded,
+            "manifest_error": self.manifest_error,
+            "error": self.error,
+            "first_event": self.first_event,
+            "started": self.started,
+            "finished": self.finished,
+            "action_started": self.action_started,
+        }
+        if self.result is not None:
+            data.update(self.result.to_json())
+        else:
+            data.update({"summary": None, "actions": [], "warnings": []})
+        return data
+
+
+class CycleReporter(Reporter):
+    """Forwards progress to the caller's reporter and notes when each compile started."""
+
+    def __init__(self, inner: Reporter, started: dict[str, float]) -> None:
+        self.inner = inner
+        self.started = started
+
+    def start(self, total: int, stale: int) -> None:
+        self.inner.start(total, stale)
+
+    def action_started(self, action_id: str) -> None:
+        self.started[action_id] = time.time()
+        self.inner.action_started(action_id)
+
+    def action_finished(self, result: ActionResult) -> None:
+        self.inner.action_finished(result)
+
+    def message(self, text: str) -> None:
+        self.inner.message(text)
+
+
+class Session:
+    """The state of one ``watch``: last good manifest, what is watched, file signatures."""
+
+    def __init__(
+        self,
+        manifest_path: str,
+        selectors: list[str] | tuple[str, ...],
+        build_kw: dict[str, Any],
+        reporter_factory: Callable[[], Reporter],
+        on_start: Callable[[Cycle], None] | None = None,
+    ) -> None:
+        from epbuild.manifest.load import load_manifest
+
+        self.manifest_path = manifest_path
+        self.selectors = selectors
+        self.build_kw = build_kw
+        self.reporter_factory = reporter_factory
+        self.on_start = on_start or (lambda c: None)
+        self.broken = False
+        self.manifest = load_manifest(manifest_path)
+        self.targets = make_targets(self.manifest, selectors)
+        self.seen: dict[str, Sig | None] = {}
+        self.number = 0
+        self.warm: LocalExecutor | None = None
+        """Outlives each build (which does not close an executor passed in): its spare worker,
+        already past ``import onnxruntime``, takes the next save's compile at once."""
+
+    def snapshot(self, paths: Iterable[str]) -> None:
+        for p in paths:
+            self.seen[p] = signature(p)
+
+    def _reload(self) -> tuple[Manifest | None, str | None]:
+        from epbuild.manifest.load import load_manifest
+        from epbuild.planning.actions import make_actions, select
+
+        try:
+            m = load_manifest(self.manifest_path)
+            select(make_actions(m), self.selectors)
+        except EpbuildError as exc:
+            return None, str(exc)
+        return m, None
+
+    def evaluate(self, paths: set[str], first_event: float | None) -> Cycle | None:
+        """Decide what a settled burst means; build if needed. None: nothing changed."""
+        t = self.targets
+        changed = {p for p in paths if p in t.files and signature(p) != self.seen.get(p, ())}
+        candidates = {p for p in paths if p not in t.files}
+        gone = {p for p in changed if not os.path.exists(p)}
+        if any(glob_match(t.rel(p), pat) for p in gone for pat in t.patterns):
+            candidates |= gone  # a globbed model went away: it leaves its group
+        manifest_changed = t.manifest in changed
+        new, error, reloaded = self._next_manifest(manifest_changed, bool(candidates))
+        self.snapshot(changed)
+        old_models = {m for g in self.manifest.groups.values() for m in g.models}
+        new_models = {m for g in new.groups.values() for m in g.models}
+        rel = {t.rel(p) for p in changed} | (old_models ^ new_models)
+        if manifest_changed and not reloaded and error is None:
+            rel.discard(t.rel(t.manifest))  # re-saved with the same meaning
+        if not rel and error is None:
+            return None
+        cycle = Cycle(self.number + 1, sorted(rel), reloaded, error, first_event=first_event)
+        self.number += 1
+        self.on_start(cycle)
+        # a reloaded manifest builds everything selected: the plan decides what is stale
+        ids = None if reloaded and manifest_changed else self._affected(new, rel)
+        self.manifest = new
+        if ids is None or ids:
+            self.run_build(cycle, ids)
+        return cycle
+
+    def _next_manifest(
+        self, manifest_changed: bool, glob_candidates: bool
+    ) -> tuple[Manifest, str | None, bool]:
+        """The manifest to build with, the reload error to report, and whether it changed."""
+        if not (manifest_changed or glob_candidates):
+            return self.manifest, None, False
+        loaded, error = self._reload()
+        if loaded is not None:
+            # fixed after an error: say so, and build with it even if it reads the same
+            reloaded = loaded != self.manifest or (manifest_changed and self.broken)
+            self.broken = False
+            return loaded, None, reloaded
+        if manifest_changed:
+            self.broken = True
+            return self.manifest, error, False
+        return self.manifest, None, False  # a glob candidate while broken: reported already
+
+    def _affected(self, new: Manifest, rel: set[str]) -> list[str]:
+        """Selected actions of ``new`` that are new, changed models, or read a path in ``rel``."""
+        from epbuild.planning.actions import make_actions, select
+
+        old = {a.id: a for a in select(make_actions(self.manifest), self.selectors)}
+        ids = []
+        for a in select(make_actions(new), self.selectors):
+            reads = self.targets.inputs.get(a.id, frozenset()) | set(a.models)
+            if a.id not in old or old[a.id].models != a.models or rel & reads:
+                ids.append(a.id)
+        return ids
+
+    def run_build(self, cycle: Cycle, ids: list[str] | None) -> None:
+        """Build the given actions (None: all selected) with the current manifest."""
+        from epbuild.api import build
+
+        kw = dict(self.build_kw)
+        if self.manifest.workspace.executor == "local":
+            if self.warm is None:
+                from epbuild.executors.local import LocalExecutor
+
+                self.warm = LocalExecutor(str(self.manifest.root), prewarm=True)
+            kw["executor"] = self.warm
+        selected = list(self.selectors) if ids is None else ids
+        reporter = CycleReporter(self.reporter_factory(), cycle.action_started)
+        cycle.started = time.time()
+        try:
+            cycle.result = build(
+                self.manifest.root,
+                None,
+                selected,
+                keep_going=True,
+                loaded=self.manifest,
+                reporter=reporter,
+                **kw,
+            )
+        except Interrupted:
+            raise
+        except EpbuildError as exc:
+            cycle.error = str(exc)
+        cycle.finished = time.time()
+
+    def retarget(self, since: float) -> list[str]:
+        """Recompute the watched inputs; returns new ones written since ``since`` (they
+        changed while we were not yet watching them)."""
+        old = self.targets
+        try:
+            self.targets = make_targets(self.manifest, self.selectors, old)
+        except EpbuildError:
+            return []
+        late: list[str] = []
+        for p in sorted(self.targets.files - old.files):
+            sig = signature(p)
+            if sig is not None and sig[2] >= since * 1e9:
+                self.seen.pop(p, None)
+                late.append(p)
+            else:
+                self.seen[p] = sig
+        return late

@@ -1,0 +1,165 @@
+"""What a manifest makes watch observe: the selected actions' inputs, the manifest, the
+directories its model globs could match in, and what never counts (outputs, state, cache)."""
+
+from __future__ import annotations
+
+import os
+import posixpath
+import re
+from dataclasses import dataclass
+from fnmatch import fnmatchcase
+from typing import TYPE_CHECKING
+
+from epbuild._names import tomllib
+from epbuild.errors import EpbuildError
+
+if TYPE_CHECKING:
+    from epbuild.manifest.load import Manifest
+
+GLOB_CHARS = re.compile(r"[*?\[]")
+"""A path part with one of these is a glob."""
+Sig = tuple[int, int, int]
+"""(inode, size, mtime_ns) of a file."""
+
+
+def under(path: str, top: str) -> bool:
+    """Is ``path`` ``top`` or inside it?"""
+    return path == top or path.startswith(top + os.sep)
+
+
+def glob_match(rel: str, pattern: str) -> bool:
+    """Does workspace-relative ``rel`` match a manifest glob (``*``, ``?``, ``[..]``, ``**``)?
+
+    Like :func:`glob.glob`, a wildcard does not match a name that starts with a dot, so
+    editors' and exporters' hidden temp files never count.
+    """
+
+    def match(parts: list[str], pats: list[str]) -> bool:
+        if not pats:
+            return not parts
+        if pats[0] == "**":
+            return any(match(parts[i:], pats[1:]) for i in range(len(parts) + 1)) and all(
+                not p.startswith(".") for p in parts[: len(parts) - len(pats) + 1]
+            )
+        if not parts:
+            return False
+        name, pat = parts[0], pats[0]
+        if name.startswith(".") and not pat.startswith(".") and GLOB_CHARS.search(pat):
+            return False
+        return fnmatchcase(name, pat) and match(parts[1:], pats[1:])
+
+    return match(rel.split("/"), posixpath.normpath(pattern).split("/"))
+
+
+def signature(path: str) -> Sig | None:
+    """The file's (inode, size, mtime_ns), or None when it does not exist."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return (st.st_ino, st.st_size, st.st_mtime_ns)
+
+
+@dataclass(frozen=True)
+class Targets:
+    """What one manifest makes us watch; every path absolute unless said otherwise."""
+
+    root: str
+    manifest: str
+    files: frozenset[str]
+    """Inputs of the selected actions, plus the manifest."""
+    patterns: tuple[str, ...]
+    """The manifest's model globs (workspace-relative)."""
+    excluded: tuple[str, ...]
+    """Output, state and cache directories: never a trigger."""
+    dirs: frozenset[tuple[str, bool]]
+    """(directory, recursive) to observe."""
+    inputs: dict[str, frozenset[str]]
+    """Action id -> its workspace-relative inputs (models and external data)."""
+
+    def rel(self, path: str) -> str:
+        """Workspace-relative POSIX form of an absolute path."""
+        return os.path.relpath(path, self.root).replace(os.sep, "/")
+
+    def wants(self, path: str, is_dir: bool) -> bool:
+        """Is an event on ``path`` worth waking up for?"""
+        if not under(path, self.root) or any(under(path, x) for x in self.excluded):
+            return False
+        if not is_dir:
+            return path in self.files or any(glob_match(self.rel(path), p) for p in self.patterns)
+        # a directory created, deleted or moved: a watched one (or its parent) came or went,
+        # or a recursive glob may now match inside it
+        return any(under(d, path) or (rec and under(path, d)) for d, rec in self.dirs)
+
+
+def _raw_patterns(m: Manifest) -> tuple[str, ...]:
+    try:
+        data = tomllib.loads(m.path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return ()
+    found: list[str] = []
+    for name, table in data.get("groups", {}).items():
+        if name in m.groups and isinstance(table, dict):
+            models = [p for p in table.get("models", []) if isinstance(p, str)]
+            found += [posixpath.normpath(p) for p in models if GLOB_CHARS.search(p)]
+    return tuple(found)
+
+
+def _tree(base: str, excluded: tuple[str, ...]) -> list[tuple[str, bool]]:
+    """Watches covering ``base`` recursively, leaving the excluded directories out."""
+    if any(under(base, x) for x in excluded):
+        return []
+    if not any(under(x, base) for x in excluded):
+        return [(base, True)]
+    out = [(base, False)]
+    try:
+        children = [e.path for e in os.scandir(base) if e.is_dir(follow_symlinks=False)]
+    except OSError:
+        children = []
+    for child in sorted(children):
+        out += _tree(child, excluded)
+    return out
+
+
+def make_targets(
+    m: Manifest, selectors: list[str] | tuple[str, ...], previous: Targets | None = None
+) -> Targets:
+    """Work out the inputs of the selected actions and which directories to observe."""
+    from epbuild.state.workspace import open_workspace
+
+    ws = open_workspace(m.root, None, selectors, loaded=m)
+    root = str(m.root)
+    externals: dict[str, set[str]] = {}
+    inputs: dict[str, frozenset[str]] = {}
+    for action in ws.actions:
+        mine: set[str] = set()
+        for model in action.models:
+            if model not in externals:
+                try:
+                    externals[model] = set(ws.keys.model_inputs(model)[1])
+                except EpbuildError:  # missing or half-written: keep what we knew
+                    old = previous.inputs.get(action.id, frozenset()) if previous else set()
+                    externals[model] = {p for p in old if p not in action.models}
+            mine |= {model, *externals[model]}
+        inputs[action.id] = frozenset(mine)
+    manifest = os.path.abspath(m.path)
+    files = {manifest} | {os.path.join(root, p) for s in inputs.values() for p in s}
+    from epbuild.cache.location import resolve
+
+    wsc = m.workspace
+    excluded = [wsc.out_dir, wsc.state_dir]
+    cache = resolve(None, base=root, manifest_value=wsc.cache, manifest_root=root)
+    if cache is not None:
+        excluded.append(cache.local)
+    excl = tuple(os.path.normpath(os.path.join(root, x)) for x in excluded)
+    dirs: set[tuple[str, bool]] = {(os.path.dirname(f), False) for f in files}
+    patterns = _raw_patterns(m)
+    for pat in patterns:
+        parts = pat.split("/")
+        first = next(i for i, p in enumerate(parts) if GLOB_CHARS.search(p))
+        base = os.path.join(root, *parts[:first]) if first else root
+        if first == len(parts) - 1:
+            dirs.add((base, False))
+        else:
+            dirs.update(_tree(base, excl))
+    return Targets(root, manifest, frozenset(files), patterns, excl, frozenset(dirs), inputs)

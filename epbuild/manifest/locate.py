@@ -1,0 +1,69 @@
+"""Where a key sits in the manifest text: tomllib reports no positions, so every error
+message that names a line finds it here."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from epbuild.errors import ManifestError
+
+_ASSIGNMENT = re.compile(r"([A-Za-z0-9_.\"'-]+)\s*=")
+
+
+class Locator:
+    """Finds the line of a key path in the TOML text."""
+
+    def __init__(self, text: str) -> None:
+        self.lines = text.splitlines()
+
+    def line(self, path: tuple[str, ...]) -> int | None:
+        """The line of ``path`` (``[i]`` items skipped), else of its nearest ancestor."""
+        keys = [p for p in path if not p.startswith("[")]
+        for depth in range(len(keys), 0, -1):
+            found = self._find(keys[:depth])
+            if found is not None:
+                return found
+        return None
+
+    def _find(self, keys: list[str]) -> int | None:
+        header: list[str] = []
+        best: int | None = None
+        for number, raw in enumerate(self.lines, 1):
+            line = raw.strip()
+            if line.startswith("["):
+                inner = line.strip("[]").split("#")[0].strip()
+                header = [k.strip().strip("\"'") for k in inner.split(".")]
+                if header == keys:
+                    return number
+                continue
+            name = _ASSIGNMENT.match(line)
+            if not name:
+                continue
+            full = header + [k.strip().strip("\"'") for k in name.group(1).split(".")]
+            if full == keys:
+                return number
+            if full == keys[: len(full)] and len(keys) > len(full):
+                # The rest of the path is inside an inline table or array on this line.
+                rest = keys[len(full) :]
+                if all(re.search(rf"\b{re.escape(k)}\b", line) for k in rest):
+                    return number
+                best = best or number
+        return best
+
+
+class Where:
+    """Turns a key path into a ``ManifestError`` naming file, line and key."""
+
+    def __init__(self, file: Path, text: str) -> None:
+        self.file = file
+        self.locator = Locator(text)
+
+    def error(self, path: tuple[str, ...], message: str, hint: str | None = None) -> ManifestError:
+        """The error for ``path`` (keys, then ``[i]`` items appended to the dotted key)."""
+        key = ".".join(p for p in path if not p.startswith("[")) + "".join(
+            p for p in path if p.startswith("[")
+        )
+        return ManifestError(
+            message, file=str(self.file), line=self.locator.line(path), key=key, hint=hint
+        )

@@ -1,0 +1,367 @@
+"""What a valid EPContext model is: the one owner of the EPContext and model-path rules.
+
+Every rule is a function that returns ``Problem`` values and raises nothing, so each caller
+turns them into its own outcome: the worker into ``CompileFailure``, staging into
+``VerificationError``, ``epbuild verify`` into a report, the runtime into
+``CompatibilityError``, the builder into an error or a warning. Models are read with
+``epbuild.onnx.proto``; nothing here imports onnx or onnxruntime.
+
+The rules come from the EPContext design: a ctx model holds EPContext nodes whose attributes
+have their documented types; some node holds the main context; ``embed_mode`` is what the
+manifest asks; ``ep_cache_context`` is a path for ``embed_mode = 0`` (the reference rule) and
+the context itself for ``embed_mode = 1``; external data stays inside the output directory and
+in bounds; ``source`` and ``ep_compatibility_info.<key>`` are what the provider writes and
+accepts; and no output carries the build machine's absolute workspace path.
+"""
+
+from __future__ import annotations
+
+import enum
+import hashlib
+import os
+import posixpath
+from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING, Any
+
+from epbuild.fs import reference_problem
+
+if TYPE_CHECKING:
+    from epbuild.onnx.proto import ContextNode, ExternalRef, ModelInfo
+    from epbuild.providers.base import Provider, ProviderConfig
+
+# EPContext attribute types from the EPContext design: int64 or string.
+_INT_ATTRS = frozenset({"main_context", "embed_mode", "max_size", "is_multi_soc_ep_context"})
+_STR_ATTRS = frozenset(
+    {
+        "ep_sdk_version",
+        "onnx_model_filename",
+        "hardware_architecture",
+        "partition_name",
+        "source",
+        "notes",
+    }
+)  # ep_cache_context is either: a path (embed_mode 0) or the context's bytes (embed_mode 1)
+_MAX_PATH = 4096
+COMPAT_PREFIX = "ep_compatibility_info."
+"""Model metadata key prefix; the provider adapter names the rest (``compatibility_key``)."""
+
+
+class Severity(enum.Enum):
+    """Whether a problem makes an output invalid or is only worth saying."""
+
+    ERROR = "error"
+    WARNING = "warning"
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One thing wrong with a built output."""
+
+    file: str
+    """Path of the file the problem is in (workspace-relative where the caller has one)."""
+    message: str
+    node: str | None = None
+    attribute: str | None = None
+    severity: Severity = Severity.ERROR
+
+    def line(self) -> str:
+        """The one-line form: ``file: node N: attribute A: message``."""
+        where = self.file
+        if self.node is not None:
+            where += f": node {self.node}"
+        if self.attribute is not None:
+            where += f": {self.attribute}"
+        return f"{where}: {self.message}"
+
+    def to_json(self) -> dict[str, Any]:
+        """The ``--json`` form."""
+        return {**asdict(self), "severity": self.severity.value}
+
+
+# ---------------------------------------------------------------------------------------
+# The reference rule
+
+
+class RefFault(enum.Enum):
+    """Why a path stored in a model cannot be used."""
+
+    UNSAFE = "unsafe"
+    """Empty, absolute, a backslash or drive letter, or a ``..`` component."""
+    OUTSIDE = "outside"
+    """Resolves outside the directory the model's references must stay in."""
+    MISSING = "missing"
+    """No such file."""
+
+
+@dataclass(frozen=True)
+class RefCheck:
+    """The reference rule's verdict on one path stored in a model."""
+
+    path: str | None
+    """The target, relative like the model's path, when the rule holds."""
+    fault: RefFault | None = None
+    message: str = ""
+    """Why not (names the reference), empty when the rule holds."""
+
+
+def check_reference(root: str, model: str, ref: str, directory: str) -> RefCheck:
+    """The reference rule: ``ref`` (stored in ``model``) is relative, without a backslash,
+    drive or ``..``, stays inside ``directory`` and names an existing file.
+
+    ``model`` and ``directory`` are relative to ``root``.
+    """
+    unsafe = reference_problem(ref)
+    if unsafe is not None:
+        return RefCheck(None, RefFault.UNSAFE, unsafe)
+    rel = posixpath.normpath(posixpath.join(posixpath.dirname(model), ref))
+    if not rel.startswith(directory.rstrip("/") + "/"):
+        return RefCheck(None, RefFault.OUTSIDE, f"{ref!r} leaves the output directory")
+    if not os.path.isfile(os.path.join(root, rel)):
+        return RefCheck(None, RefFault.MISSING, f"{ref!r} does not exist")
+    return RefCheck(rel)
+
+
+def stored_references(info: ModelInfo) -> list[str]:
+    """Every path a model stores: ``ep_cache_context`` of embed_mode 0 nodes, data locations."""
+    cache = [
+        str(n.attributes["ep_cache_context"])
+        for n in info.context_nodes
+        if n.attributes.get("embed_mode", 1) == 0 and "ep_cache_context" in n.attributes
+    ]
+    return cache + [r.location for r in info.external_refs]
+
+
+# ---------------------------------------------------------------------------------------
+# EPContext nodes
+
+
+def missing_context(file: str, info: ModelInfo) -> Problem | None:
+    """A ctx model must hold at least one EPContext node."""
+    return None if info.context_nodes else Problem(file, "has no EPContext node")
+
+
+def node_problems(file: str, info: ModelInfo) -> list[Problem]:
+    """Attribute types, ``main_context``/``embed_mode`` values, and some node is the main one."""
+    problems: list[Problem] = []
+    for node in info.context_nodes:
+        problems += _attribute_types(file, node)
+        for attr in ("main_context", "embed_mode"):
+            value = node.attributes.get(attr, 1)
+            if value not in (0, 1):
+                problems.append(_at(file, node, attr, f"must be 0 or 1, not {value!r}"))
+    if info.context_nodes and not any(_is_main(n) for n in info.context_nodes):
+        problems.append(
+            Problem(
+                file,
+                "every EPContext node has main_context = 0; none holds the context",
+                attribute="main_context",
+            )
+        )
+    return problems
+
+
+def _attribute_types(file: str, node: ContextNode) -> list[Problem]:
+    problems = []
+    for name, value in node.attributes.items():
+        if name in _INT_ATTRS and not isinstance(value, int):
+            problems.append(_at(file, node, name, f"must be an int64, not {type(value).__name__}"))
+        elif name in _STR_ATTRS and not isinstance(value, str):
+            problems.append(_at(file, node, name, f"must be a string, not {type(value).__name__}"))
+    return problems
+
+
+def _at(file: str, node: ContextNode, attribute: str, message: str) -> Problem:
+    return Problem(file, message, node=node.name, attribute=attribute)
+
+
+def _is_main(node: ContextNode) -> bool:
+    return node.attributes.get("main_context", 1) == 1
+
+
+def source_problems(file: str, info: ModelInfo, source: str, ep: str) -> list[Problem]:
+    """Every EPContext node's ``source`` is what the provider writes ("" when it writes none)."""
+    return [
+        _at(file, n, "source", f"{got!r} is not for the {ep} EP (expects {source!r})")
+        for n in info.context_nodes
+        if (got := str(n.attributes.get("source", ""))) != source
+    ]
+
+
+def embed_problems(
+    root: str, file: str, info: ModelInfo, embed_mode: int, directory: str
+) -> list[Problem]:
+    """Main nodes: ``embed_mode`` is the manifest's; ``ep_cache_context`` fits the mode.
+
+    ``file`` and ``directory`` are relative to ``root``; an embed_mode 0 ``ep_cache_context``
+    obeys the reference rule inside ``directory``.
+    """
+    problems: list[Problem] = []
+    for node in info.context_nodes:
+        embed = node.attributes.get("embed_mode", 1)
+        if not _is_main(node) or embed not in (0, 1):
+            continue  # a bad value is node_problems' to report
+        if embed != embed_mode:
+            problems.append(
+                _at(file, node, "embed_mode", f"is {embed}, the manifest asks for {embed_mode}")
+            )
+        message = _cache_context(root, file, node, int(embed), directory)
+        if message:
+            problems.append(_at(file, node, "ep_cache_context", message))
+    return problems
+
+
+def _cache_context(
+    root: str, file: str, node: ContextNode, embed: int, directory: str
+) -> str | None:
+    cache = node.attributes.get("ep_cache_context")
+    if cache is None:
+        return "is missing on a main_context = 1 node"
+    if embed == 1:
+        if not cache:
+            return "is empty although embed_mode = 1 (no embedded context)"
+        named = isinstance(cache, str) and len(cache) < _MAX_PATH
+        if named and check_reference(root, file, str(cache), directory).path is not None:
+            return f"names a file ({cache!r}) although embed_mode = 1"
+        return None
+    if not isinstance(cache, str) or len(cache) > _MAX_PATH or "\x00" in cache:
+        return "holds binary data although embed_mode = 0 (expects a path)"
+    return check_reference(root, file, cache, directory).message or None
+
+
+# ---------------------------------------------------------------------------------------
+# External data
+
+
+def external_data_problems(root: str, file: str, info: ModelInfo, directory: str) -> list[Problem]:
+    """Each external-data location obeys the reference rule; offset/length/checksum fit."""
+    problems: list[Problem] = []
+    bad: set[str] = set()
+    for ref in info.external_refs:
+        if ref.location in bad:
+            continue
+        where = f"tensor {ref.tensor}"
+        check = check_reference(root, file, ref.location, directory)
+        if check.path is None:
+            bad.add(ref.location)
+            problems.append(Problem(file, check.message, attribute=f"{where}: location"))
+            continue
+        problem = _extent_problem(os.path.join(root, check.path), ref)
+        if problem is not None:
+            attribute, message = problem
+            problems.append(Problem(file, message, attribute=f"{where}: {attribute}"))
+    return problems
+
+
+def _extent_problem(full: str, ref: ExternalRef) -> tuple[str, str] | None:
+    size = os.path.getsize(full)
+    offset, length = ref.offset or 0, ref.length
+    end = offset + (length if length is not None else 0)
+    if offset < 0 or (length is not None and length < 0) or end > size or offset > size:
+        return (
+            "offset/length",
+            f"offset {offset} + length {length or 0} is past the end of "
+            f"{ref.location!r} ({size} bytes)",
+        )
+    if ref.checksum:
+        with open(full, "rb") as f:
+            whole = f.read()
+        part = whole[offset : end if length is not None else None]
+        sums = {hashlib.sha1(whole).hexdigest(), hashlib.sha1(part).hexdigest()}
+        if ref.checksum.lower() not in sums:
+            return "checksum", f"SHA1 of {ref.location!r} does not match"
+    return None
+
+
+# ---------------------------------------------------------------------------------------
+# Compatibility with the provider
+
+
+def compatibility_issue(
+    adapter: Provider, config: ProviderConfig, value: str, *, installed: bool = False
+) -> str | None:
+    """Why the adapter refuses an ``ep_compatibility_info`` value (with ``installed``: also
+    for the EP installed here, where the adapter can tell)."""
+    issue = adapter.check_compatibility(config, value)
+    check_installed = getattr(adapter, "check_installed", None) if installed else None
+    if issue is None and check_installed is not None:
+        issue = check_installed(config, value)
+    return issue or None
+
+
+def compatibility_problems(
+    file: str,
+    info: ModelInfo,
+    adapter: Provider,
+    config: ProviderConfig,
+    *,
+    installed: bool = False,
+) -> list[Problem]:
+    """``ep_compatibility_info.<key>`` is present (where the adapter names a key) and accepted."""
+    key = adapter.compatibility_key(config)
+    if key is None or not info.context_nodes:
+        return []
+    attr = COMPAT_PREFIX + key
+    value = info.metadata.get(attr)
+    if value is None:
+        return [Problem(file, "metadata is missing", attribute=attr)]
+    issue = compatibility_issue(adapter, config, value, installed=installed)
+    return [Problem(file, f"{value!r}: {issue}", attribute=attr)] if issue else []
+
+
+def report_problems(
+    model: str,
+    report: dict[str, Any],
+    adapter: Provider,
+    config: ProviderConfig,
+    prefix: str | None,
+) -> list[Problem]:
+    """What a worker reported about one model (``check_outputs``' detail), against the rules:
+    compatibility info the adapter refuses is an error; an EP that ignored the asked
+    ``node_name_prefix`` is a warning."""
+    problems: list[Problem] = []
+    compat = report.get("compatibility")
+    issue = compatibility_issue(adapter, config, compat) if compat else None
+    if issue:
+        problems.append(Problem(model, issue))
+    names = report.get("node_names", [])
+    if prefix and not all(n.startswith(prefix) for n in names):
+        versions = ", ".join(f"{k} {v}" for k, v in adapter.versions(config).items())
+        note = (
+            f"the {config.ep} EP ({versions}) ignores node_name_prefix; "
+            "EPContext node names were not prefixed"
+        )
+        problems.append(Problem(model, note, severity=Severity.WARNING))
+    return problems
+
+
+# ---------------------------------------------------------------------------------------
+# Everything at once, and the absolute-path leak scan
+
+
+def context_problems(
+    root: str, file: str, info: ModelInfo, config: ProviderConfig, embed_mode: int, directory: str
+) -> list[Problem]:
+    """Every rule for one built ctx model (``file`` and ``directory`` relative to ``root``)."""
+    from epbuild.providers import get_provider
+
+    adapter = get_provider(config.ep)
+    missing = missing_context(file, info)
+    return [
+        *([missing] if missing else []),
+        *node_problems(file, info),
+        *source_problems(file, info, adapter.context_source(config), config.ep),
+        *embed_problems(root, file, info, embed_mode, directory),
+        *external_data_problems(root, file, info, directory),
+        *compatibility_problems(file, info, adapter, config),
+    ]
+
+
+def workspace_path_leak(root: str, data: bytes) -> str | None:
+    """The absolute workspace path (real or as given) that ``data`` contains, if any.
+
+    Outputs must never carry the build machine's paths: they would not load elsewhere.
+    """
+    for needle in {os.path.realpath(root), os.path.abspath(root)}:
+        if needle.encode() in data:
+            return needle
+    return None
