@@ -6,14 +6,8 @@ import os
 import time
 from typing import TYPE_CHECKING
 
-from epbuild.engine.builder import (
-    Builder,
-    executor_for,
-    open_action_cache,
-    recorded_outputs,
-    save_stats,
-    schedule,
-)
+from epbuild.engine.builder import Builder, open_action_cache, recorded_outputs, save_stats
+from epbuild.engine.scheduler import executor_for, schedule
 from epbuild.engine.staging import check_removable, clean_stale_staging
 from epbuild.errors import EpbuildError
 from epbuild.planning.staleness import ActionPlan, make_plan
@@ -30,6 +24,7 @@ from epbuild.state import locks
 from epbuild.state.workspace import Workspace, open_workspace
 
 if TYPE_CHECKING:
+    from epbuild.engine.trace import Tracer
     from epbuild.executors.local import Executor
     from epbuild.manifest.model import Manifest
 
@@ -98,81 +93,120 @@ def build(
     ``memory_budget`` (bytes) caps the summed predicted peaks of concurrent local compiles
     (default: manifest, else a safe share of RAM); ``trace`` writes the timeline as Chrome
     trace-event JSON; ``executor`` is ``"local"``, ``"dask"`` (with ``scheduler``, a Dask
-    scheduler address) or an ``Executor`` object. ``loaded`` builds with an already-loaded
-    manifest instead of re-reading the file (watch keeps its last good one).
+    scheduler address) or an ``Executor`` object (the caller's to close). ``loaded`` builds
+    with an already-loaded manifest instead of re-reading the file (watch keeps its last).
     """
-    from epbuild._names import TRACE_NAME
     from epbuild.engine.trace import Tracer
 
     t0 = time.perf_counter()
     tracer = Tracer()
     reporter = reporter or Reporter()
     with tracer.span("plan"):
-        ws = open_workspace(directory, manifest, selectors, loaded=loaded)
-        warnings = list(ws.state.warnings)
-        for w in warnings:
-            reporter.message(f"warning: {w}")
-        plans = make_plan(ws.actions, ws.state, ws.keys, ws.stats, ws.root)
+        ws, plans, warnings = _plan(directory, manifest, selectors, loaded, reporter)
+    results = {p.action.id: _planned(ws, p) for p in plans}
     stale = [p for p in plans if p.stale]
-    results: dict[str, ActionResult] = {
-        p.action.id: action_result(
-            p.action, Outcome.UP_TO_DATE, outputs=recorded_outputs(ws, p.action)
-        )
-        for p in plans
-        if not p.stale
-    }
     if dry_run or not stale:
-        for p in stale:
-            results[p.action.id] = action_result(p.action, Outcome.WOULD_BUILD, reasons=p.reasons)
-        if not dry_run:
-            save_stats(ws)
-        if trace is not None:
-            tracer.write(trace)
-        done = BuildResult([results[p.action.id] for p in plans], time.perf_counter() - t0,
-                           warnings)  # fmt: skip
-        if not dry_run and not stale and not warnings and trace is None:
-            _record_noop(ws, plans, selectors, done)
-        return done
-    run_on, jobs, memory = executor_for(ws, stale, executor, scheduler, jobs, memory_budget)
+        done = BuildResult(
+            [results[p.action.id] for p in plans], time.perf_counter() - t0, warnings
+        )
+        return _without_compiling(ws, plans, selectors, done, dry_run, tracer, trace)
+    run = executor_for(ws, stale, executor, scheduler, jobs, memory_budget)
+    try:
+        _prepare(ws, lock_timeout)
+        reporter.start(len(plans), len(stale))
+        builder = Builder(
+            ws,
+            run,
+            keep_going=keep_going or cache_only,  # --cache-only: list everything missing
+            reporter=reporter,
+            lock_timeout=lock_timeout,
+            tracer=tracer,
+            cache=open_action_cache(ws, directory, cache, cache_push),
+            cache_only=cache_only,
+        )
+        results.update(_run(builder, stale, trace))
+    finally:
+        if run.owned:  # an executor passed in belongs to the caller, who may reuse it
+            run.executor.close()
+    return BuildResult([results[p.action.id] for p in plans], time.perf_counter() - t0, warnings)
+
+
+def _without_compiling(
+    ws: Workspace,
+    plans: list[ActionPlan],
+    selectors: list[str] | tuple[str, ...],
+    done: BuildResult,
+    dry_run: bool,
+    tracer: Tracer,
+    trace: str | os.PathLike[str] | None,
+) -> BuildResult:
+    """Finish a dry run, or a build with nothing stale (recording it for the no-op path)."""
+    if not dry_run:
+        save_stats(ws)
+    if trace is not None:
+        tracer.write(trace)
+    stale = any(p.stale for p in plans)
+    if not dry_run and not stale and not done.warnings and trace is None:
+        _record_noop(ws, plans, selectors, done)
+    return done
+
+
+def _plan(
+    directory: str | os.PathLike[str],
+    manifest: str | os.PathLike[str] | None,
+    selectors: list[str] | tuple[str, ...],
+    loaded: Manifest | None,
+    reporter: Reporter,
+) -> tuple[Workspace, list[ActionPlan], list[str]]:
+    """Open the workspace and plan every action; also what loading its state warned about."""
+    ws = open_workspace(directory, manifest, selectors, loaded=loaded)
+    warnings = list(ws.state.warnings)
+    for w in warnings:
+        reporter.message(f"warning: {w}")
+    return ws, make_plan(ws.actions, ws.state, ws.keys, ws.stats, ws.root), warnings
+
+
+def _planned(ws: Workspace, plan: ActionPlan) -> ActionResult:
+    """What the plan says of an action before anything runs."""
+    if plan.stale:
+        return action_result(plan.action, Outcome.WOULD_BUILD, reasons=plan.reasons)
+    return action_result(plan.action, Outcome.UP_TO_DATE, outputs=recorded_outputs(ws, plan.action))
+
+
+def _prepare(ws: Workspace, lock_timeout: float | None) -> None:
+    """Before running anything: drop dead builds' staging, compact a damaged journal."""
     os.makedirs(ws.state_dir, exist_ok=True)
     with locks.hold(ws.state_lock, "epbuild build (startup)", timeout=lock_timeout):
         clean_stale_staging(ws.root, ws.manifest.workspace.out_dir)
         if ws.state.warnings:
             ws.journal.compact_if_needed(ws.reload_state())
-    reporter.start(len(plans), len(stale))
-    builder = Builder(
-        ws,
-        jobs=jobs,
-        keep_going=keep_going,
-        reporter=reporter,
-        lock_timeout=lock_timeout,
-        executor=run_on,
-        tracer=tracer,
-        memory=memory,
-    )
-    # cache: a directory or URL, False for none, None for the configured one; cache_only
-    # fails what the cache cannot restore; cache_push also writes compiles to a remote cache.
-    builder.cache = open_action_cache(ws, directory, cache, cache_push)
-    builder.cache_only = cache_only
-    builder.keep_going = keep_going or cache_only  # list everything that is missing
+
+
+def _run(
+    builder: Builder, stale: list[ActionPlan], trace: str | os.PathLike[str] | None
+) -> dict[str, ActionResult]:
+    """Schedule the stale actions, then persist the stat cache, the journal and the trace."""
+    from epbuild._names import TRACE_NAME
+
+    ws = builder.ws
     try:
-        results.update(schedule(builder, stale))
+        return schedule(builder, stale)
     finally:
-        builder.executor.close()
         save_stats(ws)
         with locks.hold(ws.state_lock, "epbuild build (finish)"):
             ws.journal.sync()  # restores' done records
             ws.journal.compact_if_needed(ws.reload_state())
-        tracer.write(os.path.join(ws.state_dir, TRACE_NAME))
+        builder.tracer.write(os.path.join(ws.state_dir, TRACE_NAME))
         if trace is not None:
-            tracer.write(trace)
-    return BuildResult([results[p.action.id] for p in plans], time.perf_counter() - t0, warnings)
+            builder.tracer.write(trace)
 
 
 def _record_noop(
-    ws: Workspace, plans: list[ActionPlan], selectors: list[str] | tuple[str, ...],
+    ws: Workspace,
+    plans: list[ActionPlan],
+    selectors: list[str] | tuple[str, ...],
     result: BuildResult,
-) -> None:  # fmt: skip
+) -> None:
     """Let the next no-op build answer from stats alone (see ``noop``)."""
     from epbuild.planning.noop import write_fingerprint
 

@@ -13,7 +13,6 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from epbuild.engine.builder import schedule as _schedule
 from epbuild.engine.memory import (
     BASE_PEAK,
     MemoryPlan,
@@ -22,6 +21,7 @@ from epbuild.engine.memory import (
     predict_from_inputs,
     predict_peak,
 )
+from epbuild.engine.scheduler import schedule as _schedule
 from epbuild.results import ActionResult, Outcome, Reporter
 
 if TYPE_CHECKING:

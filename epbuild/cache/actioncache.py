@@ -127,6 +127,10 @@ class ActionCache:
         method = "copy" if "copy" in methods else "reflink" if "reflink" in methods else "link"
         return Restored(entry, source, method)
 
+    def discard(self, key: str) -> None:
+        """Drop the local entry of ``key``: what it restored failed the build's checks."""
+        self.local.discard(key)
+
     def _pull(self, key: str) -> CacheEntry | None:
         assert self.remote is not None
         try:

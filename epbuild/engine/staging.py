@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import os
 import posixpath
+import sys
+from typing import Any
 
 from epbuild._names import LOG_NAME, RESULT_NAME, STAGING_DIR
 from epbuild.errors import UnsafePathError, VerificationError
@@ -48,15 +50,40 @@ def clean_stale_staging(root: str, out_dir: str) -> None:
 
 
 def _alive(pid: int) -> bool:
+    """Whether process ``pid`` still runs (when unsure: yes, so its staging is kept)."""
     if pid == os.getpid():
         return True
+    if sys.platform == "win32":
+        return _alive_windows(pid)
     try:
-        os.kill(pid, 0)
+        os.kill(pid, 0)  # signal 0 only checks; on Windows os.kill would terminate it
     except ProcessLookupError:
         return False
     except PermissionError:
         return True
     return True
+
+
+def _alive_windows(pid: int) -> bool:
+    """``OpenProcess`` + ``GetExitCodeProcess`` is ``STILL_ACTIVE``."""
+    import ctypes
+    from ctypes import wintypes
+
+    query_limited_information, still_active, invalid_parameter = 0x1000, 259, 87
+    try:
+        kernel32: Any = getattr(ctypes, "windll").kernel32  # noqa: B009  (absent off Windows)
+        handle = kernel32.OpenProcess(query_limited_information, False, pid)
+        if not handle:  # no such process, or one we may not query (another user's): alive
+            return bool(kernel32.GetLastError() != invalid_parameter)
+        try:
+            code = wintypes.DWORD()
+            if not kernel32.GetExitCodeProcess(handle, ctypes.byref(code)):
+                return True
+            return code.value == still_active
+        finally:
+            kernel32.CloseHandle(handle)
+    except (OSError, AttributeError):
+        return True
 
 
 def check_staged(root: str, staging: str, ctx_names: tuple[str, ...]) -> list[str]:

@@ -45,8 +45,7 @@ class Tracer:
             lane = self._lanes[ident] = len(self._lanes)
         return lane
 
-    def add(self, kind: str, start: float, action_id: str | None = None,
-            **args: Any) -> None:  # fmt: skip
+    def add(self, kind: str, start: float, action_id: str | None = None, **args: Any) -> None:
         """Record a span from ``start`` (a ``now()`` value) until now."""
         end = self.now()
         with self._lock:
@@ -75,15 +74,10 @@ class Tracer:
         """The trace events, with lane-name metadata first."""
         with self._lock:
             lanes = sorted(set(self._lanes.values()))
-            meta: list[dict[str, Any]] = [
-                {"name": "process_name", "ph": "M", "pid": 1, "tid": 0, "ts": 0,
-                 "args": {"name": "epbuild build"}},
-            ]  # fmt: skip
+            meta = [_metadata("process_name", 0, "epbuild build")]
             for lane in lanes:
-                meta.append({
-                    "name": "thread_name", "ph": "M", "pid": 1, "tid": lane, "ts": 0,
-                    "args": {"name": "coordinator" if lane == 0 else f"slot {lane}"},
-                })  # fmt: skip
+                name = "coordinator" if lane == 0 else f"slot {lane}"
+                meta.append(_metadata("thread_name", lane, name))
             return meta + sorted(self._events, key=lambda e: (e["ts"], e["tid"]))
 
     def document(self) -> dict[str, Any]:
@@ -110,3 +104,8 @@ def load_trace(path: str) -> dict[str, Any] | None:
     if not isinstance(data, dict) or not isinstance(data.get("traceEvents"), list):
         return None
     return data
+
+
+def _metadata(kind: str, tid: int, name: str) -> dict[str, Any]:
+    """A trace-event metadata record that names the process or a lane."""
+    return {"name": kind, "ph": "M", "pid": 1, "tid": tid, "ts": 0, "args": {"name": name}}

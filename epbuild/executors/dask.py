@@ -24,6 +24,7 @@ import sys
 import tempfile
 import threading
 import uuid
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from epbuild._names import LOG_NAME, RESULT_NAME
@@ -33,6 +34,8 @@ from epbuild.fs import is_safe_reference
 
 if TYPE_CHECKING:
     from distributed import Client, Future
+
+    from epbuild.engine.job import Job
 
 SCATTER_OVER = 8 << 20
 """Inputs larger than this are scattered to the workers once instead of riding in the task."""
@@ -52,7 +55,7 @@ def _sha256(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def remote_compile(job: dict[str, Any], files: dict[str, tuple[str, bytes]]) -> dict[str, Any]:
+def remote_compile(job: Job, files: dict[str, tuple[str, bytes]]) -> dict[str, Any]:
     """Runs on a Dask worker: lay out the inputs, run one worker subprocess, return outputs."""
     tmp = tempfile.mkdtemp(prefix="epbuild-dask-")
     try:
@@ -65,7 +68,7 @@ def remote_compile(job: dict[str, Any], files: dict[str, tuple[str, bytes]]) -> 
             os.makedirs(os.path.dirname(path), exist_ok=True)
             with open(path, "wb") as f:
                 f.write(data)
-        staging = os.path.join(tmp, job["staging"])
+        staging = os.path.join(tmp, job.staging)
         os.makedirs(staging)
         proc = subprocess.Popen(
             [sys.executable, "-c", WORKER_BOOT],
@@ -75,9 +78,8 @@ def remote_compile(job: dict[str, Any], files: dict[str, tuple[str, bytes]]) -> 
             stderr=subprocess.STDOUT,
             start_new_session=True,
         )
-        token = str(job.get("token", ""))
         with _PROCS_LOCK:
-            _PROCS[token] = proc
+            _PROCS[job.token] = proc
         assert proc.stdin is not None and proc.stdout is not None
         try:
             send_job(proc, job)
@@ -85,7 +87,7 @@ def remote_compile(job: dict[str, Any], files: dict[str, tuple[str, bytes]]) -> 
             code = proc.wait()
         finally:
             with _PROCS_LOCK:
-                _PROCS.pop(token, None)
+                _PROCS.pop(job.token, None)
             if proc.poll() is None:
                 proc.kill()
             proc.wait()
@@ -136,7 +138,7 @@ class DaskExecutor:
             try:
                 self.client = Client(  # type: ignore[no-untyped-call]
                     scheduler, timeout=connect_timeout, set_as_default=False
-                )  # fmt: skip
+                )
             except (OSError, TimeoutError) as exc:
                 raise UserError(
                     f"cannot reach the Dask scheduler at {scheduler}: {exc}",
@@ -164,10 +166,10 @@ class DaskExecutor:
             return None
         return {MEMORY_RESOURCE: float(min(peak, max(caps)))}  # too big for any: the biggest
 
-    def _inputs(self, job: dict[str, Any]) -> dict[str, Any]:
-        inputs: dict[str, str] = job.get("inputs") or {}
+    def _inputs(self, job: Job) -> dict[str, Any]:
+        """The job's inputs as task arguments: small ones inline, big ones scattered once."""
         files: dict[str, Any] = {}
-        for rel, digest in sorted(inputs.items()):
+        for rel, digest in sorted(job.inputs.items()):
             with self._lock:
                 if digest in self._scattered:
                     files[rel] = self._scattered[digest]
@@ -188,21 +190,25 @@ class DaskExecutor:
                 files[rel] = (digest, data)
         return files
 
-    def run(self, job: dict[str, Any]) -> WorkerOutcome:
+    def run(self, job: Job) -> WorkerOutcome:
         """Run one job on the cluster; its outputs land in the local staging directory."""
         from distributed import KilledWorker
 
-        staging = os.path.join(self.root, job["staging"])
+        staging = os.path.join(self.root, job.staging)
         token = f"epbuild-{uuid.uuid4().hex}"
-        job = {**job, "token": token}
+        job = replace(job, token=token)
         try:
             files = self._inputs(job)
         except InputChanged as exc:
             return WorkerOutcome(False, error=str(exc), hint="run the build again")
         future = self.client.submit(
-            remote_compile, job, files, key=token, pure=False,
-            resources=self._resources(int(job.get("predicted_peak", 0))),
-        )  # fmt: skip
+            remote_compile,
+            job,
+            files,
+            key=token,
+            pure=False,
+            resources=self._resources(job.predicted_peak),
+        )
         with self._lock:
             self._running[token] = future
         try:

@@ -14,9 +14,12 @@ import subprocess
 import sys
 import threading
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from epbuild._names import LOG_NAME, RESULT_NAME
+
+if TYPE_CHECKING:
+    from epbuild.engine.job import Job
 
 
 @dataclass
@@ -33,8 +36,8 @@ class WorkerOutcome:
 class Executor(Protocol):
     """Runs jobs; ``cancel`` stops everything running."""
 
-    def run(self, job: dict[str, Any]) -> WorkerOutcome:
-        """Run one job to completion (blocking)."""
+    def run(self, job: Job) -> WorkerOutcome:
+        """Run one job to completion (blocking); its outputs land in ``job.staging``."""
         ...
 
     def cancel(self) -> None:
@@ -42,7 +45,7 @@ class Executor(Protocol):
         ...
 
     def close(self) -> None:
-        """Release spare workers."""
+        """Release spare workers (called by whoever created the executor)."""
         ...
 
 
@@ -85,11 +88,11 @@ def _reap(proc: subprocess.Popen[bytes]) -> None:
                 pass
 
 
-def send_job(proc: subprocess.Popen[bytes], job: dict[str, Any]) -> None:
+def send_job(proc: subprocess.Popen[bytes], job: Job) -> None:
     """Hand a worker its job line; its stdin then stays open until the coordinator goes."""
     assert proc.stdin is not None
     try:
-        proc.stdin.write(json.dumps(job).encode() + b"\n")
+        proc.stdin.write(json.dumps(job.to_json()).encode() + b"\n")
         proc.stdin.flush()
     except OSError:
         pass  # the worker died on start; its exit status tells why
@@ -146,8 +149,9 @@ class LocalExecutor:
             self._running.add(proc)
             return proc
 
-    def run(self, job: dict[str, Any]) -> WorkerOutcome:
-        staging = os.path.join(self.root, job["staging"])
+    def run(self, job: Job) -> WorkerOutcome:
+        """Run one job in a fresh worker subprocess (a warm spare when there is one)."""
+        staging = os.path.join(self.root, job.staging)
         log_path = os.path.join(staging, LOG_NAME)
         proc = self._take()
         assert proc.stdin is not None and proc.stdout is not None

@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import os
 import posixpath
-import resource
 import sys
 import threading
 import time
@@ -19,6 +18,7 @@ import traceback
 from typing import TYPE_CHECKING, Any
 
 from epbuild._names import RESULT_NAME, ctx_name
+from epbuild.engine.job import Job
 
 if TYPE_CHECKING:
     from epbuild.providers.base import Provider, ProviderConfig
@@ -63,69 +63,109 @@ def _test_hook(model: str) -> None:
         time.sleep(float(arg or 1))
 
 
-def compile_action(job: dict[str, Any]) -> dict[str, Any]:
+def compile_action(job: Job) -> dict[str, Any]:
     """Create the sessions of one action in order, destroy them in reverse, check outputs."""
     import onnxruntime as ort
 
     from epbuild.providers import get_provider
-    from epbuild.providers.base import ProviderConfig
 
-    p = job["provider"]
-    config = ProviderConfig.from_json(p)
+    config = job.provider
     adapter = get_provider(config.ep)
-    staging = job["staging"]
-    models: list[str] = job["models"]
-    share = bool(job["share_weights"])
     sessions: list[Any] = []
     t0 = time.perf_counter()
     try:
-        for index, model in enumerate(models):
+        for index, model in enumerate(job.models):
             so = ort.SessionOptions()
-            ctx_path = posixpath.join(staging, ctx_name(model))
-            entries = {
-                "ep.context_enable": "1",
-                "ep.context_file_path": ctx_path,
-                "ep.context_embed_mode": str(job["embed_mode"]),
-            }
-            if job.get("node_name_prefix"):
-                entries["ep.context_node_name_prefix"] = job["node_name_prefix"]
-            if job.get("external_initializers"):
-                entries["ep.context_model_external_initializers_file_name"] = job[
-                    "external_initializers_names"
-                ][index]
-            if share:
-                entries["ep.share_ep_contexts"] = "1"
-                if index == len(models) - 1:
-                    entries["ep.stop_share_ep_contexts"] = "1"
-            if job["load"] == "bytes":
-                entries["session.model_external_initializers_file_folder_path"] = (
-                    posixpath.dirname(model) or "."
-                )
-            entries.update(config.session_options)
-            for k, v in entries.items():
+            ctx_path = posixpath.join(job.staging, ctx_name(model))
+            for k, v in _session_entries(job, index, ctx_path).items():
                 so.add_session_config_entry(k, v)
-            extra = adapter.context_options(config, ctx_path, int(job["embed_mode"]))
+            extra = adapter.context_options(config, ctx_path, job.embed_mode)
             adapter.attach(ort, so, _with_options(config, extra) if extra else config)
             _test_hook(model)
-            try:
-                if job["load"] == "bytes":
-                    with open(model, "rb") as f:
-                        sessions.append(ort.InferenceSession(f.read(), so))
-                else:
-                    sessions.append(ort.InferenceSession(model, so))
-            except Exception as exc:
-                raise CompileFailure(f"{model}: ONNX Runtime failed: {_ort_message(exc)}") from exc
+            sessions.append(_open_session(ort, model, so, job.load))
     finally:
         while sessions:  # reverse order of creation
             sessions.pop()
     seconds = time.perf_counter() - t0
-    detail = check_outputs(staging, models, adapter, config)
-    return {
-        "ok": True,
-        "seconds": seconds,
-        "peak_rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
-        "detail": detail,
+    detail = check_outputs(job.staging, list(job.models), adapter, config)
+    return {"ok": True, "seconds": seconds, "peak_rss": peak_rss(), "detail": detail}
+
+
+def _session_entries(job: Job, index: int, ctx_path: str) -> dict[str, str]:
+    """The session config entries that make model ``index`` of the job write its ctx model."""
+    model = job.models[index]
+    entries = {
+        "ep.context_enable": "1",
+        "ep.context_file_path": ctx_path,
+        "ep.context_embed_mode": str(job.embed_mode),
     }
+    if job.node_name_prefix:
+        entries["ep.context_node_name_prefix"] = job.node_name_prefix
+    if job.initializer_names:
+        entries["ep.context_model_external_initializers_file_name"] = job.initializer_names[index]
+    if job.share_weights:
+        entries["ep.share_ep_contexts"] = "1"
+        if index == len(job.models) - 1:
+            entries["ep.stop_share_ep_contexts"] = "1"
+    if job.load == "bytes":
+        folder = posixpath.dirname(model) or "."
+        entries["session.model_external_initializers_file_folder_path"] = folder
+    entries.update(job.provider.session_options)
+    return entries
+
+
+def _open_session(ort: Any, model: str, so: Any, load: str) -> Any:
+    """One session (the compile happens here); an ONNX Runtime error is a CompileFailure."""
+    try:
+        if load == "bytes":
+            with open(model, "rb") as f:
+                return ort.InferenceSession(f.read(), so)
+        return ort.InferenceSession(model, so)
+    except Exception as exc:
+        raise CompileFailure(f"{model}: ONNX Runtime failed: {_ort_message(exc)}") from exc
+
+
+def peak_rss() -> int:
+    """This process's peak resident memory in bytes (0 where the platform does not say)."""
+    if sys.platform == "win32":
+        return _peak_working_set()
+    try:
+        import resource
+    except ImportError:
+        return 0
+    peak = int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
+    return peak if sys.platform == "darwin" else peak * 1024  # macOS: bytes; else KiB
+
+
+def _peak_working_set() -> int:
+    """Windows: ``GetProcessMemoryInfo(...).PeakWorkingSetSize``."""
+    import ctypes
+    from ctypes import wintypes
+
+    class Counters(ctypes.Structure):
+        _fields_ = [
+            ("cb", wintypes.DWORD),
+            ("PageFaultCount", wintypes.DWORD),
+            ("PeakWorkingSetSize", ctypes.c_size_t),
+            ("WorkingSetSize", ctypes.c_size_t),
+            ("QuotaPeakPagedPoolUsage", ctypes.c_size_t),
+            ("QuotaPagedPoolUsage", ctypes.c_size_t),
+            ("QuotaPeakNonPagedPoolUsage", ctypes.c_size_t),
+            ("QuotaNonPagedPoolUsage", ctypes.c_size_t),
+            ("PagefileUsage", ctypes.c_size_t),
+            ("PeakPagefileUsage", ctypes.c_size_t),
+        ]
+
+    try:
+        counters = Counters()
+        counters.cb = ctypes.sizeof(counters)
+        windll: Any = getattr(ctypes, "windll")  # noqa: B009  (absent off Windows: mypy)
+        process = windll.kernel32.GetCurrentProcess()
+        if not windll.psapi.GetProcessMemoryInfo(process, ctypes.byref(counters), counters.cb):
+            return 0
+        return int(counters.PeakWorkingSetSize)
+    except (OSError, AttributeError):
+        return 0
 
 
 def _ort_message(exc: BaseException) -> str:
@@ -194,29 +234,33 @@ def main() -> None:
 
     line = sys.stdin.buffer.readline()
     threading.Thread(target=_watch_parent, daemon=True).start()
-    job = json.loads(line)
-    result_path = posixpath.join(job["staging"], RESULT_NAME)
-    try:
-        result = compile_action(job)
-    except CompileFailure as exc:
-        result = {"ok": False, "error": str(exc), "hint": exc.hint}
-    except Exception as exc:
-        from epbuild.errors import EpbuildError
-
-        if isinstance(exc, EpbuildError):
-            result = {"ok": False, "error": exc.message, "hint": exc.hint}
-        else:
-            result = {
-                "ok": False,
-                "error": f"{type(exc).__name__}: {exc}",
-                "traceback": traceback.format_exc(),
-            }
+    job = Job.from_json(json.loads(line))
+    result = _result_of(job)
+    result_path = posixpath.join(job.staging, RESULT_NAME)
     with open(result_path + ".tmp", "w", encoding="utf-8") as f:
         json.dump(result, f)
     os.replace(result_path + ".tmp", result_path)
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0 if result["ok"] else 1)
+
+
+def _result_of(job: Job) -> dict[str, Any]:
+    """The result document of a job: what it produced, or why it failed."""
+    from epbuild.errors import EpbuildError
+
+    try:
+        return compile_action(job)
+    except CompileFailure as exc:
+        return {"ok": False, "error": str(exc), "hint": exc.hint}
+    except EpbuildError as exc:
+        return {"ok": False, "error": exc.message, "hint": exc.hint}
+    except Exception as exc:
+        return {
+            "ok": False,
+            "error": f"{type(exc).__name__}: {exc}",
+            "traceback": traceback.format_exc(),
+        }
 
 
 if __name__ == "__main__":

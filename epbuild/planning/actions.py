@@ -31,6 +31,20 @@ class Action:
         return tuple(ctx_name(m) for m in self.models)
 
     @property
+    def initializer_names(self) -> tuple[str, ...]:
+        """Per model, the external-initializer file name; empty when initializers stay inline.
+
+        The configured name as is when it can only ever be one action's one model; otherwise
+        prefixed with the model's stem, so models sharing an output directory never collide.
+        """
+        name, g = self.group.external_initializers, self.group
+        if not name:
+            return ()
+        if len(self.models) == 1 and not g.share_weights and len(g.models) == 1:
+            return (name,)
+        return tuple(f"{model_stem(m)}_{name}" for m in self.models)
+
+    @property
     def ctx_paths(self) -> tuple[str, ...]:
         """Workspace-relative paths of the ctx models."""
         return tuple(posixpath.join(self.out_dir, n) for n in self.ctx_names)

@@ -95,5 +95,5 @@ def watch(
     finally:
         obs.stop()
         if session.warm is not None:
-            session.warm.shutdown()
+            session.warm.close()
     return session.number

@@ -13,6 +13,7 @@ from epbuild.frontends.watch.targets import Sig, glob_match, make_targets, signa
 from epbuild.results import Reporter
 
 if TYPE_CHECKING:
+    from epbuild.executors.local import LocalExecutor
     from epbuild.manifest.load import Manifest
     from epbuild.results import ActionResult, BuildResult
 
@@ -65,29 +66,6 @@ class Cycle:
         return data
 
 
-class WarmExecutor:
-    """A local executor whose spare worker (already past ``import onnxruntime``) outlives a
-    build, so the next save's compile does not wait for a worker to start. Still a fresh
-    process per action; ``shutdown`` releases the spare when watching ends."""
-
-    def __init__(self, root: str) -> None:
-        from epbuild.executors.local import LocalExecutor
-
-        self.inner = LocalExecutor(root, prewarm=True)
-
-    def run(self, job: dict[str, Any]) -> Any:
-        return self.inner.run(job)
-
-    def cancel(self) -> None:
-        self.inner.cancel()
-
-    def close(self) -> None:
-        """Called after every build: keep the spare warm."""
-
-    def shutdown(self) -> None:
-        self.inner.close()
-
-
 class CycleReporter(Reporter):
     """Forwards progress to the caller's reporter and notes when each compile started."""
 
@@ -132,7 +110,9 @@ class Session:
         self.targets = make_targets(self.manifest, selectors)
         self.seen: dict[str, Sig | None] = {}
         self.number = 0
-        self.warm: WarmExecutor | None = None
+        self.warm: LocalExecutor | None = None
+        """Outlives each build (which does not close an executor passed in): its spare worker,
+        already past ``import onnxruntime``, takes the next save's compile at once."""
 
     def snapshot(self, paths: Iterable[str]) -> None:
         for p in paths:
@@ -213,7 +193,9 @@ class Session:
         kw = dict(self.build_kw)
         if self.manifest.workspace.executor == "local":
             if self.warm is None:
-                self.warm = WarmExecutor(str(self.manifest.root))
+                from epbuild.executors.local import LocalExecutor
+
+                self.warm = LocalExecutor(str(self.manifest.root), prewarm=True)
             kw["executor"] = self.warm
         selected = list(self.selectors) if ids is None else ids
         reporter = CycleReporter(self.reporter_factory(), cycle.action_started)

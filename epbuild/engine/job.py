@@ -1,0 +1,74 @@
+"""The job: one action's compile work, the one thing that crosses to a worker process.
+
+The builder makes it once, complete; the local executor hands it to a worker subprocess as a
+JSON line, the Dask executor adds its cancellation token (``dataclasses.replace``) and ships
+it to a farm worker, and the worker reads it back with ``Job.from_json``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from epbuild.providers.base import ProviderConfig
+
+
+@dataclass(frozen=True)
+class Job:
+    """What a worker needs to compile one action, and nothing it would have to recompute."""
+
+    action_id: str
+    provider: ProviderConfig
+    models: tuple[str, ...]
+    """Workspace-relative source models, in session order."""
+    staging: str
+    """Workspace-relative directory the worker writes its outputs and result file into."""
+    share_weights: bool
+    embed_mode: int
+    node_name_prefix: str | None
+    initializer_names: tuple[str, ...]
+    """Per model, the external-initializer file name (empty: initializers stay inline)."""
+    load: str
+    """How the worker hands a model to ONNX Runtime: ``path`` or ``bytes``."""
+    inputs: Mapping[str, str] = field(default_factory=dict)
+    """Input path → digest the action's key was computed from (for executors that ship them)."""
+    predicted_peak: int = 0
+    """Predicted peak memory in bytes (0: unknown)."""
+    token: str = ""
+    """An executor's handle on the running job (Dask: the task key, for cancelling)."""
+
+    def to_json(self) -> dict[str, Any]:
+        """The JSON form a worker reads from its job line."""
+        return {
+            "action_id": self.action_id,
+            "provider": self.provider.to_json(),
+            "models": list(self.models),
+            "staging": self.staging,
+            "share_weights": self.share_weights,
+            "embed_mode": self.embed_mode,
+            "node_name_prefix": self.node_name_prefix,
+            "initializer_names": list(self.initializer_names),
+            "load": self.load,
+            "inputs": dict(self.inputs),
+            "predicted_peak": self.predicted_peak,
+            "token": self.token,
+        }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Job:
+        """Rebuild a job written by ``to_json``."""
+        return cls(
+            action_id=str(data["action_id"]),
+            provider=ProviderConfig.from_json(data["provider"]),
+            models=tuple(data["models"]),
+            staging=str(data["staging"]),
+            share_weights=bool(data["share_weights"]),
+            embed_mode=int(data["embed_mode"]),
+            node_name_prefix=data.get("node_name_prefix"),
+            initializer_names=tuple(data.get("initializer_names", ())),
+            load=str(data["load"]),
+            inputs=dict(data.get("inputs", {})),
+            predicted_peak=int(data.get("predicted_peak", 0)),
+            token=str(data.get("token", "")),
+        )

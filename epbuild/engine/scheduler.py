@@ -1,0 +1,123 @@
+"""The one scheduling loop of a build, and the choice of executor, slots and memory plan."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol
+
+from epbuild.errors import Interrupted
+from epbuild.results import ActionResult, Outcome, Reporter, action_result
+
+if TYPE_CHECKING:
+    from epbuild.engine.memory import MemoryPlan
+    from epbuild.executors.local import Executor
+    from epbuild.planning.staleness import ActionPlan
+    from epbuild.state.workspace import Workspace
+
+
+class ActionRunner(Protocol):
+    """What ``schedule`` drives: ``Builder``, or a fake in the scheduler's tests."""
+
+    jobs: int
+    keep_going: bool
+    reporter: Reporter
+    memory: MemoryPlan
+    executor: Executor
+
+    def run_one(self, plan: ActionPlan) -> ActionResult:
+        """Bring one action up to date; failures come back as results, never raised."""
+        ...
+
+
+@dataclass(frozen=True)
+class Execution:
+    """Where and how wide a build runs."""
+
+    executor: Executor
+    jobs: int
+    """Actions run at once."""
+    memory: MemoryPlan
+    owned: bool
+    """The executor was made for this build (the build closes it), not passed in."""
+
+
+def executor_for(
+    ws: Workspace,
+    stale: list[ActionPlan],
+    executor: str | Executor | None,
+    scheduler: str | None,
+    jobs: int | None,
+    memory_budget: int | None,
+) -> Execution:
+    """The executor, slot count and memory plan of a build."""
+    from epbuild.engine.memory import MemoryPlan, default_budget, predict_peak
+    from epbuild.errors import UserError
+    from epbuild.executors.local import LocalExecutor
+
+    peaks = {p.action.id: predict_peak(p, ws.state, ws.stats, ws.root) for p in stale}
+    kind = executor if executor is not None else ws.manifest.workspace.executor
+    if kind == "dask":
+        from epbuild.executors.dask import DaskExecutor
+
+        address = scheduler or ws.manifest.workspace.scheduler
+        if not address:
+            raise UserError(
+                "the dask executor needs a scheduler address",
+                hint="pass --scheduler tcp://HOST:PORT or set scheduler in [workspace]",
+            )
+        dask = DaskExecutor(ws.root, address)
+        # The farm's workers hold the memory: map predictions onto their resources instead.
+        return Execution(dask, max(1, jobs or dask.slots()), MemoryPlan(None, peaks), owned=True)
+    if isinstance(kind, str) and kind != "local":
+        raise UserError(f"unknown executor {kind!r}", hint="use local or dask")
+    budget = memory_budget or ws.manifest.workspace.memory_budget or default_budget()
+    slots = max(1, jobs or ws.manifest.workspace.jobs)
+    if isinstance(kind, str):
+        local = LocalExecutor(ws.root, prewarm=True)
+        return Execution(local, slots, MemoryPlan(budget, peaks), owned=True)
+    return Execution(kind, slots, MemoryPlan(budget, peaks), owned=False)
+
+
+def schedule(runner: ActionRunner, stale: list[ActionPlan]) -> dict[str, ActionResult]:
+    """One loop: start ready actions up to -j while their predicted memory fits the budget,
+    wait for the first to finish, repeat."""
+    from collections import deque
+    from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+
+    results: dict[str, ActionResult] = {}
+    pending = deque(stale)
+    running: dict[Future[ActionResult], ActionPlan] = {}
+    stop = False
+    pool = ThreadPoolExecutor(max_workers=runner.jobs, thread_name_prefix="epbuild-slot")
+    try:
+        while pending or running:
+            while pending and len(running) < runner.jobs and not stop:
+                taken = runner.memory.take(pending, idle=not running)
+                if taken is None:
+                    break
+                running[pool.submit(runner.run_one, taken)] = taken
+            if not running:
+                break
+            done, _ = wait(running, return_when=FIRST_COMPLETED)
+            for fut in done:
+                plan = running.pop(fut)
+                runner.memory.release(plan)
+                res = fut.result()
+                results[plan.action.id] = res
+                runner.reporter.action_finished(res)
+                if res.outcome is Outcome.FAILED and not runner.keep_going:
+                    stop = True
+    except KeyboardInterrupt:
+        runner.executor.cancel()
+        wait(running)
+        pool.shutdown(wait=True)
+        raise Interrupted("interrupted; workers stopped, nothing half-written was kept") from None
+    pool.shutdown(wait=True)
+    for plan in pending:
+        results[plan.action.id] = action_result(
+            plan.action,
+            Outcome.SKIPPED,
+            reasons=plan.reasons,
+            error="not started because an earlier action failed (use -k to keep going)",
+        )
+    return results

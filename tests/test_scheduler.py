@@ -1,0 +1,130 @@
+"""The builder and scheduler behind the executor seam: a fake executor, no worker processes."""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+import onnx
+import pytest
+from onnx import TensorProto, helper
+
+from epbuild._names import ctx_name
+from epbuild.engine.job import Job
+from epbuild.errors import Interrupted
+from epbuild.executors.local import WorkerOutcome
+from epbuild.results import Outcome
+
+if TYPE_CHECKING:
+    from conftest import Workspace
+
+
+def _ctx_model() -> onnx.ModelProto:
+    """A minimal EPContext model: what a successful compile stages for one source model."""
+    node = helper.make_node(
+        "EPContext",
+        ["x"],
+        ["y"],
+        domain="com.microsoft",
+        embed_mode=1,
+        main_context=1,
+        ep_cache_context=b"context-binary",
+        source="QNN",
+    )
+    graph = helper.make_graph(
+        [node],
+        "ctx",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 32])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 32])],
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+class FakeExecutor:
+    """Satisfies the ``Executor`` protocol: stages ctx models at once; ``raising`` actions
+    raise from ``run`` instead (what a full disk does to a real executor)."""
+
+    def __init__(self, root: str, raising: dict[str, BaseException]) -> None:
+        self.root = root
+        self.raising = raising
+        self.jobs: list[Job] = []
+        self.closed = 0
+        self._lock = threading.Lock()
+
+    def run(self, job: Job) -> WorkerOutcome:
+        with self._lock:
+            self.jobs.append(job)
+        if job.action_id in self.raising:
+            raise self.raising[job.action_id]
+        for model in job.models:
+            onnx.save(_ctx_model(), os.path.join(self.root, job.staging, ctx_name(model)))
+        return WorkerOutcome(True, {"seconds": 0.01, "peak_rss": 1 << 20, "detail": {}})
+
+    def cancel(self) -> None:
+        pass
+
+    def close(self) -> None:
+        self.closed += 1
+
+
+def test_an_exception_in_one_action_fails_only_that_action(
+    simple_ws: Callable[..., Workspace],
+) -> None:
+    ws = simple_ws()
+    fake = FakeExecutor(str(ws.root), {"pair/htp": OSError(28, "No space left on device")})
+    result = ws.build(executor=fake, keep_going=True)
+    by_id = {r.id: r for r in result.actions}
+    failed = by_id["pair/htp"]
+    assert failed.outcome is Outcome.FAILED
+    assert failed.error is not None and "OSError" in failed.error
+    assert "No space left on device" in failed.error
+    assert "Traceback" not in failed.error
+    assert by_id["single/htp/c"].outcome is Outcome.COMPILED
+    assert (ws.root / by_id["single/htp/c"].outputs[0]).is_file()
+    assert fake.closed == 0  # an executor passed in belongs to the caller
+
+    fake.raising.clear()  # the failed action is still stale, the compiled one is not
+    again = {r.id: r.outcome for r in ws.build(executor=fake).actions}
+    assert again == {"pair/htp": Outcome.COMPILED, "single/htp/c": Outcome.UP_TO_DATE}
+
+
+def test_keyboard_interrupt_in_an_action_still_interrupts_the_build(
+    simple_ws: Callable[..., Workspace],
+) -> None:
+    ws = simple_ws()
+    fake = FakeExecutor(str(ws.root), {"single/htp/c": KeyboardInterrupt()})
+    with pytest.raises(Interrupted):
+        ws.build("single", executor=fake)
+
+
+def test_the_job_is_complete_and_survives_json(simple_ws: Callable[..., Workspace]) -> None:
+    ws = simple_ws(external_initializers="weights.bin")
+    fake = FakeExecutor(str(ws.root), {})
+    assert ws.build(executor=fake).ok
+    jobs = {j.action_id: j for j in fake.jobs}
+    pair = jobs["pair/htp"]
+    assert pair.models == ("models/a.onnx", "models/b.onnx")
+    assert pair.initializer_names == ("a_weights.bin", "b_weights.bin")
+    assert set(pair.inputs) == {"models/a.onnx", "models/b.onnx"}
+    assert pair.predicted_peak > 0
+    assert jobs["single/htp/c"].initializer_names == ()
+    for job in fake.jobs:  # base_dir stays behind: the worker runs in the workspace
+        data = json.loads(json.dumps(job.to_json()))
+        assert Job.from_json(data).to_json() == data
+
+
+def test_peak_memory_and_liveness_are_portable_helpers() -> None:
+    import subprocess
+    import sys
+
+    from epbuild.engine.staging import _alive
+    from epbuild.executors.worker import peak_rss
+
+    assert peak_rss() > 10 << 20  # this interpreter, in bytes (not KiB)
+    assert _alive(os.getpid())
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()
+    assert not _alive(child.pid)
