@@ -67,9 +67,9 @@ def make_workspace(root: Path, count: int) -> None:
 def fabricate_state(root: Path) -> None:
     """Record every action as built, with a small output file in place (no compile)."""
     from epbuild.fs import atomic_write_bytes
+    from epbuild.planning.workspace import open_workspace
     from epbuild.state.journal import _HEADER_LINE, ActionRecord, OutputRecord, _done_dict, _line
     from epbuild.state.statcache import hash_file
-    from epbuild.state.workspace import open_workspace
 
     ws = open_workspace(root)
     lines = [_HEADER_LINE]

@@ -11,6 +11,7 @@ from epbuild.engine.scheduler import executor_for, schedule
 from epbuild.engine.staging import check_removable, clean_stale_staging
 from epbuild.errors import EpbuildError
 from epbuild.planning.staleness import ActionPlan, make_plan
+from epbuild.planning.workspace import Workspace, open_workspace
 from epbuild.results import (
     ActionResult,
     ActionStatus,
@@ -21,7 +22,6 @@ from epbuild.results import (
     action_result,
 )
 from epbuild.state import locks
-from epbuild.state.workspace import Workspace, open_workspace
 
 if TYPE_CHECKING:
     from epbuild.engine.trace import Tracer

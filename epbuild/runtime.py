@@ -230,7 +230,7 @@ def open_action(
     session_factory: SessionFactory | None = None,
 ) -> BuiltAction:
     """Open a built action (``group/provider`` or an action id) of a workspace."""
-    from epbuild.state.workspace import open_workspace
+    from epbuild.planning.workspace import open_workspace
 
     ws = open_workspace(directory, manifest, [selector])
     actions = ws.actions

@@ -60,7 +60,7 @@ def test_three_model_sharing_group(workspace: Workspace) -> None:
 
 def test_touch_rebuilds_nothing_and_rehashes_once(simple_ws: Callable[..., Workspace]) -> None:
     from epbuild.planning.staleness import make_plan
-    from epbuild.state.workspace import open_workspace
+    from epbuild.planning.workspace import open_workspace
 
     ws = simple_ws()
     ws.build()

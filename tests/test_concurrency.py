@@ -157,7 +157,7 @@ def _hold(lock: Path, seconds: float) -> subprocess.Popen[str]:
 
 
 def _lock_ws(workspace: Workspace) -> tuple[Workspace, Path]:
-    from epbuild.state.workspace import open_workspace
+    from epbuild.planning.workspace import open_workspace
 
     workspace.model("m/m0.onnx", matmul_model(0, n=16))
     workspace.model("m/m1.onnx", matmul_model(1, n=16))

@@ -46,7 +46,7 @@ def test_meminfo_parsing(tmp_path: Path) -> None:
 
 def test_prediction_from_inputs_then_from_record(simple_ws: Callable[..., Workspace]) -> None:
     from epbuild.planning.staleness import make_plan
-    from epbuild.state.workspace import open_workspace
+    from epbuild.planning.workspace import open_workspace
 
     ws = simple_ws()
     w = open_workspace(ws.root)

@@ -13,8 +13,8 @@ import pytest
 from onnx import TensorProto, helper
 
 from epbuild._names import ctx_name
-from epbuild.engine.job import Job
 from epbuild.errors import Interrupted
+from epbuild.executors.job import Job
 from epbuild.executors.local import WorkerOutcome
 from epbuild.results import Outcome
 

@@ -17,9 +17,9 @@ from conftest import Workspace
 
 from epbuild.api import Outcome
 from epbuild.planning.staleness import make_plan
+from epbuild.planning.workspace import open_workspace
 from epbuild.state.journal import ActionRecord, Journal, State, load_state
 from epbuild.state.statcache import StatCache, hash_file
-from epbuild.state.workspace import open_workspace
 
 
 @pytest.fixture(autouse=True)

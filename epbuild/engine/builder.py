@@ -7,19 +7,19 @@ import posixpath
 import time
 from typing import TYPE_CHECKING, Any
 
-from epbuild.engine.job import Job
 from epbuild.engine.staging import check_staged, commit, hash_staged, make_staging
 from epbuild.errors import EpbuildError
+from epbuild.executors.job import Job
 from epbuild.fs import remove_tree
 from epbuild.planning.actions import Action
 from epbuild.planning.keys import ActionKey
 from epbuild.planning.staleness import ActionPlan, plan_action
+from epbuild.planning.workspace import Workspace
 from epbuild.providers import get_provider
 from epbuild.results import ActionResult, Outcome, Reporter, action_result
 from epbuild.state import locks
 from epbuild.state.journal import ActionRecord, OutputRecord, State
 from epbuild.state.statcache import Entry
-from epbuild.state.workspace import Workspace
 
 if TYPE_CHECKING:
     from epbuild.cache.actioncache import ActionCache

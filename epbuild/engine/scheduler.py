@@ -12,7 +12,7 @@ if TYPE_CHECKING:
     from epbuild.engine.memory import MemoryPlan
     from epbuild.executors.local import Executor
     from epbuild.planning.staleness import ActionPlan
-    from epbuild.state.workspace import Workspace
+    from epbuild.planning.workspace import Workspace
 
 
 class ActionRunner(Protocol):

@@ -35,7 +35,7 @@ from epbuild.fs import is_safe_reference
 if TYPE_CHECKING:
     from distributed import Client, Future
 
-    from epbuild.engine.job import Job
+    from epbuild.executors.job import Job
 
 SCATTER_OVER = 8 << 20
 """Inputs larger than this are scattered to the workers once instead of riding in the task."""

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from epbuild._names import LOG_NAME, RESULT_NAME
 
 if TYPE_CHECKING:
-    from epbuild.engine.job import Job
+    from epbuild.executors.job import Job
 
 
 @dataclass

@@ -18,7 +18,7 @@ import traceback
 from typing import TYPE_CHECKING, Any
 
 from epbuild._names import RESULT_NAME, ctx_name
-from epbuild.engine.job import Job
+from epbuild.executors.job import Job
 
 if TYPE_CHECKING:
     from epbuild.providers.base import Provider, ProviderConfig

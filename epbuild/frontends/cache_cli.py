@@ -18,7 +18,7 @@ from epbuild.errors import UserError
 
 if TYPE_CHECKING:
     from epbuild.cache.actioncache import ActionCache
-    from epbuild.state.workspace import Workspace
+    from epbuild.planning.workspace import Workspace
 
 
 def _open(
@@ -26,7 +26,7 @@ def _open(
     manifest: str | os.PathLike[str] | None,
     selectors: list[str] | tuple[str, ...] = (),
 ) -> Workspace:
-    from epbuild.state.workspace import open_workspace
+    from epbuild.planning.workspace import open_workspace
 
     return open_workspace(directory, manifest, selectors)
 

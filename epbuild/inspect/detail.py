@@ -61,7 +61,7 @@ def status_detail(
 ) -> list[ActionDetail]:
     """Per action and model: EPContext coverage, CPU fallback, sizes, time and memory."""
     from epbuild.planning.staleness import make_plan
-    from epbuild.state.workspace import open_workspace
+    from epbuild.planning.workspace import open_workspace
 
     ws = open_workspace(directory, manifest, selectors)
     plans = make_plan(ws.actions, ws.state, ws.keys, ws.stats, ws.root)

@@ -184,7 +184,7 @@ def write_html_report(
 ) -> int:
     """Write the report page to ``path``; returns how many actions it lists."""
     from epbuild.fs import atomic_write_bytes
-    from epbuild.state.workspace import open_workspace
+    from epbuild.planning.workspace import open_workspace
 
     ws = open_workspace(directory, manifest, selectors)
     details = status_detail(directory, manifest, selectors)

@@ -21,9 +21,9 @@ from typing import Any
 from epbuild.onnx.context import Problem, context_problems, workspace_path_leak
 from epbuild.onnx.proto import ProtoError, read_model
 from epbuild.planning.actions import Action
+from epbuild.planning.workspace import Workspace, open_workspace
 from epbuild.providers import get_provider
 from epbuild.state.statcache import hash_file
-from epbuild.state.workspace import Workspace, open_workspace
 
 LOAD_TIMEOUT = 300.0
 

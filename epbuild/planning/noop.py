@@ -22,7 +22,7 @@ from epbuild._names import JOURNAL_NAME, MANIFEST_NAME, NOOP_NAME, state_dir_set
 
 if TYPE_CHECKING:
     from epbuild.planning.staleness import ActionPlan
-    from epbuild.state.workspace import Workspace
+    from epbuild.planning.workspace import Workspace
 
 _VERSION = 1
 

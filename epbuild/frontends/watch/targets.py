@@ -111,7 +111,7 @@ def make_targets(
     m: Manifest, selectors: list[str] | tuple[str, ...], previous: Targets | None = None
 ) -> Targets:
     """Work out the inputs of the selected actions and which directories to observe."""
-    from epbuild.state.workspace import open_workspace
+    from epbuild.planning.workspace import open_workspace
 
     ws = open_workspace(m.root, None, selectors, loaded=m)
     root = str(m.root)
