@@ -129,6 +129,16 @@ def test_missing_bin(copy: Path) -> None:
     assert "build/pair/htp/b_ctx.onnx: node " in text and "'a_ctx_qnn.bin' does not exist" in text
 
 
+def test_sharing_group_with_two_binaries(copy: Path) -> None:
+    out = copy / "build/pair/htp"
+    shutil.copyfile(out / "a_ctx_qnn.bin", out / "b_ctx_qnn.bin")
+    edit_ctx(out / "b_ctx.onnx", set_attr("ep_cache_context", b"b_ctx_qnn.bin"))
+    result = verify_outputs(copy)
+    found = [p for p in result.problems if "ep.share_ep_contexts" in p.message]
+    assert len(found) == 1 and found[0].file == "build/pair/htp/b_ctx.onnx"
+    assert found[0].message.startswith("references 'b_ctx_qnn.bin', not the group's shared ")
+
+
 def test_truncated_external_data(copy: Path) -> None:
     path = copy / "build/part/htp/w.bin"
     path.write_bytes(path.read_bytes()[:50])

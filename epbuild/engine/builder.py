@@ -27,6 +27,7 @@ if TYPE_CHECKING:
     from epbuild.engine.scheduler import Execution
     from epbuild.engine.trace import Tracer
     from epbuild.executors.local import Executor, WorkerOutcome
+    from epbuild.providers.base import ProviderConfig
 
 
 def open_action_cache(
@@ -140,7 +141,7 @@ class Builder:
             if not outcome.ok:
                 return _failed(plan, outcome.error, outcome.hint, log_tail=outcome.log_tail)
             started = tracer.now()
-            names = check_staged(ws.root, staging, action.ctx_names)
+            names = check_staged(ws.root, staging, action.ctx_names, _shared_by(action))
             record = self._compiled_record(action, key, staging, names, outcome)
             warnings = self._check_detail(action, record.detail)
             changed = [
@@ -262,7 +263,7 @@ class Builder:
             hit = self.cache.restore(key.key, os.path.join(self.ws.root, staging))
             if hit is None:
                 return None, [], None
-            names = check_staged(self.ws.root, staging, action.ctx_names)
+            names = check_staged(self.ws.root, staging, action.ctx_names, _shared_by(action))
             if set(names) != set(hit.entry.outputs):
                 raise VerificationError("outputs do not match the entry")
         except (CacheDamagedError, VerificationError) as exc:
@@ -353,6 +354,11 @@ class Builder:
                     self.reporter.message(f"warning: {p.message}")
                     warnings.append(p.message)
         return warnings
+
+
+def _shared_by(action: Action) -> ProviderConfig | None:
+    """The provider whose ctx models must share one binary (a weight-sharing action's)."""
+    return action.provider if action.group.share_weights else None
 
 
 def recorded_outputs(ws: Workspace, action: Action) -> list[str]:

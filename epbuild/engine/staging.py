@@ -11,12 +11,16 @@ from __future__ import annotations
 import os
 import posixpath
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from epbuild._names import LOG_NAME, RESULT_NAME, STAGING_DIR
 from epbuild.errors import UnsafePathError, VerificationError
 from epbuild.fs import ensure_dir_inside, inside, remove_tree
 from epbuild.state.journal import OutputRecord
+
+if TYPE_CHECKING:
+    from epbuild.onnx.proto import ModelInfo
+    from epbuild.providers.base import ProviderConfig
 
 
 def staging_root(root: str, out_dir: str) -> str:
@@ -86,8 +90,14 @@ def _alive_windows(pid: int) -> bool:
         return True
 
 
-def check_staged(root: str, staging: str, ctx_names: tuple[str, ...]) -> list[str]:
-    """Validate a staging directory; return the output file names (raises on problems)."""
+def check_staged(
+    root: str, staging: str, ctx_names: tuple[str, ...], shared_by: ProviderConfig | None = None
+) -> list[str]:
+    """Validate a staging directory; return the output file names (raises on problems).
+
+    ``shared_by``: the provider of a weight-sharing group, whose ctx models must all
+    reference one shared context binary (``sharing_problems``).
+    """
     from epbuild.onnx.context import RefFault, check_reference, stored_references
     from epbuild.onnx.proto import ProtoError, read_model
 
@@ -96,6 +106,7 @@ def check_staged(root: str, staging: str, ctx_names: tuple[str, ...]) -> list[st
     for name in names:
         if os.path.islink(os.path.join(full, name)) or not os.path.isfile(os.path.join(full, name)):
             raise UnsafePathError(f"staged output {name} is not a regular file; refusing it")
+    infos: list[ModelInfo] = []
     for ctx in ctx_names:
         if ctx not in names:
             raise VerificationError(f"expected output {ctx} was not written")
@@ -103,6 +114,7 @@ def check_staged(root: str, staging: str, ctx_names: tuple[str, ...]) -> list[st
             info = read_model(os.path.join(full, ctx))
         except ProtoError as exc:
             raise VerificationError(f"{ctx}: unreadable ctx model ({exc})") from exc
+        infos.append(info)
         for ref in stored_references(info):
             check = check_reference(root, posixpath.join(staging, ctx), ref, staging)
             if check.fault is RefFault.UNSAFE:
@@ -111,7 +123,23 @@ def check_staged(root: str, staging: str, ctx_names: tuple[str, ...]) -> list[st
                 )
             if check.path is None or posixpath.basename(check.path) not in names:
                 raise VerificationError(f"{ctx}: references {ref!r}, which was not written")
+    if shared_by is not None:
+        _check_sharing(list(ctx_names), infos, shared_by)
     return names
+
+
+def _check_sharing(ctx_names: list[str], infos: list[ModelInfo], config: ProviderConfig) -> None:
+    """A weight-sharing group's staged ctx models reference one binary (raises otherwise)."""
+    from epbuild.onnx.context import sharing_problems
+    from epbuild.providers import get_provider
+
+    problems = sharing_problems(ctx_names, infos, get_provider(config.ep), config)
+    if problems:
+        raise VerificationError(
+            problems[0].line(),
+            hint="compile this group with an EP version that supports ep.share_ep_contexts, "
+            "or set share_weights = false",
+        )
 
 
 def hash_staged(root: str, staging: str, out_dir: str, names: list[str]) -> dict[str, OutputRecord]:

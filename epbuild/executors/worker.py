@@ -43,15 +43,15 @@ def _test_hook(model: str) -> None:
 
     Before the session of a model whose path contains SUBSTRING: ``segv`` kills the worker
     with SIGSEGV, ``abort`` aborts it (what a crashing native SDK does), ``sleep`` waits
-    SECONDS (a slow compile). Unset in normal use.
+    SECONDS (a slow compile). ``noshare`` leaves out the weight-sharing session entries
+    (as if the EP ignored ``ep.share_ep_contexts``; see ``_session_entries``): match every
+    model of the group, or only the first, since a group whose last session lacks the stop
+    entry never writes its binary. Unset in normal use.
     """
-    hook = os.environ.get("EPBUILD_TEST_HOOK")
-    if not hook:
+    hook = _hook_for(model)
+    if hook is None or hook[0] == "noshare":
         return
-    kind, _, rest = hook.partition(":")
-    needle, _, arg = rest.partition(":")
-    if not needle or needle not in model:
-        return
+    kind, arg = hook
     print(f"epbuild test hook: {kind} before compiling {model}", file=sys.stderr, flush=True)
     if kind == "segv":
         import signal
@@ -61,6 +61,18 @@ def _test_hook(model: str) -> None:
         os.abort()
     elif kind == "sleep":
         time.sleep(float(arg or 1))
+
+
+def _hook_for(model: str) -> tuple[str, str] | None:
+    """(KIND, argument) of ``EPBUILD_TEST_HOOK`` when it applies to ``model``."""
+    hook = os.environ.get("EPBUILD_TEST_HOOK")
+    if not hook:
+        return None
+    kind, _, rest = hook.partition(":")
+    needle, _, arg = rest.partition(":")
+    if not needle or needle not in model:
+        return None
+    return kind, arg
 
 
 def compile_action(job: Job) -> dict[str, Any]:
@@ -87,7 +99,11 @@ def compile_action(job: Job) -> dict[str, Any]:
         while sessions:  # reverse order of creation
             sessions.pop()
     seconds = time.perf_counter() - t0
-    detail = check_outputs(job.staging, list(job.models), adapter, config)
+    if job.share_weights:
+        finish = getattr(adapter, "finish_sharing_group", None)
+        if finish is not None:
+            finish(config, [posixpath.join(job.staging, ctx_name(m)) for m in job.models])
+    detail = check_outputs(job.staging, list(job.models), adapter, config, job.share_weights)
     return {"ok": True, "seconds": seconds, "peak_rss": peak_rss(), "detail": detail}
 
 
@@ -103,7 +119,7 @@ def _session_entries(job: Job, index: int, ctx_path: str) -> dict[str, str]:
         entries["ep.context_node_name_prefix"] = job.node_name_prefix
     if job.initializer_names:
         entries["ep.context_model_external_initializers_file_name"] = job.initializer_names[index]
-    if job.share_weights:
+    if job.share_weights and (_hook_for(model) or ("",))[0] != "noshare":
         entries["ep.share_ep_contexts"] = "1"
         if index == len(job.models) - 1:
             entries["ep.stop_share_ep_contexts"] = "1"
@@ -180,15 +196,26 @@ def _with_options(config: Any, extra: dict[str, str]) -> Any:
 
 
 def check_outputs(
-    staging: str, models: list[str], adapter: Provider, config: ProviderConfig
+    staging: str,
+    models: list[str],
+    adapter: Provider,
+    config: ProviderConfig,
+    share_weights: bool = False,
 ) -> dict[str, Any]:
     """Never trust a successful return: every ctx model must hold the provider's EPContext
-    nodes. Returns the build detail (node counts, CPU fallback, compatibility info)."""
-    from epbuild.onnx.context import COMPAT_PREFIX, missing_context, source_problems
-    from epbuild.onnx.proto import ProtoError, read_model
+    nodes, and a weight-sharing group's must all reference one binary. Returns the build
+    detail (node counts, CPU fallback, compatibility info)."""
+    from epbuild.onnx.context import (
+        COMPAT_PREFIX,
+        missing_context,
+        sharing_problems,
+        source_problems,
+    )
+    from epbuild.onnx.proto import ModelInfo, ProtoError, read_model
 
     key = adapter.compatibility_key(config)
     detail: dict[str, Any] = {"models": {}}
+    infos: list[ModelInfo] = []
     for model in models:
         ctx = posixpath.join(staging, ctx_name(model))
         if not os.path.exists(ctx):
@@ -214,6 +241,7 @@ def check_outputs(
             raise CompileFailure(
                 f"{model}: EPContext node {wrong[0].node}: source {wrong[0].message}"
             )
+        infos.append(info)
         nodes = info.context_nodes
         cpu_ops = {op: n for op, n in info.op_types.items() if not op.endswith("EPContext")}
         detail["models"][model] = {
@@ -225,6 +253,14 @@ def check_outputs(
             "node_names": [n.name for n in nodes],
             "compatibility": info.metadata.get(COMPAT_PREFIX + key) if key else None,
         }
+    if share_weights:
+        shared = sharing_problems([ctx_name(m) for m in models], infos, adapter, config)
+        if shared:
+            raise CompileFailure(
+                shared[0].line(),
+                hint="compile this group with an EP version that supports "
+                "ep.share_ep_contexts, or set share_weights = false",
+            )
     return detail
 
 

@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from epbuild.onnx.context import Problem, context_problems, workspace_path_leak
-from epbuild.onnx.proto import ProtoError, read_model
+from epbuild.onnx.proto import ModelInfo, ProtoError, read_model
 from epbuild.planning.actions import Action
 from epbuild.planning.workspace import Workspace, open_workspace
 from epbuild.providers import get_provider
@@ -104,9 +104,12 @@ def verify_outputs(
             )
             continue
         _check_digests(ws, {p: (o.size, o.digest) for p, o in rec.outputs.items()}, result)
+        infos = []
         for ctx in action.ctx_paths:
             result.checked.append(ctx)
-            _check_ctx(ws, action, ctx, result)
+            infos.append(_check_ctx(ws, action, ctx, result))
+        if action.group.share_weights:
+            _check_sharing(action, infos, result)
         _check_leaks(ws, list(rec.outputs), result)
         if load:
             result.loads.extend(_load_checks(ws, action))
@@ -139,20 +142,33 @@ def _check_leaks(ws: Workspace, outputs: list[str], result: VerifyResult) -> Non
             )
 
 
-def _check_ctx(ws: Workspace, action: Action, ctx: str, result: VerifyResult) -> None:
+def _check_ctx(ws: Workspace, action: Action, ctx: str, result: VerifyResult) -> ModelInfo | None:
+    """Every rule for one ctx model; returns it read (None: missing or unreadable)."""
     full = os.path.join(ws.root, ctx)
     if not os.path.isfile(full):
         result.problems.append(Problem(ctx, "ctx model is missing"))
-        return
+        return None
     try:
         info = read_model(full)
     except (ProtoError, OSError) as exc:
         result.problems.append(Problem(ctx, f"not a readable ONNX model ({exc})"))
-        return
+        return None
     out_dir = ws.manifest.workspace.out_dir
     result.problems += context_problems(
         ws.root, ctx, info, action.provider, action.group.embed_mode, out_dir
     )
+    return info
+
+
+def _check_sharing(action: Action, infos: list[ModelInfo | None], result: VerifyResult) -> None:
+    """A weight-sharing action's ctx models share one binary (once all could be read: a
+    missing or unreadable one is reported already)."""
+    from epbuild.onnx.context import sharing_problems
+
+    read = [info for info in infos if info is not None]
+    if len(read) == len(infos):
+        adapter = get_provider(action.provider.ep)
+        result.problems += sharing_problems(list(action.ctx_paths), read, adapter, action.provider)
 
 
 def _load_checks(ws: Workspace, action: Action) -> list[LoadCheck]:

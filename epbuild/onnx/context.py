@@ -365,3 +365,74 @@ def workspace_path_leak(root: str, data: bytes) -> str | None:
         if needle.encode() in data:
             return needle
     return None
+
+
+# ---------------------------------------------------------------------------------------
+# Weight-sharing groups
+
+
+def sharing_problems(
+    files: list[str], infos: list[ModelInfo], adapter: Provider, config: ProviderConfig
+) -> list[Problem]:
+    """The ctx models of one weight-sharing group (``files``, in session order) share one
+    context binary: each has a main embed_mode 0 EPContext node, and every such node's
+    ``ep_cache_context`` names the same file (resolved against each model's directory).
+
+    An EP that ignores ``ep.share_ep_contexts`` writes one binary per model: each model
+    loads on its own, but the group does not share its weights.
+    """
+    problems: list[Problem] = []
+    first: dict[str, tuple[str, str]] = {}
+    """Model → (stored reference, resolved target) of its first referencing main node."""
+    for file, info in zip(files, infos, strict=True):
+        refs = _shared_references(file, info)
+        if not refs:
+            problems.append(
+                Problem(
+                    file,
+                    "no main EPContext node references a context binary (embed_mode 0 "
+                    "ep_cache_context); every ctx model of a weight-sharing group references "
+                    "the group's one shared binary",
+                    attribute="ep_cache_context",
+                )
+            )
+            continue
+        first[file] = refs[0][1:]
+        problems += [
+            _at(file, node, "ep_cache_context", f"names a second binary {ref!r} in one model")
+            for node, ref, target in refs[1:]
+            if target != refs[0][2]
+        ]
+    binaries = {target: ref for ref, target in first.values()}
+    if len(binaries) < 2:
+        return problems
+    shared_ref, shared = next(iter(first.values()))
+    versions = ", ".join(f"{k} {v}" for k, v in adapter.versions(config).items())
+    names = ", ".join(repr(ref) for ref in binaries.values())
+    problems += [
+        Problem(
+            file,
+            f"references {ref!r}, not the group's shared binary {shared_ref!r}: its "
+            f"{len(files)} ctx models reference {len(binaries)} context binaries ({names}) "
+            f"instead of one. The {config.ep} EP ({versions}) apparently ignored "
+            "ep.share_ep_contexts; this group would not share weights",
+            attribute="ep_cache_context",
+        )
+        for file, (ref, target) in first.items()
+        if target != shared
+    ]
+    return problems
+
+
+def _shared_references(file: str, info: ModelInfo) -> list[tuple[ContextNode, str, str]]:
+    """(node, stored path, resolved path) for each main embed_mode 0 node whose
+    ``ep_cache_context`` is a path; resolved against ``file``'s directory."""
+    refs = []
+    for node in info.context_nodes:
+        cache = node.attributes.get("ep_cache_context")
+        if not _is_main(node) or node.attributes.get("embed_mode", 1) != 0:
+            continue
+        if isinstance(cache, str) and cache and len(cache) <= _MAX_PATH and "\x00" not in cache:
+            target = posixpath.normpath(posixpath.join(posixpath.dirname(file), cache))
+            refs.append((node, cache, target))
+    return refs

@@ -60,6 +60,8 @@ KNOWN_OPTIONS = frozenset(
     }
 )
 
+SPILL_FILL_OPTION = "enable_htp_spill_fill_buffer"
+
 
 def _split(value: str) -> list[str]:
     return [part.strip() for part in value.split(",")]
@@ -176,6 +178,12 @@ class QnnProvider(BaseProvider):
             return "multi-SoC QNN contexts cannot be loaded on x86_64; load them on the target"
         return None
 
+    def finish_sharing_group(self, config: ProviderConfig, ctx_paths: list[str]) -> None:
+        """Worker side, after a weight-sharing group compiled: with spill-fill buffers on,
+        every ctx model gets the group's spill-fill size (``align_spill_fill_size``)."""
+        if config.options.get(SPILL_FILL_OPTION) == "1":
+            align_spill_fill_size(ctx_paths)
+
     def attach(
         self, ort: onnxruntime, so: onnxruntime.SessionOptions, config: ProviderConfig
     ) -> None:
@@ -209,3 +217,65 @@ def qnn_sdk_version() -> str:
         return "unknown"
     match = re.search(r"qnn_version\s*=\s*['\"]([^'\"]+)", text)
     return match.group(1) if match else "unknown"
+
+
+def align_spill_fill_size(ctx_paths: list[str]) -> int:
+    """Give the main EPContext nodes of a sharing group's ctx models (in session order) the
+    ``max_size`` of the last one; returns it. Worker side: imports onnx.
+
+    The QNN EP writes into each ctx model the largest spill-fill buffer among the graphs its
+    shared context holds so far, so only the last model's value covers the whole group; the
+    HTP backend sizes the one buffer the group's contexts share from the first session
+    loaded. ONNX Runtime's ``ep_weight_sharing_ctx_gen`` tool therefore rewrites the earlier
+    ctx models when ``enable_htp_spill_fill_buffer`` is ``1``, so that the sessions can be
+    created in any order (``UpdateEpContextModel`` in
+    ``onnxruntime/test/ep_weight_sharing_ctx_gen/main.cc``). A model is rewritten only when
+    a value changes, through a temporary file renamed over it.
+    """
+    import onnx
+
+    if not ctx_paths:
+        return 0
+    last = onnx.load(ctx_paths[-1], load_external_data=False)
+    size = next((_max_size(n) for n in last.graph.node if _is_main_context(n)), 0)
+    for path in ctx_paths[:-1]:
+        model = onnx.load(path, load_external_data=False)
+        changed = False
+        for node in model.graph.node:
+            if not _is_main_context(node) or _max_size(node) == size:
+                continue
+            changed = True
+            attr = next((a for a in node.attribute if a.name == "max_size"), None)
+            if attr is None:
+                node.attribute.append(onnx.helper.make_attribute("max_size", size))
+            else:
+                attr.i = size
+        if changed:
+            _replace_file(path, model.SerializeToString())
+    return size
+
+
+def _is_main_context(node: Any) -> bool:
+    """An EPContext NodeProto holding a context (``main_context`` defaults to 1)."""
+    if node.op_type != "EPContext":
+        return False
+    return all(a.i == 1 for a in node.attribute if a.name == "main_context")
+
+
+def _max_size(node: Any) -> int:
+    return next((int(a.i) for a in node.attribute if a.name == "max_size"), 0)
+
+
+def _replace_file(path: str, data: bytes) -> None:
+    """Write ``data`` to a temporary file beside ``path`` and rename it over ``path``."""
+    import tempfile
+
+    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path) or ".", prefix=".tmp-")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
