@@ -22,16 +22,17 @@ if TYPE_CHECKING:
     from conftest import Workspace
 
 
-def _ctx_model() -> onnx.ModelProto:
-    """A minimal EPContext model: what a successful compile stages for one source model."""
+def _ctx_model(shared_bin: str | None = None) -> onnx.ModelProto:
+    """A minimal EPContext model: what a successful compile stages for one source model
+    (a sharing group's reference ``shared_bin``; others embed their context)."""
     node = helper.make_node(
         "EPContext",
         ["x"],
         ["y"],
         domain="com.microsoft",
-        embed_mode=1,
+        embed_mode=0 if shared_bin else 1,
         main_context=1,
-        ep_cache_context=b"context-binary",
+        ep_cache_context=shared_bin.encode() if shared_bin else b"context-binary",
         source="QNN",
     )
     graph = helper.make_graph(
@@ -59,8 +60,14 @@ class FakeExecutor:
             self.jobs.append(job)
         if job.action_id in self.raising:
             raise self.raising[job.action_id]
+        staging = os.path.join(self.root, job.staging)
+        shared = None
+        if job.share_weights:
+            shared = ctx_name(job.models[0]).removesuffix(".onnx") + "_qnn.bin"
+            with open(os.path.join(staging, shared), "wb") as f:
+                f.write(b"context-binary")
         for model in job.models:
-            onnx.save(_ctx_model(), os.path.join(self.root, job.staging, ctx_name(model)))
+            onnx.save(_ctx_model(shared), os.path.join(staging, ctx_name(model)))
         return WorkerOutcome(True, {"seconds": 0.01, "peak_rss": 1 << 20, "detail": {}})
 
     def cancel(self) -> None:

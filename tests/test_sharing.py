@@ -55,6 +55,11 @@ def test_one_shared_binary_passes(tmp_path: Path) -> None:
     assert _problems(tmp_path, models) == []
 
 
+def test_an_unusable_path_is_left_to_the_reference_rule(tmp_path: Path) -> None:
+    models = {"a_ctx.onnx": _ctx("a_ctx_qnn.bin"), "b_ctx.onnx": _ctx("/w/out/a_ctx_qnn.bin")}
+    assert _problems(tmp_path, models) == []  # reported once, by embed_problems
+
+
 def test_a_binary_per_model_is_refused(tmp_path: Path) -> None:
     models = {n: _ctx(f"{n[0]}_ctx_qnn.bin") for n in ("a_ctx.onnx", "b_ctx.onnx", "c_ctx.onnx")}
     found = _problems(tmp_path, models)

@@ -386,6 +386,8 @@ def sharing_problems(
     """Model → (stored reference, resolved target) of its first referencing main node."""
     for file, info in zip(files, infos, strict=True):
         refs = _shared_references(file, info)
+        if any(reference_problem(ref) for _, ref, _ in refs):
+            continue  # an unusable path is the reference rule's to report
         if not refs:
             problems.append(
                 Problem(
