@@ -4,11 +4,43 @@ writes or deletes through a symlink that leads out of its own directories; write
 
 from __future__ import annotations
 
+import hashlib
 import os
 import posixpath
 import shutil
+from collections.abc import Sequence
+from dataclasses import dataclass
 
 from epbuild.errors import UnsafePathError
+
+CHUNK = 1 << 20
+"""Files are read in pieces of this size: memory stays flat whatever the model size."""
+
+
+@dataclass(frozen=True)
+class FileDigest:
+    """A file's size and sha256, and the first of the searched strings it contains."""
+
+    size: int
+    sha256: str
+    found: bytes | None = None
+
+
+def digest_file(path: str, needles: Sequence[bytes] = ()) -> FileDigest:
+    """Hash ``path`` in `CHUNK` pieces, searching for ``needles`` across piece boundaries
+    on the way (one read serves both)."""
+    h, size, found = hashlib.sha256(), 0, None
+    keep = max((len(n) for n in needles), default=1) - 1
+    tail = b""
+    with open(path, "rb") as f:
+        while chunk := f.read(CHUNK):
+            h.update(chunk)
+            size += len(chunk)
+            if needles and found is None:
+                window = tail + chunk
+                found = next((n for n in needles if n in window), None)
+                tail = window[len(window) - keep :] if keep else b""
+    return FileDigest(size, h.hexdigest(), found)
 
 
 def atomic_write_bytes(path: str, data: bytes) -> None:

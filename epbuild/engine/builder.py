@@ -27,6 +27,7 @@ if TYPE_CHECKING:
     from epbuild.engine.scheduler import Execution
     from epbuild.engine.trace import Tracer
     from epbuild.executors.local import Executor, WorkerOutcome
+    from epbuild.onnx.context import Problem
 
 
 def open_action_cache(
@@ -140,9 +141,9 @@ class Builder:
             if not outcome.ok:
                 return _failed(plan, outcome.error, outcome.hint, log_tail=outcome.log_tail)
             started = tracer.now()
-            names = check_staged(ws.root, staging, action.ctx_names)
+            names, found = check_staged(ws.root, staging, action.ctx_names, action.models)
             record = self._compiled_record(action, key, staging, names, outcome)
-            warnings = self._check_detail(action, record.detail)
+            warnings = self._verdict(found + self._detail_problems(action, record.detail))
             changed = [
                 rel for rel, d in key.inputs.items() if ws.stats.digest(ws.root, rel).digest != d
             ]
@@ -262,7 +263,7 @@ class Builder:
             hit = self.cache.restore(key.key, os.path.join(self.ws.root, staging))
             if hit is None:
                 return None, [], None
-            names = check_staged(self.ws.root, staging, action.ctx_names)
+            names, _ = check_staged(self.ws.root, staging, action.ctx_names, action.models)
             if set(names) != set(hit.entry.outputs):
                 raise VerificationError("outputs do not match the entry")
         except (CacheDamagedError, VerificationError) as exc:
@@ -335,23 +336,32 @@ class Builder:
             warnings.append(self._warn(f"{action.id} not stored in the cache {where}: {exc}"))
         return warnings
 
-    def _check_detail(self, action: Action, detail: dict[str, Any]) -> list[str]:
-        """The worker's report against the rules: an error fails the action; a warning is
-        said once per build and returned."""
-        from epbuild.errors import VerificationError
-        from epbuild.onnx.context import Severity, report_problems
+    def _detail_problems(self, action: Action, detail: dict[str, Any]) -> list[Problem]:
+        """The worker's report about each model, against the rules."""
+        from epbuild.onnx.context import report_problems
 
         adapter = get_provider(action.provider.ep)
         prefix = action.group.node_name_prefix
+        return [
+            p
+            for model, report in detail.get("models", {}).items()
+            for p in report_problems(model, report, adapter, action.provider, prefix)
+        ]
+
+    def _verdict(self, problems: list[Problem]) -> list[str]:
+        """An error fails the action; a warning is said once per build and returned."""
+        from epbuild.errors import VerificationError
+        from epbuild.onnx.context import Severity
+
         warnings: list[str] = []
-        for model, report in detail.get("models", {}).items():
-            for p in report_problems(model, report, adapter, action.provider, prefix):
-                if p.severity is Severity.ERROR:
-                    raise VerificationError(p.line())
-                if p.message not in self.warned:
-                    self.warned.add(p.message)
-                    self.reporter.message(f"warning: {p.message}")
-                    warnings.append(p.message)
+        for p in problems:
+            if p.severity is Severity.ERROR:
+                raise VerificationError(p.line())
+            line = p.line() if p.node or p.attribute else p.message
+            if line not in self.warned:
+                self.warned.add(line)
+                self.reporter.message(f"warning: {line}")
+                warnings.append(line)
         return warnings
 
 

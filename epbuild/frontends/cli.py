@@ -273,8 +273,13 @@ def _cmd_verify(args: argparse.Namespace) -> int:
             print(f"{c.file}: not loadable here: {c.message}")
     passed = sum(1 for c in result.loads if c.outcome.value == "passed")
     loads = f", {passed} loaded and matched the CPU EP" if args.load else ""
-    problems = len(result.lines())
-    print(f"epbuild: verified {len(result.checked)} model(s){loads}: {problems} problem(s)")
+    lines = result.lines()
+    warned = sum(1 for line in lines if line.startswith("warning: "))
+    also = f", {warned} warning(s)" if warned else ""
+    print(
+        f"epbuild: verified {len(result.checked)} model(s){loads}: "
+        f"{len(lines) - warned} problem(s){also}"
+    )
     return 0 if result.ok else 1
 
 
