@@ -160,3 +160,24 @@ def test_a_long_workspace_path_in_a_binary_is_still_refused(tmp_path: Path) -> N
     names, _ = check_staged(str(tmp_path), staging, ("a_ctx.onnx",))
     with pytest.raises(VerificationError, match=r"a_ctx_qnn\.bin: contains the absolute"):
         hash_staged(str(tmp_path), staging, "build/g/p", names)
+
+
+def test_external_data_checksum_is_checked_in_pieces(tmp_path: Path) -> None:
+    import hashlib
+
+    from epbuild.onnx.context import external_data_problems
+    from epbuild.onnx.proto import ExternalRef, ModelInfo
+
+    data = os.urandom((2 << 20) + 123)  # over two read pieces
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "w.bin").write_bytes(data)
+    part = hashlib.sha1(data[1000 : 1000 + (1 << 20)]).hexdigest()
+    whole = hashlib.sha1(data).hexdigest()
+
+    def problems(checksum: str) -> list[str]:
+        ref = ExternalRef("t", "w.bin", 1000, 1 << 20, checksum)
+        info = ModelInfo(9, {}, [ref], [], {}, {}, 0)
+        return [p.line() for p in external_data_problems(str(tmp_path), "out/a.onnx", info, "out")]
+
+    assert problems(part) == [] and problems(whole) == []
+    assert problems("0" * 40) == ["out/a.onnx: tensor t: checksum: SHA1 of 'w.bin' does not match"]

@@ -25,7 +25,7 @@ import re
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
-from epbuild.fs import reference_problem
+from epbuild.fs import CHUNK, reference_problem
 
 if TYPE_CHECKING:
     from epbuild.onnx.proto import ContextNode, ExternalRef, ModelInfo, StringField
@@ -265,13 +265,23 @@ def _extent_problem(full: str, ref: ExternalRef) -> tuple[str, str] | None:
             f"{ref.location!r} ({size} bytes)",
         )
     if ref.checksum:
-        with open(full, "rb") as f:
-            whole = f.read()
-        part = whole[offset : end if length is not None else None]
-        sums = {hashlib.sha1(whole).hexdigest(), hashlib.sha1(part).hexdigest()}
+        sums = _sha1_sums(full, offset, end if length is not None else size)
         if ref.checksum.lower() not in sums:
             return "checksum", f"SHA1 of {ref.location!r} does not match"
     return None
+
+
+def _sha1_sums(full: str, start: int, end: int) -> set[str]:
+    """SHA1 of the whole file and of ``[start, end)``, read in pieces (writers differ on
+    which one the ``checksum`` entry holds)."""
+    whole, part = hashlib.sha1(), hashlib.sha1()
+    at = 0
+    with open(full, "rb") as f:
+        while chunk := f.read(CHUNK):
+            whole.update(chunk)
+            part.update(chunk[max(start - at, 0) : max(end - at, 0)])
+            at += len(chunk)
+    return {whole.hexdigest(), part.hexdigest()}
 
 
 # ---------------------------------------------------------------------------------------
