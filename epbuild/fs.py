@@ -22,10 +22,12 @@ def atomic_write_bytes(path: str, data: bytes) -> None:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as exc:
         # A full disk or a file-size limit: leave the old file as it was and no temp behind.
         if os.path.lexists(tmp):
             os.unlink(tmp)
+        if isinstance(exc, OSError) and exc.filename in (None, tmp):  # name the file meant
+            raise OSError(exc.errno, exc.strerror, path) from exc
         raise
 
 

@@ -134,8 +134,8 @@ def test_read_only_action_dir_fails_that_action_only(workspace: Workspace) -> No
 
 def test_read_only_out_dir_fails_every_action_cleanly(workspace: Workspace) -> None:
     workspace.model("m/b.onnx", matmul_model(2))
-    workspace.manifest({"providers": {"htp": HTP73},
-                        "groups": {"g": {"models": ["m/b.onnx"], "providers": ["htp"]}}})  # fmt: skip
+    workspace.manifest({"providers": {"htp": HTP73}, "groups": {
+        "g": {"models": ["m/b.onnx"], "providers": ["htp"]}}})  # fmt: skip
     (workspace.root / "build").mkdir()
     with _read_only(workspace.root / "build"):
         proc = workspace.cli("build")
@@ -205,3 +205,59 @@ def test_file_size_limit_on_the_journal(workspace: Workspace, room: int) -> None
     assert result.ok and {a.id: a.outcome for a in result.actions} == {
         "g1/htp/a": Outcome.COMPILED, "g2/htp/b": Outcome.UP_TO_DATE}  # fmt: skip
     _assert_nothing_half_committed(ws)
+
+
+def test_read_only_cache_only_warns(workspace: Workspace, tmp_path: Path) -> None:
+    """The action cache is an optimisation: a cache that cannot be written warns, and the
+    compiled action is committed and recorded as usual."""
+    workspace.model("m/b.onnx", matmul_model(2))
+    workspace.manifest({"providers": {"htp": HTP73}, "groups": {
+        "g": {"models": ["m/b.onnx"], "providers": ["htp"]}}})  # fmt: skip
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    with _read_only(cache):
+        proc = workspace.cli("build", "--cache", str(cache))
+    assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr
+    assert "not stored in the cache" in proc.stderr and "Errno" not in proc.stderr
+    _assert_nothing_half_committed(workspace)
+    assert "g/htp/b" in load_state(str(_state_path(workspace))).records
+
+
+_UNDER_LIMIT = """
+import os, resource, signal, sys
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+resource.setrlimit(resource.RLIMIT_FSIZE, (4096, 4096))
+from epbuild.fs import atomic_write_bytes
+from epbuild.state.journal import ActionRecord, Journal
+path, kind = sys.argv[1], sys.argv[2]
+try:
+    if kind == "atomic":
+        atomic_write_bytes(path, b"x" * 10000)
+    else:
+        Journal(path).done(ActionRecord("big", "k", {"pad": "y" * 10000}, {}, 1.0, 0, 1.0))
+except OSError as exc:
+    print(exc.strerror, exc.filename == path)
+"""
+
+
+@pytest.mark.parametrize("kind", ["atomic", "journal"])
+def test_a_write_cut_short_leaves_the_file_as_it_was(tmp_path: Path, kind: str) -> None:
+    """Atomic writes leave the old file and no temp file; a journal record cut short by the
+    limit is taken back, so the journal still ends with a whole line."""
+    from epbuild.state.journal import Journal
+
+    path = tmp_path / "state.jsonl"
+    if kind == "atomic":
+        path.write_bytes(b"old")
+    else:
+        Journal(str(path)).begin("small", "k")
+    before = path.read_bytes()
+    proc = subprocess.run([sys.executable, "-c", _UNDER_LIMIT, str(path), kind],
+                          capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert proc.stdout.split() == ["File", "too", "large", "True"], proc.stderr
+    assert path.read_bytes() == before
+    assert [p.name for p in tmp_path.iterdir()] == ["state.jsonl"]
+    if kind == "journal":
+        Journal(str(path)).forget("small")  # a later record lands on a whole line
+        state = load_state(str(path))
+        assert not state.warnings and state.lines == 2 and not state.interrupted

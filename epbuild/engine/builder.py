@@ -368,7 +368,8 @@ class Builder:
             )
         except Exception as exc:  # a cache that cannot be written must not fail a build
             where = self.cache.describe()
-            warnings.append(self._warn(f"{action.id} not stored in the cache {where}: {exc}"))
+            why = os_error_text(exc) if isinstance(exc, OSError) else str(exc)
+            warnings.append(self._warn(f"{action.id} not stored in the cache {where}: {why}"))
         return warnings
 
     def _check_detail(self, action: Action, detail: dict[str, Any]) -> list[str]:
