@@ -84,6 +84,11 @@ class CacheMissError(BuildError):
     """``--cache-only`` was asked for and an action is not in the cache."""
 
 
+class StorageError(BuildError):
+    """A file epbuild must write cannot be written: permissions, a read-only directory, a full
+    disk, a file-size limit. Nothing half-written is kept or recorded."""
+
+
 class LockTimeoutError(BuildError):
     """Waiting for a lock took longer than ``--lock-timeout`` (exit code 3)."""
 
