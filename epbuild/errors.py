@@ -64,6 +64,11 @@ class ProviderUnavailableError(UserError):
     """An execution provider package or device is not available on this machine."""
 
 
+class NotBuiltError(UserError):
+    """An action's outputs are not what a completed build committed: never built, an
+    interrupted commit, or outputs missing or changed since (``epbuild build`` fixes it)."""
+
+
 class BuildError(EpbuildError):
     """A build did not complete (exit code 1)."""
 

@@ -82,9 +82,11 @@ def compile_action(job: Job) -> dict[str, Any]:
             extra = adapter.context_options(config, ctx_path, job.embed_mode)
             adapter.attach(ort, so, _with_options(config, extra) if extra else config)
             _test_hook(model)
+            # No local name for a session: it would outlive the reverse teardown below (and,
+            # through a traceback, the failure of the next one). tests/test_worker_teardown.
             sessions.append(_open_session(ort, model, so, job.load))
     finally:
-        while sessions:  # reverse order of creation
+        while sessions:  # reverse order of creation; the pop drops the last reference
             sessions.pop()
     seconds = time.perf_counter() - t0
     detail = check_outputs(job.staging, list(job.models), adapter, config)
