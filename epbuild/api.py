@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from epbuild.engine.builder import Builder, open_action_cache, recorded_outputs, save_stats
 from epbuild.engine.scheduler import executor_for, schedule
 from epbuild.engine.staging import check_removable, clean_stale_staging
-from epbuild.errors import EpbuildError
+from epbuild.errors import EpbuildError, StorageError
+from epbuild.fs import os_error_text
 from epbuild.planning.staleness import ActionPlan, make_plan
 from epbuild.planning.workspace import Workspace, open_workspace
 from epbuild.results import (
@@ -64,7 +66,7 @@ def status(
             from epbuild.planning.cache_explain import explain_plans
 
             explain_plans(cached, plans)
-    save_stats(ws)
+    _save_stats_if_possible(ws)
     orphans = [] if selectors else orphaned_actions(ws)
     return StatusResult([ActionStatus.from_plan(p) for p in plans], orphans)
 
@@ -142,7 +144,7 @@ def _without_compiling(
 ) -> BuildResult:
     """Finish a dry run, or a build with nothing stale (recording it for the no-op path)."""
     if not dry_run:
-        save_stats(ws)
+        _save_stats_if_possible(ws)
     if trace is not None:
         tracer.write(trace)
     stale = any(p.stale for p in plans)
@@ -175,11 +177,17 @@ def _planned(ws: Workspace, plan: ActionPlan) -> ActionResult:
 
 def _prepare(ws: Workspace, lock_timeout: float | None) -> None:
     """Before running anything: drop dead builds' staging, compact a damaged journal."""
-    os.makedirs(ws.state_dir, exist_ok=True)
-    with locks.hold(ws.state_lock, "epbuild build (startup)", timeout=lock_timeout):
-        clean_stale_staging(ws.root, ws.manifest.workspace.out_dir)
-        if ws.state.warnings:
-            ws.journal.compact_if_needed(ws.reload_state())
+    try:
+        os.makedirs(ws.state_dir, exist_ok=True)
+        with locks.hold(ws.state_lock, "epbuild build (startup)", timeout=lock_timeout):
+            clean_stale_staging(ws.root, ws.manifest.workspace.out_dir)
+            if ws.state.warnings:
+                ws.journal.compact_if_needed(ws.reload_state())
+    except OSError as exc:
+        raise StorageError(
+            f"cannot prepare the state directory: {os_error_text(exc, ws.root)}",
+            hint="check that the workspace is writable and has free space",
+        ) from exc
 
 
 def _run(
@@ -192,13 +200,36 @@ def _run(
     try:
         return schedule(builder, stale)
     finally:
-        save_stats(ws)
-        with locks.hold(ws.state_lock, "epbuild build (finish)"):
-            ws.journal.sync()  # restores' done records
-            ws.journal.compact_if_needed(ws.reload_state())
-        builder.tracer.write(os.path.join(ws.state_dir, TRACE_NAME))
+        # Each step only saves work for later builds: one that cannot write (a full disk)
+        # is a warning, and never hides the results of the actions.
+        steps: list[tuple[str, Callable[[], None]]] = [
+            ("the stat cache was not saved", lambda: save_stats(ws)),
+            ("the state journal was not synced or compacted", lambda: _finish_journal(ws)),
+            ("the trace was not written",
+             lambda: builder.tracer.write(os.path.join(ws.state_dir, TRACE_NAME))),
+        ]  # fmt: skip
         if trace is not None:
-            builder.tracer.write(trace)
+            steps.append((f"--trace {os.fspath(trace)} was not written",
+                          lambda: builder.tracer.write(trace)))  # fmt: skip
+        for what, step in steps:
+            try:
+                step()
+            except OSError as exc:
+                builder.reporter.message(f"warning: {what}: {os_error_text(exc, ws.root)}")
+
+
+def _save_stats_if_possible(ws: Workspace) -> None:
+    """The stat cache only saves re-hashing: a disk that cannot take it fails nothing."""
+    try:
+        save_stats(ws)
+    except OSError:
+        pass
+
+
+def _finish_journal(ws: Workspace) -> None:
+    with locks.hold(ws.state_lock, "epbuild build (finish)"):
+        ws.journal.sync()  # restores' done records
+        ws.journal.compact_if_needed(ws.reload_state())
 
 
 def _record_noop(

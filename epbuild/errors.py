@@ -64,6 +64,11 @@ class ProviderUnavailableError(UserError):
     """An execution provider package or device is not available on this machine."""
 
 
+class NotBuiltError(UserError):
+    """An action's outputs are not what a completed build committed: never built, an
+    interrupted commit, or outputs missing or changed since (``epbuild build`` fixes it)."""
+
+
 class BuildError(EpbuildError):
     """A build did not complete (exit code 1)."""
 
@@ -82,6 +87,11 @@ class CompatibilityError(BuildError):
 
 class CacheMissError(BuildError):
     """``--cache-only`` was asked for and an action is not in the cache."""
+
+
+class StorageError(BuildError):
+    """A file epbuild must write cannot be written: permissions, a read-only directory, a full
+    disk, a file-size limit. Nothing half-written is kept or recorded."""
 
 
 class LockTimeoutError(BuildError):

@@ -4,11 +4,43 @@ writes or deletes through a symlink that leads out of its own directories; write
 
 from __future__ import annotations
 
+import hashlib
 import os
 import posixpath
 import shutil
+from collections.abc import Sequence
+from dataclasses import dataclass
 
 from epbuild.errors import UnsafePathError
+
+CHUNK = 1 << 20
+"""Files are read in pieces of this size: memory stays flat whatever the model size."""
+
+
+@dataclass(frozen=True)
+class FileDigest:
+    """A file's size and sha256, and the first of the searched strings it contains."""
+
+    size: int
+    sha256: str
+    found: bytes | None = None
+
+
+def digest_file(path: str, needles: Sequence[bytes] = ()) -> FileDigest:
+    """Hash ``path`` in `CHUNK` pieces, searching for ``needles`` across piece boundaries
+    on the way (one read serves both)."""
+    h, size, found = hashlib.sha256(), 0, None
+    keep = max((len(n) for n in needles), default=1) - 1
+    tail = b""
+    with open(path, "rb") as f:
+        while chunk := f.read(CHUNK):
+            h.update(chunk)
+            size += len(chunk)
+            if needles and found is None:
+                window = tail + chunk
+                found = next((n for n in needles if n in window), None)
+                tail = window[len(window) - keep :] if keep else b""
+    return FileDigest(size, h.hexdigest(), found)
 
 
 def atomic_write_bytes(path: str, data: bytes) -> None:
@@ -16,11 +48,37 @@ def atomic_write_bytes(path: str, data: bytes) -> None:
     directory = os.path.dirname(path) or "."
     os.makedirs(directory, exist_ok=True)
     tmp = f"{path}.tmp.{os.getpid()}"
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException as exc:
+        # A full disk or a file-size limit: leave the old file as it was and no temp behind.
+        if os.path.lexists(tmp):
+            os.unlink(tmp)
+        if isinstance(exc, OSError) and exc.filename in (None, tmp):  # name the file meant
+            raise OSError(exc.errno, exc.strerror, path) from exc
+        raise
+
+
+def os_error_text(exc: OSError, root: str | None = None) -> str:
+    """``path: reason`` of an OS error (``src → dst: reason`` for a rename), with paths
+    relative to ``root`` where they are inside it; never a Python repr."""
+    reason = exc.strerror or str(exc) or type(exc).__name__
+    paths = [p for p in (exc.filename, exc.filename2) if p is not None]
+    if not paths:
+        return reason
+    return " → ".join(_shown(os.fsdecode(p), root) for p in paths) + f": {reason}"
+
+
+def _shown(path: str, root: str | None) -> str:
+    if root is not None and os.path.isabs(path):
+        rel = os.path.relpath(path, root)
+        if rel != ".." and not rel.startswith(".." + os.sep):
+            return rel.replace(os.sep, "/")
+    return path
 
 
 def remove_tree(path: str) -> None:

@@ -1,13 +1,31 @@
 """The inference side: open built EPContext models as ONNX Runtime sessions.
 
 ``open_action`` opens one built action (or every action of one group and provider) in
-manifest order; ``open_models`` does the same for ctx models named directly. Sessions of a
-weight-sharing group get ``ep.share_ep_contexts=1`` and hold the process-wide shared-workspace
-lock for as long as they are open, so two sharing groups never use the EP's singleton at
-once. ``close`` (or leaving the ``with`` block) destroys the sessions in the reverse order of
-creation, whatever happened. Before any session is created each ctx model's EPContext
-``source`` and ``ep_compatibility_info`` are checked against the EP; a mismatch raises
-``CompatibilityError`` (the seed's INVALID_GRAPH case) instead of a late native failure.
+manifest order; ``open_models`` does the same for ctx models named directly.
+
+``open_action`` opens only what a build fully committed: an action never built, one whose
+last commit was interrupted (a journal ``begin`` without its ``done``), or one whose
+recorded outputs are missing or changed raises ``NotBuiltError`` ("run epbuild build").
+The check is cheap: sizes against the journal, and a file's digest is trusted from the stat
+cache while its (inode, size, mtime) still match; only a file whose stat changed is
+re-hashed (``check="hash"`` re-hashes every output). The outputs' stats are taken again
+after the sessions exist: a build that replaced them meanwhile makes the open fail instead of
+handing out sessions of a half-old, half-new group.
+
+Sessions of a weight-sharing group get ``ep.share_ep_contexts=1``. At load time the EP's
+share state is a process-wide table of graphs: a group's first session loads the shared
+context binary and leaves the graphs of the other members there, and each later session
+takes its own out by graph name. So one process-wide lock is held while a group's sessions
+are being *created*, and released once they all exist: two sharing groups (a vision encoder
+and a text decoder of one app) can then be open at once, but never created interleaved.
+Opening a sharing group from inside another one's creation in the same thread (a session
+factory that opens another group) raises ``UserError`` at once instead of deadlocking.
+``close`` (or leaving the ``with`` block) destroys the sessions in the reverse order of
+creation, whatever happened; if creating the k-th session fails, the first k-1 are destroyed
+in reverse before the error propagates. Before any session is created each ctx model's
+EPContext ``source`` and ``ep_compatibility_info`` are checked against the EP; a mismatch
+raises ``CompatibilityError`` (the seed's INVALID_GRAPH case) instead of a late native
+failure.
 """
 
 from __future__ import annotations
@@ -19,11 +37,13 @@ from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, Literal
 
 from epbuild._names import ctx_stem
-from epbuild.errors import CompatibilityError, LockTimeoutError, UserError
+from epbuild.errors import CompatibilityError, LockTimeoutError, NotBuiltError, UserError
 
 if TYPE_CHECKING:
     from types import TracebackType
 
+    from epbuild.planning.actions import Action
+    from epbuild.planning.workspace import Workspace
     from epbuild.providers.base import ProviderConfig
 
 ModelSource = str | os.PathLike[str] | tuple[str | os.PathLike[str], bytes]
@@ -34,25 +54,37 @@ SessionFactory = Callable[[Any, Any], Any]
 """``(path or bytes, SessionOptions) -> session``; default ``onnxruntime.InferenceSession``."""
 
 _SHARED_WORKSPACE = threading.Lock()
-"""The EP's shared workspace (behind ``ep.share_ep_contexts``) is process-wide."""
+"""Held while one sharing group's sessions are being created (the EP's table of shared
+graphs is process-wide); released once they all exist."""
 
-
-def _acquire_shared(timeout: float | None, what: str) -> None:
-    if not _SHARED_WORKSPACE.acquire(timeout=-1 if timeout is None else timeout):
-        raise LockTimeoutError(
-            f"timed out after {timeout:g}s waiting to open {what}: another weight-sharing "
-            "group is open in this process",
-            hint="close the other group first (sessions of two sharing groups must not mix)",
-        )
+_creating = threading.local()
+"""``what``: the sharing group this thread is creating sessions of, if any."""
 
 
 @contextmanager
 def shared_workspace(timeout: float | None = None, what: str = "a sharing group") -> Iterator[None]:
-    """Hold the process-wide shared-workspace lock (waits while another group holds it)."""
-    _acquire_shared(timeout, what)
+    """Hold the process-wide share state while one sharing group's sessions are created
+    (waits while another thread creates one); refuses, without waiting, to nest inside this
+    thread's own creation of another group, which would mix the two groups' graphs."""
+    outer: str | None = getattr(_creating, "what", None)
+    if outer is not None:
+        raise UserError(
+            f"cannot open sharing group {what} while the sessions of sharing group {outer} "
+            "are being created in this thread (the EP's shared graphs are process-wide)",
+            hint="open one group after the other; both can then stay open",
+        )
+    if not _SHARED_WORKSPACE.acquire(timeout=-1 if timeout is None else timeout):
+        raise LockTimeoutError(
+            f"timed out after {timeout:g}s waiting to open {what}: another weight-sharing "
+            "group's sessions are being created in this process",
+            hint="retry, or give lock_timeout more time (sessions of two sharing groups "
+            "must not be created at the same time)",
+        )
+    _creating.what = what
     try:
         yield
     finally:
+        _creating.what = None
         _SHARED_WORKSPACE.release()
 
 
@@ -64,7 +96,6 @@ class BuiltAction:
         """Model names (ctx file stems without ``_ctx``), in creation order."""
         self.share_weights = share_weights
         self._sessions: list[tuple[str, Any]] = []
-        self._release: Callable[[], None] | None = None
         self._closed = False
 
     def __enter__(self) -> BuiltAction:
@@ -103,14 +134,8 @@ class BuiltAction:
         if self._closed:
             return
         self._closed = True
-        try:
-            while self._sessions:
-                entry = self._sessions.pop()
-                del entry  # the last reference: ORT releases the session here
-        finally:
-            release, self._release = self._release, None
-            if release is not None:
-                release()
+        while self._sessions:
+            self._sessions.pop()  # the last reference: ORT releases the session here
 
 
 def check_context(label: str, data: bytes | None, path: str, provider: ProviderConfig) -> None:
@@ -154,6 +179,18 @@ def open_models(
     session_factory: SessionFactory | None = None,
 ) -> BuiltAction:
     """Create one session per ctx model, in order; see the module docstring."""
+    return _open(models, provider, share_weights, lock_timeout, session_factory, None)
+
+
+def _open(
+    models: Sequence[ModelSource],
+    provider: ProviderConfig,
+    share_weights: bool,
+    lock_timeout: float | None,
+    session_factory: SessionFactory | None,
+    what: str | None,
+) -> BuiltAction:
+    """``open_models``; ``what`` names the group in lock messages (default: the models)."""
     from epbuild.providers import get_provider
 
     adapter = get_provider(provider.ep)
@@ -174,14 +211,27 @@ def open_models(
         check_context(path, data, path, provider)
     built = BuiltAction([ctx_stem(p) for p, _ in items], share_weights)
     if share_weights:
-        _acquire_shared(lock_timeout, ", ".join(built.names))
-        built._release = _SHARED_WORKSPACE.release
+        with shared_workspace(lock_timeout, what or ", ".join(built.names)):
+            _create_or_close(built, items, provider, adapter, share_weights, session_factory)
+    else:
+        _create_or_close(built, items, provider, adapter, share_weights, session_factory)
+    return built
+
+
+def _create_or_close(
+    built: BuiltAction,
+    items: list[tuple[str, bytes | None]],
+    provider: ProviderConfig,
+    adapter: Any,
+    share_weights: bool,
+    session_factory: SessionFactory | None,
+) -> None:
+    """``_create``; on any failure the sessions made so far are destroyed in reverse first."""
     try:
         _create(built, items, provider, adapter, share_weights, session_factory)
     except BaseException:
         built.close()
         raise
-    return built
 
 
 def _create(
@@ -210,14 +260,15 @@ def _create(
             so.add_session_config_entry(k, v)
         if session_factory is None:
             adapter.attach(ort, so, provider)
+        # No local name for the session: a traceback keeps this frame's locals alive, which
+        # would keep the last good session past close() when the next one fails.
         try:
-            session = factory(data if data is not None else path, so)
+            built._sessions.append((name, factory(data if data is not None else path, so)))
         except Exception as exc:
             text = str(exc).strip().splitlines()
             raise CompatibilityError(
                 f"{path}: ONNX Runtime could not load it: {text[0] if text else type(exc).__name__}"
             ) from exc
-        built._sessions.append((name, session))
 
 
 def open_action(
@@ -226,12 +277,18 @@ def open_action(
     manifest: str | os.PathLike[str] | None = None,
     *,
     load: Literal["path", "bytes"] = "path",
+    check: Literal["stat", "hash"] = "stat",
     lock_timeout: float | None = None,
     session_factory: SessionFactory | None = None,
 ) -> BuiltAction:
-    """Open a built action (``group/provider`` or an action id) of a workspace."""
+    """Open a built action (``group/provider`` or an action id) of a workspace; only what a
+    build fully committed (``check``: see the module docstring)."""
     from epbuild.planning.workspace import open_workspace
 
+    if load not in ("path", "bytes"):
+        raise UserError(f"load must be 'path' or 'bytes', not {load!r}")
+    if check not in ("stat", "hash"):
+        raise UserError(f"check must be 'stat' or 'hash', not {check!r}")
     ws = open_workspace(directory, manifest, [selector])
     actions = ws.actions
     pairs = {(a.group.name, a.provider.name) for a in actions}
@@ -240,11 +297,7 @@ def open_action(
             f"{selector!r} selects {len(pairs)} group/provider pairs",
             hint="name one: " + ", ".join(sorted(f"{g}/{p}" for g, p in pairs)),
         )
-    missing = [a.id for a in actions if a.id not in ws.state.records]
-    if missing:
-        raise UserError(f"{missing[0]} has not been built", hint="run 'epbuild build' first")
-    if load not in ("path", "bytes"):
-        raise UserError(f"load must be 'path' or 'bytes', not {load!r}")
+    before = committed_outputs(ws, actions, rehash=check == "hash")
     sources: list[ModelSource] = []
     for a in actions:
         for rel in a.ctx_paths:
@@ -255,10 +308,86 @@ def open_action(
             else:
                 sources.append(full)
     first = actions[0]
-    return open_models(
-        sources,
-        first.provider,
-        share_weights=first.group.share_weights,
-        lock_timeout=lock_timeout,
-        session_factory=session_factory,
-    )
+    what = f"{first.group.name}/{first.provider.name}"
+    share = first.group.share_weights
+    built = _open(sources, first.provider, share, lock_timeout, session_factory, what)
+    changed = [rel for rel, st in before.items() if _stat_of(ws.root, rel) != st]
+    if changed:
+        built.close()
+        owner = next(a.id for a in actions if changed[0] in ws.state.records[a.id].outputs)
+        raise NotBuiltError(
+            f"{owner}: output {changed[0]} was replaced while its sessions were being "
+            "created (a build is committing it)",
+            hint="open it again once that build is done",
+        )
+    return built
+
+
+_Stat = tuple[int, int, int]
+"""(inode, size, mtime_ns) of a file; None when it is not a regular file."""
+
+
+def _stat_of(root: str, rel: str) -> _Stat | None:
+    import stat
+
+    try:
+        st = os.lstat(os.path.join(root, rel))
+    except OSError:
+        return None
+    if not stat.S_ISREG(st.st_mode):
+        return None
+    return (st.st_ino, st.st_size, st.st_mtime_ns)
+
+
+def committed_outputs(
+    ws: Workspace, actions: Sequence[Action], *, rehash: bool = False
+) -> dict[str, _Stat | None]:
+    """The stats of every recorded output of ``actions``, once they are checked to be what
+    the journal says a build committed; otherwise ``NotBuiltError`` naming the action.
+
+    Sizes come from the journal and digests from the stat cache while a file's stat still
+    matches it; a file whose stat changed is re-hashed (every file with ``rehash``)."""
+    from epbuild.planning.staleness import outputs_intact
+    from epbuild.state.statcache import hash_file
+
+    state = ws.state
+    snapshot: dict[str, _Stat | None] = {}
+    for a in actions:
+        build = f"run 'epbuild build {a.group.name}/{a.provider.name}'"
+        if a.id in state.interrupted:
+            raise NotBuiltError(
+                f"{a.id}: its last build was interrupted while committing its outputs",
+                hint=build,
+            )
+        rec = state.records.get(a.id)
+        if rec is None:
+            raise NotBuiltError(f"{a.id} has not been built", hint=build + " first")
+        absent = [rel for rel in a.ctx_paths if rel not in rec.outputs]
+        if absent:
+            raise NotBuiltError(
+                f"{a.id}: {absent[0]} is not among the outputs of its last build "
+                "(the group changed since)",
+                hint=build,
+            )
+        problems: list[str] = []
+        for rel in rec.outputs:
+            snapshot[rel] = _stat_of(ws.root, rel)
+            if snapshot[rel] is None:
+                gone = not os.path.lexists(os.path.join(ws.root, rel))
+                problems.append(f"output {rel} is {'missing' if gone else 'not a file'}")
+        recorded = {rel: (o.size, o.digest) for rel, o in rec.outputs.items()}
+        try:
+            problems = problems or outputs_intact(ws.root, ws.stats, recorded)
+            if not problems and rehash:
+                problems = [
+                    f"output {rel} was modified"
+                    for rel, (_, digest) in recorded.items()
+                    if hash_file(os.path.join(ws.root, rel)) != digest
+                ]
+        except OSError as exc:
+            problems = [f"cannot read output {exc.filename}: {exc.strerror}"]
+        if problems:
+            raise NotBuiltError(
+                f"{a.id} is not as its last build left it: {problems[0]}", hint=build
+            )
+    return snapshot

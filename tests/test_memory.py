@@ -60,7 +60,37 @@ def test_prediction_from_inputs_then_from_record(simple_ws: Callable[..., Worksp
     recorded = w.state.records["single/htp/c"].peak_rss
     assert recorded > 50 << 20  # a real worker's peak RSS, not a placeholder
     plans = {p.action.id: p for p in make_plan(w.actions, w.state, w.keys, w.stats, w.root)}
-    assert predict_peak(plans["single/htp/c"], w.state, w.stats, w.root) == recorded
+    assert predict_peak(plans["single/htp/c"], w.state, w.stats, w.root) == max(
+        recorded, predict_from_inputs(size)
+    )
+
+
+def test_prediction_grows_with_inputs_past_a_stale_record(
+    simple_ws: Callable[..., Workspace],
+) -> None:
+    """A recorded peak is a floor, not the answer: inputs that grew predict more."""
+    from modelgen import matmul_model
+
+    from epbuild.planning.staleness import make_plan
+    from epbuild.planning.workspace import open_workspace
+    from epbuild.state.journal import ActionRecord, State
+
+    ws = simple_ws()
+    small = (ws.root / "models/c.onnx").stat().st_size
+    recorded = predict_from_inputs(small) + (1 << 20)  # what the last run (small model) took
+    state = State(records={"single/htp/c": ActionRecord(
+        "single/htp/c", "old", {}, {}, seconds=1.0, peak_rss=recorded, at=1.0)})  # fmt: skip
+
+    def predicted() -> int:
+        w = open_workspace(ws.root)
+        plans = {p.action.id: p for p in make_plan(w.actions, w.state, w.keys, w.stats, w.root)}
+        return predict_peak(plans["single/htp/c"], state, w.stats, w.root)
+
+    assert predicted() == recorded  # inputs unchanged: the measured peak, above the formula
+    ws.model("models/c.onnx", matmul_model(3, n=512))  # about 2 MB of weights now
+    big = (ws.root / "models/c.onnx").stat().st_size
+    assert big > 100 * small
+    assert predicted() == predict_from_inputs(big) > recorded
 
 
 def _plan(action_id: str) -> Any:

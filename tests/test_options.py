@@ -121,6 +121,46 @@ def test_partial_model(workspace: Workspace, ext: str | None) -> None:
             assert rel_error(b.run("p", {"x": x})[0], run_cpu(src, x)) < 2e-2
 
 
+def test_group_growing_renames_external_initializers(workspace: Workspace) -> None:
+    """The initializer file's name depends on the group's size, so the size is in the key."""
+    workspace.model("m/p.onnx", mod_model(1))
+    group: dict[str, Any] = {"models": ["m/p.onnx"], "providers": ["htp"],
+                             "external_initializers": "w.bin"}  # fmt: skip
+    workspace.manifest({"providers": {"htp": HTP73}, "groups": {"g": group}})
+    assert workspace.build().ok
+    out = built(workspace, "g/htp")
+    assert (out / "w.bin").is_file()  # one model: the configured name as is
+    workspace.model("m/q.onnx", mod_model(2))
+    group["models"] = ["m/p.onnx", "m/q.onnx"]
+    workspace.manifest({"providers": {"htp": HTP73}, "groups": {"g": group}})
+    status = {a.id: a for a in workspace.build(dry_run=True).actions}
+    assert status["g/htp/p"].outcome is Outcome.WOULD_BUILD
+    assert status["g/htp/p"].reasons == [
+        "external-initializer file names w.bin → p_w.bin (they depend on how many models the "
+        "group has)"]  # fmt: skip
+    result = workspace.build()
+    assert result.ok and {a.id: a.outcome for a in result.actions} == {
+        "g/htp/p": Outcome.COMPILED, "g/htp/q": Outcome.COMPILED}  # fmt: skip
+    assert not (out / "w.bin").exists()
+    assert {r.location for r in read_model(out / "p_ctx.onnx").external_refs} == {"p_w.bin"}
+    assert (out / "p_w.bin").is_file() and (out / "q_w.bin").is_file()
+    assert verify_outputs(workspace.root).ok
+    assert {a.outcome for a in workspace.build().actions} == {Outcome.UP_TO_DATE}
+
+
+def test_record_without_initializer_names_reads_as_stale() -> None:
+    """A record from before the names were in the key: stale with a reason, no crash."""
+    from epbuild.planning.keys import explain_difference
+
+    new = {"format": "1", "group": {"external_initializers": "w.bin"}, "models": [],
+           "initializer_names": ["w.bin"]}  # fmt: skip
+    old = {k: v for k, v in new.items() if k != "initializer_names"}
+    assert explain_difference(old, new) == [
+        "external-initializer file names w.bin were not in the recorded key"]  # fmt: skip
+    old["group"] = {"external_initializers": None}  # the setting changed: said once, above
+    assert explain_difference(old, new) == ['group setting external_initializers: unset → "w.bin"']
+
+
 @pytest.mark.parametrize("load", ["path", "bytes"])
 def test_source_with_external_data(workspace: Workspace, load: str) -> None:
     from epbuild.runtime import open_action

@@ -134,9 +134,9 @@ def test_staging_check_refuses_two_binaries(
     onnx.save(model, str(staging / "b_ctx.onnx"))
     names = ("a_ctx.onnx", "b_ctx.onnx")
     rel = "build/.staging/pair-1"
-    assert "b_ctx_qnn.bin" in check_staged(str(ws.root), rel, names)  # only sharing breaks
+    assert "b_ctx_qnn.bin" in check_staged(str(ws.root), rel, names)[0]  # only sharing breaks
     with pytest.raises(VerificationError, match=IGNORED) as err:
-        check_staged(str(ws.root), rel, names, QNN)
+        check_staged(str(ws.root), rel, names, shared_by=QNN)
     assert err.value.message.startswith("b_ctx.onnx: ep_cache_context: references")
 
 

@@ -26,10 +26,9 @@ from epbuild.cache.store import (
     entry_path,
     object_path,
 )
+from epbuild.fs import CHUNK
 from epbuild.planning.keys import explain_difference
 from epbuild.state.statcache import hash_file
-
-_CHUNK = 1 << 20
 
 
 class CacheDamagedError(Exception):
@@ -218,7 +217,7 @@ class ActionCache:
         h = hashlib.sha256()
         try:
             with open(src, "rb") as s, open(tmp, "wb") as d:
-                while chunk := s.read(_CHUNK):
+                while chunk := s.read(CHUNK):
                     h.update(chunk)
                     d.write(chunk)
             if h.hexdigest() != out.digest:

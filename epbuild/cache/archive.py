@@ -28,10 +28,10 @@ from epbuild.cache.store import (
     object_path,
 )
 from epbuild.errors import UserError
+from epbuild.fs import CHUNK, digest_file
 
 _OBJECT = re.compile(rf"{OBJECTS}/[0-9a-f]{{2}}/([0-9a-f]{{64}})")
 _ENTRY = re.compile(rf"{ENTRIES}/[0-9a-f]{{2}}/([0-9a-f]{{64}})\.json")
-_CHUNK = 1 << 20
 
 
 @dataclass
@@ -56,11 +56,7 @@ def export_entries(
             digests = sorted({o.digest for e in entries for o in e.outputs.values()})
             for digest in digests:
                 full = backend.full(object_path(digest))
-                h = hashlib.sha256()
-                with open(full, "rb") as f:
-                    while chunk := f.read(_CHUNK):
-                        h.update(chunk)
-                if h.hexdigest() != digest:
+                if digest_file(full).sha256 != digest:
                     raise UserError(
                         f"cache object {digest[:12]} in {store.url} is damaged",
                         hint="run epbuild build to recompile, then export again",
@@ -141,7 +137,7 @@ def _import_object(backend: LocalBackend, digest: str, src: IO[bytes]) -> bool:
     h = hashlib.sha256()
     try:
         with open(tmp, "wb") as f:
-            while chunk := src.read(_CHUNK):
+            while chunk := src.read(CHUNK):
                 h.update(chunk)
                 f.write(chunk)
         if h.hexdigest() != digest:

@@ -8,9 +8,9 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from epbuild.engine.staging import check_staged, commit, hash_staged, make_staging
-from epbuild.errors import EpbuildError
+from epbuild.errors import EpbuildError, StorageError
 from epbuild.executors.job import Job
-from epbuild.fs import remove_tree
+from epbuild.fs import os_error_text, remove_tree
 from epbuild.planning.actions import Action
 from epbuild.planning.keys import ActionKey
 from epbuild.planning.staleness import ActionPlan, plan_action
@@ -27,6 +27,7 @@ if TYPE_CHECKING:
     from epbuild.engine.scheduler import Execution
     from epbuild.engine.trace import Tracer
     from epbuild.executors.local import Executor, WorkerOutcome
+    from epbuild.onnx.context import Problem
     from epbuild.providers.base import ProviderConfig
 
 
@@ -103,7 +104,9 @@ class Builder:
                 return self._locked(plan)
         except EpbuildError as exc:
             return _failed(plan, exc.message, exc.hint, exit_code=exc.exit_code)
-        except Exception as exc:  # a full disk, a vanished file: fails this action, not the build
+        except OSError as exc:  # a full disk, a vanished file: fails this action, not the build
+            return _failed(plan, os_error_text(exc, self.ws.root), WRITE_HINT)
+        except Exception as exc:
             return _failed(plan, f"{type(exc).__name__}: {exc}")
 
     def _locked(self, plan: ActionPlan) -> ActionResult:
@@ -132,7 +135,7 @@ class Builder:
         """Compile in a fresh worker, verify what it staged, commit it, store it in the cache."""
         ws, action, tracer = self.ws, plan.action, self.tracer
         self.reporter.action_started(action.id)
-        staging = make_staging(ws.root, ws.manifest.workspace.out_dir, action.slug)
+        staging = self._staging(action)
         try:
             started = tracer.now()
             outcome = self.executor.run(self._job(action, key, staging))
@@ -141,9 +144,11 @@ class Builder:
             if not outcome.ok:
                 return _failed(plan, outcome.error, outcome.hint, log_tail=outcome.log_tail)
             started = tracer.now()
-            names = check_staged(ws.root, staging, action.ctx_names, _shared_by(action))
+            names, found = check_staged(
+                ws.root, staging, action.ctx_names, action.models, _shared_by(action)
+            )
             record = self._compiled_record(action, key, staging, names, outcome)
-            warnings = self._check_detail(action, record.detail)
+            warnings = self._verdict(found + self._detail_problems(action, record.detail))
             changed = [
                 rel for rel, d in key.inputs.items() if ws.stats.digest(ws.root, rel).digest != d
             ]
@@ -169,6 +174,18 @@ class Builder:
             )
         finally:
             remove_tree(os.path.join(ws.root, staging))
+
+    def _staging(self, action: Action) -> str:
+        """A fresh staging directory for the action (StorageError when none can be made)."""
+        out_dir = self.ws.manifest.workspace.out_dir
+        try:
+            return make_staging(self.ws.root, out_dir, action.slug)
+        except OSError as exc:
+            raise StorageError(
+                f"cannot create a staging directory in {out_dir}: "
+                f"{os_error_text(exc, self.ws.root)}",
+                hint=WRITE_HINT,
+            ) from exc
 
     def _job(self, action: Action, key: ActionKey, staging: str) -> Job:
         """The complete job of one compile (inputs go along for executors that ship them)."""
@@ -221,19 +238,41 @@ class Builder:
         ws = self.ws
         old = list(state.records[action.id].outputs) if action.id in state.records else []
         with locks.hold(ws.state_lock, f"epbuild commit {action.id}"):
-            ws.journal.begin(action.id, record.key)
-            commit(ws.root, staging, action.out_dir, names, old)
-            for rel, out in record.outputs.items():
-                st = os.stat(os.path.join(ws.root, rel))
-                ws.stats.remember(rel, Entry(st.st_ino, st.st_size, st.st_mtime_ns, out.digest))
-            ws.journal.done(record, sync=durable)
+            try:
+                ws.journal.begin(action.id, record.key)
+            except OSError as exc:  # nothing touched yet: the old outputs and record stand
+                raise StorageError(
+                    f"cannot write the state journal ({os_error_text(exc, ws.root)}); "
+                    "the previous outputs were left as they were",
+                    hint=WRITE_HINT,
+                ) from exc
+            try:
+                commit(ws.root, staging, action.out_dir, names, old)
+                for rel, out in record.outputs.items():
+                    st = os.stat(os.path.join(ws.root, rel))
+                    entry = Entry(st.st_ino, st.st_size, st.st_mtime_ns, out.digest)
+                    ws.stats.remember(rel, entry)
+            except OSError as exc:  # the journal ends with begin: the action reads as stale
+                raise StorageError(
+                    f"cannot put the outputs in place in {action.out_dir} "
+                    f"({os_error_text(exc, ws.root)}); the action is recorded as not built",
+                    hint=WRITE_HINT,
+                ) from exc
+            try:
+                ws.journal.done(record, sync=durable)
+            except OSError as exc:
+                raise StorageError(
+                    f"the outputs are in place but the state journal cannot record them "
+                    f"({os_error_text(exc, ws.root)}); the action is recorded as not built",
+                    hint=WRITE_HINT,
+                ) from exc
 
     def _restore(
         self, plan: ActionPlan, key: ActionKey, state: State
     ) -> tuple[ActionResult | None, str | None]:
         """Restore from the cache through the commit path; (None, why) when it cannot."""
         ws, action, t0 = self.ws, plan.action, time.perf_counter()
-        staging = make_staging(ws.root, ws.manifest.workspace.out_dir, action.slug)
+        staging = self._staging(action)
         try:
             record, names, note = self._fetch(action, key, staging)
             if record is None:
@@ -263,7 +302,9 @@ class Builder:
             hit = self.cache.restore(key.key, os.path.join(self.ws.root, staging))
             if hit is None:
                 return None, [], None
-            names = check_staged(self.ws.root, staging, action.ctx_names, _shared_by(action))
+            names, _ = check_staged(
+                self.ws.root, staging, action.ctx_names, action.models, _shared_by(action)
+            )
             if set(names) != set(hit.entry.outputs):
                 raise VerificationError("outputs do not match the entry")
         except (CacheDamagedError, VerificationError) as exc:
@@ -333,27 +374,43 @@ class Builder:
             )
         except Exception as exc:  # a cache that cannot be written must not fail a build
             where = self.cache.describe()
-            warnings.append(self._warn(f"{action.id} not stored in the cache {where}: {exc}"))
+            why = os_error_text(exc) if isinstance(exc, OSError) else str(exc)
+            warnings.append(self._warn(f"{action.id} not stored in the cache {where}: {why}"))
         return warnings
 
-    def _check_detail(self, action: Action, detail: dict[str, Any]) -> list[str]:
-        """The worker's report against the rules: an error fails the action; a warning is
-        said once per build and returned."""
-        from epbuild.errors import VerificationError
-        from epbuild.onnx.context import Severity, report_problems
+    def _detail_problems(self, action: Action, detail: dict[str, Any]) -> list[Problem]:
+        """The worker's report about each model, against the rules."""
+        from epbuild.onnx.context import report_problems
 
         adapter = get_provider(action.provider.ep)
         prefix = action.group.node_name_prefix
+        return [
+            p
+            for model, report in detail.get("models", {}).items()
+            for p in report_problems(model, report, adapter, action.provider, prefix)
+        ]
+
+    def _verdict(self, problems: list[Problem]) -> list[str]:
+        """An error fails the action; a warning is said once per build and returned."""
+        from epbuild.errors import VerificationError
+        from epbuild.onnx.context import Severity
+
         warnings: list[str] = []
-        for model, report in detail.get("models", {}).items():
-            for p in report_problems(model, report, adapter, action.provider, prefix):
-                if p.severity is Severity.ERROR:
-                    raise VerificationError(p.line())
-                if p.message not in self.warned:
-                    self.warned.add(p.message)
-                    self.reporter.message(f"warning: {p.message}")
-                    warnings.append(p.message)
+        for p in problems:
+            if p.severity is Severity.ERROR:
+                raise VerificationError(p.line())
+            line = p.line() if p.node or p.attribute else p.message
+            if line not in self.warned:
+                self.warned.add(line)
+                self.reporter.message(f"warning: {line}")
+                warnings.append(line)
         return warnings
+
+
+WRITE_HINT = (
+    "check that the output and state directories are writable and have free space, and the "
+    "file-size limit (ulimit -f); then build again"
+)
 
 
 def _shared_by(action: Action) -> ProviderConfig | None:

@@ -1,8 +1,9 @@
 """The memory plan: how many compiles may run at once under a memory budget.
 
-Each action's peak memory is predicted from its last recorded run (``peak_rss`` in the
-state), or, for a first-time action, from the size of its inputs: QNN compiles peak at about
-3.5x the source model plus a fixed ~150 MB for the runtime itself (see ORT-QNN-FACTS). The
+Each action's peak memory is predicted from the size of its inputs — QNN compiles peak at
+about 3.5x the source model plus a fixed ~150 MB for the runtime itself (see ORT-QNN-FACTS) —
+or from its last recorded run (``peak_rss`` in the state) when that was higher: a recorded
+peak alone would under-predict once the inputs grew. The
 scheduler admits ready actions while the sum of the predicted peaks of running actions stays
 under the budget; an action bigger than the whole budget still runs, alone.
 
@@ -69,10 +70,8 @@ def predict_from_inputs(input_bytes: int) -> int:
 
 
 def predict_peak(plan: ActionPlan, state: State, stats: StatCache, root: str) -> int:
-    """An action's predicted peak memory: its last measured peak, else from input sizes."""
-    rec = state.records.get(plan.action.id)
-    if rec is not None and rec.peak_rss > 0:
-        return rec.peak_rss
+    """An action's predicted peak memory: the larger of its last measured peak and the
+    prediction from its current input sizes (a recorded peak is stale once inputs grew)."""
     inputs: Iterable[str] = plan.key.inputs if plan.key is not None else plan.action.models
     total = 0
     for rel in inputs:
@@ -84,7 +83,11 @@ def predict_peak(plan: ActionPlan, state: State, stats: StatCache, root: str) ->
             total += os.stat(os.path.join(root, rel)).st_size
         except OSError:
             pass  # a missing input fails the action anyway
-    return predict_from_inputs(total)
+    predicted = predict_from_inputs(total)
+    rec = state.records.get(plan.action.id)
+    if rec is not None and rec.peak_rss > 0:
+        return max(rec.peak_rss, predicted)
+    return predicted
 
 
 class MemoryPlan:

@@ -2,8 +2,9 @@
 
 A worker writes into ``<out_dir>/.staging/<slug>-<pid>/``. The coordinator checks every path
 written into the staged models (relative, inside the action's directory, existing), that no
-absolute workspace path leaked into any file, then — with a ``begin`` record in the journal —
-removes the action's old outputs, renames the staged files into place and records ``done``.
+text field of a ctx model holds an absolute path and no file the (long) workspace path,
+then — with a ``begin`` record in the journal — removes the action's old outputs, renames the
+staged files into place and records ``done``.
 """
 
 from __future__ import annotations
@@ -15,10 +16,11 @@ from typing import TYPE_CHECKING, Any
 
 from epbuild._names import LOG_NAME, RESULT_NAME, STAGING_DIR
 from epbuild.errors import UnsafePathError, VerificationError
-from epbuild.fs import ensure_dir_inside, inside, remove_tree
+from epbuild.fs import digest_file, ensure_dir_inside, inside, remove_tree
 from epbuild.state.journal import OutputRecord
 
 if TYPE_CHECKING:
+    from epbuild.onnx.context import Problem
     from epbuild.onnx.proto import ModelInfo
     from epbuild.providers.base import ProviderConfig
 
@@ -91,14 +93,29 @@ def _alive_windows(pid: int) -> bool:
 
 
 def check_staged(
-    root: str, staging: str, ctx_names: tuple[str, ...], shared_by: ProviderConfig | None = None
-) -> list[str]:
-    """Validate a staging directory; return the output file names (raises on problems).
+    root: str,
+    staging: str,
+    ctx_names: tuple[str, ...],
+    sources: tuple[str, ...] = (),
+    shared_by: ProviderConfig | None = None,
+) -> tuple[list[str], list[Problem]]:
+    """Validate a staging directory: the output file names and the warnings (raises
+    `VerificationError` on an error).
 
-    ``shared_by``: the provider of a weight-sharing group, whose ctx models must all
-    reference one shared context binary (``sharing_problems``).
+    Every staged file is a regular file; every ctx model was written, is readable, references
+    only files written beside it, and holds no absolute path in a text field (what it kept
+    from the ``sources``, workspace-relative, is a warning). ``shared_by``: the provider of
+    a weight-sharing group, whose ctx models must all reference one shared context binary
+    (``sharing_problems``).
     """
-    from epbuild.onnx.context import RefFault, check_reference, stored_references
+    from epbuild.onnx.context import (
+        RefFault,
+        Severity,
+        check_reference,
+        path_problems,
+        source_text,
+        stored_references,
+    )
     from epbuild.onnx.proto import ProtoError, read_model
 
     full = os.path.join(root, staging)
@@ -106,12 +123,14 @@ def check_staged(
     for name in names:
         if os.path.islink(os.path.join(full, name)) or not os.path.isfile(os.path.join(full, name)):
             raise UnsafePathError(f"staged output {name} is not a regular file; refusing it")
+    text = source_text(root, sources)
+    warnings: list[Problem] = []
     infos: list[ModelInfo] = []
     for ctx in ctx_names:
         if ctx not in names:
             raise VerificationError(f"expected output {ctx} was not written")
         try:
-            info = read_model(os.path.join(full, ctx))
+            info = read_model(os.path.join(full, ctx), strings=True)
         except ProtoError as exc:
             raise VerificationError(f"{ctx}: unreadable ctx model ({exc})") from exc
         infos.append(info)
@@ -123,9 +142,13 @@ def check_staged(
                 )
             if check.path is None or posixpath.basename(check.path) not in names:
                 raise VerificationError(f"{ctx}: references {ref!r}, which was not written")
+        for problem in path_problems(ctx, info, text):
+            if problem.severity is Severity.ERROR:
+                raise VerificationError(problem.line())
+            warnings.append(problem)
     if shared_by is not None:
         _check_sharing(list(ctx_names), infos, shared_by)
-    return names
+    return names, warnings
 
 
 def _check_sharing(ctx_names: list[str], infos: list[ModelInfo], config: ProviderConfig) -> None:
@@ -145,23 +168,21 @@ def _check_sharing(ctx_names: list[str], infos: list[ModelInfo], config: Provide
 def hash_staged(root: str, staging: str, out_dir: str, names: list[str]) -> dict[str, OutputRecord]:
     """Size and digest of each staged output, refusing any that holds the workspace path.
 
-    One read per file serves both: compiled outputs must never carry the build machine's
-    absolute paths, and their digests go into the state.
+    Files are read in pieces (memory stays flat at any model size), and that one read also
+    scans the bytes for the workspace path followed by a separator, only where that string
+    is long enough never to occur by chance (`epbuild.onnx.context.LONG_PATH_MIN`): opaque
+    context binaries and initializers hold any short string somewhere.
     """
-    import hashlib
+    from epbuild.onnx.context import scan_needles
 
-    from epbuild.onnx.context import workspace_path_leak
-
+    needles = scan_needles(root)
     records: dict[str, OutputRecord] = {}
     for name in names:
-        with open(os.path.join(root, staging, name), "rb") as f:
-            data = f.read()
-        leak = workspace_path_leak(root, data)
-        if leak is not None:
+        digest = digest_file(os.path.join(root, staging, name), needles)
+        if digest.found is not None:
+            leak = digest.found.decode(errors="replace").rstrip("/" + os.sep)
             raise VerificationError(f"{name}: contains the absolute workspace path {leak!r}")
-        records[posixpath.join(out_dir, name)] = OutputRecord(
-            len(data), hashlib.sha256(data).hexdigest()
-        )
+        records[posixpath.join(out_dir, name)] = OutputRecord(digest.size, digest.sha256)
     return records
 
 

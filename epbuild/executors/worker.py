@@ -94,9 +94,11 @@ def compile_action(job: Job) -> dict[str, Any]:
             extra = adapter.context_options(config, ctx_path, job.embed_mode)
             adapter.attach(ort, so, _with_options(config, extra) if extra else config)
             _test_hook(model)
+            # No local name for a session: it would outlive the reverse teardown below (and,
+            # through a traceback, the failure of the next one). tests/test_worker_teardown.
             sessions.append(_open_session(ort, model, so, job.load))
     finally:
-        while sessions:  # reverse order of creation
+        while sessions:  # reverse order of creation; the pop drops the last reference
             sessions.pop()
     seconds = time.perf_counter() - t0
     if job.share_weights:
@@ -288,15 +290,56 @@ def _result_of(job: Job) -> dict[str, Any]:
     try:
         return compile_action(job)
     except CompileFailure as exc:
-        return {"ok": False, "error": str(exc), "hint": exc.hint}
+        return _failure(job, str(exc), exc.hint)
     except EpbuildError as exc:
-        return {"ok": False, "error": exc.message, "hint": exc.hint}
+        return _failure(job, exc.message, exc.hint)
     except Exception as exc:
-        return {
-            "ok": False,
-            "error": f"{type(exc).__name__}: {exc}",
-            "traceback": traceback.format_exc(),
-        }
+        failed = _failure(job, f"{type(exc).__name__}: {exc}", None)
+        return {**failed, "traceback": traceback.format_exc()}
+
+
+def _failure(job: Job, error: str, hint: str | None) -> dict[str, Any]:
+    """A failed result; says so when a write limit explains it (an EP's own message, such
+    as ONNX Runtime's "Failed to write context cache file", often does not)."""
+    trouble = write_trouble(job.staging)
+    if trouble is not None:
+        error, hint = f"{error} ({trouble[0]})", trouble[1]
+    return {"ok": False, "error": error, "hint": hint}
+
+
+LOW_SPACE = 1 << 20
+"""Free bytes under which a failed compile is blamed on a full disk."""
+
+
+def write_trouble(directory: str) -> tuple[str, str] | None:
+    """(what, hint) when ``directory`` cannot take more bytes: a staged file stopped at the
+    process's file-size limit (``ulimit -f``), or the filesystem is (nearly) full."""
+    try:
+        import resource
+
+        limit = resource.getrlimit(resource.RLIMIT_FSIZE)[0]
+    except (ImportError, OSError, ValueError):
+        limit = -1
+    try:
+        names = os.listdir(directory)
+        if limit >= 0 and limit != getattr(resource, "RLIM_INFINITY", -1):
+            for name in sorted(names):
+                if os.path.getsize(os.path.join(directory, name)) >= limit:
+                    return (
+                        f"File too large: {name} reached the file-size limit of {limit} bytes",
+                        "raise the limit (ulimit -f) for the build; context binaries are "
+                        "about half the size of the model's weights",
+                    )
+        st = os.statvfs(directory)
+    except (OSError, AttributeError):  # no statvfs on Windows
+        return None
+    free = st.f_bavail * st.f_frsize
+    if free < LOW_SPACE:
+        return (
+            f"No space left on device: {free} bytes free for {directory}",
+            "free disk space on the output directory's filesystem",
+        )
+    return None
 
 
 if __name__ == "__main__":

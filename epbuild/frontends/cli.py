@@ -273,8 +273,13 @@ def _cmd_verify(args: argparse.Namespace) -> int:
             print(f"{c.file}: not loadable here: {c.message}")
     passed = sum(1 for c in result.loads if c.outcome.value == "passed")
     loads = f", {passed} loaded and matched the CPU EP" if args.load else ""
-    problems = len(result.lines())
-    print(f"epbuild: verified {len(result.checked)} model(s){loads}: {problems} problem(s)")
+    lines = result.lines()
+    warned = sum(1 for line in lines if line.startswith("warning: "))
+    also = f", {warned} warning(s)" if warned else ""
+    print(
+        f"epbuild: verified {len(result.checked)} model(s){loads}: "
+        f"{len(lines) - warned} problem(s){also}"
+    )
     return 0 if result.ok else 1
 
 
@@ -354,6 +359,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     except EpbuildError as exc:
         print(f"epbuild: error: {exc}", file=sys.stderr)
         return exc.exit_code
+    except OSError as exc:  # a write no layer below expected to fail (a full disk): no traceback
+        from epbuild.fs import os_error_text
+
+        print(
+            f"epbuild: error: {os_error_text(exc, os.path.abspath(args.directory))}",
+            file=sys.stderr,
+        )
+        print("  hint: check permissions, free space and the file-size limit (ulimit -f)",
+              file=sys.stderr)  # fmt: skip
+        return 1
     except KeyboardInterrupt:
         print("epbuild: interrupted", file=sys.stderr)
         return 130

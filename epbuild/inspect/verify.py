@@ -18,12 +18,20 @@ import sys
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from epbuild.onnx.context import Problem, context_problems, workspace_path_leak
+from epbuild.fs import digest_file
+from epbuild.onnx.context import (
+    Problem,
+    Severity,
+    SourceText,
+    context_problems,
+    path_problems,
+    scan_needles,
+    source_text,
+)
 from epbuild.onnx.proto import ModelInfo, ProtoError, read_model
 from epbuild.planning.actions import Action
 from epbuild.planning.workspace import Workspace, open_workspace
 from epbuild.providers import get_provider
-from epbuild.state.statcache import hash_file
 
 LOAD_TIMEOUT = 300.0
 
@@ -64,12 +72,16 @@ class VerifyResult:
 
     @property
     def ok(self) -> bool:
-        """No problem, and no load check failed."""
-        return not self.problems and all(c.outcome is not LoadOutcome.FAILED for c in self.loads)
+        """No error (warnings are fine), and no load check failed."""
+        errors = [p for p in self.problems if p.severity is Severity.ERROR]
+        return not errors and all(c.outcome is not LoadOutcome.FAILED for c in self.loads)
 
     def lines(self) -> list[str]:
         """Every problem and failed load, one line each."""
-        out = [p.line() for p in self.problems]
+        out = [
+            p.line() if p.severity is Severity.ERROR else f"warning: {p.line()}"
+            for p in self.problems
+        ]
         out += [
             f"{c.file}: load: {c.message}" for c in self.loads if c.outcome is LoadOutcome.FAILED
         ]
@@ -103,53 +115,56 @@ def verify_outputs(
                 Problem(action.out_dir, f"action {action.id} {what}; run 'epbuild build'")
             )
             continue
-        _check_digests(ws, {p: (o.size, o.digest) for p, o in rec.outputs.items()}, result)
+        _check_outputs(ws, {p: (o.size, o.digest) for p, o in rec.outputs.items()}, result)
+        text = source_text(ws.root, action.models)
         infos = []
         for ctx in action.ctx_paths:
             result.checked.append(ctx)
-            infos.append(_check_ctx(ws, action, ctx, result))
+            infos.append(_check_ctx(ws, action, ctx, text, result))
         if action.group.share_weights:
             _check_sharing(action, infos, result)
-        _check_leaks(ws, list(rec.outputs), result)
         if load:
             result.loads.extend(_load_checks(ws, action))
     return result
 
 
-def _check_digests(
+def _check_outputs(
     ws: Workspace, outputs: dict[str, tuple[int, str]], result: VerifyResult
 ) -> None:
+    """Each recorded output exists with its recorded digest and holds no (long) workspace
+    path: one streamed read per file (see `epbuild.onnx.context.LONG_PATH_MIN`)."""
+    needles = scan_needles(ws.root)
     for rel, (size, digest) in sorted(outputs.items()):
         full = os.path.join(ws.root, rel)
         if not os.path.isfile(full):
             result.problems.append(Problem(rel, "recorded output is missing"))
-        elif os.path.getsize(full) != size or hash_file(full) != digest:
+            continue
+        try:
+            found = digest_file(full, needles)
+        except OSError as exc:
+            result.problems.append(Problem(rel, f"cannot be read ({exc.strerror})"))
+            continue
+        if found.size != size or found.sha256 != digest:
             result.problems.append(
                 Problem(rel, "content does not match the digest recorded by the build")
             )
-
-
-def _check_leaks(ws: Workspace, outputs: list[str], result: VerifyResult) -> None:
-    for rel in outputs:
-        try:
-            with open(os.path.join(ws.root, rel), "rb") as f:
-                leak = workspace_path_leak(ws.root, f.read())
-        except OSError:
-            continue  # reported as missing
-        if leak is not None:
+        if found.found is not None:
+            leak = found.found.decode(errors="replace").rstrip("/" + os.sep)
             result.problems.append(
                 Problem(rel, f"contains the absolute path {leak!r} of this machine")
             )
 
 
-def _check_ctx(ws: Workspace, action: Action, ctx: str, result: VerifyResult) -> ModelInfo | None:
+def _check_ctx(
+    ws: Workspace, action: Action, ctx: str, text: SourceText, result: VerifyResult
+) -> ModelInfo | None:
     """Every rule for one ctx model; returns it read (None: missing or unreadable)."""
     full = os.path.join(ws.root, ctx)
     if not os.path.isfile(full):
         result.problems.append(Problem(ctx, "ctx model is missing"))
         return None
     try:
-        info = read_model(full)
+        info = read_model(full, strings=True)
     except (ProtoError, OSError) as exc:
         result.problems.append(Problem(ctx, f"not a readable ONNX model ({exc})"))
         return None
@@ -157,6 +172,7 @@ def _check_ctx(ws: Workspace, action: Action, ctx: str, result: VerifyResult) ->
     result.problems += context_problems(
         ws.root, ctx, info, action.provider, action.group.embed_mode, out_dir
     )
+    result.problems += path_problems(ctx, info, text)
     return info
 
 

@@ -11,7 +11,8 @@ have their documented types; some node holds the main context; ``embed_mode`` is
 manifest asks; ``ep_cache_context`` is a path for ``embed_mode = 0`` (the reference rule) and
 the context itself for ``embed_mode = 1``; external data stays inside the output directory and
 in bounds; ``source`` and ``ep_compatibility_info.<key>`` are what the provider writes and
-accepts; and no output carries the build machine's absolute workspace path.
+accepts; and no text field of a ctx model holds an absolute path (``path_problems``; opaque
+bytes are scanned only for a long workspace path, see ``LONG_PATH_MIN``).
 """
 
 from __future__ import annotations
@@ -20,13 +21,14 @@ import enum
 import hashlib
 import os
 import posixpath
+import re
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
-from epbuild.fs import reference_problem
+from epbuild.fs import CHUNK, reference_problem
 
 if TYPE_CHECKING:
-    from epbuild.onnx.proto import ContextNode, ExternalRef, ModelInfo
+    from epbuild.onnx.proto import ContextNode, ExternalRef, ModelInfo, StringField
     from epbuild.providers.base import Provider, ProviderConfig
 
 # EPContext attribute types from the EPContext design: int64 or string.
@@ -263,13 +265,23 @@ def _extent_problem(full: str, ref: ExternalRef) -> tuple[str, str] | None:
             f"{ref.location!r} ({size} bytes)",
         )
     if ref.checksum:
-        with open(full, "rb") as f:
-            whole = f.read()
-        part = whole[offset : end if length is not None else None]
-        sums = {hashlib.sha1(whole).hexdigest(), hashlib.sha1(part).hexdigest()}
+        sums = _sha1_sums(full, offset, end if length is not None else size)
         if ref.checksum.lower() not in sums:
             return "checksum", f"SHA1 of {ref.location!r} does not match"
     return None
+
+
+def _sha1_sums(full: str, start: int, end: int) -> set[str]:
+    """SHA1 of the whole file and of ``[start, end)``, read in pieces (writers differ on
+    which one the ``checksum`` entry holds)."""
+    whole, part = hashlib.sha1(), hashlib.sha1()
+    at = 0
+    with open(full, "rb") as f:
+        while chunk := f.read(CHUNK):
+            whole.update(chunk)
+            part.update(chunk[max(start - at, 0) : max(end - at, 0)])
+            at += len(chunk)
+    return {whole.hexdigest(), part.hexdigest()}
 
 
 # ---------------------------------------------------------------------------------------
@@ -335,7 +347,7 @@ def report_problems(
 
 
 # ---------------------------------------------------------------------------------------
-# Everything at once, and the absolute-path leak scan
+# Everything at once
 
 
 def context_problems(
@@ -356,15 +368,115 @@ def context_problems(
     ]
 
 
-def workspace_path_leak(root: str, data: bytes) -> str | None:
-    """The absolute workspace path (real or as given) that ``data`` contains, if any.
+# ---------------------------------------------------------------------------------------
+# Absolute paths: where one can be written, and what a byte scan may look for
 
-    Outputs must never carry the build machine's paths: they would not load elsewhere.
+
+LONG_PATH_MIN = 16
+"""The shortest workspace path (with its trailing separator) that opaque bytes are scanned
+for. Context binaries and initializers are hundreds of MB of arbitrary bytes: a short
+string such as ``/w/`` occurs in them by chance (a 3-byte string about once per 16 MB of
+random bytes), so a scan for it would fail a good build forever. A string of 16 bytes
+occurs by chance about once per 2**128 bytes: never. Shorter workspace paths get no byte
+scan; the string fields of the ctx models (`path_problems`) are checked whatever the length.
+"""
+
+_ABSOLUTE = re.compile(
+    r"""(?<![^\s'"=(\[{,;<>])"""  # at the start, or after a space, quote or bracket
+    r"""(?:/(?=[\w.~+@$-])|[A-Za-z]:[\\/]|\\\\(?=\w)|file://)"""  # /x  C:\  \\host  file://
+    r"""[^\s'"<>|,;)\]}]*"""
+)
+_REFERENCE_ATTRS = frozenset({"attribute onnx_model_filename"})
+"""String fields that name a file next to the model, so ``..`` is refused there too."""
+
+
+def scan_needles(root: str) -> tuple[bytes, ...]:
+    """What opaque output bytes are scanned for: the workspace path (real and as given)
+    followed by a separator, each only when at least `LONG_PATH_MIN` bytes long."""
+    paths = {os.path.realpath(root), os.path.abspath(root)}
+    needles = {(p.rstrip(os.sep) + os.sep).encode() for p in paths}
+    return tuple(sorted(n for n in needles if len(n) >= LONG_PATH_MIN))
+
+
+def absolute_paths(text: str) -> list[str]:
+    """The absolute paths written in ``text``: POSIX ``/a/b``, ``C:\\a``, ``\\\\host\\s``,
+    ``file://``. A slash inside a word (``N/A``, ``1/2``) or a URL's ``//`` is not one."""
+    return [m.group(0) for m in _ABSOLUTE.finditer(text)]
+
+
+@dataclass(frozen=True)
+class SourceText:
+    """The text of a group's source models, to tell what a compile wrote from what it kept."""
+
+    values: dict[str, str]
+    """Every text field value → the (workspace-relative) source model it is in."""
+    paths: dict[str, str]
+    """Every absolute path written in those values → its source model."""
+
+    def origin(self, value: str, path: str) -> str | None:
+        """The source model ``value`` (holding ``path``) comes from: copied verbatim, or a
+        name ORT derived from a source name (``/m/MatMul`` → ``/m/MatMul_token_3``)."""
+        if value in self.values:
+            return self.values[value]
+        for end in range(len(path), 1, -1):
+            if path[:end] in self.paths:
+                return self.paths[path[:end]]
+        return None
+
+
+def source_text(root: str, models: tuple[str, ...]) -> SourceText:
+    """The text of the source models (workspace-relative); an unreadable model adds nothing
+    (the compile reports it)."""
+    from epbuild.onnx.proto import ProtoError, read_model
+
+    values: dict[str, str] = {}
+    paths: dict[str, str] = {}
+    for model in models:
+        try:
+            info = read_model(os.path.join(root, model), strings=True)
+        except (ProtoError, OSError):
+            continue
+        for field in info.strings:
+            if field.value not in values:
+                values[field.value] = model
+                for path in absolute_paths(field.value):
+                    paths.setdefault(path, model)
+    return SourceText(values, paths)
+
+
+def path_problems(file: str, info: ModelInfo, sources: SourceText) -> list[Problem]:
+    """No text field of a ctx model (read with ``strings=True``) holds an absolute path;
+    file-naming fields hold no ``..`` either.
+
+    What the compile wrote is an error. What it kept from a source model is not the build's
+    doing: a copied ``doc_string`` or metadata value is one warning per file (naming the
+    first field), and a name (torch names nodes ``/model/layers.0/MatMul``) is fine.
+    References (``ep_cache_context``, external-data ``location``) are the reference rule's
+    (`embed_problems`, `external_data_problems`).
     """
-    for needle in {os.path.realpath(root), os.path.abspath(root)}:
-        if needle.encode() in data:
-            return needle
-    return None
+    problems: list[Problem] = []
+    kept: list[tuple[StringField, str, str]] = []
+    for field in info.strings:
+        found = absolute_paths(field.value)
+        if not found and field.field in _REFERENCE_ATTRS:
+            message = reference_problem(field.value)
+            if message and "'..'" in message:
+                problems.append(Problem(file, message, field.node, field.field))
+        for path in found:
+            origin = sources.origin(field.value, path)
+            if origin is None:
+                message = f"holds the absolute path {path!r}; outputs must not carry paths"
+                problems.append(Problem(file, message, field.node, field.field))
+                break
+            if field.field != "name":
+                kept.append((field, path, origin))
+                break
+    if kept:
+        field, path, origin = kept[0]
+        more = f" (and {len(kept) - 1} more such fields)" if len(kept) > 1 else ""
+        message = f"holds the absolute path {path!r}, kept from {origin}{more}"
+        problems.append(Problem(file, message, field.node, field.field, Severity.WARNING))
+    return problems
 
 
 # ---------------------------------------------------------------------------------------

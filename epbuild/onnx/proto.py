@@ -17,17 +17,27 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TypeAlias, overload
 
-__all__ = ["ContextNode", "ExternalRef", "ModelInfo", "ProtoError", "parse_model", "read_model"]
+__all__ = [
+    "Blob",
+    "ContextNode",
+    "ExternalRef",
+    "ModelInfo",
+    "ProtoError",
+    "StringField",
+    "parse_model",
+    "read_model",
+]
 
 _Buf: TypeAlias = "bytes | memoryview | _PagedFile"
 _Spec: TypeAlias = tuple[str, dict[int, int]]
-_AttrValue: TypeAlias = int | float | str | bytes
 
 # Big files are mostly raw_data that is skipped: read them in pages, on demand. Small or
 # dense files read better in one go.
 _PAGED_MIN = 64 << 20
 _PAGE_BITS = 16
 _MAX_DEPTH = 64  # nested subgraphs; protobuf itself stops at 100 messages deep
+_INLINE_MAX = 64 << 10
+"""String attributes longer than this (an embedded context binary) are not read: a `Blob`."""
 _EXTERNAL = 1  # TensorProto.DataLocation.EXTERNAL
 _FLOAT, _INT, _STRING = 1, 2, 3  # AttributeProto.AttributeType
 
@@ -45,6 +55,39 @@ class ExternalRef:
     offset: int | None
     length: int | None
     checksum: str | None
+
+
+@dataclass(frozen=True)
+class Blob:
+    """A string attribute too long to be anything but a payload (an embedded context
+    binary): only its size is known, its bytes are never read into memory."""
+
+    size: int
+
+    def __len__(self) -> int:
+        return self.size
+
+    def __bool__(self) -> bool:
+        return self.size > 0
+
+
+_AttrValue: TypeAlias = int | float | str | bytes | Blob
+
+
+@dataclass(frozen=True)
+class StringField:
+    """One text field of a model where a path could be written (``read_model(strings=True)``).
+
+    Doc strings, graph and node names, metadata, tensor doc strings and every string
+    attribute that is not a payload (an EPContext node's ``ep_cache_context`` is left out:
+    the reference rule covers it as a path, and embedded it is the context's bytes).
+    """
+
+    field: str
+    """What holds it: ``doc_string``, ``name``, ``attribute notes``, ``metadata_props['k']``."""
+    value: str
+    node: str | None = None
+    """The node (or ``graph NAME`` / ``tensor NAME``) the field belongs to; None: the model."""
 
 
 @dataclass(frozen=True)
@@ -70,6 +113,8 @@ class ModelInfo:
     metadata: dict[str, str]
     node_count: int
     """Nodes of the main graph (not of subgraphs or functions)."""
+    strings: tuple[StringField, ...] = ()
+    """Text fields where a path could be written; read only when asked (``strings=True``)."""
 
 
 # Expected wire types (0 varint, 1 fixed64, 2 length-delimited, 5 fixed32) of the known
@@ -174,24 +219,49 @@ def _int(value: str, what: str) -> int:
         raise ProtoError(f"external data {what} is not an integer: {value!r}") from None
 
 
+_CACHE = "ep_cache_context"
+
+
+def _string_value(buf: _Buf, s: int, e: int) -> str | bytes | Blob:
+    """A string attribute: text, bytes that are not UTF-8, or a `Blob` too long to read."""
+    if e - s > _INLINE_MAX:
+        return Blob(e - s)
+    raw = bytes(buf[s:e])
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return raw
+
+
 class _Reader:
-    def __init__(self, buf: _Buf) -> None:
+    def __init__(self, buf: _Buf, strings: bool = False) -> None:
         self.buf = buf
         self.refs: list[ExternalRef] = []
         self.op_types: dict[str, int] = {}
         self.context_nodes: list[ContextNode] = []
         self.node_count = 0
+        self.strings: list[StringField] | None = [] if strings else None
+
+    def text(self, field: str, span: tuple[int, int], node: str | None = None) -> None:
+        """Keep a non-empty text field (when strings are collected)."""
+        if self.strings is not None and span[1] > span[0]:
+            self.strings.append(StringField(field, _str(self.buf, *span), node))
 
     def tensor(self, a: int, b: int) -> None:
         buf, name, location, entries = self.buf, (0, 0), 0, {}
+        doc = (0, 0)
         for f, s, e in _fields(buf, a, b, _TENSOR):
             if f == 8:
                 name = (s, e)
+            elif f == 12:
+                doc = (s, e)
             elif f == 13:
                 key, value = _entry(buf, s, e)
                 entries[key] = value
             elif f == 14:
                 location = s
+        if self.strings is not None and doc[1] > doc[0]:
+            self.text("doc_string", doc, f"tensor {_str(buf, *name)}")
         if location != _EXTERNAL:
             return
         tensor = _str(buf, *name)
@@ -216,37 +286,63 @@ class _Reader:
     def graph(self, a: int, b: int, depth: int, main: bool) -> None:
         if depth > _MAX_DEPTH:
             raise ProtoError(f"subgraphs nested more than {_MAX_DEPTH} deep")
+        name = doc = (0, 0)
         for f, s, e in _fields(self.buf, a, b, _GRAPH):
             if f == 1:
                 self.node(s, e, depth, main)
+            elif f == 2:
+                name = (s, e)
             elif f == 5:
                 self.tensor(s, e)
+            elif f == 10:
+                doc = (s, e)
             elif f == 15:
                 self.sparse(s, e)
+        if self.strings is not None:
+            graph = f"graph {_str(self.buf, *name)}"
+            self.text("name", name, graph)
+            self.text("doc_string", doc, graph)
 
     def node(self, a: int, b: int, depth: int, main: bool) -> None:
         buf, attrs = self.buf, []
-        spans = {3: (0, 0), 4: (0, 0), 7: (0, 0)}  # name, op_type, domain
+        spans = {3: (0, 0), 4: (0, 0), 6: (0, 0), 7: (0, 0)}  # name, op_type, doc, domain
         for f, s, e in _fields(buf, a, b, _NODE):
             if f == 5:
                 attrs.append((s, e))
             elif f in spans:
                 spans[f] = (s, e)
-        if not main:  # a subgraph's or function's node: only its external data matters
+        op_type = _str(buf, *spans[4])
+        context = main and op_type == "EPContext"
+        texts = self.strings is not None
+        if not (main or texts):  # a subgraph's or function's node: only its external data
             for s, e in attrs:
-                self.attribute(s, e, depth, None)
+                self.attribute(s, e, depth, False)
             return
-        op_type, domain = _str(buf, *spans[4]), _str(buf, *spans[7])
-        values: dict[str, _AttrValue] | None = {} if op_type == "EPContext" else None
+        name = _str(buf, *spans[3])
+        values: dict[str, _AttrValue] = {}
         for s, e in attrs:
-            self.attribute(s, e, depth, values)
+            item = self.attribute(s, e, depth, context or texts)
+            if item is not None:
+                values[item[0]] = item[1]
+        if texts:
+            self.text("name", spans[3], name)
+            self.text("doc_string", spans[6], name)
+            for attr, value in values.items():
+                if isinstance(value, str) and not (op_type == "EPContext" and attr == _CACHE):
+                    assert self.strings is not None
+                    self.strings.append(StringField(f"attribute {attr}", value, name))
+        if not main:
+            return
+        domain = _str(buf, *spans[7])
         self.node_count += 1
         key = op_type if domain in ("", "ai.onnx") else f"{domain}::{op_type}"
         self.op_types[key] = self.op_types.get(key, 0) + 1
-        if values is not None:
-            self.context_nodes.append(ContextNode(_str(buf, *spans[3]), op_type, domain, values))
+        if context:
+            self.context_nodes.append(ContextNode(name, op_type, domain, values))
 
-    def attribute(self, a: int, b: int, depth: int, values: dict[str, _AttrValue] | None) -> None:
+    def attribute(self, a: int, b: int, depth: int, decode: bool) -> tuple[str, _AttrValue] | None:
+        """Visit an attribute's tensors and subgraphs; with ``decode``: its name and scalar
+        value (None when it has none)."""
         buf, name, kind = self.buf, "", 0
         found: dict[int, _AttrValue] = {}
         for f, s, e in _fields(buf, a, b, _ATTR):
@@ -256,7 +352,7 @@ class _Reader:
                 self.sparse(s, e)
             elif f in (6, 11):
                 self.graph(s, e, depth + 1, False)
-            elif values is None:
+            elif not decode:
                 continue
             elif f == 1:
                 name = _str(buf, s, e)
@@ -267,16 +363,14 @@ class _Reader:
             elif f == 3:
                 found[_INT] = _i64(s)
             elif f == 4:
-                raw = bytes(buf[s:e])
-                try:
-                    found[_STRING] = raw.decode("utf-8")
-                except UnicodeDecodeError:
-                    found[_STRING] = raw
-        if values is not None:
-            if not kind and len(found) == 1:  # old writers may leave `type` unset
-                kind = next(iter(found))
-            if kind in (_FLOAT, _INT, _STRING):
-                values[name] = found.get(kind, (0.0, 0, "")[kind - 1])
+                found[_STRING] = _string_value(buf, s, e)
+        if not decode:
+            return None
+        if not kind and len(found) == 1:  # old writers may leave `type` unset
+            kind = next(iter(found))
+        if kind in (_FLOAT, _INT, _STRING):
+            return name, found.get(kind, (0.0, 0, "")[kind - 1])
+        return None
 
     def model(self) -> ModelInfo:
         buf = self.buf
@@ -297,9 +391,13 @@ class _Reader:
                     elif g == 2:
                         version = _i64(s2)
                 opsets[domain] = version
+            elif f == 6:
+                self.text("doc_string", (s, e))
             elif f == 14:
                 key, value = _entry(buf, s, e)
                 metadata[key] = value
+                if self.strings is not None and value:
+                    self.strings.append(StringField(f"metadata_props[{key!r}]", value))
             elif f == 20:
                 for g, s2, e2 in _fields(buf, s, e, _TRAINING):
                     if g in (1, 2):
@@ -309,7 +407,7 @@ class _Reader:
                     if g == 7:
                         self.node(s2, e2, 1, False)
                     elif g == 11:
-                        self.attribute(s2, e2, 1, None)
+                        self.attribute(s2, e2, 1, False)
         if not has_graph:
             raise ProtoError("no graph in the model")
         return ModelInfo(
@@ -320,18 +418,22 @@ class _Reader:
             op_types=self.op_types,
             metadata=metadata,
             node_count=self.node_count,
+            strings=tuple(self.strings or ()),
         )
 
 
-def parse_model(data: bytes | memoryview) -> ModelInfo:
-    """Read a serialized ModelProto; raises `ProtoError` if it is not one."""
+def parse_model(data: bytes | memoryview, *, strings: bool = False) -> ModelInfo:
+    """Read a serialized ModelProto; raises `ProtoError` if it is not one.
+
+    With ``strings``, also the text fields where a path could be written (`StringField`).
+    """
     if isinstance(data, memoryview) and (
         data.format != "B" or data.ndim != 1 or not data.c_contiguous
     ):
         data = data.tobytes()  # an unusual view: copy rather than cast
     if not len(data):
         raise ProtoError("empty file")
-    return _Reader(data).model()
+    return _Reader(data, strings).model()
 
 
 class _PagedFile:
@@ -377,12 +479,12 @@ class _PagedFile:
         ]
 
 
-def read_model(path: str | os.PathLike[str]) -> ModelInfo:
-    """Read an ONNX file (external data files are not opened)."""
+def read_model(path: str | os.PathLike[str], *, strings: bool = False) -> ModelInfo:
+    """Read an ONNX file (external data files are not opened; see `parse_model`)."""
     with open(path, "rb") as f:
         size = os.fstat(f.fileno()).st_size
         if size == 0:
             raise ProtoError("empty file")
         if size < _PAGED_MIN:
-            return parse_model(f.read())
-        return _Reader(_PagedFile(f.fileno(), size)).model()
+            return parse_model(f.read(), strings=strings)
+        return _Reader(_PagedFile(f.fileno(), size), strings).model()

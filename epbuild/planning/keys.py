@@ -149,6 +149,11 @@ class KeyComputer:
             },
             "models": models,
         }
+        if action.initializer_names:
+            # The names depend on the group's size (one model keeps the configured name,
+            # more get a stem prefix): a group that grows renames this action's outputs.
+            # Only present when initializers go to a file, so other keys stay as they were.
+            components["initializer_names"] = list(action.initializer_names)
         blob = json.dumps(components, sort_keys=True, separators=(",", ":")).encode()
         return ActionKey(hashlib.sha256(blob).hexdigest(), components, inputs)
 
@@ -180,6 +185,11 @@ def _explain(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
             a, b = a_map.get(name), b_map.get(name)
             if a != b:
                 reasons.append(f"{label} {name}: {_show(a)} → {_show(b)}")
+    same_setting = old.get("group", {}).get("external_initializers") == new.get("group", {}).get(
+        "external_initializers"
+    )  # a changed setting is reported above already
+    if same_setting and old.get("initializer_names") != new.get("initializer_names"):
+        reasons.append(_initializer_reason(old.get("initializer_names"), new["initializer_names"]))
     if old.get("ep") != new.get("ep"):
         reasons.append(f"provider adapter {old.get('ep')} → {new.get('ep')}")
     old_models = {m["path"]: m for m in old.get("models", [])}
@@ -202,6 +212,19 @@ def _explain(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
     if not reasons and [m["path"] for m in old.get("models", [])] != list(new_models):
         reasons.append("model order changed")
     return reasons or ["key changed"]
+
+
+def _initializer_reason(old: list[str] | None, new: list[str]) -> str:
+    if old is None:  # recorded before the names were part of the key
+        return f"external-initializer file names {_names(new)} were not in the recorded key"
+    return (
+        f"external-initializer file names {_names(old)} → {_names(new)} "
+        "(they depend on how many models the group has)"
+    )
+
+
+def _names(names: list[str] | None) -> str:
+    return ", ".join(names or [])
 
 
 def _show(value: object) -> str:

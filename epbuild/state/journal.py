@@ -10,6 +10,7 @@ old one (Ninja's build log).
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import time
@@ -169,6 +170,16 @@ def _done_dict(rec: ActionRecord) -> dict[str, Any]:
     }
 
 
+def _write_all(fd: int, data: bytes) -> None:
+    """Write all of ``data``; a short write (the file-size limit reached) raises EFBIG."""
+    view = memoryview(data)
+    while view:
+        written = os.write(fd, view)
+        if written <= 0:
+            raise OSError(errno.EFBIG, os.strerror(errno.EFBIG))
+        view = view[written:]
+
+
 class Journal:
     """Appends records to the state file (callers hold the state lock)."""
 
@@ -180,8 +191,9 @@ class Journal:
         os.makedirs(os.path.dirname(self.path) or ".", exist_ok=True)
         fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
         try:
-            if os.fstat(fd).st_size == 0:
-                os.write(fd, _HEADER_LINE)
+            size = os.fstat(fd).st_size
+            if size == 0:
+                line = _HEADER_LINE + line
             else:
                 # A crash mid-append leaves a line without its newline: end it first so
                 # this record does not merge into the damaged one.
@@ -189,7 +201,13 @@ class Journal:
                     f.seek(-1, os.SEEK_END)
                     if f.read(1) != b"\n":
                         line = b"\n" + line
-            os.write(fd, line)
+            try:
+                _write_all(fd, line)
+            except OSError as exc:
+                # A full disk or a file-size limit cut the record short: take it back, so
+                # the journal keeps ending with a whole line and later records still load.
+                os.ftruncate(fd, size)
+                raise OSError(exc.errno, exc.strerror, self.path) from exc
             if sync:
                 os.fsync(fd)
         finally:

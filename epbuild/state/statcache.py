@@ -14,11 +14,10 @@ import os
 import time
 from dataclasses import dataclass
 
-from epbuild.fs import atomic_write_bytes
+from epbuild.fs import atomic_write_bytes, digest_file
 
 _VERSION = 2  # 2: a sha256 of the payload on the first line (a flipped byte is caught)
 _RACY_NS = 20_000_000  # an mtime this close to "now" may still change within its tick
-_CHUNK = 1 << 20
 # What a damaged or hand-edited stat cache can raise while it is read: it is then dropped.
 _UNREADABLE = (OSError, ValueError, KeyError, TypeError, IndexError, AttributeError, RecursionError)
 
@@ -36,12 +35,8 @@ class Entry:
 
 
 def hash_file(path: str) -> str:
-    """sha256 hex digest of a file's bytes."""
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(_CHUNK):
-            h.update(chunk)
-    return h.hexdigest()
+    """sha256 hex digest of a file's bytes (read in pieces)."""
+    return digest_file(path).sha256
 
 
 def _well_formed(rel: object, e: Entry) -> bool:
