@@ -172,6 +172,12 @@ def test_spill_fill_size_is_aligned_across_the_group(workspace: Workspace) -> No
     sizes = [_main_max_sizes(out / f"g/spill/s{i}_ctx.onnx") for i in range(3)]
     assert sizes[2][0] > 0 and sizes == [sizes[2]] * 3
     assert verify_outputs(workspace.root).ok
+    # The rewrite is in the key of the group (built before it existed: rebuilt), only there.
+    from epbuild.state.journal import load_state
+
+    records = load_state(str(workspace.root / ".epbuild" / "state.jsonl")).records
+    assert records["g/spill"].components["group"]["rewrite"].startswith("spill-fill")
+    assert "rewrite" not in records["alone/spill/s0"].components["group"]
 
 
 def test_align_spill_fill_size_rewrites_earlier_models(tmp_path: Path) -> None:

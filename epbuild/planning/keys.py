@@ -149,6 +149,10 @@ class KeyComputer:
             },
             "models": models,
         }
+        rewrite = getattr(get_provider(action.provider.ep), "sharing_rewrite", None)
+        if g.share_weights and rewrite is not None and (done := rewrite(action.provider)):
+            # Present only where a rewrite applies, so other keys stay as they were.
+            components["group"]["rewrite"] = done
         if action.initializer_names:
             # The names depend on the group's size (one model keeps the configured name,
             # more get a stem prefix): a group that grows renames this action's outputs.

@@ -178,10 +178,17 @@ class QnnProvider(BaseProvider):
             return "multi-SoC QNN contexts cannot be loaded on x86_64; load them on the target"
         return None
 
+    def sharing_rewrite(self, config: ProviderConfig) -> str | None:
+        """What `finish_sharing_group` changes in a sharing group's outputs (a key
+        component, so groups built before the rewrite existed rebuild), or None."""
+        if config.options.get(SPILL_FILL_OPTION) == "1":
+            return "spill-fill max_size aligned across the group"
+        return None
+
     def finish_sharing_group(self, config: ProviderConfig, ctx_paths: list[str]) -> None:
         """Worker side, after a weight-sharing group compiled: with spill-fill buffers on,
         every ctx model gets the group's spill-fill size (``align_spill_fill_size``)."""
-        if config.options.get(SPILL_FILL_OPTION) == "1":
+        if self.sharing_rewrite(config) is not None:
             align_spill_fill_size(ctx_paths)
 
     def attach(
