@@ -6,7 +6,8 @@ weight-sharing group get ``ep.share_ep_contexts=1`` and hold the process-wide sh
 lock for as long as they are open, so two sharing groups never use the EP's singleton at
 once. ``close`` (or leaving the ``with`` block) destroys the sessions in the reverse order of
 creation, whatever happened. Before any session is created each ctx model's EPContext
-``source`` and ``ep_compatibility_info`` are checked against the EP; a mismatch raises
+``source`` and ``ep_compatibility_info`` are checked against the EP (and ONNX Runtime's own
+verdict, where it gives one: ``EP_UNSUPPORTED`` refuses); a mismatch raises
 ``CompatibilityError`` (the seed's INVALID_GRAPH case) instead of a late native failure.
 """
 
@@ -127,7 +128,7 @@ def check_context(label: str, data: bytes | None, path: str, provider: ProviderC
     missing = missing_context(label, info)
     if missing is not None:
         raise CompatibilityError(f"{label}: {missing.message}; it is not a built ctx model")
-    wrong = source_problems(label, info, adapter.context_source(provider), provider.ep)
+    wrong = source_problems(label, info, adapter, provider)
     if wrong:
         raise CompatibilityError(
             f"{label}: EPContext node {wrong[0].node}: source {wrong[0].message}",
@@ -143,6 +144,11 @@ def check_context(label: str, data: bytes | None, path: str, provider: ProviderC
             else "rebuild it for this target and SDK ('epbuild build'), or install the EP "
             "version it was built with",
         )
+    from epbuild.inspect.ortcompat import ort_compatibility
+
+    judged = ort_compatibility(label, path, provider, data).problem()
+    if judged is not None and judged.severity.value == "error":
+        raise CompatibilityError(judged.message, hint="check the provider options in the manifest")
 
 
 def open_models(
