@@ -145,10 +145,13 @@ def check_context(label: str, data: bytes | None, path: str, provider: ProviderC
             "version it was built with",
         )
     from epbuild.inspect.ortcompat import ort_compatibility
+    from epbuild.onnx.context import Severity
 
     judged = ort_compatibility(label, path, provider, data).problem()
-    if judged is not None and judged.severity.value == "error":
-        raise CompatibilityError(judged.message, hint="check the provider options in the manifest")
+    if judged is not None and judged.severity is Severity.ERROR:
+        raise CompatibilityError(
+            judged.line(), hint="rebuild it with this device's target in the provider options"
+        )
 
 
 def open_models(
