@@ -191,6 +191,7 @@ def test_cli_exit_codes_and_json(copy: Path) -> None:
     doc = json.loads(bad.stdout)
     assert not doc["ok"] and {p["file"] for p in doc["problems"]} == {
         "build/part/htp/w.bin", "build/part/htp/p_ctx.onnx"}  # fmt: skip
+    assert {e["file"] for e in doc["ort_compatibility"]} == set(doc["checked"])
 
 
 def test_status_detail_cli(copy: Path) -> None:
