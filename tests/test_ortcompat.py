@@ -31,7 +31,21 @@ def test_path_and_bytes_read_the_same_info(ctx: Path) -> None:
     by_bytes = ort_compatibility("a", "elsewhere", QNN, ctx.read_bytes())
     assert by_path.info == by_bytes.info and (by_path.info or "").startswith("v2:6:")
     # onnxruntime-qnn judges only NPU devices; this host lists a CPU-typed QNN device
-    assert by_path.verdict is None and "NPU" in by_path.note and by_path.problem() is None
+    assert by_path.verdict is None and by_path.problem() is None
+    assert by_path.note == "the qnn EP judges only NPU devices and this machine lists none"
+
+
+def test_the_qnn_ep_is_never_asked_without_an_npu(
+    ctx: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Asked after a QNN session existed in the process, its refusal segfaults (ORT 1.32).
+    from onnxruntime.capi import onnxruntime_pybind11_state as capi
+
+    def judge(devices: object, info: str) -> None:
+        raise AssertionError("asked")
+
+    monkeypatch.setattr(capi, "get_model_compatibility_for_ep_devices", judge)
+    assert ort_compatibility("a", ctx, QNN).verdict is None
 
 
 def test_a_model_without_compatibility_info(ctx: Path) -> None:
@@ -76,6 +90,9 @@ def test_what_each_verdict_means(
 ) -> None:
     from onnxruntime.capi import onnxruntime_pybind11_state as capi
 
+    from epbuild.providers.qnn import QnnProvider
+
+    monkeypatch.setattr(QnnProvider, "compatibility_device_types", frozenset({"CPU"}))
     answer = getattr(capi.OrtCompiledModelCompatibility, verdict.value)
     monkeypatch.setattr(capi, "get_model_compatibility_for_ep_devices", lambda d, i: answer)
     found = ort_compatibility("a", ctx, QNN)

@@ -201,6 +201,9 @@ def test_ort_unsupported_verdict_refuses_before_any_session(
 ) -> None:
     from onnxruntime.capi import onnxruntime_pybind11_state as capi
 
+    from epbuild.providers.qnn import QnnProvider
+
+    monkeypatch.setattr(QnnProvider, "compatibility_device_types", frozenset({"CPU"}))
     verdicts = capi.OrtCompiledModelCompatibility
     said: list[str] = []
 

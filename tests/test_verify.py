@@ -260,9 +260,13 @@ def test_verify_load_model_zoo(tmp_path: Path) -> None:
 
 
 def ort_says(monkeypatch: pytest.MonkeyPatch, verdict: str) -> list[tuple[list[Any], str]]:
-    """Make ORT's device check answer ``verdict`` (the QNN EP judges only NPU devices, which
-    this host lacks); returns the calls it got."""
+    """Make ORT's device check answer ``verdict`` for this host's (CPU-typed) QNN device: the
+    real EP judges only NPU devices, which this host lacks; returns the calls it got."""
     from onnxruntime.capi import onnxruntime_pybind11_state as capi
+
+    from epbuild.providers.qnn import QnnProvider
+
+    monkeypatch.setattr(QnnProvider, "compatibility_device_types", frozenset({"CPU", "NPU"}))
 
     calls: list[tuple[list[Any], str]] = []
 
@@ -279,7 +283,7 @@ def test_ort_verdict_is_not_available_on_this_host(good: Path) -> None:
     (entry,) = result.to_json()["ort_compatibility"]
     assert entry["file"] == "build/single/htp/c_ctx.onnx" and entry["ep"] == "qnn"
     assert entry["info"].startswith("v2:") and ":73:60:" in entry["info"]
-    assert entry["verdict"] is None and "only supports OrtHardwareDeviceType_NPU" in entry["note"]
+    assert entry["verdict"] is None and "judges only NPU devices" in entry["note"]
     assert entry["target_check"] == "ok" and result.ok
 
 

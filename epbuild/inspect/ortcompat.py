@@ -8,10 +8,13 @@ machine (``get_model_compatibility_for_ep_devices``), answering with an
 ``onnxruntime.capi.onnxruntime_pybind11_state`` only (ORT 1.32 does not re-export them).
 
 Where there is no verdict (no onnxruntime, an older one, no device of the EP, or an EP that
-declines to judge) the result says why and nothing fails: the onnxruntime-qnn 2.7.0 plugin
-judges only for NPU devices, and on x86_64 it lists a CPU-typed device, so on a build host
-the QNN verdict is "not available". onnxruntime is imported here, lazily: only ``verify``
-and the runtime call this, never the build's coordinator.
+declines to judge) the result says why and nothing fails. An adapter may name the device
+types its EP judges (``compatibility_device_types``); ORT is then asked only with those. The
+onnxruntime-qnn 2.7.0 plugin judges only NPU devices and on x86_64 lists a CPU-typed one;
+asked anyway it refuses, and if a QNN session existed in the process before, the refusal
+segfaults it (measured with ORT 1.32), so on a build host the QNN verdict is "not available"
+without asking. onnxruntime is imported here, lazily: only ``verify`` and the runtime call
+this, never the build's coordinator.
 """
 
 from __future__ import annotations
@@ -120,6 +123,13 @@ def ort_compatibility(
         return OrtCompatibility(
             file, None, str(info), ep, f"ONNX Runtime lists no {ep} device here"
         )
+    judged = getattr(adapter, "compatibility_device_types", None)
+    if judged is not None:
+        devices = [d for d in devices if d.device.type.name in judged]
+        if not devices:
+            kinds = "/".join(sorted(judged))
+            note = f"the {ep} EP judges only {kinds} devices and this machine lists none"
+            return OrtCompatibility(file, None, str(info), ep, note)
     try:
         verdict = judge(devices, info)
         found = OrtVerdict(verdict.name)

@@ -75,6 +75,11 @@ class QnnProvider(BaseProvider):
     kind = "qnn"
     extra = "qnn"
     known_options = KNOWN_OPTIONS
+    compatibility_device_types = frozenset({"NPU"})
+    """Device types the EP judges compiled models for (``epbuild.inspect.ortcompat``). On
+    x86_64 the plugin lists a CPU-typed device and answers ``only supports
+    OrtHardwareDeviceType_NPU``; asking it after a QNN session existed in the process
+    segfaults (onnxruntime-qnn 2.7.0, ORT 1.32), so it is never asked without an NPU."""
 
     def check_options(self, options: Mapping[str, Any], *, key: str) -> dict[str, str]:
         """Backend HTP only; known architectures and SoCs, as many of each."""
