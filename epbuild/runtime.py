@@ -23,8 +23,9 @@ factory that opens another group) raises ``UserError`` at once instead of deadlo
 ``close`` (or leaving the ``with`` block) destroys the sessions in the reverse order of
 creation, whatever happened; if creating the k-th session fails, the first k-1 are destroyed
 in reverse before the error propagates. Before any session is created each ctx model's
-EPContext ``source`` and ``ep_compatibility_info`` are checked against the EP; a mismatch
-raises ``CompatibilityError`` (the seed's INVALID_GRAPH case) instead of a late native
+EPContext ``source`` and ``ep_compatibility_info`` are checked against the EP (and ONNX
+Runtime's own verdict, where it gives one: ``EP_UNSUPPORTED`` refuses); a mismatch raises
+``CompatibilityError`` (the seed's INVALID_GRAPH case) instead of a late native
 failure.
 """
 
@@ -152,7 +153,7 @@ def check_context(label: str, data: bytes | None, path: str, provider: ProviderC
     missing = missing_context(label, info)
     if missing is not None:
         raise CompatibilityError(f"{label}: {missing.message}; it is not a built ctx model")
-    wrong = source_problems(label, info, adapter.context_source(provider), provider.ep)
+    wrong = source_problems(label, info, adapter, provider)
     if wrong:
         raise CompatibilityError(
             f"{label}: EPContext node {wrong[0].node}: source {wrong[0].message}",
@@ -167,6 +168,14 @@ def check_context(label: str, data: bytes | None, path: str, provider: ProviderC
             if attr not in info.metadata
             else "rebuild it for this target and SDK ('epbuild build'), or install the EP "
             "version it was built with",
+        )
+    from epbuild.inspect.ortcompat import ort_compatibility
+    from epbuild.onnx.context import Severity
+
+    judged = ort_compatibility(label, path, provider, data).problem()
+    if judged is not None and judged.severity is Severity.ERROR:
+        raise CompatibilityError(
+            judged.line(), hint="rebuild it with this device's target in the provider options"
         )
 
 

@@ -420,3 +420,27 @@ def test_outputs_replaced_while_opening_are_refused(trio: Workspace) -> None:
         open_action("g/htp", trio.root, session_factory=recorder)
     assert _opened(log) == ["1 open a", "1 open b", "1 open c", "1 close c", "1 close b",
                             "1 close a"]  # fmt: skip
+
+
+@pytest.mark.parametrize("load", ["path", "bytes"])
+def test_ort_unsupported_verdict_refuses_before_any_session(
+    trio: Workspace, monkeypatch: pytest.MonkeyPatch, load: str
+) -> None:
+    from onnxruntime.capi import onnxruntime_pybind11_state as capi
+
+    from epbuild.providers.qnn import QnnProvider
+
+    monkeypatch.setattr(QnnProvider, "compatibility_device_types", frozenset({"CPU"}))
+    verdicts = capi.OrtCompiledModelCompatibility
+    said: list[str] = []
+
+    def judge(devices: list[Any], info: str) -> Any:
+        said.append(info)
+        return verdicts.EP_UNSUPPORTED if len(said) == 1 else verdicts.EP_SUPPORTED_OPTIMAL
+
+    monkeypatch.setattr(capi, "get_model_compatibility_for_ep_devices", judge)
+    with pytest.raises(CompatibilityError, match="EP_UNSUPPORTED") as info:
+        open_action("g/htp", trio.root, load=load)  # type: ignore[arg-type]
+    assert "a_ctx.onnx" in info.value.message and said[0].startswith("v2:")
+    with open_action("g/htp", trio.root, load=load) as built:  # type: ignore[arg-type]
+        assert built.names == ["a", "b", "c"]  # OPTIMAL (and no verdict) open as before

@@ -201,6 +201,7 @@ def test_cli_exit_codes_and_json(copy: Path) -> None:
     doc = json.loads(bad.stdout)
     assert not doc["ok"] and {p["file"] for p in doc["problems"]} == {
         "build/part/htp/w.bin", "build/part/htp/p_ctx.onnx"}  # fmt: skip
+    assert {e["file"] for e in doc["ort_compatibility"]} == set(doc["checked"])
 
 
 def test_status_detail_cli(copy: Path) -> None:
@@ -262,3 +263,114 @@ def test_verify_load_model_zoo(tmp_path: Path) -> None:
     # model compiled just in time fine): reported as not loadable here, never as a failure.
     passed = [c for c in checked.loads if c.outcome is LoadOutcome.PASSED]
     assert len(passed) >= 16, [(c.file, c.message) for c in checked.loads]
+
+
+# ---------------------------------------------------------------------------------------
+# ONNX Runtime's own verdict, source aliases, loads that may not compile
+
+
+def ort_says(monkeypatch: pytest.MonkeyPatch, verdict: str) -> list[tuple[list[Any], str]]:
+    """Make ORT's device check answer ``verdict`` for this host's (CPU-typed) QNN device: the
+    real EP judges only NPU devices, which this host lacks; returns the calls it got."""
+    from onnxruntime.capi import onnxruntime_pybind11_state as capi
+
+    from epbuild.providers.qnn import QnnProvider
+
+    monkeypatch.setattr(QnnProvider, "compatibility_device_types", frozenset({"CPU", "NPU"}))
+
+    calls: list[tuple[list[Any], str]] = []
+
+    def judge(devices: list[Any], info: str) -> Any:
+        calls.append((list(devices), info))
+        return getattr(capi.OrtCompiledModelCompatibility, verdict)
+
+    monkeypatch.setattr(capi, "get_model_compatibility_for_ep_devices", judge)
+    return calls
+
+
+def test_ort_verdict_is_not_available_on_this_host(good: Path) -> None:
+    result = verify_outputs(good, selectors=["single"])
+    (entry,) = result.to_json()["ort_compatibility"]
+    assert entry["file"] == "build/single/htp/c_ctx.onnx" and entry["ep"] == "qnn"
+    assert entry["info"].startswith("v2:") and ":73:60:" in entry["info"]
+    assert entry["verdict"] is None and "judges only NPU devices" in entry["note"]
+    assert entry["target_check"] == "ok" and result.ok
+
+
+def test_ort_unsupported_is_an_error(good: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    calls = ort_says(monkeypatch, "EP_UNSUPPORTED")
+    result = verify_outputs(good, selectors=["single"])
+    assert not result.ok and [c.verdict.value for c in result.ort if c.verdict] == [
+        "EP_UNSUPPORTED"
+    ]
+    ((devices, info),) = calls
+    assert {d.ep_name for d in devices} == {"qnn"} and ":73:60:" in info
+    assert any(
+        line.startswith("build/single/htp/c_ctx.onnx: ONNX Runtime says the qnn EP cannot run")
+        for line in result.lines()
+    )
+
+
+def test_ort_prefer_recompilation_is_a_warning(good: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    ort_says(monkeypatch, "EP_SUPPORTED_PREFER_RECOMPILATION")
+    result = verify_outputs(good, selectors=["single"])
+    assert result.ok
+    (line,) = result.lines()
+    assert line.startswith("warning: build/single/htp/c_ctx.onnx: ") and "recompiled" in line
+    ort_says(monkeypatch, "EP_SUPPORTED_OPTIMAL")
+    optimal = verify_outputs(good, selectors=["single"])
+    assert optimal.ok and not optimal.lines()
+    assert optimal.to_json()["ort_compatibility"][0]["verdict"] == "EP_SUPPORTED_OPTIMAL"
+
+
+def test_ort_verdict_beside_a_failed_target_check(
+    copy: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def change(model: onnx.ModelProto) -> None:
+        for p in model.metadata_props:
+            if p.key == "ep_compatibility_info.qnn":
+                p.value = p.value.replace(":73:60:", ":75:69:")
+
+    edit_ctx(copy / "build/single/htp/c_ctx.onnx", change)
+    calls = ort_says(monkeypatch, "EP_SUPPORTED_OPTIMAL")
+    (entry,) = verify_outputs(copy, selectors=["single"]).to_json()["ort_compatibility"]
+    assert ":75:69:" in calls[0][1] and entry["verdict"] == "EP_SUPPORTED_OPTIMAL"
+    assert "htp_arch 75" in entry["target_check"]
+
+
+@pytest.mark.parametrize("alias", [b"QNN", b"QnnExecutionProvider", b"QNNEXECUTIONPROVIDER"])
+def test_source_aliases_the_ep_loads_are_accepted(copy: Path, alias: bytes) -> None:
+    edit_ctx(copy / "build/single/htp/c_ctx.onnx", set_attr("source", alias))
+    result = verify_outputs(copy, selectors=["single"], load=True)
+    # the digest changed (the file was edited); the source rule and a real load accept it
+    assert [p.message for p in result.problems] == [
+        "content does not match the digest recorded by the build"
+    ]
+    assert [c.outcome for c in result.loads] == [LoadOutcome.PASSED]
+
+
+@pytest.mark.parametrize("bad", [b"QNN_EP", b"qnn ", b""])
+def test_source_near_misses_are_refused(copy: Path, bad: bytes) -> None:
+    edit_ctx(copy / "build/single/htp/c_ctx.onnx", set_attr("source", bad))
+    found = [p for p in verify_outputs(copy, selectors=["single"]).problems
+             if p.attribute == "source"]  # fmt: skip
+    assert len(found) == 1 and "expects 'qnn'" in found[0].message
+
+
+def test_load_refuses_a_model_the_ep_would_compile(
+    good: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A plain model the QNN EP would compile at load: the runtime's EPContext checks
+    # refuse it first, so they are switched off to reach ORT's own refusal.
+    from epbuild import runtime
+    from epbuild.inspect import loadcheck
+
+    monkeypatch.setattr(runtime, "check_context", lambda *args: None)
+    plain = str(good / "m/c.onnx")
+    job = {"ctx": plain, "source": plain,
+           "provider": {"name": "htp", "ep": "qnn",
+                        "options": {"backend_type": "htp", **HTP73["options"]}}}  # fmt: skip
+    result = loadcheck.check(job)
+    assert result["outcome"] == "failed", result
+    assert "the EP would compile nodes of it at load" in result["message"]
+    assert "disable_model_compile" in result["message"]

@@ -238,7 +238,7 @@ def check_outputs(
                 f"{model}: the ctx model {missing.message} — nothing was compiled by the EP",
                 hint="the model's ops are probably unsupported by this EP",
             )
-        wrong = source_problems(ctx, info, adapter.context_source(config), config.ep)
+        wrong = source_problems(ctx, info, adapter, config)
         if wrong:
             raise CompileFailure(
                 f"{model}: EPContext node {wrong[0].node}: source {wrong[0].message}"

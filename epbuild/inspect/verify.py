@@ -1,9 +1,12 @@
 """``epbuild verify``: check built outputs against the EPContext schema, the ONNX external-data
 rules, the manifest and the state journal; optionally load and run them (``--load``).
 
-The static checks are ``epbuild.onnx.context``'s rules (no onnx/onnxruntime import). ``--load`` runs
-each ctx model in a fresh subprocess (``python -m epbuild.inspect.loadcheck``): some built contexts
-crash the process that loads them on a host without the target hardware.
+The static checks are ``epbuild.onnx.context``'s rules (no onnx/onnxruntime import), then ONNX
+Runtime's own verdict on each ctx model for the EP's devices here (``epbuild.inspect.ortcompat``,
+where onnxruntime and the EP can give one). ``--load`` runs each ctx model in a fresh subprocess
+(``python -m epbuild.inspect.loadcheck``) with ``session.disable_model_compile=1``: some built
+contexts crash the process that loads them on a host without the target hardware, and a model
+the EP would compile at load is not a working ctx model.
 """
 
 from __future__ import annotations
@@ -19,7 +22,9 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from epbuild.fs import digest_file
+from epbuild.inspect.ortcompat import OrtCompatibility, ort_compatibility
 from epbuild.onnx.context import (
+    COMPAT_PREFIX,
     Problem,
     Severity,
     SourceText,
@@ -69,6 +74,8 @@ class VerifyResult:
     """Workspace-relative ctx models checked."""
     problems: list[Problem] = field(default_factory=list)
     loads: list[LoadCheck] = field(default_factory=list)
+    ort: list[OrtCompatibility] = field(default_factory=list)
+    """ONNX Runtime's verdict per checked ctx model (its problems are in ``problems``)."""
 
     @property
     def ok(self) -> bool:
@@ -94,7 +101,17 @@ class VerifyResult:
             "checked": self.checked,
             "problems": [p.to_json() for p in self.problems],
             "loads": [c.to_json() for c in self.loads],
+            "ort_compatibility": [self._ort_json(c) for c in self.ort],
         }
+
+    def _ort_json(self, check: OrtCompatibility) -> dict[str, Any]:
+        """ORT's verdict beside epbuild's own check of ``ep_compatibility_info``."""
+        own = [
+            p.message
+            for p in self.problems
+            if p.file == check.file and (p.attribute or "").startswith(COMPAT_PREFIX)
+        ]
+        return {**check.to_json(), "target_check": own[0] if own else "ok"}
 
 
 def verify_outputs(
@@ -173,6 +190,11 @@ def _check_ctx(
         ws.root, ctx, info, action.provider, action.group.embed_mode, out_dir
     )
     result.problems += path_problems(ctx, info, text)
+    verdict = ort_compatibility(ctx, full, action.provider)
+    result.ort.append(verdict)
+    problem = verdict.problem()
+    if problem is not None:
+        result.problems.append(problem)
     return info
 
 

@@ -180,12 +180,25 @@ def _is_main(node: ContextNode) -> bool:
     return node.attributes.get("main_context", 1) == 1
 
 
-def source_problems(file: str, info: ModelInfo, source: str, ep: str) -> list[Problem]:
-    """Every EPContext node's ``source`` is what the provider writes ("" when it writes none)."""
+def accepts_source(adapter: Provider, config: ProviderConfig, source: str) -> bool:
+    """Whether the adapter's EP loads EPContext nodes whose ``source`` is ``source``: what it
+    writes, or an alias it names (``accepts_source``, optional on third-party adapters)."""
+    accepts = getattr(adapter, "accepts_source", None)
+    if accepts is not None:
+        return bool(accepts(config, source))
+    return source == adapter.context_source(config)
+
+
+def source_problems(
+    file: str, info: ModelInfo, adapter: Provider, config: ProviderConfig
+) -> list[Problem]:
+    """Every EPContext node's ``source`` is one the provider's EP accepts: what it writes
+    ("" when it writes none) or an alias it loads too (the QNN EP: ``QnnExecutionProvider``)."""
+    expected = adapter.context_source(config)
     return [
-        _at(file, n, "source", f"{got!r} is not for the {ep} EP (expects {source!r})")
+        _at(file, n, "source", f"{got!r} is not for the {config.ep} EP (expects {expected!r})")
         for n in info.context_nodes
-        if (got := str(n.attributes.get("source", ""))) != source
+        if not accepts_source(adapter, config, got := str(n.attributes.get("source", "")))
     ]
 
 
@@ -361,7 +374,7 @@ def context_problems(
     return [
         *([missing] if missing else []),
         *node_problems(file, info),
-        *source_problems(file, info, adapter.context_source(config), config.ep),
+        *source_problems(file, info, adapter, config),
         *embed_problems(root, file, info, embed_mode, directory),
         *external_data_problems(root, file, info, directory),
         *compatibility_problems(file, info, adapter, config),

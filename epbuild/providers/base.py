@@ -92,7 +92,9 @@ class Provider(Protocol):
     def context_source(self, config: ProviderConfig) -> str:
         """The ``source`` attribute its EPContext nodes carry (e.g. ``qnn``).
 
-        ``""`` means the EP writes no ``source`` attribute at all (the TensorRT EP).
+        ``""`` means the EP writes no ``source`` attribute at all (the TensorRT EP). An
+        adapter may also define ``accepts_source(config, source) -> bool`` for the aliases
+        its EP loads as well (``BaseProvider``: only ``context_source``).
         """
         ...
 
@@ -172,6 +174,11 @@ class BaseProvider(abc.ABC):
     @abc.abstractmethod
     def context_source(self, config: ProviderConfig) -> str:
         """The ``source`` attribute its EPContext nodes carry (``""``: none)."""
+
+    def accepts_source(self, config: ProviderConfig, source: str) -> bool:
+        """Whether the EP loads EPContext nodes whose ``source`` is ``source``; by default
+        only what it writes."""
+        return source == self.context_source(config)
 
     def context_options(
         self, config: ProviderConfig, ctx_path: str, embed_mode: int

@@ -23,6 +23,10 @@ if TYPE_CHECKING:
 EP_NAME = "qnn"
 """Name the plugin registers its EP and devices under (not ``QNNExecutionProvider``)."""
 DIST = "onnxruntime-qnn"
+SOURCE_ALIASES = frozenset({"qnn", "qnnexecutionprovider"})
+"""EPContext ``source`` values the QNN EP loads, compared case-insensitively (measured with
+onnxruntime-qnn 2.7.0: ``qnn``, ``QNN``, ``QnnExecutionProvider``, ``QNNEXECUTIONPROVIDER``
+load; ``qnn `` with a space, ``QNN_EP`` and ``""`` are refused)."""
 
 # HTP architectures and SoC models the QNN SDK accepts. Anything else compiles silently for
 # a default target or falls back to the CPU EP (ORT-QNN-FACTS.md), so we refuse it first.
@@ -73,6 +77,11 @@ class QnnProvider(BaseProvider):
     kind = "qnn"
     extra = "qnn"
     known_options = KNOWN_OPTIONS
+    compatibility_device_types = frozenset({"NPU"})
+    """Device types the EP judges compiled models for (``epbuild.inspect.ortcompat``). On
+    x86_64 the plugin lists a CPU-typed device and answers ``only supports
+    OrtHardwareDeviceType_NPU``; asking it after a QNN session existed in the process
+    segfaults (onnxruntime-qnn 2.7.0, ORT 1.32), so it is never asked without an NPU."""
 
     def check_options(self, options: Mapping[str, Any], *, key: str) -> dict[str, str]:
         """Backend HTP only; known architectures and SoCs, as many of each."""
@@ -133,6 +142,10 @@ class QnnProvider(BaseProvider):
 
     def context_source(self, config: ProviderConfig) -> str:
         return EP_NAME
+
+    def accepts_source(self, config: ProviderConfig, source: str) -> bool:
+        """``qnn`` or ``QnnExecutionProvider``, in any case (``SOURCE_ALIASES``)."""
+        return source.lower() in SOURCE_ALIASES
 
     def compatibility_key(self, config: ProviderConfig) -> str | None:
         return EP_NAME
