@@ -126,7 +126,7 @@ def build(
             cache=open_action_cache(ws, directory, cache, cache_push),
             cache_only=cache_only,
         )
-        results.update(_run(builder, stale, trace))
+        results.update(_run(builder, stale, trace, warnings))
     finally:
         if run.owned:  # an executor passed in belongs to the caller, who may reuse it
             run.executor.close()
@@ -191,9 +191,13 @@ def _prepare(ws: Workspace, lock_timeout: float | None) -> None:
 
 
 def _run(
-    builder: Builder, stale: list[ActionPlan], trace: str | os.PathLike[str] | None
+    builder: Builder,
+    stale: list[ActionPlan],
+    trace: str | os.PathLike[str] | None,
+    warnings: list[str],
 ) -> dict[str, ActionResult]:
-    """Schedule the stale actions, then persist the stat cache, the journal and the trace."""
+    """Schedule the stale actions, then persist the stat cache, the journal and the trace
+    (a step that cannot write is said and added to ``warnings``)."""
     from epbuild._names import TRACE_NAME
 
     ws = builder.ws
@@ -215,7 +219,8 @@ def _run(
             try:
                 step()
             except OSError as exc:
-                builder.reporter.message(f"warning: {what}: {os_error_text(exc, ws.root)}")
+                warnings.append(f"{what}: {os_error_text(exc, ws.root)}")
+                builder.reporter.message(f"warning: {warnings[-1]}")
 
 
 def _save_stats_if_possible(ws: Workspace) -> None:

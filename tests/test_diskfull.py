@@ -261,3 +261,23 @@ def test_a_write_cut_short_leaves_the_file_as_it_was(tmp_path: Path, kind: str) 
         Journal(str(path)).forget("small")  # a later record lands on a whole line
         state = load_state(str(path))
         assert not state.warnings and state.lines == 2 and not state.interrupted
+
+
+def test_end_of_build_steps_that_cannot_write_are_warnings_in_the_result(
+    workspace: Workspace, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import errno
+
+    import epbuild.api
+
+    def full(*_: Any) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(epbuild.api, "save_stats", full)
+    ws = _two_groups(workspace)
+    ws.model("m/b.onnx", matmul_model(13))
+    result = ws.build()
+    assert result.ok, [a.error for a in result.actions]
+    said = [w for w in result.warnings if "stat cache was not saved" in w]
+    assert said and "No space left on device" in said[0], result.warnings
+    assert "stat cache was not saved" in json.dumps(result.to_json())
