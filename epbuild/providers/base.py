@@ -89,6 +89,12 @@ class Provider(Protocol):
         """Toolchain versions for the action key (``importlib.metadata``, no imports)."""
         ...
 
+    def needs_static_shapes(self, config: ProviderConfig) -> bool:
+        """Whether the EP compiles only inputs of fixed shape (an NPU): epbuild then fails a
+        model whose inputs keep a symbolic dimension before compiling it. Optional for
+        third-party adapters (absent: False)."""
+        ...
+
     def context_source(self, config: ProviderConfig) -> str:
         """The ``source`` attribute its EPContext nodes carry (e.g. ``qnn``).
 
@@ -170,6 +176,11 @@ class BaseProvider(abc.ABC):
         """Files besides dist-info directories whose stat vouches for ``versions``; None
         when stat cannot vouch for them (the no-op fast path then stays off)."""
         return None
+
+    def needs_static_shapes(self, config: ProviderConfig) -> bool:
+        """Whether symbolic input dimensions must be fixed before compiling; False by
+        default (CPU and GPU EPs compile dynamic shapes)."""
+        return False
 
     @abc.abstractmethod
     def context_source(self, config: ProviderConfig) -> str:
