@@ -318,3 +318,12 @@ def test_symbolic_dimensions_are_fine_where_the_ep_is_not_an_npu(tmp_path: Path)
 
     with pytest.raises(ModelError, match="the openvino provider 'npu' compiles static"):
         check_shapes(str(tmp_path), npu)
+
+
+def test_verify_load_runs_the_source_at_the_compiled_shapes(workspace: Workspace) -> None:
+    from epbuild.inspect.verify import verify_outputs
+
+    llm_workspace(workspace, models=[PREFILL_DECODE[0]])
+    assert workspace.build().ok
+    result = verify_outputs(workspace.root, load=True)
+    assert [c.outcome.value for c in result.loads] == ["passed"], result.loads
