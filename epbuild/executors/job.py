@@ -49,6 +49,15 @@ class Job:
         names = self.names or tuple(model_stem(m) for m in self.models)
         return tuple(n + CTX_SUFFIX for n in names)
 
+    def repeat_prefix(self, index: int) -> str:
+        """``./`` once per earlier occurrence of model ``index``'s source in the job (``""``
+        for the first): put in front of the path (or, loading bytes, the external-data
+        folder) ORT gets. The QNN EP names its graphs by a hash of that string, and one
+        shared context cannot hold two graphs of one name ("Failed to compose Qnn graph"),
+        so prefill and decode of one source need different strings. Relative, so outputs
+        still do not depend on where the workspace is."""
+        return "./" * self.models[:index].count(self.models[index])
+
     def free_dimensions_of(self, index: int) -> Mapping[str, int]:
         """The overrides of model ``index``."""
         return self.free_dimensions[index] if self.free_dimensions else {}

@@ -98,7 +98,8 @@ def compile_action(job: Job) -> dict[str, Any]:
             _test_hook(model)
             # No local name for a session: it would outlive the reverse teardown below (and,
             # through a traceback, the failure of the next one). tests/test_worker_teardown.
-            sessions.append(_open_session(ort, model, so, job.load))
+            source = job.repeat_prefix(index) + model
+            sessions.append(_open_session(ort, source, so, job.load))
     finally:
         while sessions:  # reverse order of creation; the pop drops the last reference
             sessions.pop()
@@ -130,7 +131,7 @@ def _session_entries(job: Job, index: int, ctx_path: str) -> dict[str, str]:
         if index == len(job.models) - 1:
             entries["ep.stop_share_ep_contexts"] = "1"
     if job.load == "bytes":
-        folder = posixpath.dirname(model) or "."
+        folder = job.repeat_prefix(index) + (posixpath.dirname(model) or ".")
         entries["session.model_external_initializers_file_folder_path"] = folder
     entries.update(job.provider.session_options)
     return entries
