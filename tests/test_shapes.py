@@ -331,3 +331,19 @@ def test_verify_load_runs_the_source_at_the_compiled_shapes(workspace: Workspace
     assert workspace.build().ok
     result = verify_outputs(workspace.root, load=True)
     assert [c.outcome.value for c in result.loads] == ["passed"], result.loads
+
+
+def test_an_entry_override_the_model_lacks_is_a_warning(tmp_path: Path) -> None:
+    from epbuild.engine.shapes import check_shapes
+    from epbuild.planning.actions import make_actions
+
+    ws = Workspace(tmp_path)
+    ws.model("models/llm.onnx", matmul_model(1, batch="sequence_length"))
+    entry = {"path": "models/llm.onnx", "free_dimensions": {"sequence_length": 2, "batch": 1}}
+    providers = {"ov": {"ep": "openvino", "options": {"device_type": "CPU"}}}
+    ws.manifest({"providers": providers, "groups": {"g": {"models": [entry], "providers": ["ov"]}}})
+    (action,) = make_actions(load_manifest(tmp_path / "epbuild.toml"))
+    assert check_shapes(str(tmp_path), action).warnings == [
+        "groups.g.models[0].free_dimensions.batch: models/llm.onnx has no input dimension "
+        "'batch' (its symbolic ones: sequence_length)"
+    ]
