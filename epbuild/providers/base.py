@@ -73,7 +73,10 @@ class Provider(Protocol):
     extra: str
     """The pip extra that installs its EP package (``pip install "epbuild[<extra>]"``)."""
     shares_weights: bool
-    """Whether the EP supports ``ep.share_ep_contexts`` weight-sharing groups."""
+    """Whether the EP supports ``ep.share_ep_contexts`` weight-sharing groups. An adapter
+    may also define ``needs_static_shapes(config) -> bool``: whether its EP compiles only
+    inputs of fixed shape (an NPU), so that a model whose inputs keep a symbolic dimension
+    fails before compiling (``engine.shapes``; absent: False, as in ``BaseProvider``)."""
 
     def validate_options(
         self, options: Mapping[str, Any], settings: Mapping[str, Any], *, key: str
@@ -87,12 +90,6 @@ class Provider(Protocol):
 
     def versions(self, config: ProviderConfig) -> dict[str, str]:
         """Toolchain versions for the action key (``importlib.metadata``, no imports)."""
-        ...
-
-    def needs_static_shapes(self, config: ProviderConfig) -> bool:
-        """Whether the EP compiles only inputs of fixed shape (an NPU): epbuild then fails a
-        model whose inputs keep a symbolic dimension before compiling it. Optional for
-        third-party adapters (absent: False)."""
         ...
 
     def context_source(self, config: ProviderConfig) -> str:
