@@ -71,6 +71,12 @@ def ctx_name(model: str) -> str:
     return model_stem(model) + CTX_SUFFIX
 
 
+def model_label(model: str, name: str) -> str:
+    """How messages and build details name a model: its path, and its output name where
+    that is not the file's stem (``models/llm.onnx (as decode)``)."""
+    return model if name == model_stem(model) else f"{model} (as {name})"
+
+
 def ctx_stem(path: str) -> str:
     """The model name of a ctx model path: ``out/prefill_ctx.onnx`` → ``prefill``."""
     name = posixpath.basename(path.replace("\\", "/"))

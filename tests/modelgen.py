@@ -10,8 +10,8 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 
-def _model(nodes: list[onnx.NodeProto], inits: list[onnx.TensorProto], x: list[int],
-           y: list[int], name: str = "g") -> onnx.ModelProto:  # fmt: skip
+def _model(nodes: list[onnx.NodeProto], inits: list[onnx.TensorProto], x: list[int | str],
+           y: list[int | str], name: str = "g") -> onnx.ModelProto:  # fmt: skip
     graph = helper.make_graph(
         nodes,
         name,
@@ -24,9 +24,10 @@ def _model(nodes: list[onnx.NodeProto], inits: list[onnx.TensorProto], x: list[i
     return model
 
 
-def matmul_model(seed: int = 0, n: int = 32, batch: int = 1,
+def matmul_model(seed: int = 0, n: int = 32, batch: int | str = 1,
                  shared: np.ndarray | None = None) -> onnx.ModelProto:  # fmt: skip
-    """x[batch,n] @ W → Relu → @ V. ``shared`` fixes W (for weight-sharing groups)."""
+    """x[batch,n] @ W → Relu → @ V. ``shared`` fixes W (for weight-sharing groups); a
+    string ``batch`` is a symbolic dimension of that name."""
     rng = np.random.default_rng(seed)
     w = shared if shared is not None else rng.standard_normal((n, n), dtype=np.float32) * 0.1
     v = rng.standard_normal((n, n), dtype=np.float32) * 0.1

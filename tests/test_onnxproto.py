@@ -24,6 +24,7 @@ from onnx.external_data_helper import (
 from epbuild.onnx.proto import (
     ContextNode,
     ExternalRef,
+    GraphInput,
     ModelInfo,
     ProtoError,
     parse_model,
@@ -99,6 +100,7 @@ def test_inline_weights(tmp_path: Path) -> None:
         op_types={"Add": 1, "Relu": 1},
         metadata={"author": "me"},
         node_count=2,
+        inputs=(GraphInput("x", (2, 3)),),
     )
     assert parse_model(path.read_bytes()) == info
     assert parse_model(memoryview(path.read_bytes())) == info

@@ -134,6 +134,7 @@ class Builder:
     ) -> ActionResult:
         """Compile in a fresh worker, verify what it staged, commit it, store it in the cache."""
         ws, action, tracer = self.ws, plan.action, self.tracer
+        shape_warnings = [self._warn(w) for w in self._shape_warnings(action)]
         self.reporter.action_started(action.id)
         staging = self._staging(action)
         try:
@@ -148,7 +149,9 @@ class Builder:
                 ws.root, staging, action.ctx_names, action.models, _shared_by(action)
             )
             record = self._compiled_record(action, key, staging, names, outcome)
-            warnings = self._verdict(found + self._detail_problems(action, record.detail))
+            warnings = shape_warnings + self._verdict(
+                found + self._detail_problems(action, record.detail)
+            )
             changed = [
                 rel for rel, d in key.inputs.items() if ws.stats.digest(ws.root, rel).digest != d
             ]
@@ -202,6 +205,8 @@ class Builder:
             load=g.load,
             inputs=dict(key.inputs),
             predicted_peak=self.memory.peaks.get(action.id, 0),
+            names=action.names,
+            free_dimensions=action.free_dimensions if any(action.free_dimensions) else (),
         )
 
     def _compiled_record(
@@ -330,6 +335,15 @@ class Builder:
             restored=True,
         )
         return record, names, None
+
+    def _shape_warnings(self, action: Action) -> list[str]:
+        """Check the inputs' shapes against the provider before a worker starts: raises
+        ``ModelError`` for a dimension an NPU cannot compile; returns new warnings."""
+        from epbuild.engine.shapes import check_shapes
+
+        found = [w for w in check_shapes(self.ws.root, action).warnings if w not in self.warned]
+        self.warned.update(found)
+        return found
 
     def _warn(self, note: str) -> str:
         """Report a warning; returns it."""

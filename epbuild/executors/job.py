@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from epbuild._names import CTX_SUFFIX, model_stem
 from epbuild.providers.base import ProviderConfig
 
 
@@ -37,6 +38,29 @@ class Job:
     """Predicted peak memory in bytes (0: unknown)."""
     token: str = ""
     """An executor's handle on the running job (Dask: the task key, for cancelling)."""
+    names: tuple[str, ...] = ()
+    """Per model, its output stem (empty: each model's file stem)."""
+    free_dimensions: tuple[Mapping[str, int], ...] = ()
+    """Per model, symbolic input dimension → value for the session (empty: none)."""
+
+    @property
+    def ctx_names(self) -> tuple[str, ...]:
+        """Per model, the file name of the ctx model it writes."""
+        names = self.names or tuple(model_stem(m) for m in self.models)
+        return tuple(n + CTX_SUFFIX for n in names)
+
+    def repeat_prefix(self, index: int) -> str:
+        """``./`` once per earlier occurrence of model ``index``'s source in the job (``""``
+        for the first): put in front of the path (or, loading bytes, the external-data
+        folder) ORT gets. The QNN EP names its graphs by a hash of that string, and one
+        shared context cannot hold two graphs of one name ("Failed to compose Qnn graph"),
+        so prefill and decode of one source need different strings. Relative, so outputs
+        still do not depend on where the workspace is."""
+        return "./" * self.models[:index].count(self.models[index])
+
+    def free_dimensions_of(self, index: int) -> Mapping[str, int]:
+        """The overrides of model ``index``."""
+        return self.free_dimensions[index] if self.free_dimensions else {}
 
     def to_json(self) -> dict[str, Any]:
         """The JSON form a worker reads from its job line."""
@@ -53,6 +77,8 @@ class Job:
             "inputs": dict(self.inputs),
             "predicted_peak": self.predicted_peak,
             "token": self.token,
+            "names": list(self.names),
+            "free_dimensions": [dict(d) for d in self.free_dimensions],
         }
 
     @classmethod
@@ -71,4 +97,8 @@ class Job:
             inputs=dict(data.get("inputs", {})),
             predicted_peak=int(data.get("predicted_peak", 0)),
             token=str(data.get("token", "")),
+            names=tuple(data.get("names", ())),
+            free_dimensions=tuple(
+                {str(k): int(v) for k, v in d.items()} for d in data.get("free_dimensions", ())
+            ),
         )

@@ -17,7 +17,7 @@ import time
 import traceback
 from typing import TYPE_CHECKING, Any
 
-from epbuild._names import RESULT_NAME, ctx_name
+from epbuild._names import RESULT_NAME, ctx_name, ctx_stem, model_label
 from epbuild.executors.job import Job
 
 if TYPE_CHECKING:
@@ -88,15 +88,18 @@ def compile_action(job: Job) -> dict[str, Any]:
     try:
         for index, model in enumerate(job.models):
             so = ort.SessionOptions()
-            ctx_path = posixpath.join(job.staging, ctx_name(model))
+            ctx_path = posixpath.join(job.staging, job.ctx_names[index])
             for k, v in _session_entries(job, index, ctx_path).items():
                 so.add_session_config_entry(k, v)
+            for dim, value in job.free_dimensions_of(index).items():
+                so.add_free_dimension_override_by_name(dim, value)
             extra = adapter.context_options(config, ctx_path, job.embed_mode)
             adapter.attach(ort, so, _with_options(config, extra) if extra else config)
             _test_hook(model)
             # No local name for a session: it would outlive the reverse teardown below (and,
             # through a traceback, the failure of the next one). tests/test_worker_teardown.
-            sessions.append(_open_session(ort, model, so, job.load))
+            source = job.repeat_prefix(index) + model
+            sessions.append(_open_session(ort, source, so, job.load))
     finally:
         while sessions:  # reverse order of creation; the pop drops the last reference
             sessions.pop()
@@ -104,8 +107,10 @@ def compile_action(job: Job) -> dict[str, Any]:
     if job.share_weights:
         finish = getattr(adapter, "finish_sharing_group", None)
         if finish is not None:
-            finish(config, [posixpath.join(job.staging, ctx_name(m)) for m in job.models])
-    detail = check_outputs(job.staging, list(job.models), adapter, config, job.share_weights)
+            finish(config, [posixpath.join(job.staging, n) for n in job.ctx_names])
+    detail = check_outputs(
+        job.staging, list(job.models), adapter, config, job.share_weights, list(job.ctx_names)
+    )
     return {"ok": True, "seconds": seconds, "peak_rss": peak_rss(), "detail": detail}
 
 
@@ -126,7 +131,7 @@ def _session_entries(job: Job, index: int, ctx_path: str) -> dict[str, str]:
         if index == len(job.models) - 1:
             entries["ep.stop_share_ep_contexts"] = "1"
     if job.load == "bytes":
-        folder = posixpath.dirname(model) or "."
+        folder = job.repeat_prefix(index) + (posixpath.dirname(model) or ".")
         entries["session.model_external_initializers_file_folder_path"] = folder
     entries.update(job.provider.session_options)
     return entries
@@ -203,10 +208,12 @@ def check_outputs(
     adapter: Provider,
     config: ProviderConfig,
     share_weights: bool = False,
+    ctx_names: list[str] | None = None,
 ) -> dict[str, Any]:
     """Never trust a successful return: every ctx model must hold the provider's EPContext
     nodes, and a weight-sharing group's must all reference one binary. Returns the build
-    detail (node counts, CPU fallback, compatibility info)."""
+    detail (node counts, CPU fallback, compatibility info), per model under its
+    ``model_label``. ``ctx_names``: the ctx model of each model (default: its file stem's)."""
     from epbuild.onnx.context import (
         COMPAT_PREFIX,
         missing_context,
@@ -218,11 +225,13 @@ def check_outputs(
     key = adapter.compatibility_key(config)
     detail: dict[str, Any] = {"models": {}}
     infos: list[ModelInfo] = []
-    for model in models:
-        ctx = posixpath.join(staging, ctx_name(model))
+    names = ctx_names if ctx_names is not None else [ctx_name(m) for m in models]
+    for model, ctx_file in zip(models, names, strict=True):
+        ctx = posixpath.join(staging, ctx_file)
+        label = model_label(model, ctx_stem(ctx_file))
         if not os.path.exists(ctx):
             raise CompileFailure(
-                f"{model}: no EPContext model was written — the EP compiled nothing and ONNX "
+                f"{label}: no EPContext model was written — the EP compiled nothing and ONNX "
                 "Runtime silently ran the model on the CPU EP",
                 hint="check for unsupported ops or dynamic (symbolic) input dimensions, and "
                 "the provider options (an unknown soc_model or backend makes the EP fall back)",
@@ -235,18 +244,18 @@ def check_outputs(
         missing = missing_context(ctx, info)
         if missing is not None:
             raise CompileFailure(
-                f"{model}: the ctx model {missing.message} — nothing was compiled by the EP",
+                f"{label}: the ctx model {missing.message} — nothing was compiled by the EP",
                 hint="the model's ops are probably unsupported by this EP",
             )
         wrong = source_problems(ctx, info, adapter, config)
         if wrong:
             raise CompileFailure(
-                f"{model}: EPContext node {wrong[0].node}: source {wrong[0].message}"
+                f"{label}: EPContext node {wrong[0].node}: source {wrong[0].message}"
             )
         infos.append(info)
         nodes = info.context_nodes
         cpu_ops = {op: n for op, n in info.op_types.items() if not op.endswith("EPContext")}
-        detail["models"][model] = {
+        detail["models"][label] = {
             "ctx": posixpath.basename(ctx),
             "context_nodes": len(nodes),
             "source_nodes": src.node_count,
@@ -256,7 +265,7 @@ def check_outputs(
             "compatibility": info.metadata.get(COMPAT_PREFIX + key) if key else None,
         }
     if share_weights:
-        shared = sharing_problems([ctx_name(m) for m in models], infos, adapter, config)
+        shared = sharing_problems(names, infos, adapter, config)
         if shared:
             raise CompileFailure(
                 shared[0].line(),

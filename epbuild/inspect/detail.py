@@ -8,7 +8,7 @@ import posixpath
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from epbuild._names import CTX_SUFFIX, ctx_name
+from epbuild._names import CTX_SUFFIX, model_label
 
 
 @dataclass(frozen=True)
@@ -16,6 +16,8 @@ class ModelDetail:
     """One built model of one action."""
 
     model: str
+    name: str
+    """The output name (the file's stem unless the manifest names the entry)."""
     ctx: str
     context_nodes: int
     source_nodes: int
@@ -77,15 +79,19 @@ def status_detail(
         d.seconds, d.peak_rss, d.restored = rec.seconds, rec.peak_rss, rec.restored
         d.files = {p: o.size for p, o in sorted(rec.outputs.items())}
         models = rec.detail.get("models", {})
-        d.models = [_model_detail(a.out_dir, m, models.get(m, {})) for m in a.models]
+        d.models = [
+            _model_detail(a.out_dir, m, name, models.get(model_label(m, name), {}))
+            for m, name in zip(a.models, a.names, strict=True)
+        ]
     return details
 
 
-def _model_detail(out_dir: str, model: str, info: dict[str, Any]) -> ModelDetail:
+def _model_detail(out_dir: str, model: str, name: str, info: dict[str, Any]) -> ModelDetail:
     """One model's detail from what the worker reported (absent keys read as zero)."""
     return ModelDetail(
         model=model,
-        ctx=posixpath.join(out_dir, info.get("ctx", ctx_name(model))),
+        name=name,
+        ctx=posixpath.join(out_dir, info.get("ctx", name + CTX_SUFFIX)),
         context_nodes=int(info.get("context_nodes", 0)),
         source_nodes=int(info.get("source_nodes", 0)),
         cpu_nodes=int(info.get("cpu_nodes", 0)),
@@ -117,7 +123,8 @@ def render(details: list[ActionDetail]) -> list[str]:
         for m in d.models:
             cpu = ", ".join(f"{op} x{n}" for op, n in sorted(m.cpu_op_types.items())) or "none"
             lines.append(
-                f"  {m.model}: {m.context_nodes} EPContext node(s) from "
+                f"  {model_label(m.model, m.name)}: {m.context_nodes} "
+                f"EPContext node(s) from "
                 f"{m.source_nodes} source nodes; on the CPU EP: {cpu}"
             )
         for path, size in d.files.items():

@@ -1,9 +1,9 @@
 """``verify --load``'s subprocess: run one ctx model and its source model on the CPU EP.
 
 Run as ``python -m epbuild.inspect.loadcheck`` from the workspace root with one JSON job on stdin
-(``ctx``, ``source``, ``provider``). Prints one JSON line: ``outcome`` (``passed``,
-``failed``, ``not_loadable_here``), ``message`` and ``max_error``. A native crash ends the
-process; the parent reports it.
+(``ctx``, ``source``, ``provider``, and ``free_dimensions`` the source runs with). Prints
+one JSON line: ``outcome`` (``passed``, ``failed``, ``not_loadable_here``), ``message`` and
+``max_error``. A native crash ends the process; the parent reports it.
 
 The session gets ``session.disable_model_compile=1``: a ctx model the EP would compile (in
 part) at load is a failure, not a pass. (The QNN EP compiles nothing of a model that holds
@@ -81,7 +81,10 @@ def check(job: dict[str, Any]) -> dict[str, Any]:
 
     config = ProviderConfig.from_json(job["provider"])
     config = replace(config, session_options={**config.session_options, **NO_COMPILE})
-    cpu = ort.InferenceSession(job["source"], providers=["CPUExecutionProvider"])
+    so = ort.SessionOptions()
+    for dim, value in job.get("free_dimensions", {}).items():
+        so.add_free_dimension_override_by_name(dim, value)
+    cpu = ort.InferenceSession(job["source"], so, providers=["CPUExecutionProvider"])
     feeds = random_inputs(cpu)
     want = cpu.run(None, feeds)
     try:

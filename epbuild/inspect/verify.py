@@ -216,8 +216,12 @@ def _load_checks(ws: Workspace, action: Action) -> list[LoadCheck]:
     if reason:
         return [LoadCheck(ctx, LoadOutcome.NOT_LOADABLE, reason) for ctx in action.ctx_paths]
     checks = []
-    for model, ctx in zip(action.models, action.ctx_paths, strict=True):
+    for model, ctx, dims in zip(
+        action.models, action.ctx_paths, action.free_dimensions, strict=True
+    ):
         job = {"ctx": ctx, "source": model, "provider": action.provider.to_json()}
+        if dims:  # the source runs at the shapes the ctx model was compiled for
+            job["free_dimensions"] = dims
         check = _run_loader(ws.root, ctx, job)
         # Where the adapter says this host is not the target (QNN on x86_64 runs contexts in
         # an emulation), a native crash of the loader is the host's limit, not a bad build;

@@ -25,7 +25,7 @@ from epbuild._names import (
 from epbuild.errors import ManifestError, UnsafePathError
 from epbuild.fs import safe_relpath
 from epbuild.manifest.locate import Where
-from epbuild.manifest.model import Group, Manifest, WorkspaceSettings
+from epbuild.manifest.model import Group, Manifest, ModelEntry, WorkspaceSettings
 from epbuild.manifest.schema import SchemaViolation, validate
 from epbuild.providers import get_provider
 from epbuild.providers.base import ProviderConfig
@@ -33,6 +33,7 @@ from epbuild.providers.base import ProviderConfig
 __all__ = [
     "Group",
     "Manifest",
+    "ModelEntry",
     "WorkspaceSettings",
     "find_manifest",
     "load_manifest",
@@ -206,7 +207,7 @@ def _group(
     base = ("groups", name)
     _check_group_providers(where, base, table["providers"], providers)
     excluded = (workspace.out_dir, workspace.state_dir)
-    models, patterns = _group_models(where, root, base, table["models"], excluded, problems)
+    entries, patterns = _group_models(where, root, base, table["models"], excluded, problems)
     share = table.get("share_weights", False)
     embed = table.get("embed_mode", 0)
     if share and embed == 1:
@@ -228,7 +229,7 @@ def _group(
         )
     return Group(
         name=name,
-        models=models,
+        entries=entries,
         providers=tuple(table["providers"]),
         share_weights=share,
         embed_mode=embed,
@@ -236,6 +237,7 @@ def _group(
         external_initializers=ext,
         load=table.get("load", "path"),
         patterns=patterns,
+        free_dimensions=dict(table.get("free_dimensions", {})),
     )
 
 
@@ -259,48 +261,79 @@ def _group_models(
     where: Where,
     root: Path,
     base: tuple[str, ...],
-    entries: list[str],
+    entries: list[str | dict[str, Any]],
     excluded: tuple[str, ...],
     problems: dict[str, ManifestError],
-) -> tuple[tuple[str, ...], tuple[str, ...]]:
-    """A group's models (globs expanded) and the normalised glob patterns among its entries."""
+) -> tuple[tuple[ModelEntry, ...], tuple[str, ...]]:
+    """A group's models (globs expanded) and the normalised glob patterns among its entries.
+
+    An entry is a path or glob, or a table ``{ path, name, free_dimensions }``: ``name``
+    (one model only) is its output stem, so one source can be compiled twice in a group.
+    """
     path = (*base, "models")
-    models: list[str] = []
+    models: list[ModelEntry] = []
     patterns: list[str] = []
-    for entry in entries:
-        pattern = _rel(where, entry, path, "model")
-        if _GLOB_CHARS.search(pattern):
+    for index, entry in enumerate(entries):
+        table = entry if isinstance(entry, dict) else None
+        at = (*path, f"[{index}]") if table is not None else path
+        raw = table["path"] if table is not None else entry
+        assert isinstance(raw, str)  # the schema says so
+        pattern = _rel(where, raw, at, "model")
+        glob = bool(_GLOB_CHARS.search(pattern))
+        if glob:
             patterns.append(pattern)
+        name = table.get("name") if table is not None else None
+        if name is not None and glob:
+            raise where.error(
+                (*at, "name"),
+                f"a name is for one model, but {raw!r} is a pattern",
+                "list the model by its path to name it, or leave the name out",
+            )
         expanded = _expand(root, pattern, excluded)
         if not expanded:
             raise where.error(
-                path,
-                f"pattern {entry!r} matches no files",
+                at,
+                f"pattern {raw!r} matches no files",
                 "add the models, or fix the pattern (relative to the manifest's directory)",
             )
         for model in expanded:
-            if model in models:
-                raise where.error(path, f"model {model!r} is listed twice")
-            problem = _check_model(where, root, model, path)
+            problem = _check_model(where, root, model, at)
             if problem is not None:
-                problems[model] = problem
-            models.append(model)
-    _check_stems(where, path, models)
+                problems.setdefault(model, problem)
+            models.append(
+                ModelEntry(
+                    path=model,
+                    name=name or model_stem(model),
+                    free_dimensions=dict(table.get("free_dimensions", {})) if table else {},
+                    index=index if table is not None else None,
+                )
+            )
+    _check_names(where, path, models)
     return tuple(models), tuple(patterns)
 
 
-def _check_stems(where: Where, path: tuple[str, ...], models: list[str]) -> None:
+def _check_names(where: Where, path: tuple[str, ...], models: list[ModelEntry]) -> None:
     """No two models of a group would write the same ctx model."""
-    stems: dict[str, str] = {}
-    for model in models:
-        stem = model_stem(model)
-        if stem in stems:
+    names: dict[str, ModelEntry] = {}
+    for entry in models:
+        first = names.setdefault(entry.name, entry)
+        if first is entry:
+            continue
+        at = path if entry.index is None else (*path, f"[{entry.index}]")
+        if first.path == entry.path:
             raise where.error(
-                path,
-                f"{stems[stem]!r} and {model!r} would both write {stem}{CTX_SUFFIX}",
-                "rename one of them, or put them in different groups",
+                at,
+                f"model {entry.path!r} is listed twice"
+                + (f" under the name {entry.name!r}" if entry.index is not None else ""),
+                "to compile it twice, give each entry its own name: "
+                f'{{ path = "{entry.path}", name = "..." }}',
             )
-        stems[stem] = model
+        raise where.error(
+            at,
+            f"{first.path!r} and {entry.path!r} would both write {entry.name}{CTX_SUFFIX}",
+            "rename one of them, name one entry ({ path = ..., name = ... }), or put them "
+            "in different groups",
+        )
 
 
 def _check_sharing(where: Where, base: tuple[str, ...], configs: list[ProviderConfig]) -> None:

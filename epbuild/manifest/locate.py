@@ -18,7 +18,16 @@ class Locator:
         self.lines = text.splitlines()
 
     def line(self, path: tuple[str, ...]) -> int | None:
-        """The line of ``path`` (``[i]`` items skipped), else of its nearest ancestor."""
+        """The line of ``path``, else of its nearest ancestor. An ``[i]`` item is the line
+        its item starts on (arrays written over several lines); keys inside it are not
+        looked for further (an inline table is one line)."""
+        for at, part in enumerate(path):
+            if part.startswith("[") and part[1:-1].isdigit():
+                start = self._find([p for p in path[:at] if not p.startswith("[")])
+                item = None if start is None else self._item_line(start, int(part[1:-1]))
+                if item is not None:
+                    return item
+                break
         keys = [p for p in path if not p.startswith("[")]
         for depth in range(len(keys), 0, -1):
             found = self._find(keys[:depth])
@@ -51,6 +60,48 @@ class Locator:
                 best = best or number
         return best
 
+    def _item_line(self, start: int, index: int) -> int | None:
+        """The line where item ``index`` of the array assigned on line ``start`` begins."""
+        text = "\n".join(self.lines[start - 1 :])
+        pos = text.find("=")
+        if pos < 0:
+            return None
+        depth, item, expecting, quote = 0, -1, False, ""
+        i = pos + 1
+        while i < len(text):
+            ch = text[i]
+            if quote:
+                if ch == "\\" and quote == '"':
+                    i += 1
+                elif text.startswith(quote, i):
+                    quote = ""
+            elif ch == "#":
+                end = text.find("\n", i)
+                i = len(text) if end < 0 else end
+                continue
+            elif ch.isspace():
+                pass
+            elif depth == 0 and ch != "[":
+                return None  # not an array
+            elif depth == 1 and ch == ",":
+                expecting = True
+            elif depth == 1 and ch == "]":
+                return None
+            else:
+                if depth == 1 and expecting:
+                    item += 1
+                    if item == index:
+                        return start + text.count("\n", 0, i)
+                expecting = depth == 0
+                if ch in "\"'":
+                    quote = ch
+                elif ch in "[{":
+                    depth += 1
+                elif ch in "]}":
+                    depth -= 1
+            i += 1
+        return None
+
 
 class Where:
     """Turns a key path into a ``ManifestError`` naming file, line and key."""
@@ -61,9 +112,7 @@ class Where:
 
     def error(self, path: tuple[str, ...], message: str, hint: str | None = None) -> ManifestError:
         """The error for ``path`` (keys, then ``[i]`` items appended to the dotted key)."""
-        key = ".".join(p for p in path if not p.startswith("[")) + "".join(
-            p for p in path if p.startswith("[")
-        )
+        key = "".join(p if p.startswith("[") else "." + p for p in path).lstrip(".")
         return ManifestError(
             message, file=str(self.file), line=self.locator.line(path), key=key, hint=hint
         )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -23,12 +24,35 @@ class WorkspaceSettings:
 
 
 @dataclass(frozen=True)
+class ModelEntry:
+    """One model of a group: its source file, the name its outputs take, and its own
+    free-dimension overrides (``{ path = ..., name = ..., free_dimensions = {...} }``)."""
+
+    path: str
+    """Workspace-relative POSIX path of the source model."""
+    name: str
+    """The output stem (``<name>_ctx.onnx``); the file's stem unless the entry names it."""
+    free_dimensions: Mapping[str, int] = field(default_factory=dict)
+    """The entry's own overrides (the group's apply under them: ``Group.free_dimensions_of``)."""
+    index: int | None = None
+    """Position in the manifest's ``models`` array when written as a table; None for a
+    plain string (or glob) entry."""
+
+    @property
+    def key(self) -> str:
+        """Where the entry's own settings go, for messages: ``models[1]`` (a table) or
+        ``models`` (a string)."""
+        return "models" if self.index is None else f"models[{self.index}]"
+
+
+@dataclass(frozen=True)
 class Group:
     """A model group: models compiled for each of its providers."""
 
     name: str
-    models: tuple[str, ...]
-    """Workspace-relative POSIX paths, in manifest order (globs expanded, sorted)."""
+    entries: tuple[ModelEntry, ...]
+    """The models in manifest order (globs expanded, sorted); a source file appears more
+    than once only under different names."""
     providers: tuple[str, ...]
     share_weights: bool
     embed_mode: int
@@ -38,6 +62,17 @@ class Group:
     patterns: tuple[str, ...]
     """The ``models`` entries that are globs, normalised, in manifest order: what a new
     matching file would change (the no-op fingerprint and ``watch`` follow them)."""
+    free_dimensions: Mapping[str, int] = field(default_factory=dict)
+    """Symbolic input dimensions fixed for every model of the group (``free_dimensions``)."""
+
+    @property
+    def models(self) -> tuple[str, ...]:
+        """Workspace-relative POSIX paths of the entries, in order."""
+        return tuple(e.path for e in self.entries)
+
+    def free_dimensions_of(self, entry: ModelEntry) -> dict[str, int]:
+        """The overrides one model is compiled with: the group's, the entry's on top."""
+        return {**self.free_dimensions, **entry.free_dimensions}
 
 
 @dataclass(frozen=True)

@@ -15,6 +15,12 @@ from typing import Any
 
 NAME_PATTERN = "^[A-Za-z0-9][A-Za-z0-9_.-]*$"
 _SCALAR = {"type": ["string", "integer", "number", "boolean"]}
+_FREE_DIMENSIONS = {
+    "type": "object",
+    "additionalProperties": {"type": "integer", "minimum": 1},
+    "description": "Values for symbolic input dimensions, by name (dim_param), e.g. "
+    "{ batch = 1, sequence_length = 128 }: ONNX Runtime's free dimension overrides.",
+}
 
 SCHEMA: dict[str, Any] = {
     "$schema": "https://json-schema.org/draft/2020-12/schema",
@@ -119,8 +125,33 @@ SCHEMA: dict[str, Any] = {
                     "models": {
                         "type": "array",
                         "minItems": 1,
-                        "items": {"type": "string", "minLength": 1},
-                        "description": "Model paths relative to the manifest; globs allowed.",
+                        "items": {
+                            "type": ["string", "object"],
+                            "minLength": 1,
+                            "additionalProperties": False,
+                            "required": ["path"],
+                            "properties": {
+                                "path": {
+                                    "type": "string",
+                                    "minLength": 1,
+                                    "description": "Model path relative to the manifest; "
+                                    "a glob only without a name.",
+                                },
+                                "name": {
+                                    "type": "string",
+                                    "pattern": NAME_PATTERN,
+                                    "description": "Output stem (<name>_ctx.onnx), default "
+                                    "the file's stem: the same model can be listed twice.",
+                                },
+                                "free_dimensions": {
+                                    **_FREE_DIMENSIONS,
+                                    "description": "This model's free dimension values, "
+                                    "over the group's.",
+                                },
+                            },
+                        },
+                        "description": "Model paths relative to the manifest (globs "
+                        "allowed), or tables { path, name, free_dimensions }.",
                     },
                     "providers": {
                         "type": "array",
@@ -151,6 +182,7 @@ SCHEMA: dict[str, Any] = {
                         "enum": ["path", "bytes"],
                         "description": "Give models to ONNX Runtime by path (default) or bytes.",
                     },
+                    "free_dimensions": _FREE_DIMENSIONS,
                 },
             },
         },
@@ -165,6 +197,9 @@ _TYPES: dict[str, tuple[type, ...]] = {
     "array": (list,),
     "object": (dict,),
 }
+
+
+_NAME_HINT = "use letters, digits, '_', '-' and '.', starting with a letter or digit"
 
 
 class SchemaViolation(Exception):
@@ -217,6 +252,8 @@ def validate(value: Any, schema: dict[str, Any] = SCHEMA, path: tuple[str, ...] 
             raise SchemaViolation(path, f"must be at most {schema['maximum']}")
     if isinstance(value, str) and len(value) < schema.get("minLength", 0):
         raise SchemaViolation(path, "must not be empty")
+    if isinstance(value, str) and "pattern" in schema and not re.match(schema["pattern"], value):
+        raise SchemaViolation(path, f"{json.dumps(value)} is not a valid name", _NAME_HINT)
     if isinstance(value, list):
         if len(value) < schema.get("minItems", 0):
             raise SchemaViolation(path, "must not be empty")
@@ -230,11 +267,7 @@ def validate(value: Any, schema: dict[str, Any] = SCHEMA, path: tuple[str, ...] 
         pattern = schema.get("propertyNames", {}).get("pattern")
         for key, item in value.items():
             if pattern and not re.match(pattern, key):
-                raise SchemaViolation(
-                    (*path, key),
-                    "is not a valid name",
-                    "use letters, digits, '_', '-' and '.', starting with a letter or digit",
-                )
+                raise SchemaViolation((*path, key), "is not a valid name", _NAME_HINT)
             if key in props:
                 validate(item, props[key], (*path, key))
                 continue

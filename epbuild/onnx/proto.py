@@ -1,12 +1,13 @@
 """A small reader of the ONNX protobuf wire format, for the no-op path.
 
 It reads only what epbuild needs (opsets, external-data references, EPContext nodes,
-op-type counts, metadata) and must not import onnx, onnxruntime or protobuf: importing
-onnx alone costs far more than a whole no-op build. Length-delimited fields are skipped by
-offset; a big file is read in pages on demand (``os.pread``), so ``raw_data`` is never read
-and a model of hundreds of MB costs about as much as a small one. Files are not
-memory-mapped: a model truncated by another process while it is read (an exporter
-rewriting it) would kill the reader with SIGBUS; a short read is a clean ``ProtoError``.
+op-type counts, metadata, the main graph's input shapes) and must not import onnx,
+onnxruntime or protobuf: importing onnx alone costs far more than a whole no-op build.
+Length-delimited fields are skipped by offset; a big file is read in pages on demand
+(``os.pread``), so ``raw_data`` is never read and a model of hundreds of MB costs about as
+much as a small one. Files are not memory-mapped: a model truncated by another process
+while it is read (an exporter rewriting it) would kill the reader with SIGBUS; a short
+read is a clean ``ProtoError``.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ __all__ = [
     "Blob",
     "ContextNode",
     "ExternalRef",
+    "GraphInput",
     "ModelInfo",
     "ProtoError",
     "StringField",
@@ -100,6 +102,20 @@ class ContextNode:
     attributes: dict[str, _AttrValue]
 
 
+Dim: TypeAlias = int | str | None
+"""One dimension of an input: a size (``dim_value``), a symbolic name (``dim_param``), or
+None when the model gives neither."""
+
+
+@dataclass(frozen=True)
+class GraphInput:
+    """A tensor input of the main graph (one that is not an initializer)."""
+
+    name: str
+    shape: tuple[Dim, ...] | None
+    """Its dimensions; None when the model gives no shape (not even the rank)."""
+
+
 @dataclass(frozen=True)
 class ModelInfo:
     """What epbuild needs to know about a model file."""
@@ -115,6 +131,9 @@ class ModelInfo:
     """Nodes of the main graph (not of subgraphs or functions)."""
     strings: tuple[StringField, ...] = ()
     """Text fields where a path could be written; read only when asked (``strings=True``)."""
+    inputs: tuple[GraphInput, ...] = ()
+    """The main graph's tensor inputs, initializers left out (inputs of other types,
+    sequences or maps, are not listed)."""
 
 
 # Expected wire types (0 varint, 1 fixed64, 2 length-delimited, 5 fixed32) of the known
@@ -132,6 +151,11 @@ _ATTR: _Spec = (
 )
 _TENSOR: _Spec = ("TensorProto", {2: 0, 3: 2, 6: 2, 8: 2, 9: 2, 12: 2, 13: 2, 14: 0, 16: 2})
 _SPARSE: _Spec = ("SparseTensorProto", {1: 2, 2: 2})
+_VALUE_INFO: _Spec = ("ValueInfoProto", {1: 2, 2: 2, 3: 2, 4: 2})
+_TYPE: _Spec = ("TypeProto", {1: 2, 4: 2, 5: 2, 6: 2, 8: 2, 9: 2})
+_TENSOR_TYPE: _Spec = ("TypeProto.Tensor", {1: 0, 2: 2})
+_SHAPE: _Spec = ("TensorShapeProto", {1: 2})
+_DIM: _Spec = ("TensorShapeProto.Dimension", {1: 0, 2: 2, 3: 2})
 
 
 def _corrupt(pos: int) -> ProtoError:
@@ -241,13 +265,15 @@ class _Reader:
         self.context_nodes: list[ContextNode] = []
         self.node_count = 0
         self.strings: list[StringField] | None = [] if strings else None
+        self.inputs: list[GraphInput] = []
 
     def text(self, field: str, span: tuple[int, int], node: str | None = None) -> None:
         """Keep a non-empty text field (when strings are collected)."""
         if self.strings is not None and span[1] > span[0]:
             self.strings.append(StringField(field, _str(self.buf, *span), node))
 
-    def tensor(self, a: int, b: int) -> None:
+    def tensor(self, a: int, b: int) -> tuple[int, int]:
+        """Visit a tensor (its external data, its doc string); returns its name's span."""
         buf, name, location, entries = self.buf, (0, 0), 0, {}
         doc = (0, 0)
         for f, s, e in _fields(buf, a, b, _TENSOR):
@@ -263,7 +289,7 @@ class _Reader:
         if self.strings is not None and doc[1] > doc[0]:
             self.text("doc_string", doc, f"tensor {_str(buf, *name)}")
         if location != _EXTERNAL:
-            return
+            return name
         tensor = _str(buf, *name)
         if "location" not in entries:
             raise ProtoError(f"external tensor {tensor!r} has no location")
@@ -277,31 +303,76 @@ class _Reader:
                 checksum=entries.get("checksum"),
             )
         )
+        return name
 
-    def sparse(self, a: int, b: int) -> None:
+    def sparse(self, a: int, b: int) -> tuple[int, int]:
+        """Visit a sparse tensor; returns the span of its name (its values' name)."""
+        name = (0, 0)
         for f, s, e in _fields(self.buf, a, b, _SPARSE):
             if f in (1, 2):
-                self.tensor(s, e)
+                span = self.tensor(s, e)
+                if f == 1:
+                    name = span
+        return name
 
     def graph(self, a: int, b: int, depth: int, main: bool) -> None:
         if depth > _MAX_DEPTH:
             raise ProtoError(f"subgraphs nested more than {_MAX_DEPTH} deep")
         name = doc = (0, 0)
+        inputs: list[tuple[int, int]] = []
+        initializers: set[bytes] = set()
         for f, s, e in _fields(self.buf, a, b, _GRAPH):
             if f == 1:
                 self.node(s, e, depth, main)
             elif f == 2:
                 name = (s, e)
             elif f == 5:
-                self.tensor(s, e)
+                span = self.tensor(s, e)
+                if main:
+                    initializers.add(bytes(self.buf[span[0] : span[1]]))
             elif f == 10:
                 doc = (s, e)
+            elif f == 11 and main:
+                inputs.append((s, e))
             elif f == 15:
-                self.sparse(s, e)
+                span = self.sparse(s, e)
+                if main:
+                    initializers.add(bytes(self.buf[span[0] : span[1]]))
+        for s, e in inputs:
+            found = self.value_info(s, e, initializers)
+            if found is not None:
+                self.inputs.append(found)
         if self.strings is not None:
             graph = f"graph {_str(self.buf, *name)}"
             self.text("name", name, graph)
             self.text("doc_string", doc, graph)
+
+    def value_info(self, a: int, b: int, initializers: set[bytes]) -> GraphInput | None:
+        """A graph input that is a tensor and not an initializer, with its shape."""
+        buf, name, tensor_type = self.buf, (0, 0), None
+        for f, s, e in _fields(buf, a, b, _VALUE_INFO):
+            if f == 1:
+                name = (s, e)
+            elif f == 2:
+                for g, s2, e2 in _fields(buf, s, e, _TYPE):
+                    if g == 1:
+                        tensor_type = (s2, e2)
+        if tensor_type is None or bytes(buf[name[0] : name[1]]) in initializers:
+            return None
+        shape: tuple[Dim, ...] | None = None
+        for f, s, e in _fields(buf, *tensor_type, _TENSOR_TYPE):
+            if f == 2:
+                shape = tuple(self.dim(s2, e2) for g, s2, e2 in _fields(buf, s, e, _SHAPE))
+        return GraphInput(_str(buf, *name), shape)
+
+    def dim(self, a: int, b: int) -> Dim:
+        value: Dim = None
+        for f, s, e in _fields(self.buf, a, b, _DIM):
+            if f == 1:
+                value = _i64(s)
+            elif f == 2:
+                value = _str(self.buf, s, e)
+        return value
 
     def node(self, a: int, b: int, depth: int, main: bool) -> None:
         buf, attrs = self.buf, []
@@ -419,6 +490,7 @@ class _Reader:
             metadata=metadata,
             node_count=self.node_count,
             strings=tuple(self.strings or ()),
+            inputs=tuple(self.inputs),
         )
 
 

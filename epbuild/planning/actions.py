@@ -6,9 +6,9 @@ import hashlib
 import posixpath
 from dataclasses import dataclass
 
-from epbuild._names import ctx_name, model_stem
+from epbuild._names import CTX_SUFFIX
 from epbuild.errors import UserError
-from epbuild.manifest.model import Group, Manifest
+from epbuild.manifest.model import Group, Manifest, ModelEntry
 from epbuild.providers.base import ProviderConfig
 
 
@@ -17,32 +17,48 @@ class Action:
     """One unit of compile work: a sharing group × provider, or one model × provider."""
 
     id: str
-    """``group/provider`` for a sharing group, ``group/provider/model-stem`` otherwise."""
+    """``group/provider`` for a sharing group, ``group/provider/<model name>`` otherwise."""
     group: Group
     provider: ProviderConfig
-    models: tuple[str, ...]
-    """Workspace-relative source models, in session order."""
+    entries: tuple[ModelEntry, ...]
+    """The models, in session order."""
     out_dir: str
     """Workspace-relative directory the outputs go to: ``<out_dir>/<group>/<provider>``."""
 
     @property
+    def models(self) -> tuple[str, ...]:
+        """Workspace-relative source models, in session order (a source may repeat under
+        different names)."""
+        return tuple(e.path for e in self.entries)
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        """The models' output stems (the file's stem unless the manifest names it)."""
+        return tuple(e.name for e in self.entries)
+
+    @property
+    def free_dimensions(self) -> tuple[dict[str, int], ...]:
+        """Per model, the free-dimension overrides it is compiled with."""
+        return tuple(self.group.free_dimensions_of(e) for e in self.entries)
+
+    @property
     def ctx_names(self) -> tuple[str, ...]:
         """File names of the ctx models, one per source model."""
-        return tuple(ctx_name(m) for m in self.models)
+        return tuple(n + CTX_SUFFIX for n in self.names)
 
     @property
     def initializer_names(self) -> tuple[str, ...]:
         """Per model, the external-initializer file name; empty when initializers stay inline.
 
         The configured name as is when it can only ever be one action's one model; otherwise
-        prefixed with the model's stem, so models sharing an output directory never collide.
+        prefixed with the model's name, so models sharing an output directory never collide.
         """
         name, g = self.group.external_initializers, self.group
         if not name:
             return ()
         if len(self.models) == 1 and not g.share_weights and len(g.models) == 1:
             return (name,)
-        return tuple(f"{model_stem(m)}_{name}" for m in self.models)
+        return tuple(f"{n}_{name}" for n in self.names)
 
     @property
     def ctx_paths(self) -> tuple[str, ...]:
@@ -64,18 +80,11 @@ def make_actions(manifest: Manifest) -> list[Action]:
             out_dir = posixpath.join(manifest.workspace.out_dir, group.name, pname)
             if group.share_weights:
                 action_id = f"{group.name}/{pname}"
-                actions.append(Action(action_id, group, provider, group.models, out_dir))
+                actions.append(Action(action_id, group, provider, group.entries, out_dir))
             else:
-                for model in group.models:
-                    actions.append(
-                        Action(
-                            f"{group.name}/{pname}/{model_stem(model)}",
-                            group,
-                            provider,
-                            (model,),
-                            out_dir,
-                        )
-                    )
+                for entry in group.entries:
+                    action_id = f"{group.name}/{pname}/{entry.name}"
+                    actions.append(Action(action_id, group, provider, (entry,), out_dir))
     return actions
 
 

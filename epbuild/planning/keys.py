@@ -14,8 +14,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from epbuild._names import model_label, model_stem
 from epbuild.errors import ModelError, UserError
 from epbuild.fs import is_safe_reference
+from epbuild.manifest.model import ModelEntry
 from epbuild.planning.actions import Action
 from epbuild.providers import get_provider
 from epbuild.state.statcache import StatCache
@@ -127,10 +129,12 @@ class KeyComputer:
         """The action's key (raises ModelError for a broken input)."""
         models = []
         inputs: dict[str, str] = {}
-        for model in action.models:
-            digest, external = self.model_inputs(model)
-            models.append({"path": model, "digest": digest, "external": external})
-            inputs[model] = digest
+        for entry, dims in zip(action.entries, action.free_dimensions, strict=True):
+            digest, external = self.model_inputs(entry.path)
+            models.append(
+                {"path": entry.path, "digest": digest, "external": external, **_shape(entry, dims)}
+            )
+            inputs[entry.path] = digest
             inputs.update(external)
         g = action.group
         components: dict[str, Any] = {
@@ -160,6 +164,17 @@ class KeyComputer:
             components["initializer_names"] = list(action.initializer_names)
         blob = json.dumps(components, sort_keys=True, separators=(",", ":")).encode()
         return ActionKey(hashlib.sha256(blob).hexdigest(), components, inputs)
+
+
+def _shape(entry: ModelEntry, dims: dict[str, int]) -> dict[str, Any]:
+    """A model's output name and free dimensions, as key components: each only where the
+    manifest sets it, so the keys of models that use neither stay as they were."""
+    part: dict[str, Any] = {}
+    if entry.name != model_stem(entry.path):
+        part["name"] = entry.name
+    if dims:
+        part["free_dimensions"] = dict(sorted(dims.items()))
+    return part
 
 
 def explain_difference(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
@@ -196,26 +211,40 @@ def _explain(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
         reasons.append(_initializer_reason(old.get("initializer_names"), new["initializer_names"]))
     if old.get("ep") != new.get("ep"):
         reasons.append(f"provider adapter {old.get('ep')} → {new.get('ep')}")
-    old_models = {m["path"]: m for m in old.get("models", [])}
-    new_models = {m["path"]: m for m in new.get("models", [])}
-    for path, m in new_models.items():
-        before = old_models.get(path)
+    old_models = {_model_label(m): m for m in old.get("models", [])}
+    new_models = {_model_label(m): m for m in new.get("models", [])}
+    for label, m in new_models.items():
+        before = old_models.get(label)
         if before is None:
-            reasons.append(f"model {path} added")
+            reasons.append(f"model {label} added")
             continue
         if before["digest"] != m["digest"]:
-            reasons.append(f"model {path} changed")
+            reasons.append(f"model {label} changed")
         for ext in sorted(set(before["external"]) | set(m["external"])):
             a, b = before["external"].get(ext), m["external"].get(ext)
             if a != b:
                 what = "added" if a is None else "removed" if b is None else "changed"
-                reasons.append(f"external data {ext} of {path} {what}")
-    for path in old_models:
-        if path not in new_models:
-            reasons.append(f"model {path} removed")
-    if not reasons and [m["path"] for m in old.get("models", [])] != list(new_models):
+                reasons.append(f"external data {ext} of {label} {what}")
+        a_dims, b_dims = before.get("free_dimensions", {}), m.get("free_dimensions", {})
+        for dim in sorted(set(a_dims) | set(b_dims)):
+            if a_dims.get(dim) != b_dims.get(dim):
+                reasons.append(
+                    f"free dimension {dim} of {label}: {_show(a_dims.get(dim))} → "
+                    f"{_show(b_dims.get(dim))}"
+                )
+    for label in old_models:
+        if label not in new_models:
+            reasons.append(f"model {label} removed")
+    if not reasons and list(old_models) != list(new_models):
         reasons.append("model order changed")
     return reasons or ["key changed"]
+
+
+def _model_label(component: dict[str, Any]) -> str:
+    """A model in reasons: ``model_label`` (the name is a component only where it is not
+    the file's stem)."""
+    path: str = component["path"]
+    return model_label(path, component.get("name") or model_stem(path))
 
 
 def _initializer_reason(old: list[str] | None, new: list[str]) -> str:

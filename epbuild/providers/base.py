@@ -73,7 +73,10 @@ class Provider(Protocol):
     extra: str
     """The pip extra that installs its EP package (``pip install "epbuild[<extra>]"``)."""
     shares_weights: bool
-    """Whether the EP supports ``ep.share_ep_contexts`` weight-sharing groups."""
+    """Whether the EP supports ``ep.share_ep_contexts`` weight-sharing groups. An adapter
+    may also define ``needs_static_shapes(config) -> bool``: whether its EP compiles only
+    inputs of fixed shape (an NPU), so that a model whose inputs keep a symbolic dimension
+    fails before compiling (``engine.shapes``; absent: False, as in ``BaseProvider``)."""
 
     def validate_options(
         self, options: Mapping[str, Any], settings: Mapping[str, Any], *, key: str
@@ -170,6 +173,11 @@ class BaseProvider(abc.ABC):
         """Files besides dist-info directories whose stat vouches for ``versions``; None
         when stat cannot vouch for them (the no-op fast path then stays off)."""
         return None
+
+    def needs_static_shapes(self, config: ProviderConfig) -> bool:
+        """Whether symbolic input dimensions must be fixed before compiling; False by
+        default (CPU and GPU EPs compile dynamic shapes)."""
+        return False
 
     @abc.abstractmethod
     def context_source(self, config: ProviderConfig) -> str:

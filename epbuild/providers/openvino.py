@@ -190,6 +190,12 @@ class OpenVinoProvider(BaseProvider):
             "openvino": dist_version("openvino"),
         }
 
+    def needs_static_shapes(self, config: ProviderConfig) -> bool:
+        """For the NPU, unless ``reshape_input`` gives the shapes (OpenVINO then fixes them
+        itself; CPU and GPU compile dynamic shapes)."""
+        device = config.options.get("device_type", DEFAULT_DEVICE)
+        return device.split(".")[0] == "NPU" and "reshape_input" not in config.options
+
     def context_source(self, config: ProviderConfig) -> str:
         return EP_NAME
 

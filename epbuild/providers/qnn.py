@@ -140,6 +140,11 @@ class QnnProvider(BaseProvider):
         site = dist_location(DIST)
         return [os.path.join(site, "onnxruntime_qnn", "build_and_package_info.py")] if site else []
 
+    def needs_static_shapes(self, config: ProviderConfig) -> bool:
+        """Always: QNN graphs have fixed shapes; with a symbolic input dimension the EP
+        takes no node, and ONNX Runtime runs the whole model on the CPU EP."""
+        return True
+
     def context_source(self, config: ProviderConfig) -> str:
         return EP_NAME
 

@@ -182,7 +182,7 @@ class Session:
         ids = []
         for a in select(make_actions(new), self.selectors):
             reads = self.targets.inputs.get(a.id, frozenset()) | set(a.models)
-            if a.id not in old or old[a.id].models != a.models or rel & reads:
+            if a.id not in old or old[a.id].entries != a.entries or rel & reads:
                 ids.append(a.id)
         return ids
 
