@@ -27,7 +27,12 @@ def _no_cache(monkeypatch: pytest.MonkeyPatch) -> None:
 
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[Any]:
-    with distributed.LocalCluster(
+    import dask
+
+    # Worker processes import onnxruntime on start; on a busy 2-core CI box that can take
+    # longer than Dask's default 30 s connect timeout.
+    slow = {"distributed.comm.timeouts.connect": "180s", "distributed.comm.timeouts.tcp": "180s"}
+    with dask.config.set(slow), distributed.LocalCluster(
         n_workers=2, threads_per_worker=1, processes=True, host="127.0.0.1",
         dashboard_address=None, silence_logs=50,
     ) as lc:  # fmt: skip
