@@ -15,6 +15,36 @@ from typing import Any
 
 NAME_PATTERN = "^[A-Za-z0-9][A-Za-z0-9_.-]*$"
 _SCALAR = {"type": ["string", "integer", "number", "boolean"]}
+# The compile settings a provider table and a group table both take (a group's win).
+COMPILE_PROPERTIES: dict[str, Any] = {
+    "compiler": {
+        "type": "string",
+        "enum": ["compile_api", "session"],
+        "description": "compile_api: onnxruntime.ModelCompiler (default where onnxruntime "
+        ">= 1.23); session: an InferenceSession per model.",
+    },
+    "graph_optimization_level": {
+        "type": "string",
+        "enum": ["disabled", "basic", "extended", "all"],
+        "description": "ONNX Runtime graph optimisations before partitioning (default all).",
+    },
+    "disable_cpu_ep_fallback": {
+        "type": "boolean",
+        "description": "session.disable_cpu_ep_fallback: fail when a node would run on the CPU EP.",
+    },
+    "intra_op_num_threads": {
+        "type": "integer",
+        "minimum": 1,
+        "maximum": 1024,
+        "description": "Threads of the compile's session (default: ONNX Runtime's).",
+    },
+    "external_data_folder": {
+        "type": "string",
+        "minLength": 1,
+        "description": "load = bytes: folder of the models' external data, relative to the "
+        "manifest (default: the model's folder).",
+    },
+}
 
 SCHEMA: dict[str, Any] = {
     "$schema": "https://json-schema.org/draft/2020-12/schema",
@@ -104,6 +134,7 @@ SCHEMA: dict[str, Any] = {
                         "type": "string",
                         "description": "plugin: the EPContext 'source' value expected.",
                     },
+                    **COMPILE_PROPERTIES,
                 },
             },
         },
@@ -151,6 +182,7 @@ SCHEMA: dict[str, Any] = {
                         "enum": ["path", "bytes"],
                         "description": "Give models to ONNX Runtime by path (default) or bytes.",
                     },
+                    **COMPILE_PROPERTIES,
                 },
             },
         },

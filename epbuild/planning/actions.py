@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from epbuild._names import ctx_name, model_stem
 from epbuild.errors import UserError
-from epbuild.manifest.model import Group, Manifest
+from epbuild.manifest.model import CompileSettings, Group, Manifest
 from epbuild.providers.base import ProviderConfig
 
 
@@ -24,6 +24,11 @@ class Action:
     """Workspace-relative source models, in session order."""
     out_dir: str
     """Workspace-relative directory the outputs go to: ``<out_dir>/<group>/<provider>``."""
+
+    @property
+    def compile(self) -> CompileSettings:
+        """How it compiles: its group's settings for its provider (``Group.compile``)."""
+        return self.group.compile[self.provider.name]
 
     @property
     def ctx_names(self) -> tuple[str, ...]:

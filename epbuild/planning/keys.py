@@ -16,6 +16,7 @@ from typing import Any
 
 from epbuild.errors import ModelError, UserError
 from epbuild.fs import is_safe_reference
+from epbuild.manifest.model import SESSION_SETTINGS
 from epbuild.planning.actions import Action
 from epbuild.providers import get_provider
 from epbuild.state.statcache import StatCache
@@ -44,12 +45,14 @@ class KeyComputer:
         self.stats = stats
         self.problems = problems or {}
         self._versions: dict[tuple[str, tuple[tuple[str, str], ...]], dict[str, str]] = {}
-        self._models: dict[str, tuple[str, dict[str, str]]] = {}
+        self._models: dict[tuple[str, str | None], tuple[str, dict[str, str]]] = {}
 
-    def model_inputs(self, model: str) -> tuple[str, dict[str, str]]:
-        """(digest, {external-data path: digest}) of a source model."""
-        if model in self._models:
-            return self._models[model]
+    def model_inputs(self, model: str, folder: str | None = None) -> tuple[str, dict[str, str]]:
+        """(digest, {external-data path: digest}) of a source model; its external data is
+        looked up in ``folder`` when given (``external_data_folder``), else beside it."""
+        memo = (model, folder)
+        if memo in self._models:
+            return self._models[memo]
         if model in self.problems:
             problem = self.problems[model]
             raise ModelError(problem.message, hint=problem.hint)
@@ -62,23 +65,28 @@ class KeyComputer:
             raise ModelError(f"{model}: cannot read: {exc.strerror}") from exc
         if entry.size == 0:
             raise ModelError(f"{model}: file is empty", hint="re-export the model")
-        refs = entry.refs
+        base = posixpath.dirname(model) if folder is None else folder
+        refs = entry.refs if folder is None else None  # the stat cache holds refs beside it
         if refs is None:
-            refs = self._parse_refs(model, full)
-            entry = self.stats.with_refs(model, entry, refs)
+            refs = self._parse_refs(model, full, base)
+            if folder is None:
+                entry = self.stats.with_refs(model, entry, refs)
+        where = "" if folder is None else f" (external_data_folder {folder!r})"
         external: dict[str, str] = {}
         for ref in refs:
             try:
                 external[ref] = self.stats.digest(self.root, ref).digest
             except OSError as exc:
                 raise ModelError(
-                    f"{model}: external data file {ref!r} is missing",
-                    hint="keep external-data files next to the model, as its 'location' says",
+                    f"{model}: external data file {ref!r} is missing{where}",
+                    hint="keep external-data files next to the model, as its 'location' says"
+                    if folder is None
+                    else "put the model's external-data files in external_data_folder",
                 ) from exc
-        self._models[model] = (entry.digest, external)
-        return self._models[model]
+        self._models[memo] = (entry.digest, external)
+        return self._models[memo]
 
-    def _parse_refs(self, model: str, full: str) -> tuple[str, ...]:
+    def _parse_refs(self, model: str, full: str, base: str) -> tuple[str, ...]:
         from epbuild.onnx.proto import ProtoError, read_model
 
         try:
@@ -87,7 +95,6 @@ class KeyComputer:
             raise ModelError(
                 f"{model}: not a valid ONNX model ({exc})", hint="re-export or re-download it"
             ) from exc
-        base = posixpath.dirname(model)
         sizes: dict[str, int] = {}
         refs: list[str] = []
         for ref in info.external_refs:
@@ -127,8 +134,9 @@ class KeyComputer:
         """The action's key (raises ModelError for a broken input)."""
         models = []
         inputs: dict[str, str] = {}
+        settings = action.compile
         for model in action.models:
-            digest, external = self.model_inputs(model)
+            digest, external = self.model_inputs(model, settings.external_data_folder)
             models.append({"path": model, "digest": digest, "external": external})
             inputs[model] = digest
             inputs.update(external)
@@ -148,6 +156,7 @@ class KeyComputer:
                 "load": g.load,
             },
             "models": models,
+            "compile": settings.to_json(),
         }
         rewrite = getattr(get_provider(action.provider.ep), "sharing_rewrite", None)
         if g.share_weights and rewrite is not None and (done := rewrite(action.provider)):
@@ -189,6 +198,7 @@ def _explain(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
             a, b = a_map.get(name), b_map.get(name)
             if a != b:
                 reasons.append(f"{label} {name}: {_show(a)} → {_show(b)}")
+    reasons += _compile_reasons(old, new)
     same_setting = old.get("group", {}).get("external_initializers") == new.get("group", {}).get(
         "external_initializers"
     )  # a changed setting is reported above already
@@ -216,6 +226,23 @@ def _explain(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
     if not reasons and [m["path"] for m in old.get("models", [])] != list(new_models):
         reasons.append("model order changed")
     return reasons or ["key changed"]
+
+
+def _compile_reasons(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
+    """Changed compile settings; a key recorded before they were keyed compiled with what
+    ``SESSION_SETTINGS`` says."""
+    if "compile" not in new:
+        return []
+    before = old.get("compile", SESSION_SETTINGS.to_json())
+    after = new["compile"]
+    reasons = [
+        f"compile setting {name}: {_show(before.get(name))} → {_show(after.get(name))}"
+        for name in sorted(set(before) | set(after))
+        if before.get(name) != after.get(name)
+    ]
+    if not reasons and "compile" not in old:
+        reasons.append("the compile settings were not in the recorded key")
+    return reasons
 
 
 def _initializer_reason(old: list[str] | None, new: list[str]) -> str:
