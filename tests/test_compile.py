@@ -95,7 +95,9 @@ def test_old_onnxruntime_resolves_to_sessions(
     with pytest.raises(ManifestError) as info:
         load_manifest(workspace.root / "epbuild.toml")
     err = info.value
-    assert err.key == "groups.g.compiler" and err.line == 8
+    lines = (workspace.root / "epbuild.toml").read_text().splitlines()
+    assert err.key == "groups.g.compiler"
+    assert err.line == lines.index('compiler = "compile_api"') + 1
     assert "onnxruntime 1.22.1 has no compile API" in str(err) and 'compiler = "session"' in str(
         err
     )
@@ -344,7 +346,7 @@ def test_both_compilers_give_identical_bytes(workspace: Workspace, tmp_path: Pat
     _zoo_manifest(workspace, "compile_api")
     plans = status(workspace.root).actions
     assert all(p.reasons == ['compile setting compiler: "session" → "compile_api"'] for p in plans)
-    assert workspace.build().count(Outcome.COMPILED) == 5
+    assert workspace.build().count(Outcome.COMPILED) == 4
     by_api = outputs(workspace.root)
     assert by_api == by_session
     details = status_detail(workspace.root)
@@ -355,7 +357,7 @@ def test_both_compilers_give_identical_bytes(workspace: Workspace, tmp_path: Pat
     shutil.copytree(workspace.root, other)
     shutil.rmtree(other / "build")
     shutil.rmtree(other / ".epbuild")
-    assert Workspace(other).build().count(Outcome.COMPILED) == 5  # a fresh run, elsewhere
+    assert Workspace(other).build().count(Outcome.COMPILED) == 4  # a fresh run, elsewhere
     assert outputs(other) == by_api
 
 
@@ -386,14 +388,18 @@ def test_graph_optimization_level_changes_the_graph(workspace: Workspace, compil
     assert built["all"]["g/htp/f_ctx_qnn.bin"] != built["disabled"]["g/htp/f_ctx_qnn.bin"]
 
 
-def test_disable_cpu_ep_fallback_fails_a_partial_model(workspace: Workspace) -> None:
+@pytest.mark.parametrize("compiler", ["compile_api", "session"])
+def test_disable_cpu_ep_fallback_fails_a_partial_model(workspace: Workspace, compiler: str) -> None:
     workspace.model("p/p.onnx", mod_model(1))
-    one_group(workspace, {"models": ["p/p.onnx"]})
+    one_group(workspace, {"models": ["p/p.onnx"]}, {"compiler": compiler})
     assert workspace.build().ok  # Mod runs on the CPU EP
-    one_group(workspace, {"models": ["p/p.onnx"], "disable_cpu_ep_fallback": True})
+    one_group(workspace, {"models": ["p/p.onnx"], "disable_cpu_ep_fallback": True},
+              {"compiler": compiler})  # fmt: skip
     (action,) = workspace.build().actions
     assert action.outcome is Outcome.FAILED and action.error is not None
     assert action.error.startswith("p/p.onnx: ONNX Runtime failed"), action.error
+    assert "fallback to CPU EP has been explicitly disabled" in action.error
+    assert action.hint is not None and "disable_cpu_ep_fallback = true" in action.hint
     workspace.model("m/a.onnx")  # a model the EP takes whole still builds
     one_group(workspace, {"models": ["m/a.onnx"], "disable_cpu_ep_fallback": True})
     assert workspace.build().ok

@@ -77,6 +77,8 @@ def _hook_for(model: str) -> tuple[str, str] | None:
 
 NOTHING_COMPILED = "Unable to compile any nodes"
 """ONNX Runtime's message when ``ERROR_IF_NO_NODES_COMPILED`` fails a compile."""
+FALLBACK_REFUSED = "fallback to CPU EP has been explicitly disabled"
+"""ONNX Runtime's message when ``session.disable_cpu_ep_fallback`` fails a compile."""
 OPTIMIZATION_LEVELS = {
     "disabled": "ORT_DISABLE_ALL",
     "basic": "ORT_ENABLE_BASIC",
@@ -118,7 +120,7 @@ def _compile_with_sessions(ort: Any, job: Job, adapter: Provider) -> None:
             _test_hook(model)
             # No local name for a session: it would outlive the reverse teardown below (and,
             # through a traceback, the failure of the next one). tests/test_worker_teardown.
-            sessions.append(_open_session(ort, model, so, job.load))
+            sessions.append(_open_session(ort, job, model, so))
     finally:
         while sessions:  # reverse order of creation; the pop drops the last reference
             sessions.pop()
@@ -185,15 +187,26 @@ def _session_entries(job: Job, index: int, ctx_path: str) -> dict[str, str]:
     return entries
 
 
-def _open_session(ort: Any, model: str, so: Any, load: str) -> Any:
+def _open_session(ort: Any, job: Job, model: str, so: Any) -> Any:
     """One session (the compile happens here); an ONNX Runtime error is a CompileFailure."""
     try:
-        if load == "bytes":
+        if job.load == "bytes":
             with open(model, "rb") as f:
                 return ort.InferenceSession(f.read(), so)
         return ort.InferenceSession(model, so)
     except Exception as exc:
-        raise CompileFailure(f"{model}: ONNX Runtime failed: {_ort_message(exc)}") from exc
+        raise ort_failure(job, model, exc) from exc
+
+
+def ort_failure(job: Job, model: str, exc: Exception) -> CompileFailure:
+    """The failure of an ONNX Runtime error while compiling ``model``."""
+    hint = None
+    if job.compile.disable_cpu_ep_fallback and FALLBACK_REFUSED in str(exc):
+        hint = (
+            "disable_cpu_ep_fallback = true refuses a model with nodes the EP cannot take; "
+            "set it to false to leave them on the CPU EP"
+        )
+    return CompileFailure(f"{model}: ONNX Runtime failed: {_ort_message(exc)}", hint)
 
 
 def _compile_model(ort: Any, job: Job, index: int, so: Any) -> None:
@@ -224,7 +237,7 @@ def _compile_model(ort: Any, job: Job, index: int, so: Any) -> None:
     except Exception as exc:
         if NOTHING_COMPILED in str(exc):
             raise nothing_compiled(model, "(ONNX Runtime: unable to compile any nodes)") from exc
-        raise CompileFailure(f"{model}: ONNX Runtime failed: {_ort_message(exc)}") from exc
+        raise ort_failure(job, model, exc) from exc
 
 
 def nothing_compiled(model: str, how: str) -> CompileFailure:

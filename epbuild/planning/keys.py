@@ -68,7 +68,7 @@ class KeyComputer:
         base = posixpath.dirname(model) if folder is None else folder
         refs = entry.refs if folder is None else None  # the stat cache holds refs beside it
         if refs is None:
-            refs = self._parse_refs(model, full, base)
+            refs = self._parse_refs(model, full, base, folder is not None)
             if folder is None:
                 entry = self.stats.with_refs(model, entry, refs)
         where = "" if folder is None else f" (external_data_folder {folder!r})"
@@ -86,7 +86,9 @@ class KeyComputer:
         self._models[memo] = (entry.digest, external)
         return self._models[memo]
 
-    def _parse_refs(self, model: str, full: str, base: str) -> tuple[str, ...]:
+    def _parse_refs(self, model: str, full: str, base: str, folder: bool) -> tuple[str, ...]:
+        """The external-data files ``model`` references, found in ``base`` (its own folder,
+        or its ``external_data_folder`` when ``folder``)."""
         from epbuild.onnx.proto import ProtoError, read_model
 
         try:
@@ -110,7 +112,10 @@ class KeyComputer:
                     sizes[rel] = os.stat(os.path.join(self.root, rel)).st_size
                 except OSError as exc:
                     raise ModelError(
-                        f"{model}: external data file {rel!r} (tensor {ref.tensor!r}) is missing"
+                        f"{model}: external data file {rel!r} (tensor {ref.tensor!r}) is missing",
+                        hint=f"external_data_folder is {base!r}: put the file there"
+                        if folder
+                        else None,
                     ) from exc
                 refs.append(rel)
             end = (ref.offset or 0) + (ref.length or 0)
