@@ -3,7 +3,8 @@
     python benchmarks/bench_build.py [--runs 10] [--noop-only]
 
 Reports (in one run, on this machine):
-- the full model-zoo build (18 compiles) with epbuild at -j 1 and -j 2;
+- the full model-zoo build (18 compiles) with epbuild at -j 1 and -j 2, through the compile
+  API (the default), and at -j 1 and -j 2 again with ``compiler = "session"`` in each provider;
 - the same 18 compiles by a hand-written loop in one Python process with plain onnxruntime
   (what a user would otherwise write);
 - the no-op build time and its ratio to ``python -c "import onnx"`` (target ≤ 0.5).
@@ -64,6 +65,21 @@ def median_time(cmd: list[str], cwd: Path, runs: int) -> float:
     return statistics.median(timed(cmd, cwd) for _ in range(runs))
 
 
+def use_compiler(ws: Path, compiler: str | None) -> None:
+    """Set (or, with None, drop) ``compiler`` in every provider table of the manifest."""
+    lines = [
+        line
+        for line in (ZOO / "epbuild.toml").read_text().splitlines()
+        if not line.startswith("compiler =")
+    ]
+    out: list[str] = []
+    for line in lines:
+        out.append(line)
+        if compiler is not None and line.startswith("[providers."):
+            out.append(f'compiler = "{compiler}"')
+    (ws / "epbuild.toml").write_text("\n".join(out) + "\n")
+
+
 def fresh(ws: Path) -> None:
     for d in ("build", ".epbuild", "hand"):
         shutil.rmtree(ws / d, ignore_errors=True)
@@ -88,10 +104,16 @@ def main() -> int:
         shutil.copytree(ZOO / "models", ws / "models")
 
         if args.noop_only:
-            hand = full_j1 = full_j2 = float("nan")
+            hand = full_j1 = full_j2 = session_j1 = session_j2 = float("nan")
             timed([*epbuild, "build", "-j", "2"], ws)
         else:
             hand = timed([py, "-c", HAND_LOOP], ws)
+            use_compiler(ws, "session")
+            fresh(ws)
+            session_j1 = timed([*epbuild, "build", "-j", "1"], ws)
+            fresh(ws)
+            session_j2 = timed([*epbuild, "build", "-j", "2"], ws)
+            use_compiler(ws, None)  # the default: the compile API
             fresh(ws)
             full_j1 = timed([*epbuild, "build", "-j", "1"], ws)
             fresh(ws)
@@ -108,6 +130,8 @@ def main() -> int:
         "full_j2_s": round(full_j2, 2),
         "j1_vs_hand": round(full_j1 / hand, 3),
         "j2_vs_hand": round(full_j2 / hand, 3),
+        "session_j1_s": round(session_j1, 2),
+        "session_j2_s": round(session_j2, 2),
         "noop_s": round(noop, 4),
         "status_s": round(status, 4),
         "import_onnx_s": round(import_onnx, 4),
@@ -119,8 +143,10 @@ def main() -> int:
         return 0
     print(f"model-zoo: 9 CNNs x 2 HTP targets = 18 compiles ({os.cpu_count()} CPUs)")
     print(f"  hand-written loop, one process    {hand:7.2f} s")
-    print(f"  epbuild build -j 1                {full_j1:7.2f} s  ({full_j1 / hand:.2f}x the loop)")
-    print(f"  epbuild build -j 2                {full_j2:7.2f} s  ({full_j2 / hand:.2f}x the loop)")
+    print(f"  epbuild build -j 1 (compile API)  {full_j1:7.2f} s  ({full_j1 / hand:.2f}x the loop)")
+    print(f"  epbuild build -j 2 (compile API)  {full_j2:7.2f} s  ({full_j2 / hand:.2f}x the loop)")
+    print(f"  epbuild build -j 1 (sessions)     {session_j1:7.2f} s")
+    print(f"  epbuild build -j 2 (sessions)     {session_j2:7.2f} s")
     print(f"  no-op epbuild build (median)      {noop * 1000:7.1f} ms")
     print(f"  epbuild status (median)           {status * 1000:7.1f} ms")
     print(f"  python -c 'import onnx' (median)  {import_onnx * 1000:7.1f} ms")

@@ -45,6 +45,7 @@ def _fake_ort(log: list[str], fail: str | None) -> types.ModuleType:
     ort = types.ModuleType("onnxruntime")
     ort.SessionOptions = SessionOptions  # type: ignore[attr-defined]
     ort.InferenceSession = inference_session  # type: ignore[attr-defined]
+    ort.GraphOptimizationLevel = types.SimpleNamespace(ORT_ENABLE_ALL=99)  # type: ignore[attr-defined]
     return ort
 
 

@@ -203,6 +203,7 @@ class Builder:
             node_name_prefix=g.node_name_prefix,
             initializer_names=action.initializer_names,
             load=g.load,
+            compile=action.compile,
             inputs=dict(key.inputs),
             predicted_peak=self.memory.peaks.get(action.id, 0),
             names=action.names,

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from epbuild._names import CTX_SUFFIX, model_stem
+from epbuild.manifest.model import SESSION_SETTINGS, CompileSettings
 from epbuild.providers.base import ProviderConfig
 
 
@@ -32,6 +33,8 @@ class Job:
     """Per model, the external-initializer file name (empty: initializers stay inline)."""
     load: str
     """How the worker hands a model to ONNX Runtime: ``path`` or ``bytes``."""
+    compile: CompileSettings = SESSION_SETTINGS
+    """Compiler, graph optimisation level and session settings (``Action.compile``)."""
     inputs: Mapping[str, str] = field(default_factory=dict)
     """Input path → digest the action's key was computed from (for executors that ship them)."""
     predicted_peak: int = 0
@@ -74,6 +77,7 @@ class Job:
             "node_name_prefix": self.node_name_prefix,
             "initializer_names": list(self.initializer_names),
             "load": self.load,
+            "compile": self.compile.to_json(),
             "inputs": dict(self.inputs),
             "predicted_peak": self.predicted_peak,
             "token": self.token,
@@ -94,6 +98,7 @@ class Job:
             node_name_prefix=data.get("node_name_prefix"),
             initializer_names=tuple(data.get("initializer_names", ())),
             load=str(data["load"]),
+            compile=CompileSettings.from_json(data.get("compile", SESSION_SETTINGS.to_json())),
             inputs=dict(data.get("inputs", {})),
             predicted_peak=int(data.get("predicted_peak", 0)),
             token=str(data.get("token", "")),

@@ -1,4 +1,4 @@
-"""The worker: one fresh process per action, compiling through real ONNX Runtime sessions.
+"""The worker: one fresh process per action, compiling with ONNX Runtime's compile API or sessions.
 
 Run as ``python -m epbuild.executors.worker`` with the workspace root as working directory. It reads
 one JSON job line on stdin and keeps stdin open: when the coordinator dies, stdin closes and
@@ -75,34 +75,32 @@ def _hook_for(model: str) -> tuple[str, str] | None:
     return kind, arg
 
 
+NOTHING_COMPILED = "Unable to compile any nodes"
+"""ONNX Runtime's message when ``ERROR_IF_NO_NODES_COMPILED`` fails a compile."""
+FALLBACK_REFUSED = "fallback to CPU EP has been explicitly disabled"
+"""ONNX Runtime's message when ``session.disable_cpu_ep_fallback`` fails a compile."""
+OPTIMIZATION_LEVELS = {
+    "disabled": "ORT_DISABLE_ALL",
+    "basic": "ORT_ENABLE_BASIC",
+    "extended": "ORT_ENABLE_EXTENDED",
+    "all": "ORT_ENABLE_ALL",
+}
+"""Manifest ``graph_optimization_level`` → ``onnxruntime.GraphOptimizationLevel`` member."""
+
+
 def compile_action(job: Job) -> dict[str, Any]:
-    """Create the sessions of one action in order, destroy them in reverse, check outputs."""
+    """Compile the models of one action in order with the job's compiler, check outputs."""
     import onnxruntime as ort
 
     from epbuild.providers import get_provider
 
     config = job.provider
     adapter = get_provider(config.ep)
-    sessions: list[Any] = []
     t0 = time.perf_counter()
-    try:
-        for index, model in enumerate(job.models):
-            so = ort.SessionOptions()
-            ctx_path = posixpath.join(job.staging, job.ctx_names[index])
-            for k, v in _session_entries(job, index, ctx_path).items():
-                so.add_session_config_entry(k, v)
-            for dim, value in job.free_dimensions_of(index).items():
-                so.add_free_dimension_override_by_name(dim, value)
-            extra = adapter.context_options(config, ctx_path, job.embed_mode)
-            adapter.attach(ort, so, _with_options(config, extra) if extra else config)
-            _test_hook(model)
-            # No local name for a session: it would outlive the reverse teardown below (and,
-            # through a traceback, the failure of the next one). tests/test_worker_teardown.
-            source = job.repeat_prefix(index) + model
-            sessions.append(_open_session(ort, source, so, job.load))
-    finally:
-        while sessions:  # reverse order of creation; the pop drops the last reference
-            sessions.pop()
+    if job.compile.compiler == "compile_api":
+        _compile_with_api(ort, job, adapter)
+    else:
+        _compile_with_sessions(ort, job, adapter)
     seconds = time.perf_counter() - t0
     if job.share_weights:
         finish = getattr(adapter, "finish_sharing_group", None)
@@ -111,41 +109,152 @@ def compile_action(job: Job) -> dict[str, Any]:
     detail = check_outputs(
         job.staging, list(job.models), adapter, config, job.share_weights, list(job.ctx_names)
     )
+    detail["compiler"] = job.compile.compiler
     return {"ok": True, "seconds": seconds, "peak_rss": peak_rss(), "detail": detail}
 
 
+def _compile_with_sessions(ort: Any, job: Job, adapter: Provider) -> None:
+    """Create the sessions in order (each writes its ctx model), destroy them in reverse."""
+    sessions: list[Any] = []
+    try:
+        for index, model in enumerate(job.models):
+            so = session_options(ort, job, index, adapter)
+            _test_hook(model)
+            # No local name for a session: it would outlive the reverse teardown below (and,
+            # through a traceback, the failure of the next one). tests/test_worker_teardown.
+            sessions.append(_open_session(ort, job, job.repeat_prefix(index) + model, so))
+    finally:
+        while sessions:  # reverse order of creation; the pop drops the last reference
+            sessions.pop()
+
+
+def _compile_with_api(ort: Any, job: Job, adapter: Provider) -> None:
+    """One ``onnxruntime.ModelCompiler`` per model, in order. A sharing group is the loop
+    ONNX Runtime recommends in place of its ``ep_weight_sharing_ctx_gen`` tool: the same
+    ``ep.share_ep_contexts`` entries as sessions, the stop entry on the last model."""
+    for index, model in enumerate(job.models):
+        so = session_options(ort, job, index, adapter)
+        _test_hook(model)
+        _compile_model(ort, job, index, so)
+
+
+def session_options(ort: Any, job: Job, index: int, adapter: Provider) -> Any:
+    """The ``SessionOptions`` that compile model ``index`` of the job, for either compiler:
+    config entries, graph optimisation level, threads, and the EP attached."""
+    so = ort.SessionOptions()
+    ctx_path = posixpath.join(job.staging, job.ctx_names[index])
+    for k, v in _session_entries(job, index, ctx_path).items():
+        so.add_session_config_entry(k, v)
+    for dim, value in job.free_dimensions_of(index).items():
+        so.add_free_dimension_override_by_name(dim, value)
+    settings = job.compile
+    so.graph_optimization_level = _optimization_level(ort, settings.graph_optimization_level)
+    if settings.intra_op_num_threads is not None:
+        so.intra_op_num_threads = settings.intra_op_num_threads
+    config = job.provider
+    extra = {}
+    if settings.compiler == "session":  # the compile API sets the ctx output itself
+        extra = adapter.context_options(config, ctx_path, job.embed_mode)
+    adapter.attach(ort, so, _with_options(config, extra) if extra else config)
+    return so
+
+
+def _optimization_level(ort: Any, level: str | None) -> Any:
+    return getattr(ort.GraphOptimizationLevel, OPTIMIZATION_LEVELS[level or "all"])
+
+
 def _session_entries(job: Job, index: int, ctx_path: str) -> dict[str, str]:
-    """The session config entries that make model ``index`` of the job write its ctx model."""
+    """The session config entries of model ``index`` of the job: with sessions, those that
+    make it write its ctx model; with either compiler, sharing and session settings."""
     model = job.models[index]
-    entries = {
-        "ep.context_enable": "1",
-        "ep.context_file_path": ctx_path,
-        "ep.context_embed_mode": str(job.embed_mode),
-    }
+    settings = job.compile
+    entries: dict[str, str] = {}
+    if settings.compiler == "session":
+        entries["ep.context_enable"] = "1"
+        entries["ep.context_file_path"] = ctx_path
+        entries["ep.context_embed_mode"] = str(job.embed_mode)
+        if job.initializer_names:
+            name = job.initializer_names[index]
+            entries["ep.context_model_external_initializers_file_name"] = name
     if job.node_name_prefix:
         entries["ep.context_node_name_prefix"] = job.node_name_prefix
-    if job.initializer_names:
-        entries["ep.context_model_external_initializers_file_name"] = job.initializer_names[index]
     if job.share_weights and (_hook_for(model) or ("",))[0] != "noshare":
         entries["ep.share_ep_contexts"] = "1"
         if index == len(job.models) - 1:
             entries["ep.stop_share_ep_contexts"] = "1"
     if job.load == "bytes":
-        folder = job.repeat_prefix(index) + (posixpath.dirname(model) or ".")
+        folder = job.repeat_prefix(index) + (
+            settings.external_data_folder or posixpath.dirname(model) or "."
+        )
         entries["session.model_external_initializers_file_folder_path"] = folder
+    if settings.disable_cpu_ep_fallback:
+        entries["session.disable_cpu_ep_fallback"] = "1"
     entries.update(job.provider.session_options)
     return entries
 
 
-def _open_session(ort: Any, model: str, so: Any, load: str) -> Any:
+def _open_session(ort: Any, job: Job, model: str, so: Any) -> Any:
     """One session (the compile happens here); an ONNX Runtime error is a CompileFailure."""
     try:
-        if load == "bytes":
+        if job.load == "bytes":
             with open(model, "rb") as f:
                 return ort.InferenceSession(f.read(), so)
         return ort.InferenceSession(model, so)
     except Exception as exc:
-        raise CompileFailure(f"{model}: ONNX Runtime failed: {_ort_message(exc)}") from exc
+        raise ort_failure(job, model, exc) from exc
+
+
+def ort_failure(job: Job, model: str, exc: Exception) -> CompileFailure:
+    """The failure of an ONNX Runtime error while compiling ``model``."""
+    hint = None
+    if job.compile.disable_cpu_ep_fallback and FALLBACK_REFUSED in str(exc):
+        hint = (
+            "disable_cpu_ep_fallback = true refuses a model with nodes the EP cannot take; "
+            "set it to false to leave them on the CPU EP"
+        )
+    return CompileFailure(f"{model}: ONNX Runtime failed: {_ort_message(exc)}", hint)
+
+
+def _compile_model(ort: Any, job: Job, index: int, so: Any) -> None:
+    """Compile model ``index`` with the compile API; it fails when no node was compiled."""
+    # A source repeated in the group gets a distinct path spelling (``Job.repeat_prefix``):
+    # the EP names its graphs by the path, and one shared context cannot hold two of a name.
+    model = job.repeat_prefix(index) + job.models[index]
+    ctx_path = posixpath.join(job.staging, job.ctx_names[index])
+    options: dict[str, Any] = {}
+    if job.initializer_names:
+        # Relative to the ctx model's folder; threshold 0 moves every CPU-side
+        # initializer, as ep.context_model_external_initializers_file_name does.
+        options["external_initializers_file_path"] = job.initializer_names[index]
+        options["external_initializers_size_threshold"] = 0
+    try:
+        if job.load == "bytes":
+            with open(model, "rb") as f:
+                source: str | bytes = f.read()
+        else:
+            source = model
+        compiler = ort.ModelCompiler(
+            so,
+            source,
+            embed_compiled_data_into_model=job.embed_mode == 1,
+            flags=ort.OrtCompileApiFlags.ERROR_IF_NO_NODES_COMPILED,
+            graph_optimization_level=_optimization_level(ort, job.compile.graph_optimization_level),
+            **options,
+        )
+        compiler.compile_to_file(ctx_path)
+    except Exception as exc:
+        if NOTHING_COMPILED in str(exc):
+            raise nothing_compiled(model, "(ONNX Runtime: unable to compile any nodes)") from exc
+        raise ort_failure(job, model, exc) from exc
+
+
+def nothing_compiled(model: str, how: str) -> CompileFailure:
+    """The failure of a model the EP compiled no node of."""
+    return CompileFailure(
+        f"{model}: no EPContext model was written — the EP compiled nothing {how}",
+        hint="check for unsupported ops or dynamic (symbolic) input dimensions, and "
+        "the provider options (an unknown soc_model or backend makes the EP fall back)",
+    )
 
 
 def peak_rss() -> int:
@@ -230,12 +339,7 @@ def check_outputs(
         ctx = posixpath.join(staging, ctx_file)
         label = model_label(model, ctx_stem(ctx_file))
         if not os.path.exists(ctx):
-            raise CompileFailure(
-                f"{label}: no EPContext model was written — the EP compiled nothing and ONNX "
-                "Runtime silently ran the model on the CPU EP",
-                hint="check for unsupported ops or dynamic (symbolic) input dimensions, and "
-                "the provider options (an unknown soc_model or backend makes the EP fall back)",
-            )
+            raise nothing_compiled(label, "and ONNX Runtime silently ran the model on the CPU EP")
         try:
             info = read_model(ctx)
             src = read_model(model)

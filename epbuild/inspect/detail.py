@@ -10,6 +10,8 @@ from typing import Any
 
 from epbuild._names import CTX_SUFFIX, model_label
 
+COMPILER_NAMES = {"compile_api": "the compile API", "session": "sessions"}
+
 
 @dataclass(frozen=True)
 class ModelDetail:
@@ -41,6 +43,8 @@ class ActionDetail:
     seconds: float = 0.0
     peak_rss: int = 0
     restored: bool = False
+    compiler: str | None = None
+    """``compile_api`` or ``session``, as the worker reported (None: recorded before)."""
     files: dict[str, int] = field(default_factory=dict)
     """Workspace-relative output → size in bytes."""
     models: list[ModelDetail] = field(default_factory=list)
@@ -77,6 +81,7 @@ def status_detail(
         if rec is None:
             continue
         d.seconds, d.peak_rss, d.restored = rec.seconds, rec.peak_rss, rec.restored
+        d.compiler = rec.detail.get("compiler")
         d.files = {p: o.size for p, o in sorted(rec.outputs.items())}
         models = rec.detail.get("models", {})
         d.models = [
@@ -117,6 +122,8 @@ def render(details: list[ActionDetail]) -> list[str]:
             lines.append(f"{d.id}  (never built)")
             continue
         how = "restored" if d.restored else f"compiled in {d.seconds:.2f}s"
+        if d.compiler:
+            how += f" with {COMPILER_NAMES.get(d.compiler, d.compiler)}"
         lines.append(
             f"{d.id}  ({state}; {how}, peak {_size(d.peak_rss)}, binaries {_size(d.binary_bytes)})"
         )

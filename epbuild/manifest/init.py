@@ -19,6 +19,8 @@ out_dir = "build"        # outputs, relative to this file
 [providers.htp-v73]
 ep = "qnn"
 options = { htp_arch = "73", soc_model = "60" }
+# compiler = "session"   # default "compile_api" (onnxruntime >= 1.23): ModelCompiler
+# graph_optimization_level = "all"   # or "disabled", "basic", "extended"
 
 # A model group: its models are compiled for each listed provider.
 [groups.main]

@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import posixpath
 import re
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -25,10 +26,17 @@ from epbuild._names import (
 from epbuild.errors import ManifestError, UnsafePathError
 from epbuild.fs import safe_relpath
 from epbuild.manifest.locate import Where
-from epbuild.manifest.model import Group, Manifest, ModelEntry, WorkspaceSettings
+from epbuild.manifest.model import (
+    DEFAULT_OPTIMIZATION_LEVEL,
+    CompileSettings,
+    Group,
+    Manifest,
+    ModelEntry,
+    WorkspaceSettings,
+)
 from epbuild.manifest.schema import SchemaViolation, validate
 from epbuild.providers import get_provider
-from epbuild.providers.base import ProviderConfig
+from epbuild.providers.base import ProviderConfig, has_compile_api, onnxruntime_version
 
 __all__ = [
     "Group",
@@ -47,6 +55,15 @@ _RESERVED_SESSION_KEYS = (
     "ep.stop_share_ep_contexts",
     "session.model_external_initializers_file_folder_path",
 )
+COMPILE_KEYS = (
+    "compiler",
+    "graph_optimization_level",
+    "disable_cpu_ep_fallback",
+    "intra_op_num_threads",
+    "external_data_folder",
+)
+"""Keys of a provider or group table that make its ``CompileSettings``."""
+FALLBACK_ENTRY = "session.disable_cpu_ep_fallback"
 
 
 def find_manifest(directory: str | os.PathLike[str] = ".", name: str | None = None) -> Path:
@@ -90,10 +107,20 @@ def load_manifest(path: str | os.PathLike[str]) -> Manifest:
         name: _provider(where, root, name, table)
         for name, table in data.get("providers", {}).items()
     }
+    compile_settings = {
+        name: _compile_settings(where, ("providers", name), table)
+        for name, table in data.get("providers", {}).items()
+    }
     groups: dict[str, Group] = {}
     problems: dict[str, ManifestError] = {}
     for name, table in data.get("groups", {}).items():
-        groups[name] = _group(where, root, name, table, providers, workspace, problems)
+        group = _group(where, root, name, table, providers, workspace, problems)
+        settings = _compile_settings(where, ("groups", name), table)
+        resolved = {
+            p: _resolve_compile(where, group, settings, providers[p], compile_settings[p])
+            for p in group.providers
+        }
+        groups[name] = replace(group, compile=resolved)
     return Manifest(file, root, workspace, providers, groups, problems)
 
 
@@ -165,7 +192,8 @@ def _provider(where: Where, root: Path, name: str, table: dict[str, Any]) -> Pro
     key = f"providers.{name}"
     try:
         adapter = get_provider(table["ep"])
-        settings = {k: v for k, v in table.items() if k not in ("ep", "options", "session_options")}
+        own = ("ep", "options", "session_options", *COMPILE_KEYS)
+        settings = {k: v for k, v in table.items() if k not in own}
         options, adapter_settings = adapter.validate_options(
             table.get("options", {}), settings, key=key
         )
@@ -238,6 +266,81 @@ def _group(
         load=table.get("load", "path"),
         patterns=patterns,
         free_dimensions=dict(table.get("free_dimensions", {})),
+    )
+
+
+def _compile_settings(
+    where: Where, base: tuple[str, ...], table: dict[str, Any]
+) -> CompileSettings:
+    """The compile settings a provider or group table sets (the schema checked the types)."""
+    folder = table.get("external_data_folder")
+    if folder is not None:
+        path = (*base, "external_data_folder")
+        folder = _rel(where, folder, path, "external_data_folder")
+    return CompileSettings(
+        compiler=table.get("compiler"),
+        graph_optimization_level=table.get("graph_optimization_level"),
+        disable_cpu_ep_fallback=table.get("disable_cpu_ep_fallback"),
+        intra_op_num_threads=table.get("intra_op_num_threads"),
+        external_data_folder=folder,
+    )
+
+
+def _resolve_compile(
+    where: Where,
+    group: Group,
+    own: CompileSettings,
+    provider: ProviderConfig,
+    provider_own: CompileSettings,
+) -> CompileSettings:
+    """A group's settings over its provider's, the compiler and level defaults filled in.
+
+    The default compiler is the compile API where the installed ONNX Runtime has it (read
+    from its dist-info, never imported) and the adapter can use it, else sessions.
+    """
+
+    def at(name: str) -> tuple[str, ...]:
+        """Where ``name`` is set: the group when it sets it, else the provider."""
+        if getattr(own, name) is not None:
+            return ("groups", group.name, name)
+        return ("providers", provider.name, name)
+
+    merged = own.over(provider_own)
+    adapter = get_provider(provider.ep)
+    api_ok = bool(getattr(adapter, "compile_api", False))
+    if merged.compiler == "compile_api":
+        if not api_ok:
+            raise where.error(
+                at("compiler"),
+                f"the {provider.ep} adapter cannot compile through the compile API",
+                'use compiler = "session"',
+            )
+        if not has_compile_api():
+            raise where.error(
+                at("compiler"),
+                f"onnxruntime {onnxruntime_version()} has no compile API with the options "
+                "epbuild needs (onnxruntime 1.23 or newer)",
+                'upgrade onnxruntime, or use compiler = "session"',
+            )
+    if merged.external_data_folder is not None and group.load != "bytes":
+        raise where.error(
+            at("external_data_folder"),
+            "applies only to models handed over as bytes",
+            f'set load = "bytes" in [groups.{group.name}], or remove external_data_folder '
+            "(a model loaded by path finds its external data next to itself)",
+        )
+    if merged.disable_cpu_ep_fallback is not None and FALLBACK_ENTRY in provider.session_options:
+        raise where.error(
+            at("disable_cpu_ep_fallback"),
+            f"is also set as session_options {FALLBACK_ENTRY!r} of provider {provider.name!r}",
+            "keep one of the two (disable_cpu_ep_fallback is checked and keyed)",
+        )
+    compiler = merged.compiler or ("compile_api" if api_ok and has_compile_api() else "session")
+    return replace(
+        merged,
+        compiler=compiler,
+        graph_optimization_level=merged.graph_optimization_level or DEFAULT_OPTIMIZATION_LEVEL,
+        disable_cpu_ep_fallback=bool(merged.disable_cpu_ep_fallback),
     )
 
 

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
+from typing import Any
 
 from epbuild.errors import ManifestError
 from epbuild.providers.base import ProviderConfig
@@ -21,6 +22,52 @@ class WorkspaceSettings:
     cache: str | None
     executor: str
     scheduler: str | None
+
+
+COMPILERS = ("compile_api", "session")
+"""How a worker compiles: ``onnxruntime.ModelCompiler`` or an ``InferenceSession`` per model."""
+OPTIMIZATION_LEVELS = ("disabled", "basic", "extended", "all")
+"""``graph_optimization_level`` values, in ORT's order (``GraphOptimizationLevel``)."""
+DEFAULT_OPTIMIZATION_LEVEL = "all"
+"""What sessions always did, so the default gives the graphs builds gave before."""
+
+
+@dataclass(frozen=True)
+class CompileSettings:
+    """How one action compiles: the ``compiler``, ``graph_optimization_level`` and session
+    settings of a provider or group table (None: unset). ``over`` lets a group's settings
+    win over its provider's; ``Group.compile`` holds the result, defaults filled in."""
+
+    compiler: str | None = None
+    """``compile_api`` or ``session``; resolved from the installed ONNX Runtime when unset."""
+    graph_optimization_level: str | None = None
+    """One of ``OPTIMIZATION_LEVELS``."""
+    disable_cpu_ep_fallback: bool | None = None
+    """``session.disable_cpu_ep_fallback=1``: a node the EP cannot take fails the compile."""
+    intra_op_num_threads: int | None = None
+    """``SessionOptions.intra_op_num_threads`` of the compile (None: ORT's default)."""
+    external_data_folder: str | None = None
+    """Workspace-relative folder of the external data of models loaded as bytes (None: the
+    model's own folder)."""
+
+    def over(self, base: CompileSettings) -> CompileSettings:
+        """These settings, each unset one taken from ``base``."""
+        return replace(
+            base, **{f.name: v for f in fields(self) if (v := getattr(self, f.name)) is not None}
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        """The key component and the job's form (every field, unset ones as null)."""
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> CompileSettings:
+        """Rebuild settings written by ``to_json``."""
+        return cls(**{f.name: data.get(f.name) for f in fields(cls)})
+
+
+SESSION_SETTINGS = CompileSettings("session", DEFAULT_OPTIMIZATION_LEVEL, False)
+"""What every compile was before the settings existed: a session, all optimisations."""
 
 
 @dataclass(frozen=True)
@@ -73,6 +120,10 @@ class Group:
     def free_dimensions_of(self, entry: ModelEntry) -> dict[str, int]:
         """The overrides one model is compiled with: the group's, the entry's on top."""
         return {**self.free_dimensions, **entry.free_dimensions}
+
+    compile: Mapping[str, CompileSettings] = field(default_factory=dict)
+    """Provider name → its compile settings in this group (group over provider, compiler
+    and optimisation level resolved)."""
 
 
 @dataclass(frozen=True)

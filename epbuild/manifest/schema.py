@@ -22,6 +22,37 @@ _FREE_DIMENSIONS = {
     "{ batch = 1, sequence_length = 128 }: ONNX Runtime's free dimension overrides.",
 }
 
+# The compile settings a provider table and a group table both take (a group's win).
+COMPILE_PROPERTIES: dict[str, Any] = {
+    "compiler": {
+        "type": "string",
+        "enum": ["compile_api", "session"],
+        "description": "compile_api: onnxruntime.ModelCompiler (default where onnxruntime "
+        ">= 1.23); session: an InferenceSession per model.",
+    },
+    "graph_optimization_level": {
+        "type": "string",
+        "enum": ["disabled", "basic", "extended", "all"],
+        "description": "ONNX Runtime graph optimisations before partitioning (default all).",
+    },
+    "disable_cpu_ep_fallback": {
+        "type": "boolean",
+        "description": "session.disable_cpu_ep_fallback: fail when a node would run on the CPU EP.",
+    },
+    "intra_op_num_threads": {
+        "type": "integer",
+        "minimum": 1,
+        "maximum": 1024,
+        "description": "Threads of the compile's session (default: ONNX Runtime's).",
+    },
+    "external_data_folder": {
+        "type": "string",
+        "minLength": 1,
+        "description": "load = bytes: folder of the models' external data, relative to the "
+        "manifest (default: the model's folder).",
+    },
+}
+
 SCHEMA: dict[str, Any] = {
     "$schema": "https://json-schema.org/draft/2020-12/schema",
     "title": "epbuild manifest (epbuild.toml)",
@@ -110,6 +141,7 @@ SCHEMA: dict[str, Any] = {
                         "type": "string",
                         "description": "plugin: the EPContext 'source' value expected.",
                     },
+                    **COMPILE_PROPERTIES,
                 },
             },
         },
@@ -183,6 +215,7 @@ SCHEMA: dict[str, Any] = {
                         "description": "Give models to ONNX Runtime by path (default) or bytes.",
                     },
                     "free_dimensions": _FREE_DIMENSIONS,
+                    **COMPILE_PROPERTIES,
                 },
             },
         },

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from epbuild._names import CTX_SUFFIX
 from epbuild.errors import UserError
-from epbuild.manifest.model import Group, Manifest, ModelEntry
+from epbuild.manifest.model import CompileSettings, Group, Manifest, ModelEntry
 from epbuild.providers.base import ProviderConfig
 
 
@@ -40,6 +40,11 @@ class Action:
     def free_dimensions(self) -> tuple[dict[str, int], ...]:
         """Per model, the free-dimension overrides it is compiled with."""
         return tuple(self.group.free_dimensions_of(e) for e in self.entries)
+
+    @property
+    def compile(self) -> CompileSettings:
+        """How it compiles: its group's settings for its provider (``Group.compile``)."""
+        return self.group.compile[self.provider.name]
 
     @property
     def ctx_names(self) -> tuple[str, ...]:

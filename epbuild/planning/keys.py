@@ -17,7 +17,7 @@ from typing import Any
 from epbuild._names import model_label, model_stem
 from epbuild.errors import ModelError, UserError
 from epbuild.fs import is_safe_reference
-from epbuild.manifest.model import ModelEntry
+from epbuild.manifest.model import SESSION_SETTINGS, ModelEntry
 from epbuild.planning.actions import Action
 from epbuild.providers import get_provider
 from epbuild.state.statcache import StatCache
@@ -46,12 +46,14 @@ class KeyComputer:
         self.stats = stats
         self.problems = problems or {}
         self._versions: dict[tuple[str, tuple[tuple[str, str], ...]], dict[str, str]] = {}
-        self._models: dict[str, tuple[str, dict[str, str]]] = {}
+        self._models: dict[tuple[str, str | None], tuple[str, dict[str, str]]] = {}
 
-    def model_inputs(self, model: str) -> tuple[str, dict[str, str]]:
-        """(digest, {external-data path: digest}) of a source model."""
-        if model in self._models:
-            return self._models[model]
+    def model_inputs(self, model: str, folder: str | None = None) -> tuple[str, dict[str, str]]:
+        """(digest, {external-data path: digest}) of a source model; its external data is
+        looked up in ``folder`` when given (``external_data_folder``), else beside it."""
+        memo = (model, folder)
+        if memo in self._models:
+            return self._models[memo]
         if model in self.problems:
             problem = self.problems[model]
             raise ModelError(problem.message, hint=problem.hint)
@@ -64,23 +66,30 @@ class KeyComputer:
             raise ModelError(f"{model}: cannot read: {exc.strerror}") from exc
         if entry.size == 0:
             raise ModelError(f"{model}: file is empty", hint="re-export the model")
-        refs = entry.refs
+        base = posixpath.dirname(model) if folder is None else folder
+        refs = entry.refs if folder is None else None  # the stat cache holds refs beside it
         if refs is None:
-            refs = self._parse_refs(model, full)
-            entry = self.stats.with_refs(model, entry, refs)
+            refs = self._parse_refs(model, full, base, folder is not None)
+            if folder is None:
+                entry = self.stats.with_refs(model, entry, refs)
+        where = "" if folder is None else f" (external_data_folder {folder!r})"
         external: dict[str, str] = {}
         for ref in refs:
             try:
                 external[ref] = self.stats.digest(self.root, ref).digest
             except OSError as exc:
                 raise ModelError(
-                    f"{model}: external data file {ref!r} is missing",
-                    hint="keep external-data files next to the model, as its 'location' says",
+                    f"{model}: external data file {ref!r} is missing{where}",
+                    hint="keep external-data files next to the model, as its 'location' says"
+                    if folder is None
+                    else "put the model's external-data files in external_data_folder",
                 ) from exc
-        self._models[model] = (entry.digest, external)
-        return self._models[model]
+        self._models[memo] = (entry.digest, external)
+        return self._models[memo]
 
-    def _parse_refs(self, model: str, full: str) -> tuple[str, ...]:
+    def _parse_refs(self, model: str, full: str, base: str, folder: bool) -> tuple[str, ...]:
+        """The external-data files ``model`` references, found in ``base`` (its own folder,
+        or its ``external_data_folder`` when ``folder``)."""
         from epbuild.onnx.proto import ProtoError, read_model
 
         try:
@@ -89,7 +98,6 @@ class KeyComputer:
             raise ModelError(
                 f"{model}: not a valid ONNX model ({exc})", hint="re-export or re-download it"
             ) from exc
-        base = posixpath.dirname(model)
         sizes: dict[str, int] = {}
         refs: list[str] = []
         for ref in info.external_refs:
@@ -105,7 +113,10 @@ class KeyComputer:
                     sizes[rel] = os.stat(os.path.join(self.root, rel)).st_size
                 except OSError as exc:
                     raise ModelError(
-                        f"{model}: external data file {rel!r} (tensor {ref.tensor!r}) is missing"
+                        f"{model}: external data file {rel!r} (tensor {ref.tensor!r}) is missing",
+                        hint=f"external_data_folder is {base!r}: put the file there"
+                        if folder
+                        else None,
                     ) from exc
                 refs.append(rel)
             end = (ref.offset or 0) + (ref.length or 0)
@@ -129,8 +140,9 @@ class KeyComputer:
         """The action's key (raises ModelError for a broken input)."""
         models = []
         inputs: dict[str, str] = {}
+        settings = action.compile
         for entry, dims in zip(action.entries, action.free_dimensions, strict=True):
-            digest, external = self.model_inputs(entry.path)
+            digest, external = self.model_inputs(entry.path, settings.external_data_folder)
             models.append(
                 {"path": entry.path, "digest": digest, "external": external, **_shape(entry, dims)}
             )
@@ -152,6 +164,7 @@ class KeyComputer:
                 "load": g.load,
             },
             "models": models,
+            "compile": settings.to_json(),
         }
         rewrite = getattr(get_provider(action.provider.ep), "sharing_rewrite", None)
         if g.share_weights and rewrite is not None and (done := rewrite(action.provider)):
@@ -204,6 +217,7 @@ def _explain(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
             a, b = a_map.get(name), b_map.get(name)
             if a != b:
                 reasons.append(f"{label} {name}: {_show(a)} → {_show(b)}")
+    reasons += _compile_reasons(old, new)
     same_setting = old.get("group", {}).get("external_initializers") == new.get("group", {}).get(
         "external_initializers"
     )  # a changed setting is reported above already
@@ -245,6 +259,23 @@ def _model_label(component: dict[str, Any]) -> str:
     the file's stem)."""
     path: str = component["path"]
     return model_label(path, component.get("name") or model_stem(path))
+
+
+def _compile_reasons(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
+    """Changed compile settings; a key recorded before they were keyed compiled with what
+    ``SESSION_SETTINGS`` says."""
+    if "compile" not in new:
+        return []
+    before = old.get("compile", SESSION_SETTINGS.to_json())
+    after = new["compile"]
+    reasons = [
+        f"compile setting {name}: {_show(before.get(name))} → {_show(after.get(name))}"
+        for name in sorted(set(before) | set(after))
+        if before.get(name) != after.get(name)
+    ]
+    if not reasons and "compile" not in old:
+        reasons.append("the compile settings were not in the recorded key")
+    return reasons
 
 
 def _initializer_reason(old: list[str] | None, new: list[str]) -> str:

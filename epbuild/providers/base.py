@@ -142,6 +142,10 @@ class BaseProvider(abc.ABC):
     kind: str
     extra: str = ""
     shares_weights: bool = True
+    compile_api: bool = True
+    """Whether ``onnxruntime.ModelCompiler`` can compile for it (an adapter whose EP needs its
+    own ``context_options`` to write a ctx model cannot; third-party adapters that do not
+    say so get sessions)."""
     known_options: frozenset[str] | None = None
     """Option names the EP accepts; None passes any name through."""
 
@@ -255,6 +259,32 @@ def dist_version(dist: str) -> str:
         return importlib.metadata.version(dist)
     except importlib.metadata.PackageNotFoundError:
         return "absent"
+
+
+ORT_DISTS = ("onnxruntime", "onnxruntime-gpu", "onnxruntime-openvino", "onnxruntime-directml")
+"""Distributions that install ONNX Runtime itself (plugin EP packages do not)."""
+COMPILE_API_SINCE = (1, 23)
+"""``onnxruntime.ModelCompiler`` came in 1.22; its ``flags`` (``ERROR_IF_NO_NODES_COMPILED``)
+and ``graph_optimization_level``, which epbuild passes, in 1.23 (microsoft/onnxruntime#24695
+and #25474)."""
+
+
+def onnxruntime_version() -> str:
+    """Version of the installed ONNX Runtime (any of ``ORT_DISTS``), or ``"absent"``."""
+    for dist in ORT_DISTS:
+        hit = _scan_dist_info().get(_normalise(dist))
+        if hit is not None:
+            return hit[0]
+    return dist_version(ORT_DISTS[0])  # slow path: egg-info and other layouts
+
+
+def has_compile_api(version: str | None = None) -> bool:
+    """Whether ONNX Runtime ``version`` (default: the installed one) has the compile API
+    epbuild uses; decided from the version alone, without importing onnxruntime."""
+    import re
+
+    match = re.match(r"(\d+)\.(\d+)", version or onnxruntime_version())
+    return match is not None and (int(match[1]), int(match[2])) >= COMPILE_API_SINCE
 
 
 def stringify_options(

@@ -154,6 +154,7 @@ class TensorRtProvider(BaseProvider):
     kind = "tensorrt"
     extra = "tensorrt"
     shares_weights = False
+    compile_api = False  # the ctx model comes from its trt_dump_ep_context_model options
     known_options = KNOWN_OPTIONS
 
     def check_options(self, options: Mapping[str, Any], *, key: str) -> dict[str, str]:

@@ -115,18 +115,19 @@ def make_targets(
 
     ws = open_workspace(m.root, None, selectors, loaded=m)
     root = str(m.root)
-    externals: dict[str, set[str]] = {}
+    externals: dict[tuple[str, str | None], set[str]] = {}
     inputs: dict[str, frozenset[str]] = {}
     for action in ws.actions:
         mine: set[str] = set()
+        folder = action.compile.external_data_folder
         for model in action.models:
-            if model not in externals:
+            if (model, folder) not in externals:
                 try:
-                    externals[model] = set(ws.keys.model_inputs(model)[1])
+                    externals[model, folder] = set(ws.keys.model_inputs(model, folder)[1])
                 except EpbuildError:  # missing or half-written: keep what we knew
                     old = previous.inputs.get(action.id, frozenset()) if previous else set()
-                    externals[model] = {p for p in old if p not in action.models}
-            mine |= {model, *externals[model]}
+                    externals[model, folder] = {p for p in old if p not in action.models}
+            mine |= {model, *externals[model, folder]}
         inputs[action.id] = frozenset(mine)
     manifest = os.path.abspath(m.path)
     files = {manifest} | {os.path.join(root, p) for s in inputs.values() for p in s}
