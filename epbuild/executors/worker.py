@@ -21,6 +21,7 @@ from epbuild._names import RESULT_NAME, ctx_name, ctx_stem, model_label
 from epbuild.executors.job import Job
 
 if TYPE_CHECKING:
+    from epbuild.onnx.proto import ModelInfo
     from epbuild.providers.base import Provider, ProviderConfig
 
 
@@ -323,51 +324,17 @@ def check_outputs(
     nodes, and a weight-sharing group's must all reference one binary. Returns the build
     detail (node counts, CPU fallback, compatibility info), per model under its
     ``model_label``. ``ctx_names``: the ctx model of each model (default: its file stem's)."""
-    from epbuild.onnx.context import (
-        COMPAT_PREFIX,
-        missing_context,
-        sharing_problems,
-        source_problems,
-    )
-    from epbuild.onnx.proto import ModelInfo, ProtoError, read_model
+    from epbuild.onnx.context import sharing_problems
 
-    key = adapter.compatibility_key(config)
     detail: dict[str, Any] = {"models": {}}
     infos: list[ModelInfo] = []
     names = ctx_names if ctx_names is not None else [ctx_name(m) for m in models]
     for model, ctx_file in zip(models, names, strict=True):
-        ctx = posixpath.join(staging, ctx_file)
         label = model_label(model, ctx_stem(ctx_file))
-        if not os.path.exists(ctx):
-            raise nothing_compiled(label, "and ONNX Runtime silently ran the model on the CPU EP")
-        try:
-            info = read_model(ctx)
-            src = read_model(model)
-        except ProtoError as exc:
-            raise CompileFailure(f"{ctx}: unreadable ctx model: {exc}") from exc
-        missing = missing_context(ctx, info)
-        if missing is not None:
-            raise CompileFailure(
-                f"{label}: the ctx model {missing.message} — nothing was compiled by the EP",
-                hint="the model's ops are probably unsupported by this EP",
-            )
-        wrong = source_problems(ctx, info, adapter, config)
-        if wrong:
-            raise CompileFailure(
-                f"{label}: EPContext node {wrong[0].node}: source {wrong[0].message}"
-            )
+        info, detail["models"][label] = _checked_ctx(
+            posixpath.join(staging, ctx_file), model, label, adapter, config
+        )
         infos.append(info)
-        nodes = info.context_nodes
-        cpu_ops = {op: n for op, n in info.op_types.items() if not op.endswith("EPContext")}
-        detail["models"][label] = {
-            "ctx": posixpath.basename(ctx),
-            "context_nodes": len(nodes),
-            "source_nodes": src.node_count,
-            "cpu_nodes": sum(cpu_ops.values()),
-            "cpu_op_types": cpu_ops,
-            "node_names": [n.name for n in nodes],
-            "compatibility": info.metadata.get(COMPAT_PREFIX + key) if key else None,
-        }
     if share_weights:
         shared = sharing_problems(names, infos, adapter, config)
         if shared:
@@ -377,6 +344,43 @@ def check_outputs(
                 "ep.share_ep_contexts, or set share_weights = false",
             )
     return detail
+
+
+def _checked_ctx(
+    ctx: str, model: str, label: str, adapter: Provider, config: ProviderConfig
+) -> tuple[ModelInfo, dict[str, Any]]:
+    """One model's ctx model, read and checked (it exists, holds EPContext nodes of this
+    EP), and its build detail."""
+    from epbuild.onnx.context import COMPAT_PREFIX, missing_context, source_problems
+    from epbuild.onnx.proto import ProtoError, read_model
+
+    if not os.path.exists(ctx):
+        raise nothing_compiled(label, "and ONNX Runtime silently ran the model on the CPU EP")
+    try:
+        info = read_model(ctx)
+        src = read_model(model)
+    except ProtoError as exc:
+        raise CompileFailure(f"{ctx}: unreadable ctx model: {exc}") from exc
+    missing = missing_context(ctx, info)
+    if missing is not None:
+        raise CompileFailure(
+            f"{label}: the ctx model {missing.message} — nothing was compiled by the EP",
+            hint="the model's ops are probably unsupported by this EP",
+        )
+    wrong = source_problems(ctx, info, adapter, config)
+    if wrong:
+        raise CompileFailure(f"{label}: EPContext node {wrong[0].node}: source {wrong[0].message}")
+    key = adapter.compatibility_key(config)
+    cpu_ops = {op: n for op, n in info.op_types.items() if not op.endswith("EPContext")}
+    return info, {
+        "ctx": posixpath.basename(ctx),
+        "context_nodes": len(info.context_nodes),
+        "source_nodes": src.node_count,
+        "cpu_nodes": sum(cpu_ops.values()),
+        "cpu_op_types": cpu_ops,
+        "node_names": [n.name for n in info.context_nodes],
+        "compatibility": info.metadata.get(COMPAT_PREFIX + key) if key else None,
+    }
 
 
 def main() -> None:
