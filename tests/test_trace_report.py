@@ -96,6 +96,7 @@ def test_report_is_self_contained(simple_ws: Callable[..., Workspace], tmp_path:
         assert f"<td>{action}</td>" in text
     assert text.count("<td>miss</td>") == 2
     assert "EPContext <small>from" in text and "MB" in text
+    assert "(compiled) <small>the compile API</small>" in text
 
 
 def test_report_cli_needs_html(simple_ws: Callable[..., Workspace]) -> None:

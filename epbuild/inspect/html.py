@@ -16,7 +16,7 @@ from typing import Any
 from epbuild._names import CTX_SUFFIX, TRACE_NAME
 from epbuild.engine.memory import format_bytes
 from epbuild.engine.trace import KINDS, load_trace
-from epbuild.inspect.detail import ActionDetail, status_detail
+from epbuild.inspect.detail import COMPILER_NAMES, ActionDetail, status_detail
 
 _CSS = """
 body{font:14px/1.4 system-ui,sans-serif;margin:24px;color:#222}
@@ -132,6 +132,8 @@ def _row(d: ActionDetail) -> str:
             '<span class="hit">hit</span>' if d.restored else "miss",
         ]
     how = "" if not d.built else (" (restored)" if d.restored else " (compiled)")
+    if d.built and d.compiler:
+        how += f" <small>{e(COMPILER_NAMES.get(d.compiler, d.compiler))}</small>"
     return (
         f"<tr><td>{e(d.id)}</td><td>{state}{how}</td>"
         + "".join(
