@@ -8,6 +8,7 @@ import hashlib
 import os
 import posixpath
 import shutil
+import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -43,16 +44,24 @@ def digest_file(path: str, needles: Sequence[bytes] = ()) -> FileDigest:
     return FileDigest(size, h.hexdigest(), found)
 
 
-def atomic_write_bytes(path: str, data: bytes) -> None:
-    """Write ``data`` to ``path`` via a temp file + fsync + rename: all or nothing."""
+def temp_name(path: str) -> str:
+    """A sibling temp path unique to this process and call."""
+    return f"{path}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+
+
+def atomic_write_bytes(path: str, data: bytes, *, mode: int | None = None) -> None:
+    """Write ``data`` to ``path`` via a temp file + fsync + rename: all or nothing (with
+    ``mode``, the file gets it before it appears)."""
     directory = os.path.dirname(path) or "."
     os.makedirs(directory, exist_ok=True)
-    tmp = f"{path}.tmp.{os.getpid()}"
+    tmp = temp_name(path)
     try:
         with open(tmp, "wb") as f:
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
+        if mode is not None:
+            os.chmod(tmp, mode)
         os.replace(tmp, path)
     except BaseException as exc:
         # A full disk or a file-size limit: leave the old file as it was and no temp behind.

@@ -6,17 +6,14 @@ from __future__ import annotations
 import errno
 import os
 import shutil
-import uuid
 from collections.abc import Iterator
 
 from epbuild.cache.backend import StoredFile
+from epbuild.fs import atomic_write_bytes, temp_name
+
+__all__ = ["LocalBackend", "temp_name"]
 
 _FICLONE = 0x40049409  # Linux ioctl: share the source's extents (btrfs, XFS, ...)
-
-
-def temp_name(path: str) -> str:
-    """A sibling temp path unique to this process and call."""
-    return f"{path}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
 
 
 class LocalBackend:
@@ -38,19 +35,7 @@ class LocalBackend:
             return None
 
     def write_bytes(self, path: str, data: bytes, *, mode: int = 0o644) -> None:
-        full = self.full(path)
-        os.makedirs(os.path.dirname(full), exist_ok=True)
-        tmp = temp_name(full)
-        try:
-            with open(tmp, "wb") as f:
-                f.write(data)
-                f.flush()
-                os.fsync(f.fileno())
-            os.chmod(tmp, mode)
-            os.replace(tmp, full)
-        except BaseException:
-            _unlink(tmp)
-            raise
+        atomic_write_bytes(self.full(path), data, mode=mode)
 
     def exists(self, path: str) -> bool:
         return os.path.isfile(self.full(path))

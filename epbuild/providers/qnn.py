@@ -8,6 +8,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from epbuild.errors import ManifestError, ProviderUnavailableError
+from epbuild.fs import atomic_write_bytes
 from epbuild.providers.base import (
     BaseProvider,
     ProviderConfig,
@@ -276,7 +277,7 @@ def align_spill_fill_size(ctx_paths: list[str]) -> int:
             else:
                 attr.i = size
         if changed:
-            _replace_file(path, model.SerializeToString())
+            atomic_write_bytes(path, model.SerializeToString())
     return size
 
 
@@ -289,18 +290,3 @@ def _is_main_context(node: Any) -> bool:
 
 def _max_size(node: Any) -> int:
     return next((int(a.i) for a in node.attribute if a.name == "max_size"), 0)
-
-
-def _replace_file(path: str, data: bytes) -> None:
-    """Write ``data`` to a temporary file beside ``path`` and rename it over ``path``."""
-    import tempfile
-
-    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path) or ".", prefix=".tmp-")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
