@@ -34,7 +34,7 @@ from __future__ import annotations
 import os
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from typing import TYPE_CHECKING, Any, Literal
 
 from epbuild._names import ctx_stem
@@ -219,28 +219,14 @@ def _open(
     for path, data in items:
         check_context(path, data, path, provider)
     built = BuiltAction([ctx_stem(p) for p, _ in items], share_weights)
-    if share_weights:
-        with shared_workspace(lock_timeout, what or ", ".join(built.names)):
-            _create_or_close(built, items, provider, adapter, share_weights, session_factory)
-    else:
-        _create_or_close(built, items, provider, adapter, share_weights, session_factory)
+    hold = shared_workspace(lock_timeout, what or ", ".join(built.names))
+    with hold if share_weights else nullcontext():
+        try:
+            _create(built, items, provider, adapter, share_weights, session_factory)
+        except BaseException:  # the sessions made so far go, in reverse, before the error
+            built.close()
+            raise
     return built
-
-
-def _create_or_close(
-    built: BuiltAction,
-    items: list[tuple[str, bytes | None]],
-    provider: ProviderConfig,
-    adapter: Any,
-    share_weights: bool,
-    session_factory: SessionFactory | None,
-) -> None:
-    """``_create``; on any failure the sessions made so far are destroyed in reverse first."""
-    try:
-        _create(built, items, provider, adapter, share_weights, session_factory)
-    except BaseException:
-        built.close()
-        raise
 
 
 def _create(
