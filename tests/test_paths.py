@@ -31,7 +31,7 @@ from epbuild.onnx.context import LONG_PATH_MIN, Severity, absolute_paths, scan_n
     [
         ("/w", ["/w"]),
         ("built from /home/ci/ws/m.onnx today", ["/home/ci/ws/m.onnx"]),
-        ('"/tmp/x"', ["/tmp/x"]),
+        ('"/srv/x"', ["/srv/x"]),
         ("at (/src/model.py:12)", ["/src/model.py:12"]),
         ("C:\\Users\\me\\m.onnx", ["C:\\Users\\me\\m.onnx"]),
         ("\\\\server\\share\\m.onnx", ["\\\\server\\share\\m.onnx"]),
