@@ -14,13 +14,18 @@ if TYPE_CHECKING:
     from epbuild.inspect.detail import status_detail
     from epbuild.inspect.verify import verify_outputs
     from epbuild.runtime import open_action, open_models
+    from epbuild.shipping.opening import open_package
+    from epbuild.shipping.package import PackageResult, package
 
 __all__ = [
     "BuildResult",
+    "PackageResult",
     "build",
     "clean",
     "open_action",
     "open_models",
+    "open_package",
+    "package",
     "status",
     "status_detail",
     "verify_outputs",
@@ -32,6 +37,9 @@ _MODULES = {
     "verify_outputs": "inspect.verify",
     "open_action": "runtime",
     "open_models": "runtime",
+    "open_package": "shipping.opening",
+    "package": "shipping.package",
+    "PackageResult": "shipping.package",
 }
 
 

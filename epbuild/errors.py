@@ -81,6 +81,10 @@ class VerificationError(BuildError):
     """A built output does not pass verification."""
 
 
+class OutOfDateError(BuildError):
+    """Outputs asked for (by ``package``) are stale or not built (exit code 1)."""
+
+
 class CompatibilityError(BuildError):
     """A built context does not match the installed EP (the seed's INVALID_GRAPH case)."""
 

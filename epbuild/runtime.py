@@ -306,7 +306,7 @@ def open_action(
     what = f"{first.group.name}/{first.provider.name}"
     share = first.group.share_weights
     built = _open(sources, first.provider, share, lock_timeout, session_factory, what)
-    changed = [rel for rel, st in before.items() if _stat_of(ws.root, rel) != st]
+    changed = [rel for rel, st in before.items() if stat_of(ws.root, rel) != st]
     if changed:
         built.close()
         owner = next(a.id for a in actions if changed[0] in ws.state.records[a.id].outputs)
@@ -322,7 +322,8 @@ _Stat = tuple[int, int, int]
 """(inode, size, mtime_ns) of a file; None when it is not a regular file."""
 
 
-def _stat_of(root: str, rel: str) -> _Stat | None:
+def stat_of(root: str, rel: str) -> _Stat | None:
+    """(inode, size, mtime_ns) of a workspace-relative file; None unless a regular file."""
     import stat
 
     try:
@@ -366,7 +367,7 @@ def committed_outputs(
             )
         problems: list[str] = []
         for rel in rec.outputs:
-            snapshot[rel] = _stat_of(ws.root, rel)
+            snapshot[rel] = stat_of(ws.root, rel)
             if snapshot[rel] is None:
                 gone = not os.path.lexists(os.path.join(ws.root, rel))
                 problems.append(f"output {rel} is {'missing' if gone else 'not a file'}")

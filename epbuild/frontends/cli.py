@@ -94,6 +94,15 @@ def _verify_parser(sub: _Commands) -> None:
     v.add_argument("--load", action="store_true", help="also run each model vs the CPU EP")
 
 
+def _package_parser(sub: _Commands) -> None:
+    k = sub.add_parser("package", help="write built outputs as an ONNX Runtime model package")
+    _selectors(k)
+    k.add_argument("-o", "--out", metavar="DIR", help="package directory ([package] out_dir)")
+    k.add_argument("--build", action="store_true", help="build stale actions first")
+    k.add_argument("--hash", action="store_true", help="re-hash every output first")
+    k.add_argument("--json", action="store_true", help="print the deployment manifest as JSON")
+
+
 def _clean_parser(sub: _Commands) -> None:
     _selectors(sub.add_parser("clean", help="remove built outputs and their records"))
 
@@ -143,7 +152,8 @@ def _parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
     sub.add_parser("init", help="write a commented starter epbuild.toml")
-    commands = (_build_parser, _report_parser, _status_parser, _verify_parser, _clean_parser)
+    commands = (_build_parser, _report_parser, _status_parser, _verify_parser, _package_parser,
+                _clean_parser)  # fmt: skip
     for add in (*commands, _cache_parser, _watch_parser):
         add(sub)
     return p
@@ -283,6 +293,27 @@ def _cmd_verify(args: argparse.Namespace) -> int:
     return 0 if result.ok else 1
 
 
+def _cmd_package(args: argparse.Namespace) -> int:
+    from epbuild.frontends.progress import ConsoleReporter
+    from epbuild.shipping.package import package
+
+    result = package(
+        args.directory, args.manifest, args.selectors, args.out, build=args.build,
+        check="hash" if args.hash else "stat", reporter=None if args.json else ConsoleReporter(),
+    )  # fmt: skip
+    if args.json:
+        print_json(result.to_json())
+        return 0
+    s, files = result.stats, len(result.deployment["files"])
+    what = f"{len(result.components)} component(s), {files} file(s)"
+    if s.unchanged:
+        print(f"epbuild: {result.path} is up to date ({what})")
+    else:
+        print(f"epbuild: packaged {what} into {result.path} ({len(s.linked)} linked from the "
+              f"outputs, {len(s.kept)} kept, {len(s.copied)} copied)")  # fmt: skip
+    return 0
+
+
 def _watch_started(as_json: bool, c: Cycle) -> None:
     if not as_json:
         what = "initial build" if c.number == 1 else ", ".join(c.changed) + " changed"
@@ -337,6 +368,7 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "init": _cmd_init,
     "clean": _cmd_clean,
     "verify": _cmd_verify,
+    "package": _cmd_package,
     "report": _cmd_report,
     "watch": _cmd_watch,
     "cache": _cmd_cache,

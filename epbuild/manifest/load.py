@@ -32,6 +32,7 @@ from epbuild.manifest.model import (
     Group,
     Manifest,
     ModelEntry,
+    PackageSettings,
     WorkspaceSettings,
 )
 from epbuild.manifest.schema import SchemaViolation, validate
@@ -121,7 +122,8 @@ def load_manifest(path: str | os.PathLike[str]) -> Manifest:
             for p in group.providers
         }
         groups[name] = replace(group, compile=resolved)
-    return Manifest(file, root, workspace, providers, groups, problems)
+    package = _package(where, data, providers)
+    return Manifest(file, root, workspace, providers, groups, problems, package)
 
 
 def _read_text(file: Path) -> str:
@@ -184,6 +186,32 @@ def _workspace(where: Where, data: dict[str, Any]) -> WorkspaceSettings:
         cache=cache,
         executor=ws.get("executor", "local"),
         scheduler=ws.get("scheduler"),
+    )
+
+
+def _package(
+    where: Where, data: dict[str, Any], providers: dict[str, ProviderConfig]
+) -> PackageSettings:
+    """The ``[package]`` table: its directory inside the workspace, known providers."""
+    table = data.get("package", {})
+    out_dir = table.get("out_dir")
+    if out_dir is not None:
+        out_dir = _rel(where, out_dir, ("package", "out_dir"), "package out_dir")
+        if out_dir == ".":
+            raise where.error(("package", "out_dir"), "must be a subdirectory, not the workspace")
+    for name in table.get("devices", {}):
+        if name not in providers:
+            raise where.error(
+                ("package", "devices", name),
+                f"no provider named {name!r}",
+                hint="known providers: " + (", ".join(providers) or "none"),
+            )
+    return PackageSettings(
+        out_dir=out_dir,
+        name=table.get("name"),
+        version=table.get("version"),
+        description=table.get("description"),
+        devices=dict(table.get("devices", {})),
     )
 
 

@@ -127,6 +127,19 @@ class Group:
 
 
 @dataclass(frozen=True)
+class PackageSettings:
+    """The ``[package]`` table: settings of ``epbuild package``."""
+
+    out_dir: str | None = None
+    """Workspace-relative package directory when ``package`` gets no ``-o``."""
+    name: str | None = None
+    version: str | None = None
+    description: str | None = None
+    devices: Mapping[str, str] = field(default_factory=dict)
+    """Provider name → the device type its variants require (``any``: none)."""
+
+
+@dataclass(frozen=True)
 class Manifest:
     """A loaded manifest."""
 
@@ -138,3 +151,4 @@ class Manifest:
     problems: dict[str, ManifestError] = field(default_factory=dict)
     """Models named in the manifest that are missing or not files: their actions fail
     (naming file, line and key) while the others still build with ``-k``."""
+    package: PackageSettings = field(default_factory=PackageSettings)

@@ -219,6 +219,32 @@ SCHEMA: dict[str, Any] = {
                 },
             },
         },
+        "package": {
+            "type": "object",
+            "description": "Settings of 'epbuild package' (an ONNX Runtime model package).",
+            "additionalProperties": False,
+            "properties": {
+                "out_dir": {
+                    "type": "string",
+                    "minLength": 1,
+                    "description": "Package directory, relative to the manifest, when "
+                    "'epbuild package' gets no -o.",
+                },
+                "name": {"type": "string", "description": "The package's package_name."},
+                "version": {"type": "string", "description": "The package's package_version."},
+                "description": {"type": "string", "description": "The package's description."},
+                "devices": {
+                    "type": "object",
+                    "propertyNames": {"pattern": NAME_PATTERN},
+                    "additionalProperties": {
+                        "type": "string",
+                        "enum": ["cpu", "gpu", "npu", "any"],
+                    },
+                    "description": "Per provider: the device type its variants require "
+                    "(default: the provider's own; 'any' sets none).",
+                },
+            },
+        },
     },
 }
 

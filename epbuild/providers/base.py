@@ -112,7 +112,9 @@ class Provider(Protocol):
         ...
 
     def compatibility_key(self, config: ProviderConfig) -> str | None:
-        """Name ``X`` of the ``ep_compatibility_info.X`` metadata it writes, if any."""
+        """Name ``X`` of the ``ep_compatibility_info.X`` metadata it writes, if any. An
+        adapter may also define ``package_target(config) -> (ep name, device or None)``,
+        what a model package variant declares (absent: as in ``BaseProvider``)."""
         ...
 
     def check_compatibility(self, config: ProviderConfig, info: str) -> str | None:
@@ -205,6 +207,12 @@ class BaseProvider(abc.ABC):
     def check_compatibility(self, config: ProviderConfig, info: str) -> str | None:
         """A message if ``info`` does not match the requested target; None by default."""
         return None
+
+    def package_target(self, config: ProviderConfig) -> tuple[str, str | None]:
+        """The EP name and device type (``cpu``/``gpu``/``npu``, None: any) an ONNX Runtime
+        model package variant of its outputs declares (``epbuild.shipping``); by default the
+        name its compatibility info and EPContext nodes carry, and no device constraint."""
+        return (self.compatibility_key(config) or self.context_source(config) or self.kind, None)
 
     @abc.abstractmethod
     def attach(

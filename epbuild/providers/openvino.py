@@ -199,6 +199,11 @@ class OpenVinoProvider(BaseProvider):
     def context_source(self, config: ProviderConfig) -> str:
         return EP_NAME
 
+    def package_target(self, config: ProviderConfig) -> tuple[str, str | None]:
+        """The device type it compiled for (``GPU.1`` → ``gpu``)."""
+        device = config.options.get("device_type", DEFAULT_DEVICE)
+        return (EP_NAME, device.split(".")[0].lower())
+
     def compatibility_key(self, config: ProviderConfig) -> str | None:
         # The plugin EP writes ep_compatibility_info.OpenVINOExecutionProvider: an
         # OpenVINO-internal JSON document that the EP checks itself when loading, so

@@ -120,6 +120,10 @@ class PluginProvider(BaseProvider):
         # check_compatibility keeps the default: a third-party EP's format is its own.
         return config.settings["ep_name"]
 
+    def package_target(self, config: ProviderConfig) -> tuple[str, str | None]:
+        """The name it registers, and ``device_type`` where set."""
+        return (config.settings["ep_name"], config.settings.get("device_type"))
+
     def attach(
         self, ort: onnxruntime, so: onnxruntime.SessionOptions, config: ProviderConfig
     ) -> None:

@@ -216,6 +216,10 @@ class TensorRtProvider(BaseProvider):
     def context_source(self, config: ProviderConfig) -> str:
         return ""  # the TensorRT EP writes no source attribute
 
+    def package_target(self, config: ProviderConfig) -> tuple[str, str | None]:
+        """A TensorRT engine runs on an NVIDIA GPU only."""
+        return (EP_NAME, "gpu")
+
     def context_options(
         self, config: ProviderConfig, ctx_path: str, embed_mode: int
     ) -> dict[str, str]:

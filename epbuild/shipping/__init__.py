@@ -1,0 +1,1 @@
+"""shipping: ONNX Runtime model packages of built outputs (``epbuild package``)."""

@@ -1,0 +1,154 @@
+"""``epbuild package``: the selected actions' verified, up-to-date outputs as one ONNX Runtime
+model package (``contents`` says what it holds, ``writer`` how it is written)."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from epbuild.errors import ActionFailedError, OutOfDateError, UnsafePathError, UserError
+from epbuild.fs import inside
+from epbuild.results import BuildResult, Reporter
+from epbuild.shipping.contents import DEPLOY_NAME, package_contents
+from epbuild.shipping.writer import WriteStats, write_package
+
+
+@dataclass
+class PackageResult:
+    """What ``package`` wrote."""
+
+    path: str
+    """The package directory (as given, joined to the workspace directory if relative)."""
+    deployment: dict[str, Any]
+    """The deployment manifest written into the package (``epbuild-package.json``)."""
+    stats: WriteStats
+    built: BuildResult | None = None
+    """The build ``build=True`` ran first."""
+    components: list[str] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        """The ``--json`` form: the deployment manifest and what was written."""
+        s = self.stats
+        written = {"kept": len(s.kept), "linked": len(s.linked), "copied": len(s.copied),
+                   "unchanged": s.unchanged}  # fmt: skip
+        return {"package": self.path, "written": written, "deployment": self.deployment}
+
+
+def package(
+    directory: str | os.PathLike[str] = ".",
+    manifest: str | os.PathLike[str] | None = None,
+    selectors: list[str] | tuple[str, ...] = (),
+    out: str | os.PathLike[str] | None = None,
+    *,
+    build: bool = False,
+    check: Literal["stat", "hash"] = "stat",
+    reporter: Reporter | None = None,
+    lock_timeout: float | None = None,
+) -> PackageResult:
+    """Write the selected actions' outputs as an ONNX Runtime model package at ``out``
+    (relative to ``directory``; default ``[package] out_dir``).
+
+    Every selected action must be up to date with its outputs as its build committed them
+    (``OutOfDateError`` names the others), unless ``build`` builds them first. ``check="hash"``
+    re-hashes every output instead of trusting the stat cache.
+    """
+    from epbuild.planning.staleness import make_plan
+    from epbuild.planning.workspace import open_workspace
+    from epbuild.runtime import committed_outputs
+
+    ws = open_workspace(directory, manifest, selectors)
+    dest = _destination(ws.root, ws.manifest, directory, out)
+    if not ws.actions:
+        raise UserError("nothing to package: the manifest has no groups")
+    built = None
+    if build:
+        built = _build_first(directory, manifest, selectors, reporter, lock_timeout)
+        ws = open_workspace(directory, manifest, selectors)
+    stale = [p for p in make_plan(ws.actions, ws.state, ws.keys, ws.stats, ws.root) if p.stale]
+    if stale:
+        listed = "; ".join(
+            f"{p.action.id} ({p.reasons[0] if p.reasons else 'stale'})" for p in stale
+        )
+        raise OutOfDateError(
+            f"{len(stale)} action(s) to package are not up to date: {listed}",
+            hint="run 'epbuild build' first, or 'epbuild package --build'",
+        )
+    snapshot = committed_outputs(ws, ws.actions, rehash=check == "hash")
+    committed = [(a, ws.state.records[a.id]) for a in ws.actions]
+    contents = package_contents(ws.manifest.workspace.out_dir, committed, ws.manifest.package)
+    generated = contents.generated()
+    stats = write_package(dest, ws.root, contents.files, generated, _unreplaced(ws.root, snapshot))
+    shown = os.fspath(out) if out is not None else str(ws.manifest.package.out_dir)
+    names = list(contents.ort_manifest["components"])
+    return PackageResult(shown, json.loads(generated[DEPLOY_NAME]), stats, built, names)
+
+
+def _destination(
+    root: str, manifest: Any, directory: str | os.PathLike[str], out: str | os.PathLike[str] | None
+) -> str:
+    """The package directory; refuses one inside the output or state directory, or one
+    holding the workspace."""
+    if out is not None:
+        dest = os.path.join(os.fspath(directory), os.fspath(out))
+    elif manifest.package.out_dir is not None:
+        dest = os.path.join(root, manifest.package.out_dir)
+    else:
+        raise UserError(
+            "no package directory given",
+            hint="give one with -o DIR, or set out_dir in the [package] table",
+        )
+    dest = os.path.abspath(dest)
+    ws = manifest.workspace
+    for what, d in (("output", ws.out_dir), ("state", ws.state_dir)):
+        if inside(dest, os.path.join(root, d)):
+            raise UnsafePathError(
+                f"package directory {os.fspath(out or dest)} is inside the {what} directory {d}",
+                hint="package into a directory of its own, e.g. -o dist",
+            )
+    if inside(root, dest):
+        raise UnsafePathError(
+            f"package directory {os.fspath(out or dest)} holds the workspace itself",
+            hint="package into a directory of its own, e.g. -o dist",
+        )
+    return dest
+
+
+def _build_first(
+    directory: str | os.PathLike[str],
+    manifest: str | os.PathLike[str] | None,
+    selectors: list[str] | tuple[str, ...],
+    reporter: Reporter | None,
+    lock_timeout: float | None,
+) -> BuildResult:
+    from epbuild.api import build
+
+    result = build(directory, manifest, selectors, reporter=reporter, lock_timeout=lock_timeout)
+    if result.exit_code != 0:
+        failed = [a.id for a in result.actions if a.outcome.value == "failed"]
+        raise ActionFailedError(
+            "the build failed"
+            + (f" ({', '.join(failed)})" if failed else "")
+            + "; nothing was packaged",
+            hint="fix the failure ('epbuild build' shows it), then package again",
+        )
+    return result
+
+
+def _unreplaced(root: str, snapshot: dict[str, Any]) -> Callable[[], None]:
+    """A check, run before the new package is swapped in, that no output it took was
+    replaced (by a concurrent build) since it was verified."""
+    from epbuild.errors import VerificationError
+    from epbuild.runtime import stat_of
+
+    def check() -> None:
+        for rel, st in snapshot.items():
+            if stat_of(root, rel) != st:
+                raise VerificationError(
+                    f"output {rel} was replaced while it was packaged (a build is committing it)",
+                    hint="package again once that build is done; the old package is unchanged",
+                )
+
+    return check
