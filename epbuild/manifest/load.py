@@ -212,6 +212,7 @@ def _package(
         version=table.get("version"),
         description=table.get("description"),
         devices=dict(table.get("devices", {})),
+        compatibility_strings=table.get("compatibility_strings", True),
     )
 
 

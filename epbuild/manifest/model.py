@@ -137,6 +137,8 @@ class PackageSettings:
     description: str | None = None
     devices: Mapping[str, str] = field(default_factory=dict)
     """Provider name → the device type its variants require (``any``: none)."""
+    compatibility_strings: bool = True
+    """Whether variants carry ``compatibility_string`` (the EP judges it when selecting)."""
 
 
 @dataclass(frozen=True)

@@ -233,6 +233,12 @@ SCHEMA: dict[str, Any] = {
                 "name": {"type": "string", "description": "The package's package_name."},
                 "version": {"type": "string", "description": "The package's package_version."},
                 "description": {"type": "string", "description": "The package's description."},
+                "compatibility_strings": {
+                    "type": "boolean",
+                    "description": "Give each variant its compatibility_string for the EP to "
+                    "judge (default true; false lets a package be opened on hosts whose EP "
+                    "crashes judging it: the QNN EP on x86_64).",
+                },
                 "devices": {
                     "type": "object",
                     "propertyNames": {"pattern": NAME_PATTERN},

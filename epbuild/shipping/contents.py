@@ -96,7 +96,8 @@ def package_contents(
             component = components.setdefault(
                 f"{action.group.name}/{model['name']}", _component(action, model["name"])
             )
-            component["variants"][action.provider.name] = _variant(described, model)
+            variant = _variant(described, model, settings.compatibility_strings)
+            component["variants"][action.provider.name] = variant
     contents.files.sort(key=lambda f: f.path)
     contents.ort_manifest = _ort_manifest(components, settings)
     contents.deployment = {
@@ -193,13 +194,12 @@ def _component(action: Action, name: str) -> dict[str, Any]:
     }
 
 
-def _variant(action: dict[str, Any], model: dict[str, Any]) -> dict[str, Any]:
-    """A variant body in ONNX Runtime's schema (``executor_info["ort"]`` is its slot).
-
-    The session options a model needs (``ep.share_ep_contexts`` for a sharing group, the
-    provider's own) go into epbuild's slot, not ORT's: with onnxruntime 1.32 and the QNN
-    plugin EP, ``select_component`` crashes (SIGSEGV) on a variant whose ``ort`` slot has
-    ``session_options`` at all, even ``{}`` (docs/research/model-package.md).
+def _variant(action: dict[str, Any], model: dict[str, Any], compatibility: bool) -> dict[str, Any]:
+    """A variant body in ONNX Runtime's schema (``executor_info["ort"]`` is its slot): ORT's
+    default ``create_session`` applies its session options (``ep.share_ep_contexts`` for a
+    sharing group, the provider's own) and provider options. ``compatibility`` off leaves
+    ``compatibility_string`` out (``[package] compatibility_strings``): onnxruntime-qnn
+    2.7.0 crashes judging one on x86_64 (docs/research/model-package.md).
     """
     session_options = dict(action["session_options"])
     if action["share_weights"]:  # each member's session joins the EP's shared workspace
@@ -210,15 +210,13 @@ def _variant(action: dict[str, Any], model: dict[str, Any]) -> dict[str, Any]:
     }
     if action["device"]:
         body["device"] = action["device"]
-    if model["compatibility"]:
+    if compatibility and model["compatibility"]:
         body["compatibility_string"] = model["compatibility"]
-    body["executor_info"] = {
-        "ort": {
-            "model_file": posixpath.basename(model["ctx"]),
-            "provider_options": action["provider_options"],
-        },
-        "epbuild": {"session_options": session_options},
-    }
+    ort: dict[str, Any] = {"model_file": posixpath.basename(model["ctx"])}
+    if session_options:
+        ort["session_options"] = session_options
+    ort["provider_options"] = action["provider_options"]
+    body["executor_info"] = {"ort": ort}
     body["additional_metadata"] = {"epbuild": {"action": action["id"], "key": action["key"]}}
     return body
 
