@@ -3,12 +3,14 @@ model package (``contents`` says what it holds, ``writer`` how it is written).""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from epbuild._names import LOCKS_DIR
 from epbuild.errors import ActionFailedError, OutOfDateError, UnsafePathError, UserError
 from epbuild.fs import inside
 from epbuild.results import BuildResult, Reporter
@@ -80,7 +82,11 @@ def package(
     committed = [(a, ws.state.records[a.id]) for a in ws.actions]
     contents = package_contents(ws.manifest.workspace.out_dir, committed, ws.manifest.package)
     generated = contents.generated()
-    stats = write_package(dest, ws.root, contents.files, generated, _unreplaced(ws.root, snapshot))
+    # The lock lives in the state directory: nothing but the package appears beside it.
+    slug = hashlib.sha256(os.fsencode(dest)).hexdigest()[:16]
+    lock = os.path.join(ws.state_dir, LOCKS_DIR, f"package-{slug}.lock")
+    unreplaced = _unreplaced(ws.root, snapshot)
+    stats = write_package(dest, ws.root, contents.files, generated, lock, unreplaced)
     shown = os.fspath(out) if out is not None else str(ws.manifest.package.out_dir)
     names = list(contents.ort_manifest["components"])
     return PackageResult(shown, json.loads(generated[DEPLOY_NAME]), stats, built, names)

@@ -77,14 +77,16 @@ def write_package(
     root: str,
     files: list[PackagedFile],
     generated: dict[str, bytes],
+    lock_path: str,
     before_swap: Callable[[], None] = lambda: None,
 ) -> WriteStats:
     """Make ``dest`` hold exactly ``files`` (from the workspace at ``root``) and the
-    ``generated`` manifests, under a lock beside it; ``before_swap`` may still refuse (raise)
-    once the new package is assembled."""
+    ``generated`` manifests, holding the lock at ``lock_path``; ``before_swap`` may still
+    refuse (raise) once the new package is assembled."""
     parent, name = os.path.split(os.path.abspath(dest).rstrip(os.sep))
     os.makedirs(parent, exist_ok=True)
-    with locks.hold(os.path.join(parent, f".{name}{_TEMP_MARK}lock"), "epbuild package"):
+    os.makedirs(os.path.dirname(lock_path), exist_ok=True)
+    with locks.hold(lock_path, "epbuild package"):
         _remove_leftovers(parent, name)
         old = old_package(dest)
         if old is not None and _unchanged(dest, root, files, generated, old):
@@ -108,7 +110,7 @@ def _remove_leftovers(parent: str, name: str) -> None:
     """Temporary directories of earlier runs that died (we hold the lock: none is live)."""
     prefix = f".{name}{_TEMP_MARK}"
     for entry in os.listdir(parent):
-        if entry.startswith(prefix) and not entry.endswith("lock"):
+        if entry.startswith(prefix):
             remove_tree(os.path.join(parent, entry))
 
 
