@@ -107,6 +107,11 @@ def test_quickstart_package_opens_and_runs_in_onnxruntime(tmp_path: Path) -> Non
     y, providers = got["outputs"]["vision/classifier"]
     assert providers[0] == "qnn"
     assert rel_error(y, cpu(root / "models" / "classifier.onnx", x)) < 2e-2
+    example = EXAMPLES / "shipping" / "run_package.py"
+    ran = subprocess.run([sys.executable, str(example), str(dist)], capture_output=True,
+                         text=True, timeout=300)  # fmt: skip
+    assert ran.returncode == 0, ran.stderr[-2000:]
+    assert "vision/classifier: variant htp-v73" in ran.stdout and "output [1, 10]" in ran.stdout
     # The sharing group's members name one directory: its shared binary is stored once.
     assert sorted(p.name for p in (dist / "llm" / "htp-v73").iterdir()) == [
         "decode_ctx.onnx", "prefill_ctx.onnx", "prefill_ctx_qnn.bin"]  # fmt: skip
@@ -316,3 +321,60 @@ def test_variants_carry_compatibility_strings_by_default(built: Workspace) -> No
         "session_options": {"ep.share_ep_contexts": "1"},
         "provider_options": {"backend_type": "htp", "htp_arch": "73", "soc_model": "60"},
     }
+
+
+def test_package_command_imports_no_onnxruntime(built: Workspace) -> None:
+    code = (
+        "import sys; from epbuild.frontends.cli import main\n"
+        f"rc = main(['-C', {str(built.root)!r}, 'package', '-o', 'dist'])\n"
+        "print(rc, 'onnxruntime' in sys.modules, 'onnx' in sys.modules)"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.stdout.split()[-3:] == ["0", "False", "False"], proc.stderr
+
+
+OPEN = r"""
+import json, os, sys
+import numpy as np
+from epbuild.shipping.opening import open_package, read_deployment, select_variant
+root, group = sys.argv[1], sys.argv[2]
+if sys.argv[3] == "select":
+    actions = [a for a in read_deployment(root)["actions"] if a["group"] == group]
+    print(json.dumps(select_variant(root, actions)), flush=True)
+else:
+    with open_package(root, group) as opened:
+        y = opened.run(opened.names[0], {"x": np.ones((1, 32), np.float32)})[0]
+    print(json.dumps(y.shape), flush=True)
+os._exit(0)
+"""
+
+
+def test_open_package_lets_onnxruntime_choose_the_provider(workspace: Workspace) -> None:
+    workspace.model("m/c.onnx", matmul_model(4))
+    text = render_manifest(
+        {
+            "providers": {"v73": HTP73, "v75": HTP75},
+            "groups": {"g": {"models": ["m/c.onnx"], "providers": ["v75", "v73"]}},
+        }
+    )
+    workspace.manifest(text + "[package]\ncompatibility_strings = false\n")  # fmt: skip
+    package(workspace.root, out="dist", build=True)
+
+    def run(mode: str) -> Any:
+        args = [sys.executable, "-c", OPEN, str(workspace.root / "dist"), "g", mode]
+        proc = subprocess.run(args, capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        return json.loads(proc.stdout.strip().splitlines()[-1])
+
+    assert run("select") == "v75"  # the group's first provider, as ONNX Runtime selects it
+    assert run("open") == [1, 32]
+
+
+def test_open_package_refuses_a_sharing_group_here(built: Workspace) -> None:
+    from epbuild.errors import CompatibilityError
+
+    package(built.root, out="dist")
+    with pytest.raises(CompatibilityError, match="weight-shared QNN contexts cannot be loaded"):
+        open_package(built.root / "dist", "pair")
+    with pytest.raises(Exception, match="no group 'nope'"):
+        open_package(built.root / "dist", "nope")

@@ -152,9 +152,8 @@ def _parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
     sub.add_parser("init", help="write a commented starter epbuild.toml")
-    commands = (_build_parser, _report_parser, _status_parser, _verify_parser, _package_parser,
-                _clean_parser)  # fmt: skip
-    for add in (*commands, _cache_parser, _watch_parser):
+    commands = (_build_parser, _report_parser, _status_parser, _verify_parser, _clean_parser)
+    for add in (*commands, _package_parser, _cache_parser, _watch_parser):
         add(sub)
     return p
 
@@ -297,10 +296,16 @@ def _cmd_package(args: argparse.Namespace) -> int:
     from epbuild.frontends.progress import ConsoleReporter
     from epbuild.shipping.package import package
 
+    reporter = None if args.json else ConsoleReporter()
     result = package(
-        args.directory, args.manifest, args.selectors, args.out, build=args.build,
-        check="hash" if args.hash else "stat", reporter=None if args.json else ConsoleReporter(),
-    )  # fmt: skip
+        args.directory,
+        args.manifest,
+        args.selectors,
+        args.out,
+        build=args.build,
+        check="hash" if args.hash else "stat",
+        reporter=reporter,
+    )
     if args.json:
         print_json(result.to_json())
         return 0
@@ -308,9 +313,9 @@ def _cmd_package(args: argparse.Namespace) -> int:
     what = f"{len(result.components)} component(s), {files} file(s)"
     if s.unchanged:
         print(f"epbuild: {result.path} is up to date ({what})")
-    else:
-        print(f"epbuild: packaged {what} into {result.path} ({len(s.linked)} linked from the "
-              f"outputs, {len(s.kept)} kept, {len(s.copied)} copied)")  # fmt: skip
+        return 0
+    how = f"{len(s.linked)} linked from the outputs, {len(s.kept)} kept, {len(s.copied)} copied"
+    print(f"epbuild: packaged {what} into {result.path} ({how})")
     return 0
 
 

@@ -34,8 +34,8 @@ class PackageResult:
     def to_json(self) -> dict[str, Any]:
         """The ``--json`` form: the deployment manifest and what was written."""
         s = self.stats
-        written = {"kept": len(s.kept), "linked": len(s.linked), "copied": len(s.copied),
-                   "unchanged": s.unchanged}  # fmt: skip
+        written = {"kept": len(s.kept), "linked": len(s.linked), "copied": len(s.copied)}
+        written["unchanged"] = s.unchanged
         return {"package": self.path, "written": written, "deployment": self.deployment}
 
 
