@@ -104,7 +104,7 @@ def build(
     tracer = Tracer()
     reporter = reporter or Reporter()
     with tracer.span("plan"):
-        ws, plans, warnings = _plan(directory, manifest, selectors, loaded, reporter)
+        ws, plans, warnings = _plan(directory, manifest, selectors, loaded, reporter, dry_run)
     results = {p.action.id: _planned(ws, p) for p in plans}
     stale = [p for p in plans if p.stale]
     if dry_run or not stale:
@@ -159,9 +159,14 @@ def _plan(
     selectors: list[str] | tuple[str, ...],
     loaded: Manifest | None,
     reporter: Reporter,
+    dry_run: bool,
 ) -> tuple[Workspace, list[ActionPlan], list[str]]:
-    """Open the workspace and plan every action; also what loading its state warned about."""
-    ws = open_workspace(directory, manifest, selectors, loaded=loaded)
+    """Open the workspace and plan every action (making missing toolchains, unless a dry
+    run); also what loading its state warned about."""
+    from epbuild.toolchains.resolve import Toolchains
+
+    toolchains = Toolchains(create=not dry_run, say=reporter.message)
+    ws = open_workspace(directory, manifest, selectors, loaded=loaded, toolchains=toolchains)
     warnings = list(ws.state.warnings)
     for w in warnings:
         reporter.message(f"warning: {w}")

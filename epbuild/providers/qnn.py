@@ -77,6 +77,7 @@ class QnnProvider(BaseProvider):
 
     kind = "qnn"
     extra = "qnn"
+    ep_dists = (DIST,)
     known_options = KNOWN_OPTIONS
     compatibility_device_types = frozenset({"NPU"})
     """Device types the EP judges compiled models for (``epbuild.inspect.ortcompat``). On
