@@ -57,6 +57,8 @@ def ensure(
 def _make(spec: ToolchainSpec, directory: str, provider: str) -> Toolchain:
     shutil.rmtree(directory, ignore_errors=True)  # what a crashed attempt left
     log = directory + ".log"
+    with open(log, "w", encoding="utf-8"):
+        pass  # this attempt's log only
     uv = shutil.which("uv") if os.environ.get("EPBUILD_INSTALLER", "") != "pip" else None
     python = os.path.join(directory, "Scripts" if os.name == "nt" else "bin", "python")
     if uv:
