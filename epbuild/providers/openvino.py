@@ -192,6 +192,10 @@ class OpenVinoProvider(BaseProvider):
             "openvino": dist_version("openvino"),
         }
 
+    def version_inputs(self, config: ProviderConfig) -> list[str]:
+        """None besides the dist-info directories: every version is a distribution's."""
+        return []
+
     def needs_static_shapes(self, config: ProviderConfig) -> bool:
         """For the NPU, unless ``reshape_input`` gives the shapes (OpenVINO then fixes them
         itself; CPU and GPU compile dynamic shapes)."""
