@@ -306,7 +306,7 @@ def _define_provider(
 ) -> bool:
     """Write the provider; returns False when an identical one exists (nothing to do)."""
     _check_ep(ep)
-    values: dict[str, Any] = {"ep": ep, "options": options}
+    values: dict[str, Any] = {"ep": ep, "options": options} if options else {"ep": ep}
     existing = s.table("providers", name)
     if existing is None:
         add_table(s.doc, "providers", name, values, comment)
@@ -325,7 +325,8 @@ def _define_provider(
     for key in [k for k in existing if k not in values]:
         del existing[key]
     existing["ep"] = ep
-    existing["options"] = tomlkit.parse(f"v = {_inline(options)}")["v"]
+    if options:
+        existing["options"] = tomlkit.parse(f"v = {_inline(options)}")["v"]
     s.changes.append(f"replaced provider {name} ({ep}{_options_text(options)})")
     return True
 

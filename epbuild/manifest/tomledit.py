@@ -18,6 +18,7 @@ from epbuild.errors import ManifestError
 
 if TYPE_CHECKING:
     from tomlkit import TOMLDocument
+    from tomlkit.container import Container
     from tomlkit.items import Array, Item, Table
 
 
@@ -77,7 +78,9 @@ def add_table(
     new = fragment[family][name]
     parent = doc.get(family)
     if parent is None:
-        _ensure_blank_line(doc.body)
+        last_keyed = [v for k, v in doc.body if k is not None]
+        end = _last_table(last_keyed[-1]) if last_keyed else None
+        _ensure_blank_line(end.value if end is not None else doc)
         doc.append(family, fragment[family])
         return
     last = _last_table(parent)
@@ -85,11 +88,12 @@ def add_table(
         # Inline tables, dotted keys or tables spread over the file: tomlkit's own placement.
         parent[name] = new
         return
-    tail = _intro_of_next(last, at_end=_is_last(doc, parent))
-    _ensure_blank_line(last.value.body)
+    at_end = _is_last(doc, parent)
+    tail = _intro_of_next(last, at_end=at_end)
+    _ensure_blank_line(last.value)
     parent.append(name, new)
-    if tail:
-        _ensure_blank_line(new.value.body)
+    if not at_end:
+        _ensure_blank_line(new.value)
         new.value.body.extend(tail)
 
 
@@ -104,12 +108,16 @@ def append_unique(array: Array, values: Iterable[Any]) -> list[Any]:
 
 
 def _last_table(parent: Item) -> Table | None:
+    """The table whose body ends where ``parent`` ends in the file (``parent`` itself
+    when it is a plain table), or None when that is not a table."""
     from tomlkit.items import Table
 
     if not isinstance(parent, Table):
         return None
+    if not parent.is_super_table():
+        return parent
     tables = [v for k, v in parent.value.body if k is not None and isinstance(v, Table)]
-    return tables[-1] if tables and not tables[-1].is_super_table() else None
+    return _last_table(tables[-1]) if tables else None
 
 
 def _is_last(doc: TOMLDocument, parent: Item) -> bool:
@@ -141,9 +149,10 @@ def _intro_of_next(table: Table, *, at_end: bool) -> list[tuple[None, Item]]:
     return moved
 
 
-def _ensure_blank_line(body: list[tuple[Any, Item]]) -> None:
-    """End a container's body with a blank line (before a table added after it)."""
+def _ensure_blank_line(container: Container) -> None:
+    """End a container's text with a blank line (before a table added after it)."""
     from tomlkit.items import Whitespace
 
-    if body and not (isinstance(body[-1][1], Whitespace) and "\n" in body[-1][1].as_string()):
-        body.append((None, Whitespace("\n")))
+    text = container.as_string()
+    if text and not text.endswith("\n\n"):
+        container.body.append((None, Whitespace("\n" if text.endswith("\n") else "\n\n")))
