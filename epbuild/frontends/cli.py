@@ -152,7 +152,7 @@ def _init_parser(sub: _Commands) -> None:
         "--target",
         metavar="SOC",
         help="the provider (default htp-v73), e.g. "
-        "snapdragon-8-gen-3 (see 'epbuild add target --help')",
+        "snapdragon-8-gen-3 (list: 'epbuild add target --list')",
     )
 
 
@@ -164,8 +164,18 @@ def _add_parser(sub: _Commands) -> None:
     )
     kinds = a.add_subparsers(dest="add_command", metavar="WHAT")
     kinds.required = True
+    for add in (_add_model_parser, _add_provider_parser, _add_target_parser):
+        add(kinds)
+
+
+def _add_model_parser(kinds: _Commands) -> None:
     m = kinds.add_parser("model", help="add models to a group (created when missing)")
-    m.add_argument("paths", nargs="+", metavar="PATH", help="model files or globs")
+    m.add_argument(
+        "paths",
+        nargs="+",
+        metavar="PATH",
+        help="model files or globs, relative to the current directory (or -C DIR)",
+    )
     m.add_argument("-g", "--group", help="the group (default: the only one)")
     m.add_argument(
         "-p",
@@ -177,11 +187,17 @@ def _add_parser(sub: _Commands) -> None:
         "to the only provider)",
     )
     m.add_argument("--share-weights", action="store_true", help="set share_weights = true")
+
+
+def _add_provider_parser(kinds: _Commands) -> None:
     p = kinds.add_parser("provider", help="define a named provider configuration")
     p.add_argument("name", metavar="NAME")
     p.add_argument("--ep", required=True, help="adapter: qnn, openvino, tensorrt, plugin, ...")
     p.add_argument("--option", action="append", metavar="KEY=VALUE", help=_OPTION_HELP)
     p.add_argument("--replace", action="store_true", help="overwrite an existing provider")
+
+
+def _add_target_parser(kinds: _Commands) -> None:
     t = kinds.add_parser(
         "target",
         help="build groups for one more target: a known SoC, or --ep and --option",
