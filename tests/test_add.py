@@ -6,6 +6,7 @@ from __future__ import annotations
 import difflib
 import os
 import stat
+from pathlib import Path
 
 import onnx
 import pytest
@@ -115,8 +116,13 @@ def test_add_model_new_group_paths_relative_to_the_current_directory(
     assert rc == 0
     removed, added = changes(HAND_WRITTEN, text(ws))
     assert removed == []
-    assert added == ["", "[groups.extra]", 'models = ["models/d.onnx"]', 'providers = ["htp"]',
-                     "share_weights = true"]  # fmt: skip
+    assert added == [
+        "",
+        "[groups.extra]",
+        'models = ["models/d.onnx"]',
+        'providers = ["htp"]',
+        "share_weights = true",
+    ]
     tail = '# node_name_prefix = "cnn_"\n\n[groups.extra]\n' + "\n".join(added[2:]) + "\n"
     assert text(ws).endswith(tail)
 
@@ -132,8 +138,18 @@ def test_new_group_with_several_providers_needs_provider(ws: Workspace) -> None:
 
 
 def test_add_provider_goes_after_the_last_provider_above_the_next_comment(ws: Workspace) -> None:
-    rc, out, _ = run(ws, "add", "provider", "v75", "--ep", "qnn",
-                     "--option", "htp_arch=75", "--option", "soc_model=57")  # fmt: skip
+    rc, out, _ = run(
+        ws,
+        "add",
+        "provider",
+        "v75",
+        "--ep",
+        "qnn",
+        "--option",
+        "htp_arch=75",
+        "--option",
+        "soc_model=57",
+    )
     assert rc == 0 and "added provider v75" in out
     new = ["", "[providers.v75]", 'ep = "qnn"', "options = { htp_arch = 75, soc_model = 57 }"]
     assert changes(HAND_WRITTEN, text(ws)) == ([], new)
@@ -144,8 +160,19 @@ def test_add_provider_goes_after_the_last_provider_above_the_next_comment(ws: Wo
 
 
 def test_replace_provider_keeps_its_comments(ws: Workspace) -> None:
-    rc, _, _ = run(ws, "add", "provider", "htp", "--ep", "qnn", "--replace",
-                   "--option", "htp_arch=75", "--option", "soc_model=57")  # fmt: skip
+    rc, _, _ = run(
+        ws,
+        "add",
+        "provider",
+        "htp",
+        "--ep",
+        "qnn",
+        "--replace",
+        "--option",
+        "htp_arch=75",
+        "--option",
+        "soc_model=57",
+    )
     assert rc == 0
     removed, added = changes(HAND_WRITTEN, text(ws))
     assert removed == ['options = { htp_arch = "73", soc_model = "60" }   # X Elite']
@@ -171,8 +198,20 @@ def test_add_target_known_soc_to_every_group_then_again_is_a_no_op(ws: Workspace
 
 
 def test_add_target_described_to_one_group(ws: Workspace) -> None:
-    rc, _, _ = run(ws, "add", "target", "v79", "--ep", "qnn", "--option", "htp_arch=79",
-                   "--option", "soc_model=69", "--to", "vision")  # fmt: skip
+    rc, _, _ = run(
+        ws,
+        "add",
+        "target",
+        "v79",
+        "--ep",
+        "qnn",
+        "--option",
+        "htp_arch=79",
+        "--option",
+        "soc_model=69",
+        "--to",
+        "vision",
+    )
     assert rc == 0
     m = load_manifest(ws.root / "epbuild.toml")
     assert m.groups["vision"].providers == ("htp", "v79")
@@ -348,3 +387,24 @@ def test_first_group_of_a_file_without_final_newline(workspace: Workspace) -> No
     )
     assert run(workspace, "add", "provider", "p2", "--ep", "qnn")[0] == 0
     assert '# x\n\n[providers.p2]\nep = "qnn"\n\n[groups.g]\n' in text(workspace)
+
+
+def test_file_changed_during_the_edit_is_not_overwritten(
+    ws: Workspace, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import epbuild
+    from epbuild.errors import UserError
+    from epbuild.manifest import edit
+
+    def meanwhile(path: Path, *, text: str) -> object:
+        (ws.root / "epbuild.toml").write_text(HAND_WRITTEN + "# someone else's edit\n")
+        return load_manifest(path, text=text)
+
+    result = epbuild.add_target(ws.root, target="snapdragon-8-elite", to=["llm"])
+    assert result.written and result.changes[-1] == (
+        "group llm is now also built for snapdragon-8-elite"
+    )
+    monkeypatch.setattr(edit, "load_manifest", meanwhile)
+    with pytest.raises(UserError, match="changed while it was being edited"):
+        epbuild.add_target(ws.root, target="snapdragon-8-gen-3")
+    assert text(ws) == HAND_WRITTEN + "# someone else's edit\n"
