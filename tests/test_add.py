@@ -234,6 +234,8 @@ BAD_EDITS = [
     (["add", "model", "models/missing.onnx", "-g", "llm"], "'models/missing.onnx' does not exist"),
     (["add", "model", "models/missing.onnx", "-g", "new"], "'models/missing.onnx' does not exist"),
     (["add", "model", "../outside.onnx", "-g", "llm"], "is outside the workspace"),
+    (["add", "model", "out/a_ctx.onnx", "-g", "llm"], "is inside the output directory 'out'"),
+    (["add", "model", ".epbuild/x.onnx", "-g", "new"], "is inside the state directory"),
     (["add", "model", "models/d.onnx", "-g", "new", "-p", "nope"],
      "provider 'nope' is not defined"),
     (["add", "model", "models/d.onnx", "-g", "vision", "--share-weights"],

@@ -108,9 +108,8 @@ def write_checked(
     """
     try:
         loaded = load_manifest(path, text=text)
-        missing = [loaded.problems[m] for m in models if m in loaded.problems]
-        if missing:
-            raise missing[0]
+        for model in models:
+            _check_source(loaded, model)
     except ManifestError as exc:
         raise UserError(f"{_without_line(exc)}; {path} left unchanged", hint=exc.hint) from exc
     target = os.path.realpath(path)  # a symlinked manifest: edit the file it points to
@@ -124,6 +123,21 @@ def write_checked(
     mode = stat.S_IMODE(os.stat(target).st_mode) if before is not None else None
     atomic_write_bytes(target, text.encode("utf-8"), mode=mode)
     return loaded
+
+
+def _check_source(loaded: Manifest, model: str) -> None:
+    """A model an edit adds exists and is not one of epbuild's own outputs."""
+    for what, directory in (
+        ("output", loaded.workspace.out_dir),
+        ("state", loaded.workspace.state_dir),
+    ):
+        if model == directory or model.startswith(directory + "/"):
+            raise UserError(
+                f"{model!r} is inside the {what} directory {directory!r}",
+                hint="add the source model; epbuild writes and removes files there",
+            )
+    if model in loaded.problems:
+        raise loaded.problems[model]
 
 
 def _read_or_none(path: str) -> bytes | None:
