@@ -410,3 +410,18 @@ def test_file_changed_during_the_edit_is_not_overwritten(
     with pytest.raises(UserError, match="changed while it was being edited"):
         epbuild.add_target(ws.root, target="snapdragon-8-gen-3")
     assert text(ws) == HAND_WRITTEN + "# someone else's edit\n"
+
+
+def test_an_error_the_file_already_has_is_named_as_such(ws: Workspace) -> None:
+    ws.manifest(HAND_WRITTEN.replace('soc_model = "60"', 'soc_model = "1"'))
+    before = (ws.root / "epbuild.toml").read_bytes()
+    rc, _, err = run(ws, "add", "model", "models/d.onnx", "-g", "llm")
+    assert rc == 2 and (ws.root / "epbuild.toml").read_bytes() == before
+    assert "epbuild.toml:8: providers.htp.options.soc_model: soc_model '1'" in err
+    assert "fix this first (nothing written)" in err
+    rc, _, _ = run(ws, "add", "provider", "htp", "--ep", "qnn", "--replace",
+                   "--option", "htp_arch=73", "--option", "soc_model=60")  # fmt: skip
+    assert (
+        rc == 0
+        and load_manifest(ws.root / "epbuild.toml").providers["htp"].options["soc_model"] == "60"
+    )

@@ -111,6 +111,7 @@ def write_checked(
         for model in models:
             _check_source(loaded, model)
     except ManifestError as exc:
+        _refuse_already_broken(path, before, exc)
         raise UserError(f"{_without_line(exc)}; {path} left unchanged", hint=exc.hint) from exc
     target = os.path.realpath(path)  # a symlinked manifest: edit the file it points to
     now = _read_or_none(target)
@@ -123,6 +124,20 @@ def write_checked(
     mode = stat.S_IMODE(os.stat(target).st_mode) if before is not None else None
     atomic_write_bytes(target, text.encode("utf-8"), mode=mode)
     return loaded
+
+
+def _refuse_already_broken(path: Path, before: bytes | None, exc: ManifestError) -> None:
+    """Say so when the file as it is has the error the edited text has: the edit did not
+    cause it (the message then names the line of the file as it is)."""
+    if before is None:
+        return
+    try:
+        load_manifest(path, text=before.decode("utf-8"))
+    except ManifestError as old:
+        if _without_line(old) == _without_line(exc):
+            raise UserError(
+                f"{old.message}; fix this first (nothing written)", hint=old.hint
+            ) from exc
 
 
 def _check_source(loaded: Manifest, model: str) -> None:
