@@ -1,4 +1,6 @@
-"""The library API: ``build``, ``status`` and ``clean``. The CLI is a thin layer over it."""
+"""The library API: ``build``, ``status`` and ``clean``, and the manifest edits ``init``,
+``init_from``, ``add_models``, ``add_provider`` and ``add_target`` (``manifest.init``,
+``manifest.edit``). The CLI is a thin layer over it."""
 
 from __future__ import annotations
 
@@ -12,6 +14,8 @@ from epbuild.engine.scheduler import executor_for, schedule
 from epbuild.engine.staging import check_removable, clean_stale_staging
 from epbuild.errors import EpbuildError, StorageError
 from epbuild.fs import os_error_text
+from epbuild.manifest.edit import EditResult, add_models, add_provider, add_target
+from epbuild.manifest.init import InitResult, init, init_from
 from epbuild.planning.staleness import ActionPlan, make_plan
 from epbuild.planning.workspace import Workspace, open_workspace
 from epbuild.results import (
@@ -35,11 +39,18 @@ __all__ = [
     "ActionResult",
     "ActionStatus",
     "BuildResult",
+    "EditResult",
+    "InitResult",
     "Outcome",
     "Reporter",
     "StatusResult",
+    "add_models",
+    "add_provider",
+    "add_target",
     "build",
     "clean",
+    "init",
+    "init_from",
     "orphaned",
     "status",
 ]

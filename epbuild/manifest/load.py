@@ -92,10 +92,15 @@ def parse_memory(value: int | str, *, key: str) -> int:
     return int(float(match.group(1)) * scale[match.group(2).upper()])
 
 
-def load_manifest(path: str | os.PathLike[str]) -> Manifest:
-    """Read, validate and resolve a manifest file."""
+def load_manifest(path: str | os.PathLike[str], *, text: str | None = None) -> Manifest:
+    """Read, validate and resolve a manifest file.
+
+    With ``text``, that text is checked as if it were the file's content (``manifest.edit``
+    validates an edit this way before it replaces the file).
+    """
     file = Path(path)
-    text = _read_text(file)
+    if text is None:
+        text = _read_text(file)
     data = _parse(file, text)
     where = Where(file, text)
     try:
