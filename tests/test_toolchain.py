@@ -103,6 +103,8 @@ def test_one_manifest_builds_qnn_and_openvino(workspace: Workspace, shared_toolc
     detail = _by_id(workspace.cli_json("status", "--detail"))
     (model,) = detail["g/intel-cpu/a"]["models"]
     assert model["context_nodes"] == 1 and model["cpu_nodes"] == 0 and model["source_nodes"] > 0
+    assert detail["g/intel-cpu/a"]["toolchain"]["onnxruntime-openvino"] == "1.24.1"
+    assert detail["g/htp73/a"]["toolchain"] is None
 
     again = workspace.cli_json("build")
     assert again["summary"]["up_to_date"] == 6
