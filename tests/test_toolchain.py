@@ -305,3 +305,23 @@ def test_openvino_cpu_sharing_group_is_refused_before_compiling(workspace: Works
         load_manifest(path)
     assert "does not share weights on CPU" in str(info.value)
     assert "groups.g.share_weights" in str(info.value)
+
+
+def test_add_provider_with_a_toolchain(workspace: Workspace) -> None:
+    workspace.model("models/a.onnx", matmul_model(1))
+    path = workspace.manifest(
+        '# mine\n[providers.htp]  # phone\nep = "qnn"\n'
+        'options = { htp_arch = "73", soc_model = "60" }\n\n'
+        '[groups.g]\nmodels = ["models/a.onnx"]\nproviders = ["htp"]\n'
+    )
+    before = path.read_text()
+    args = ("add", "provider", "intel-cpu", "--ep", "openvino", "--option", "device_type=CPU")
+    proc = workspace.cli(*args, "--requirement", OPENVINO_PIN)
+    assert proc.returncode == 0, proc.stderr
+    loaded = load_manifest(path).providers["intel-cpu"]
+    assert loaded.toolchain == ToolchainSpec(requirements=(OPENVINO_PIN,))
+    assert path.read_text().startswith(before.split("\n[groups.g]")[0])  # comments kept
+    edited = path.read_text()
+    bad = workspace.cli("add", "provider", "x", "--ep", "openvino", "--python", "")
+    assert bad.returncode == 2 and "Traceback" not in bad.stderr
+    assert path.read_text() == edited

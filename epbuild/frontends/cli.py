@@ -195,6 +195,15 @@ def _add_provider_parser(kinds: _Commands) -> None:
     p.add_argument("--ep", required=True, help="adapter: qnn, openvino, tensorrt, plugin, ...")
     p.add_argument("--option", action="append", metavar="KEY=VALUE", help=_OPTION_HELP)
     p.add_argument("--replace", action="store_true", help="overwrite an existing provider")
+    tc = p.add_mutually_exclusive_group()
+    tc.add_argument(
+        "--requirement",
+        action="append",
+        metavar="REQ",
+        help="compile in a toolchain epbuild makes with these pip requirements (repeatable), "
+        "e.g. onnxruntime-openvino==1.24.1",
+    )
+    tc.add_argument("--python", metavar="PATH", help="compile in this interpreter's environment")
 
 
 def _add_target_parser(kinds: _Commands) -> None:
@@ -374,8 +383,20 @@ def _cmd_add(args: argparse.Namespace) -> int:
         )
     elif args.add_command == "provider":
         options = checks.provider_options(args.option)
+        toolchain = (
+            {"requirements": args.requirement}
+            if args.requirement
+            else {"python": args.python}
+            if args.python is not None
+            else None
+        )
         result = edit.add_provider(
-            *where, name=args.name, ep=args.ep, options=options, replace=args.replace
+            *where,
+            name=args.name,
+            ep=args.ep,
+            options=options,
+            replace=args.replace,
+            toolchain=toolchain,
         )
     elif args.list or args.target is None:
         return _list_targets(args.list)

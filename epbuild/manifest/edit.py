@@ -316,11 +316,14 @@ def add_provider(
     ep: str,
     options: Mapping[str, Any] | None = None,
     replace: bool = False,
+    toolchain: Mapping[str, Any] | None = None,
 ) -> EditResult:
-    """Add ``[providers.NAME]`` (``ep`` and ``options``); an existing one only with
-    ``replace``, which rewrites its ``ep`` and ``options`` and drops its other keys."""
+    """Add ``[providers.NAME]`` (``ep``, ``options`` and ``toolchain``: ``{"requirements":
+    [...]}`` or ``{"python": ...}``); an existing one only with ``replace``, which rewrites
+    its ``ep`` and ``options`` and drops its other keys."""
     s = _open(directory, manifest)
-    _define_provider(s, name, ep, dict(options or {}), replace=replace, comment=None)
+    extra = {"toolchain": dict(toolchain)} if toolchain else {}
+    _define_provider(s, name, ep, dict(options or {}), replace=replace, comment=None, extra=extra)
     return s.finish()
 
 
@@ -332,16 +335,20 @@ def _define_provider(
     *,
     replace: bool,
     comment: str | None,
+    extra: Mapping[str, Any] | None = None,
 ) -> bool:
-    """Write the provider; returns False when an identical one exists (nothing to do)."""
+    """Write the provider (``extra``: further keys, e.g. its toolchain); returns False when
+    an identical one exists (nothing to do)."""
     _check_ep(ep)
     values: dict[str, Any] = {"ep": ep, "options": options} if options else {"ep": ep}
+    values.update(extra or {})
     existing = s.table("providers", name)
     if existing is None:
         add_table(s.doc, "providers", name, values, comment)
         s.changes.append(f"added provider {name} ({ep}{_options_text(options)})")
         return True
-    if _same_provider(existing, ep, options):
+    same_extra = all(existing.get(k) == v for k, v in (extra or {}).items())
+    if _same_provider(existing, ep, options) and same_extra:
         s.notes.append(f"provider {name} already exists with these options")
         return False
     if not replace:
@@ -356,6 +363,8 @@ def _define_provider(
     existing["ep"] = ep
     if options:
         existing["options"] = tomlkit.parse(f"v = {_inline(options)}")["v"]
+    for key, value in (extra or {}).items():
+        existing[key] = tomlkit.parse(f"v = {_inline(value)}")["v"]
     s.changes.append(f"replaced provider {name} ({ep}{_options_text(options)})")
     return True
 
