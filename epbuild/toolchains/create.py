@@ -32,14 +32,20 @@ def ensure(
     spec: ToolchainSpec, provider: str, *, say: Callable[[str], None] = lambda _: None
 ) -> Toolchain:
     """The environment of a ``requirements`` spec, made now if it is not ready."""
-    from filelock import FileLock
+    from filelock import FileLock, Timeout
 
     directory = env_dir(spec)
     ready = read_marker(spec, directory)
     if ready is not None:
         return ready
     os.makedirs(toolchain_root(), exist_ok=True)
-    with FileLock(directory + ".lock"):
+    lock = FileLock(directory + ".lock")
+    try:
+        lock.acquire(timeout=2)
+    except Timeout:
+        say(f"waiting for another epbuild making the toolchain of {provider} ({spec.label})")
+        lock.acquire()
+    try:
         ready = read_marker(spec, directory)  # another build may have made it meanwhile
         if ready is not None:
             return ready
@@ -52,6 +58,8 @@ def ensure(
             raise
         say(f"toolchain for provider {provider} ready in {time.monotonic() - started:.1f} s")
         return made
+    finally:
+        lock.release()
 
 
 def _make(spec: ToolchainSpec, directory: str, provider: str) -> Toolchain:
@@ -60,7 +68,9 @@ def _make(spec: ToolchainSpec, directory: str, provider: str) -> Toolchain:
     with open(log, "w", encoding="utf-8"):
         pass  # this attempt's log only
     uv = shutil.which("uv") if os.environ.get("EPBUILD_INSTALLER", "") != "pip" else None
-    python = os.path.join(directory, "Scripts" if os.name == "nt" else "bin", "python")
+    python = os.path.join(
+        directory, *(("Scripts", "python.exe") if os.name == "nt" else ("bin", "python"))
+    )
     if uv:
         _run([uv, "venv", "--quiet", "--python", sys.executable, directory], log, spec, provider)
         install = [uv, "pip", "install", "--python", python, *_uv_index_flags()]

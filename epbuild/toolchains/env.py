@@ -105,8 +105,10 @@ def interpreter_path(spec: ToolchainSpec, base_dir: str, provider: str) -> str:
 def _interpreter(spec: ToolchainSpec, base_dir: str, provider: str) -> Toolchain:
     """A user's interpreter, asked for its path once per change of its stat."""
     python = interpreter_path(spec, base_dir, provider)
-    st = os.stat(python)
-    stamp = f"{os.path.realpath(python)}:{st.st_ino}:{st.st_size}:{st.st_mtime_ns}"
+    stamp = ":".join(
+        f"{st.st_ino}:{st.st_size}:{st.st_mtime_ns}" if (st := _stat(p)) else "-"
+        for p in (python, os.path.join(os.path.dirname(os.path.dirname(python)), "pyvenv.cfg"))
+    )  # the interpreter, and the venv configuration that decides its site directories
     memo_path = os.path.join(toolchain_root(), "interpreters.json")
     try:
         with open(memo_path, encoding="utf-8") as f:
@@ -126,6 +128,13 @@ def _interpreter(spec: ToolchainSpec, base_dir: str, provider: str) -> Toolchain
             pass  # asked again next time
     version = ".".join(map(str, answer["version"]))
     return Toolchain(spec, python, answer["prefix"], tuple(answer["sites"]), version)
+
+
+def _stat(path: str) -> os.stat_result | None:
+    try:
+        return os.stat(path)
+    except OSError:
+        return None
 
 
 def ask(python: str, provider: str) -> dict[str, object]:
