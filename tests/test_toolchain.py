@@ -108,6 +108,31 @@ def test_one_manifest_builds_qnn_and_openvino(workspace: Workspace, shared_toolc
 
     again = workspace.cli_json("build")
     assert again["summary"]["up_to_date"] == 6
+    _runtime_says_why(workspace)
+
+
+def _runtime_says_why(workspace: Workspace) -> None:
+    """The runtime opens an OpenVINO action only in its toolchain's Python, and there says
+    why the wheel cannot load it."""
+    from epbuild.errors import UserError
+    from epbuild.runtime import open_action
+    from epbuild.toolchains.boot import boot_command
+
+    with pytest.raises(UserError) as info:
+        open_action("g/intel-cpu", workspace.root)
+    assert "toolchain" in str(info.value) and "cannot load it" in str(info.value)
+    toolchain = create.ensure(ToolchainSpec(requirements=(OPENVINO_PIN,)), "intel-cpu")
+    probe = (
+        "import sys; from epbuild.runtime import open_action\n"
+        "try:\n    open_action('g/intel-cpu', sys.argv[1])\n"
+        "except Exception as exc:\n    print(type(exc).__name__, exc)"
+    )
+    command = boot_command(toolchain.python, "epbuild.runtime")
+    command[-1] = command[-1].split("from epbuild.runtime")[0].replace("; ", "\n") + probe
+    proc = subprocess.run(
+        [*command, str(workspace.root)], capture_output=True, text=True, check=True
+    )
+    assert proc.stdout.startswith("CompatibilityError") and "IR frontend" in proc.stdout
 
 
 def test_changed_pin_stales_that_provider_only(
