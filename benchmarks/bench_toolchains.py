@@ -13,17 +13,19 @@ is a fresh ``python -m epbuild`` process; the cache is off, so compiles are meas
 Measured (medians of ``--runs`` unless said otherwise):
 1. Making the toolchain: ``epbuild build`` of squeezenet for OpenVINO with an empty
    toolchain directory, through pip (``--cold-runs``, default 1: it downloads ~90 MB from
-   PyPI each time, pip caches nothing here), with the environment already there (a fresh
-   workspace: what every later build of another workspace pays), and, unless ``--no-uv``,
-   through uv (installed with pip into a scratch directory and put on PATH for that
-   measurement only) with an empty uv cache and with uv's cache filled. epbuild's own
+   PyPI each time, pip's cache pointed at an empty directory), with the environment already
+   there (a fresh workspace: what every later build of another workspace pays), and, unless
+   ``--no-uv``, through uv (installed with pip into a scratch directory and put on PATH for
+   that measurement only) with an empty uv cache and with uv's cache filled. epbuild's own
    "ready in" figure is shown beside each whole build.
 2. The mixed build (3 models x 3 providers = 9 compiles, ``build -j 2 --no-cache``) vs the
    sum of a QNN-only build (6) and an OpenVINO-only build (3), each ``-j 2 --no-cache``, the
    toolchain already made.
-3. The no-op build with two toolchains (the OpenVINO one and the QNN providers pointed at
-   this interpreter with ``toolchain = { python = ... }``) and, for reference, the QNN-only
-   no-op without toolchains, each as a ratio to ``python -c "import onnx"`` (target <= 0.5).
+3. The no-op build (``--noop-runs``, interleaved) with two toolchains (the OpenVINO one and
+   the QNN providers pointed at this interpreter with ``toolchain = { python = ... }``),
+   and for reference the QNN providers alone with that ``python`` toolchain and without
+   any, each as a ratio to ``python -c "import onnx"`` (target <= 0.5), with whether epbuild
+   recorded its no-op fingerprint (``.epbuild/noop.json``: the fast path) for it.
 
 Timings are wall-clock on whatever machine runs it; nothing here asserts a timing. The script
 exits non-zero only when a build fails or does not do what was asked (compile everything, or
