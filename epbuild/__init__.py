@@ -10,7 +10,17 @@ from typing import TYPE_CHECKING, Any
 __version__ = "0.1.0"
 
 if TYPE_CHECKING:
-    from epbuild.api import BuildResult, build, clean, status
+    from epbuild.api import (
+        BuildResult,
+        add_models,
+        add_provider,
+        add_target,
+        build,
+        clean,
+        init,
+        init_from,
+        status,
+    )
     from epbuild.inspect.detail import status_detail
     from epbuild.inspect.verify import verify_outputs
     from epbuild.runtime import open_action, open_models
@@ -20,8 +30,13 @@ if TYPE_CHECKING:
 __all__ = [
     "BuildResult",
     "PackageResult",
+    "add_models",
+    "add_provider",
+    "add_target",
     "build",
     "clean",
+    "init",
+    "init_from",
     "open_action",
     "open_models",
     "open_package",

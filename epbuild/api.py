@@ -1,4 +1,6 @@
-"""The library API: ``build``, ``status`` and ``clean``. The CLI is a thin layer over it."""
+"""The library API: ``build``, ``status`` and ``clean``, and the manifest edits ``init``,
+``init_from``, ``add_models``, ``add_provider`` and ``add_target`` (``manifest.init``,
+``manifest.edit``). The CLI is a thin layer over it."""
 
 from __future__ import annotations
 
@@ -12,6 +14,8 @@ from epbuild.engine.scheduler import executor_for, schedule
 from epbuild.engine.staging import check_removable, clean_stale_staging
 from epbuild.errors import EpbuildError, StorageError
 from epbuild.fs import os_error_text
+from epbuild.manifest.edit import EditResult, add_models, add_provider, add_target
+from epbuild.manifest.init import InitResult, init, init_from
 from epbuild.planning.staleness import ActionPlan, make_plan
 from epbuild.planning.workspace import Workspace, open_workspace
 from epbuild.results import (
@@ -35,11 +39,18 @@ __all__ = [
     "ActionResult",
     "ActionStatus",
     "BuildResult",
+    "EditResult",
+    "InitResult",
     "Outcome",
     "Reporter",
     "StatusResult",
+    "add_models",
+    "add_provider",
+    "add_target",
     "build",
     "clean",
+    "init",
+    "init_from",
     "orphaned",
     "status",
 ]
@@ -104,7 +115,7 @@ def build(
     tracer = Tracer()
     reporter = reporter or Reporter()
     with tracer.span("plan"):
-        ws, plans, warnings = _plan(directory, manifest, selectors, loaded, reporter)
+        ws, plans, warnings = _plan(directory, manifest, selectors, loaded, reporter, dry_run)
     results = {p.action.id: _planned(ws, p) for p in plans}
     stale = [p for p in plans if p.stale]
     if dry_run or not stale:
@@ -159,9 +170,14 @@ def _plan(
     selectors: list[str] | tuple[str, ...],
     loaded: Manifest | None,
     reporter: Reporter,
+    dry_run: bool,
 ) -> tuple[Workspace, list[ActionPlan], list[str]]:
-    """Open the workspace and plan every action; also what loading its state warned about."""
-    ws = open_workspace(directory, manifest, selectors, loaded=loaded)
+    """Open the workspace and plan every action (making missing toolchains, unless a dry
+    run); also what loading its state warned about."""
+    from epbuild.toolchains.resolve import Toolchains
+
+    toolchains = Toolchains(create=not dry_run, say=reporter.message)
+    ws = open_workspace(directory, manifest, selectors, loaded=loaded, toolchains=toolchains)
     warnings = list(ws.state.warnings)
     for w in warnings:
         reporter.message(f"warning: {w}")

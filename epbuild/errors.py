@@ -64,6 +64,12 @@ class ProviderUnavailableError(UserError):
     """An execution provider package or device is not available on this machine."""
 
 
+class ToolchainError(UserError):
+    """A provider's toolchain cannot be made or used: an interpreter that does not exist, a
+    requirement pip cannot resolve, an environment without the EP. Fails that provider's
+    actions only."""
+
+
 class NotBuiltError(UserError):
     """An action's outputs are not what a completed build committed: never built, an
     interrupted commit, or outputs missing or changed since (``epbuild build`` fixes it)."""

@@ -32,6 +32,7 @@ failure.
 from __future__ import annotations
 
 import os
+import sys
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager, nullcontext
@@ -261,8 +262,11 @@ def _create(
             built._sessions.append((name, factory(data if data is not None else path, so)))
         except Exception as exc:
             text = str(exc).strip().splitlines()
+            first = text[0] if text else type(exc).__name__
+            explain = getattr(adapter, "explain_load_failure", None)
+            known = explain(provider, first) if explain else None
             raise CompatibilityError(
-                f"{path}: ONNX Runtime could not load it: {text[0] if text else type(exc).__name__}"
+                f"{path}: ONNX Runtime could not load it: {known or first}"
             ) from exc
 
 
@@ -293,6 +297,7 @@ def open_action(
             hint="name one: " + ", ".join(sorted(f"{g}/{p}" for g, p in pairs)),
         )
     before = committed_outputs(ws, actions, rehash=check == "hash")
+    _check_environment(ws, actions[0])
     sources: list[ModelSource] = []
     for a in actions:
         for rel in a.ctx_paths:
@@ -316,6 +321,23 @@ def open_action(
             hint="open it again once that build is done",
         )
     return built
+
+
+def _check_environment(ws: Workspace, action: Action) -> None:
+    """An action compiled in a provider's toolchain opens only in that toolchain's Python:
+    any other ONNX Runtime (this one, with other EPs) cannot load what it wrote."""
+    from epbuild.toolchains.env import same_interpreter
+
+    toolchain = ws.keys.toolchains.get(action.provider)
+    if toolchain is None or same_interpreter(toolchain):
+        return
+    raise UserError(
+        f"{action.group.name}/{action.provider.name} was compiled in the toolchain of provider "
+        f"{action.provider.name!r} ({toolchain.spec.label}); this Python ({sys.prefix}) runs "
+        "another ONNX Runtime, which cannot load it",
+        hint=f"open it from a program run by {toolchain.python} (with epbuild importable "
+        "there), or check it with 'epbuild verify --load', which loads it in the toolchain",
+    )
 
 
 _Stat = tuple[int, int, int]

@@ -321,13 +321,30 @@ def test_openvino_reshape_input_is_a_shape_list() -> None:
     assert err.key == "providers.x.options.reshape_input"
 
 
-def test_openvino_describes_its_context() -> None:
+def test_openvino_describes_its_context(tmp_path: Path) -> None:
+    from epbuild.providers.base import scanning
+
     adapter = OpenVinoProvider()
     cfg = config(adapter, {})
     assert adapter.shares_weights
+    assert adapter.sharing_refusal(cfg) is None  # the NPU shares
     assert adapter.context_source(cfg) == "OpenVINOExecutionProvider"
-    assert adapter.compatibility_key(cfg) == "OpenVINOExecutionProvider"
     assert adapter.context_options(cfg, "a_ctx.onnx", 0) == {}
+    # Only the plugin EP writes compatibility info; the EP built into onnxruntime-openvino
+    # does not. Which one is installed is read from the environment being looked at.
+    plugin, builtin = tmp_path / "plugin", tmp_path / "builtin"
+    (plugin / "onnxruntime_ep_openvino-1.8.1.dist-info").mkdir(parents=True)
+    (builtin / "onnxruntime_openvino-1.24.1.dist-info").mkdir(parents=True)
+    with scanning((str(plugin),)):
+        assert adapter.compatibility_key(cfg) == "OpenVINOExecutionProvider"
+    with scanning((str(builtin),)):
+        assert adapter.compatibility_key(cfg) is None
+
+
+def test_openvino_refuses_sharing_on_cpu() -> None:
+    adapter = OpenVinoProvider()
+    why = adapter.sharing_refusal(config(adapter, {"device_type": "CPU"}))
+    assert why is not None and "does not share weights on CPU" in why
 
 
 def _fake_openvino_plugin(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -11,6 +11,7 @@ from epbuild.engine.staging import check_staged, commit, hash_staged, make_stagi
 from epbuild.errors import EpbuildError, StorageError
 from epbuild.executors.job import Job
 from epbuild.fs import os_error_text, remove_tree
+from epbuild.manifest.model import CompileSettings
 from epbuild.planning.actions import Action
 from epbuild.planning.keys import ActionKey
 from epbuild.planning.staleness import ActionPlan, plan_action
@@ -203,12 +204,22 @@ class Builder:
             node_name_prefix=g.node_name_prefix,
             initializer_names=action.initializer_names,
             load=g.load,
-            compile=action.compile,
+            compile=CompileSettings.from_json(key.components["compile"]),
             inputs=dict(key.inputs),
             predicted_peak=self.memory.peaks.get(action.id, 0),
             names=action.names,
             free_dimensions=action.free_dimensions if any(action.free_dimensions) else (),
+            boot=self._boot(action),
         )
+
+    def _boot(self, action: Action) -> tuple[str, ...]:
+        """How a worker for the action starts: in its provider's toolchain, if it has one."""
+        toolchain = self.ws.keys.toolchains.get(action.provider)
+        if toolchain is None:
+            return ()
+        from epbuild.toolchains.boot import boot_command
+
+        return tuple(boot_command(toolchain.python))
 
     def _compiled_record(
         self, action: Action, key: ActionKey, staging: str, names: list[str], outcome: WorkerOutcome

@@ -194,6 +194,14 @@ class DaskExecutor:
         """Run one job on the cluster; its outputs land in the local staging directory."""
         from distributed import KilledWorker
 
+        if job.boot:
+            return WorkerOutcome(
+                False,
+                error=f"provider {job.provider.name!r} has a toolchain, and the Dask executor "
+                "compiles only in the farm workers' own environment",
+                hint="build this provider with the local executor (epbuild build --executor "
+                "local), or install its packages on the farm and drop its toolchain",
+            )
         staging = os.path.join(self.root, job.staging)
         token = f"epbuild-{uuid.uuid4().hex}"
         job = replace(job, token=token)

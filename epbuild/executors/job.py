@@ -45,6 +45,9 @@ class Job:
     """Per model, its output stem (empty: each model's file stem)."""
     free_dimensions: tuple[Mapping[str, int], ...] = ()
     """Per model, symbolic input dimension → value for the session (empty: none)."""
+    boot: tuple[str, ...] = ()
+    """The command that starts its worker, for a provider with a toolchain (empty: this
+    interpreter); the executor's business, so ``to_json`` leaves it out."""
 
     @property
     def ctx_names(self) -> tuple[str, ...]:

@@ -121,13 +121,14 @@ class LocalExecutor:
         self.prewarm = prewarm
         self._lock = threading.Lock()
         self._running: set[subprocess.Popen[bytes]] = set()
-        self._spares: list[subprocess.Popen[bytes]] = []
+        self._spares: list[tuple[tuple[str, ...], subprocess.Popen[bytes]]] = []
+        """Warm workers, each with the command it was started with (a toolchain's or ours)."""
         self._cancelled = False
 
-    def _spawn(self) -> subprocess.Popen[bytes]:
+    def _spawn(self, boot: tuple[str, ...]) -> subprocess.Popen[bytes]:
         env = dict(os.environ)
         return subprocess.Popen(
-            [sys.executable, "-c", WORKER_BOOT],
+            list(boot) or [sys.executable, "-c", WORKER_BOOT],
             cwd=self.root,
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
@@ -136,16 +137,21 @@ class LocalExecutor:
             start_new_session=True,  # Ctrl-C reaches the coordinator, which stops workers
         )
 
-    def _take(self) -> subprocess.Popen[bytes]:
+    def _take(self, boot: tuple[str, ...]) -> subprocess.Popen[bytes]:
+        """A warm worker started with ``boot`` (else a new one); leaves a spare of the same
+        kind behind for the next job."""
         with self._lock:
-            while self._spares:
-                proc = self._spares.pop()
-                if proc.poll() is None:
+            proc = None
+            for item in [sp for sp in self._spares if sp[0] == boot]:
+                self._spares.remove(item)
+                if item[1].poll() is None:
+                    proc = item[1]
                     break
-            else:
-                proc = self._spawn()
+                _reap(item[1])
+            if proc is None:
+                proc = self._spawn(boot)
             if self.prewarm and not self._cancelled:
-                self._spares.append(self._spawn())
+                self._spares.append((boot, self._spawn(boot)))
             self._running.add(proc)
             return proc
 
@@ -153,7 +159,7 @@ class LocalExecutor:
         """Run one job in a fresh worker subprocess (a warm spare when there is one)."""
         staging = os.path.join(self.root, job.staging)
         log_path = os.path.join(staging, LOG_NAME)
-        proc = self._take()
+        proc = self._take(job.boot)
         assert proc.stdin is not None and proc.stdout is not None
         try:
             send_job(proc, job)
@@ -179,12 +185,12 @@ class LocalExecutor:
             for proc in self._running:
                 if proc.poll() is None:
                     proc.kill()
-            for proc in self._spares:
+            for _, proc in self._spares:
                 _reap(proc)
             self._spares.clear()
 
     def close(self) -> None:
         with self._lock:
-            for proc in self._spares:
+            for _, proc in self._spares:
                 _reap(proc)
             self._spares.clear()

@@ -7,6 +7,7 @@ or not anything is stale. Imported on the fast path: heavier modules load only w
 from __future__ import annotations
 
 import argparse
+import re
 
 from epbuild.errors import UserError
 
@@ -46,3 +47,31 @@ def cache_option(args: argparse.Namespace) -> str | bool | None:
     if args.no_cache and getattr(args, "cache_push", False):
         raise UserError("--cache-push needs a cache", hint="drop --no-cache")
     return False if args.no_cache else args.cache
+
+
+def option_value(text: str) -> bool | int | str:
+    """An ``--option`` value: ``true``/``false`` and integers (``75``, ``-1``) as TOML would
+    read them, a double-quoted value as the string inside, anything else as a string."""
+    if text in ("true", "false"):
+        return text == "true"
+    if re.fullmatch(r"[+-]?(0|[1-9][0-9]*)", text):
+        return int(text)
+    if len(text) >= 2 and text[0] == text[-1] == '"':
+        return text[1:-1]
+    return text
+
+
+def provider_options(values: list[str] | None) -> dict[str, bool | int | str]:
+    """``--option KEY=VALUE`` (repeatable) as a mapping; each key once."""
+    options: dict[str, bool | int | str] = {}
+    for item in values or ():
+        key, sep, value = item.partition("=")
+        key = key.strip()
+        if not sep or not key:
+            raise UserError(
+                f"--option {item!r} is not KEY=VALUE", hint="write e.g. --option htp_arch=75"
+            )
+        if key in options:
+            raise UserError(f"--option {key} is given twice")
+        options[key] = option_value(value.strip())
+    return options

@@ -27,8 +27,15 @@ def _open(
     selectors: list[str] | tuple[str, ...] = (),
 ) -> Workspace:
     from epbuild.planning.workspace import open_workspace
+    from epbuild.toolchains.resolve import Toolchains
 
-    return open_workspace(directory, manifest, selectors)
+    # Keys need the providers' toolchain versions: make a missing toolchain, as build would
+    # (`cache key` on a fresh CI runner runs before any build).
+    def say(line: str) -> None:
+        print(f"epbuild: {line}", file=sys.stderr)
+
+    toolchains = Toolchains(create=True, say=say)
+    return open_workspace(directory, manifest, selectors, toolchains=toolchains)
 
 
 def _cache(ws: Workspace, directory: str | os.PathLike[str], option: str | None) -> ActionCache:

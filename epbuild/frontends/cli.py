@@ -16,7 +16,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, TypeAlias
 
-from epbuild.errors import EpbuildError
+from epbuild.errors import EpbuildError, UserError
 from epbuild.frontends import args as checks
 from epbuild.frontends.render import print_json, status_lines, summary_line
 
@@ -142,6 +142,106 @@ def _watch_parser(sub: _Commands) -> None:
     w.add_argument("--json", action="store_true", help="one JSON object per cycle on stdout")
 
 
+_OPTION_HELP = (
+    "a provider option (repeatable); VALUE is written as an integer or boolean when it reads "
+    "as one (75, true), else as a string; quote it to force a string (htp_arch='\"75\"')"
+)
+
+
+def _init_parser(sub: _Commands) -> None:
+    i = sub.add_parser("init", help="write a commented starter epbuild.toml")
+    i.add_argument(
+        "--from",
+        dest="source",
+        metavar="DIR",
+        help="list the models found under DIR; models sharing an external-data file "
+        "become one weight-sharing group, the others one group per directory",
+    )
+    i.add_argument(
+        "--target",
+        metavar="SOC",
+        help="the provider (default htp-v73), e.g. "
+        "snapdragon-8-gen-3 (list: 'epbuild add target --list')",
+    )
+
+
+def _add_parser(sub: _Commands) -> None:
+    a = sub.add_parser(
+        "add",
+        help="add models, providers or targets to epbuild.toml "
+        "(comments and layout kept; checked before writing)",
+    )
+    kinds = a.add_subparsers(dest="add_command", metavar="WHAT")
+    kinds.required = True
+    for add in (_add_model_parser, _add_provider_parser, _add_target_parser):
+        add(kinds)
+
+
+def _add_model_parser(kinds: _Commands) -> None:
+    m = kinds.add_parser("model", help="add models to a group (created when missing)")
+    m.add_argument(
+        "paths",
+        nargs="+",
+        metavar="PATH",
+        help="model files or globs, relative to the current directory (or -C DIR)",
+    )
+    m.add_argument("-g", "--group", help="the group (default: the only one)")
+    m.add_argument(
+        "-p",
+        "--provider",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="provider to build the group for (repeatable; a new group defaults "
+        "to the only provider)",
+    )
+    m.add_argument("--share-weights", action="store_true", help="set share_weights = true")
+
+
+def _add_provider_parser(kinds: _Commands) -> None:
+    p = kinds.add_parser("provider", help="define a named provider configuration")
+    p.add_argument("name", metavar="NAME")
+    p.add_argument("--ep", required=True, help="adapter: qnn, openvino, tensorrt, plugin, ...")
+    p.add_argument("--option", action="append", metavar="KEY=VALUE", help=_OPTION_HELP)
+    p.add_argument("--replace", action="store_true", help="overwrite an existing provider")
+    tc = p.add_mutually_exclusive_group()
+    tc.add_argument(
+        "--requirement",
+        action="append",
+        metavar="REQ",
+        help="compile in a toolchain epbuild makes with these pip requirements (repeatable), "
+        "e.g. onnxruntime-openvino==1.24.1",
+    )
+    tc.add_argument("--python", metavar="PATH", help="compile in this interpreter's environment")
+
+
+def _add_target_parser(kinds: _Commands) -> None:
+    t = kinds.add_parser(
+        "target",
+        help="build groups for one more target: a known SoC, or --ep and --option",
+        description="Define a provider for TARGET and add it to groups' providers lists. "
+        "TARGET is a Qualcomm SoC epbuild knows (its htp_arch and soc_model; --list shows "
+        "them) or the name of a provider described with --ep and --option.",
+    )
+    t.add_argument(
+        "target", nargs="?", metavar="TARGET", help="a known SoC, or a new provider's name"
+    )
+    t.add_argument("--list", action="store_true", help="list the SoCs epbuild knows")
+    t.add_argument(
+        "--to",
+        action="append",
+        default=[],
+        metavar="GROUP",
+        help="group to add it to (repeatable; default: every group)",
+    )
+    t.add_argument("--name", help="the provider's name (default: TARGET)")
+    t.add_argument("--ep", help="adapter, for a TARGET that is not a known SoC")
+    t.add_argument("--option", action="append", metavar="KEY=VALUE", help=_OPTION_HELP)
+    t.add_argument(
+        "--replace", action="store_true", help="overwrite a different provider of that name"
+    )
+
+
 def _parser() -> argparse.ArgumentParser:
     """Global options, then one sub-parser per command (in ``--help`` order)."""
     p = argparse.ArgumentParser(
@@ -151,8 +251,15 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("-f", "--file", dest="manifest", help="manifest file (default epbuild.toml)")
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
-    sub.add_parser("init", help="write a commented starter epbuild.toml")
-    commands = (_build_parser, _report_parser, _status_parser, _verify_parser, _clean_parser)
+    commands = (
+        _init_parser,
+        _add_parser,
+        _build_parser,
+        _report_parser,
+        _status_parser,
+        _verify_parser,
+        _clean_parser,
+    )
     for add in (*commands, _package_parser, _cache_parser, _watch_parser):
         add(sub)
     return p
@@ -245,10 +352,77 @@ def _cmd_status(args: argparse.Namespace) -> int:
 
 
 def _cmd_init(args: argparse.Namespace) -> int:
-    from epbuild.manifest.init import init
+    if args.source is None:
+        from epbuild.manifest.init import init
 
-    path = init(args.directory, args.manifest)
-    print(f"epbuild: wrote {path}")
+        if args.target:
+            raise UserError("--target needs --from DIR")
+        print(f"epbuild: wrote {init(args.directory, args.manifest)}")
+        return 0
+    from epbuild.manifest.init import init_from
+
+    result = init_from(args.directory, args.manifest, source=args.source, target=args.target)
+    for line in result.lines():
+        print(f"epbuild: {line}")
+    return 0
+
+
+def _list_targets(asked: bool) -> int:
+    from epbuild.providers.qnn import WELL_KNOWN_TARGETS
+
+    if not asked:
+        raise UserError("add target needs a TARGET", hint="epbuild add target --list")
+    for name, t in WELL_KNOWN_TARGETS.items():
+        print(f"{name:<26} {t.title}: htp_arch {t.htp_arch}, soc_model {t.soc_model}")
+    print("(part numbers work too: epbuild add target sm8650)")
+    return 0
+
+
+def _cmd_add(args: argparse.Namespace) -> int:
+    from epbuild.manifest import edit
+
+    where = (args.directory, args.manifest)
+    if args.add_command == "model":
+        result = edit.add_models(
+            *where,
+            models=args.paths,
+            group=args.group,
+            providers=args.provider,
+            share_weights=args.share_weights,
+        )
+    elif args.add_command == "provider":
+        options = checks.provider_options(args.option)
+        toolchain = (
+            {"requirements": args.requirement}
+            if args.requirement
+            else {"python": args.python}
+            if args.python is not None
+            else None
+        )
+        result = edit.add_provider(
+            *where,
+            name=args.name,
+            ep=args.ep,
+            options=options,
+            replace=args.replace,
+            toolchain=toolchain,
+        )
+    elif args.list or args.target is None:
+        return _list_targets(args.list)
+    else:
+        options = checks.provider_options(args.option)
+        result = edit.add_target(
+            *where,
+            target=args.target,
+            ep=args.ep,
+            options=options,
+            to=args.to,
+            name=args.name,
+            replace=args.replace,
+        )
+    for line in (*result.changes, *result.notes):
+        print(f"epbuild: {line}")
+    print(f"epbuild: wrote {result.path}" if result.written else "epbuild: nothing to change")
     return 0
 
 
@@ -371,6 +545,7 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "build": _cmd_build,
     "status": _cmd_status,
     "init": _cmd_init,
+    "add": _cmd_add,
     "clean": _cmd_clean,
     "verify": _cmd_verify,
     "package": _cmd_package,

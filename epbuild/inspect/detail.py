@@ -48,6 +48,8 @@ class ActionDetail:
     files: dict[str, int] = field(default_factory=dict)
     """Workspace-relative output → size in bytes."""
     models: list[ModelDetail] = field(default_factory=list)
+    toolchain: dict[str, str] | None = None
+    """For a provider with a toolchain: the package versions it was built with."""
 
     @property
     def binary_bytes(self) -> int:
@@ -66,6 +68,7 @@ def status_detail(
     selectors: list[str] | tuple[str, ...] = (),
 ) -> list[ActionDetail]:
     """Per action and model: EPContext coverage, CPU fallback, sizes, time and memory."""
+    from epbuild.planning.keys import ORT_KEY
     from epbuild.planning.staleness import make_plan
     from epbuild.planning.workspace import open_workspace
 
@@ -82,6 +85,9 @@ def status_detail(
             continue
         d.seconds, d.peak_rss, d.restored = rec.seconds, rec.peak_rss, rec.restored
         d.compiler = rec.detail.get("compiler")
+        if "toolchain" in rec.components:
+            versions = rec.components.get("versions", {})
+            d.toolchain = {k: v for k, v in versions.items() if v != "absent" and k != ORT_KEY}
         d.files = {p: o.size for p, o in sorted(rec.outputs.items())}
         models = rec.detail.get("models", {})
         d.models = [
@@ -127,6 +133,9 @@ def render(details: list[ActionDetail]) -> list[str]:
         lines.append(
             f"{d.id}  ({state}; {how}, peak {_size(d.peak_rss)}, binaries {_size(d.binary_bytes)})"
         )
+        if d.toolchain:
+            used = ", ".join(f"{k} {v}" for k, v in sorted(d.toolchain.items()))
+            lines.append(f"  in its toolchain: {used}")
         for m in d.models:
             cpu = ", ".join(f"{op} x{n}" for op, n in sorted(m.cpu_op_types.items())) or "none"
             lines.append(

@@ -18,9 +18,11 @@ import re
 import signal
 import subprocess
 import sys
+from contextlib import nullcontext
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from epbuild.errors import ToolchainError
 from epbuild.fs import digest_file
 from epbuild.inspect.ortcompat import OrtCompatibility, ort_compatibility
 from epbuild.onnx.context import (
@@ -37,6 +39,9 @@ from epbuild.onnx.proto import ModelInfo, ProtoError, read_model
 from epbuild.planning.actions import Action
 from epbuild.planning.workspace import Workspace, open_workspace
 from epbuild.providers import get_provider
+from epbuild.providers.base import scanning
+from epbuild.toolchains.boot import boot_command
+from epbuild.toolchains.env import Toolchain
 
 LOAD_TIMEOUT = 300.0
 
@@ -133,16 +138,29 @@ def verify_outputs(
             )
             continue
         _check_outputs(ws, {p: (o.size, o.digest) for p, o in rec.outputs.items()}, result)
-        text = source_text(ws.root, action.models)
-        infos = []
-        for ctx in action.ctx_paths:
-            result.checked.append(ctx)
-            infos.append(_check_ctx(ws, action, ctx, text, result))
-        if action.group.share_weights:
-            _check_sharing(action, infos, result)
-        if load:
-            result.loads.extend(_load_checks(ws, action))
+        toolchain = _toolchain(ws, action)
+        # The adapter's view of the EP (its package, the metadata it writes) is the
+        # toolchain's, for a provider that has one.
+        with scanning(toolchain.sites) if isinstance(toolchain, Toolchain) else nullcontext():
+            text = source_text(ws.root, action.models)
+            infos = []
+            for ctx in action.ctx_paths:
+                result.checked.append(ctx)
+                infos.append(_check_ctx(ws, action, ctx, text, result))
+            if action.group.share_weights:
+                _check_sharing(action, infos, result)
+            if load:
+                result.loads.extend(_load_checks(ws, action, toolchain))
     return result
+
+
+def _toolchain(ws: Workspace, action: Action) -> Toolchain | str | None:
+    """The action's toolchain; a string saying why it is unusable; None: epbuild's own
+    environment."""
+    try:
+        return ws.keys.toolchains.get(action.provider)
+    except ToolchainError as exc:
+        return exc.message
 
 
 def _check_outputs(
@@ -209,10 +227,15 @@ def _check_sharing(action: Action, infos: list[ModelInfo | None], result: Verify
         result.problems += sharing_problems(list(action.ctx_paths), read, adapter, action.provider)
 
 
-def _load_checks(ws: Workspace, action: Action) -> list[LoadCheck]:
+def _load_checks(
+    ws: Workspace, action: Action, toolchain: Toolchain | str | None
+) -> list[LoadCheck]:
     adapter = get_provider(action.provider.ep)
     load_problem = getattr(adapter, "load_problem", None)
     reason = load_problem(action.provider, action.group.share_weights) if load_problem else None
+    if isinstance(toolchain, str):
+        reason = f"its toolchain is not usable here: {toolchain}"
+    explain = getattr(adapter, "explain_load_failure", None)
     if reason:
         return [LoadCheck(ctx, LoadOutcome.NOT_LOADABLE, reason) for ctx in action.ctx_paths]
     checks = []
@@ -222,7 +245,11 @@ def _load_checks(ws: Workspace, action: Action) -> list[LoadCheck]:
         job = {"ctx": ctx, "source": model, "provider": action.provider.to_json()}
         if dims:  # the source runs at the shapes the ctx model was compiled for
             job["free_dimensions"] = dims
-        check = _run_loader(ws.root, ctx, job)
+        check = _run_loader(ws.root, ctx, job, toolchain)
+        failed = check.outcome is LoadOutcome.FAILED
+        why = explain(action.provider, check.message) if explain and failed else None
+        if why:  # a known limit of the EP's package, not a bad build
+            check = LoadCheck(ctx, LoadOutcome.NOT_LOADABLE, why)
         # Where the adapter says this host is not the target (QNN on x86_64 runs contexts in
         # an emulation), a native crash of the loader is the host's limit, not a bad build;
         # a corrupt context still fails with an error or wrong numbers.
@@ -237,10 +264,15 @@ def _load_checks(ws: Workspace, action: Action) -> list[LoadCheck]:
     return checks
 
 
-def _run_loader(root: str, ctx: str, job: dict[str, Any]) -> LoadCheck:
+def _run_loader(
+    root: str, ctx: str, job: dict[str, Any], toolchain: Toolchain | str | None
+) -> LoadCheck:
+    command = [sys.executable, "-m", "epbuild.inspect.loadcheck"]
+    if isinstance(toolchain, Toolchain):
+        command = boot_command(toolchain.python, "epbuild.inspect.loadcheck")
     try:
         proc = subprocess.run(
-            [sys.executable, "-m", "epbuild.inspect.loadcheck"],
+            command,
             input=json.dumps(job),
             cwd=root,
             capture_output=True,

@@ -1,11 +1,18 @@
-"""``epbuild init``: write a commented starter manifest (tomlkit keeps comments on edits)."""
+"""``epbuild init``: write a commented starter manifest (tomlkit keeps comments on edits),
+or with ``--from DIR`` one listing the models found there (``manifest.discover``)."""
 
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 from epbuild._names import MANIFEST_NAME
 from epbuild.errors import UserError
+
+if TYPE_CHECKING:
+    from epbuild.manifest.discover import FoundGroup
 
 STARTER = """\
 # epbuild manifest (README.md documents every key).
@@ -43,3 +50,112 @@ def init(directory: str | os.PathLike[str] = ".", name: str | None = None) -> st
     with open(path, "x", encoding="utf-8") as f:
         f.write(tomlkit.dumps(doc))
     return path
+
+
+@dataclass(frozen=True)
+class InitResult:
+    """What ``init --from`` wrote: the manifest, its groups and the files it left out."""
+
+    path: str
+    groups: tuple[FoundGroup, ...]
+    skipped: tuple[str, ...]
+
+    def lines(self) -> list[str]:
+        """One line per group and per skipped file, then the file written."""
+        out = []
+        for g in self.groups:
+            shared = f", sharing {', '.join(g.shared_data)}" if g.share_weights else ""
+            out.append(f"group {g.name}: {len(g.models)} model(s){shared}")
+        out += [f"skipped {line}" for line in self.skipped]
+        return [*out, f"wrote {self.path}"]
+
+
+def init_from(
+    directory: str | os.PathLike[str] = ".",
+    name: str | None = None,
+    *,
+    source: str,
+    target: str | None = None,
+) -> InitResult:
+    """Write a starter manifest listing the models under ``source`` (relative to
+    ``directory``, inside the manifest's directory); refuses to overwrite one.
+
+    Models sharing an external-data file become one ``share_weights`` group, the others
+    one group per directory (``manifest.discover``). ``target``: a well-known SoC to build
+    for (``epbuild add target --list``), default the starter's HTP v73 provider.
+    """
+    from epbuild.manifest.discover import discover
+    from epbuild.manifest.edit import manifest_relative, write_checked
+
+    path = Path(os.fspath(directory), name or MANIFEST_NAME)
+    if os.path.lexists(path):
+        raise UserError(
+            f"{path} already exists; not overwriting it",
+            hint="edit it with 'epbuild add model PATH... --group NAME'",
+        )
+    rel = manifest_relative(directory, path, source)
+    root = os.path.abspath(path.parent)
+    if not os.path.isdir(os.path.join(root, rel)):
+        raise UserError(f"--from {source}: no such directory")
+    found = discover(root, rel)
+    if not found.groups:
+        raise UserError(
+            f"no ONNX models found under {source}",
+            hint="init --from looks for *.onnx files (not *_ctx.onnx)",
+        )
+    provider, provider_text = _provider_block(target)
+    text = "\n".join(
+        [_HEADER.format(source=source), provider_text]
+        + [_group_block(g, provider) for g in found.groups]
+    )
+    write_checked(path, None, text)
+    return InitResult(str(path), found.groups, found.skipped)
+
+
+_HEADER = """\
+# epbuild manifest (README.md documents every key), written by 'epbuild init --from {source}'.
+# Validate in your editor with schemas/epbuild.schema.json.
+
+[workspace]
+out_dir = "build"        # outputs, relative to this file
+# jobs = 2               # compiles at once (default: number of CPUs)
+"""
+
+
+def _provider_block(target: str | None) -> tuple[str, str]:
+    """The provider's name and its table: ``target`` (a well-known SoC) or the starter's."""
+    from epbuild.manifest.tomledit import table_text
+    from epbuild.providers.qnn import WELL_KNOWN_TARGETS, well_known_target
+
+    if target is None:
+        return "htp-v73", STARTER.split("\n\n")[2] + "\n"
+    soc = well_known_target(target)
+    if soc is None:
+        raise UserError(
+            f"--target {target!r} is not a SoC epbuild knows",
+            hint="known: " + ", ".join(WELL_KNOWN_TARGETS),
+        )
+    options = {"htp_arch": soc.htp_arch, "soc_model": soc.soc_model}
+    comment = f"{soc.title}: HTP v{soc.htp_arch}"
+    return target, table_text(
+        "providers", target, {"ep": "qnn", "options": options}, comment
+    ) + "\n"
+
+
+def _group_block(group: FoundGroup, provider: str) -> str:
+    """One ``[groups.NAME]`` table; a sharing group says which file its models share."""
+    from epbuild.manifest.tomledit import render_key, render_value
+
+    lines = []
+    if group.share_weights:
+        lines.append(f"# These models share {', '.join(group.shared_data)}:")
+        lines.append("# one weight-sharing session group (N ctx models + 1 context binary).")
+    lines.append(f"[groups.{render_key(group.name)}]")
+    if len(group.models) == 1:
+        lines.append(f"models = [{render_value(group.models[0])}]")
+    else:
+        lines += ["models = [", *(f"    {render_value(m)}," for m in group.models), "]"]
+    lines.append(f"providers = [{render_value(provider)}]")
+    if group.share_weights:
+        lines.append("share_weights = true")
+    return "\n".join(lines) + "\n"

@@ -38,6 +38,7 @@ from epbuild.manifest.model import (
 from epbuild.manifest.schema import SchemaViolation, validate
 from epbuild.providers import get_provider
 from epbuild.providers.base import ProviderConfig, has_compile_api, onnxruntime_version
+from epbuild.toolchains.spec import ToolchainSpec, normalise
 
 __all__ = [
     "Group",
@@ -92,10 +93,15 @@ def parse_memory(value: int | str, *, key: str) -> int:
     return int(float(match.group(1)) * scale[match.group(2).upper()])
 
 
-def load_manifest(path: str | os.PathLike[str]) -> Manifest:
-    """Read, validate and resolve a manifest file."""
+def load_manifest(path: str | os.PathLike[str], *, text: str | None = None) -> Manifest:
+    """Read, validate and resolve a manifest file.
+
+    With ``text``, that text is checked as if it were the file's content (``manifest.edit``
+    validates an edit this way before it replaces the file).
+    """
     file = Path(path)
-    text = _read_text(file)
+    if text is None:
+        text = _read_text(file)
     data = _parse(file, text)
     where = Where(file, text)
     try:
@@ -123,7 +129,7 @@ def load_manifest(path: str | os.PathLike[str]) -> Manifest:
         }
         groups[name] = replace(group, compile=resolved)
     package = _package(where, data, providers)
-    return Manifest(file, root, workspace, providers, groups, problems, package)
+    return Manifest(file, root, workspace, providers, groups, problems, package=package)
 
 
 def _read_text(file: Path) -> str:
@@ -221,7 +227,7 @@ def _provider(where: Where, root: Path, name: str, table: dict[str, Any]) -> Pro
     key = f"providers.{name}"
     try:
         adapter = get_provider(table["ep"])
-        own = ("ep", "options", "session_options", *COMPILE_KEYS)
+        own = ("ep", "options", "session_options", "toolchain", *COMPILE_KEYS)
         settings = {k: v for k, v in table.items() if k not in own}
         options, adapter_settings = adapter.validate_options(
             table.get("options", {}), settings, key=key
@@ -248,7 +254,34 @@ def _provider(where: Where, root: Path, name: str, table: dict[str, Any]) -> Pro
         session_options=session_options,
         settings=adapter_settings,
         base_dir=str(root),
+        toolchain=_toolchain(where, key, table.get("toolchain")),
     )
+
+
+def _toolchain(where: Where, key: str, table: dict[str, Any] | None) -> ToolchainSpec | None:
+    """A provider's ``toolchain`` table: exactly one of ``requirements`` and ``python``."""
+    if table is None:
+        return None
+    path = (*key.split("."), "toolchain")
+    if ("requirements" in table) == ("python" in table):
+        raise where.error(
+            path,
+            "needs exactly one of requirements and python",
+            'e.g. toolchain = { requirements = ["onnxruntime-openvino==1.24.1"] }, or '
+            'toolchain = { python = "envs/openvino/bin/python" }',
+        )
+    if "python" in table:
+        return ToolchainSpec(python=table["python"])
+    requirements = tuple(normalise(r) for r in table["requirements"])
+    for i, req in enumerate(requirements):
+        if req.startswith("-"):
+            raise where.error(
+                (*path, "requirements", f"[{i}]"),
+                f"{req!r} is not a requirement (pip options are not accepted here)",
+                "give package specifiers such as onnxruntime-openvino==1.24.1; index "
+                "settings come from pip's own configuration",
+            )
+    return ToolchainSpec(requirements=requirements)
 
 
 def _group(
@@ -325,7 +358,8 @@ def _resolve_compile(
     """A group's settings over its provider's, the compiler and level defaults filled in.
 
     The default compiler is the compile API where the installed ONNX Runtime has it (read
-    from its dist-info, never imported) and the adapter can use it, else sessions.
+    from its dist-info, never imported) and the adapter can use it, else sessions; for a
+    provider with a toolchain, its ONNX Runtime decides once the toolchain is found.
     """
 
     def at(name: str) -> tuple[str, ...]:
@@ -344,7 +378,7 @@ def _resolve_compile(
                 f"the {provider.ep} adapter cannot compile through the compile API",
                 'use compiler = "session"',
             )
-        if not has_compile_api():
+        if provider.toolchain is None and not has_compile_api():
             raise where.error(
                 at("compiler"),
                 f"onnxruntime {onnxruntime_version()} has no compile API with the options "
@@ -364,7 +398,11 @@ def _resolve_compile(
             f"is also set as session_options {FALLBACK_ENTRY!r} of provider {provider.name!r}",
             "keep one of the two (disable_cpu_ep_fallback is checked and keyed)",
         )
-    compiler = merged.compiler or ("compile_api" if api_ok and has_compile_api() else "session")
+    compiler: str | None = merged.compiler or (
+        "compile_api" if api_ok and has_compile_api() else "session"
+    )
+    if provider.toolchain is not None:  # unset: its ONNX Runtime decides (planning.keys)
+        compiler = merged.compiler
     return replace(
         merged,
         compiler=compiler,
@@ -472,9 +510,17 @@ def _check_sharing(where: Where, base: tuple[str, ...], configs: list[ProviderCo
     """Every provider of a weight-sharing group can share weights, for a single SoC."""
     path = (*base, "share_weights")
     for cfg in configs:
-        if not get_provider(cfg.ep).shares_weights:
+        adapter = get_provider(cfg.ep)
+        refusal = getattr(adapter, "sharing_refusal", None)
+        why = refusal(cfg) if refusal else None
+        if why is None and not adapter.shares_weights:
+            why = f"provider {cfg.name!r} ({cfg.ep}) does not support weight sharing"
+        if why is not None:
             raise where.error(
-                path, f"provider {cfg.name!r} ({cfg.ep}) does not support weight sharing"
+                path,
+                why,
+                "compile this group for providers that share, or set share_weights = false "
+                "(each model then gets its own context)",
             )
         if "," in cfg.options.get("soc_model", "") + cfg.options.get("htp_arch", ""):
             raise where.error(

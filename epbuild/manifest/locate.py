@@ -41,7 +41,7 @@ class Locator:
         for number, raw in enumerate(self.lines, 1):
             line = raw.strip()
             if line.startswith("["):
-                inner = line.strip("[]").split("#")[0].strip()
+                inner = line.split("#")[0].strip().strip("[]").strip()  # "[a.b]  # note"
                 header = [k.strip().strip("\"'") for k in inner.split(".")]
                 if header == keys:
                     return number

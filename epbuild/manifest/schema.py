@@ -141,6 +141,28 @@ SCHEMA: dict[str, Any] = {
                         "type": "string",
                         "description": "plugin: the EPContext 'source' value expected.",
                     },
+                    "toolchain": {
+                        "type": "object",
+                        "additionalProperties": False,
+                        "description": "The Python environment its workers run in (default: "
+                        "epbuild's own): requirements epbuild installs into an environment it "
+                        "makes and keeps, or the python of one you provide.",
+                        "properties": {
+                            "requirements": {
+                                "type": "array",
+                                "minItems": 1,
+                                "items": {"type": "string", "minLength": 1},
+                                "description": "pip requirements, e.g. "
+                                '["onnxruntime-openvino==1.24.1"].',
+                            },
+                            "python": {
+                                "type": "string",
+                                "minLength": 1,
+                                "description": "An interpreter path (relative to the manifest) "
+                                "or command name.",
+                            },
+                        },
+                    },
                     **COMPILE_PROPERTIES,
                 },
             },

@@ -11,17 +11,27 @@ import json
 import os
 import posixpath
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from epbuild._names import model_label, model_stem
-from epbuild.errors import ModelError, UserError
+from epbuild.errors import ModelError, ToolchainError, UserError
 from epbuild.fs import is_safe_reference
-from epbuild.manifest.model import SESSION_SETTINGS, ModelEntry
+from epbuild.manifest.model import SESSION_SETTINGS, CompileSettings, ModelEntry
 from epbuild.planning.actions import Action
 from epbuild.providers import get_provider
+from epbuild.providers.base import (
+    ProviderConfig,
+    dist_version,
+    has_compile_api,
+    onnxruntime_version,
+    scanning,
+)
 from epbuild.state.statcache import StatCache
+from epbuild.toolchains.resolve import Toolchains
 
+ORT_KEY = "onnxruntime (toolchain)"
+"""The version key naming a toolchain's ONNX Runtime, whichever package installs it."""
 FORMAT_VERSION = "1"
 """epbuild's output-format version: bump it when the same inputs give different outputs."""
 
@@ -40,12 +50,18 @@ class KeyComputer:
     """Computes action keys, hashing each input file at most once per run."""
 
     def __init__(
-        self, root: str, stats: StatCache, problems: Mapping[str, UserError] | None = None
+        self,
+        root: str,
+        stats: StatCache,
+        problems: Mapping[str, UserError] | None = None,
+        toolchains: Toolchains | None = None,
     ) -> None:
         self.root = root
         self.stats = stats
         self.problems = problems or {}
-        self._versions: dict[tuple[str, tuple[tuple[str, str], ...]], dict[str, str]] = {}
+        self.toolchains = toolchains or Toolchains(create=False)
+        """Finds (a build: makes) the providers' toolchains."""
+        self._versions: dict[tuple[object, ...], dict[str, str]] = {}
         self._models: dict[tuple[str, str | None], tuple[str, dict[str, str]]] = {}
 
     def model_inputs(self, model: str, folder: str | None = None) -> tuple[str, dict[str, str]]:
@@ -128,19 +144,61 @@ class KeyComputer:
                 )
         return tuple(refs)
 
-    def versions(self, action: Action) -> dict[str, str]:
-        """Toolchain versions for the action's provider (memoised)."""
+    def versions(self, action: Action, *, fresh: bool = False) -> dict[str, str]:
+        """Toolchain versions for the action's provider (memoised unless ``fresh``): from
+        epbuild's own environment, or from the provider's toolchain, whose Python version
+        joins them (``ToolchainError`` when the toolchain is unusable, ``ToolchainPending``
+        when it is not made yet)."""
         cfg = action.provider
-        memo = (cfg.ep, tuple(sorted(cfg.settings.items())))
-        if memo not in self._versions:
-            self._versions[memo] = get_provider(cfg.ep).versions(cfg)
+        memo = (cfg.ep, tuple(sorted(cfg.settings.items())), cfg.toolchain, cfg.base_dir)
+        if fresh or memo not in self._versions:
+            self._versions[memo] = self._read_versions(cfg)
         return self._versions[memo]
+
+    def _read_versions(self, cfg: ProviderConfig) -> dict[str, str]:
+        adapter = get_provider(cfg.ep)
+        toolchain = self.toolchains.get(cfg)
+        if toolchain is None:
+            return adapter.versions(cfg)
+        with scanning(toolchain.sites):
+            found = dict(adapter.versions(cfg))
+            ep_dists = tuple(getattr(adapter, "ep_dists", ()))
+            has_ep = not ep_dists or any(dist_version(d) != "absent" for d in ep_dists)
+            found[ORT_KEY] = onnxruntime_version()
+        if not has_ep:
+            raise ToolchainError(
+                f"provider {cfg.name!r}: its toolchain ({toolchain.spec.label}) has no "
+                f"{' or '.join(ep_dists)} installed, so it cannot compile for {cfg.ep}",
+                hint=f"add {ep_dists[0]} to providers.{cfg.name}.toolchain",
+            )
+        found["python"] = toolchain.version
+        return found
+
+    def settings(self, action: Action) -> CompileSettings:
+        """The action's compile settings; for a provider with a toolchain, the compiler
+        its ONNX Runtime supports when the manifest leaves it to epbuild."""
+        settings = action.compile
+        if action.provider.toolchain is None:
+            return settings
+        ort = self.versions(action)[ORT_KEY]
+        adapter = get_provider(action.provider.ep)
+        if settings.compiler is None:
+            api = getattr(adapter, "compile_api", False) and has_compile_api(ort)
+            return replace(settings, compiler="compile_api" if api else "session")
+        if settings.compiler == "compile_api" and not has_compile_api(ort):
+            raise ToolchainError(
+                f"provider {action.provider.name!r}: the onnxruntime {ort} of its toolchain "
+                "has no compile API with the options epbuild needs (1.23 or newer)",
+                hint='use compiler = "session", or a newer onnxruntime in the toolchain',
+            )
+        return settings
 
     def compute(self, action: Action) -> ActionKey:
         """The action's key (raises ModelError for a broken input)."""
         models = []
         inputs: dict[str, str] = {}
-        settings = action.compile
+        versions = self.versions(action)
+        settings = self.settings(action)
         for entry, dims in zip(action.entries, action.free_dimensions, strict=True):
             digest, external = self.model_inputs(entry.path, settings.external_data_folder)
             models.append(
@@ -155,7 +213,7 @@ class KeyComputer:
             "provider_options": dict(action.provider.options),
             "session_options": dict(action.provider.session_options),
             "settings": dict(action.provider.settings),
-            "versions": self.versions(action),
+            "versions": versions,
             "group": {
                 "share_weights": g.share_weights,
                 "embed_mode": g.embed_mode,
@@ -166,6 +224,8 @@ class KeyComputer:
             "models": models,
             "compile": settings.to_json(),
         }
+        if action.provider.toolchain is not None:  # only then, so other keys stay as they were
+            components["toolchain"] = action.provider.toolchain.key()
         rewrite = getattr(get_provider(action.provider.ep), "sharing_rewrite", None)
         if g.share_weights and rewrite is not None and (done := rewrite(action.provider)):
             # Present only where a rewrite applies, so other keys stay as they were.
@@ -211,6 +271,7 @@ def _explain(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
         ("session_options", "session option"),
         ("settings", "provider setting"),
         ("group", "group setting"),
+        ("toolchain", "toolchain"),
     ):
         a_map, b_map = old.get(section, {}), new.get(section, {})
         for name in sorted(set(a_map) | set(b_map)):

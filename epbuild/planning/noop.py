@@ -21,8 +21,10 @@ from typing import TYPE_CHECKING, Any
 from epbuild._names import JOURNAL_NAME, MANIFEST_NAME, NOOP_NAME, state_dir_setting, tomllib
 
 if TYPE_CHECKING:
+    from epbuild.planning.actions import Action
     from epbuild.planning.staleness import ActionPlan
     from epbuild.planning.workspace import Workspace
+    from epbuild.toolchains.env import Toolchain
 
 _VERSION = 1
 
@@ -138,14 +140,20 @@ def _stamp_sources(
 ) -> bool:
     """Stamp what versions and glob expansions depend on; False if stat cannot vouch."""
     from epbuild.providers import get_provider
+    from epbuild.providers.base import scanning
 
     # Site directories: a package install or upgrade changes their listing.
     for site in sys.path:
         if site and os.path.isdir(site):
             dirs[os.path.abspath(site)] = _dir_stamp(site)
     for action in ws.actions:
+        toolchain = _stamp_toolchain(ws, action, files, dirs)
         version_inputs = getattr(get_provider(action.provider.ep), "version_inputs", None)
-        extra = version_inputs(action.provider) if version_inputs else None
+        if toolchain is None:
+            extra = version_inputs(action.provider) if version_inputs else None
+        else:
+            with scanning(toolchain.sites):
+                extra = version_inputs(action.provider) if version_inputs else None
         if extra is None:
             return False  # this adapter's versions cannot be vouched for by stat
         for path in extra:
@@ -159,19 +167,40 @@ def _stamp_sources(
     return True
 
 
+def _stamp_toolchain(
+    ws: Workspace,
+    action: Action,
+    files: dict[str, list[int] | None],
+    dirs: dict[str, list[int] | None],
+) -> Toolchain | None:
+    """Stamp what a provider's toolchain versions depend on: its site directories, and its
+    marker (an environment epbuild made) or its interpreter."""
+    from epbuild.toolchains.env import MARKER
+
+    toolchain = ws.keys.toolchains.get(action.provider)
+    if toolchain is None:
+        return None
+    for site in toolchain.sites:
+        dirs[os.path.abspath(site)] = _dir_stamp(site)
+    if action.provider.toolchain is not None and action.provider.toolchain.python is None:
+        files[os.path.join(toolchain.prefix, MARKER)] = _stamp(
+            os.path.join(toolchain.prefix, MARKER)
+        )
+    else:
+        files[toolchain.python] = _stamp(toolchain.python)
+    return toolchain
+
+
 def _still_current(ws: Workspace) -> bool:
     """Whether the manifest and the toolchain versions are still what the build used."""
     from epbuild.manifest.load import load_manifest
     from epbuild.providers import base as provider_base
-    from epbuild.providers import get_provider
 
     if load_manifest(ws.manifest.path) != ws.manifest:
         return False
-    provider_base._DIST_INFO = None
-    return all(
-        get_provider(action.provider.ep).versions(action.provider) == ws.keys.versions(action)
-        for action in ws.actions
-    )
+    used = {action.id: dict(ws.keys.versions(action)) for action in ws.actions}
+    provider_base.forget_dist_info()
+    return all(ws.keys.versions(a, fresh=True) == used[a.id] for a in ws.actions)
 
 
 def _stamp_plans(

@@ -3,14 +3,16 @@ dry-run and JSON output)."""
 
 from __future__ import annotations
 
+import json
 import os
 from dataclasses import dataclass, field
 
-from epbuild.errors import ModelError
+from epbuild.errors import ModelError, ToolchainError, UserError
 from epbuild.planning.actions import Action
 from epbuild.planning.keys import ActionKey, KeyComputer, explain_difference
 from epbuild.state.journal import State
 from epbuild.state.statcache import StatCache
+from epbuild.toolchains.resolve import ToolchainPending
 
 
 @dataclass
@@ -21,8 +23,8 @@ class ActionPlan:
     key: ActionKey | None
     stale: bool
     reasons: list[str] = field(default_factory=list)
-    error: ModelError | None = None
-    """A broken input: the action cannot be built until it is fixed."""
+    error: UserError | None = None
+    """A broken input or toolchain: the action cannot be built until it is fixed."""
 
 
 def outputs_intact(root: str, stats: StatCache, outputs: dict[str, tuple[int, str]]) -> list[str]:
@@ -52,7 +54,9 @@ def plan_action(
     """Decide whether one action is stale."""
     try:
         key = keys.compute(action)
-    except ModelError as exc:
+    except ToolchainPending as exc:  # status: the build will make it
+        return ActionPlan(action, None, True, _pending(action, state, exc))
+    except (ModelError, ToolchainError) as exc:
         return ActionPlan(action, None, True, [exc.message], error=exc)
     too_big = _embed_too_big(action, key, stats, root)
     if too_big is not None:
@@ -66,6 +70,20 @@ def plan_action(
         return ActionPlan(action, key, True, explain_difference(rec.components, key.components))
     problems = outputs_intact(root, stats, {p: (o.size, o.digest) for p, o in rec.outputs.items()})
     return ActionPlan(action, key, bool(problems), problems)
+
+
+def _pending(action: Action, state: State, exc: ToolchainPending) -> list[str]:
+    """Why an action whose toolchain is not made yet is stale: what changed in its
+    toolchain when it was built before with another one."""
+    rec = state.records.get(action.id)
+    spec = action.provider.toolchain
+    if rec is None or spec is None:
+        return [exc.message]
+    before = rec.components.get("toolchain")
+    if before is not None and before != spec.key():
+        now = json.dumps(spec.key(), sort_keys=True)
+        return [f"toolchain {json.dumps(before, sort_keys=True)} → {now} ({exc.message})"]
+    return [exc.message]
 
 
 EMBED_LIMIT = 2 << 30

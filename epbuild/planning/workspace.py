@@ -12,6 +12,7 @@ from epbuild.planning.actions import Action, make_actions, select
 from epbuild.planning.keys import KeyComputer
 from epbuild.state.journal import Journal, State, load_state
 from epbuild.state.statcache import StatCache
+from epbuild.toolchains.resolve import Toolchains
 
 
 @dataclass
@@ -55,9 +56,11 @@ def open_workspace(
     selectors: list[str] | tuple[str, ...] = (),
     *,
     loaded: Manifest | None = None,
+    toolchains: Toolchains | None = None,
 ) -> Workspace:
     """Load the manifest (unless ``loaded`` is given), the state and the stat cache; select
-    actions."""
+    actions. ``toolchains`` makes missing provider toolchains (a build); by default they are
+    only looked for."""
     if loaded is not None:
         m = loaded
     else:
@@ -70,5 +73,5 @@ def open_workspace(
     state = load_state(os.path.join(state_dir, JOURNAL_NAME))
     stats = StatCache(os.path.join(state_dir, STATCACHE_NAME))
     actions = select(make_actions(m), selectors)
-    keys = KeyComputer(root, stats, m.problems)
+    keys = KeyComputer(root, stats, m.problems, toolchains)
     return Workspace(m, root, state_dir, state, stats, keys, actions)

@@ -8,13 +8,16 @@ side (``attach``) runs inside a fresh worker process that has imported onnxrunti
 from __future__ import annotations
 
 import abc
+import contextvars
 import os
 import sys
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 from epbuild.errors import ManifestError, ProviderUnavailableError
+from epbuild.toolchains.spec import ToolchainSpec
 
 if TYPE_CHECKING:
     import onnxruntime
@@ -36,6 +39,9 @@ class ProviderConfig:
     """Adapter settings that are not EP options (e.g. plugin ``library``, ``ep_name``)."""
     base_dir: str = ""
     """Directory relative settings are resolved against (the manifest's); not in the key."""
+    toolchain: ToolchainSpec | None = None
+    """The environment its workers run in (None: epbuild's own); coordinator side only,
+    so ``to_json`` leaves it out."""
 
     def resolve(self, path: str) -> str:
         """A setting's path, relative to the manifest's directory unless absolute."""
@@ -144,6 +150,9 @@ class BaseProvider(abc.ABC):
     kind: str
     extra: str = ""
     shares_weights: bool = True
+    ep_dists: tuple[str, ...] = ()
+    """Distributions any one of which provides the EP: a toolchain with none of them cannot
+    compile for it (empty: not checked, e.g. a plugin library given by path)."""
     compile_api: bool = True
     """Whether ``onnxruntime.ModelCompiler`` can compile for it (an adapter whose EP needs its
     own ``context_options`` to write a ctx model cannot; third-party adapters that do not
@@ -185,6 +194,13 @@ class BaseProvider(abc.ABC):
         default (CPU and GPU EPs compile dynamic shapes)."""
         return False
 
+    def sharing_refusal(self, config: ProviderConfig) -> str | None:
+        """Why the EP cannot compile a weight-sharing group for ``config`` (None: it can);
+        by default, whether ``shares_weights`` says it can."""
+        if self.shares_weights:
+            return None
+        return f"provider {config.name!r} ({config.ep}) does not support weight sharing"
+
     @abc.abstractmethod
     def context_source(self, config: ProviderConfig) -> str:
         """The ``source`` attribute its EPContext nodes carry (``""``: none)."""
@@ -221,23 +237,45 @@ class BaseProvider(abc.ABC):
         """Worker side: register the EP if needed and add it to ``so``."""
 
 
-_DIST_INFO: dict[str, tuple[str, str]] | None = None
+_DIST_INFO: dict[tuple[str, ...] | None, dict[str, tuple[str, str]]] = {}
+_SITES: contextvars.ContextVar[tuple[str, ...] | None] = contextvars.ContextVar(
+    "epbuild_sites", default=None
+)
 
 
 def _normalise(name: str) -> str:
     return name.lower().replace("-", "_").replace(".", "_")
 
 
+@contextmanager
+def scanning(sites: tuple[str, ...]) -> Iterator[None]:
+    """Within the block (this thread only), ``dist_version`` and ``dist_location`` look at
+    another environment's site directories (a toolchain's) instead of ``sys.path``; a
+    distribution not found there is ``"absent"``: this environment's is never used."""
+    token = _SITES.set(tuple(sites))
+    try:
+        yield
+    finally:
+        _SITES.reset(token)
+
+
+def forget_dist_info() -> None:
+    """Drop the memoised scans (installs may have changed them)."""
+    _DIST_INFO.clear()
+
+
 def _scan_dist_info() -> dict[str, tuple[str, str]]:
     """Normalised distribution name → (version, site directory), from ``*.dist-info`` names.
 
-    One ``listdir`` per ``sys.path`` entry: far cheaper than importing importlib.metadata,
-    and this runs on every no-op build. The first entry on ``sys.path`` wins, as for imports.
+    One ``listdir`` per ``sys.path`` entry (or per site directory of the environment
+    ``scanning`` names): far cheaper than importing importlib.metadata, and this runs on
+    every no-op build. The first directory wins, as for imports.
     """
-    global _DIST_INFO
-    if _DIST_INFO is None:
-        found: dict[str, tuple[str, str]] = {}
-        for directory in sys.path:
+    sites = _SITES.get()
+    found = _DIST_INFO.get(sites)
+    if found is None:
+        found = {}
+        for directory in sys.path if sites is None else sites:
             try:
                 names = os.listdir(directory or ".")
             except OSError:
@@ -246,8 +284,8 @@ def _scan_dist_info() -> dict[str, tuple[str, str]]:
                 if entry.endswith(".dist-info") and "-" in entry:
                     name, _, version = entry[: -len(".dist-info")].partition("-")
                     found.setdefault(_normalise(name), (version, directory))
-        _DIST_INFO = found
-    return _DIST_INFO
+        _DIST_INFO[sites] = found
+    return found
 
 
 def dist_location(dist: str) -> str | None:
@@ -261,6 +299,8 @@ def dist_version(dist: str) -> str:
     hit = _scan_dist_info().get(_normalise(dist))
     if hit is not None:
         return hit[0]
+    if _SITES.get() is not None:
+        return "absent"  # another environment: this one's metadata says nothing about it
     import importlib.metadata  # slow path: egg-info and other layouts
 
     try:

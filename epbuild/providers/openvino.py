@@ -19,6 +19,7 @@ from __future__ import annotations
 import importlib
 import json
 import re
+import sys
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -146,6 +147,7 @@ class OpenVinoProvider(BaseProvider):
 
     kind = "openvino"
     extra = "openvino"
+    ep_dists = (BUILTIN_DIST, PLUGIN_DIST)
 
     def check_options(self, options: Mapping[str, Any], *, key: str) -> dict[str, str]:
         """Refuse what the plugin ignores; normalise device, load_config and booleans."""
@@ -190,11 +192,27 @@ class OpenVinoProvider(BaseProvider):
             "openvino": dist_version("openvino"),
         }
 
+    def version_inputs(self, config: ProviderConfig) -> list[str]:
+        """None besides the dist-info directories: every version is a distribution's."""
+        return []
+
     def needs_static_shapes(self, config: ProviderConfig) -> bool:
         """For the NPU, unless ``reshape_input`` gives the shapes (OpenVINO then fixes them
         itself; CPU and GPU compile dynamic shapes)."""
         device = config.options.get("device_type", DEFAULT_DEVICE)
         return device.split(".")[0] == "NPU" and "reshape_input" not in config.options
+
+    def sharing_refusal(self, config: ProviderConfig) -> str | None:
+        """On CPU the EP ignores ``ep.share_ep_contexts``: it writes one context binary per
+        model, no error (measured with onnxruntime-openvino 1.24.1). NPU weight sharing is
+        the EP's documented case; GPU is unmeasured (the post-compile check catches an EP
+        that did not share)."""
+        if config.options.get("device_type", DEFAULT_DEVICE).split(".")[0] == "CPU":
+            return (
+                f"provider {config.name!r}: the OpenVINO EP does not share weights on CPU "
+                "(with ep.share_ep_contexts it still writes one context binary per model)"
+            )
+        return None
 
     def context_source(self, config: ProviderConfig) -> str:
         return EP_NAME
@@ -205,10 +223,24 @@ class OpenVinoProvider(BaseProvider):
         return (EP_NAME, device.split(".")[0].lower())
 
     def compatibility_key(self, config: ProviderConfig) -> str | None:
-        # The plugin EP writes ep_compatibility_info.OpenVINOExecutionProvider: an
-        # OpenVINO-internal JSON document that the EP checks itself when loading, so
-        # check_compatibility keeps the default (no message).
-        return EP_NAME
+        """The plugin EP writes ``ep_compatibility_info.OpenVINOExecutionProvider`` (an
+        OpenVINO-internal JSON document the EP checks itself when loading, so
+        ``check_compatibility`` keeps the default); the EP built into onnxruntime-openvino
+        writes none. Which one compiles is read from the environment being looked at
+        (a toolchain's, under ``scanning``)."""
+        return EP_NAME if dist_version(PLUGIN_DIST) != "absent" else None
+
+    def explain_load_failure(self, config: ProviderConfig, message: str) -> str | None:
+        """A load failure that is the package's known limit rather than a bad blob."""
+        if "Unhandled exception type: 1" in message and sys.platform.startswith("linux"):
+            return (
+                f"{BUILTIN_DIST} {dist_version(BUILTIN_DIST)} (Linux wheel) cannot load "
+                "OpenVINO EPContext blobs: its bundled OpenVINO lacks the IR frontend, so "
+                "import_model fails (EP_FAIL 'Unhandled exception type: 1' = import_model); "
+                "the blob itself imports with the standalone openvino package "
+                "(docs/providers.md)"
+            )
+        return None
 
     def attach(
         self, ort: onnxruntime, so: onnxruntime.SessionOptions, config: ProviderConfig

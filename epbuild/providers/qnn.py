@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from epbuild.errors import ManifestError, ProviderUnavailableError
@@ -68,6 +69,41 @@ KNOWN_OPTIONS = frozenset(
 SPILL_FILL_OPTION = "enable_htp_spill_fill_buffer"
 
 
+@dataclass(frozen=True)
+class QnnTarget:
+    """A Snapdragon SoC by name: the ``htp_arch`` and ``soc_model`` options that target it."""
+
+    title: str
+    """Marketing name and part number, for comments and help text."""
+    htp_arch: str
+    soc_model: str
+
+
+WELL_KNOWN_TARGETS: dict[str, QnnTarget] = {
+    "snapdragon-8-gen-1": QnnTarget("Snapdragon 8 Gen 1 (SM8450)", "69", "36"),
+    "snapdragon-8plus-gen-1": QnnTarget("Snapdragon 8+ Gen 1 (SM8475)", "69", "42"),
+    "snapdragon-8-gen-2": QnnTarget("Snapdragon 8 Gen 2 (SM8550)", "73", "43"),
+    "snapdragon-8s-gen-3": QnnTarget("Snapdragon 8s Gen 3 (SM8635)", "73", "68"),
+    "snapdragon-8-gen-3": QnnTarget("Snapdragon 8 Gen 3 (SM8650)", "75", "57"),
+    "snapdragon-8-elite": QnnTarget("Snapdragon 8 Elite (SM8750)", "79", "69"),
+    "snapdragon-8-elite-gen-5": QnnTarget("Snapdragon 8 Elite Gen 5 (SM8850)", "81", "87"),
+    "snapdragon-x-elite": QnnTarget("Snapdragon X Elite (SC8380XP)", "73", "60"),
+}
+"""SoCs ``epbuild add target`` knows by name (QNN SDK ``QNN_SOC_MODEL_*`` values); the
+part numbers (``sm8650``) are accepted too (``well_known_target``)."""
+
+
+def well_known_target(name: str) -> QnnTarget | None:
+    """The SoC called ``name`` (``snapdragon-8-gen-3`` or ``sm8650``, any case), else None."""
+    key = name.lower()
+    if key in WELL_KNOWN_TARGETS:
+        return WELL_KNOWN_TARGETS[key]
+    for target in WELL_KNOWN_TARGETS.values():
+        if f"({key})" == target.title.split(" ")[-1].lower():
+            return target
+    return None
+
+
 def _split(value: str) -> list[str]:
     return [part.strip() for part in value.split(",")]
 
@@ -77,6 +113,7 @@ class QnnProvider(BaseProvider):
 
     kind = "qnn"
     extra = "qnn"
+    ep_dists = (DIST,)
     known_options = KNOWN_OPTIONS
     compatibility_device_types = frozenset({"NPU"})
     """Device types the EP judges compiled models for (``epbuild.inspect.ortcompat``). On

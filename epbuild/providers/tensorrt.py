@@ -153,6 +153,7 @@ class TensorRtProvider(BaseProvider):
 
     kind = "tensorrt"
     extra = "tensorrt"
+    ep_dists = (DIST,)
     shares_weights = False
     compile_api = False  # the ctx model comes from its trt_dump_ep_context_model options
     known_options = KNOWN_OPTIONS

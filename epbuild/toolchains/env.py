@@ -1,0 +1,169 @@
+"""Finding a provider's toolchain: the interpreter its workers run and the site directories
+its versions are read from. Never creates anything (``toolchains.create`` does) and, on the
+no-op path, never starts the toolchain's Python: an environment epbuild made records its
+site directories when it is made; an interpreter the user names is asked once and the
+answer cached beside the environments, keyed by the interpreter's stat.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass
+
+from epbuild.errors import ToolchainError
+from epbuild.fs import atomic_write_bytes
+from epbuild.toolchains.spec import FORMAT, ToolchainSpec
+
+MARKER = "epbuild-toolchain.json"
+"""Written last into an environment epbuild made: without it the environment is not used."""
+MIN_PYTHON = (3, 10)
+"""The oldest Python epbuild's worker runs on (``requires-python``)."""
+QUERY = (
+    "import json, os, sys; print(json.dumps({'version': list(sys.version_info[:3]), "
+    "'prefix': sys.prefix, 'sites': [p for p in sys.path if p and os.path.isdir(p)]}))"
+)
+"""What an interpreter is asked (``python -I -c QUERY``): its version, prefix and path."""
+
+
+@dataclass(frozen=True)
+class Toolchain:
+    """A ready toolchain: where its interpreter is and what is installed for it."""
+
+    spec: ToolchainSpec
+    python: str
+    """Absolute path of the interpreter workers start with."""
+    prefix: str
+    """Its ``sys.prefix`` (the environment's directory)."""
+    sites: tuple[str, ...]
+    """Directories on its ``sys.path``: where its ``*.dist-info`` are scanned."""
+    version: str
+    """Its Python version, ``3.11.7``."""
+
+
+def toolchain_root() -> str:
+    """Where epbuild keeps the environments it makes: ``$EPBUILD_TOOLCHAINS``, else
+    ``toolchains`` in the per-user cache directory (shared by every workspace)."""
+    from epbuild.cache.location import default_cache_dir
+
+    return os.environ.get("EPBUILD_TOOLCHAINS") or os.path.join(default_cache_dir(), "toolchains")
+
+
+def env_dir(spec: ToolchainSpec) -> str:
+    """The directory of the environment a ``requirements`` spec makes."""
+    return os.path.join(toolchain_root(), spec.digest())
+
+
+def find(spec: ToolchainSpec, base_dir: str, provider: str) -> Toolchain | None:
+    """The ready toolchain for ``spec``; None when epbuild has yet to make it. Raises
+    ``ToolchainError`` for an interpreter that does not exist or cannot run the worker."""
+    if spec.python is not None:
+        return _interpreter(spec, base_dir, provider)
+    return read_marker(spec, env_dir(spec))
+
+
+def read_marker(spec: ToolchainSpec, directory: str) -> Toolchain | None:
+    """The toolchain an environment's marker describes, if the marker is whole and its
+    interpreter still exists."""
+    try:
+        with open(os.path.join(directory, MARKER), encoding="utf-8") as f:
+            data = json.load(f)
+        if data.get("format") != FORMAT:
+            return None
+        python = os.path.join(directory, data["python"])
+        sites = tuple(os.path.join(directory, s) for s in data["sites"])
+        version = str(data["version"])
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None
+    if not os.path.exists(python):
+        return None
+    return Toolchain(spec, python, directory, sites, version)
+
+
+def interpreter_path(spec: ToolchainSpec, base_dir: str, provider: str) -> str:
+    """The absolute path of a ``python`` toolchain's interpreter (a path is relative to the
+    manifest's directory; a bare name is looked up on PATH)."""
+    assert spec.python is not None
+    given = os.path.expanduser(spec.python)
+    if os.sep in given or (os.altsep and os.altsep in given):
+        path = os.path.join(base_dir, given)
+    else:
+        path = shutil.which(given) or os.path.join(base_dir, given)
+    if not os.path.isfile(path) or not os.access(path, os.X_OK):
+        raise ToolchainError(
+            f"provider {provider!r}: toolchain python {spec.python!r} "
+            + ("is not executable" if os.path.isfile(path) else "does not exist"),
+            hint=f"fix providers.{provider}.toolchain.python (relative to the manifest), or "
+            "use toolchain = { requirements = [...] } to let epbuild make the environment",
+        )
+    return os.path.abspath(path)
+
+
+def _interpreter(spec: ToolchainSpec, base_dir: str, provider: str) -> Toolchain:
+    """A user's interpreter, asked for its path once per change of its stat."""
+    python = interpreter_path(spec, base_dir, provider)
+    stamp = ":".join(
+        f"{st.st_ino}:{st.st_size}:{st.st_mtime_ns}" if (st := _stat(p)) else "-"
+        for p in (python, os.path.join(os.path.dirname(os.path.dirname(python)), "pyvenv.cfg"))
+    )  # the interpreter, and the venv configuration that decides its site directories
+    memo_path = os.path.join(toolchain_root(), "interpreters.json")
+    try:
+        with open(memo_path, encoding="utf-8") as f:
+            memo = json.load(f)
+        answer = memo[python] if memo[python]["stamp"] == stamp else None
+    except (OSError, ValueError, KeyError, TypeError):
+        memo, answer = {}, None
+    if not isinstance(memo, dict):
+        memo = {}
+    if answer is None:
+        answer = {"stamp": stamp, **ask(python, provider)}
+        memo[python] = answer
+        try:
+            os.makedirs(os.path.dirname(memo_path), exist_ok=True)
+            atomic_write_bytes(memo_path, json.dumps(memo, indent=1).encode())
+        except OSError:
+            pass  # asked again next time
+    version = ".".join(map(str, answer["version"]))
+    return Toolchain(spec, python, answer["prefix"], tuple(answer["sites"]), version)
+
+
+def _stat(path: str) -> os.stat_result | None:
+    try:
+        return os.stat(path)
+    except OSError:
+        return None
+
+
+def ask(python: str, provider: str) -> dict[str, object]:
+    """Run ``python -I -c QUERY``; a ``ToolchainError`` if it cannot run epbuild's worker."""
+    try:
+        proc = subprocess.run(
+            [python, "-I", "-c", QUERY], capture_output=True, text=True, timeout=60, check=False
+        )
+        answer = json.loads(proc.stdout) if proc.returncode == 0 else None
+    except (OSError, ValueError, subprocess.TimeoutExpired) as exc:
+        proc, answer = None, None
+        detail = str(exc)
+    if not isinstance(answer, dict):
+        tail = (proc.stderr.strip().splitlines() or [""])[-1] if proc is not None else detail
+        raise ToolchainError(
+            f"provider {provider!r}: toolchain python {python} does not run: {tail}",
+            hint=f"check providers.{provider}.toolchain",
+        )
+    version = tuple(answer["version"])
+    if version[:2] < MIN_PYTHON:
+        raise ToolchainError(
+            f"provider {provider!r}: toolchain python {python} is Python "
+            f"{'.'.join(map(str, version))}; epbuild's worker needs "
+            f"{'.'.join(map(str, MIN_PYTHON))} or newer",
+            hint=f"point providers.{provider}.toolchain.python at a newer interpreter",
+        )
+    return answer
+
+
+def same_interpreter(toolchain: Toolchain) -> bool:
+    """Whether this process runs in the toolchain's environment."""
+    return os.path.realpath(sys.prefix) == os.path.realpath(toolchain.prefix)

@@ -1,0 +1,70 @@
+"""Resolving the toolchains of one command's providers (see the package docstring)."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from epbuild.errors import ToolchainError
+from epbuild.toolchains.env import Toolchain, find
+from epbuild.toolchains.spec import ToolchainSpec
+
+if TYPE_CHECKING:
+    from epbuild.providers.base import ProviderConfig
+
+__all__ = ["Toolchain", "ToolchainPending", "Toolchains"]
+
+
+class ToolchainPending(ToolchainError):
+    """The environment is not made yet (only a build makes it): stale, not broken."""
+
+
+class Toolchains:
+    """Resolves the toolchains of one command's providers, each at most once (failures
+    too, so a broken toolchain costs one attempt per build)."""
+
+    def __init__(self, *, create: bool, say: Callable[[str], None] = lambda _: None) -> None:
+        self.create = create
+        """Make missing environments (a build) or report them pending (status)."""
+        self.say = say
+        self._lock = threading.Lock()
+        self._done: dict[tuple[ToolchainSpec, str], Toolchain | ToolchainError] = {}
+
+    def get(self, config: ProviderConfig) -> Toolchain | None:
+        """The provider's toolchain (None: it runs in epbuild's own environment)."""
+        spec = config.toolchain
+        if spec is None:
+            return None
+        memo = (spec, config.base_dir)
+        with self._lock:  # one thread makes an environment; the others wait for it
+            hit = self._done.get(memo)
+            if hit is None:
+                hit = self._resolve(spec, config)
+                if not isinstance(hit, ToolchainPending):
+                    self._done[memo] = hit
+        if isinstance(hit, ToolchainError):
+            raise hit
+        return hit
+
+    def _resolve(self, spec: ToolchainSpec, config: ProviderConfig) -> Toolchain | ToolchainError:
+        try:
+            found = find(spec, config.base_dir, config.name)
+            if found is not None:
+                return found
+            if not self.create:
+                return ToolchainPending(
+                    f"toolchain of provider {config.name!r} ({spec.label}) is not made yet",
+                    hint="epbuild build makes it",
+                )
+            from epbuild.toolchains.create import ensure
+
+            return ensure(spec, config.name, say=self.say)
+        except ToolchainError as exc:
+            return exc
+        except OSError as exc:
+            return ToolchainError(
+                f"provider {config.name!r}: toolchain ({spec.label}): {exc}",
+                hint="check that the per-user cache directory is writable (or set "
+                "EPBUILD_TOOLCHAINS)",
+            )
