@@ -138,7 +138,9 @@ def describe_action(
         "share_weights": action.group.share_weights,
         "embed_mode": action.group.embed_mode,
         "models": models,
-        "files": sorted(posixpath.join(variant_dir, posixpath.basename(r)) for r in rec.outputs),
+        "files": sorted(
+            posixpath.join(variant_dir, posixpath.relpath(r, action.out_dir)) for r in rec.outputs
+        ),
     }
 
 
