@@ -378,3 +378,27 @@ def test_open_package_refuses_a_sharing_group_here(built: Workspace) -> None:
         open_package(built.root / "dist", "pair")
     with pytest.raises(Exception, match="no group 'nope'"):
         open_package(built.root / "dist", "nope")
+
+
+def test_output_replaced_while_packaging_keeps_the_old_package(
+    built: Workspace, monkeypatch: Any
+) -> None:
+    from epbuild.shipping import writer
+
+    package(built.root, out="dist")
+    before = tree(built.root / "dist")
+    built.model("models/c.onnx", matmul_model(99))
+    assert built.build().ok
+    assemble = writer._assemble
+
+    def then_a_build_commits(*args: Any) -> Any:
+        stats = assemble(*args)
+        out = built.root / "build" / "single" / "htp" / "c_ctx_qnn.bin"
+        shutil.copyfile(out, out.with_suffix(".new"))
+        os.replace(out.with_suffix(".new"), out)  # a commit renames new files into place
+        return stats
+
+    monkeypatch.setattr(writer, "_assemble", then_a_build_commits)
+    with pytest.raises(VerificationError, match=r"single/htp/c_ctx_qnn.bin was replaced"):
+        package(built.root, out="dist")
+    assert tree(built.root / "dist") == before
