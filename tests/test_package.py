@@ -402,3 +402,18 @@ def test_output_replaced_while_packaging_keeps_the_old_package(
     with pytest.raises(VerificationError, match=r"single/htp/c_ctx_qnn.bin was replaced"):
         package(built.root, out="dist")
     assert tree(built.root / "dist") == before
+
+
+def test_adapters_declare_their_variants_ep_and_device() -> None:
+    from epbuild.providers import get_provider
+    from epbuild.providers.base import ProviderConfig
+
+    def target(ep: str, options: dict[str, str], settings: Any = None) -> Any:
+        config = ProviderConfig("p", ep, options, {}, settings or {})
+        return get_provider(ep).package_target(config)  # type: ignore[attr-defined]
+
+    assert target("qnn", QNN73) == ("qnn", None)
+    assert target("openvino", {"device_type": "GPU.1"}) == ("OpenVINOExecutionProvider", "gpu")
+    assert target("tensorrt", {}) == ("TensorrtExecutionProvider", "gpu")
+    plugin = {"library": "libx.so", "ep_name": "MyEp", "device_type": "npu"}
+    assert target("plugin", {}, plugin) == ("MyEp", "npu")
