@@ -350,3 +350,24 @@ def test_add_provider_with_a_toolchain(workspace: Workspace) -> None:
     bad = workspace.cli("add", "provider", "x", "--ep", "openvino", "--python", "")
     assert bad.returncode == 2 and "Traceback" not in bad.stderr
     assert path.read_text() == edited
+
+
+def test_toolchains_list_and_prune(
+    workspace: Workspace, private_toolchains: Path, fake_make: list[str]
+) -> None:
+    """``epbuild toolchains`` lists the environments and which provider uses each;
+    ``--prune`` keeps the manifest's, removes the rest (half-made and failed leftovers too)."""
+    _mixed(workspace)  # intel-cpu uses OPENVINO_PIN
+    used = create.ensure(ToolchainSpec(requirements=(OPENVINO_PIN,)), "intel-cpu")
+    other = create.ensure(ToolchainSpec(requirements=("onnxruntime-gpu==1.23.2",)), "gpu")
+    (private_toolchains / "0123456789abcdef" / "lib").mkdir(parents=True)  # half-made
+    (private_toolchains / "fedcba9876543210.log").write_text("ERROR: no such package\n")
+    listed = workspace.cli_json("toolchains")["environments"]
+    by_path = {e["path"]: e for e in listed}
+    assert by_path[used.prefix]["used_by"] == ["intel-cpu"] and by_path[used.prefix]["ready"]
+    assert by_path[other.prefix]["used_by"] == []
+    assert not by_path[str(private_toolchains / "0123456789abcdef")]["ready"]
+    proc = workspace.cli("toolchains", "--prune")
+    assert proc.returncode == 0, proc.stderr
+    left = sorted(p.name for p in private_toolchains.iterdir() if not p.name.startswith("worker-"))
+    assert left == [Path(used.prefix).name, Path(used.prefix).name + ".lock"]

@@ -260,7 +260,7 @@ def _parser() -> argparse.ArgumentParser:
         _verify_parser,
         _clean_parser,
     )
-    for add in (*commands, _package_parser, _cache_parser, _watch_parser):
+    for add in (*commands, _package_parser, _cache_parser, _toolchains_parser, _watch_parser):
         add(sub)
     return p
 
@@ -535,6 +535,26 @@ def _cmd_watch(args: argparse.Namespace) -> int:
     return 0
 
 
+def _toolchains_parser(sub: _Commands) -> None:
+    t = sub.add_parser(
+        "toolchains",
+        help="the environments made for providers' toolchains (per user); --prune",
+    )
+    t.add_argument(
+        "--prune",
+        action="store_true",
+        help="remove the environments the current manifest does not use (all, without one) "
+        "and other epbuild versions' worker copies; they are made again when needed",
+    )
+    t.add_argument("--json", action="store_true", help="print JSON")
+
+
+def _cmd_toolchains(args: argparse.Namespace) -> int:
+    from epbuild.frontends.toolchain_cli import run_toolchains_command
+
+    return run_toolchains_command(args)
+
+
 def _cmd_cache(args: argparse.Namespace) -> int:
     from epbuild.frontends.cache_cli import run_cache_command
 
@@ -552,6 +572,7 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "report": _cmd_report,
     "watch": _cmd_watch,
     "cache": _cmd_cache,
+    "toolchains": _cmd_toolchains,
 }
 
 

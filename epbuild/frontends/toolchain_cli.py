@@ -1,0 +1,59 @@
+"""``epbuild toolchains [--prune] [--json]``: the environments epbuild made for providers'
+toolchains (``toolchains.inventory``), which the current manifest uses, and pruning."""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+from epbuild.frontends.render import print_json
+
+
+def _used(args: argparse.Namespace) -> dict[str, list[str]] | None:
+    """Digest → the current manifest's providers that use it; None without a manifest."""
+    from epbuild.errors import ManifestError
+    from epbuild.manifest.load import find_manifest, load_manifest
+
+    try:
+        manifest = load_manifest(find_manifest(args.directory, args.manifest))
+    except ManifestError:
+        if args.manifest or os.path.exists(os.path.join(args.directory, "epbuild.toml")):
+            raise  # a manifest that is there but broken: say so rather than prune blindly
+        return None
+    used: dict[str, list[str]] = {}
+    for name, cfg in manifest.providers.items():
+        if cfg.toolchain is not None and cfg.toolchain.python is None:
+            used.setdefault(cfg.toolchain.digest(), []).append(name)
+    return used
+
+
+def _mb(n: int) -> str:
+    return f"{n / (1 << 20):.0f} MB"
+
+
+def run_toolchains_command(args: argparse.Namespace) -> int:
+    """List (or prune) the environments under the toolchain directory."""
+    from epbuild.toolchains.env import toolchain_root
+    from epbuild.toolchains.inventory import inventory, prune
+
+    used = _used(args)
+    if args.prune:
+        removed = prune(keep=(used or {}).keys())
+        if args.json:
+            print_json({"removed": removed})
+        for path in removed if not args.json else ():
+            print(f"epbuild: removed {path}")
+        if not args.json:
+            kept = "the current manifest's" if used is not None else "no manifest here: none"
+            print(f"epbuild: pruned {len(removed)} ({kept} kept)")
+        return 0
+    envs = inventory(used)
+    if args.json:
+        print_json({"root": toolchain_root(), "environments": [e.to_json() for e in envs]})
+        return 0
+    print(f"toolchains in {toolchain_root()}:" if envs else f"no toolchains in {toolchain_root()}")
+    for e in envs:
+        state = f"python {e.python}, {e.installer}" if e.ready else "half-made"
+        line = f"  {e.digest}  {', '.join(e.requirements) or '?'}  ({state}, {_mb(e.size)})"
+        print(line + (f"  used by: {', '.join(e.used_by)}" if e.used_by else ""))
+    return 0

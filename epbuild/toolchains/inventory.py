@@ -1,0 +1,126 @@
+"""What the toolchain directory holds, and removing what a workspace no longer uses.
+
+Environments are a cache: removing one costs only the time to make it again on the next
+build that needs it. ``prune`` removes each environment under its own lock (never one being
+made), half-made ones included, and the worker copies of other epbuild versions.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from epbuild.toolchains.env import MARKER, toolchain_root
+
+
+@dataclass
+class Environment:
+    """One environment epbuild made (or began to make)."""
+
+    digest: str
+    path: str
+    ready: bool
+    """Its marker is there: complete and usable."""
+    size: int
+    requirements: list[str] = field(default_factory=list)
+    installer: str | None = None
+    python: str | None = None
+    used_by: list[str] = field(default_factory=list)
+    """Providers of the current manifest that use it."""
+
+    def to_json(self) -> dict[str, Any]:
+        """The ``--json`` form."""
+        return asdict(self)
+
+
+def _size(path: str) -> int:
+    total = 0
+    for folder, _dirs, files in os.walk(path):
+        for name in files:
+            try:
+                total += os.lstat(os.path.join(folder, name)).st_size
+            except OSError:
+                pass
+    return total
+
+
+def inventory(used: dict[str, list[str]] | None = None) -> list[Environment]:
+    """The environments under ``toolchain_root()``; ``used`` maps digest → providers."""
+    root, used = toolchain_root(), used or {}
+    try:
+        names = sorted(os.listdir(root))
+    except OSError:
+        return []
+    found = []
+    for name in names:
+        path = os.path.join(root, name)
+        if name.startswith("worker-") or not os.path.isdir(path) or "." in name:
+            continue
+        env = Environment(name, path, False, _size(path), used_by=used.get(name, []))
+        try:
+            with open(os.path.join(path, MARKER), encoding="utf-8") as f:
+                marker = json.load(f)
+            env.ready = True
+            env.requirements = list(marker.get("requirements", []))
+            env.installer, env.python = marker.get("installer"), marker.get("version")
+        except (OSError, ValueError, AttributeError):
+            pass
+        found.append(env)
+    return found
+
+
+def prune(keep: Iterable[str]) -> list[str]:
+    """Remove every environment whose digest is not in ``keep`` (skipping one being made)
+    and the worker copies of other epbuild versions; returns the paths removed."""
+    from filelock import FileLock, Timeout
+
+    from epbuild.toolchains.boot import worker_path
+
+    kept, removed = set(keep), []
+    for env in inventory():
+        if env.digest in kept:
+            continue
+        lock = FileLock(env.path + ".lock")
+        try:
+            lock.acquire(timeout=0)
+        except Timeout:
+            continue  # another epbuild is making it right now
+        try:
+            shutil.rmtree(env.path, ignore_errors=True)
+            removed.append(env.path)
+        finally:
+            lock.release()
+    current, root = worker_path(), toolchain_root()
+    for name in sorted(os.listdir(root)):
+        path = os.path.join(root, name)
+        if name.startswith("worker-") and path != current and os.path.isdir(path):
+            shutil.rmtree(path, ignore_errors=True)
+            removed.append(path)
+    strays = {n.rsplit(".", 1)[0] for n in os.listdir(root) if n.endswith((".log", ".lock"))}
+    for digest in sorted(strays - kept):
+        _remove_stray(os.path.join(root, digest))
+    return removed
+
+
+def _remove_stray(env: str) -> None:
+    """The log and lock files of an environment that is gone (a failed attempt, a pruned
+    one), unless it is being made right now."""
+    from filelock import FileLock, Timeout
+
+    if os.path.isdir(env):
+        return
+    lock = FileLock(env + ".lock")
+    try:
+        lock.acquire(timeout=0)
+    except Timeout:
+        return
+    try:
+        for path in (env + ".log", env + ".lock"):
+            if os.path.exists(path):
+                os.unlink(path)
+    finally:
+        lock.release()
