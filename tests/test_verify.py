@@ -235,7 +235,7 @@ def _build_and_verify_load(root: Path) -> Any:
     from epbuild import build
 
     result = build(root)
-    assert result.ok, [a.error for a in result.actions]
+    assert result.ok, [(a.id, a.error, a.log_tail) for a in result.actions if a.error]
     checked = verify_outputs(root, load=True)
     assert checked.ok, checked.lines()
     return checked
