@@ -295,6 +295,8 @@ def test_half_made_environment_is_never_used(
         ({"requirements": ["x"], "python": "y"}, "exactly one of requirements and python"),
         ({"requirements": ["--index-url=http://x"]}, "pip options are not accepted"),
         ({"requirements": []}, "providers.p.toolchain.requirements"),
+        ({"requirements": ["./wheels/onnxruntime_qnn.whl"]}, "is a local file"),
+        ({"requirements": ["x @ file:///w/x.whl"]}, "is a local file"),
         ({"pip": ["x"]}, "pip"),
     ],
 )

@@ -51,6 +51,7 @@ __all__ = [
 ]
 
 _GLOB_CHARS = re.compile(r"[*?\[]")
+_DRIVE = re.compile(r"[A-Za-z]:[\\/]")
 # Session options epbuild derives from the group settings; a manifest may not set them.
 _RESERVED_SESSION_PREFIXES = ("ep.context_", "ep.share_ep_contexts")
 _RESERVED_SESSION_KEYS = (
@@ -280,6 +281,14 @@ def _toolchain(where: Where, key: str, table: dict[str, Any] | None) -> Toolchai
                 f"{req!r} is not a requirement (pip options are not accepted here)",
                 "give package specifiers such as onnxruntime-openvino==1.24.1; index "
                 "settings come from pip's own configuration",
+            )
+        if req.startswith((".", "/", "~", "\\")) or "file:" in req or _DRIVE.match(req):
+            raise where.error(
+                (*path, "requirements", f"[{i}]"),
+                f"{req!r} is a local file: a toolchain is shared by every workspace on the "
+                "machine and named by its requirements' text, which a path does not pin",
+                "pin the package by name and version, and let pip find the wheel: "
+                "PIP_FIND_LINKS=<folder of wheels> (or find-links in pip.conf)",
             )
     return ToolchainSpec(requirements=requirements)
 
