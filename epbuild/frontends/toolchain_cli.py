@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import os
 
+from epbuild._names import MANIFEST_NAME
 from epbuild.frontends.render import print_json
 
 
@@ -17,7 +18,7 @@ def _used(args: argparse.Namespace) -> dict[str, list[str]] | None:
     try:
         manifest = load_manifest(find_manifest(args.directory, args.manifest))
     except ManifestError:
-        if args.manifest or os.path.exists(os.path.join(args.directory, "epbuild.toml")):
+        if args.manifest or os.path.exists(os.path.join(args.directory, MANIFEST_NAME)):
             raise  # a manifest that is there but broken: say so rather than prune blindly
         return None
     used: dict[str, list[str]] = {}

@@ -18,14 +18,12 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
-from typing import Any
 
 from epbuild.errors import ToolchainError
 from epbuild.fs import atomic_write_bytes
-from epbuild.toolchains.env import MARKER, QUERY, Toolchain, env_dir, read_marker, toolchain_root
+from epbuild.providers.base import onnxruntime_version, scanning
+from epbuild.toolchains.env import MARKER, Toolchain, ask, env_dir, read_marker, toolchain_root
 from epbuild.toolchains.spec import FORMAT, ToolchainSpec
-
-ORT_DISTS = ("onnxruntime", "onnxruntime-gpu", "onnxruntime-openvino", "onnxruntime-directml")
 
 
 def ensure(
@@ -78,10 +76,12 @@ def _make(spec: ToolchainSpec, directory: str, provider: str) -> Toolchain:
         _run([sys.executable, "-m", "venv", directory], log, spec, provider)
         install = [python, "-m", "pip", "install", "--disable-pip-version-check"]
     _run([*install, *spec.requirements], log, spec, provider)
-    answer = _ask(python, log, spec, provider)
+    answer = ask(python, provider)
     sites = [os.path.relpath(s, directory) for s in answer["sites"]]
-    inside = [s for s in sites if not s.startswith("..")]
-    if not any(_has_ort(os.path.join(directory, s)) for s in inside):
+    inside = tuple(os.path.join(directory, s) for s in sites if not s.startswith(".."))
+    with scanning(inside):
+        ort = onnxruntime_version()
+    if ort == "absent":
         raise ToolchainError(
             f"provider {provider!r}: toolchain ({spec.label}) installed no ONNX Runtime",
             hint=f"add the EP's ONNX Runtime package (e.g. onnxruntime-openvino, "
@@ -100,15 +100,6 @@ def _make(spec: ToolchainSpec, directory: str, provider: str) -> Toolchain:
     made = read_marker(spec, directory)
     assert made is not None
     return made
-
-
-def _has_ort(site: str) -> bool:
-    try:
-        names = os.listdir(site)
-    except OSError:
-        return False
-    wanted = {d.replace("-", "_") for d in ORT_DISTS}
-    return any(n.endswith(".dist-info") and n.partition("-")[0].lower() in wanted for n in names)
 
 
 def _run(argv: list[str], log: str, spec: ToolchainSpec, provider: str) -> None:
@@ -143,20 +134,6 @@ def _last_error(log: str) -> str:
         return "no output"
     errors = [ln for ln in lines if ln.lower().startswith(("error", "×", "╰─▶", "because"))]
     return (errors or lines or ["no output"])[-1]
-
-
-def _ask(python: str, log: str, spec: ToolchainSpec, provider: str) -> dict[str, Any]:
-    proc = subprocess.run([python, "-I", "-c", QUERY], capture_output=True, text=True, check=False)
-    try:
-        answer: dict[str, Any] = json.loads(proc.stdout)
-        return answer
-    except ValueError:
-        with open(log, "a", encoding="utf-8") as out:
-            out.write(proc.stderr)
-        raise ToolchainError(
-            f"provider {provider!r}: the toolchain's Python ({spec.label}) does not run",
-            hint=f"see {log}",
-        ) from None
 
 
 def _uv_index_flags() -> list[str]:

@@ -13,6 +13,7 @@ import shutil
 import subprocess
 import sys
 from dataclasses import dataclass
+from typing import Any
 
 from epbuild.errors import ToolchainError
 from epbuild.fs import atomic_write_bytes
@@ -137,7 +138,7 @@ def _stat(path: str) -> os.stat_result | None:
         return None
 
 
-def ask(python: str, provider: str) -> dict[str, object]:
+def ask(python: str, provider: str) -> dict[str, Any]:
     """Run ``python -I -c QUERY``; a ``ToolchainError`` if it cannot run epbuild's worker."""
     try:
         proc = subprocess.run(
