@@ -48,8 +48,11 @@ __all__ = [
     "find_manifest",
     "load_manifest",
     "parse_memory",
+    "read_document",
 ]
 
+BOM = "\ufeff"
+"""A UTF-8 byte-order mark, as the first character of decoded text."""
 _GLOB_CHARS = re.compile(r"[*?\[]")
 _DRIVE = re.compile(r"[A-Za-z]:[\\/]")
 # Session options epbuild derives from the group settings; a manifest may not set them.
@@ -103,12 +106,8 @@ def load_manifest(path: str | os.PathLike[str], *, text: str | None = None) -> M
     file = Path(path)
     if text is None:
         text = _read_text(file)
-    data = _parse(file, text)
+    data = read_document(file, text)
     where = Where(file, text)
-    try:
-        validate(data)
-    except SchemaViolation as exc:
-        raise where.error(exc.path, exc.message, exc.hint) from exc
     root = file.resolve().parent
     workspace = _workspace(where, data)
     providers = {
@@ -133,6 +132,17 @@ def load_manifest(path: str | os.PathLike[str], *, text: str | None = None) -> M
     return Manifest(file, root, workspace, providers, groups, problems, package=package)
 
 
+def read_document(file: Path, text: str) -> dict[str, Any]:
+    """The manifest text parsed and checked against the schema (its structure and types),
+    before anything is resolved: what ``epbuild add`` checks before it edits a file."""
+    data = _parse(file, text)
+    try:
+        validate(data)
+    except SchemaViolation as exc:
+        raise Where(file, text).error(exc.path, exc.message, exc.hint) from exc
+    return data
+
+
 def _read_text(file: Path) -> str:
     try:
         raw = file.read_bytes()
@@ -145,8 +155,19 @@ def _read_text(file: Path) -> str:
 
 
 def _parse(file: Path, text: str) -> dict[str, Any]:
+    if text.startswith(BOM):
+        raise ManifestError(
+            "starts with a UTF-8 byte-order mark (BOM), which TOML does not allow",
+            file=str(file),
+            line=1,
+            hint="save the file as UTF-8 without a BOM (an editor's 'UTF-8', not 'UTF-8 with BOM')",
+        )
     try:
         return tomllib.loads(text)
+    except RecursionError as exc:
+        raise ManifestError(
+            "invalid TOML: arrays or tables nested too deeply", file=str(file)
+        ) from exc
     except tomllib.TOMLDecodeError as exc:
         msg = str(exc)
         line = re.search(r"line (\d+)", msg)
