@@ -49,6 +49,15 @@ def cache_option(args: argparse.Namespace) -> str | bool | None:
     return False if args.no_cache else args.cache
 
 
+def scheduler(value: str | None) -> str | None:
+    """``--scheduler``: a Dask scheduler address when given."""
+    if value is not None:
+        from epbuild.executors.address import parse_address
+
+        parse_address(value)
+    return value
+
+
 def option_value(text: str) -> bool | int | str:
     """An ``--option`` value: ``true``/``false`` and integers (``75``, ``-1``) as TOML would
     read them, a double-quoted value as the string inside, anything else as a string."""

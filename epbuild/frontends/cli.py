@@ -278,7 +278,7 @@ def _build_options(args: argparse.Namespace) -> dict[str, Any]:
         "memory_budget": checks.memory_budget(args.memory_budget),
         "trace": args.trace,
         "executor": args.executor,
-        "scheduler": args.scheduler,
+        "scheduler": checks.scheduler(args.scheduler),
     }
 
 

@@ -203,6 +203,14 @@ def _workspace(where: Where, data: dict[str, Any]) -> WorkspaceSettings:
         except ManifestError as exc:
             path = ("workspace", "memory_budget")
             raise where.error(path, _strip_where(exc), exc.hint) from exc
+    if ws.get("scheduler") is not None:
+        from epbuild.errors import UserError
+        from epbuild.executors.address import parse_address
+
+        try:
+            parse_address(ws["scheduler"], what="scheduler")
+        except UserError as exc:
+            raise where.error(("workspace", "scheduler"), exc.message, exc.hint) from exc
     cache = ws.get("cache")
     if cache is not None and "://" not in cache:
         cache = _rel(where, cache, ("workspace", "cache"), "cache")

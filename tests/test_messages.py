@@ -1,0 +1,138 @@
+"""One clear message for each mistake the trust review found: no traceback, no hang, the
+file, key or path named and what to do."""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from conftest import Workspace
+
+
+def epbuild(root: Path, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "epbuild", "-C", str(root), *args],
+        capture_output=True, text=True, timeout=timeout,
+    )  # fmt: skip
+
+
+def clean_error(proc: subprocess.CompletedProcess[str], code: int, *needles: str) -> None:
+    assert proc.returncode == code, (proc.returncode, proc.stdout, proc.stderr)
+    assert "Traceback" not in proc.stdout + proc.stderr, proc.stderr
+    assert proc.stderr.startswith("epbuild: error: "), proc.stderr
+    for needle in needles:
+        assert needle in proc.stderr, (needle, proc.stderr)
+
+
+def _refused_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])  # closed again: connecting is refused
+
+
+@pytest.mark.parametrize(
+    ("address", "needle"),
+    [
+        ("garbage", "--scheduler 'garbage' is not a scheduler address"),
+        ("http://127.0.0.1:8787", "http:// is not a Dask transport"),
+        ("tcp://127.0.0.1:99999", "port 99999 is out of range"),
+    ],
+)
+def test_bad_scheduler_address_is_an_argument_error(
+    simple_ws: Callable[..., Workspace], address: str, needle: str
+) -> None:
+    ws = simple_ws()
+    started = time.monotonic()
+    proc = epbuild(ws.root, "build", "--executor", "dask", "--scheduler", address)
+    clean_error(proc, 2, needle, "tcp://HOST:PORT")
+    assert time.monotonic() - started < 15
+    assert not (ws.root / ".epbuild").exists()  # refused before anything started
+
+
+def test_unreachable_scheduler_fails_fast(simple_ws: Callable[..., Workspace]) -> None:
+    ws = simple_ws()
+    address = f"tcp://127.0.0.1:{_refused_port()}"
+    started = time.monotonic()
+    proc = epbuild(ws.root, "build", "--executor", "dask", "--scheduler", address)
+    clean_error(proc, 2, f"cannot reach the Dask scheduler at {address}: Connection refused")
+    assert time.monotonic() - started < 15
+
+
+def test_a_server_that_is_not_dask_is_named(simple_ws: Callable[..., Workspace]) -> None:
+    """A port that answers but speaks another protocol: a clean error at once, not Dask's
+    MemoryError and its client's 40-second close."""
+    import threading
+
+    ws = simple_ws()
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen()
+
+    def reply(conn: socket.socket) -> None:
+        with conn:
+            conn.sendall(b"HTTP/1.1 200 OK\r\n" + b"x" * 64)
+            with contextlib.suppress(OSError):
+                conn.recv(1024)
+
+    def answer() -> None:
+        while True:
+            try:
+                conn, _ = server.accept()
+            except OSError:
+                return
+            threading.Thread(target=reply, args=(conn,), daemon=True).start()
+
+    threading.Thread(target=answer, daemon=True).start()
+    address = f"tcp://127.0.0.1:{server.getsockname()[1]}"
+    started = time.monotonic()
+    try:
+        proc = epbuild(ws.root, "build", "--executor", "dask", "--scheduler", address)
+    finally:
+        server.close()
+    clean_error(proc, 2, f"cannot connect to the Dask scheduler at {address}")
+    assert time.monotonic() - started < 30
+
+
+def test_manifest_scheduler_is_checked(simple_ws: Callable[..., Workspace]) -> None:
+    ws = simple_ws()
+    text = (ws.root / "epbuild.toml").read_text()
+    (ws.root / "epbuild.toml").write_text(
+        '[workspace]\nexecutor = "dask"\nscheduler = "http://farm:8787"\n' + text
+    )
+    clean_error(epbuild(ws.root, "status"), 2, "epbuild.toml:3: workspace.scheduler: ")
+
+
+@pytest.mark.parametrize("value", ["99999999999", "2147483648", str(2**64 - 1)])
+def test_free_dimensions_are_bounded(simple_ws: Callable[..., Workspace], value: str) -> None:
+    ws = simple_ws()
+    text = (ws.root / "epbuild.toml").read_text()
+    (ws.root / "epbuild.toml").write_text(
+        text.replace(
+            "share_weights = true", f"share_weights = true\nfree_dimensions = {{ batch = {value} }}"
+        )
+    )
+    proc = epbuild(ws.root, "build")
+    if value == str(2**64 - 1):  # beyond TOML's 64-bit integers: the TOML parser says so
+        clean_error(proc, 2, "epbuild.toml:")
+    else:
+        clean_error(proc, 2, "groups.pair.free_dimensions.batch: must be at most 16777216")
+
+
+@pytest.mark.parametrize("command", [["build"], ["status"], ["status", "--detail"], ["clean"]])
+def test_deeply_nested_manifest(workspace: Workspace, command: list[str]) -> None:
+    workspace.root.mkdir(parents=True)
+    (workspace.root / "epbuild.toml").write_text("x = " + "[" * 500 + "]" * 500 + "\n")
+    clean_error(epbuild(workspace.root, *command), 2, "nested too deeply")
+
+
+def test_bom_is_named(simple_ws: Callable[..., Workspace]) -> None:
+    ws = simple_ws()
+    path = ws.root / "epbuild.toml"
+    path.write_bytes(b"\xef\xbb\xbf" + path.read_bytes())
+    clean_error(epbuild(ws.root, "build"), 2, "epbuild.toml:1: starts with a UTF-8 byte-order mark")
