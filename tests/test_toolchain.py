@@ -244,7 +244,7 @@ def fake_make(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str]]:
     calls: list[str] = []
     real = create._make
 
-    def make(spec: ToolchainSpec, directory: str, provider: str) -> Any:
+    def make(spec: ToolchainSpec, directory: str, provider: str, *_: Any) -> Any:
         calls.append(directory)
         os.makedirs(os.path.join(directory, "bin"), exist_ok=True)
         python = os.path.join(directory, "bin", "python")
