@@ -136,3 +136,46 @@ def test_bom_is_named(simple_ws: Callable[..., Workspace]) -> None:
     path = ws.root / "epbuild.toml"
     path.write_bytes(b"\xef\xbb\xbf" + path.read_bytes())
     clean_error(epbuild(ws.root, "build"), 2, "epbuild.toml:1: starts with a UTF-8 byte-order mark")
+
+
+def test_disk_full_during_a_compile_says_so(workspace: Workspace) -> None:
+    """A real full disk (a 150 kB tmpfs as the output directory, in a private mount
+    namespace): the big model's action fails naming the space and the path, not the
+    worker's "Fatal Python error" at shutdown; the small one compiles."""
+    import shutil
+
+    from modelgen import matmul_model
+
+    unshare = shutil.which("unshare")
+    probe = subprocess.run(
+        [unshare or "unshare", "-rm", "sh", "-c", "mount -t tmpfs -o size=1k tmpfs /mnt"],
+        capture_output=True,
+    )
+    if unshare is None or probe.returncode != 0:
+        pytest.skip("no private mount namespaces here (unshare -rm)")
+    workspace.model("m/a.onnx", matmul_model(1, n=256))
+    workspace.model("m/b.onnx", matmul_model(2))
+    workspace.manifest(
+        '[providers.htp]\nep = "qnn"\noptions = { htp_arch = "73", soc_model = "60" }\n'
+        '[groups.g1]\nmodels = ["m/a.onnx"]\nproviders = ["htp"]\n'
+        '[groups.g2]\nmodels = ["m/b.onnx"]\nproviders = ["htp"]\n'
+    )
+    out = workspace.root / "build"
+    out.mkdir()
+    script = (
+        f"mount -t tmpfs -o size=150k tmpfs {out} && "
+        f"{sys.executable} -m epbuild -C {workspace.root} build -k --json"
+    )
+    proc = subprocess.run(
+        [unshare, "-rm", "sh", "-c", script], capture_output=True, text=True, timeout=300
+    )
+    assert proc.returncode == 1, proc.stderr
+    assert "Traceback" not in proc.stdout + proc.stderr and "Fatal Python" not in proc.stderr
+    import json
+
+    actions = {a["id"]: a for a in json.loads(proc.stdout)["actions"]}
+    assert actions["g2/htp/b"]["outcome"] == "compiled"
+    failed = actions["g1/htp/a"]
+    assert failed["outcome"] == "failed"
+    assert failed["error"].startswith("No space left on device: ")
+    assert str(out) in failed["error"] and "free disk space" in failed["hint"]
