@@ -92,3 +92,13 @@ def test_s3_round_trip(simple_ws: Callable[..., Workspace], s3_server: str, tmp_
     ws.model("models/c.onnx", matmul_model(5))
     assert ws.cli_json("build", "--cache", remote)["summary"]["compiled"] == 1
     assert _list(s3_server).count("epbuild/v1/entries/") == 2
+
+
+def test_cache_only_against_a_missing_bucket_names_the_bucket(
+    simple_ws: Callable[..., Workspace], s3_server: str
+) -> None:
+    """Not "no entry": the bucket itself is missing, and the message says so."""
+    ws = simple_ws()
+    proc = ws.cli("build", "--cache-only", "--cache", "s3://no-such-bucket/epbuild")
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr
+    assert "s3://no-such-bucket/epbuild: bucket 'no-such-bucket' does not exist" in proc.stderr

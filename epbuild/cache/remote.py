@@ -7,6 +7,7 @@ and is moved into place. fsspec (and s3fs/gcsfs for their protocols) is an optio
 
 from __future__ import annotations
 
+import errno
 import uuid
 from collections.abc import Iterator
 from datetime import datetime
@@ -52,8 +53,25 @@ class FsspecBackend:
         try:
             data = self.fs.cat_file(self._p(path))
         except FileNotFoundError:
+            self._check_bucket()
             return None
         return bytes(data)
+
+    def _check_bucket(self) -> None:
+        """A missing file is a miss, unless the bucket itself is missing: that is said
+        (once per backend) as an ``OSError`` naming the URL, not reported as "no entry"."""
+        if getattr(self, "_bucket_seen", False) or self._rename_ok:
+            return
+        bucket = self.root.split("/", 1)[0]
+        try:
+            found = bool(self.fs.exists(bucket))
+        except OSError:
+            found = True  # cannot tell: leave it to the reads
+        if not found:
+            raise FileNotFoundError(
+                errno.ENOENT, f"bucket {bucket!r} does not exist (or is not visible)", self.url
+            )
+        self._bucket_seen = True
 
     def write_bytes(self, path: str, data: bytes) -> None:
         self._put(path, lambda target: self.fs.pipe_file(target, data))

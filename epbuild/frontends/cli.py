@@ -593,14 +593,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"epbuild: error: {exc}", file=sys.stderr)
         return exc.exit_code
     except OSError as exc:  # a write no layer below expected to fail (a full disk): no traceback
-        from epbuild.fs import os_error_text
+        from epbuild.fs import os_error_hint, os_error_text
 
-        print(
-            f"epbuild: error: {os_error_text(exc, os.path.abspath(args.directory))}",
-            file=sys.stderr,
-        )
-        print("  hint: check permissions, free space and the file-size limit (ulimit -f)",
-              file=sys.stderr)  # fmt: skip
+        root = os.path.abspath(args.directory)
+        text, hint = os_error_hint(exc, root)
+        text = text or os_error_text(exc, root)
+        print(f"epbuild: error: {text}\n  hint: {hint}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         print("epbuild: interrupted", file=sys.stderr)

@@ -497,12 +497,36 @@ def _group_models(
                 f"a name is for one model, but {raw!r} is a pattern",
                 "list the model by its path to name it, or leave the name out",
             )
-        expanded = _expand(root, pattern, excluded)
-        if not expanded:
+        inside = [
+            (what, d)
+            for what, d in zip(("output", "state"), excluded, strict=True)
+            if pattern == d or pattern.startswith(d + "/")
+        ]
+        if inside and not glob:
             raise where.error(
                 at,
-                f"pattern {raw!r} matches no files",
-                "add the models, or fix the pattern (relative to the manifest's directory)",
+                f"model {raw!r} is inside the {inside[0][0]} directory {inside[0][1]!r}, "
+                "where epbuild writes and removes files",
+                "give out_dir (and state_dir) directories of their own, e.g. "
+                'out_dir = "build", and keep the models elsewhere',
+            )
+        expanded = _expand(root, pattern, excluded)
+        if not expanded:
+            hidden = _expand(root, pattern, ())
+            raise where.error(
+                at,
+                f"pattern {raw!r} matches no files"
+                + (
+                    f" outside epbuild's own directories ({', '.join(sorted(set(excluded)))}): "
+                    f"it matches only {hidden[0]!r}"
+                    + (f" and {len(hidden) - 1} more there" if len(hidden) > 1 else "")
+                    if hidden
+                    else ""
+                ),
+                "give out_dir (and state_dir) directories of their own, e.g. "
+                'out_dir = "build", and keep the models elsewhere'
+                if hidden
+                else "add the models, or fix the pattern (relative to the manifest's directory)",
             )
         for model in expanded:
             problem = _check_model(where, root, model, at)
