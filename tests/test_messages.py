@@ -228,3 +228,43 @@ def test_cache_warnings_name_the_path_not_a_repr(simple_ws: Callable[..., Worksp
     assert proc.returncode == 0, proc.stderr
     assert "warning: cache unusable for" in proc.stderr
     assert "[Errno" not in proc.stderr and "Not a directory" in proc.stderr
+
+
+def test_debug_shows_the_traceback(
+    simple_ws: Callable[..., Workspace], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ws = simple_ws()
+    (ws.root / "cachefile").write_text("")
+    args = ["cache", "verify", "--cache", "cachefile"]
+    plain = epbuild(ws.root, *args)
+    clean_error(plain, 2, "cachefile is not a directory")
+    for how in (["--debug"], []):
+        if not how:
+            monkeypatch.setenv("EPBUILD_DEBUG", "1")
+        proc = subprocess.run(
+            [sys.executable, "-m", "epbuild", *how, "-C", str(ws.root), *args],
+            capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+        assert proc.returncode == 2
+        assert proc.stderr.startswith("Traceback (most recent call last):"), proc.stderr
+        assert "open_cache" in proc.stderr  # where it came from
+        assert proc.stderr.rstrip().endswith(plain.stderr.rstrip())
+
+
+def test_a_bug_is_one_line_and_a_hint(
+    workspace: Workspace, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from epbuild.frontends import cli
+
+    def broken(args: object) -> int:
+        raise RuntimeError("an invariant broke")
+
+    monkeypatch.setitem(cli.COMMANDS, "clean", broken)
+    workspace.root.mkdir(parents=True)
+    assert cli.main(["-C", str(workspace.root), "clean"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("epbuild: internal error: RuntimeError: an invariant broke\n")
+    assert "--debug" in err and "Traceback" not in err
+    assert cli.main(["--debug", "-C", str(workspace.root), "clean"]) == 1
+    err = capsys.readouterr().err
+    assert "Traceback" in err and "in broken" in err

@@ -249,6 +249,11 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument("-C", dest="directory", default=".", help="run as if started in DIR")
     p.add_argument("-f", "--file", dest="manifest", help="manifest file (default epbuild.toml)")
+    p.add_argument(
+        "--debug",
+        action="store_true",
+        help="show the traceback an error came from (also EPBUILD_DEBUG=1)",
+    )
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
     commands = (
@@ -586,15 +591,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.directory != "." and not os.path.isdir(args.directory):
         print(f"epbuild: error: -C {args.directory}: no such directory", file=sys.stderr)
         return 2
+    debug = args.debug or os.environ.get("EPBUILD_DEBUG", "") not in ("", "0")
     signal.signal(signal.SIGTERM, _sigterm)
     try:
         return COMMANDS[args.command](args)
     except EpbuildError as exc:
+        _traceback(debug)
         print(f"epbuild: error: {exc}", file=sys.stderr)
         return exc.exit_code
     except OSError as exc:  # a write no layer below expected to fail (a full disk): no traceback
         from epbuild.fs import os_error_hint, os_error_text
 
+        _traceback(debug)
         root = os.path.abspath(args.directory)
         text, hint = os_error_hint(exc, root)
         text = text or os_error_text(exc, root)
@@ -603,6 +611,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("epbuild: interrupted", file=sys.stderr)
         return 130
+    except (Exception, RecursionError) as exc:  # a bug: one line, and the traceback on request
+        _traceback(debug)
+        print(f"epbuild: internal error: {type(exc).__name__}: {exc}"[:2000], file=sys.stderr)
+        print(
+            "  hint: this is a bug in epbuild; run the command again with --debug "
+            "(or EPBUILD_DEBUG=1) and report the traceback it shows",
+            file=sys.stderr,
+        )
+        return 1
+
+
+def _traceback(debug: bool) -> None:
+    """With ``--debug``: the traceback of the exception being handled (and its causes)."""
+    if debug:
+        import traceback
+
+        traceback.print_exc()
 
 
 if __name__ == "__main__":
