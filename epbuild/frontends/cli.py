@@ -276,7 +276,7 @@ def _build_options(args: argparse.Namespace) -> dict[str, Any]:
         "jobs": checks.check_jobs(args.jobs),
         "keep_going": args.keep_going,
         "dry_run": args.dry_run,
-        "lock_timeout": args.lock_timeout,
+        "lock_timeout": checks.seconds(args.lock_timeout, "--lock-timeout"),
         "cache": checks.cache_option(args),
         "cache_only": args.cache_only,
         "cache_push": args.cache_push,
@@ -442,7 +442,8 @@ def _cmd_clean(args: argparse.Namespace) -> int:
 def _cmd_report(args: argparse.Namespace) -> int:
     from epbuild.inspect.html import write_html_report
 
-    count = write_html_report(args.directory, args.manifest, args.selectors, args.html)
+    html = checks.output_file(args.html, "--html")
+    count = write_html_report(args.directory, args.manifest, args.selectors, html)
     print(f"epbuild: wrote {args.html} ({count} action(s))")
     return 0
 

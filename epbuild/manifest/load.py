@@ -75,6 +75,10 @@ FALLBACK_ENTRY = "session.disable_cpu_ep_fallback"
 def find_manifest(directory: str | os.PathLike[str] = ".", name: str | None = None) -> Path:
     """Locate the manifest: ``name`` relative to ``directory``, else epbuild.toml there."""
     path = Path(directory) / (name or MANIFEST_NAME)
+    if path.is_dir():
+        raise ManifestError(
+            "is a directory, not a manifest file", file=str(path), hint="pass -f FILE"
+        )
     if not path.is_file():
         raise ManifestError(
             "no manifest found",
