@@ -9,6 +9,10 @@ exit 0, 1 or 2, print no ``Traceback`` and no internal error, leave the manifest
 byte-identical when an edit is refused, and finish within a bound. ``gc.collect()`` after
 each command turns a file left open into a ``ResourceWarning`` error (pytest runs with
 ``filterwarnings = error``).
+
+CI runs a few deterministic examples; a longer hunt: ``EPBUILD_PROPERTY_EXAMPLES=150
+EPBUILD_PROPERTY_RANDOM=1 pytest tests/test_cli_property.py -s`` (150 manifests x 25
+commands took 8.7 min on 2 cores).
 """
 
 from __future__ import annotations
@@ -338,9 +342,9 @@ def _reset(root: Path, raw: bytes) -> None:
 
 
 @settings(
-    max_examples=int(os.environ.get("EPBUILD_PROPERTY_EXAMPLES", "12")),
+    max_examples=int(os.environ.get("EPBUILD_PROPERTY_EXAMPLES", "4")),
     deadline=None,
-    derandomize=True,
+    derandomize="EPBUILD_PROPERTY_RANDOM" not in os.environ,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
 )
 @given(raw=manifests())
@@ -366,14 +370,14 @@ def test_hostile_arguments(root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 @pytest.mark.parametrize(
-    "argv",
+    ("form", "argv"),
     [
-        ["status"],
-        ["build", "--executor", "dask", "--scheduler", "garbage"],
-        ["add", "model", "models/c.onnx", "--group", "main"],
+        ("inline", ["add", "model", "models/c.onnx", "--group", "main"]),
+        ("dotted", ["status"]),
+        ("bom-crlf", ["add", "target", "snapdragon-8-gen-3"]),
+        ("bom-crlf", ["build", "--executor", "dask", "--scheduler", "garbage"]),
     ],
 )
-@pytest.mark.parametrize("form", ["inline", "dotted", "bom-crlf"])
 def test_real_processes(root: Path, argv: list[str], form: str) -> None:
     """The console entry point, as a user runs it (no in-process shortcuts)."""
     text = _render(BASE, "tables" if form == "bom-crlf" else form)
