@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import posixpath
+import threading
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -87,6 +88,7 @@ class Builder:
         self.cache_only = cache_only
         """Fail an action that the cache cannot restore instead of compiling it."""
         self.warned: set[str] = set()
+        self._warn_lock = threading.Lock()
 
     def run_one(self, plan: ActionPlan) -> ActionResult:
         """Bring one action up to date under its lock; any failure comes back as a result."""
@@ -126,6 +128,7 @@ class Builder:
                 restored, cache_note = self._restore(plan, key, state)
             if restored is not None:
                 return restored
+            cache_note = cache_note or self._outage_warning()
         if self.cache_only:
             return self._not_cached(plan, key, cache_note)
         return self._compile(plan, key, state, cache_note)
@@ -362,6 +365,20 @@ class Builder:
         self.reporter.message(f"warning: {note}")
         return note
 
+    def _outage_warning(self) -> str | None:
+        """The one warning of a build whose remote cache tier went down (None: said
+        already, or no outage)."""
+        outage = self.cache.outage if self.cache is not None else None
+        if outage is None:
+            return None
+        going_on = "" if self.cache_only else ", going on without it"
+        line = f"the remote cache is unavailable{going_on}: {outage}"
+        with self._warn_lock:
+            if line in self.warned:
+                return None
+            self.warned.add(line)
+        return self._warn(line)
+
     def _not_cached(self, plan: ActionPlan, key: ActionKey, note: str | None) -> ActionResult:
         """The --cache-only failure of an action the cache could not restore."""
         if note is not None:
@@ -402,7 +419,8 @@ class Builder:
             where = self.cache.describe()
             why = os_error_text(exc) if isinstance(exc, OSError) else str(exc)
             warnings.append(self._warn(f"{action.id} not stored in the cache {where}: {why}"))
-        return warnings
+        outage = self._outage_warning()  # --cache-push to a remote that went down
+        return warnings + ([outage] if outage else [])
 
     def _detail_problems(self, action: Action, detail: dict[str, Any]) -> list[Problem]:
         """The worker's report about each model, against the rules."""
