@@ -25,6 +25,7 @@ from typing import Any, TypeVar
 from epbuild.cache import trust
 from epbuild.cache.local import LocalBackend, temp_name
 from epbuild.cache.store import (
+    LOCKS,
     CachedOutput,
     CacheEntry,
     CorruptEntryError,
@@ -86,6 +87,11 @@ class ActionCache:
                 if self.outage is None:
                     self.outage = exc.message
             return default
+
+    def key_lock(self, key: str) -> str:
+        """The lock file a build holds while it restores or compiles ``key``, in the local
+        tier: builds sharing the directory compile each key once (see ``prune``)."""
+        return self.local_backend.full(f"{LOCKS}/{key[:2]}/{key}.lock")
 
     def describe(self) -> str:
         """Where the cache is, for messages."""

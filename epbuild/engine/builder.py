@@ -113,18 +113,67 @@ class Builder:
             return _failed(plan, f"{type(exc).__name__}: {exc}")
 
     def _locked(self, plan: ActionPlan) -> ActionResult:
-        """Under the action lock: re-check staleness, then restore, else compile."""
+        """Under the action lock: re-check staleness, then restore, else compile — under
+        the cache's lock on the key when the cache is a directory, so that builds sharing
+        it (several CI jobs, a cache on NFS) compile each key once and the others restore."""
         ws, action = self.ws, plan.action
-        with self.tracer.span("hash", action.id):
+        for _ in range(_MAX_REPLANS):
+            again, state = self._replan(plan)
+            if again.error is not None:
+                return _failed(plan, again.error.message, again.error.hint)
+            if not again.stale:
+                return action_result(
+                    action, Outcome.UP_TO_DATE, outputs=recorded_outputs(ws, action)
+                )
+            assert again.key is not None
+            lock = self.cache.key_lock(again.key.key) if self.cache is not None else None
+            if lock is None:
+                return self._restore_or_compile(plan, again.key, state)
+            done = self._under_key_lock(plan, again.key, lock, state)
+            if done is not None:
+                return done
+        return _failed(plan, f"{action.id}: its inputs keep changing", "build again later")
+
+    def _under_key_lock(
+        self, plan: ActionPlan, key: ActionKey, lock: str, state: State
+    ) -> ActionResult | None:
+        """Restore or compile ``key`` holding the cache's lock on it; None when, after
+        waiting for that lock, the action must be planned again (its key changed)."""
+        action = plan.action
+        waited: list[str] = []
+
+        def on_wait(msg: str) -> None:
+            waited.append(msg)
+            self.reporter.message(f"{action.id}: the same key is being built elsewhere; {msg}")
+
+        with locks.hold(
+            lock,
+            f"epbuild build {action.id} in {self.ws.root}",
+            timeout=self.lock_timeout,
+            on_wait=on_wait,
+        ):
+            if waited:  # the other build stored it meanwhile, or the inputs changed
+                after, state = self._replan(plan)
+                if after.key is None or after.key.key != key.key or not after.stale:
+                    return None  # decide again, under the right key's lock
+            return self._restore_or_compile(plan, key, state)
+
+    def _replan(self, plan: ActionPlan) -> tuple[ActionPlan, State]:
+        """The action's plan against the latest state and its inputs as they are now: the
+        digests memoised when the build was planned may be stale after any wait (for the
+        action lock, the cache's key lock or the scheduler), so the inputs are stat'ed again
+        and re-hashed where the stat cache no longer vouches for them."""
+        ws = self.ws
+        with self.tracer.span("hash", plan.action.id):
             state = ws.reload_state()
-            again = plan_action(action, state, ws.keys, ws.stats, ws.root)
-        if not again.stale:
-            return action_result(action, Outcome.UP_TO_DATE, outputs=recorded_outputs(ws, action))
-        assert again.key is not None
-        key = again.key
+            again = plan_action(plan.action, state, ws.keys, ws.stats, ws.root, fresh=True)
+        return again, state
+
+    def _restore_or_compile(self, plan: ActionPlan, key: ActionKey, state: State) -> ActionResult:
+        """Restore ``key`` from the cache, else compile it (or fail: --cache-only)."""
         cache_note = None
         if self.cache is not None:
-            with self.tracer.span("restore", action.id):
+            with self.tracer.span("restore", plan.action.id):
                 restored, cache_note = self._restore(plan, key, state)
             if restored is not None:
                 return restored
@@ -450,6 +499,9 @@ class Builder:
                 warnings.append(line)
         return warnings
 
+
+_MAX_REPLANS = 5
+"""Times an action is re-planned because its key changed while it waited for a lock."""
 
 WRITE_HINT = (
     "check that the output and state directories are writable and have free space, and the "

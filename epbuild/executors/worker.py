@@ -44,10 +44,12 @@ def _test_hook(model: str) -> None:
 
     Before the session of a model whose path contains SUBSTRING: ``segv`` kills the worker
     with SIGSEGV, ``abort`` aborts it (what a crashing native SDK does), ``sleep`` waits
-    SECONDS (a slow compile). ``noshare`` leaves out the weight-sharing session entries
-    (as if the EP ignored ``ep.share_ep_contexts``; see ``_session_entries``): match every
-    model of the group, or only the first, since a group whose last session lacks the stop
-    entry never writes its binary. Unset in normal use.
+    SECONDS (a slow compile), ``wait`` waits until the file named by the argument exists (a
+    compile a test holds open until it says go; ``wait:SUBSTRING:PATH``). ``noshare``
+    leaves out the weight-sharing session entries (as if the EP ignored
+    ``ep.share_ep_contexts``; see ``_session_entries``): match every model of the group, or
+    only the first, since a group whose last session lacks the stop entry never writes its
+    binary. Unset in normal use.
     """
     hook = _hook_for(model)
     if hook is None or hook[0] == "noshare":
@@ -62,6 +64,10 @@ def _test_hook(model: str) -> None:
         os.abort()
     elif kind == "sleep":
         time.sleep(float(arg or 1))
+    elif kind == "wait":
+        deadline = time.monotonic() + 600
+        while not os.path.exists(arg) and time.monotonic() < deadline:
+            time.sleep(0.05)
 
 
 def _hook_for(model: str) -> tuple[str, str] | None:
