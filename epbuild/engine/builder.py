@@ -197,6 +197,9 @@ class Builder:
             tracer.add("compile", started, action.id, ok=outcome.ok, peak_rss=peak)
             if not outcome.ok:
                 return _failed(plan, outcome.error, outcome.hint, log_tail=outcome.log_tail)
+            mismatch = version_mismatch(key.components.get("versions", {}), outcome.result)
+            if mismatch is not None:
+                return _failed(plan, mismatch, VERSIONS_HINT)
             started = tracer.now()
             names, found = check_staged(
                 ws.root, staging, action.ctx_names, action.models, _shared_by(action)
@@ -499,6 +502,37 @@ class Builder:
                 warnings.append(line)
         return warnings
 
+
+def version_mismatch(keyed: dict[str, str], result: dict[str, Any]) -> str | None:
+    """Why a worker's result cannot be committed or cached under its key: the versions it
+    reports compiling with (``worker.compiled_with``) differ from those the key names, or
+    it ran another epbuild. None when they agree."""
+    from epbuild import __version__
+
+    reported = result.get("versions")
+    if not isinstance(reported, dict):
+        return "the worker did not report the versions it compiled with; result discarded"
+    differ = [
+        f"{name} {reported.get(name, 'absent')} (worker) vs {want} (key)"
+        for name, want in sorted(keyed.items())
+        if reported.get(name, "absent") != want
+    ]
+    theirs = result.get("epbuild")
+    if theirs != __version__:
+        differ.append(f"epbuild {theirs or 'unknown'} (worker) vs {__version__} (here)")
+    if not differ:
+        return None
+    return (
+        "the worker compiled with other versions than the action key names: "
+        + "; ".join(differ)
+        + "; result neither committed nor cached"
+    )
+
+
+VERSIONS_HINT = (
+    "install the same versions where the compiles run (a Dask farm's workers) as where epbuild "
+    "runs, or build with --executor local"
+)
 
 _MAX_REPLANS = 5
 """Times an action is re-planned because its key changed while it waited for a lock."""

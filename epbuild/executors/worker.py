@@ -117,7 +117,34 @@ def compile_action(job: Job) -> dict[str, Any]:
         job.staging, list(job.models), adapter, config, job.share_weights, list(job.ctx_names)
     )
     detail["compiler"] = job.compile.compiler
-    return {"ok": True, "seconds": seconds, "peak_rss": peak_rss(), "detail": detail}
+    return {
+        "ok": True,
+        "seconds": seconds,
+        "peak_rss": peak_rss(),
+        "detail": detail,
+        "versions": compiled_with(config),
+        "epbuild": _epbuild_version(),
+    }
+
+
+def compiled_with(config: ProviderConfig) -> dict[str, str]:
+    """The versions this process compiled with, under the names an action key gives them
+    (``KeyComputer.versions``): read here, in the worker's own environment — a farm's or a
+    toolchain's — never taken from the coordinator."""
+    from epbuild.planning.keys import ORT_KEY
+    from epbuild.providers import get_provider
+    from epbuild.providers.base import onnxruntime_version
+
+    found = dict(get_provider(config.ep).versions(config))
+    found[ORT_KEY] = onnxruntime_version()
+    found["python"] = ".".join(map(str, sys.version_info[:3]))
+    return found
+
+
+def _epbuild_version() -> str:
+    from epbuild import __version__
+
+    return __version__
 
 
 def _compile_with_sessions(ort: Any, job: Job, adapter: Provider) -> None:
