@@ -405,7 +405,9 @@ def test_inputs_are_hashed_again_after_waiting_for_the_action_lock(
     err = tmp_path / "build.err"
     with locks.hold(str(lock), "a test holding the action lock"):
         proc = _popen_build(ws, cache, err)
-        _until("the build waiting for the lock", lambda: "waiting for" in err.read_text())
+        _until("the build waiting for the lock",
+               lambda: "waiting for" in err.read_text() or proc.poll() is not None)  # fmt: skip
+        assert proc.poll() is None, (proc.communicate(), err.read_text())
         model.write_bytes(first)  # ...and changed back while it waited
     out, _ = proc.communicate(timeout=300)
     assert proc.returncode == 0, err.read_text()

@@ -32,9 +32,8 @@ MIN_RATE = 1 << 20
 """Bytes per second a transfer is allowed to be as slow as, on top of the timeout."""
 
 
-def configured_timeout(manifest_value: float | None = None) -> float:
-    """The remote call timeout: ``EPBUILD_CACHE_TIMEOUT``, else the manifest's
-    ``[workspace] cache_timeout``, else ``DEFAULT_TIMEOUT``."""
+def configured_timeout() -> float:
+    """The remote call timeout: ``EPBUILD_CACHE_TIMEOUT``, else ``DEFAULT_TIMEOUT``."""
     raw = os.environ.get(TIMEOUT_ENV, "").strip()
     if raw:
         try:
@@ -47,7 +46,7 @@ def configured_timeout(manifest_value: float | None = None) -> float:
                 hint=f"set {TIMEOUT_ENV} to e.g. 30, or unset it",
             )
         return value
-    return manifest_value if manifest_value is not None else DEFAULT_TIMEOUT
+    return DEFAULT_TIMEOUT
 
 
 def _driver_options(protocols: set[str], timeout: float) -> dict[str, Any]:
