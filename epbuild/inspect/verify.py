@@ -132,12 +132,19 @@ def verify_outputs(
     for action in ws.actions:
         rec = ws.state.records.get(action.id)
         if rec is None or action.id in ws.state.interrupted:
+            damage = ws.state.damaged.get(action.id)
             what = "was interrupted" if rec else "has not been built"
+            what = f"is stale: {damage.reason()}" if damage else what
             result.problems.append(
                 Problem(action.out_dir, f"action {action.id} {what}; run 'epbuild build'")
             )
             continue
-        _check_outputs(ws, {p: (o.size, o.digest) for p, o in rec.outputs.items()}, result)
+        changed = _check_outputs(
+            ws, {p: (o.size, o.digest) for p, o in rec.outputs.items()}, result
+        )
+        warning = ws.record_damage(action.id, changed, "verify")
+        if warning is not None:
+            result.problems.append(Problem(action.out_dir, warning, severity=Severity.WARNING))
         toolchain = _toolchain(ws, action)
         # The adapter's view of the EP (its package, the metadata it writes) is the
         # toolchain's, for a provider that has one.
@@ -165,9 +172,11 @@ def _toolchain(ws: Workspace, action: Action) -> Toolchain | str | None:
 
 def _check_outputs(
     ws: Workspace, outputs: dict[str, tuple[int, str]], result: VerifyResult
-) -> None:
+) -> dict[str, str]:
     """Each recorded output exists with its recorded digest and holds no (long) workspace
-    path: one streamed read per file (see `epbuild.onnx.context.LONG_PATH_MIN`)."""
+    path: one streamed read per file (see `epbuild.onnx.context.LONG_PATH_MIN`). Returns
+    the outputs whose bytes differ (path → recorded digest)."""
+    changed: dict[str, str] = {}
     needles = scan_needles(ws.root)
     for rel, (size, digest) in sorted(outputs.items()):
         full = os.path.join(ws.root, rel)
@@ -180,6 +189,7 @@ def _check_outputs(
             result.problems.append(Problem(rel, f"cannot be read ({exc.strerror})"))
             continue
         if found.size != size or found.sha256 != digest:
+            changed[rel] = digest
             result.problems.append(
                 Problem(rel, "content does not match the digest recorded by the build")
             )
@@ -188,6 +198,7 @@ def _check_outputs(
             result.problems.append(
                 Problem(rel, f"contains the absolute path {leak!r} of this machine")
             )
+    return changed
 
 
 def _check_ctx(
