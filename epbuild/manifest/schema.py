@@ -335,7 +335,6 @@ def _matches(pattern: str, value: str) -> bool:
 
 def validate(value: Any, schema: dict[str, Any] = SCHEMA, path: tuple[str, ...] = ()) -> None:
     """Raise ``SchemaViolation`` for the first place ``value`` breaks ``schema``."""
-    import re
 
     if "type" in schema and not _type_ok(value, schema["type"]):
         wanted = schema["type"] if isinstance(schema["type"], str) else " or ".join(schema["type"])
