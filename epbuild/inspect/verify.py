@@ -17,12 +17,12 @@ import os
 import re
 import signal
 import subprocess
-import sys
 from contextlib import nullcontext
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from epbuild.errors import ToolchainError
+from epbuild.executors.local import own_command
 from epbuild.fs import digest_file
 from epbuild.inspect.ortcompat import OrtCompatibility, ort_compatibility
 from epbuild.onnx.context import (
@@ -278,7 +278,7 @@ def _load_checks(
 def _run_loader(
     root: str, ctx: str, job: dict[str, Any], toolchain: Toolchain | str | None
 ) -> LoadCheck:
-    command = [sys.executable, "-m", "epbuild.inspect.loadcheck"]
+    command = own_command("epbuild.inspect.loadcheck")
     if isinstance(toolchain, Toolchain):
         command = boot_command(toolchain.python, "epbuild.inspect.loadcheck")
     try:
