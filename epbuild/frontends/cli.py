@@ -92,6 +92,12 @@ def _verify_parser(sub: _Commands) -> None:
     _selectors(v)
     v.add_argument("--json", action="store_true")
     v.add_argument("--load", action="store_true", help="also run each model vs the CPU EP")
+    v.add_argument(
+        "--numerics",
+        action="store_true",
+        help="compare each model's outputs with its source's (figures per output, tolerances "
+        "from the manifest; recorded: a second run with nothing changed runs nothing)",
+    )
 
 
 def _package_parser(sub: _Commands) -> None:
@@ -445,7 +451,9 @@ def _cmd_report(args: argparse.Namespace) -> int:
 def _cmd_verify(args: argparse.Namespace) -> int:
     from epbuild.inspect.verify import verify_outputs
 
-    result = verify_outputs(args.directory, args.manifest, args.selectors, load=args.load)
+    result = verify_outputs(
+        args.directory, args.manifest, args.selectors, load=args.load, numerics=args.numerics
+    )
     if args.json:
         print_json(result.to_json())
         return 0 if result.ok else 1
@@ -454,6 +462,9 @@ def _cmd_verify(args: argparse.Namespace) -> int:
     for c in result.loads:
         if c.outcome.value == "not_loadable_here":
             print(f"{c.file}: not loadable here: {c.message}")
+    for n in result.numerics:
+        if n.status.value != "failed":
+            print(n.line())
     passed = sum(1 for c in result.loads if c.outcome.value == "passed")
     loads = f", {passed} loaded and matched the CPU EP" if args.load else ""
     lines = result.lines()
