@@ -143,3 +143,24 @@ def test_a_model_entry_overrides_the_group(workspace: Workspace, tmp_path: Path)
     )
     (entry,) = load_manifest(path).groups["g"].entries
     assert entry.numerics.rtol == 0.1 and entry.numerics.seed == 3
+
+
+def test_build_numerics_checks_what_it_built_and_detail_shows_it(workspace: Workspace) -> None:
+    workspace.model("m/c.onnx", matmul_model(3))
+    workspace.model("m/big.onnx", overflow_model())
+    workspace.manifest({"providers": {"htp": HTP73}, "groups": {
+        "single": {"models": ["m/c.onnx"], "providers": ["htp"]},
+        "big": {"models": ["m/big.onnx"], "providers": ["htp"]}}})  # fmt: skip
+    proc = workspace.cli("build", "--numerics", "single")
+    assert proc.returncode == 0, proc.stderr
+    assert "build/single/htp/c_ctx.onnx: numerics: ok (worst output y" in proc.stdout
+    proc = workspace.cli("build", "--numerics")
+    assert proc.returncode == 1
+    assert "big_ctx.onnx: numerics: output y: max_abs" in proc.stdout
+    assert "c_ctx.onnx: numerics" not in proc.stdout  # up to date: not checked again
+    doc = workspace.cli_json("status", "--detail")
+    figures = {a["id"]: a["models"][0]["numerics"] for a in doc["actions"]}
+    assert figures["single/htp/c"]["status"] == "ok"
+    assert figures["big/htp/big"]["status"] == "failed"
+    text = workspace.cli("status", "--detail").stdout
+    assert "numerics: failed: output y: max_abs" in text

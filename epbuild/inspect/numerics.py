@@ -219,13 +219,13 @@ class Store:
 def check_action(
     ws: Workspace, action: Action, toolchain: Any, store: Store
 ) -> list[NumericsCheck]:
-    """The numerical checks of one committed action's ctx models."""
+    """The numerical checks of one committed action's ctx models (recorded figures where
+    there are some for the same key, else a loader run)."""
     from epbuild.inspect.verify import LoadOutcome, load_check
 
     checks = []
-    for index, (entry, ctx) in enumerate(zip(action.entries, action.ctx_paths, strict=True)):
-        settings = entry.numerics
-        tol = tolerance(action.provider.ep, settings)
+    for index, ctx in enumerate(action.ctx_paths):
+        settings = action.entries[index].numerics
         try:
             samples = _sample_files(ws.root, settings.inputs)
         except UserError as exc:
@@ -240,8 +240,26 @@ def check_action(
                         "outputs": load.outputs}  # fmt: skip
             if load.outcome is not LoadOutcome.NOT_LOADABLE:
                 store.put(key, recorded)
+        tol = tolerance(action.provider.ep, settings)
         checks.append(_judge(action.id, ctx, recorded, tol, cached=key in store.entries))
     return checks
+
+
+def last_check(ws: Workspace, action: Action, index: int, store: Store) -> NumericsCheck | None:
+    """The recorded check of one ctx model as the outputs and settings are now (for
+    ``status --detail`` and packages); None when none was recorded. Runs nothing."""
+    if action.id not in ws.state.records:
+        return None
+    settings = action.entries[index].numerics
+    try:
+        samples = _sample_files(ws.root, settings.inputs)
+    except UserError:
+        return None
+    recorded = store.get(check_key(ws, action, index, samples, settings))
+    if recorded is None:
+        return None
+    tol = tolerance(action.provider.ep, settings)
+    return _judge(action.id, action.ctx_paths[index], recorded, tol, cached=True)
 
 
 def _judge(
@@ -262,3 +280,28 @@ def _judge(
     status = NumericsStatus.FAILED if problems else NumericsStatus.OK
     reason = "; ".join(problems)
     return NumericsCheck(action, ctx, status, reason, judged, tol, cached)
+
+
+def check_numerics(
+    directory: str | os.PathLike[str] = ".",
+    manifest: str | os.PathLike[str] | None = None,
+    selectors: list[str] | tuple[str, ...] = (),
+) -> list[NumericsCheck]:
+    """The numerical checks of the selected committed actions (``build --numerics`` runs
+    them for the actions it built); actions not committed are left out."""
+    from epbuild.errors import ToolchainError
+    from epbuild.planning.workspace import open_workspace
+
+    ws = open_workspace(directory, manifest, selectors)
+    store = Store(ws.state_dir)
+    checks: list[NumericsCheck] = []
+    for action in ws.actions:
+        if action.id not in ws.state.records or action.id in ws.state.interrupted:
+            continue
+        try:
+            toolchain: Any = ws.keys.toolchains.get(action.provider)
+        except ToolchainError as exc:
+            toolchain = exc.message
+        checks += check_action(ws, action, toolchain, store)
+    store.save(ws)
+    return checks
