@@ -16,6 +16,7 @@ from epbuild.errors import ManifestError
 from epbuild.inspect.numerics import NumericsStatus
 from epbuild.inspect.verify import verify_outputs
 from epbuild.manifest.load import load_manifest
+from epbuild.results import Outcome
 
 
 def overflow_model(n: int = 32) -> object:
@@ -164,3 +165,50 @@ def test_build_numerics_checks_what_it_built_and_detail_shows_it(workspace: Work
     assert figures["big/htp/big"]["status"] == "failed"
     text = workspace.cli("status", "--detail").stdout
     assert "numerics: failed: output y: max_abs" in text
+
+
+# ---------------------------------------------------------------------------------------
+# Graph coverage: split graphs are said, and "auto" tries the lower optimisation levels
+
+
+def test_a_split_graph_is_a_warning_naming_the_ops(workspace: Workspace) -> None:
+    from modelgen import partial_model
+
+    workspace.model("m/p.onnx", partial_model(1))
+    group = {"models": ["m/p.onnx"], "providers": ["htp"]}
+    workspace.manifest({"providers": {"htp": HTP73}, "groups": {"g": group}})
+    (action,) = workspace.build().actions
+    assert action.warnings == [
+        "m/p.onnx: the graph is split into 2 EPContext nodes; on the CPU EP: Acos x1. Each "
+        'split costs a round trip to the CPU: try graph_optimization_level = "auto", or '
+        "rewrite those ops"
+    ]
+
+
+def test_auto_tries_lower_levels_only_where_nodes_fall_back(workspace: Workspace) -> None:
+    from modelgen import partial_model
+
+    from epbuild.inspect.detail import status_detail
+
+    workspace.model("m/p.onnx", partial_model(1))
+    workspace.model("m/c.onnx", matmul_model(3))
+    workspace.manifest({"providers": {"htp": HTP73}, "groups": {"g": {
+        "models": ["m/p.onnx", "m/c.onnx"], "providers": ["htp"],
+        "graph_optimization_level": "auto"}}})  # fmt: skip
+    result = workspace.build()
+    assert result.ok
+    from epbuild.state.journal import load_state
+
+    records = load_state(str(workspace.root / ".epbuild/state.jsonl")).records
+    # Acos stays on the CPU at every level: all three tried, the first (all) kept
+    assert records["g/htp/p"].detail["optimization_tried"] == {
+        "all": [1, 2], "basic": [1, 2], "disabled": [1, 2]}  # fmt: skip
+    assert records["g/htp/p"].detail["optimization_level"] == "all"
+    # nothing falls back: only "all" compiled
+    assert records["g/htp/c"].detail["optimization_tried"] == {"all": [0, 1]}
+    out = sorted(p.name for p in (workspace.root / "build/g/htp").iterdir())
+    assert out == ["c_ctx.onnx", "c_ctx_qnn.bin", "p_ctx.onnx", "p_ctx_qnn.bin"]
+    levels = {d.id: d.models[0].optimization_level for d in status_detail(workspace.root)}
+    assert levels == {"g/htp/p": "all", "g/htp/c": "all"}
+    assert verify_outputs(workspace.root).ok
+    assert workspace.build().count(Outcome.UP_TO_DATE) == 2

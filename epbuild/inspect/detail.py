@@ -25,6 +25,8 @@ class ModelDetail:
     source_nodes: int
     cpu_nodes: int
     cpu_op_types: dict[str, int]
+    optimization_level: str | None = None
+    """The level ``graph_optimization_level = "auto"`` chose (None: not auto)."""
     numerics: dict[str, Any] | None = None
     """The last ``verify --numerics`` of the model as it is now (its ``--json`` form)."""
 
@@ -115,6 +117,7 @@ def _model_detail(out_dir: str, model: str, name: str, info: dict[str, Any]) -> 
         source_nodes=int(info.get("source_nodes", 0)),
         cpu_nodes=int(info.get("cpu_nodes", 0)),
         cpu_op_types=dict(info.get("cpu_op_types", {})),
+        optimization_level=info.get("optimization_level"),
     )
 
 
@@ -150,6 +153,7 @@ def render(details: list[ActionDetail]) -> list[str]:
                 f"  {model_label(m.model, m.name)}: {m.context_nodes} "
                 f"EPContext node(s) from "
                 f"{m.source_nodes} source nodes; on the CPU EP: {cpu}"
+                + (f' (auto: level "{m.optimization_level}")' if m.optimization_level else "")
             )
             if m.numerics is not None:
                 lines.append(f"    numerics: {numerics_summary(m.numerics)}")

@@ -74,8 +74,10 @@ COMPILE_PROPERTIES: dict[str, Any] = {
     },
     "graph_optimization_level": {
         "type": "string",
-        "enum": ["disabled", "basic", "extended", "all"],
-        "description": "ONNX Runtime graph optimisations before partitioning (default all).",
+        "enum": ["disabled", "basic", "extended", "all", "auto"],
+        "description": "ONNX Runtime graph optimisations before partitioning (default all). "
+        "auto: all, and where nodes fall back to the CPU EP also basic and disabled, keeping "
+        "the result with the fewest CPU nodes, then the fewest EPContext nodes.",
     },
     "disable_cpu_ep_fallback": {
         "type": "boolean",
