@@ -228,3 +228,31 @@ def test_absolute_or_climbing_cache_references_fail_staging(tmp_path: Path) -> N
         root = staging.parent.parent.parent
         with pytest.raises(VerificationError, match=r"a_ctx\.onnx: references .*absolute"):
             check_staged(str(root), "build/.staging/x-1", ("a_ctx.onnx",))
+
+
+def test_node_metadata_is_free_text(tmp_path: Path) -> None:
+    """The dynamo exporter writes stack traces into node ``metadata_props``: checked as
+    free text (a machine path the compile wrote there is an error)."""
+    model = _ctx_model()
+    trace = f'File "{tmp_path}/export.py", line 3, in forward'
+    model.graph.node[1].metadata_props.add(key="pkg.torch.onnx.stack_trace", value=trace)
+    (problem,) = _problems(tmp_path, model)
+    assert problem.node == "/model/layers.0/Relu"
+    assert problem.attribute == "metadata_props['pkg.torch.onnx.stack_trace']"
+    source = _ctx_model()
+    source.graph.node[1].metadata_props.add(key="pkg.torch.onnx.stack_trace", value=trace)
+    (kept,) = _problems(tmp_path, model, (_source(tmp_path, source),))
+    assert kept.severity is Severity.WARNING
+
+
+def test_a_crashing_compile_names_the_model(
+    workspace: Workspace, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A worker that dies inside the EP says which model of its group it was compiling."""
+    workspace.model("m/a.onnx")
+    workspace.model("m/b.onnx")
+    group = {"models": ["m/a.onnx", "m/b.onnx"], "providers": ["htp"], "share_weights": True}
+    workspace.manifest({"providers": {"htp": HTP73}, "groups": {"g": group}})
+    monkeypatch.setenv("EPBUILD_TEST_HOOK", "segv:m/b.onnx")
+    (action,) = workspace.build().actions
+    assert action.error == "the worker was killed by SIGSEGV while compiling m/b.onnx"
