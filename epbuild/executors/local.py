@@ -51,7 +51,15 @@ class Executor(Protocol):
 
 # Started from the workspace root, but never import from it: a folder there named like a
 # module (even "epbuild") must not shadow the installed package.
-WORKER_BOOT = "import sys; del sys.path[0]; from epbuild.executors.worker import main; main()"
+def own_command(module: str) -> list[str]:
+    """The command that runs ``module``'s ``main()`` in epbuild's own environment, with the
+    working directory (a workspace: a folder named ``numpy`` in it would shadow the real
+    package) taken off the import path."""
+    code = f"import sys; del sys.path[0]; from {module} import main; main()"
+    return [sys.executable, "-c", code]
+
+
+WORKER_BOOT = own_command("epbuild.executors.worker")[2]
 
 
 def _tail(path: str, lines: int = 12) -> list[str]:

@@ -1,6 +1,6 @@
 """``verify --load``'s subprocess: run one ctx model and its source model on the CPU EP.
 
-Run as ``python -m epbuild.inspect.loadcheck`` from the workspace root with one JSON job on stdin
+Run from the workspace root (which is not on its import path) with one JSON job on stdin
 (``ctx``, ``source``, ``provider``, and ``free_dimensions`` the source runs with). Prints
 one JSON line: ``outcome`` (``passed``, ``failed``, ``not_loadable_here``), ``message`` and
 ``max_error``. A native crash ends the process; the parent reports it.
@@ -59,8 +59,10 @@ def compare(got: list[Any], want: list[Any]) -> float:
     """Largest absolute difference over all outputs, relative to the largest reference value."""
     import numpy as np
 
+    if len(got) != len(want):
+        raise ValueError(f"{len(got)} output(s), the source model {len(want)}")
     worst = 0.0
-    for a, b in zip(got, want, strict=False):
+    for a, b in zip(got, want, strict=True):
         a64, b64 = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
         if a64.shape != b64.shape:
             return float("inf")
@@ -94,6 +96,11 @@ def check(job: dict[str, Any]) -> dict[str, Any]:
         return {"outcome": "not_loadable_here", "message": exc.message}
     except EpbuildError as exc:
         return {"outcome": "failed", "message": _explain(exc.message)}
+    if len(got) != len(want):
+        return {
+            "outcome": "failed",
+            "message": f"the ctx model has {len(got)} output(s), its source model {len(want)}",
+        }
     err = compare(got, want)
     if err > RTOL:
         return {

@@ -17,12 +17,12 @@ import os
 import re
 import signal
 import subprocess
-import sys
 from contextlib import nullcontext
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from epbuild.errors import ToolchainError
+from epbuild.executors.local import own_command
 from epbuild.fs import digest_file
 from epbuild.inspect.ortcompat import OrtCompatibility, ort_compatibility
 from epbuild.onnx.context import (
@@ -137,12 +137,19 @@ def verify_outputs(
     for action in ws.actions:
         rec = ws.state.records.get(action.id)
         if rec is None or action.id in ws.state.interrupted:
+            damage = ws.state.damaged.get(action.id)
             what = "was interrupted" if rec else "has not been built"
+            what = f"is stale: {damage.reason()}" if damage else what
             result.problems.append(
                 Problem(action.out_dir, f"action {action.id} {what}; run 'epbuild build'")
             )
             continue
-        _check_outputs(ws, {p: (o.size, o.digest) for p, o in rec.outputs.items()}, result)
+        changed = _check_outputs(
+            ws, {p: (o.size, o.digest) for p, o in rec.outputs.items()}, result
+        )
+        warning = ws.record_damage(action.id, changed, "verify")
+        if warning is not None:
+            result.problems.append(Problem(action.out_dir, warning, severity=Severity.WARNING))
         toolchain = _toolchain(ws, action)
         # The adapter's view of the EP (its package, the metadata it writes) is the
         # toolchain's, for a provider that has one.
@@ -172,9 +179,11 @@ def _toolchain(ws: Workspace, action: Action) -> Toolchain | str | None:
 
 def _check_outputs(
     ws: Workspace, outputs: dict[str, tuple[int, str]], result: VerifyResult
-) -> None:
+) -> dict[str, str]:
     """Each recorded output exists with its recorded digest and holds no (long) workspace
-    path: one streamed read per file (see `epbuild.onnx.context.LONG_PATH_MIN`)."""
+    path: one streamed read per file (see `epbuild.onnx.context.LONG_PATH_MIN`). Returns
+    the outputs whose bytes differ (path → recorded digest)."""
+    changed: dict[str, str] = {}
     needles = scan_needles(ws.root)
     for rel, (size, digest) in sorted(outputs.items()):
         full = os.path.join(ws.root, rel)
@@ -187,12 +196,14 @@ def _check_outputs(
             result.problems.append(Problem(rel, f"cannot be read ({exc.strerror})"))
             continue
         if found.size != size or found.sha256 != digest:
+            changed[rel] = digest
             result.problems.append(
                 Problem(rel, "content does not match the digest recorded by the build")
             )
         leak = needle_problem(rel, found.found)
         if leak is not None:
             result.problems.append(leak)
+    return changed
 
 
 def _check_ctx(
@@ -277,7 +288,7 @@ def _load_checks(
 def _run_loader(
     root: str, ctx: str, job: dict[str, Any], toolchain: Toolchain | str | None
 ) -> LoadCheck:
-    command = [sys.executable, "-m", "epbuild.inspect.loadcheck"]
+    command = own_command("epbuild.inspect.loadcheck")
     if isinstance(toolchain, Toolchain):
         command = boot_command(toolchain.python, "epbuild.inspect.loadcheck")
     try:

@@ -322,9 +322,19 @@ def _describe(value: Any) -> str:
     return _TYPE_NAMES.get(type(value), type(value).__name__)
 
 
+def _matches(pattern: str, value: str) -> bool:
+    """JSON Schema's ``pattern`` (ECMA-262 semantics): a search, where ``$`` matches only at
+    the very end. Python's ``$`` also matches before a final newline, which let a group
+    named ``"main\\n"`` through."""
+    import re
+
+    if pattern.endswith("$") and not pattern.endswith("\\$"):
+        pattern = pattern[:-1] + "\\Z"
+    return re.search(pattern, value) is not None
+
+
 def validate(value: Any, schema: dict[str, Any] = SCHEMA, path: tuple[str, ...] = ()) -> None:
     """Raise ``SchemaViolation`` for the first place ``value`` breaks ``schema``."""
-    import re
 
     if "type" in schema and not _type_ok(value, schema["type"]):
         wanted = schema["type"] if isinstance(schema["type"], str) else " or ".join(schema["type"])
@@ -339,7 +349,7 @@ def validate(value: Any, schema: dict[str, Any] = SCHEMA, path: tuple[str, ...] 
             raise SchemaViolation(path, f"must be at most {schema['maximum']}")
     if isinstance(value, str) and len(value) < schema.get("minLength", 0):
         raise SchemaViolation(path, "must not be empty")
-    if isinstance(value, str) and "pattern" in schema and not re.match(schema["pattern"], value):
+    if isinstance(value, str) and "pattern" in schema and not _matches(schema["pattern"], value):
         raise SchemaViolation(path, f"{json.dumps(value)} is not a valid name", _NAME_HINT)
     if isinstance(value, list):
         if len(value) < schema.get("minItems", 0):
@@ -353,7 +363,7 @@ def validate(value: Any, schema: dict[str, Any] = SCHEMA, path: tuple[str, ...] 
                 raise SchemaViolation((*path, req), "is required")
         pattern = schema.get("propertyNames", {}).get("pattern")
         for key, item in value.items():
-            if pattern and not re.match(pattern, key):
+            if pattern and not _matches(pattern, key):
                 raise SchemaViolation((*path, key), "is not a valid name", _NAME_HINT)
             if key in props:
                 validate(item, props[key], (*path, key))

@@ -403,9 +403,9 @@ class _Reader:
             self.text("name", spans[3], name)
             self.text("doc_string", spans[6], name)
             for s, e in props:  # the dynamo exporter's stack traces, say
-                key, value = _entry(buf, s, e)
-                if value:
-                    self.strings.append(StringField(f"metadata_props[{key!r}]", value, name))
+                prop, text = _entry(buf, s, e)
+                if text:
+                    self.strings.append(StringField(f"metadata_props[{prop!r}]", text, name))
             for attr, value in values.items():
                 if isinstance(value, str) and not (op_type == "EPContext" and attr == _CACHE):
                     self.strings.append(StringField(f"attribute {attr}", value, name))
