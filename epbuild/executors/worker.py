@@ -39,6 +39,16 @@ def _watch_parent() -> None:
     os._exit(70)
 
 
+COMPILING = "epbuild: compiling "
+"""What the worker writes to its log before each model's compile (`say_compiling`): a
+worker that dies inside the EP (a native crash) then still names the model it was on."""
+
+
+def say_compiling(model: str) -> None:
+    """Log the model about to be compiled (read back by ``executors.local.outcome_of``)."""
+    print(COMPILING + model, file=sys.stderr, flush=True)
+
+
 def _test_hook(model: str) -> None:
     """A narrow seam for crash tests: ``EPBUILD_TEST_HOOK=KIND:SUBSTRING[:SECONDS]``.
 
@@ -171,6 +181,7 @@ def _compile_with_sessions(ort: Any, job: Job, adapter: Provider) -> None:
     try:
         for index, model in enumerate(job.models):
             so = session_options(ort, job, index, adapter)
+            say_compiling(model)
             _test_hook(model)
             # No local name for a session: it would outlive the reverse teardown below (and,
             # through a traceback, the failure of the next one). tests/test_worker_teardown.
@@ -186,6 +197,7 @@ def _compile_with_api(ort: Any, job: Job, adapter: Provider) -> None:
     ``ep.share_ep_contexts`` entries as sessions, the stop entry on the last model."""
     for index, model in enumerate(job.models):
         so = session_options(ort, job, index, adapter)
+        say_compiling(model)
         _test_hook(model)
         _compile_model(ort, job, index, so)
 

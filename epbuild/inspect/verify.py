@@ -28,13 +28,17 @@ from epbuild.inspect.numerics import NumericsCheck, NumericsStatus, Store, check
 from epbuild.inspect.ortcompat import OrtCompatibility, ort_compatibility
 from epbuild.onnx.context import (
     COMPAT_PREFIX,
+    MachinePaths,
     Problem,
     Severity,
     SourceText,
     context_problems,
+    machine_paths,
+    needle_problem,
     path_problems,
     scan_needles,
     source_text,
+    toolchain_dirs,
 )
 from epbuild.onnx.proto import ModelInfo, ProtoError, read_model
 from epbuild.planning.actions import Action
@@ -144,6 +148,7 @@ def verify_outputs(
     ws = open_workspace(directory, manifest, selectors)
     result = VerifyResult()
     store = Store(ws.state_dir) if numerics else None
+    machine = machine_paths(ws.root)
     for action in ws.actions:
         rec = ws.state.records.get(action.id)
         if rec is None or action.id in ws.state.interrupted:
@@ -163,12 +168,14 @@ def verify_outputs(
         toolchain = _toolchain(ws, action)
         # The adapter's view of the EP (its package, the metadata it writes) is the
         # toolchain's, for a provider that has one.
-        with scanning(toolchain.sites) if isinstance(toolchain, Toolchain) else nullcontext():
+        own = toolchain if isinstance(toolchain, Toolchain) else None
+        with scanning(own.sites) if own is not None else nullcontext():
             text = source_text(ws.root, action.models)
+            paths = machine.with_dirs(toolchain_dirs(own))
             infos = []
             for ctx in action.ctx_paths:
                 result.checked.append(ctx)
-                infos.append(_check_ctx(ws, action, ctx, text, result))
+                infos.append(_check_ctx(ws, action, ctx, (text, paths), result))
             if action.group.share_weights:
                 _check_sharing(action, infos, result)
             if load:
@@ -212,18 +219,21 @@ def _check_outputs(
             result.problems.append(
                 Problem(rel, "content does not match the digest recorded by the build")
             )
-        if found.found is not None:
-            leak = found.found.decode(errors="replace").rstrip("/" + os.sep)
-            result.problems.append(
-                Problem(rel, f"contains the absolute path {leak!r} of this machine")
-            )
+        leak = needle_problem(rel, found.found)
+        if leak is not None:
+            result.problems.append(leak)
     return changed
 
 
 def _check_ctx(
-    ws: Workspace, action: Action, ctx: str, text: SourceText, result: VerifyResult
+    ws: Workspace,
+    action: Action,
+    ctx: str,
+    text: tuple[SourceText, MachinePaths],
+    result: VerifyResult,
 ) -> ModelInfo | None:
-    """Every rule for one ctx model; returns it read (None: missing or unreadable)."""
+    """Every rule for one ctx model (``text``: its sources' text and the build machine's
+    paths); returns it read (None: missing or unreadable)."""
     full = os.path.join(ws.root, ctx)
     if not os.path.isfile(full):
         result.problems.append(Problem(ctx, "ctx model is missing"))
@@ -237,7 +247,7 @@ def _check_ctx(
     result.problems += context_problems(
         ws.root, ctx, info, action.provider, action.group.embed_mode, out_dir
     )
-    result.problems += path_problems(ctx, info, text)
+    result.problems += path_problems(ctx, info, *text)
     verdict = ort_compatibility(ctx, full, action.provider)
     result.ort.append(verdict)
     problem = verdict.problem()
