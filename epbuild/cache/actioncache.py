@@ -65,14 +65,18 @@ class ActionCache:
         self.local_backend = LocalBackend(local_dir)
         self.local = Store(self.local_backend)
         self.remote: Store | None = None
-        if remote_url:
-            from epbuild.cache.remote import FsspecBackend
-
-            self.remote = Store(FsspecBackend(remote_url))
         self.push = push
         self.outage: str | None = None
         """Why the remote tier was switched off in this run (None: it works, or there is none)."""
         self._outage_lock = threading.Lock()
+        self.remote_url = remote_url
+        if remote_url:
+            from epbuild.cache.remote import FsspecBackend
+
+            try:
+                self.remote = Store(FsspecBackend(remote_url))
+            except CacheUnavailableError as exc:
+                self.outage = exc.message
 
     def _remote(self, call: Callable[[Store], T], default: T) -> T:
         """Ask the remote tier, unless it is off; a failure switches it off and gives
@@ -95,7 +99,7 @@ class ActionCache:
 
     def describe(self) -> str:
         """Where the cache is, for messages."""
-        return self.local.url + (f" + {self.remote.url}" if self.remote else "")
+        return self.local.url + (f" + {self.remote_url}" if self.remote_url else "")
 
     # -- restore -------------------------------------------------------------------------
 

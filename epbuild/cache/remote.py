@@ -84,15 +84,18 @@ class FsspecBackend:
         self.url = url
         protocol = url.split("://", 1)[0].lower()
         options = {**_driver_options({protocol}, self.timeout), **storage_options}
-        try:
-            fs, root = self._call(lambda: fsspec.core.url_to_fs(url, **options), "connect")
-        except CacheUnavailableError as exc:
-            if isinstance(exc.__cause__, (ImportError, ValueError)):
-                raise UserError(
-                    f"cache URL {url}: {exc.__cause__}",
-                    hint="install the fsspec driver for it (s3fs for s3://, gcsfs for gs://)",
-                ) from exc.__cause__
-            raise
+        try:  # local work (imports, configuration): no deadline, nothing is asked yet
+            fs, root = fsspec.core.url_to_fs(url, **options)
+        except (ImportError, ValueError) as exc:
+            raise UserError(
+                f"cache URL {url}: {exc}",
+                hint="install the fsspec driver for it (s3fs for s3://, gcsfs for gs://)",
+            ) from exc
+        except Exception as exc:
+            raise CacheUnavailableError(
+                f"remote cache {url}: {type(exc).__name__}: {exc}",
+                hint="check the URL and the driver's configuration",
+            ) from exc
         if _driver_options({protocol}, self.timeout) and hasattr(fs, "retries"):
             fs.retries = 1  # s3fs's own retry loop, above botocore's
         self.fs = fs
