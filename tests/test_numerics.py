@@ -236,3 +236,16 @@ def test_auto_survives_a_level_the_ep_crashes_on(workspace: Workspace) -> None:
     assert rec.detail["optimization_level"] == "all" and tried["all"][1] >= 2
     assert tried["basic"] == tried["all"] and tried["disabled"].startswith("crashed")
     assert verify_outputs(workspace.root).ok
+
+
+def test_the_html_report_shows_the_last_figures(workspace: Workspace, tmp_path: Path) -> None:
+    from epbuild.inspect.html import write_html_report
+
+    workspace.model("m/c.onnx", matmul_model(3))
+    group = {"models": ["m/c.onnx"], "providers": ["htp"]}
+    workspace.manifest({"providers": {"htp": HTP73}, "groups": {"g": group}})
+    assert workspace.build().ok
+    verify_outputs(workspace.root, numerics=True)
+    page = tmp_path / "r.html"
+    write_html_report(workspace.root, None, [], page)
+    assert "c: ok (worst output y: max_abs" in page.read_text()
