@@ -286,3 +286,12 @@ def test_a_toolchains_directories_are_machine_paths(tmp_path: Path) -> None:
     assert found == f"{env}/lib/python3.11/site-packages"  # the longest of its directories
     assert machine.find(f"{env}/bin/python") == f"{env}/bin"
     assert machine_paths(str(tmp_path)).find(f"{env}/bin/python") != f"{env}/bin"
+
+
+def test_a_shorter_path_in_the_source_does_not_excuse_a_longer_one(tmp_path: Path) -> None:
+    source = _ctx_model()
+    source.doc_string = f"exported under {tmp_path}"
+    model = _ctx_model()
+    model.doc_string = f"compiled from {tmp_path}/m/a.onnx"
+    (problem,) = _problems(tmp_path, model, (_source(tmp_path, source),))
+    assert problem.severity is Severity.ERROR
