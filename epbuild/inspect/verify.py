@@ -24,6 +24,7 @@ from typing import Any
 from epbuild.errors import ToolchainError
 from epbuild.executors.local import own_command
 from epbuild.fs import digest_file
+from epbuild.inspect.numerics import NumericsCheck, NumericsStatus, Store, check_action
 from epbuild.inspect.ortcompat import OrtCompatibility, ort_compatibility
 from epbuild.onnx.context import (
     COMPAT_PREFIX,
@@ -68,10 +69,12 @@ class LoadCheck:
     max_error: float | None = None
     crashed: bool = False
     """The loader process died from a signal (a native crash)."""
+    outputs: list[dict[str, Any]] | None = None
+    """Per output of the model, its figures against the source (``loadcheck.figures_of``)."""
 
     def to_json(self) -> dict[str, Any]:
         """The ``--json`` form."""
-        doc = {k: v for k, v in asdict(self).items() if k != "crashed"}
+        doc = {k: v for k, v in asdict(self).items() if k not in ("crashed", "outputs")}
         return {**doc, "outcome": self.outcome.value}
 
 
@@ -85,12 +88,19 @@ class VerifyResult:
     loads: list[LoadCheck] = field(default_factory=list)
     ort: list[OrtCompatibility] = field(default_factory=list)
     """ONNX Runtime's verdict per checked ctx model (its problems are in ``problems``)."""
+    numerics: list[NumericsCheck] = field(default_factory=list)
+    """``--numerics``: each ctx model's figures against its source."""
 
     @property
     def ok(self) -> bool:
-        """No error (warnings are fine), and no load check failed."""
+        """No error (warnings are fine), and no load or numerical check failed."""
         errors = [p for p in self.problems if p.severity is Severity.ERROR]
-        return not errors and all(c.outcome is not LoadOutcome.FAILED for c in self.loads)
+        failed = any(c.status is NumericsStatus.FAILED for c in self.numerics)
+        return (
+            not errors
+            and not failed
+            and all(c.outcome is not LoadOutcome.FAILED for c in self.loads)
+        )
 
     def lines(self) -> list[str]:
         """Every problem and failed load, one line each."""
@@ -101,6 +111,7 @@ class VerifyResult:
         out += [
             f"{c.file}: load: {c.message}" for c in self.loads if c.outcome is LoadOutcome.FAILED
         ]
+        out += [c.line() for c in self.numerics if c.status is NumericsStatus.FAILED]
         return out
 
     def to_json(self) -> dict[str, Any]:
@@ -111,6 +122,7 @@ class VerifyResult:
             "problems": [p.to_json() for p in self.problems],
             "loads": [c.to_json() for c in self.loads],
             "ort_compatibility": [self._ort_json(c) for c in self.ort],
+            "numerics": [c.to_json() for c in self.numerics],
         }
 
     def _ort_json(self, check: OrtCompatibility) -> dict[str, Any]:
@@ -129,10 +141,13 @@ def verify_outputs(
     selectors: list[str] | tuple[str, ...] = (),
     *,
     load: bool = False,
+    numerics: bool = False,
 ) -> VerifyResult:
-    """Check every selected action's built outputs; with ``load``, also run them."""
+    """Check every selected action's built outputs; with ``load``, also run them; with
+    ``numerics``, compare each one's outputs with its source's (``epbuild.inspect.numerics``)."""
     ws = open_workspace(directory, manifest, selectors)
     result = VerifyResult()
+    store = Store(ws.state_dir) if numerics else None
     machine = machine_paths(ws.root)
     for action in ws.actions:
         rec = ws.state.records.get(action.id)
@@ -165,6 +180,10 @@ def verify_outputs(
                 _check_sharing(action, infos, result)
             if load:
                 result.loads.extend(_load_checks(ws, action, toolchain))
+            if store is not None and not changed:
+                result.numerics.extend(check_action(ws, action, toolchain, store))
+    if store is not None:
+        store.save(ws)
     return result
 
 
@@ -251,38 +270,47 @@ def _check_sharing(action: Action, infos: list[ModelInfo | None], result: Verify
 def _load_checks(
     ws: Workspace, action: Action, toolchain: Toolchain | str | None
 ) -> list[LoadCheck]:
+    return [load_check(ws, action, i, toolchain) for i in range(len(action.ctx_paths))]
+
+
+def load_check(
+    ws: Workspace,
+    action: Action,
+    index: int,
+    toolchain: Toolchain | str | None,
+    extra: dict[str, Any] | None = None,
+) -> LoadCheck:
+    """Run the ``index``-th ctx model of ``action`` and its source on the same feeds in a
+    loader process (``extra``: more of the job, e.g. the numerics inputs)."""
     adapter = get_provider(action.provider.ep)
     load_problem = getattr(adapter, "load_problem", None)
     reason = load_problem(action.provider, action.group.share_weights) if load_problem else None
     if isinstance(toolchain, str):
         reason = f"its toolchain is not usable here: {toolchain}"
-    explain = getattr(adapter, "explain_load_failure", None)
+    ctx = action.ctx_paths[index]
     if reason:
-        return [LoadCheck(ctx, LoadOutcome.NOT_LOADABLE, reason) for ctx in action.ctx_paths]
-    checks = []
-    for model, ctx, dims in zip(
-        action.models, action.ctx_paths, action.free_dimensions, strict=True
-    ):
-        job = {"ctx": ctx, "source": model, "provider": action.provider.to_json()}
-        if dims:  # the source runs at the shapes the ctx model was compiled for
-            job["free_dimensions"] = dims
-        check = _run_loader(ws.root, ctx, job, toolchain)
-        failed = check.outcome is LoadOutcome.FAILED
-        why = explain(action.provider, check.message) if explain and failed else None
-        if why:  # a known limit of the EP's package, not a bad build
-            check = LoadCheck(ctx, LoadOutcome.NOT_LOADABLE, why)
-        # Where the adapter says this host is not the target (QNN on x86_64 runs contexts in
-        # an emulation), a native crash of the loader is the host's limit, not a bad build;
-        # a corrupt context still fails with an error or wrong numbers.
-        emulated = load_problem is not None and load_problem(action.provider, True) is not None
-        if check.crashed and emulated:
-            check = LoadCheck(
-                ctx,
-                LoadOutcome.NOT_LOADABLE,
-                f"{check.message}; this host cannot load it, check it on the target",
-            )
-        checks.append(check)
-    return checks
+        return LoadCheck(ctx, LoadOutcome.NOT_LOADABLE, reason)
+    explain = getattr(adapter, "explain_load_failure", None)
+    job = {"ctx": ctx, "source": action.models[index], "provider": action.provider.to_json()}
+    dims = action.free_dimensions[index]
+    if dims:  # the source runs at the shapes the ctx model was compiled for
+        job["free_dimensions"] = dims
+    check = _run_loader(ws.root, ctx, {**job, **(extra or {})}, toolchain)
+    failed = check.outcome is LoadOutcome.FAILED
+    why = explain(action.provider, check.message) if explain and failed else None
+    if why:  # a known limit of the EP's package, not a bad build
+        check = LoadCheck(ctx, LoadOutcome.NOT_LOADABLE, why)
+    # Where the adapter says this host is not the target (QNN on x86_64 runs contexts in
+    # an emulation), a native crash of the loader is the host's limit, not a bad build;
+    # a corrupt context still fails with an error or wrong numbers.
+    emulated = load_problem is not None and load_problem(action.provider, True) is not None
+    if check.crashed and emulated:
+        check = LoadCheck(
+            ctx,
+            LoadOutcome.NOT_LOADABLE,
+            f"{check.message}; this host cannot load it, check it on the target",
+        )
+    return check
 
 
 def _run_loader(
@@ -312,7 +340,8 @@ def _run_loader(
         return LoadCheck(ctx, LoadOutcome.FAILED, why, crashed=proc.returncode < 0)
     data = json.loads(lines[-1])
     outcome = LoadOutcome(data["outcome"])
-    return LoadCheck(ctx, outcome, data.get("message", ""), data.get("max_error"))
+    outputs = data.get("outputs")
+    return LoadCheck(ctx, outcome, data.get("message", ""), data.get("max_error"), outputs=outputs)
 
 
 _NOISE = re.compile(r"\[W:onnxruntime|LIBNATIVE|\x1b\[")

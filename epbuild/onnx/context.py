@@ -360,7 +360,29 @@ def report_problems(
             "EPContext node names were not prefixed"
         )
         problems.append(Problem(model, note, severity=Severity.WARNING))
+    split = split_warning(report)
+    if split:
+        problems.append(Problem(model, f"{model}: {split}", severity=Severity.WARNING))
     return problems
+
+
+def split_warning(report: dict[str, Any]) -> str | None:
+    """A warning when the EP split a model's graph: more than one EPContext node, with the
+    nodes ONNX Runtime left on the CPU EP (between or around them) named by op type."""
+    contexts = report.get("context_nodes", 0)
+    if not isinstance(contexts, int) or contexts < 2:
+        return None
+    ops = report.get("cpu_op_types") or {}
+    cpu = ", ".join(f"{op} x{n}" for op, n in sorted(ops.items())) or "none"
+    level = report.get("optimization_level")
+    if level is None:
+        advice = 'try graph_optimization_level = "auto", or rewrite those ops'
+    else:
+        advice = f'"auto" kept level {level} (no level left fewer); rewrite those ops'
+    return (
+        f"the graph is split into {contexts} EPContext nodes; on the CPU EP: {cpu}. "
+        f"Each split costs a round trip to the CPU: {advice}"
+    )
 
 
 # ---------------------------------------------------------------------------------------
