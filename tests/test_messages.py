@@ -222,8 +222,8 @@ def test_a_cache_that_is_a_file(simple_ws: Callable[..., Workspace]) -> None:
 
 def test_cache_warnings_name_the_path_not_a_repr(simple_ws: Callable[..., Workspace]) -> None:
     ws = simple_ws()
-    (ws.root / "c2").mkdir()
-    (ws.root / "c2" / "v1").write_text("")  # the cache's own layout is blocked
+    (ws.root / "c2" / "v1").mkdir(parents=True)
+    (ws.root / "c2" / "v1" / "entries").write_text("")  # the cache's own layout is blocked
     proc = epbuild(ws.root, "build", "--cache", "c2", timeout=300)
     assert proc.returncode == 0, proc.stderr
     assert "warning: cache unusable for" in proc.stderr

@@ -383,7 +383,7 @@ def linked_make(monkeypatch: pytest.MonkeyPatch) -> None:
     to the tests' own virtualenv (``pyvenv.cfg`` + ``lib``): a working toolchain in no time."""
     monkeypatch.setenv("EPBUILD_INSTALLER", "pip")
 
-    def run(argv: list[str], log: str, spec: ToolchainSpec, provider: str) -> None:
+    def run(argv: list[str], log: str, spec: ToolchainSpec, provider: str, *_: Any) -> None:
         if argv[1:3] != ["-m", "venv"]:
             return  # the pip install: everything is there already
         directory = Path(argv[3])
