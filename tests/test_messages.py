@@ -268,3 +268,48 @@ def test_a_bug_is_one_line_and_a_hint(
     assert cli.main(["--debug", "-C", str(workspace.root), "clean"]) == 1
     err = capsys.readouterr().err
     assert "Traceback" in err and "in broken" in err
+
+
+def test_every_json_document_shares_one_envelope(simple_ws: Callable[..., Workspace]) -> None:
+    """Changing commands have --json too; each document says its command, schema version,
+    whether it went well, and its warnings as structured problems."""
+    import json
+
+    ws = simple_ws()
+    ws.model("models/d.onnx")
+    commands = [
+        ["add", "model", "models/d.onnx", "--group", "single", "--json"],
+        ["add", "target", "snapdragon-8-gen-3", "--group", "single", "--json"],
+        ["build", "--json"],
+        ["build", "--json"],  # the no-op fast path
+        ["status", "--json"],
+        ["status", "--detail", "--json"],
+        ["verify", "--json"],
+        ["report", "--html", str(ws.root / "r.html"), "--json"],
+        ["package", "-o", "pkg", "--json"],
+        ["cache", "key", "--json"],
+        ["cache", "verify", "--cache", "c", "--json"],
+        ["cache", "prune", "--max-size", "1G", "--cache", "c", "--json"],
+        ["cache", "export", str(ws.root / "x.tar"), "--cache", "c", "--json"],
+        ["toolchains", "--json"],
+        ["clean", "single", "--json"],
+        ["-f", "other.toml", "init", "--from", "models", "--json"],
+    ]
+    for argv in commands:
+        proc = epbuild(ws.root, *argv, timeout=300)
+        assert "Traceback" not in proc.stderr, (argv, proc.stderr)
+        doc = json.loads(proc.stdout)
+        name = (
+            argv[argv.index("init")]
+            if "init" in argv
+            else " ".join(argv[:2])
+            if argv[0] == "cache"
+            else argv[0]
+        )
+        assert doc["command"] == name and doc["schema_version"] == 1, (argv, doc)
+        assert doc["ok"] is (proc.returncode == 0), (argv, proc.returncode, doc)
+        assert all(set(w) == {"severity", "message"} for w in doc["warnings"]), doc["warnings"]
+
+
+def test_status_detail_takes_no_cache_flags(simple_ws: Callable[..., Workspace]) -> None:
+    clean_error(epbuild(simple_ws().root, "status", "--detail", "--no-cache"), 2, "do not apply")
