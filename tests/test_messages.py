@@ -313,3 +313,21 @@ def test_every_json_document_shares_one_envelope(simple_ws: Callable[..., Worksp
 
 def test_status_detail_takes_no_cache_flags(simple_ws: Callable[..., Workspace]) -> None:
     clean_error(epbuild(simple_ws().root, "status", "--detail", "--no-cache"), 2, "do not apply")
+
+
+def test_package_build_takes_builds_options(simple_ws: Callable[..., Workspace]) -> None:
+    ws = simple_ws()
+    clean_error(epbuild(ws.root, "package", "-o", "pkg", "-j", "2"), 2, "package --build only")
+    clean_error(epbuild(ws.root, "package", "-o", "pkg", "--build", "-j", "0"), 2, "-j must be")
+    proc = epbuild(ws.root, "package", "-o", "pkg", "--build", "-j", "1", "-k", "--no-cache",
+                   timeout=300)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert "[1/2]" in proc.stderr and "[2/2]" in proc.stderr  # built first, one at a time
+
+
+def test_open_package_check_is_stat_or_hash(tmp_path: Path) -> None:
+    from epbuild.errors import UserError
+    from epbuild.shipping.opening import open_package
+
+    with pytest.raises(UserError, match="check must be 'stat' or 'hash'"):
+        open_package(tmp_path, "g", check="quick")  # type: ignore[arg-type]

@@ -111,6 +111,9 @@ def _package_parser(sub: _Commands) -> None:
     _selectors(k)
     k.add_argument("-o", "--out", metavar="DIR", help="package directory ([package] out_dir)")
     k.add_argument("--build", action="store_true", help="build stale actions first")
+    k.add_argument("-j", "--jobs", type=int, help="with --build: compiles at once")
+    k.add_argument("-k", "--keep-going", action="store_true", help="with --build: as build -k")
+    _cache_args(k)
     k.add_argument("--hash", action="store_true", help="re-hash every output first")
     k.add_argument("--json", action="store_true", help="print the deployment manifest as JSON")
 
@@ -560,6 +563,13 @@ def _cmd_package(args: argparse.Namespace) -> int:
     from epbuild.shipping.package import package
 
     reporter = None if args.json else ConsoleReporter()
+    build_options = {
+        "jobs": checks.check_jobs(args.jobs),
+        "keep_going": args.keep_going,
+        "cache": checks.cache_option(args),
+    }
+    if not args.build and (args.jobs or args.keep_going or args.cache or args.no_cache):
+        raise UserError("-j, -k and the cache flags apply to package --build only")
     result = package(
         args.directory,
         args.manifest,
@@ -568,6 +578,7 @@ def _cmd_package(args: argparse.Namespace) -> int:
         build=args.build,
         check="hash" if args.hash else "stat",
         reporter=reporter,
+        build_options=build_options,
     )
     if args.json:
         print_json(result.to_json(), command="package")

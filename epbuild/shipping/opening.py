@@ -76,14 +76,14 @@ def open_package(
     group: str,
     *,
     provider: str | None = None,
-    check: Literal["size", "hash"] = "size",
+    check: Literal["stat", "hash", "size"] = "stat",
     lock_timeout: float | None = None,
     session_factory: SessionFactory | None = None,
 ) -> BuiltAction:
     """Open one group of a package (every model, in order) for one provider; see the
     module docstring."""
-    if check not in ("size", "hash"):
-        raise UserError(f"check must be 'size' or 'hash', not {check!r}")
+    if check not in ("stat", "hash", "size"):  # "size": the first name of "stat"
+        raise UserError(f"check must be 'stat' or 'hash', not {check!r}")
     doc = read_deployment(package_dir)
     actions = [a for a in doc.get("actions", []) if a.get("group") == group]
     if not actions:

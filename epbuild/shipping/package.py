@@ -6,7 +6,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -49,13 +49,15 @@ def package(
     check: Literal["stat", "hash"] = "stat",
     reporter: Reporter | None = None,
     lock_timeout: float | None = None,
+    build_options: Mapping[str, Any] | None = None,
 ) -> PackageResult:
     """Write the selected actions' outputs as an ONNX Runtime model package at ``out``
     (relative to ``directory``; default ``[package] out_dir``).
 
     Every selected action must be up to date with its outputs as its build committed them
     (``OutOfDateError`` names the others), unless ``build`` builds them first. ``check="hash"``
-    re-hashes every output instead of trusting the stat cache.
+    re-hashes every output instead of trusting the stat cache. ``build_options``: further
+    keyword arguments of ``build`` (``jobs``, ``keep_going``, ``cache``...).
     """
     from epbuild.planning.staleness import make_plan
     from epbuild.planning.workspace import open_workspace
@@ -67,7 +69,8 @@ def package(
         raise UserError("nothing to package: the manifest has no groups")
     built = None
     if build:
-        built = _build_first(directory, manifest, selectors, reporter, lock_timeout)
+        options = {"lock_timeout": lock_timeout, **(build_options or {})}
+        built = _build_first(directory, manifest, selectors, reporter, options)
         ws = open_workspace(directory, manifest, selectors)
     stale = [p for p in make_plan(ws.actions, ws.state, ws.keys, ws.stats, ws.root) if p.stale]
     if stale:
@@ -127,11 +130,11 @@ def _build_first(
     manifest: str | os.PathLike[str] | None,
     selectors: list[str] | tuple[str, ...],
     reporter: Reporter | None,
-    lock_timeout: float | None,
+    options: Mapping[str, Any],
 ) -> BuildResult:
     from epbuild.api import build
 
-    result = build(directory, manifest, selectors, reporter=reporter, lock_timeout=lock_timeout)
+    result = build(directory, manifest, selectors, reporter=reporter, **options)
     if result.exit_code != 0:
         failed = [a.id for a in result.actions if a.outcome.value == "failed"]
         raise ActionFailedError(
