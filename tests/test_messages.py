@@ -331,3 +331,18 @@ def test_open_package_check_is_stat_or_hash(tmp_path: Path) -> None:
 
     with pytest.raises(UserError, match="check must be 'stat' or 'hash'"):
         open_package(tmp_path, "g", check="quick")  # type: ignore[arg-type]
+
+
+def test_epbuild_exports_the_result_types_its_functions_return() -> None:
+    import inspect
+
+    import epbuild
+
+    exported = {name: getattr(epbuild, name) for name in epbuild.__all__}
+    for name, obj in exported.items():
+        if not inspect.isfunction(obj):
+            continue
+        returned = inspect.signature(obj).return_annotation
+        for word in str(returned).replace("[", " ").replace("]", " ").replace("|", " ").split():
+            if word[:1].isupper() and word not in ("None", "Path"):
+                assert word in exported, f"epbuild.{name} returns {word}, which is not exported"
