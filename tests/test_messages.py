@@ -346,3 +346,18 @@ def test_epbuild_exports_the_result_types_its_functions_return() -> None:
         for word in str(returned).replace("[", " ").replace("]", " ").replace("|", " ").split():
             if word[:1].isupper() and word not in ("None", "Path"):
                 assert word in exported, f"epbuild.{name} returns {word}, which is not exported"
+
+
+def test_not_built_is_one_error_everywhere(simple_ws: Callable[..., Workspace]) -> None:
+    """``package`` and ``open_action`` say "not what a build committed" with one class and
+    one exit code."""
+    from epbuild import open_action, package
+    from epbuild.errors import NotBuiltError, OutOfDateError
+
+    ws = simple_ws()
+    with pytest.raises(NotBuiltError) as packaged:
+        package(ws.root, out="pkg")
+    with pytest.raises(NotBuiltError) as opened:
+        open_action("single/htp", ws.root)
+    assert OutOfDateError is NotBuiltError
+    assert packaged.value.exit_code == opened.value.exit_code == 1
