@@ -156,23 +156,7 @@ class KeyComputer:
         return self._versions[memo]
 
     def _read_versions(self, cfg: ProviderConfig) -> dict[str, str]:
-        adapter = get_provider(cfg.ep)
-        toolchain = self.toolchains.get(cfg)
-        if toolchain is None:
-            return adapter.versions(cfg)
-        with scanning(toolchain.sites):
-            found = dict(adapter.versions(cfg))
-            ep_dists = tuple(getattr(adapter, "ep_dists", ()))
-            has_ep = not ep_dists or any(dist_version(d) != "absent" for d in ep_dists)
-            found[ORT_KEY] = onnxruntime_version()
-        if not has_ep:
-            raise ToolchainError(
-                f"provider {cfg.name!r}: its toolchain ({toolchain.spec.label}) has no "
-                f"{' or '.join(ep_dists)} installed, so it cannot compile for {cfg.ep}",
-                hint=f"add {ep_dists[0]} to providers.{cfg.name}.toolchain",
-            )
-        found["python"] = toolchain.version
-        return found
+        return read_versions(cfg, self.toolchains)
 
     def settings(self, action: Action) -> CompileSettings:
         """The action's compile settings; for a provider with a toolchain, the compiler
@@ -237,6 +221,28 @@ class KeyComputer:
             components["initializer_names"] = list(action.initializer_names)
         blob = json.dumps(components, sort_keys=True, separators=(",", ":")).encode()
         return ActionKey(hashlib.sha256(blob).hexdigest(), components, inputs)
+
+
+def read_versions(cfg: ProviderConfig, toolchains: Toolchains) -> dict[str, str]:
+    """The versions of a provider's action keys: from epbuild's own environment, or from
+    its toolchain (whose Python version joins them)."""
+    adapter = get_provider(cfg.ep)
+    toolchain = toolchains.get(cfg)
+    if toolchain is None:
+        return adapter.versions(cfg)
+    with scanning(toolchain.sites):
+        found = dict(adapter.versions(cfg))
+        ep_dists = tuple(getattr(adapter, "ep_dists", ()))
+        has_ep = not ep_dists or any(dist_version(d) != "absent" for d in ep_dists)
+        found[ORT_KEY] = onnxruntime_version()
+    if not has_ep:
+        raise ToolchainError(
+            f"provider {cfg.name!r}: its toolchain ({toolchain.spec.label}) has no "
+            f"{' or '.join(ep_dists)} installed, so it cannot compile for {cfg.ep}",
+            hint=f"add {ep_dists[0]} to providers.{cfg.name}.toolchain",
+        )
+    found["python"] = toolchain.version
+    return found
 
 
 def _shape(entry: ModelEntry, dims: dict[str, int]) -> dict[str, Any]:
