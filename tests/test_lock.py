@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import platform
 import sys
 from pathlib import Path
 
@@ -10,7 +11,14 @@ import pytest
 from conftest import HTP73, HTP75, Workspace
 from modelgen import matmul_model
 
-from epbuild.toolchains.lockfile import LOCK_NAME, Lock
+from epbuild.errors import ToolchainError
+from epbuild.planning.lock import SEEDS, machine_platform
+from epbuild.providers.base import canonical_name, installed_distributions, scanning
+from epbuild.toolchains import create
+from epbuild.toolchains.env import find
+from epbuild.toolchains.lockfile import LOCK_NAME, Distribution, EnvironmentLock, Lock, ProviderLock
+from epbuild.toolchains.resolve import Toolchains
+from epbuild.toolchains.spec import ToolchainSpec
 
 QNN_TOOLCHAIN = {**HTP75, "toolchain": {"python": sys.executable}}
 """A ``python`` toolchain (the tests' own interpreter): locked without making anything."""
@@ -133,3 +141,110 @@ def private_toolchains(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     root = tmp_path / "toolchains"
     monkeypatch.setenv("EPBUILD_TOOLCHAINS", str(root))
     return root
+
+
+def _resolved(requirement: str, tmp: Path) -> dict[str, tuple[str, str]]:
+    """What pip resolves for ``requirement`` here: name → (version, sha256)."""
+    import json
+    import subprocess
+
+    report = tmp / "report.json"
+    subprocess.run(
+        [sys.executable, "-m", "pip", "install", "--dry-run", "--ignore-installed", "--quiet",
+         "--report", str(report), requirement],
+        check=True, capture_output=True, timeout=600,
+    )  # fmt: skip
+    found = {}
+    for item in json.loads(report.read_text())["install"]:
+        sha = item["download_info"]["archive_info"]["hashes"]["sha256"]
+        found[canonical_name(item["metadata"]["name"])] = (item["metadata"]["version"], sha)
+    return found
+
+
+@pytest.mark.slow
+def test_toolchain_made_from_a_lock_has_exactly_the_locked_set(
+    tmp_path: Path, private_toolchains: Path
+) -> None:
+    """An environment made from a lock entry: in the directory named by the entry's digest,
+    exactly the locked distributions (dependencies not re-resolved), hashes checked."""
+    requirement = "onnxruntime==1.30.0"  # a small ONNX Runtime wheel: a toolchain needs one
+    resolved = _resolved(requirement, tmp_path)
+    locked = EnvironmentLock(
+        "ort",
+        platform.python_version(),
+        machine_platform(),
+        {n: Distribution(v, sha) for n, (v, sha) in resolved.items()},
+        requirements=(requirement,),
+    )
+    spec = ToolchainSpec(requirements=(requirement,))
+    made = create.ensure(spec, "ort", locked=locked)
+    assert made.prefix == str(private_toolchains / locked.digest())
+    with scanning(made.sites):
+        installed = {n: v for n, (v, _s) in installed_distributions().items()}
+    assert {n: v for n, v in installed.items() if n not in SEEDS} == {
+        n: v for n, (v, _sha) in resolved.items()
+    }
+    assert find(spec, ".", "ort", locked) == made and find(spec, ".", "ort") is None
+    name, (version, _sha) = sorted(resolved.items())[0]
+    tampered = EnvironmentLock(
+        "ort",
+        locked.python,
+        locked.platform,
+        {**locked.distributions, name: Distribution(version, "0" * 64)},
+        requirements=(requirement,),
+    )
+    with pytest.raises(ToolchainError, match="HASH"):
+        create.ensure(spec, "ort", locked=tampered)
+    assert not (private_toolchains / tampered.digest()).exists()  # never half-made
+
+
+def test_a_current_lock_entry_names_the_toolchain_and_prune_keeps_it(
+    workspace: Workspace, private_toolchains: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With a lock whose entry has the provider's requirements, the toolchain is made from
+    it (in the directory its digest names); a changed requirement stops using it."""
+    import json
+    import os
+
+    from epbuild.manifest.load import load_manifest
+
+    made: list[tuple[str, object]] = []
+
+    def fake_make(spec: ToolchainSpec, directory: str, provider: str, locked: object) -> object:
+        made.append((directory, locked))
+        os.makedirs(os.path.join(directory, "bin"))
+        Path(directory, "bin", "python").write_text("")
+        marker = {"format": 1, "python": "bin/python", "version": "3.11.0", "sites": ["lib"]}
+        Path(directory, "epbuild-toolchain.json").write_text(json.dumps(marker))
+        return find(spec, "", provider, locked)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(create, "_make", fake_make)
+    workspace.model("models/a.onnx", matmul_model(1))
+    ov = {"ep": "openvino", "toolchain": {"requirements": ["onnxruntime-openvino==1.24.1"]}}
+    path = workspace.manifest(
+        {
+            "providers": {"ov": ov},
+            "groups": {"g": {"models": ["models/a.onnx"], "providers": ["ov"]}},
+        }
+    )
+    env = EnvironmentLock(
+        "ov", "3.11.7", machine_platform(), {"numpy": Distribution("2.4.6", "ab" * 32)},
+        requirements=("onnxruntime-openvino==1.24.1",),
+    )  # fmt: skip
+    lock = Lock({"ov": env}, {"ov": ProviderLock("ov", "openvino", "ov")})
+    (workspace.root / LOCK_NAME).write_text(lock.to_toml())
+    cfg = load_manifest(path).providers["ov"]
+    toolchain = Toolchains(create=True).get(cfg)
+    assert toolchain is not None and made == [(str(private_toolchains / env.digest()), env)]
+    listed = workspace.cli_json("toolchains")["environments"]
+    assert [(e["digest"], e["used_by"]) for e in listed] == [(env.digest(), ["ov"])]
+    workspace.cli("toolchains", "--prune", check=True)
+    assert (private_toolchains / env.digest()).is_dir()  # in use: kept
+    changed = {**ov, "toolchain": {"requirements": ["onnxruntime-openvino==1.24.0"]}}
+    path = workspace.manifest(
+        {
+            "providers": {"ov": changed},
+            "groups": {"g": {"models": ["models/a.onnx"], "providers": ["ov"]}},
+        }
+    )
+    assert Toolchains(create=False).locked_entry(load_manifest(path).providers["ov"]) is None

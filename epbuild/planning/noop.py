@@ -184,6 +184,7 @@ def _stamp_toolchain(
     """Stamp what a provider's toolchain versions depend on: its site directories, and its
     marker (an environment epbuild made) or its interpreter."""
     from epbuild.toolchains.env import MARKER
+    from epbuild.toolchains.lockfile import LOCK_NAME
 
     toolchain = ws.keys.toolchains.get(action.provider)
     if toolchain is None:
@@ -194,6 +195,8 @@ def _stamp_toolchain(
         files[os.path.join(toolchain.prefix, MARKER)] = _stamp(
             os.path.join(toolchain.prefix, MARKER)
         )
+        lock = os.path.abspath(os.path.join(action.provider.base_dir or ".", LOCK_NAME))
+        files[lock] = _stamp(lock)  # a (changed) lock names another environment
     else:
         files[toolchain.python] = _stamp(toolchain.python)
     return toolchain

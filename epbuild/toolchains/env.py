@@ -13,11 +13,14 @@ import shutil
 import subprocess
 import sys
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from epbuild.errors import ToolchainError
 from epbuild.fs import atomic_write_bytes
 from epbuild.toolchains.spec import FORMAT, ToolchainSpec
+
+if TYPE_CHECKING:
+    from epbuild.toolchains.lockfile import EnvironmentLock
 
 MARKER = "epbuild-toolchain.json"
 """Written last into an environment epbuild made: without it the environment is not used."""
@@ -53,17 +56,21 @@ def toolchain_root() -> str:
     return os.environ.get("EPBUILD_TOOLCHAINS") or os.path.join(default_cache_dir(), "toolchains")
 
 
-def env_dir(spec: ToolchainSpec) -> str:
-    """The directory of the environment a ``requirements`` spec makes."""
-    return os.path.join(toolchain_root(), spec.digest())
+def env_dir(spec: ToolchainSpec, locked: EnvironmentLock | None = None) -> str:
+    """The directory of the environment a ``requirements`` spec makes: named by its
+    requirements, or, made from an ``epbuild.lock`` entry, by that entry's digest."""
+    return os.path.join(toolchain_root(), spec.digest() if locked is None else locked.digest())
 
 
-def find(spec: ToolchainSpec, base_dir: str, provider: str) -> Toolchain | None:
-    """The ready toolchain for ``spec``; None when epbuild has yet to make it. Raises
-    ``ToolchainError`` for an interpreter that does not exist or cannot run the worker."""
+def find(
+    spec: ToolchainSpec, base_dir: str, provider: str, locked: EnvironmentLock | None = None
+) -> Toolchain | None:
+    """The ready toolchain for ``spec`` (``locked``: made from that lock entry); None when
+    epbuild has yet to make it. Raises ``ToolchainError`` for an interpreter that does not
+    exist or cannot run the worker."""
     if spec.python is not None:
         return _interpreter(spec, base_dir, provider)
-    return read_marker(spec, env_dir(spec))
+    return read_marker(spec, env_dir(spec, locked))
 
 
 def read_marker(spec: ToolchainSpec, directory: str) -> Toolchain | None:

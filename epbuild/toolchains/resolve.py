@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING
@@ -12,6 +13,7 @@ from epbuild.toolchains.spec import ToolchainSpec
 
 if TYPE_CHECKING:
     from epbuild.providers.base import ProviderConfig
+    from epbuild.toolchains.lockfile import EnvironmentLock, Lock
 
 __all__ = ["Toolchain", "ToolchainPending", "Toolchains"]
 
@@ -30,6 +32,30 @@ class Toolchains:
         self.say = say
         self._lock = threading.Lock()
         self._done: dict[tuple[ToolchainSpec, str], Toolchain | ToolchainError] = {}
+        self._locks: dict[str, Lock | None] = {}
+
+    def lock_of(self, base_dir: str) -> Lock | None:
+        """The ``epbuild.lock`` beside the manifest in ``base_dir`` (read once), if any."""
+        from epbuild.toolchains.lockfile import LOCK_NAME, read_lock
+
+        path = os.path.join(base_dir or ".", LOCK_NAME)
+        if path not in self._locks:
+            self._locks[path] = read_lock(path)
+        return self._locks[path]
+
+    def locked_entry(self, config: ProviderConfig) -> EnvironmentLock | None:
+        """The lock entry a ``requirements`` toolchain is made from: the provider's
+        environment in ``epbuild.lock`` when the lock has its current requirements (a lock
+        out of date for this provider is not used for it)."""
+        spec = config.toolchain
+        if spec is None or spec.python is not None:
+            return None
+        lock = self.lock_of(config.base_dir)
+        entry = lock.providers.get(config.name) if lock is not None else None
+        if lock is None or entry is None:
+            return None
+        env = lock.environments[entry.environment]
+        return env if env.requirements == tuple(sorted(spec.requirements)) else None
 
     def get(self, config: ProviderConfig) -> Toolchain | None:
         """The provider's toolchain (None: it runs in epbuild's own environment)."""
@@ -49,7 +75,8 @@ class Toolchains:
 
     def _resolve(self, spec: ToolchainSpec, config: ProviderConfig) -> Toolchain | ToolchainError:
         try:
-            found = find(spec, config.base_dir, config.name)
+            locked = self.locked_entry(config)
+            found = find(spec, config.base_dir, config.name, locked)
             if found is not None:
                 return found
             if not self.create:
@@ -59,7 +86,7 @@ class Toolchains:
                 )
             from epbuild.toolchains.create import ensure
 
-            return ensure(spec, config.name, say=self.say)
+            return ensure(spec, config.name, say=self.say, locked=locked)
         except ToolchainError as exc:
             return exc
         except OSError as exc:
