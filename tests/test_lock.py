@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import hashlib
+import os
 import platform
 import sys
 from pathlib import Path
@@ -248,3 +250,42 @@ def test_a_current_lock_entry_names_the_toolchain_and_prune_keeps_it(
         }
     )
     assert Toolchains(create=False).locked_entry(load_manifest(path).providers["ov"]) is None
+
+
+def test_a_changed_ep_library_with_the_same_version_changes_the_key(
+    workspace: Workspace, tmp_path: Path
+) -> None:
+    """The sha256 of the EP library that compiles is keyed (stat-cached): a rebuilt or
+    patched ``onnxruntime-qnn`` under the same version number is another EP."""
+    from epbuild.planning.keys import explain_difference
+    from epbuild.planning.workspace import open_workspace
+    from epbuild.providers import get_provider
+    from epbuild.providers.library import KEY
+
+    site = tmp_path / "site"
+    (site / "onnxruntime_qnn-2.7.0.dist-info").mkdir(parents=True)
+    package = site / "onnxruntime_qnn"
+    package.mkdir()
+    (package / "build_and_package_info.py").write_text("qnn_version = '2.51.0'\n")
+    library = package / "libonnxruntime_providers_qnn.so"
+    library.write_bytes(b"\x7fELF one build")
+    os.utime(library, ns=(1_000_000_000, 1_000_000_000))  # old enough to be remembered
+    _ws(workspace)
+
+    def key() -> tuple[str, dict[str, object]]:
+        ws = open_workspace(workspace.root)
+        with scanning((str(site),)):
+            computed = ws.keys.compute(ws.actions[0])
+            inputs = get_provider("qnn").version_inputs(ws.actions[0].provider)
+        assert str(library) in inputs  # the no-op fingerprint stamps the library
+        return computed.key, computed.components
+
+    before, old = key()
+    assert old["versions"][KEY] == hashlib.sha256(b"\x7fELF one build").hexdigest()  # type: ignore[index]
+    assert key()[0] == before
+    library.write_bytes(b"\x7fELF another build")  # same version, same dist-info
+    after, new = key()
+    assert after != before
+    assert explain_difference(old, new) == [
+        f"{KEY} {old['versions'][KEY]} → {new['versions'][KEY]}"  # type: ignore[index]
+    ]

@@ -19,7 +19,7 @@ from epbuild.errors import ModelError, ToolchainError, UserError
 from epbuild.fs import is_safe_reference
 from epbuild.manifest.model import SESSION_SETTINGS, CompileSettings, ModelEntry
 from epbuild.planning.actions import Action
-from epbuild.providers import get_provider
+from epbuild.providers import get_provider, library
 from epbuild.providers.base import (
     ProviderConfig,
     dist_version,
@@ -229,9 +229,9 @@ def read_versions(cfg: ProviderConfig, toolchains: Toolchains) -> dict[str, str]
     adapter = get_provider(cfg.ep)
     toolchain = toolchains.get(cfg)
     if toolchain is None:
-        return adapter.versions(cfg)
+        return _with_library(adapter, cfg, dict(adapter.versions(cfg)))
     with scanning(toolchain.sites):
-        found = dict(adapter.versions(cfg))
+        found = _with_library(adapter, cfg, dict(adapter.versions(cfg)))
         ep_dists = tuple(getattr(adapter, "ep_dists", ()))
         has_ep = not ep_dists or any(dist_version(d) != "absent" for d in ep_dists)
         found[ORT_KEY] = onnxruntime_version()
@@ -242,6 +242,16 @@ def read_versions(cfg: ProviderConfig, toolchains: Toolchains) -> dict[str, str]
             hint=f"add {ep_dists[0]} to providers.{cfg.name}.toolchain",
         )
     found["python"] = toolchain.version
+    return found
+
+
+def _with_library(adapter: object, cfg: ProviderConfig, found: dict[str, str]) -> dict[str, str]:
+    """``found`` and the sha256 of the EP library that compiles (``library.KEY``), where
+    the adapter names one: a rebuilt EP under the same version number is another EP."""
+    finder = getattr(adapter, "library_path", None)
+    path = finder(cfg) if finder is not None else None
+    if path is not None:
+        found[library.KEY] = library.library_sha256(path)
     return found
 
 

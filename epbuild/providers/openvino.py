@@ -198,8 +198,9 @@ class OpenVinoProvider(BaseProvider):
         }
 
     def version_inputs(self, config: ProviderConfig) -> list[str]:
-        """None besides the dist-info directories: every version is a distribution's."""
-        return []
+        """The EP library (its sha256 is keyed); every version is a distribution's."""
+        library = self.library_path(config)
+        return [library] if library else []
 
     def library_path(self, config: ProviderConfig) -> str | None:
         """The built-in EP's provider library in ``onnxruntime-openvino``; for the plugin

@@ -177,7 +177,11 @@ class QnnProvider(BaseProvider):
     def version_inputs(self, config: ProviderConfig) -> list[str]:
         """Files besides dist-info directories whose stat vouches for ``versions``."""
         site = dist_location(DIST)
-        return [os.path.join(site, "onnxruntime_qnn", "build_and_package_info.py")] if site else []
+        if not site:
+            return []
+        info = os.path.join(site, "onnxruntime_qnn", "build_and_package_info.py")
+        library = self.library_path(config)
+        return [info, *([library] if library else [])]  # the library: its sha256 is keyed
 
     def library_path(self, config: ProviderConfig) -> str | None:
         """``onnxruntime_qnn``'s plugin library (what ``get_library_path()`` returns)."""
