@@ -13,6 +13,7 @@ import pytest
 from conftest import HTP73, HTP75, Workspace
 from modelgen import matmul_model
 
+from epbuild.cache.location import default_cache_dir
 from epbuild.errors import ToolchainError
 from epbuild.planning.lock import SEEDS, machine_platform
 from epbuild.providers.base import canonical_name, installed_distributions, scanning
@@ -289,3 +290,61 @@ def test_a_changed_ep_library_with_the_same_version_changes_the_key(
     assert explain_difference(old, new) == [
         f"{KEY} {old['versions'][KEY]} → {new['versions'][KEY]}"  # type: ignore[index]
     ]
+
+
+OPENVINO = {
+    "ep": "openvino",
+    "options": {"device_type": "CPU"},
+    "toolchain": {"requirements": ["onnxruntime-openvino==1.24.1"]},
+}
+REAL_TOOLCHAINS = os.environ.get("EPBUILD_TOOLCHAINS") or os.path.join(
+    default_cache_dir(), "toolchains"
+)
+"""The per-user toolchain directory (read before the tests' private cache is set up): the
+OpenVINO environment is made there once per machine, as in test_toolchain.py."""
+
+
+def test_fresh_clone_restores_a_toolchain_provider_from_the_lock_without_making_it(
+    workspace: Workspace, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A developer locks and builds (QNN + OpenVINO in a toolchain) into a cache; a fresh
+    clone with the lock computes the toolchain provider's keys from the lock: ``cache key``,
+    ``status`` and ``build --cache-only`` restore everything and make no environment."""
+    import shutil
+
+    from epbuild.manifest.load import load_manifest
+    from epbuild.planning import lock as locking
+    from epbuild.planning.lock import gather
+
+    monkeypatch.setenv("EPBUILD_TOOLCHAINS", REAL_TOOLCHAINS)
+    workspace.model("models/a.onnx", matmul_model(1))
+    workspace.manifest(
+        {
+            "providers": {"htp73": HTP73, "ov": OPENVINO},
+            "groups": {"g": {"models": ["models/a.onnx"], "providers": ["htp73", "ov"]}},
+        }
+    )
+    # The artifact hashes need the package index; they play no part here.
+    monkeypatch.setattr(locking, "resolved_hashes", lambda *a: {})
+    manifest = load_manifest(workspace.root / "epbuild.toml")
+    text = gather(manifest, Toolchains(create=True)).to_toml()
+    (workspace.root / LOCK_NAME).write_text(text)
+    cache = str(tmp_path / "cache")
+    built = workspace.cli_json("build", "--locked", "--cache", cache)
+    assert built["summary"]["compiled"] == 2, built
+    key = workspace.cli("cache", "key", check=True).stdout
+
+    clone = Workspace(tmp_path / "clone")
+    shutil.copytree(workspace.root / "models", clone.root / "models")
+    for name in ("epbuild.toml", LOCK_NAME):
+        shutil.copy(workspace.root / name, clone.root / name)
+    fresh = tmp_path / "fresh-toolchains"
+    monkeypatch.setenv("EPBUILD_TOOLCHAINS", str(fresh))
+    assert clone.cli("cache", "key", check=True).stdout == key
+    status = {a["id"]: a for a in clone.cli_json("status", "--cache", cache)["actions"]}
+    assert any("in the cache" in r for r in status["g/ov/a"]["reasons"]), status
+    restored = clone.cli_json("build", "--cache-only", "--locked", "--cache", cache)
+    assert restored["summary"]["restored"] == 2, restored
+    made = [p.name for p in fresh.iterdir() if p.is_dir()] if fresh.exists() else []
+    assert made == []  # no environment made, not even started
+    assert (clone.root / "build/g/ov/a_ctx.onnx").is_file()

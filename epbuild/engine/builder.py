@@ -226,7 +226,9 @@ class Builder:
 
         if self._machine is None:
             self._machine = machine_paths(self.ws.root)
-        return self._machine.with_dirs(toolchain_dirs(self.ws.keys.toolchains.get(action.provider)))
+        # lookup, not get: restoring never makes a toolchain (one not made names no path)
+        made = self.ws.keys.toolchains.lookup(action.provider)
+        return self._machine.with_dirs(toolchain_dirs(made))
 
     def _boot(self, action: Action) -> tuple[str, ...]:
         """How a worker for the action starts: in its provider's toolchain, if it has one."""

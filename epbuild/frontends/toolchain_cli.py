@@ -29,7 +29,9 @@ def _used(args: argparse.Namespace) -> dict[str, list[str]] | None:
         if cfg.toolchain is not None and cfg.toolchain.python is None:
             locked = toolchains.locked_entry(cfg)  # made from epbuild.lock: named by its entry
             digest = cfg.toolchain.digest() if locked is None else locked.digest()
-            used.setdefault(digest, []).append(name)
+            found = toolchains.lookup(cfg)  # the environment a lock was written from, reused
+            for d in {digest, os.path.basename(found.prefix) if found else digest}:
+                used.setdefault(d, []).append(name)
     return used
 
 

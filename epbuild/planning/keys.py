@@ -225,7 +225,11 @@ class KeyComputer:
 
 def read_versions(cfg: ProviderConfig, toolchains: Toolchains) -> dict[str, str]:
     """The versions of a provider's action keys: from epbuild's own environment, or from
-    its toolchain (whose Python version joins them)."""
+    its toolchain (whose Python version joins them), or, for a toolchain not made yet,
+    from ``epbuild.lock`` (``Toolchains.locked_versions``)."""
+    locked = toolchains.locked_versions(cfg)
+    if locked is not None:
+        return locked  # the toolchain is made from the lock, exactly, when it compiles
     adapter = get_provider(cfg.ep)
     toolchain = toolchains.get(cfg)
     if toolchain is None:

@@ -63,6 +63,7 @@ def gather(manifest: Manifest, toolchains: Toolchains) -> Lock:
     missing environments)."""
     from epbuild.planning.keys import read_versions
 
+    toolchains.keys_from_lock = False  # read every environment as it is
     lock = Lock()
     names = environment_names(manifest)
     for name in sorted(manifest.providers):
@@ -235,8 +236,10 @@ def drift(
                 if key == LIBRARY_KEY:  # a digest: its head tells them apart
                     key, a, b = f"EP library {locked.library or ''} sha256", a[:12], b[:12]
                 lines.append(f"{where}: {key} {a} (lock) ≠ {b} (installed)")
-        toolchain = toolchains.get(cfg)
+        toolchain = toolchains.lookup(cfg)
         if toolchain is None or locked.environment in seen_envs:
+            # epbuild's own environment: its providers' versions are compared above; a
+            # toolchain not made yet: it will be made from the lock, hashes checked
             continue
         seen_envs.add(locked.environment)
         with scanning(toolchain.sites):

@@ -3,8 +3,9 @@
 An EP rebuilt or patched under the same version number compiles differently, so the library
 that compiles goes into the action keys by content (``planning.keys``) and into
 ``epbuild.lock``. Hashing a library costs milliseconds to tens of milliseconds, so digests
-are kept in ``libraries.json`` beside the toolchains, keyed by the file's absolute path and
-trusted while its (inode, size, mtime) holds, as the stat cache does for inputs.
+are kept in ``ep-libraries.json`` in the per-user cache directory, keyed by the file's
+absolute path and trusted while its (inode, size, mtime) holds, as the stat cache does for
+inputs.
 """
 
 from __future__ import annotations
@@ -25,9 +26,9 @@ _memo: dict[str, list[object]] | None = None
 
 
 def _memo_path() -> str:
-    from epbuild.toolchains.env import toolchain_root
+    from epbuild.cache.location import default_cache_dir
 
-    return os.path.join(toolchain_root(), "libraries.json")
+    return os.path.join(default_cache_dir(), "ep-libraries.json")
 
 
 def _load() -> dict[str, list[object]]:

@@ -70,7 +70,23 @@ def find(
     exist or cannot run the worker."""
     if spec.python is not None:
         return _interpreter(spec, base_dir, provider)
-    return read_marker(spec, env_dir(spec, locked))
+    made = read_marker(spec, env_dir(spec, locked))
+    if made is None and locked is not None:
+        # The environment the lock was written from (same requirements) holds exactly the
+        # locked versions: used as it is rather than made again.
+        other = read_marker(spec, env_dir(spec))
+        if other is not None and _holds(other, locked):
+            return other
+    return made
+
+
+def _holds(toolchain: Toolchain, locked: EnvironmentLock) -> bool:
+    """Whether a toolchain has exactly the locked distributions at their locked versions."""
+    from epbuild.providers.base import installed_distributions, scanning
+
+    with scanning(toolchain.sites):
+        found = {n: v for n, (v, _site) in installed_distributions().items()}
+    return found == {n: d.version for n, d in locked.distributions.items()}
 
 
 def read_marker(spec: ToolchainSpec, directory: str) -> Toolchain | None:

@@ -26,10 +26,19 @@ class Toolchains:
     """Resolves the toolchains of one command's providers, each at most once (failures
     too, so a broken toolchain costs one attempt per build)."""
 
-    def __init__(self, *, create: bool, say: Callable[[str], None] = lambda _: None) -> None:
+    def __init__(
+        self,
+        *,
+        create: bool,
+        say: Callable[[str], None] = lambda _: None,
+        keys_from_lock: bool = True,
+    ) -> None:
         self.create = create
         """Make missing environments (a build) or report them pending (status)."""
         self.say = say
+        self.keys_from_lock = keys_from_lock
+        """Take the key versions of a toolchain not made yet from ``epbuild.lock``
+        (``locked_versions``): restoring from the cache never makes it."""
         self._lock = threading.Lock()
         self._done: dict[tuple[ToolchainSpec, str], Toolchain | ToolchainError] = {}
         self._locks: dict[str, Lock | None] = {}
@@ -56,6 +65,30 @@ class Toolchains:
             return None
         env = lock.environments[entry.environment]
         return env if env.requirements == tuple(sorted(spec.requirements)) else None
+
+    def locked_versions(self, config: ProviderConfig) -> dict[str, str] | None:
+        """The key versions ``epbuild.lock`` pins for a provider whose ``requirements``
+        toolchain is not made yet (it will be made from the lock, exactly); None when keys
+        are read from the environment (no current lock entry, or it is made)."""
+        if not self.keys_from_lock:
+            return None
+        locked = self.locked_entry(config)
+        if locked is None or self.lookup(config) is not None:
+            return None
+        lock = self.lock_of(config.base_dir)
+        assert lock is not None  # locked_entry found it
+        return dict(lock.providers[config.name].versions)
+
+    def lookup(self, config: ProviderConfig) -> Toolchain | None:
+        """The provider's toolchain if it is ready; never makes one (None: not made, or
+        the provider runs in epbuild's own environment)."""
+        spec = config.toolchain
+        if spec is None:
+            return None
+        hit = self._done.get((spec, config.base_dir))
+        if isinstance(hit, Toolchain):
+            return hit
+        return find(spec, config.base_dir, config.name, self.locked_entry(config))
 
     def get(self, config: ProviderConfig) -> Toolchain | None:
         """The provider's toolchain (None: it runs in epbuild's own environment)."""
