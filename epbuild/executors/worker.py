@@ -54,10 +54,12 @@ def _test_hook(model: str) -> None:
 
     Before the session of a model whose path contains SUBSTRING: ``segv`` kills the worker
     with SIGSEGV, ``abort`` aborts it (what a crashing native SDK does), ``sleep`` waits
-    SECONDS (a slow compile). ``noshare`` leaves out the weight-sharing session entries
-    (as if the EP ignored ``ep.share_ep_contexts``; see ``_session_entries``): match every
-    model of the group, or only the first, since a group whose last session lacks the stop
-    entry never writes its binary. Unset in normal use.
+    SECONDS (a slow compile), ``wait`` waits until the file named by the argument exists (a
+    compile a test holds open until it says go; ``wait:SUBSTRING:PATH``). ``noshare``
+    leaves out the weight-sharing session entries (as if the EP ignored
+    ``ep.share_ep_contexts``; see ``_session_entries``): match every model of the group, or
+    only the first, since a group whose last session lacks the stop entry never writes its
+    binary. Unset in normal use.
     """
     hook = _hook_for(model)
     if hook is None or hook[0] == "noshare":
@@ -72,6 +74,10 @@ def _test_hook(model: str) -> None:
         os.abort()
     elif kind == "sleep":
         time.sleep(float(arg or 1))
+    elif kind == "wait":
+        deadline = time.monotonic() + 600
+        while not os.path.exists(arg) and time.monotonic() < deadline:
+            time.sleep(0.05)
 
 
 def _hook_for(model: str) -> tuple[str, str] | None:
@@ -113,7 +119,35 @@ def compile_action(job: Job) -> dict[str, Any]:
         detail = _compile_checked(job)
     detail["compiler"] = job.compile.compiler
     seconds = time.perf_counter() - t0
-    return {"ok": True, "seconds": seconds, "peak_rss": peak_rss(), "detail": detail}
+    return {
+        "ok": True,
+        "seconds": seconds,
+        "peak_rss": peak_rss(),
+        "detail": detail,
+        "versions": compiled_with(job.provider),
+        "epbuild": _epbuild_version(),
+    }
+
+
+def compiled_with(config: ProviderConfig) -> dict[str, str]:
+    """The versions this process compiled with, under the names an action key gives them
+    (``KeyComputer.versions``): read here, in the worker's own environment — a farm's or a
+    toolchain's — never taken from the coordinator."""
+    from epbuild.planning.keys import ORT_KEY, with_library
+    from epbuild.providers import get_provider
+    from epbuild.providers.base import onnxruntime_version
+
+    adapter = get_provider(config.ep)
+    found = with_library(adapter, config, dict(adapter.versions(config)))
+    found[ORT_KEY] = onnxruntime_version()
+    found["python"] = ".".join(map(str, sys.version_info[:3]))
+    return found
+
+
+def _epbuild_version() -> str:
+    from epbuild import __version__
+
+    return __version__
 
 
 def _compile_checked(job: Job) -> dict[str, Any]:

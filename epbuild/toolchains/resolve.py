@@ -8,12 +8,17 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from epbuild.errors import ToolchainError
-from epbuild.toolchains.env import Toolchain, find
+from epbuild.toolchains.env import Toolchain, env_dir, find
 from epbuild.toolchains.spec import ToolchainSpec
 
 if TYPE_CHECKING:
     from epbuild.providers.base import ProviderConfig
+    from epbuild.state.sharedlock import Held
     from epbuild.toolchains.lockfile import EnvironmentLock, Lock
+
+USE_SUFFIX = ".use"
+"""Beside an environment: the lock a build holds shared for as long as it uses the
+environment, and ``toolchains --prune`` takes exclusively before removing it."""
 
 __all__ = ["Toolchain", "ToolchainPending", "Toolchains"]
 
@@ -24,7 +29,9 @@ class ToolchainPending(ToolchainError):
 
 class Toolchains:
     """Resolves the toolchains of one command's providers, each at most once (failures
-    too, so a broken toolchain costs one attempt per build)."""
+    too, so a broken toolchain costs one attempt per build). A build (``create``) holds a
+    shared lock on each environment epbuild made that it uses, until ``release``, so that
+    a prune elsewhere leaves it alone."""
 
     def __init__(
         self,
@@ -42,6 +49,7 @@ class Toolchains:
         self._lock = threading.Lock()
         self._done: dict[tuple[ToolchainSpec, str], Toolchain | ToolchainError] = {}
         self._locks: dict[str, Lock | None] = {}
+        self._held: list[Held] = []
 
     def lock_of(self, base_dir: str) -> Lock | None:
         """The ``epbuild.lock`` beside the manifest in ``base_dir`` (read once), if any."""
@@ -90,6 +98,13 @@ class Toolchains:
             return hit
         return find(spec, config.base_dir, config.name, self.locked_entry(config))
 
+    def release(self) -> None:
+        """Let go of the environments this command used (the OS does it at exit, too)."""
+        with self._lock:
+            held, self._held = self._held, []
+        for h in held:
+            h.release()
+
     def get(self, config: ProviderConfig) -> Toolchain | None:
         """The provider's toolchain (None: it runs in epbuild's own environment)."""
         spec = config.toolchain
@@ -109,6 +124,15 @@ class Toolchains:
     def _resolve(self, spec: ToolchainSpec, config: ProviderConfig) -> Toolchain | ToolchainError:
         try:
             locked = self.locked_entry(config)
+            if self.create and spec.python is None:
+                from epbuild.state import sharedlock
+
+                # Before looking: a prune that holds it exclusively is removing it right now.
+                # Made from the lock, or the one the lock was written from: both are held.
+                for directory in sorted({env_dir(spec), env_dir(spec, locked)}):
+                    held = sharedlock.acquire(directory + USE_SUFFIX, exclusive=False)
+                    assert held is not None  # no timeout: waits for the prune to finish
+                    self._held.append(held)
             found = find(spec, config.base_dir, config.name, locked)
             if found is not None:
                 return found
