@@ -17,6 +17,7 @@ from epbuild.cache.location import default_cache_dir
 from epbuild.errors import ToolchainError
 from epbuild.planning.lock import SEEDS, machine_platform
 from epbuild.providers.base import canonical_name, installed_distributions, scanning
+from epbuild.providers.qnn import DIST
 from epbuild.toolchains import create
 from epbuild.toolchains.env import find
 from epbuild.toolchains.lockfile import LOCK_NAME, Distribution, EnvironmentLock, Lock, ProviderLock
@@ -287,9 +288,8 @@ def test_a_changed_ep_library_with_the_same_version_changes_the_key(
     library.write_bytes(b"\x7fELF another build")  # same version, same dist-info
     after, new = key()
     assert after != before
-    assert explain_difference(old, new) == [
-        f"{KEY} {old['versions'][KEY]} → {new['versions'][KEY]}"  # type: ignore[index]
-    ]
+    a, b = old["versions"][KEY][:12], new["versions"][KEY][:12]  # type: ignore[index]
+    assert explain_difference(old, new) == [f"EP library sha256 {a} → {b}"]
 
 
 OPENVINO = {
@@ -348,3 +348,33 @@ def test_fresh_clone_restores_a_toolchain_provider_from_the_lock_without_making_
     made = [p.name for p in fresh.iterdir() if p.is_dir()] if fresh.exists() else []
     assert made == []  # no environment made, not even started
     assert (clone.root / "build/g/ov/a_ctx.onnx").is_file()
+
+
+def test_build_json_names_what_differs_from_the_nearest_cache_entry(
+    workspace: Workspace, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A miss in a fresh clone (another machine, here another onnxruntime-qnn version) says
+    in ``build --json`` which cache entry is nearest and what differs, as status does."""
+    import shutil
+
+    from epbuild import api
+    from epbuild.providers import qnn
+
+    ws = _ws(workspace)
+    cache = str(tmp_path / "cache")
+    assert ws.build(cache=cache).to_json()["summary"]["compiled"] == 1
+    (ws.root / "models/a.onnx").write_bytes(matmul_model(5).SerializeToString())
+    assert ws.build(cache=cache).to_json()["summary"]["compiled"] == 1  # a newer entry
+    clone = Workspace(tmp_path / "clone")
+    shutil.copytree(ws.root / "models", clone.root / "models")
+    shutil.copy(ws.root / "epbuild.toml", clone.root / "epbuild.toml")
+    real = qnn.dist_version
+    here = real("onnxruntime-qnn")
+    monkeypatch.setattr(qnn, "dist_version", lambda d: "9.9.9" if d == DIST else real(d))
+    expected = (
+        "not in the cache: the cache has g/htp73/a under another key (cache → here): "
+        f"onnxruntime-qnn {here} → 9.9.9"
+    )  # the nearest entry (same model), not the newest
+    assert api.status(clone.root, cache=cache).actions[0].reasons[-1] == expected
+    doc = clone.build(cache=cache).to_json()  # the worker's real version then refuses it
+    assert expected in doc["actions"][0]["reasons"], doc

@@ -292,7 +292,9 @@ def _explain(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
         reasons.append(f"epbuild output format {old.get('format')} → {new.get('format')}")
     for name in sorted(set(old.get("versions", {})) | set(new.get("versions", {}))):
         a, b = old.get("versions", {}).get(name), new.get("versions", {}).get(name)
-        if a != b:
+        if a != b and name == library.KEY:  # a sha256: its head tells them apart
+            reasons.append(f"EP library sha256 {(a or 'none')[:12]} → {(b or 'none')[:12]}")
+        elif a != b:
             reasons.append(f"{name} {a} → {b}")
     for section, label in (
         ("provider_options", "provider option"),
