@@ -378,3 +378,19 @@ def test_build_json_names_what_differs_from_the_nearest_cache_entry(
     assert api.status(clone.root, cache=cache).actions[0].reasons[-1] == expected
     doc = clone.build(cache=cache).to_json()  # the worker's real version then refuses it
     assert expected in doc["actions"][0]["reasons"], doc
+
+
+def test_a_machine_without_the_ep_takes_its_keys_from_the_lock(workspace: Workspace) -> None:
+    """Restoring where the EP is not installed (a packaging job): a provider in epbuild's
+    own environment gets the key versions the lock pins, so its keys match the developer's."""
+    from epbuild.manifest.load import load_manifest
+    from epbuild.planning.keys import read_versions
+
+    ws = _ws(workspace)
+    cfg = load_manifest(ws.root / "epbuild.toml").providers["htp73"]
+    here = read_versions(cfg, Toolchains(create=False))
+    with scanning(()):  # nothing installed
+        assert read_versions(cfg, Toolchains(create=False))["onnxruntime-qnn"] == "absent"
+    _lock(ws)
+    with scanning(()):
+        assert read_versions(cfg, Toolchains(create=False)) == here

@@ -76,16 +76,35 @@ class Toolchains:
 
     def locked_versions(self, config: ProviderConfig) -> dict[str, str] | None:
         """The key versions ``epbuild.lock`` pins for a provider whose ``requirements``
-        toolchain is not made yet (it will be made from the lock, exactly); None when keys
-        are read from the environment (no current lock entry, or it is made)."""
+        toolchain is not made yet (it will be made from the lock, exactly), or whose EP is
+        not installed in epbuild's own environment; None when keys are read from the
+        environment (no current lock entry, or it is made or installed)."""
         if not self.keys_from_lock:
             return None
+        if config.toolchain is None:
+            return self._absent_ep_versions(config)
         locked = self.locked_entry(config)
         if locked is None or self.lookup(config) is not None:
             return None
         lock = self.lock_of(config.base_dir)
         assert lock is not None  # locked_entry found it
         return dict(lock.providers[config.name].versions)
+
+    def _absent_ep_versions(self, config: ProviderConfig) -> dict[str, str] | None:
+        """A provider in epbuild's own environment whose EP package is not installed here
+        (a machine that only restores): the key versions the lock pins for it, if any."""
+        from epbuild.providers import get_provider
+        from epbuild.providers.base import dist_version
+        from epbuild.toolchains.lockfile import DEFAULT_ENV
+
+        ep_dists = tuple(getattr(get_provider(config.ep), "ep_dists", ()))
+        if not ep_dists or any(dist_version(d) != "absent" for d in ep_dists):
+            return None
+        lock = self.lock_of(config.base_dir)
+        entry = lock.providers.get(config.name) if lock is not None else None
+        if entry is None or entry.ep != config.ep or entry.environment != DEFAULT_ENV:
+            return None
+        return dict(entry.versions)
 
     def lookup(self, config: ProviderConfig) -> Toolchain | None:
         """The provider's toolchain if it is ready; never makes one (None: not made, or
