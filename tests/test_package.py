@@ -417,3 +417,238 @@ def test_adapters_declare_their_variants_ep_and_device() -> None:
     assert target("tensorrt", {}) == ("TensorrtExecutionProvider", "gpu")
     plugin = {"library": "libx.so", "ep_name": "MyEp", "device_type": "npu"}
     assert target("plugin", {}, plugin) == ("MyEp", "npu")
+
+
+# Started together: each reads one byte from stdin (the start signal) before it runs the CLI.
+RACER = r"""
+import os, sys
+from epbuild.frontends.cli import main
+os.read(0, 1)
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def race(*commands: list[str]) -> list[tuple[int, str, str]]:
+    """Run CLI commands in processes that start at one signal; (exit code, stdout, stderr)
+    of each."""
+    go, signal = os.pipe()
+    try:
+        procs = [
+            subprocess.Popen([sys.executable, "-c", RACER, *args], stdin=go,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            for args in commands
+        ]  # fmt: skip
+    finally:
+        os.close(go)
+    os.write(signal, b"x" * len(commands))  # every process imported epbuild: start them
+    os.close(signal)
+    outs = [p.communicate(timeout=300) for p in procs]
+    return [(p.returncode, *out) for p, out in zip(procs, outs, strict=True)]
+
+
+def whole(dist: Path) -> dict[str, Any]:
+    """The deployment manifest of ``dist``, after checking that every file it lists is there
+    with its recorded size and sha256, and that nothing else is."""
+    deploy = json.loads((dist / DEPLOY_NAME).read_text())
+    for rel, entry in deploy["files"].items():
+        data = (dist / rel).read_bytes()
+        assert entry == {"size": len(data), "sha256": hashlib.sha256(data).hexdigest()}, rel
+    assert set(tree(dist)) == {*deploy["files"], DEPLOY_NAME}
+    return deploy  # type: ignore[no-any-return]
+
+
+def test_two_runs_into_one_directory_under_any_spelling_leave_a_whole_package(
+    built: Workspace, tmp_path: Path
+) -> None:
+    """Two ``package`` runs started together into one directory — one through a symlinked
+    spelling of the workspace, or from a second workspace — never leave a damaged package,
+    and every run that exits 0 wrote what it claims."""
+    link = tmp_path / "link"
+    link.symlink_to(built.root)
+    other = tmp_path / "ws2"
+    shutil.copytree(built.root, other, symlinks=True)
+    shutil.rmtree(other / ".epbuild")
+    shutil.rmtree(other / "build")
+    assert subprocess.run([sys.executable, "-m", "epbuild", "-C", str(other), "build"],
+                          capture_output=True, timeout=300).returncode == 0  # fmt: skip
+    dist = built.root / "dist"
+    mine = ["-C", str(built.root), "package", "-o", "dist"]
+    pairs = [
+        (mine, ["-C", str(link), "package", "-o", "dist"]),  # the workspace through a link
+        (mine, ["-C", str(other), "package", "-o", str(link / "dist")]),  # another workspace
+    ]
+    for round_ in range(16):
+        if dist.exists():
+            shutil.rmtree(dist)
+        results = race(*([*args, "--json"] for args in pairs[round_ % 2]))
+        final = whole(dist)
+        claims = [json.loads(out)["deployment"] for rc, out, _ in results if rc == 0]
+        assert [rc for rc, _, _ in results] == [0, 0], results
+        assert final in claims  # the last writer's package, whole
+        assert not [p.name for p in built.root.iterdir() if p.name.startswith(".dist.epbuild-")]
+
+
+def test_files_the_package_does_not_list_are_the_users(built: Workspace) -> None:
+    package(built.root, out="dist")
+    dist = built.root / "dist"
+    (dist / "logo.png").write_bytes(b"png")
+    (dist / "assets").mkdir()
+    (dist / "assets" / "strings.txt").write_text("hello")
+    (dist / "empty").mkdir()
+    before = tree(dist)
+    proc = built.cli("package", "-o", "dist")  # even with nothing to update
+    assert proc.returncode == 2, proc.stderr
+    assert "holds 3 file(s) its epbuild-package.json does not list" in proc.stderr
+    assert "assets/, empty/, logo.png" in proc.stderr and "--force" in proc.stderr
+    assert "Traceback" not in proc.stderr and tree(dist) == before
+    built.model("models/c.onnx", matmul_model(99))
+    with pytest.raises(UnsafePathError, match=r"logo\.png"):
+        package(built.root, out="dist", build=True)
+    assert tree(dist) == before
+    proc = built.cli("package", "-o", "dist", "--force")
+    assert proc.returncode == 0, proc.stderr
+    assert "deleted assets/, empty/, logo.png" in proc.stdout
+    assert not (dist / "logo.png").exists() and not (dist / "assets").exists()
+    whole(dist)
+
+
+def test_siblings_named_like_temporaries_are_left_unless_their_maker_is_dead(
+    built: Workspace,
+) -> None:
+    package(built.root, out="dist")
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True, check=True)  # fmt: skip
+    pid = int(dead.stdout)  # that process has exited: its pid is gone (not reused this fast)
+    root = built.root
+    users = [root / ".dist.epbuild-notes", root / f".dist.epbuild-new-{os.getpid()}-0123abcd"]
+    for d in users:  # a name of the user's, and a live process's temporary
+        d.mkdir()
+        (d / "keep.txt").write_text("mine")
+    stale = root / f".dist.epbuild-new-{pid}-89abcdef"
+    stale.mkdir()
+    (stale / "half.onnx").write_text("x")
+    built.model("models/c.onnx", matmul_model(99))
+    package(built.root, out="dist", build=True)
+    assert not stale.exists()  # its maker is dead: a half-made package, removed
+    assert all((d / "keep.txt").read_text() == "mine" for d in users)
+    whole(root / "dist")
+
+
+def test_waiting_for_another_package_run_says_who_and_honours_lock_timeout(
+    built: Workspace,
+) -> None:
+    from epbuild.shipping.writer import lock_path
+    from epbuild.state import locks
+
+    package(built.root, out="dist")
+    built.model("models/c.onnx", matmul_model(99))
+    assert built.build().ok
+    with locks.hold(lock_path(str(built.root / "dist")), "epbuild package into dist"):
+        proc = built.cli("package", "-o", "dist", "--lock-timeout", "0.5")
+        assert proc.returncode == 3, proc.stderr
+        assert f"waiting for epbuild package into dist (pid {os.getpid()})" in proc.stderr
+        assert "timed out after 0.5s" in proc.stderr and "Traceback" not in proc.stderr
+        waiter = subprocess.Popen(
+            [sys.executable, "-m", "epbuild", "-C", str(built.root), "package", "-o", "dist"],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        assert waiter.stderr is not None
+        line = waiter.stderr.readline()  # it says whom it waits for, then waits
+        assert f"waiting for epbuild package into dist (pid {os.getpid()})" in line
+        assert waiter.poll() is None
+    out, err = waiter.communicate(timeout=300)
+    assert waiter.returncode == 0, err
+    assert "packaged 3 component(s)" in out
+    whole(built.root / "dist")
+
+
+SWAP_CRASH = r"""
+import os, sys
+real = os.rename
+def rename(src, dst, *a, **k):
+    if ".epbuild-new-" in os.fspath(src) and not os.path.basename(os.fspath(dst)).startswith("."):
+        os._exit(9)  # killed between the two renames
+    return real(src, dst, *a, **k)
+os.rename = rename
+from epbuild.frontends.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def test_two_rename_fallback_keeps_the_old_package_as_it_says(
+    built: Workspace, monkeypatch: Any
+) -> None:
+    """Where the kernel has no RENAME_EXCHANGE (``EPBUILD_NO_RENAME_EXCHANGE=1`` takes that
+    path here): the package is replaced by two renames; a failed second rename puts the old
+    package back, as the error says; a run killed between them leaves the old one aside, and
+    the next run puts it back before it writes."""
+    from epbuild.shipping.writer import NO_EXCHANGE_ENV
+
+    package(built.root, out="dist")
+    dist = built.root / "dist"
+    built.model("models/c.onnx", matmul_model(99))
+    assert built.build().ok
+    env = {**os.environ, NO_EXCHANGE_ENV: "1"}
+    proc = subprocess.run([sys.executable, "-m", "epbuild", "-C", str(built.root), "package",
+                           "-o", "dist", "--json"], capture_output=True, text=True, env=env,
+                          timeout=300)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert whole(dist) == json.loads(proc.stdout)["deployment"]
+    assert not [p.name for p in built.root.iterdir() if p.name.startswith(".dist.epbuild-")]
+
+    before = tree(dist)
+    built.model("models/c.onnx", matmul_model(98))
+    assert built.build().ok
+    monkeypatch.setenv(NO_EXCHANGE_ENV, "1")
+    real = os.rename
+
+    def full_disk(src: Any, dst: Any, *args: Any, **kw: Any) -> None:
+        if ".epbuild-new-" in os.fspath(src) and os.fspath(dst) == str(dist):
+            raise OSError(28, "No space left on device", os.fspath(dst))
+        real(src, dst, *args, **kw)
+
+    monkeypatch.setattr(os, "rename", full_disk)
+    with pytest.raises(StorageError, match="the old package is unchanged"):
+        package(built.root, out="dist")
+    monkeypatch.setattr(os, "rename", real)
+    assert tree(dist) == before  # as the error says
+    assert not [p.name for p in built.root.iterdir() if p.name.startswith(".dist.epbuild-")]
+
+    crash = subprocess.run([sys.executable, "-c", SWAP_CRASH, "-C", str(built.root), "package",
+                            "-o", "dist"], capture_output=True, text=True, env=env,
+                           timeout=300)  # fmt: skip
+    assert crash.returncode == 9, crash.stderr
+    assert not dist.exists()  # the old package is aside, under the dead run's name
+    aside = [p for p in built.root.iterdir() if p.name.startswith(".dist.epbuild-old-")]
+    assert len(aside) == 1 and tree(aside[0]) == before
+    again = package(built.root, out="dist")
+    assert "pair/htp/a_ctx.onnx" in again.stats.kept  # the old package was put back first
+    whole(dist)
+    assert not [p.name for p in built.root.iterdir() if p.name.startswith(".dist.epbuild-")]
+
+
+def test_model_globs_never_pick_up_epbuilds_own_outputs(workspace: Workspace) -> None:
+    """A package directory, a copied ctx model and a directory cache inside a folder the
+    manifest's glob covers are not models to compile; a plain model named ``*_ctx.onnx`` is."""
+    from epbuild.manifest.load import load_manifest
+
+    workspace.model("models/a.onnx", matmul_model(1))
+    workspace.model("models/plain_ctx.onnx", matmul_model(2))
+    text = render_manifest(
+        {"providers": {"htp": HTP73}, "groups": {"g": {"models": ["models/**/*"],
+                                                       "providers": ["htp"]}}}
+    )  # fmt: skip
+    workspace.manifest(text)
+    proc = workspace.cli("build", "--cache", "models/cache")
+    assert proc.returncode == 0, proc.stderr
+    assert list((workspace.root / "models" / "cache" / "v1" / "objects").rglob("*"))
+    proc = workspace.cli("package", "-o", "models/dist")
+    assert proc.returncode == 0, proc.stderr
+    shutil.copyfile(workspace.root / "build" / "g" / "htp" / "a_ctx.onnx",
+                    workspace.root / "models" / "copied_ctx.onnx")  # fmt: skip
+    manifest = load_manifest(workspace.root / "epbuild.toml")
+    assert [e.path for e in manifest.groups["g"].entries] == [
+        "models/a.onnx", "models/plain_ctx.onnx"]  # fmt: skip
+    status = workspace.cli_json("status")
+    assert [(a["id"], a["stale"]) for a in status["actions"]] == [
+        ("g/htp/a", False), ("g/htp/plain_ctx", False)]  # fmt: skip

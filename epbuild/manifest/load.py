@@ -16,9 +16,11 @@ from pathlib import Path
 from typing import Any
 
 from epbuild._names import (
+    CACHE_LAYOUT,
     CTX_SUFFIX,
     DEFAULT_OUT_DIR,
     MANIFEST_NAME,
+    PACKAGE_MANIFEST,
     model_stem,
     state_dir_setting,
     tomllib,
@@ -305,7 +307,9 @@ def _group(
     """One ``[groups.<name>]`` table; missing models go to ``problems``, not errors."""
     base = ("groups", name)
     _check_group_providers(where, base, table["providers"], providers)
-    excluded = (workspace.out_dir, workspace.state_dir)
+    # A cache directory inside the workspace is never a model folder either.
+    local_cache = (workspace.cache,) if workspace.cache and "://" not in workspace.cache else ()
+    excluded = (workspace.out_dir, workspace.state_dir, *local_cache)
     entries, patterns = _group_models(where, root, base, table["models"], excluded, problems)
     share = table.get("share_weights", False)
     embed = table.get("embed_mode", 0)
@@ -564,7 +568,49 @@ def _expand(root: Path, pattern: str, excluded: tuple[str, ...]) -> list[str]:
         for p in glob.glob(pattern, root_dir=base, recursive=True)
         if os.path.isfile(os.path.join(base, p))
     )
-    return [p for p in found if not any(p == d or p.startswith(d + "/") for d in excluded)]
+    found = [p for p in found if not any(p == d or p.startswith(d + "/") for d in excluded)]
+    return _not_outputs(base, found)
+
+
+def _not_outputs(base: str, found: list[str]) -> list[str]:
+    """``found`` less epbuild's own outputs, wherever they are: anything inside a model
+    package (a folder holding ``PACKAGE_MANIFEST``) or a directory cache, and ctx models
+    (``*_ctx.onnx`` with EPContext nodes). Costs a few stats per folder, and reads only the
+    ctx-named files a pattern matched."""
+    verdicts: dict[str, bool] = {}
+
+    def epbuild_folder(folder: str) -> bool:
+        if folder in ("", "."):
+            return False
+        if folder not in verdicts:
+            here = os.path.join(base, folder)
+            verdicts[folder] = (
+                os.path.isfile(os.path.join(here, PACKAGE_MANIFEST))
+                or (
+                    os.path.isdir(os.path.join(here, CACHE_LAYOUT, "objects"))
+                    and os.path.isdir(os.path.join(here, CACHE_LAYOUT, "entries"))
+                )
+                or epbuild_folder(posixpath.dirname(folder))
+            )
+        return verdicts[folder]
+
+    return [
+        p
+        for p in found
+        if not epbuild_folder(posixpath.dirname(p))
+        and not (p.endswith(CTX_SUFFIX) and _has_context_nodes(os.path.join(base, p)))
+    ]
+
+
+def _has_context_nodes(path: str) -> bool:
+    """Whether the model at ``path`` holds EPContext nodes (a compiled output, not a source);
+    an unreadable one is left to the model checks."""
+    from epbuild.onnx.proto import ProtoError, read_model
+
+    try:
+        return bool(read_model(path).context_nodes)
+    except (OSError, ProtoError):
+        return False
 
 
 def _check_model(

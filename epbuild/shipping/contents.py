@@ -18,13 +18,13 @@ import posixpath
 from dataclasses import dataclass, field
 from typing import Any
 
-from epbuild._names import CTX_SUFFIX, model_label
+from epbuild._names import CTX_SUFFIX, PACKAGE_MANIFEST, model_label
 from epbuild.manifest.model import PackageSettings
 from epbuild.planning.actions import Action
 from epbuild.providers import get_provider
 from epbuild.state.journal import ActionRecord
 
-DEPLOY_NAME = "epbuild-package.json"
+DEPLOY_NAME = PACKAGE_MANIFEST
 """epbuild's deployment manifest at the package root; also what marks a directory as a
 package epbuild may replace."""
 ORT_MANIFEST_NAME = "manifest.json"
