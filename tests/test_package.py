@@ -26,16 +26,19 @@ from epbuild.shipping.package import package
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 
 # Runs in a fresh process: select components with ONNX Runtime's ModelPackageContext, the
-# QNN EP attached with the options given; run those given an input; print one JSON line.
+# QNN plugin registered as an app does (under the name given: onnxruntime-genai and Windows ML
+# use QNNExecutionProvider) and attached with the options given; run those given an input;
+# print one JSON line.
 # One ModelPackageOptions per process: with onnxruntime 1.32 and the QNN plugin EP, a second
 # one makes select_component crash (SIGSEGV), as does a selection after a QNN session existed.
 PROBE = r"""
 import json, os, sys
 import numpy as np, onnxruntime as ort, onnxruntime_qnn
 root, options, requests = sys.argv[1], json.loads(sys.argv[2]), json.loads(sys.argv[3])
-ort.register_execution_provider_library("qnn", onnxruntime_qnn.get_library_path())
+ep = sys.argv[4]  # the name the app registers the plugin as
+ort.register_execution_provider_library(ep, onnxruntime_qnn.get_library_path())
 so = ort.SessionOptions()
-so.add_provider_for_devices([d for d in ort.get_ep_devices() if d.ep_name == "qnn"], options)
+so.add_provider_for_devices([d for d in ort.get_ep_devices() if d.ep_name == ep], options)
 mpo = ort.ModelPackageOptions(so)
 ctx = ort.ModelPackageContext(root)
 out = {"components": ctx.get_component_names(), "selected": {}, "outputs": {}}
@@ -56,13 +59,21 @@ os._exit(0)
 QNN73 = {"backend_type": "htp", **HTP73["options"]}
 
 
-def probe(root: Path, options: dict[str, str], requests: dict[str, Any]) -> dict[str, Any]:
+def probe(
+    root: Path, options: dict[str, str], requests: dict[str, Any], ep: str = "QNNExecutionProvider"
+) -> dict[str, Any]:
     """Ask ONNX Runtime, in a subprocess, to select components of a package (and run those
-    whose input is given)."""
-    args = [sys.executable, "-c", PROBE, str(root), json.dumps(options), json.dumps(requests)]
-    proc = subprocess.run(args, capture_output=True, text=True, timeout=300)
+    whose input is given), the plugin registered as ``ep``."""
+    proc = run_probe(root, options, requests, ep)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]
+
+
+def run_probe(
+    root: Path, options: dict[str, str], requests: dict[str, Any], ep: str
+) -> subprocess.CompletedProcess[str]:
+    args = [sys.executable, "-c", PROBE, str(root), json.dumps(options), json.dumps(requests), ep]
+    return subprocess.run(args, capture_output=True, text=True, timeout=300)
 
 
 def cpu(model: Path, x: np.ndarray) -> np.ndarray:
@@ -105,7 +116,7 @@ def test_quickstart_package_opens_and_runs_in_onnxruntime(tmp_path: Path) -> Non
     assert got["components"] == ["llm/prefill", "llm/decode", "vision/classifier"]
     assert got["selected"]["llm/decode"] == ["htp-v73", "llm/htp-v73"]
     y, providers = got["outputs"]["vision/classifier"]
-    assert providers[0] == "qnn"
+    assert providers[0] == "QNNExecutionProvider"
     assert rel_error(y, cpu(root / "models" / "classifier.onnx", x)) < 2e-2
     example = EXAMPLES / "shipping" / "run_package.py"
     ran = subprocess.run([sys.executable, str(example), str(dist)], capture_output=True,
@@ -181,7 +192,9 @@ def test_deployment_manifest_lists_every_file_and_action(built: Workspace) -> No
     pair = actions["pair/htp"]
     assert pair["versions"]["onnxruntime"] and pair["versions"]["qnn-sdk"]
     assert pair["target"].startswith("v2:") and pair["provider_options"]["soc_model"] == "60"
-    assert pair["compiler"] in ("compile_api", "session") and pair["ep_name"] == "qnn"
+    assert (
+        pair["compiler"] in ("compile_api", "session") and pair["ep_name"] == "QNNExecutionProvider"
+    )
     a = pair["models"][0]
     source = (built.root / "models" / "a.onnx").read_bytes()
     assert (
@@ -314,7 +327,10 @@ def test_variants_carry_compatibility_strings_by_default(built: Workspace) -> No
     package(built.root, out="dist")
     manifest = json.loads((built.root / "dist" / "manifest.json").read_text())
     variant = manifest["components"]["pair/b"]["variants"]["htp"]
-    assert variant["compatibility_string"].startswith("v2:") and variant["ep"] == "qnn"
+    assert (
+        variant["compatibility_string"].startswith("v2:")
+        and variant["ep"] == "QNNExecutionProvider"
+    )
     assert variant["variant_directory"] == "pair/htp"
     assert variant["executor_info"]["ort"] == {
         "model_file": "b_ctx.onnx",
@@ -412,7 +428,7 @@ def test_adapters_declare_their_variants_ep_and_device() -> None:
         config = ProviderConfig("p", ep, options, {}, settings or {})
         return get_provider(ep).package_target(config)  # type: ignore[attr-defined]
 
-    assert target("qnn", QNN73) == ("qnn", None)
+    assert target("qnn", QNN73) == ("QNNExecutionProvider", None)
     assert target("openvino", {"device_type": "GPU.1"}) == ("OpenVINOExecutionProvider", "gpu")
     assert target("tensorrt", {}) == ("TensorrtExecutionProvider", "gpu")
     plugin = {"library": "libx.so", "ep_name": "MyEp", "device_type": "npu"}
@@ -652,3 +668,153 @@ def test_model_globs_never_pick_up_epbuilds_own_outputs(workspace: Workspace) ->
     status = workspace.cli_json("status")
     assert [(a["id"], a["stale"]) for a in status["actions"]] == [
         ("g/htp/a", False), ("g/htp/plain_ctx", False)]  # fmt: skip
+
+
+def shippable(workspace: Workspace, extra: str = "") -> Workspace:
+    """One model for one HTP target, packaged without compatibility strings (the QNN EP can
+    crash judging them on x86_64) plus ``extra`` lines of the [package] table."""
+    workspace.model("m/c.onnx", matmul_model(4))
+    text = render_manifest(
+        {
+            "providers": {"htp": HTP73},
+            "groups": {"g": {"models": ["m/c.onnx"], "providers": ["htp"]}},
+        }
+    )
+    workspace.manifest(text + "[package]\ncompatibility_strings = false\n" + extra)
+    return workspace
+
+
+def test_apps_registering_the_conventional_name_select_and_run_the_package(
+    workspace: Workspace,
+) -> None:
+    """onnxruntime-genai and Windows ML register the QNN plugin as QNNExecutionProvider:
+    a package built with defaults declares that name, and ONNX Runtime selects and runs it."""
+    ws = shippable(workspace)
+    proc = ws.cli("package", "-o", "dist", "--build")
+    assert proc.returncode == 0, proc.stderr
+    assert "registering the execution provider as QNNExecutionProvider (htp)" in proc.stdout
+    dist = ws.root / "dist"
+    manifest = json.loads((dist / "manifest.json").read_text())
+    assert manifest["components"]["g/c"]["variants"]["htp"]["ep"] == "QNNExecutionProvider"
+    assert manifest["additional_metadata"]["epbuild"]["ep_names"] == {"htp": "QNNExecutionProvider"}
+    assert whole(dist)["ep_names"] == {"htp": "QNNExecutionProvider"}
+    x = np.random.default_rng(5).standard_normal((1, 32), dtype=np.float32)
+    got = probe(dist, QNN73, {"g/c": x.tolist()}, ep="QNNExecutionProvider")
+    assert got["selected"]["g/c"] == ["htp", "g/htp"]
+    y, providers = got["outputs"]["g/c"]
+    assert providers[0] == "QNNExecutionProvider"
+    assert rel_error(y, cpu(ws.root / "m" / "c.onnx", x)) < 2e-2
+    # The compile registered it under that name too: its EPContext nodes say so.
+    from epbuild.onnx.proto import read_model
+
+    info = read_model(dist / "g" / "htp" / "c_ctx.onnx")
+    assert {n.attributes["source"] for n in info.context_nodes} == {"QNNExecutionProvider"}
+
+
+def test_ep_names_packages_for_an_app_that_registers_another_name(workspace: Workspace) -> None:
+    ws = shippable(workspace, 'ep_names = { htp = "qnn" }\n')
+    proc = ws.cli("package", "-o", "dist", "--build")
+    assert proc.returncode == 0, proc.stderr
+    assert "registering the execution provider as qnn (htp)" in proc.stdout
+    dist = ws.root / "dist"
+    deploy = whole(dist)
+    assert deploy["ep_names"] == {"htp": "qnn"} and deploy["actions"][0]["ep_name"] == "qnn"
+    manifest = json.loads((dist / "manifest.json").read_text())
+    assert manifest["components"]["g/c"]["variants"]["htp"]["ep"] == "qnn"
+    x = np.ones((1, 32), np.float32)
+    got = probe(dist, QNN73, {"g/c": x.tolist()}, ep="qnn")
+    assert got["selected"]["g/c"] == ["htp", "g/htp"] and got["outputs"]["g/c"][1][0] == "qnn"
+    # epbuild's own opening registers the plugin under the name the package declares.
+    args = [sys.executable, "-c", OPEN, str(dist), "g", "open"]
+    opened = subprocess.run(args, capture_output=True, text=True, timeout=300)
+    assert opened.returncode == 0, opened.stderr[-2000:]
+    assert json.loads(opened.stdout.strip().splitlines()[-1]) == [1, 32]
+
+
+def test_an_app_registering_another_name_is_told_the_name_the_package_expects(
+    workspace: Workspace,
+) -> None:
+    from epbuild.errors import EpNameMismatchError
+
+    ws = shippable(workspace)
+    package(ws.root, out="dist", build=True)
+    dist = ws.root / "dist"
+    # What the app sees: ONNX Runtime selects nothing, and says only that.
+    proc = run_probe(dist, QNN73, {"g/c": None}, "qnn")
+    assert proc.returncode != 0 and "No suitable model variant found" in proc.stderr
+    # What epbuild says: both names, and both ways to make them agree.
+    with pytest.raises(EpNameMismatchError) as info:
+        open_package(dist, "g", ep_name="qnn")
+    message, hint = info.value.message, info.value.hint or ""
+    assert "named 'QNNExecutionProvider', but the app registers it as 'qnn'" in message
+    assert "register_execution_provider_library('QNNExecutionProvider'" in hint
+    assert 'ep_names = { htp = "qnn" }' in hint
+    # and the other way round
+    ws.manifest((ws.root / "epbuild.toml").read_text() + 'ep_names = { htp = "qnn" }\n')
+    package(ws.root, out="dist")
+    with pytest.raises(EpNameMismatchError, match="named 'qnn', but the app registers it as "
+                       "'QNNExecutionProvider'"):  # fmt: skip
+        open_package(dist, "g", ep_name="QNNExecutionProvider")
+
+
+def test_ep_names_are_checked(workspace: Workspace) -> None:
+    ws = shippable(workspace)
+    base = (ws.root / "epbuild.toml").read_text()
+    for extra, message in (
+        ('ep_names = { nope = "qnn" }', "package.ep_names.nope: no provider named 'nope'"),
+        ('ep_names = { htp = "q nn" }', '"q nn" is not a valid name'),
+        ('ep_names = { htp = "qnn\\n" }', "'qnn\\n' is not an execution provider name"),
+        ('ep_names = { htp = "" }', "package.ep_names.htp"),
+    ):
+        ws.manifest(base + extra + "\n")
+        proc = ws.cli("package", "-o", "dist")
+        assert proc.returncode == 2 and message in proc.stderr, proc.stderr
+        assert "Traceback" not in proc.stderr
+    trt = base.replace("[package]", '[providers.gpu]\nep = "tensorrt"\n\n[package]')
+    ws.manifest(trt + 'ep_names = { gpu = "trt" }\n')
+    proc = ws.cli("package", "-o", "dist")
+    assert proc.returncode == 2 and "always named 'TensorrtExecutionProvider'" in proc.stderr
+
+
+def test_the_registration_name_is_in_no_key_and_older_outputs_stay_valid(
+    built: Workspace, tmp_path: Path
+) -> None:
+    """Renaming the registration (qnn → QNNExecutionProvider) rebuilt nothing: keys name the
+    adapter, not the registration; outputs compiled under the old name pass every check."""
+    from epbuild.onnx.context import compatibility_problems, source_problems
+    from epbuild.onnx.proto import read_model
+    from epbuild.planning.workspace import open_workspace
+    from epbuild.providers import get_provider
+    from epbuild.providers.base import ProviderConfig
+
+    ws = open_workspace(built.root)
+    for action in ws.actions:
+        key = ws.keys.compute(action)
+        assert key.components["ep"] == "qnn" and key.key == ws.state.records[action.id].key
+        assert "QNNExecutionProvider" not in json.dumps(key.components)
+    old = tmp_path / "old"
+    old.mkdir()
+    save_model = "import onnx, sys; sys.path.insert(0, sys.argv[2]); from modelgen import matmul_model; onnx.save(matmul_model(4), sys.argv[1])"  # noqa: E501
+    subprocess.run([sys.executable, "-c", save_model, str(old / "c.onnx"),
+                    str(Path(__file__).parent)], check=True, timeout=120)  # fmt: skip
+    compile_as_qnn = r"""
+import sys, onnxruntime as ort, onnxruntime_qnn
+ort.register_execution_provider_library("qnn", onnxruntime_qnn.get_library_path())
+so = ort.SessionOptions()
+so.add_provider_for_devices([d for d in ort.get_ep_devices() if d.ep_name == "qnn"],
+                            {"backend_type": "htp", "htp_arch": "73", "soc_model": "60"})
+so.add_session_config_entry("ep.context_enable", "1")
+so.add_session_config_entry("ep.context_file_path", sys.argv[2])
+so.add_session_config_entry("ep.context_embed_mode", "0")
+ort.InferenceSession(sys.argv[1], so)
+"""  # how epbuild compiled before: the plugin registered as "qnn"
+    ctx = old / "c_ctx.onnx"
+    proc = subprocess.run([sys.executable, "-c", compile_as_qnn, str(old / "c.onnx"), str(ctx)],
+                          capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    info = read_model(ctx)
+    assert "ep_compatibility_info.qnn" in info.metadata
+    config = ProviderConfig("htp", "qnn", QNN73, {}, {})
+    adapter = get_provider("qnn")
+    assert source_problems("c", info, adapter, config) == []
+    assert compatibility_problems("c", info, adapter, config) == []

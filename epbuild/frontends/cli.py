@@ -499,9 +499,14 @@ def _cmd_package(args: argparse.Namespace) -> int:
     what = f"{len(result.components)} component(s), {files} file(s)"
     if s.unchanged:
         print(f"epbuild: {result.path} is up to date ({what})")
-        return 0
-    how = f"{len(s.linked)} linked from the outputs, {len(s.kept)} kept, {len(s.copied)} copied"
-    print(f"epbuild: packaged {what} into {result.path} ({how})")
+    else:
+        how = f"{len(s.linked)} linked from the outputs, {len(s.kept)} kept, "
+        print(f"epbuild: packaged {what} into {result.path} ({how}{len(s.copied)} copied)")
+    names = ", ".join(f"{n} ({p})" for p, n in result.deployment.get("ep_names", {}).items())
+    print(
+        f"epbuild: apps select its variants by registering the execution provider as {names} "
+        "([package] ep_names sets another name)"
+    )
     return 0
 
 

@@ -37,7 +37,7 @@ from epbuild.manifest.model import (
     PackageSettings,
     WorkspaceSettings,
 )
-from epbuild.manifest.schema import SchemaViolation, validate
+from epbuild.manifest.schema import EP_NAME_PATTERN, SchemaViolation, validate
 from epbuild.providers import get_provider
 from epbuild.providers.base import ProviderConfig, has_compile_api, onnxruntime_version
 from epbuild.toolchains.spec import ToolchainSpec, normalise
@@ -208,12 +208,30 @@ def _package(
         out_dir = _rel(where, out_dir, ("package", "out_dir"), "package out_dir")
         if out_dir == ".":
             raise where.error(("package", "out_dir"), "must be a subdirectory, not the workspace")
-    for name in table.get("devices", {}):
-        if name not in providers:
+    for setting in ("devices", "ep_names"):
+        for name in table.get(setting, {}):
+            if name not in providers:
+                raise where.error(
+                    ("package", setting, name),
+                    f"no provider named {name!r}",
+                    hint="known providers: " + (", ".join(providers) or "none"),
+                )
+    for name, ep_name in table.get("ep_names", {}).items():
+        adapter = get_provider(providers[name].ep)
+        if getattr(adapter, "fixed_ep_name", False):
+            fixed = adapter.package_target(providers[name])[0]  # type: ignore[attr-defined]
             raise where.error(
-                ("package", "devices", name),
-                f"no provider named {name!r}",
-                hint="known providers: " + (", ".join(providers) or "none"),
+                ("package", "ep_names", name),
+                f"the {providers[name].ep} EP is built into ONNX Runtime and is always named "
+                f"{fixed!r}: an app cannot register it as {ep_name!r}",
+                hint=f"remove ep_names.{name}",
+            )
+        if not re.fullmatch(EP_NAME_PATTERN.strip("^$"), ep_name):
+            raise where.error(
+                ("package", "ep_names", name),
+                f"{ep_name!r} is not an execution provider name",
+                hint="letters, digits, '_', '.' and '-', starting with a letter, e.g. "
+                '"QNNExecutionProvider"',
             )
     return PackageSettings(
         out_dir=out_dir,
@@ -222,6 +240,7 @@ def _package(
         description=table.get("description"),
         devices=dict(table.get("devices", {})),
         compatibility_strings=table.get("compatibility_strings", True),
+        ep_names=dict(table.get("ep_names", {})),
     )
 
 
