@@ -763,7 +763,7 @@ def test_ep_names_are_checked(workspace: Workspace) -> None:
     for extra, message in (
         ('ep_names = { nope = "qnn" }', "package.ep_names.nope: no provider named 'nope'"),
         ('ep_names = { htp = "q nn" }', '"q nn" is not a valid name'),
-        ('ep_names = { htp = "qnn\\n" }', "'qnn\\n' is not an execution provider name"),
+        ('ep_names = { htp = "qnn\\n" }', '"qnn\\n" is not a valid name'),
         ('ep_names = { htp = "" }', "package.ep_names.htp"),
     ):
         ws.manifest(base + extra + "\n")

@@ -28,7 +28,7 @@ if TYPE_CHECKING:
     from epbuild.engine.scheduler import Execution
     from epbuild.engine.trace import Tracer
     from epbuild.executors.local import Executor, WorkerOutcome
-    from epbuild.onnx.context import Problem
+    from epbuild.onnx.context import MachinePaths, Problem
     from epbuild.providers.base import ProviderConfig
 
 
@@ -86,6 +86,8 @@ class Builder:
         """Restores actions before compiling them and stores them after (None: no cache)."""
         self.cache_only = cache_only
         """Fail an action that the cache cannot restore instead of compiling it."""
+        self._machine: MachinePaths | None = None
+        """The build machine's paths (`_machine_paths`), computed at the first commit."""
         self.warned: set[str] = set()
 
     def run_one(self, plan: ActionPlan) -> ActionResult:
@@ -147,7 +149,12 @@ class Builder:
                 return _failed(plan, outcome.error, outcome.hint, log_tail=outcome.log_tail)
             started = tracer.now()
             names, found = check_staged(
-                ws.root, staging, action.ctx_names, action.models, _shared_by(action)
+                ws.root,
+                staging,
+                action.ctx_names,
+                action.models,
+                _shared_by(action),
+                self._machine_paths(action),
             )
             record = self._compiled_record(action, key, staging, names, outcome)
             warnings = shape_warnings + self._verdict(
@@ -211,6 +218,15 @@ class Builder:
             free_dimensions=action.free_dimensions if any(action.free_dimensions) else (),
             boot=self._boot(action),
         )
+
+    def _machine_paths(self, action: Action) -> MachinePaths:
+        """The build machine's directories that the action's outputs must not name: the
+        command's (computed once) and its toolchain's."""
+        from epbuild.onnx.context import machine_paths, toolchain_dirs
+
+        if self._machine is None:
+            self._machine = machine_paths(self.ws.root)
+        return self._machine.with_dirs(toolchain_dirs(self.ws.keys.toolchains.get(action.provider)))
 
     def _boot(self, action: Action) -> tuple[str, ...]:
         """How a worker for the action starts: in its provider's toolchain, if it has one."""
@@ -320,7 +336,12 @@ class Builder:
             if hit is None:
                 return None, [], None
             names, _ = check_staged(
-                self.ws.root, staging, action.ctx_names, action.models, _shared_by(action)
+                self.ws.root,
+                staging,
+                action.ctx_names,
+                action.models,
+                _shared_by(action),
+                self._machine_paths(action),
             )
             if set(names) != set(hit.entry.outputs):
                 raise VerificationError("outputs do not match the entry")

@@ -39,6 +39,16 @@ def _watch_parent() -> None:
     os._exit(70)
 
 
+COMPILING = "epbuild: compiling "
+"""What the worker writes to its log before each model's compile (`say_compiling`): a
+worker that dies inside the EP (a native crash) then still names the model it was on."""
+
+
+def say_compiling(model: str) -> None:
+    """Log the model about to be compiled (read back by ``executors.local.outcome_of``)."""
+    print(COMPILING + model, file=sys.stderr, flush=True)
+
+
 def _test_hook(model: str) -> None:
     """A narrow seam for crash tests: ``EPBUILD_TEST_HOOK=KIND:SUBSTRING[:SECONDS]``.
 
@@ -89,29 +99,80 @@ OPTIMIZATION_LEVELS = {
 """Manifest ``graph_optimization_level`` → ``onnxruntime.GraphOptimizationLevel`` member."""
 
 
+AUTO_LEVELS = ("all", "basic", "disabled")
+"""What ``graph_optimization_level = "auto"`` tries, in order: the next only while nodes are
+left on the CPU EP."""
+
+
 def compile_action(job: Job) -> dict[str, Any]:
     """Compile the models of one action in order with the job's compiler, check outputs."""
+    t0 = time.perf_counter()
+    if job.compile.graph_optimization_level == "auto":
+        detail = _compile_auto(job)
+    else:
+        detail = _compile_checked(job)
+    detail["compiler"] = job.compile.compiler
+    seconds = time.perf_counter() - t0
+    return {"ok": True, "seconds": seconds, "peak_rss": peak_rss(), "detail": detail}
+
+
+def _compile_checked(job: Job) -> dict[str, Any]:
+    """Compile the job into its staging directory; the checked outputs' detail."""
     import onnxruntime as ort
 
     from epbuild.providers import get_provider
 
     config = job.provider
     adapter = get_provider(config.ep)
-    t0 = time.perf_counter()
     if job.compile.compiler == "compile_api":
         _compile_with_api(ort, job, adapter)
     else:
         _compile_with_sessions(ort, job, adapter)
-    seconds = time.perf_counter() - t0
     if job.share_weights:
         finish = getattr(adapter, "finish_sharing_group", None)
         if finish is not None:
             finish(config, [posixpath.join(job.staging, n) for n in job.ctx_names])
-    detail = check_outputs(
+    return check_outputs(
         job.staging, list(job.models), adapter, config, job.share_weights, list(job.ctx_names)
     )
-    detail["compiler"] = job.compile.compiler
-    return {"ok": True, "seconds": seconds, "peak_rss": peak_rss(), "detail": detail}
+
+
+def _compile_auto(job: Job) -> dict[str, Any]:
+    """``graph_optimization_level = "auto"``: compile at ``all``; only where nodes are left
+    on the CPU EP, also at ``basic`` and ``disabled`` (each in a folder of its own), and keep
+    the result with the fewest CPU nodes, then the fewest EPContext nodes (the earlier level
+    on a tie). The detail records the choice and what each level gave."""
+    import shutil
+    from dataclasses import replace
+
+    def score(detail: dict[str, Any]) -> tuple[int, int]:
+        models = detail["models"].values()
+        return sum(m["cpu_nodes"] for m in models), sum(m["context_nodes"] for m in models)
+
+    tried: dict[str, list[int]] = {}
+    best: tuple[tuple[int, int], str, dict[str, Any]] | None = None
+    for level in AUTO_LEVELS:
+        staging = job.staging if level == "all" else posixpath.join(job.staging, f".auto-{level}")
+        os.makedirs(staging, exist_ok=True)
+        attempt = replace(job, staging=staging,
+                          compile=replace(job.compile, graph_optimization_level=level))  # fmt: skip
+        detail = _compile_checked(attempt)
+        tried[level] = list(score(detail))
+        if best is None or score(detail) < best[0]:
+            best = (score(detail), level, detail)
+        if score(detail)[0] == 0:
+            break
+    assert best is not None
+    _, level, detail = best
+    if level != "all":  # the chosen outputs replace those of "all"
+        chosen = posixpath.join(job.staging, f".auto-{level}")
+        for name in os.listdir(chosen):
+            os.replace(posixpath.join(chosen, name), posixpath.join(job.staging, name))
+    for other in AUTO_LEVELS[1:]:
+        shutil.rmtree(posixpath.join(job.staging, f".auto-{other}"), ignore_errors=True)
+    for model in detail["models"].values():
+        model["optimization_level"] = level
+    return {**detail, "optimization_level": level, "optimization_tried": tried}
 
 
 def _compile_with_sessions(ort: Any, job: Job, adapter: Provider) -> None:
@@ -120,6 +181,7 @@ def _compile_with_sessions(ort: Any, job: Job, adapter: Provider) -> None:
     try:
         for index, model in enumerate(job.models):
             so = session_options(ort, job, index, adapter)
+            say_compiling(model)
             _test_hook(model)
             # No local name for a session: it would outlive the reverse teardown below (and,
             # through a traceback, the failure of the next one). tests/test_worker_teardown.
@@ -135,6 +197,7 @@ def _compile_with_api(ort: Any, job: Job, adapter: Provider) -> None:
     ``ep.share_ep_contexts`` entries as sessions, the stop entry on the last model."""
     for index, model in enumerate(job.models):
         so = session_options(ort, job, index, adapter)
+        say_compiling(model)
         _test_hook(model)
         _compile_model(ort, job, index, so)
 

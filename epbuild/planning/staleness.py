@@ -62,6 +62,8 @@ def plan_action(
     if too_big is not None:
         return ActionPlan(action, key, True, [too_big.message], error=too_big)
     rec = state.records.get(action.id)
+    if action.id in state.damaged:
+        return ActionPlan(action, key, True, [state.damaged[action.id].reason()])
     if action.id in state.interrupted:
         return ActionPlan(action, key, True, ["the last build of this action was interrupted"])
     if rec is None:
