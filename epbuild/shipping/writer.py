@@ -132,39 +132,52 @@ def write_package(
     ``generated`` manifests, holding ``dest``'s lock (``lock_path``); ``before_swap`` may
     still refuse (raise) once the new package is assembled. ``force`` also replaces a package
     directory holding files its deployment manifest does not list."""
+    parent = os.path.dirname(os.path.abspath(dest).rstrip(os.sep))
+    what = f"epbuild package into {dest}"
+    try:
+        os.makedirs(parent, exist_ok=True)
+        with locks.hold(lock_path(dest), what, timeout=lock_timeout, on_wait=on_wait):
+            return _write_locked(dest, root, files, generated, before_swap, force)
+    except OSError as exc:  # the lock, the old package or a leftover could not be read
+        raise StorageError(
+            f"cannot write the package: {os_error_text(exc, parent)}",
+            hint="check permissions and free space; the old package is unchanged",
+        ) from exc
+
+
+def _write_locked(
+    dest: str,
+    root: str,
+    files: list[PackagedFile],
+    generated: dict[str, bytes],
+    before_swap: Callable[[], None],
+    force: bool,
+) -> WriteStats:
     parent, name = os.path.split(os.path.abspath(dest).rstrip(os.sep))
-    os.makedirs(parent, exist_ok=True)
-    lock = lock_path(dest)
-    with locks.hold(lock, f"epbuild package into {dest}", timeout=lock_timeout, on_wait=on_wait):
-        _remove_leftovers(parent, name)
-        old = old_package(dest)
-        extra = unlisted(dest, set(old)) if old is not None else []
-        if extra and not force:
-            shown = ", ".join(extra[:_SHOWN_EXTRA])
-            more = f" and {len(extra) - _SHOWN_EXTRA} more" if len(extra) > _SHOWN_EXTRA else ""
-            raise UnsafePathError(
-                f"package directory {dest} holds {len(extra)} file(s) its {DEPLOY_NAME} does "
-                f"not list: {shown}{more}; epbuild replaces the whole directory",
-                hint="move them out of the package directory (keep your own files beside it), "
-                "or pass --force to delete them",
-            )
-        if old is not None and not extra and _unchanged(dest, root, files, generated, old):
-            return WriteStats(kept=[f.path for f in files], unchanged=True)
-        new = os.path.join(parent, f".{name}{_TEMP_MARK}new-{_owner_tag()}")
-        try:
-            stats = _assemble(new, dest, root, files, generated, old or {})
-            stats.removed = extra
-            before_swap()
-            _swap(new, dest)
-        except OSError as exc:
-            raise StorageError(
-                f"cannot write the package: {os_error_text(exc, parent)}",
-                hint="check permissions and free space; the old package is unchanged",
-            ) from exc
-        finally:
-            remove_tree(new)
-        _check_written(dest, files, generated)
-        return stats
+    _remove_leftovers(parent, name)
+    old = old_package(dest)
+    extra = unlisted(dest, set(old)) if old is not None else []
+    if extra and not force:
+        shown = ", ".join(extra[:_SHOWN_EXTRA])
+        more = f" and {len(extra) - _SHOWN_EXTRA} more" if len(extra) > _SHOWN_EXTRA else ""
+        raise UnsafePathError(
+            f"package directory {dest} holds {len(extra)} file(s) its {DEPLOY_NAME} does "
+            f"not list: {shown}{more}; epbuild replaces the whole directory",
+            hint="move them out of the package directory (keep your own files beside it), "
+            "or pass --force to delete them",
+        )
+    if old is not None and not extra and _unchanged(dest, root, files, generated, old):
+        return WriteStats(kept=[f.path for f in files], unchanged=True)
+    new = os.path.join(parent, f".{name}{_TEMP_MARK}new-{_owner_tag()}")
+    try:
+        stats = _assemble(new, dest, root, files, generated, old or {})
+        stats.removed = extra
+        before_swap()
+        _swap(new, dest)
+    finally:
+        remove_tree(new)
+    _check_written(dest, files, generated)
+    return stats
 
 
 def _owner_tag() -> str:
