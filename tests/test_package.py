@@ -818,3 +818,21 @@ ort.InferenceSession(sys.argv[1], so)
     adapter = get_provider("qnn")
     assert source_problems("c", info, adapter, config) == []
     assert compatibility_problems("c", info, adapter, config) == []
+
+
+def test_a_package_another_writer_changed_meanwhile_is_not_reported_written(
+    built: Workspace, monkeypatch: Any
+) -> None:
+    """A writer that ignores the lock (an older epbuild, a script) empties part of the
+    package right after the swap: the run fails instead of reporting it packaged."""
+    from epbuild.shipping import writer
+
+    swap = writer._swap
+
+    def then_another_writer(new: str, dest: str) -> None:
+        swap(new, dest)
+        os.unlink(os.path.join(dest, "single", "htp", "c_ctx.onnx"))
+
+    monkeypatch.setattr(writer, "_swap", then_another_writer)
+    with pytest.raises(StorageError, match=r"changed by another process .*single/htp/c_ctx.onnx"):
+        package(built.root, out="dist")

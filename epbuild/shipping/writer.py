@@ -224,18 +224,22 @@ def _remove_leftovers(parent: str, name: str) -> None:
         remove_tree(path)
 
 
+def _size(path: str) -> int | None:
+    try:
+        return os.path.getsize(path)
+    except OSError:
+        return None
+
+
 def _check_written(dest: str, files: list[PackagedFile], generated: dict[str, bytes]) -> None:
     """Refuse to report a package written when ``dest`` does not hold it (a writer that
     ignores the lock replaced or emptied it meanwhile)."""
     try:
         with open(os.path.join(dest, DEPLOY_NAME), "rb") as fh:
             same = fh.read() == generated[DEPLOY_NAME]
-        missing = next(
-            (f.path for f in files if os.path.getsize(os.path.join(dest, f.path)) != f.size),
-            None,
-        )
-    except OSError as exc:
-        same, missing = False, os.fspath(exc.filename or dest)
+    except OSError:
+        same = False
+    missing = next((f.path for f in files if _size(os.path.join(dest, f.path)) != f.size), None)
     if not same or missing is not None:
         raise StorageError(
             f"the package at {dest} was changed by another process while it was written"
