@@ -112,7 +112,10 @@ def test_exported_model_builds_at_every_level_and_verifies(tmp_path: Path, model
             )
             continue
         assert action.error is None, f"{model} at {level}: {action.error}"
-        assert not action.warnings, action.warnings  # no path false alarm, no other
+        # No path false alarm; the only warning is graph coverage's, on a split graph.
+        others = [w for w in action.warnings if "the graph is split into" not in w]
+        assert not others, others
+        assert not action.warnings or expect.outcome == "partial", action.warnings
         ctx = ws.root / "build" / level / "htp" / model.replace(".onnx", "_ctx.onnx")
         assert _coverage(ctx) == expect.outcome, f"{model} at {level}"
         built.append(level)

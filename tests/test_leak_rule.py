@@ -25,6 +25,7 @@ from epbuild.onnx.context import (
     machine_paths,
     path_problems,
     source_text,
+    toolchain_dirs,
 )
 from epbuild.onnx.proto import parse_model
 
@@ -256,3 +257,41 @@ def test_a_crashing_compile_names_the_model(
     monkeypatch.setenv("EPBUILD_TEST_HOOK", "segv:m/b.onnx")
     (action,) = workspace.build().actions
     assert action.error == "the worker was killed by SIGSEGV while compiling m/b.onnx"
+
+
+def test_the_workspace_is_caught_real_and_as_given(tmp_path: Path) -> None:
+    real = tmp_path / "real-ws"
+    real.mkdir()
+    link = tmp_path / "link-ws"
+    link.symlink_to(real)
+    machine = machine_paths(str(link))
+    assert machine.find(f"{real}/m/a.onnx") is not None
+    assert machine.find(f"{link}/m/a.onnx") is not None
+
+
+def test_a_toolchains_directories_are_machine_paths(tmp_path: Path) -> None:
+    from epbuild.toolchains.env import Toolchain
+    from epbuild.toolchains.spec import ToolchainSpec
+
+    env = tmp_path.parent / "elsewhere-env"
+    toolchain = Toolchain(
+        ToolchainSpec(python=str(env / "bin/python")),
+        python=str(env / "bin/python"),
+        prefix=str(env),
+        sites=(str(env / "lib/python3.11/site-packages"),),
+        version="3.11.7",
+    )
+    machine = machine_paths(str(tmp_path), toolchain_dirs(toolchain))
+    found = machine.find(f"{env}/lib/python3.11/site-packages/onnxruntime/capi")
+    assert found == f"{env}/lib/python3.11/site-packages"  # the longest of its directories
+    assert machine.find(f"{env}/bin/python") == f"{env}/bin"
+    assert machine_paths(str(tmp_path)).find(f"{env}/bin/python") != f"{env}/bin"
+
+
+def test_a_shorter_path_in_the_source_does_not_excuse_a_longer_one(tmp_path: Path) -> None:
+    source = _ctx_model()
+    source.doc_string = f"exported under {tmp_path}"
+    model = _ctx_model()
+    model.doc_string = f"compiled from {tmp_path}/m/a.onnx"
+    (problem,) = _problems(tmp_path, model, (_source(tmp_path, source),))
+    assert problem.severity is Severity.ERROR

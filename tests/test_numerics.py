@@ -212,3 +212,40 @@ def test_auto_tries_lower_levels_only_where_nodes_fall_back(workspace: Workspace
     assert levels == {"g/htp/p": "all", "g/htp/c": "all"}
     assert verify_outputs(workspace.root).ok
     assert workspace.build().count(Outcome.UP_TO_DATE) == 2
+
+
+@pytest.mark.slow
+def test_auto_survives_a_level_the_ep_crashes_on(workspace: Workspace) -> None:
+    """gpt2_dynamo (the exporter corpus) is split at all and basic; at disabled the QNN EP
+    crashes the process. auto tries disabled in a process of its own and keeps all."""
+    import shutil
+
+    corpus = Path(__file__).parent / "corpus"
+    (workspace.root / "m").mkdir(parents=True)
+    shutil.copy(corpus / "gpt2_dynamo.onnx", workspace.root / "m")
+    workspace.manifest({"providers": {"htp": HTP73}, "groups": {"g": {
+        "models": ["m/gpt2_dynamo.onnx"], "providers": ["htp"],
+        "free_dimensions": {"batch": 1, "sequence_length": 8},
+        "graph_optimization_level": "auto"}}})  # fmt: skip
+    result = workspace.build()
+    assert result.ok, [a.error for a in result.actions]
+    from epbuild.state.journal import load_state
+
+    (rec,) = load_state(str(workspace.root / ".epbuild/state.jsonl")).records.values()
+    tried = rec.detail["optimization_tried"]
+    assert rec.detail["optimization_level"] == "all" and tried["all"][1] >= 2
+    assert tried["basic"] == tried["all"] and tried["disabled"].startswith("crashed")
+    assert verify_outputs(workspace.root).ok
+
+
+def test_the_html_report_shows_the_last_figures(workspace: Workspace, tmp_path: Path) -> None:
+    from epbuild.inspect.html import write_html_report
+
+    workspace.model("m/c.onnx", matmul_model(3))
+    group = {"models": ["m/c.onnx"], "providers": ["htp"]}
+    workspace.manifest({"providers": {"htp": HTP73}, "groups": {"g": group}})
+    assert workspace.build().ok
+    verify_outputs(workspace.root, numerics=True)
+    page = tmp_path / "r.html"
+    write_html_report(workspace.root, None, [], page)
+    assert "c: ok (worst output y: max_abs" in page.read_text()

@@ -54,10 +54,12 @@ def _test_hook(model: str) -> None:
 
     Before the session of a model whose path contains SUBSTRING: ``segv`` kills the worker
     with SIGSEGV, ``abort`` aborts it (what a crashing native SDK does), ``sleep`` waits
-    SECONDS (a slow compile). ``noshare`` leaves out the weight-sharing session entries
-    (as if the EP ignored ``ep.share_ep_contexts``; see ``_session_entries``): match every
-    model of the group, or only the first, since a group whose last session lacks the stop
-    entry never writes its binary. Unset in normal use.
+    SECONDS (a slow compile), ``wait`` waits until the file named by the argument exists (a
+    compile a test holds open until it says go; ``wait:SUBSTRING:PATH``). ``noshare``
+    leaves out the weight-sharing session entries (as if the EP ignored
+    ``ep.share_ep_contexts``; see ``_session_entries``): match every model of the group, or
+    only the first, since a group whose last session lacks the stop entry never writes its
+    binary. Unset in normal use.
     """
     hook = _hook_for(model)
     if hook is None or hook[0] == "noshare":
@@ -72,6 +74,10 @@ def _test_hook(model: str) -> None:
         os.abort()
     elif kind == "sleep":
         time.sleep(float(arg or 1))
+    elif kind == "wait":
+        deadline = time.monotonic() + 600
+        while not os.path.exists(arg) and time.monotonic() < deadline:
+            time.sleep(0.05)
 
 
 def _hook_for(model: str) -> tuple[str, str] | None:
@@ -113,7 +119,34 @@ def compile_action(job: Job) -> dict[str, Any]:
         detail = _compile_checked(job)
     detail["compiler"] = job.compile.compiler
     seconds = time.perf_counter() - t0
-    return {"ok": True, "seconds": seconds, "peak_rss": peak_rss(), "detail": detail}
+    return {
+        "ok": True,
+        "seconds": seconds,
+        "peak_rss": peak_rss(),
+        "detail": detail,
+        "versions": compiled_with(job.provider),
+        "epbuild": _epbuild_version(),
+    }
+
+
+def compiled_with(config: ProviderConfig) -> dict[str, str]:
+    """The versions this process compiled with, under the names an action key gives them
+    (``KeyComputer.versions``): read here, in the worker's own environment — a farm's or a
+    toolchain's — never taken from the coordinator."""
+    from epbuild.planning.keys import ORT_KEY
+    from epbuild.providers import get_provider
+    from epbuild.providers.base import onnxruntime_version
+
+    found = dict(get_provider(config.ep).versions(config))
+    found[ORT_KEY] = onnxruntime_version()
+    found["python"] = ".".join(map(str, sys.version_info[:3]))
+    return found
+
+
+def _epbuild_version() -> str:
+    from epbuild import __version__
+
+    return __version__
 
 
 def _compile_checked(job: Job) -> dict[str, Any]:
@@ -139,9 +172,10 @@ def _compile_checked(job: Job) -> dict[str, Any]:
 
 def _compile_auto(job: Job) -> dict[str, Any]:
     """``graph_optimization_level = "auto"``: compile at ``all``; only where nodes are left
-    on the CPU EP, also at ``basic`` and ``disabled`` (each in a folder of its own), and keep
-    the result with the fewest CPU nodes, then the fewest EPContext nodes (the earlier level
-    on a tie). The detail records the choice and what each level gave."""
+    on the CPU EP, also at ``basic`` and ``disabled`` (each in a folder of its own and a
+    process of its own: the EP crashes on some graphs at lower levels, which must cost only
+    that try), and keep the result with the fewest CPU nodes, then the fewest EPContext
+    nodes (the earlier level on a tie). The detail records the choice and every try."""
     import shutil
     from dataclasses import replace
 
@@ -149,30 +183,66 @@ def _compile_auto(job: Job) -> dict[str, Any]:
         models = detail["models"].values()
         return sum(m["cpu_nodes"] for m in models), sum(m["context_nodes"] for m in models)
 
-    tried: dict[str, list[int]] = {}
-    best: tuple[tuple[int, int], str, dict[str, Any]] | None = None
-    for level in AUTO_LEVELS:
-        staging = job.staging if level == "all" else posixpath.join(job.staging, f".auto-{level}")
-        os.makedirs(staging, exist_ok=True)
-        attempt = replace(job, staging=staging,
-                          compile=replace(job.compile, graph_optimization_level=level))  # fmt: skip
-        detail = _compile_checked(attempt)
-        tried[level] = list(score(detail))
-        if best is None or score(detail) < best[0]:
-            best = (score(detail), level, detail)
-        if score(detail)[0] == 0:
+    best = _compile_checked(
+        replace(job, compile=replace(job.compile, graph_optimization_level="all"))
+    )
+    tried: dict[str, list[int] | str] = {"all": list(score(best))}
+    level = "all"
+    for lower in AUTO_LEVELS[1:]:
+        if score(best)[0] == 0:
             break
-    assert best is not None
-    _, level, detail = best
+        staging = posixpath.join(job.staging, f".auto-{lower}")
+        outcome = _try_level(job, lower, staging)
+        if isinstance(outcome, str):
+            tried[lower] = outcome
+            continue
+        tried[lower] = list(score(outcome))
+        if score(outcome) < score(best):
+            best, level = outcome, lower
     if level != "all":  # the chosen outputs replace those of "all"
         chosen = posixpath.join(job.staging, f".auto-{level}")
+        for name in os.listdir(job.staging):
+            if not name.startswith(".auto-"):
+                os.unlink(posixpath.join(job.staging, name))
         for name in os.listdir(chosen):
             os.replace(posixpath.join(chosen, name), posixpath.join(job.staging, name))
-    for other in AUTO_LEVELS[1:]:
-        shutil.rmtree(posixpath.join(job.staging, f".auto-{other}"), ignore_errors=True)
-    for model in detail["models"].values():
+    for lower in AUTO_LEVELS[1:]:
+        shutil.rmtree(posixpath.join(job.staging, f".auto-{lower}"), ignore_errors=True)
+    for model in best["models"].values():
         model["optimization_level"] = level
-    return {**detail, "optimization_level": level, "optimization_tried": tried}
+    return {**best, "optimization_level": level, "optimization_tried": tried}
+
+
+def _try_level(job: Job, level: str, staging: str) -> dict[str, Any] | str:
+    """Compile the job at ``level`` into ``staging`` in a child worker; its checked detail,
+    or why it failed."""
+    import subprocess
+    from dataclasses import replace
+
+    os.makedirs(staging, exist_ok=True)
+    attempt = replace(
+        job, staging=staging, compile=replace(job.compile, graph_optimization_level=level)
+    )
+    home = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    code = f"import sys; sys.path.insert(0, {home!r}); from {__name__} import main; main()"
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # Its output goes to this worker's log.
+    with subprocess.Popen([sys.executable, "-I", "-c", code], stdin=subprocess.PIPE) as child:
+        assert child.stdin is not None
+        child.stdin.write(json.dumps(attempt.to_json()).encode() + b"\n")
+        child.stdin.flush()
+        code_ = child.wait()  # its stdin stays open until it ends (it exits when it closes)
+    try:
+        with open(posixpath.join(staging, RESULT_NAME), encoding="utf-8") as f:
+            result = json.load(f)
+    except (OSError, ValueError):
+        return f"failed (exit status {code_})" if code_ >= 0 else f"crashed (signal {-code_})"
+    if not result.get("ok"):
+        return f"failed: {result.get('error', '?')}"
+    os.unlink(posixpath.join(staging, RESULT_NAME))
+    detail: dict[str, Any] = result["detail"]
+    return detail
 
 
 def _compile_with_sessions(ort: Any, job: Job, adapter: Provider) -> None:

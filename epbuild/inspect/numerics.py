@@ -221,10 +221,14 @@ def check_action(
 ) -> list[NumericsCheck]:
     """The numerical checks of one committed action's ctx models (recorded figures where
     there are some for the same key, else a loader run)."""
-    from epbuild.inspect.verify import LoadOutcome, load_check
+    from epbuild.inspect.verify import load_check
 
     checks = []
     for index, ctx in enumerate(action.ctx_paths):
+        if isinstance(toolchain, str):  # may be usable next time: nothing is recorded
+            reason = f"its toolchain is not usable here: {toolchain}"
+            checks.append(NumericsCheck(action.id, ctx, NumericsStatus.NOT_CHECKABLE, reason))
+            continue
         settings = action.entries[index].numerics
         try:
             samples = _sample_files(ws.root, settings.inputs)
@@ -238,8 +242,9 @@ def check_action(
             load = load_check(ws, action, index, toolchain, extra)
             recorded = {"outcome": load.outcome.value, "message": load.message,
                         "outputs": load.outputs}  # fmt: skip
-            if load.outcome is not LoadOutcome.NOT_LOADABLE:
-                store.put(key, recorded)
+            # A model this host cannot run stays so for the same key (a loader that crashes
+            # here, in 17 s for inception_v1): recorded too, so it is not run every time.
+            store.put(key, recorded)
         tol = tolerance(action.provider.ep, settings)
         checks.append(_judge(action.id, ctx, recorded, tol, cached=key in store.entries))
     return checks
@@ -267,7 +272,8 @@ def _judge(
 ) -> NumericsCheck:
     outputs = recorded.get("outputs")
     if recorded.get("outcome") == "not_loadable_here":
-        return NumericsCheck(action, ctx, NumericsStatus.NOT_CHECKABLE, recorded["message"])
+        reason = recorded["message"]
+        return NumericsCheck(action, ctx, NumericsStatus.NOT_CHECKABLE, reason, cached=cached)
     if not outputs:  # the loader failed before comparing anything
         reason = recorded.get("message") or "the check produced no figures"
         return NumericsCheck(action, ctx, NumericsStatus.FAILED, reason, cached=cached)

@@ -522,7 +522,8 @@ def _machine_set(paths: Iterable[str]) -> tuple[str, ...]:
 def machine_paths(root: str, dirs: Iterable[str] = ()) -> MachinePaths:
     """The build machine's own directories: the workspace ``root``, the user's home, the
     temp directory, this Python's prefixes, epbuild's per-user cache and toolchains, and
-    ``dirs`` (each toolchain's directories: `toolchain_dirs`). Stat calls only."""
+    ``dirs`` (each toolchain's directories: `toolchain_dirs`). No imports of onnx or
+    onnxruntime; ``lstat`` calls only (real paths)."""
     import tempfile
 
     from epbuild.cache.location import default_cache_dir  # plain paths, no imports
@@ -582,13 +583,11 @@ class SourceText:
 
     def origin(self, value: str, path: str) -> str | None:
         """The source model ``value`` (holding ``path``) comes from: copied verbatim, or a
-        text ORT derived from a source text holding the same path (or a longer one)."""
+        text that holds a path some source text holds (a doc string ORT merged, say). A
+        source that names only a shorter path (``/tmp``) does not excuse a longer one."""
         if value in self.values:
             return self.values[value]
-        for end in range(len(path), 1, -1):
-            if path[:end] in self.paths:
-                return self.paths[path[:end]]
-        return None
+        return self.paths.get(path)
 
 
 def source_text(root: str, models: tuple[str, ...]) -> SourceText:

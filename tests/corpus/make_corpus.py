@@ -140,14 +140,14 @@ def export_dynamo(model: Any, path: Path, *, external: bool) -> None:
 def neutral_paths(path: Path) -> None:
     """Replace the directories of the machine that made the corpus in every text of the
     model at ``path`` (the dynamo exporter writes stack traces into node ``metadata_props``)
-    with those of a made-up ``/home/dev`` machine: the committed files name no real machine,
-    and still hold absolute paths as an exporter's do."""
+    with those of a made-up ``/srv/exporter-host`` machine: the committed files name no real
+    machine, and still hold absolute paths as an exporter's do."""
     import onnx
 
     swaps = [
-        (str(HERE.parent.parent), "/home/dev/epbuild"),
-        (os.path.realpath(sys.prefix), "/home/dev/venv"),
-        (sys.prefix, "/home/dev/venv"),
+        (str(HERE.parent.parent), "/srv/exporter-host/epbuild"),
+        (os.path.realpath(sys.prefix), "/srv/exporter-host/venv"),
+        (sys.prefix, "/srv/exporter-host/venv"),
         (os.path.realpath(sys.base_prefix), "/usr/local"),
         (sys.base_prefix, "/usr/local"),
     ]
