@@ -224,6 +224,7 @@ COMMANDS: list[list[str]] = [
     ["cache", "prune", "--max-size", "1G", "--cache", "localcache"],
     ["cache", "export", "out.tar", "--cache", "localcache"],
     ["toolchains", "--json"],
+    ["lock", "--check", "--json"],
     ["watch", "--debounce", "0"],
 ]
 """Every command, with ordinary arguments (each manifest decides whether they make sense)."""

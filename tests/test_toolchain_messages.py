@@ -94,7 +94,7 @@ import sys
 from epbuild.toolchains import create
 from epbuild.toolchains.spec import ToolchainSpec
 
-def make(spec, directory, provider, keep):
+def make(spec, directory, provider, locked=None, keep=()):
     create._run([sys.executable, sys.argv[1], sys.argv[2], sys.argv[3]], directory + ".log",
                 spec, provider, keep)
     raise SystemExit(0)

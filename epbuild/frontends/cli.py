@@ -68,6 +68,11 @@ def _build_parser(sub: _Commands) -> None:
         action="store_true",
         help="then compare each built model's outputs with its source's (verify --numerics)",
     )
+    b.add_argument(
+        "--locked",
+        action="store_true",
+        help="refuse (exit 2) when an environment differs from epbuild.lock (EPBUILD_LOCKED=1)",
+    )
     b.add_argument("--executor", choices=("local", "dask"), help="where actions run")
     b.add_argument("--scheduler", metavar="ADDRESS", help="Dask scheduler, tcp://HOST:PORT")
 
@@ -116,6 +121,13 @@ def _package_parser(sub: _Commands) -> None:
     _cache_args(k)
     k.add_argument("--hash", action="store_true", help="re-hash every output first")
     k.add_argument("--json", action="store_true", help="print the deployment manifest as JSON")
+    k.add_argument(
+        "--force",
+        action="store_true",
+        help="replace the package directory even if it holds files the package does not list "
+        "(they are deleted)",
+    )
+    k.add_argument("--lock-timeout", type=float, metavar="SECONDS", help="give up waiting")
 
 
 _JSON_HELP = "print one JSON object on stdout"
@@ -297,6 +309,9 @@ def _parser() -> argparse.ArgumentParser:
     )
     for add in (*commands, _package_parser, _cache_parser, _toolchains_parser, _watch_parser):
         add(sub)
+    from epbuild.frontends.lock_cli import lock_parser
+
+    lock_parser(sub)
     return p
 
 
@@ -314,13 +329,21 @@ def _build_options(args: argparse.Namespace) -> dict[str, Any]:
         "trace": args.trace,
         "executor": args.executor,
         "scheduler": checks.scheduler(args.scheduler),
+        "locked": _locked(args),
     }
+
+
+def _locked(args: argparse.Namespace) -> bool:
+    """``--locked``, or ``EPBUILD_LOCKED=1`` (for CI); read here, off the no-op path's
+    imports."""
+    value = os.environ.get("EPBUILD_LOCKED", "").strip().lower()
+    return bool(args.locked) or value in ("1", "true", "yes")
 
 
 def _answered_by_noop(args: argparse.Namespace) -> bool:
     """Print the recorded result if nothing changed since an all-up-to-date build (``noop``)."""
-    if args.dry_run or args.trace:
-        return False
+    if args.dry_run or args.trace or _locked(args):
+        return False  # --locked compares the environments with the lock: the full path
     import time
 
     from epbuild.planning.noop import fast_noop
@@ -562,7 +585,8 @@ def _cmd_package(args: argparse.Namespace) -> int:
     from epbuild.frontends.progress import ConsoleReporter
     from epbuild.shipping.package import package
 
-    reporter = None if args.json else ConsoleReporter()
+    # With --json, only notes (a lock waited for) reach stderr.
+    reporter = ConsoleReporter(quiet=args.json)
     build_options = {
         "jobs": checks.check_jobs(args.jobs),
         "keep_going": args.keep_going,
@@ -579,17 +603,26 @@ def _cmd_package(args: argparse.Namespace) -> int:
         check="hash" if args.hash else "stat",
         reporter=reporter,
         build_options=build_options,
+        lock_timeout=checks.seconds(args.lock_timeout, "--lock-timeout"),
+        force=args.force,
     )
     if args.json:
         print_json(result.to_json(), command="package")
         return 0
     s, files = result.stats, len(result.deployment["files"])
+    if s.removed:
+        print(f"epbuild: --force: deleted {', '.join(s.removed)} from {result.path}")
     what = f"{len(result.components)} component(s), {files} file(s)"
     if s.unchanged:
         print(f"epbuild: {result.path} is up to date ({what})")
-        return 0
-    how = f"{len(s.linked)} linked from the outputs, {len(s.kept)} kept, {len(s.copied)} copied"
-    print(f"epbuild: packaged {what} into {result.path} ({how})")
+    else:
+        how = f"{len(s.linked)} linked from the outputs, {len(s.kept)} kept, "
+        print(f"epbuild: packaged {what} into {result.path} ({how}{len(s.copied)} copied)")
+    names = ", ".join(f"{n} ({p})" for p, n in result.deployment.get("ep_names", {}).items())
+    print(
+        f"epbuild: apps select its variants by registering the execution provider as {names} "
+        "([package] ep_names sets another name)"
+    )
     return 0
 
 
@@ -659,6 +692,12 @@ def _cmd_toolchains(args: argparse.Namespace) -> int:
     return run_toolchains_command(args)
 
 
+def _cmd_lock(args: argparse.Namespace) -> int:
+    from epbuild.frontends.lock_cli import run_lock_command
+
+    return run_lock_command(args)
+
+
 def _cmd_cache(args: argparse.Namespace) -> int:
     from epbuild.frontends.cache_cli import run_cache_command
 
@@ -677,6 +716,7 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "watch": _cmd_watch,
     "cache": _cmd_cache,
     "toolchains": _cmd_toolchains,
+    "lock": _cmd_lock,
 }
 
 

@@ -120,7 +120,9 @@ class Provider(Protocol):
     def compatibility_key(self, config: ProviderConfig) -> str | None:
         """Name ``X`` of the ``ep_compatibility_info.X`` metadata it writes, if any. An
         adapter may also define ``package_target(config) -> (ep name, device or None)``,
-        what a model package variant declares (absent: as in ``BaseProvider``)."""
+        what a model package variant declares, ``compatibility_keys(config)`` (older names
+        of the metadata too) and ``attach_as(ort, so, config, ep_name)`` (attach under the
+        name an app registers the EP as); absent: as in ``BaseProvider``."""
         ...
 
     def check_compatibility(self, config: ProviderConfig, info: str) -> str | None:
@@ -189,6 +191,12 @@ class BaseProvider(abc.ABC):
         when stat cannot vouch for them (the no-op fast path then stays off)."""
         return None
 
+    def library_path(self, config: ProviderConfig) -> str | None:
+        """The EP library file that compiles (found from package metadata, never by
+        importing; within ``scanning``, a toolchain's); None where there is no file of its
+        own or it is not installed. Its sha256 goes into the lock."""
+        return None
+
     def needs_static_shapes(self, config: ProviderConfig) -> bool:
         """Whether symbolic input dimensions must be fixed before compiling; False by
         default (CPU and GPU EPs compile dynamic shapes)."""
@@ -220,6 +228,12 @@ class BaseProvider(abc.ABC):
         """Name ``X`` of the ``ep_compatibility_info.X`` metadata it writes; None by default."""
         return None
 
+    def compatibility_keys(self, config: ProviderConfig) -> tuple[str, ...]:
+        """Every name its compatibility info may be stored under, the current one
+        (``compatibility_key``) first, then older ones outputs built earlier carry."""
+        key = self.compatibility_key(config)
+        return () if key is None else (key,)
+
     def check_compatibility(self, config: ProviderConfig, info: str) -> str | None:
         """A message if ``info`` does not match the requested target; None by default."""
         return None
@@ -229,6 +243,24 @@ class BaseProvider(abc.ABC):
         model package variant of its outputs declares (``epbuild.shipping``); by default the
         name its compatibility info and EPContext nodes carry, and no device constraint."""
         return (self.compatibility_key(config) or self.context_source(config) or self.kind, None)
+
+    def attach_as(
+        self,
+        ort: onnxruntime,
+        so: onnxruntime.SessionOptions,
+        config: ProviderConfig,
+        ep_name: str,
+    ) -> None:
+        """``attach``, with a plugin EP registered as ``ep_name`` (the name an app registers
+        it under: a package's ``[package] ep_names``). By default the EP's name is fixed:
+        ``ep_name`` must be the one ``package_target`` declares."""
+        fixed = self.package_target(config)[0]
+        if ep_name != fixed:
+            raise ProviderUnavailableError(
+                f"the {config.ep} execution provider is always named {fixed!r}, not {ep_name!r}",
+                hint="package it without an ep_names entry for this provider",
+            )
+        self.attach(ort, so, config)
 
     @abc.abstractmethod
     def attach(
@@ -286,6 +318,28 @@ def _scan_dist_info() -> dict[str, tuple[str, str]]:
                     found.setdefault(_normalise(name), (version, directory))
         _DIST_INFO[sites] = found
     return found
+
+
+def canonical_name(name: str) -> str:
+    """A distribution's name as the lock writes it (PEP 503: ``onnxruntime-qnn``)."""
+    return name.lower().replace("_", "-").replace(".", "-")
+
+
+def installed_distributions() -> dict[str, tuple[str, str]]:
+    """Every distribution the fast scan finds (this environment's, or within ``scanning``
+    another's): canonical name → (version, site directory)."""
+    return {canonical_name(n): hit for n, hit in sorted(_scan_dist_info().items())}
+
+
+def shared_library(site: str, package: str, stem: str) -> str:
+    """The path of a package's shared library ``stem`` as this platform names it."""
+    if sys.platform == "win32":
+        name = f"{stem}.dll"
+    elif sys.platform == "darwin":
+        name = f"lib{stem}.dylib"
+    else:
+        name = f"lib{stem}.so"
+    return os.path.join(site, package, name)
 
 
 def dist_location(dist: str) -> str | None:
@@ -360,6 +414,24 @@ def stringify_options(
                 key=f"{key}.{name}",
             )
     return out
+
+
+def attach_named(
+    adapter: Any,
+    ort: onnxruntime,
+    so: onnxruntime.SessionOptions,
+    config: ProviderConfig,
+    ep_name: str | None,
+) -> None:
+    """``adapter.attach``, or with ``ep_name`` its ``attach_as`` (the EP registered under the
+    name a package declares); a third-party adapter without ``attach_as`` only under the name
+    it declares itself."""
+    if ep_name is None:
+        adapter.attach(ort, so, config)
+    elif hasattr(adapter, "attach_as"):
+        adapter.attach_as(ort, so, config, ep_name)
+    else:
+        BaseProvider.attach_as(adapter, ort, so, config, ep_name)
 
 
 _registered: set[str] = set()

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import os
 import re
 import sys
 from collections.abc import Mapping
@@ -27,9 +28,11 @@ from epbuild.errors import ManifestError, ProviderUnavailableError
 from epbuild.providers.base import (
     BaseProvider,
     ProviderConfig,
+    dist_location,
     dist_version,
     install_hint,
     register_plugin,
+    shared_library,
     stringify_options,
 )
 
@@ -37,8 +40,13 @@ if TYPE_CHECKING:
     import onnxruntime
 
 EP_NAME = "OpenVINOExecutionProvider"
+"""The OpenVINO EP's name: ``kOpenVINOExecutionProvider`` in ONNX Runtime's and
+onnxruntime-genai's EP name constants, the name onnxruntime-openvino's built-in EP has, and
+what the plugin (onnxruntime-ep-openvino) reports from ``get_ep_name()``."""
 """Name of the EP, its devices and the ``source`` of its EPContext nodes."""
 PLUGIN_DIST = "onnxruntime-ep-openvino"
+PROVIDER_LIB = "onnxruntime_providers_openvino"
+"""The built-in EP's library in ``onnxruntime-openvino`` (``onnxruntime/capi``)."""
 BUILTIN_DIST = "onnxruntime-openvino"
 DEFAULT_DEVICE = "NPU"
 DEVICE_RE = re.compile(r"(CPU|GPU|NPU)(\.\d+)?")
@@ -193,8 +201,17 @@ class OpenVinoProvider(BaseProvider):
         }
 
     def version_inputs(self, config: ProviderConfig) -> list[str]:
-        """None besides the dist-info directories: every version is a distribution's."""
-        return []
+        """The EP library (its sha256 is keyed); every version is a distribution's."""
+        library = self.library_path(config)
+        return [library] if library else []
+
+    def library_path(self, config: ProviderConfig) -> str | None:
+        """The built-in EP's provider library in ``onnxruntime-openvino``; for the plugin
+        package, the library file its ``get_library_path()`` names (not read here)."""
+        site = dist_location(BUILTIN_DIST)
+        if site is None:
+            return None
+        return shared_library(site, os.path.join("onnxruntime", "capi"), PROVIDER_LIB)
 
     def needs_static_shapes(self, config: ProviderConfig) -> bool:
         """For the NPU, unless ``reshape_input`` gives the shapes (OpenVINO then fixes them
@@ -245,14 +262,33 @@ class OpenVinoProvider(BaseProvider):
     def attach(
         self, ort: onnxruntime, so: onnxruntime.SessionOptions, config: ProviderConfig
     ) -> None:
+        self.attach_as(ort, so, config, None)
+
+    def attach_as(
+        self,
+        ort: onnxruntime,
+        so: onnxruntime.SessionOptions,
+        config: ProviderConfig,
+        ep_name: str | None,
+    ) -> None:
+        """Attach the plugin EP (registered as ``ep_name``, default the name the plugin
+        gives, ``OpenVINOExecutionProvider``) or the EP built into onnxruntime-openvino
+        (always ``OpenVINOExecutionProvider``)."""
         device = config.options.get("device_type", DEFAULT_DEVICE)
         options = {k: v for k, v in config.options.items() if k != "device_type"}
         try:
             plugin: Any = importlib.import_module("onnxruntime_ep_openvino")
         except ImportError:
             plugin = None
+        if plugin is None and ep_name not in (None, EP_NAME):
+            raise ProviderUnavailableError(
+                f"the OpenVINO EP built into onnxruntime-openvino is always named {EP_NAME!r}, "
+                f"not {ep_name!r}",
+                hint=f"install the OpenVINO plugin EP ({install_hint(self.extra)}), or register "
+                f"it as {EP_NAME}",
+            )
         if plugin is not None:
-            ep_name = str(plugin.get_ep_name())
+            ep_name = ep_name or str(plugin.get_ep_name())
             hint = install_hint(self.extra)
             register_plugin(ort, ep_name, str(plugin.get_library_path()), hint=hint)
             chosen = pick_device([d for d in ort.get_ep_devices() if d.ep_name == ep_name], device)

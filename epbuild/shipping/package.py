@@ -3,19 +3,20 @@ model package (``contents`` says what it holds, ``writer`` how it is written).""
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
-from epbuild._names import LOCKS_DIR
 from epbuild.errors import ActionFailedError, OutOfDateError, UnsafePathError, UserError
 from epbuild.fs import inside
 from epbuild.results import BuildResult, Reporter
 from epbuild.shipping.contents import DEPLOY_NAME, package_contents
 from epbuild.shipping.writer import WriteStats, write_package
+
+if TYPE_CHECKING:
+    from epbuild.planning.workspace import Workspace
 
 
 @dataclass
@@ -36,6 +37,7 @@ class PackageResult:
         s = self.stats
         written = {"kept": len(s.kept), "linked": len(s.linked), "copied": len(s.copied)}
         written["unchanged"] = s.unchanged
+        written["removed"] = len(s.removed)
         return {"package": self.path, "written": written, "deployment": self.deployment}
 
 
@@ -49,6 +51,7 @@ def package(
     check: Literal["stat", "hash"] = "stat",
     reporter: Reporter | None = None,
     lock_timeout: float | None = None,
+    force: bool = False,
     build_options: Mapping[str, Any] | None = None,
 ) -> PackageResult:
     """Write the selected actions' outputs as an ONNX Runtime model package at ``out``
@@ -56,8 +59,11 @@ def package(
 
     Every selected action must be up to date with its outputs as its build committed them
     (``OutOfDateError`` names the others), unless ``build`` builds them first. ``check="hash"``
-    re-hashes every output instead of trusting the stat cache. ``build_options``: further
-    keyword arguments of ``build`` (``jobs``, ``keep_going``, ``cache``...).
+    re-hashes every output instead of trusting the stat cache. ``lock_timeout`` bounds the
+    wait for another run writing the same package directory (``LockTimeoutError``);
+    ``force`` replaces a package directory that holds files its deployment manifest does not
+    list (they are deleted; without it, ``UnsafePathError`` names them). ``build_options``:
+    further keyword arguments of ``build`` (``jobs``, ``keep_going``, ``cache``...).
     """
     from epbuild.planning.staleness import make_plan
     from epbuild.planning.workspace import open_workspace
@@ -83,13 +89,21 @@ def package(
         )
     snapshot = committed_outputs(ws, ws.actions, rehash=check == "hash")
     committed = [(a, ws.state.records[a.id]) for a in ws.actions]
-    contents = package_contents(ws.manifest.workspace.out_dir, committed, ws.manifest.package)
+    contents = package_contents(
+        ws.manifest.workspace.out_dir, committed, ws.manifest.package, _figures(ws)
+    )
     generated = contents.generated()
-    # The lock lives in the state directory: nothing but the package appears beside it.
-    slug = hashlib.sha256(os.fsencode(dest)).hexdigest()[:16]
-    lock = os.path.join(ws.state_dir, LOCKS_DIR, f"package-{slug}.lock")
     unreplaced = _unreplaced(ws.root, snapshot)
-    stats = write_package(dest, ws.root, contents.files, generated, lock, unreplaced)
+    stats = write_package(
+        dest,
+        ws.root,
+        contents.files,
+        generated,
+        unreplaced,
+        force=force,
+        lock_timeout=lock_timeout,
+        on_wait=reporter.message if reporter is not None else None,
+    )
     shown = os.fspath(out) if out is not None else str(ws.manifest.package.out_dir)
     names = list(contents.ort_manifest["components"])
     return PackageResult(shown, json.loads(generated[DEPLOY_NAME]), stats, built, names)
@@ -161,3 +175,18 @@ def _unreplaced(root: str, snapshot: dict[str, Any]) -> Callable[[], None]:
                 )
 
     return check
+
+
+def _figures(ws: Workspace) -> dict[tuple[str, int], dict[str, Any]]:
+    """Each model's last recorded ``verify --numerics`` (as its outputs are now), for the
+    deployment manifest; models never checked are left out."""
+    from epbuild.inspect.numerics import Store, last_check
+
+    store = Store(ws.state_dir)
+    found: dict[tuple[str, int], dict[str, Any]] = {}
+    for action in ws.actions:
+        for i in range(len(action.entries)):
+            check = last_check(ws, action, i, store)
+            if check is not None:
+                found[action.id, i] = check.to_json()
+    return found
