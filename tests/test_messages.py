@@ -208,7 +208,7 @@ def test_package_under_a_file_says_it_is_a_file(simple_ws: Callable[..., Workspa
     for out in ("epbuild.toml/x", "epbuild.toml/x/y"):
         proc = epbuild(ws.root, "package", "-o", out)
         clean_error(proc, 1, "epbuild.toml is a file, so nothing can be created under it")
-        assert "ulimit" not in proc.stderr
+        assert "ulimit" not in proc.stderr and "-o DIR" in proc.stderr
 
 
 def test_a_cache_that_is_a_file(simple_ws: Callable[..., Workspace]) -> None:
