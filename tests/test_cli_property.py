@@ -91,12 +91,13 @@ def _data(draw: st.DrawFn) -> dict[str, Any]:
         for k in path[:-1]:
             parent = parent[k]
         op = draw(st.sampled_from(["replace", "delete", "add"]))
+        value = copy.deepcopy(draw(_odd_values))  # sampled values are shared objects
         if op == "delete":
             del parent[path[-1]]
         elif op == "add" and isinstance(parent, dict):
-            parent[draw(_keys)] = draw(_odd_values)
+            parent[draw(_keys)] = value
         else:
-            parent[path[-1]] = draw(_odd_values)
+            parent[path[-1]] = value
     return data
 
 
