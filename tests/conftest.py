@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +13,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 
+import waits
 from modelgen import matmul_model, save
 
 HTP73 = {"ep": "qnn", "options": {"htp_arch": "73", "soc_model": "60"}}
@@ -71,10 +72,8 @@ class Workspace:
     def cli(
         self, *args: str, check: bool = False, timeout: float = 300
     ) -> subprocess.CompletedProcess[str]:
-        proc = subprocess.run(
-            [sys.executable, "-m", "epbuild", "-C", str(self.root), *args],
-            capture_output=True, text=True, timeout=timeout,
-        )  # fmt: skip
+        proc = waits.run([sys.executable, "-m", "epbuild", "-C", str(self.root), *args],
+                         f"epbuild {' '.join(args)}", timeout=timeout)  # fmt: skip
         if check and proc.returncode != 0:
             raise AssertionError(f"epbuild {args} failed ({proc.returncode}):\n{proc.stderr}")
         return proc
@@ -134,3 +133,34 @@ def simple_ws(workspace: Workspace) -> Callable[..., Workspace]:
         return workspace
 
     return make
+
+
+# ---------------------------------------------------------------------------------------
+# Waits and bounds on a busy machine (tests/waits.py; README "Running the tests")
+#
+# Every wait in a test is for an event, with a deadline scaled by EPBUILD_TEST_TIMEOUT_SCALE
+# (waits.scale); so is every test's pytest-timeout bound. epbuild's own processes dump their
+# Python stacks on SIGUSR1 into one directory per session, which an expired wait shows.
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _stack_dumps(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv(waits.STACKS_VAR, str(tmp_path_factory.mktemp("stacks")))
+        yield
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Scale each test's pytest-timeout bound (its ``timeout`` marker, else the ini's)."""
+    factor = waits.scale()
+    if factor == 1:
+        return
+    default = float(config.getini("timeout") or 0)
+    for item in items:
+        marker = item.get_closest_marker("timeout")
+        if marker is None:
+            base = default
+        else:
+            base = float(marker.args[0] if marker.args else marker.kwargs.get("timeout", 0))
+        if base > 0:
+            item.add_marker(pytest.mark.timeout(base * factor), append=False)

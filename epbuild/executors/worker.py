@@ -385,6 +385,9 @@ def _checked_ctx(
 
 def main() -> None:
     """Entry point: read one job line, compile, write the result file."""
+    from epbuild import _stacks
+
+    _stacks.register()
     import onnxruntime  # noqa: F401  (import first: the bulk of the start-up cost)
 
     line = sys.stdin.buffer.readline()

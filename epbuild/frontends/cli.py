@@ -582,6 +582,9 @@ def _sigterm(signum: int, frame: object) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the CLI; returns the exit code (also used as the console script)."""
+    from epbuild import _stacks
+
+    _stacks.register()
     args = _parser().parse_args(argv)
     if args.directory != "." and not os.path.isdir(args.directory):
         print(f"epbuild: error: -C {args.directory}: no such directory", file=sys.stderr)
