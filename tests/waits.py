@@ -87,8 +87,8 @@ def wait_for(
 
 
 def communicate(
-    proc: subprocess.Popen[str], what: str, *, timeout: float = DEFAULT_TIMEOUT
-) -> tuple[str, str]:
+    proc: subprocess.Popen[Any], what: str, *, timeout: float = DEFAULT_TIMEOUT
+) -> tuple[Any, Any]:
     """``proc.communicate()`` with a scaled deadline that, when it passes, fails naming
     ``what`` and describing the process (which is then killed)."""
     try:
@@ -99,10 +99,10 @@ def communicate(
         out, err = proc.communicate()
         raise WaitExpired(
             f"timed out after {scaled(timeout):.0f} s waiting for {what}\n{report}"
-            + _tail("stdout", out)
-            + _tail("stderr", err)
+            + _tail("stdout", _text(out))
+            + _tail("stderr", _text(err))
         ) from None
-    return out or "", err or ""
+    return out, err
 
 
 def run(
@@ -204,6 +204,10 @@ def _stacks(procs: list[Any]) -> str:
         while dump.stat().st_size == size and time.monotonic() < end:
             time.sleep(0.05)
     return "\n".join(f"-- {d.stem}:\n{d.read_text(errors='replace').rstrip()}" for d in asked)
+
+
+def _text(data: str | bytes | None) -> str:
+    return data.decode("utf-8", "replace") if isinstance(data, bytes) else data or ""
 
 
 def _tail(name: str, text: str | None, lines: int = 40) -> str:

@@ -40,14 +40,15 @@ def _watch_parent() -> None:
 
 
 def _test_hook(model: str) -> None:
-    """A narrow seam for crash tests: ``EPBUILD_TEST_HOOK=KIND:SUBSTRING[:SECONDS]``.
+    """A narrow seam for crash tests: ``EPBUILD_TEST_HOOK=KIND:SUBSTRING[:ARGUMENT]``.
 
     Before the session of a model whose path contains SUBSTRING: ``segv`` kills the worker
     with SIGSEGV, ``abort`` aborts it (what a crashing native SDK does), ``sleep`` waits
-    SECONDS (a slow compile). ``noshare`` leaves out the weight-sharing session entries
-    (as if the EP ignored ``ep.share_ep_contexts``; see ``_session_entries``): match every
-    model of the group, or only the first, since a group whose last session lacks the stop
-    entry never writes its binary. Unset in normal use.
+    SECONDS (a slow compile), ``wait`` waits until the file ARGUMENT exists (a compile held
+    until the test has done its part, however slow the machine). ``noshare`` leaves out the
+    weight-sharing session entries (as if the EP ignored ``ep.share_ep_contexts``; see
+    ``_session_entries``): match every model of the group, or only the first, since a group
+    whose last session lacks the stop entry never writes its binary. Unset in normal use.
     """
     hook = _hook_for(model)
     if hook is None or hook[0] == "noshare":
@@ -62,6 +63,9 @@ def _test_hook(model: str) -> None:
         os.abort()
     elif kind == "sleep":
         time.sleep(float(arg or 1))
+    elif kind == "wait":
+        while not os.path.exists(arg):
+            time.sleep(0.01)
 
 
 def _hook_for(model: str) -> tuple[str, str] | None:
