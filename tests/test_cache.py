@@ -12,6 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import waits
 from conftest import Workspace
 
 from epbuild.api import Outcome
@@ -232,7 +233,7 @@ def test_two_processes_fill_one_cache(simple_ws: Callable[..., Workspace], tmp_p
     ]  # fmt: skip
     docs = []
     for p in procs:
-        out, err = p.communicate(timeout=300)
+        out, err = waits.communicate(p, "a concurrent build to finish", timeout=300)
         assert p.returncode == 0, err
         docs.append(json.loads(out))
     assert all(d["summary"]["compiled"] + d["summary"]["restored"] == 2 for d in docs)

@@ -7,12 +7,12 @@ import shutil
 import socket
 import subprocess
 import sys
-import time
 import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+import waits
 from conftest import Workspace
 
 pytestmark = pytest.mark.skipif(
@@ -37,15 +37,16 @@ def s3_server(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
     )  # fmt: skip
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 30
-        while True:
+
+        def accepts() -> bool:
             try:
                 with socket.create_connection(("127.0.0.1", port), timeout=0.5):
-                    break
+                    return True
             except OSError:
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError("moto server did not start") from None
-                time.sleep(0.1)
+                return False
+
+        waits.wait_for(accepts, f"the moto S3 server to accept connections on port {port}",
+                       proc=proc, interval=0.1)  # fmt: skip
         env = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
                "AWS_DEFAULT_REGION": "us-east-1", "AWS_ENDPOINT_URL": url}  # fmt: skip
         for name, value in env.items():
@@ -55,7 +56,7 @@ def s3_server(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
         yield url
     finally:
         proc.terminate()
-        proc.wait(timeout=10)
+        proc.wait(timeout=waits.scaled(60))
 
 
 def _list(url: str) -> str:

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import waits
 from conftest import HTP73, Workspace
 from modelgen import matmul_model
 
@@ -70,10 +71,8 @@ def _assert_nothing_half_committed(ws: Workspace) -> None:
 
 
 def _build_json(ws: Workspace, preexec: Callable[[], None] | None = None) -> tuple[int, Any, str]:
-    proc = subprocess.run(
-        [sys.executable, "-m", "epbuild", "-C", str(ws.root), "build", "-k", "--json"],
-        capture_output=True, text=True, timeout=300, preexec_fn=preexec,
-    )  # fmt: skip
+    proc = waits.run([sys.executable, "-m", "epbuild", "-C", str(ws.root), "build", "-k", "--json"],
+                     "epbuild build -k --json", timeout=300, preexec_fn=preexec)  # fmt: skip
     assert "Traceback" not in proc.stderr, proc.stderr
     return proc.returncode, json.loads(proc.stdout), proc.stderr
 
@@ -253,7 +252,7 @@ def test_a_write_cut_short_leaves_the_file_as_it_was(tmp_path: Path, kind: str) 
         Journal(str(path)).begin("small", "k")
     before = path.read_bytes()
     proc = subprocess.run([sys.executable, "-c", _UNDER_LIMIT, str(path), kind],
-                          capture_output=True, text=True, timeout=60)  # fmt: skip
+                          capture_output=True, text=True, timeout=waits.scaled(60))  # fmt: skip
     assert proc.stdout.split() == ["File", "too", "large", "True"], proc.stderr
     assert path.read_bytes() == before
     assert [p.name for p in tmp_path.iterdir()] == ["state.jsonl"]

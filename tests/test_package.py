@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+import waits
 from conftest import HTP73, HTP75, Workspace, render_manifest
 from modelgen import matmul_model
 
@@ -60,7 +61,7 @@ def probe(root: Path, options: dict[str, str], requests: dict[str, Any]) -> dict
     """Ask ONNX Runtime, in a subprocess, to select components of a package (and run those
     whose input is given)."""
     args = [sys.executable, "-c", PROBE, str(root), json.dumps(options), json.dumps(requests)]
-    proc = subprocess.run(args, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(args, capture_output=True, text=True, timeout=waits.scaled(300))
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]
 
@@ -95,7 +96,7 @@ def test_quickstart_package_opens_and_runs_in_onnxruntime(tmp_path: Path) -> Non
                     ignore=shutil.ignore_patterns("build", ".epbuild", "dist"))  # fmt: skip
     proc = subprocess.run(
         [sys.executable, "-m", "epbuild", "-C", str(root), "package", "-o", "dist/", "--build"],
-        capture_output=True, text=True, timeout=300,
+        capture_output=True, text=True, timeout=waits.scaled(300),
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     dist = root / "dist"
@@ -109,7 +110,7 @@ def test_quickstart_package_opens_and_runs_in_onnxruntime(tmp_path: Path) -> Non
     assert rel_error(y, cpu(root / "models" / "classifier.onnx", x)) < 2e-2
     example = EXAMPLES / "shipping" / "run_package.py"
     ran = subprocess.run([sys.executable, str(example), str(dist)], capture_output=True,
-                         text=True, timeout=300)  # fmt: skip
+                         text=True, timeout=waits.scaled(300))  # fmt: skip
     assert ran.returncode == 0, ran.stderr[-2000:]
     assert "vision/classifier: variant htp-v73" in ran.stdout and "output [1, 10]" in ran.stdout
     # The sharing group's members name one directory: its shared binary is stored once.
@@ -198,7 +199,7 @@ def test_reproducible_across_workspace_paths(simple_ws: Any, tmp_path: Path) -> 
     for root in (ws.root, other):
         proc = subprocess.run([sys.executable, "-m", "epbuild", "-C", str(root), "package",
                                "-o", "dist", "--build"], capture_output=True, text=True,
-                              timeout=300)  # fmt: skip
+                              timeout=waits.scaled(300))  # fmt: skip
         assert proc.returncode == 0, proc.stderr
     assert tree(ws.root / "dist") == tree(other / "dist")
 
@@ -329,7 +330,8 @@ def test_package_command_imports_no_onnxruntime(built: Workspace) -> None:
         f"rc = main(['-C', {str(built.root)!r}, 'package', '-o', 'dist'])\n"
         "print(rc, 'onnxruntime' in sys.modules, 'onnx' in sys.modules)"
     )
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=waits.scaled(120))  # fmt: skip
     assert proc.stdout.split()[-3:] == ["0", "False", "False"], proc.stderr
 
 
@@ -362,7 +364,7 @@ def test_open_package_lets_onnxruntime_choose_the_provider(workspace: Workspace)
 
     def run(mode: str) -> Any:
         args = [sys.executable, "-c", OPEN, str(workspace.root / "dist"), "g", mode]
-        proc = subprocess.run(args, capture_output=True, text=True, timeout=300)
+        proc = subprocess.run(args, capture_output=True, text=True, timeout=waits.scaled(300))
         assert proc.returncode == 0, proc.stderr[-2000:]
         return json.loads(proc.stdout.strip().splitlines()[-1])
 

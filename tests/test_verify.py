@@ -13,6 +13,7 @@ from typing import Any
 
 import onnx
 import pytest
+import waits
 from conftest import HTP73, Workspace
 from test_options import mod_model
 
@@ -190,8 +191,8 @@ def test_wrong_target_in_compatibility_info(copy: Path) -> None:
 
 def test_cli_exit_codes_and_json(copy: Path) -> None:
     def cli(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([sys.executable, "-m", "epbuild", "-C", str(copy), "verify", *args],
-                              capture_output=True, text=True, timeout=120)  # fmt: skip
+        return waits.run([sys.executable, "-m", "epbuild", "-C", str(copy), "verify", *args],
+                         f"epbuild verify {' '.join(args)}")  # fmt: skip
 
     ok = cli()
     assert ok.returncode == 0 and "0 problem(s)" in ok.stdout, ok.stderr
@@ -207,7 +208,7 @@ def test_cli_exit_codes_and_json(copy: Path) -> None:
 def test_status_detail_cli(copy: Path) -> None:
     proc = subprocess.run(
         [sys.executable, "-m", "epbuild", "-C", str(copy), "status", "--detail", "--json"],
-        capture_output=True, text=True, timeout=120,
+        capture_output=True, text=True, timeout=waits.scaled(120),
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     actions = {a["id"]: a for a in json.loads(proc.stdout)["actions"]}
@@ -218,7 +219,7 @@ def test_status_detail_cli(copy: Path) -> None:
     assert actions["single/htp/c"]["binary_bytes"] == 0  # embedded
     text = subprocess.run(
         [sys.executable, "-m", "epbuild", "-C", str(copy), "status", "--detail"],
-        capture_output=True, text=True, timeout=120,
+        capture_output=True, text=True, timeout=waits.scaled(120),
     ).stdout  # fmt: skip
     assert "m/p.onnx: 2 EPContext node(s) from 4 source nodes; on the CPU EP: Mod x1" in text
 
@@ -256,7 +257,7 @@ def test_verify_load_quickstart(tmp_path: Path) -> None:
 def test_verify_load_model_zoo(tmp_path: Path) -> None:
     root = _example("model-zoo", tmp_path / "zoo")
     subprocess.run([sys.executable, str(root / "fetch_models.py")], check=True,
-                   capture_output=True, timeout=120)  # fmt: skip
+                   capture_output=True, timeout=waits.scaled(120))  # fmt: skip
     checked = _build_and_verify_load(root)
     assert len(checked.loads) == 18
     # The QNN EP segfaults loading inception_v1's v73 context on x86_64 (it runs the same
