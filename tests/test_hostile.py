@@ -7,6 +7,7 @@ never a traceback, and must never read or write outside the workspace's own dire
 from __future__ import annotations
 
 import copy
+import gc
 import json
 import os
 import re
@@ -16,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import waits
 from conftest import HTP73, Workspace, render_manifest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -191,6 +193,8 @@ def _check_load(root: Path, raw: bytes) -> None:
         assert str(path) in str(exc), f"error does not name the file: {exc}"
     except UserError as exc:  # a user error other than the manifest's own (e.g. a provider)
         assert str(exc).strip()
+    finally:
+        gc.collect()  # an unclosed file warns now, in this example, not at a random later one
     # anything else propagates and fails the test with the input that caused it
 
 
@@ -209,10 +213,8 @@ def test_fuzzed_manifests_textual(fuzz_root: Path, raw: bytes) -> None:
 
 
 def _cli(root: Path, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "epbuild", "-C", str(root), *args],
-        capture_output=True, text=True, timeout=timeout,
-    )  # fmt: skip
+    return waits.run([sys.executable, "-m", "epbuild", "-C", str(root), *args],
+                     f"epbuild {' '.join(args)}", timeout=timeout)  # fmt: skip
 
 
 def _assert_clean_user_error(proc: subprocess.CompletedProcess[str], *needles: str) -> None:
@@ -327,7 +329,7 @@ def test_model_truncated_while_read_never_kills_the_reader(tmp_path: Path, mode:
             f.flush()
             f.truncate(0)
             f.write(full)
-    out, _ = reader.communicate()
+    out, _ = waits.communicate(reader, "the reader to finish")
     assert reader.returncode == 0, f"reader died with {reader.returncode}"
     ok, bad = map(int, out.split())
     assert ok + bad == 3000  # each read either parsed or gave a clean error
