@@ -17,6 +17,7 @@ import waits
 from conftest import HTP73, Workspace
 from test_options import mod_model
 
+from epbuild.errors import UserError
 from epbuild.inspect.verify import LoadOutcome, verify_outputs
 from epbuild.onnx.context import Problem
 
@@ -240,6 +241,37 @@ def _build_and_verify_load(root: Path) -> Any:
     checked = verify_outputs(root, load=True)
     assert checked.ok, checked.lines()
     return checked
+
+
+def test_loads_run_jobs_at_once_in_action_order(
+    good: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``verify --load -j 2`` runs two loaders at once (a model-zoo verify takes half as long
+    on two cores) and still reports them in action order."""
+    import threading
+
+    from epbuild.inspect import verify as v
+
+    def alone(root: str, ctx: str, job: dict[str, Any], toolchain: Any) -> Any:
+        return v.LoadCheck(ctx, LoadOutcome.PASSED, "one by one")
+
+    monkeypatch.setattr(v, "_run_loader", alone)
+    first = verify_outputs(good, load=True, jobs=1).loads
+    order = [c.file for c in first]
+    assert [c.file for c in first if c.message == "one by one"] == [
+        "build/single/htp/c_ctx.onnx", "build/part/htp/p_ctx.onnx"]  # fmt: skip
+    both = threading.Barrier(2, timeout=waits.scaled(60))
+
+    def together(root: str, ctx: str, job: dict[str, Any], toolchain: Any) -> Any:
+        both.wait()  # returns once the other load runs too; breaks if they run one by one
+        return v.LoadCheck(ctx, LoadOutcome.PASSED, "at once")
+
+    monkeypatch.setattr(v, "_run_loader", together)
+    result = verify_outputs(good, load=True, jobs=2)
+    assert [c.file for c in result.loads] == order
+    assert [c.message for c in result.loads if c.file in order[2:]] == ["at once", "at once"]
+    with pytest.raises(UserError, match="--jobs must be at least 1"):
+        verify_outputs(good, load=True, jobs=0)
 
 
 def test_verify_load_quickstart(tmp_path: Path) -> None:

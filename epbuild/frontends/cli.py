@@ -92,6 +92,7 @@ def _verify_parser(sub: _Commands) -> None:
     _selectors(v)
     v.add_argument("--json", action="store_true")
     v.add_argument("--load", action="store_true", help="also run each model vs the CPU EP")
+    v.add_argument("-j", "--jobs", type=int, help="--load: models run at once ([workspace] jobs)")
 
 
 def _package_parser(sub: _Commands) -> None:
@@ -445,7 +446,9 @@ def _cmd_report(args: argparse.Namespace) -> int:
 def _cmd_verify(args: argparse.Namespace) -> int:
     from epbuild.inspect.verify import verify_outputs
 
-    result = verify_outputs(args.directory, args.manifest, args.selectors, load=args.load)
+    result = verify_outputs(
+        args.directory, args.manifest, args.selectors, load=args.load, jobs=args.jobs
+    )
     if args.json:
         print_json(result.to_json())
         return 0 if result.ok else 1

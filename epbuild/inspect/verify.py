@@ -18,11 +18,13 @@ import re
 import signal
 import subprocess
 import sys
+from collections.abc import Callable
+from concurrent.futures import Executor, Future
 from contextlib import nullcontext
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from epbuild.errors import ToolchainError
+from epbuild.errors import ToolchainError, UserError
 from epbuild.fs import digest_file
 from epbuild.inspect.ortcompat import OrtCompatibility, ort_compatibility
 from epbuild.onnx.context import (
@@ -125,10 +127,34 @@ def verify_outputs(
     selectors: list[str] | tuple[str, ...] = (),
     *,
     load: bool = False,
+    jobs: int | None = None,
 ) -> VerifyResult:
-    """Check every selected action's built outputs; with ``load``, also run them."""
+    """Check every selected action's built outputs; with ``load``, also run them, ``jobs``
+    loader processes at once (default: the workspace's ``jobs``)."""
+    from concurrent.futures import ThreadPoolExecutor
+
     ws = open_workspace(directory, manifest, selectors)
     result = VerifyResult()
+    if jobs is not None and jobs < 1:
+        raise UserError("--jobs must be at least 1")
+    workers = jobs or ws.manifest.workspace.jobs
+    with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="epbuild-load") as pool:
+        finishing = _check_actions(ws, result, pool if load else None)
+        for toolchain, finish in finishing:  # in action order, whichever loader ends first
+            with scanning(toolchain.sites) if isinstance(toolchain, Toolchain) else nullcontext():
+                result.loads.extend(finish())
+    return result
+
+
+_Finish = Callable[[], list["LoadCheck"]]
+
+
+def _check_actions(
+    ws: Workspace, result: VerifyResult, pool: Executor | None
+) -> list[tuple[Toolchain | str | None, _Finish]]:
+    """Check each action's outputs into ``result``; with a ``pool``, start their loads there
+    and return, per action, what collects its load checks."""
+    finishing: list[tuple[Toolchain | str | None, _Finish]] = []
     for action in ws.actions:
         rec = ws.state.records.get(action.id)
         if rec is None or action.id in ws.state.interrupted:
@@ -149,9 +175,9 @@ def verify_outputs(
                 infos.append(_check_ctx(ws, action, ctx, text, result))
             if action.group.share_weights:
                 _check_sharing(action, infos, result)
-            if load:
-                result.loads.extend(_load_checks(ws, action, toolchain))
-    return result
+            if pool is not None:
+                finishing.append((toolchain, _load_checks(ws, action, toolchain, pool)))
+    return finishing
 
 
 def _toolchain(ws: Workspace, action: Action) -> Toolchain | str | None:
@@ -228,40 +254,47 @@ def _check_sharing(action: Action, infos: list[ModelInfo | None], result: Verify
 
 
 def _load_checks(
-    ws: Workspace, action: Action, toolchain: Toolchain | str | None
-) -> list[LoadCheck]:
+    ws: Workspace, action: Action, toolchain: Toolchain | str | None, pool: Executor
+) -> _Finish:
+    """Start the loader of each of the action's ctx models in ``pool``; the returned function
+    waits for them and judges each outcome (in the toolchain's ``scanning`` context)."""
     adapter = get_provider(action.provider.ep)
     load_problem = getattr(adapter, "load_problem", None)
     reason = load_problem(action.provider, action.group.share_weights) if load_problem else None
     if isinstance(toolchain, str):
         reason = f"its toolchain is not usable here: {toolchain}"
-    explain = getattr(adapter, "explain_load_failure", None)
     if reason:
-        return [LoadCheck(ctx, LoadOutcome.NOT_LOADABLE, reason) for ctx in action.ctx_paths]
-    checks = []
+        skipped = [LoadCheck(ctx, LoadOutcome.NOT_LOADABLE, reason) for ctx in action.ctx_paths]
+        return lambda: skipped
+    running: list[tuple[str, Future[LoadCheck]]] = []
     for model, ctx, dims in zip(
         action.models, action.ctx_paths, action.free_dimensions, strict=True
     ):
         job = {"ctx": ctx, "source": model, "provider": action.provider.to_json()}
         if dims:  # the source runs at the shapes the ctx model was compiled for
             job["free_dimensions"] = dims
-        check = _run_loader(ws.root, ctx, job, toolchain)
-        failed = check.outcome is LoadOutcome.FAILED
-        why = explain(action.provider, check.message) if explain and failed else None
-        if why:  # a known limit of the EP's package, not a bad build
-            check = LoadCheck(ctx, LoadOutcome.NOT_LOADABLE, why)
-        # Where the adapter says this host is not the target (QNN on x86_64 runs contexts in
-        # an emulation), a native crash of the loader is the host's limit, not a bad build;
-        # a corrupt context still fails with an error or wrong numbers.
-        emulated = load_problem is not None and load_problem(action.provider, True) is not None
-        if check.crashed and emulated:
-            check = LoadCheck(
-                ctx,
-                LoadOutcome.NOT_LOADABLE,
-                f"{check.message}; this host cannot load it, check it on the target",
-            )
-        checks.append(check)
-    return checks
+        running.append((ctx, pool.submit(_run_loader, ws.root, ctx, job, toolchain)))
+    return lambda: [_judge(fut.result(), adapter, action, load_problem) for _, fut in running]
+
+
+def _judge(check: LoadCheck, adapter: Any, action: Action, load_problem: Any) -> LoadCheck:
+    """A loader's outcome, with the EP's known limits on this host said as such."""
+    explain = getattr(adapter, "explain_load_failure", None)
+    failed = check.outcome is LoadOutcome.FAILED
+    why = explain(action.provider, check.message) if explain and failed else None
+    if why:  # a known limit of the EP's package, not a bad build
+        return LoadCheck(check.file, LoadOutcome.NOT_LOADABLE, why)
+    # Where the adapter says this host is not the target (QNN on x86_64 runs contexts in an
+    # emulation), a native crash of the loader is the host's limit, not a bad build; a
+    # corrupt context still fails with an error or wrong numbers.
+    emulated = load_problem is not None and load_problem(action.provider, True) is not None
+    if check.crashed and emulated:
+        return LoadCheck(
+            check.file,
+            LoadOutcome.NOT_LOADABLE,
+            f"{check.message}; this host cannot load it, check it on the target",
+        )
+    return check
 
 
 def _run_loader(
