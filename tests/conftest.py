@@ -164,3 +164,18 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             base = float(marker.args[0] if marker.args else marker.kwargs.get("timeout", 0))
         if base > 0:
             item.add_marker(pytest.mark.timeout(base * factor), append=False)
+
+
+@pytest.fixture(scope="module")
+def frozen_heap() -> Iterator[Callable[[], None]]:
+    """``gc.freeze()`` what exists now; yields ``gc.collect``, which then scans only what came
+    after: cheap enough to call after every example of a property test, so that an unclosed
+    file (or socket, or pipe) warns in the example that left it, not in a later test."""
+    import gc
+
+    gc.collect()
+    gc.freeze()
+    try:
+        yield gc.collect
+    finally:
+        gc.unfreeze()
