@@ -95,6 +95,7 @@ def _check_race(root: Path, results: list[tuple[int, dict[str, Any], str]], n: i
     assert not staging.is_dir() or not list(staging.iterdir())
 
 
+@pytest.mark.slow  # eight builds at once
 def test_eight_concurrent_builds_compile_each_action_once(workspace: Workspace) -> None:
     for i in range(6):
         workspace.model(f"m/m{i}.onnx", matmul_model(i, n=16))
@@ -108,6 +109,7 @@ def test_eight_concurrent_builds_compile_each_action_once(workspace: Workspace) 
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(900)
 def test_eight_concurrent_builds_of_model_zoo(tmp_path: Path) -> None:
     sys.path.insert(0, str(Path(__file__).parent.parent / "examples" / "model-zoo"))
     try:

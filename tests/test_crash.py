@@ -181,6 +181,7 @@ def test_ctrl_c_stops_workers_and_cleans_up(workspace: Workspace) -> None:
     verify_outputs(ws.root)
 
 
+@pytest.mark.slow  # 8 to 24 rounds of builds, each killed and rebuilt
 def test_sigkill_loop_converges(workspace: Workspace) -> None:
     """Kill the coordinator or a worker at random moments, again and again."""
     ws = _crash_ws(workspace)

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 from collections.abc import Callable
 
+import waits
 from conftest import Workspace
 from modelgen import matmul_model
 
@@ -40,9 +40,7 @@ def test_fast_path_imports_nothing_heavy(simple_ws: Callable[..., Workspace]) ->
         "if m in sys.modules]; "
         "print('HEAVY', heavy); sys.exit(rc)"
     )
-    proc = subprocess.run(
-        [sys.executable, "-c", code, str(ws.root)], capture_output=True, text=True
-    )
+    proc = waits.run([sys.executable, "-c", code, str(ws.root)], "the no-op build")
     assert proc.returncode == 0, proc.stderr
     assert "HEAVY []" in proc.stdout
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 import threading
 from collections.abc import Iterator
@@ -18,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import waits
 from conftest import HTP73, HTP75, Workspace
 from modelgen import matmul_model
 
@@ -76,6 +76,7 @@ def _by_id(doc: dict[str, Any]) -> dict[str, dict[str, Any]]:
     return {a["id"]: a for a in doc["actions"]}
 
 
+@pytest.mark.slow  # makes (or reuses) a real toolchain environment with pip
 def test_one_manifest_builds_qnn_and_openvino(workspace: Workspace, shared_toolchains: str) -> None:
     _mixed(workspace)
     doc = workspace.cli_json("build", "-j", "2")
@@ -129,12 +130,12 @@ def _runtime_says_why(workspace: Workspace) -> None:
     )
     command = boot_command(toolchain.python, "epbuild.runtime")
     command[-1] = command[-1].split("from epbuild.runtime")[0].replace("; ", "\n") + probe
-    proc = subprocess.run(
-        [*command, str(workspace.root)], capture_output=True, text=True, check=True
-    )
+    proc = waits.run([*command, str(workspace.root)], "the probe in the toolchain")
+    assert proc.returncode == 0, proc.stderr
     assert proc.stdout.startswith("CompatibilityError") and "IR frontend" in proc.stdout
 
 
+@pytest.mark.slow  # makes (or reuses) a real toolchain environment with pip
 def test_changed_pin_stales_that_provider_only(
     workspace: Workspace, shared_toolchains: str
 ) -> None:
@@ -150,6 +151,7 @@ def test_changed_pin_stales_that_provider_only(
     assert "numpy>=1.24" in reason and "toolchain" in reason, reason
 
 
+@pytest.mark.slow  # makes (or reuses) a real toolchain environment with pip
 def test_openvino_toolchain_runs_its_own_onnxruntime(shared_toolchains: str) -> None:
     """The worker's interpreter imports onnxruntime from the toolchain and epbuild from the
     copy made for it, nothing from the environment the tests run in."""
@@ -162,7 +164,8 @@ def test_openvino_toolchain_runs_its_own_onnxruntime(shared_toolchains: str) -> 
     )
     command = boot_command(toolchain.python, "epbuild.executors.worker")
     command[-1] = command[-1].replace("from epbuild.executors.worker import main; main()", probe)
-    proc = subprocess.run(command, capture_output=True, text=True, check=True)
+    proc = waits.run(command, "the probe in the toolchain")
+    assert proc.returncode == 0, proc.stderr
     ort_file, worker_file, providers = json.loads(proc.stdout)
     assert ort_file.startswith(toolchain.prefix)
     assert worker_file.startswith(worker_path())
@@ -170,6 +173,7 @@ def test_openvino_toolchain_runs_its_own_onnxruntime(shared_toolchains: str) -> 
     assert sys.prefix not in ort_file
 
 
+@pytest.mark.slow  # makes (or reuses) a real toolchain environment with pip
 def test_bad_toolchains_fail_their_provider_only(
     workspace: Workspace, private_toolchains: Path
 ) -> None:

@@ -286,6 +286,7 @@ def test_verify_load_quickstart(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(900)
 def test_verify_load_model_zoo(tmp_path: Path) -> None:
     root = _example("model-zoo", tmp_path / "zoo")
     subprocess.run([sys.executable, str(root / "fetch_models.py")], check=True,
