@@ -116,32 +116,37 @@ def build(
     reporter = reporter or Reporter()
     with tracer.span("plan"):
         ws, plans, warnings = _plan(directory, manifest, selectors, loaded, reporter, dry_run)
-    results = {p.action.id: _planned(ws, p) for p in plans}
-    stale = [p for p in plans if p.stale]
-    if dry_run or not stale:
-        done = BuildResult(
+    try:
+        results = {p.action.id: _planned(ws, p) for p in plans}
+        stale = [p for p in plans if p.stale]
+        if dry_run or not stale:
+            done = BuildResult(
+                [results[p.action.id] for p in plans], time.perf_counter() - t0, warnings
+            )
+            return _without_compiling(ws, plans, selectors, done, dry_run, tracer, trace)
+        run = executor_for(ws, stale, executor, scheduler, jobs, memory_budget)
+        try:
+            _prepare(ws, lock_timeout)
+            reporter.start(len(plans), len(stale))
+            builder = Builder(
+                ws,
+                run,
+                keep_going=keep_going or cache_only,  # --cache-only: list everything missing
+                reporter=reporter,
+                lock_timeout=lock_timeout,
+                tracer=tracer,
+                cache=open_action_cache(ws, directory, cache, cache_push),
+                cache_only=cache_only,
+            )
+            results.update(_run(builder, stale, trace, warnings))
+        finally:
+            if run.owned:  # an executor passed in belongs to the caller, who may reuse it
+                run.executor.close()
+        return BuildResult(
             [results[p.action.id] for p in plans], time.perf_counter() - t0, warnings
         )
-        return _without_compiling(ws, plans, selectors, done, dry_run, tracer, trace)
-    run = executor_for(ws, stale, executor, scheduler, jobs, memory_budget)
-    try:
-        _prepare(ws, lock_timeout)
-        reporter.start(len(plans), len(stale))
-        builder = Builder(
-            ws,
-            run,
-            keep_going=keep_going or cache_only,  # --cache-only: list everything missing
-            reporter=reporter,
-            lock_timeout=lock_timeout,
-            tracer=tracer,
-            cache=open_action_cache(ws, directory, cache, cache_push),
-            cache_only=cache_only,
-        )
-        results.update(_run(builder, stale, trace, warnings))
     finally:
-        if run.owned:  # an executor passed in belongs to the caller, who may reuse it
-            run.executor.close()
-    return BuildResult([results[p.action.id] for p in plans], time.perf_counter() - t0, warnings)
+        ws.keys.toolchains.release()  # its environments may be pruned from now on
 
 
 def _without_compiling(

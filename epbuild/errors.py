@@ -114,3 +114,9 @@ class Interrupted(BuildError):
     """The build was interrupted (Ctrl-C, SIGTERM); exit code 130."""
 
     exit_code = 130
+
+
+class CacheUnavailableError(BuildError):
+    """A remote cache tier failed: unreachable, timed out, refused, denied. Any error of a
+    remote backend becomes this one at the backend seam; a build then goes on without that
+    tier (one warning), and only ``--cache-only`` fails, naming it."""

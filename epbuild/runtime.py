@@ -372,6 +372,8 @@ def committed_outputs(
     snapshot: dict[str, _Stat | None] = {}
     for a in actions:
         build = f"run 'epbuild build {a.group.name}/{a.provider.name}'"
+        if a.id in state.damaged:
+            raise NotBuiltError(f"{a.id}: {state.damaged[a.id].reason()}", hint=build)
         if a.id in state.interrupted:
             raise NotBuiltError(
                 f"{a.id}: its last build was interrupted while committing its outputs",
@@ -397,11 +399,15 @@ def committed_outputs(
         try:
             problems = problems or outputs_intact(ws.root, ws.stats, recorded)
             if not problems and rehash:
-                problems = [
-                    f"output {rel} was modified"
+                changed = {
+                    rel: digest
                     for rel, (_, digest) in recorded.items()
                     if hash_file(os.path.join(ws.root, rel)) != digest
-                ]
+                }
+                problems = [f"output {rel} was modified" for rel in changed]
+                # The stat cache vouched for these files (same inode, size and mtime): only
+                # a recorded damage makes the next build rebuild them.
+                ws.record_damage(a.id, changed, 'open_action(check="hash")')
         except OSError as exc:
             problems = [f"cannot read output {exc.filename}: {exc.strerror}"]
         if problems:

@@ -3,11 +3,13 @@ import across workspaces, corruption, concurrent writers, LRU prune, miss explan
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
 import subprocess
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -260,6 +262,13 @@ def test_prune_evicts_least_recently_used(simple_ws: Callable[..., Workspace],
     assert [e.action_id for e in left] == ["single/htp/c"]
     stored = sum(p.stat().st_size for p in (cache / OBJECTS).rglob("*") if p.is_file())
     assert stored <= limit
+    # the key locks of evicted entries go too, once older than the grace period
+    from epbuild.cache.prune import prune
+    from epbuild.cache.store import LOCKS
+
+    assert len(list((cache / LOCKS).rglob("*.lock"))) == 2
+    prune(ActionCache(str(cache)).local, limit, grace=0)
+    assert [p.stem for p in (cache / LOCKS).rglob("*.lock")] == [entries["single/htp/c"].key]
     ws.cli("clean", check=True)
     result = ws.build(cache=str(cache), cache_only=True)
     assert outcomes(result) == {"pair/htp": "failed", "single/htp/c": "restored"}
@@ -306,3 +315,103 @@ def test_damaged_archive_imports_nothing_bad(simple_ws: Callable[..., Workspace]
     assert check_consistent(tmp_path / "b") == []
     missing = ws.cli("cache", "import", str(tmp_path / "nope.tar"), "--cache", str(tmp_path / "b"))
     assert missing.returncode == 2 and "no such file" in missing.stderr
+
+
+def _until(what: str, ready: Callable[[], bool], timeout: float = 240) -> None:
+    """Wait for an event (polled), failing with ``what`` after a generous deadline."""
+    deadline = time.monotonic() + timeout
+    while not ready():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
+
+
+def _worker_logs_say(ws: Workspace, needle: str) -> bool:
+    from epbuild._names import LOG_NAME
+
+    for log in (ws.root / "build").rglob(LOG_NAME):
+        try:
+            if needle in log.read_text(errors="replace"):
+                return True
+        except OSError:
+            continue
+    return False
+
+
+def _popen_build(ws: Workspace, cache: Path, err: Path, **env: str) -> subprocess.Popen[str]:
+    with err.open("w") as f:  # the child has its own descriptor
+        return subprocess.Popen(
+            [sys.executable, "-m", "epbuild", "-C", str(ws.root), "build", "--json", "--cache",
+             str(cache)],
+            stdout=subprocess.PIPE, stderr=f, text=True, env={**os.environ, **env},
+        )  # fmt: skip
+
+
+def test_two_workspaces_sharing_a_cache_compile_each_key_once(
+    simple_ws: Callable[..., Workspace], tmp_path: Path
+) -> None:
+    ws = simple_ws()
+    other = clone(ws, tmp_path / "other")
+    cache, gate = tmp_path / "shared-cache", tmp_path / "go"
+    # A's compile of c is held open until the test says go: B starts while it runs
+    a = _popen_build(ws, cache, tmp_path / "a.err",
+                     EPBUILD_TEST_HOOK=f"wait:models/c.onnx:{gate}")  # fmt: skip
+    try:
+        _until("A compiling c", lambda: _worker_logs_say(ws, "epbuild test hook: wait"))
+        b = _popen_build(other, cache, tmp_path / "b.err")
+        b_err = tmp_path / "b.err"
+        _until("B waiting for A's key, or done",
+               lambda: "built elsewhere" in b_err.read_text() or b.poll() is not None)  # fmt: skip
+    finally:
+        gate.touch()
+    docs = []
+    for p, err in ((a, tmp_path / "a.err"), (b, tmp_path / "b.err")):
+        out, _ = p.communicate(timeout=300)
+        assert p.returncode == 0, err.read_text()
+        docs.append(json.loads(out))
+    compiled = sum(d["summary"]["compiled"] for d in docs)
+    restored = sum(d["summary"]["restored"] for d in docs)
+    assert (compiled, restored) == (2, 2), docs
+    assert outcomes_of(docs[1])["single/htp/c"] == "restored"
+    assert outputs(other) == outputs(ws)
+    check_consistent(cache)
+
+
+def outcomes_of(doc: dict[str, Any]) -> dict[str, str]:
+    return {a["id"]: a["outcome"] for a in doc["actions"]}
+
+
+def test_inputs_are_hashed_again_after_waiting_for_the_action_lock(
+    simple_ws: Callable[..., Workspace], tmp_path: Path
+) -> None:
+    """A build that planned with one content of an input, then waited for another process's
+    action lock while the input changed back, must not restore (or commit) the outputs of
+    the content it planned with."""
+    from modelgen import matmul_model
+
+    from epbuild.state import locks
+
+    ws = simple_ws()
+    cache = tmp_path / "cache"
+    model = ws.root / "models" / "c.onnx"
+    first = model.read_bytes()
+    assert ws.build(cache=str(cache)).count(Outcome.COMPILED) == 2
+    built_first = outputs(ws)
+    ws.model("models/c.onnx", matmul_model(4))
+    assert ws.build(cache=str(cache)).count(Outcome.COMPILED) == 1  # the cache holds both
+    model.write_bytes(first)
+    assert ws.build(cache=str(cache)).count(Outcome.RESTORED) == 1
+    ws.model("models/c.onnx", matmul_model(4))  # planned with this content...
+    slug = hashlib.sha256(b"single/htp/c").hexdigest()[:16]  # Action.slug
+    lock = ws.root / ".epbuild" / "locks" / f"{slug}.lock"
+    err = tmp_path / "build.err"
+    with locks.hold(str(lock), "a test holding the action lock"):
+        proc = _popen_build(ws, cache, err)
+        _until("the build waiting for the lock",
+               lambda: "waiting for" in err.read_text() or proc.poll() is not None)  # fmt: skip
+        assert proc.poll() is None, (proc.communicate(), err.read_text())
+        model.write_bytes(first)  # ...and changed back while it waited
+    out, _ = proc.communicate(timeout=300)
+    assert proc.returncode == 0, err.read_text()
+    assert outcomes_of(json.loads(out))["single/htp/c"] == "up_to_date", out
+    assert outputs(ws) == built_first
+    assert ws.build(cache=str(cache)).count(Outcome.UP_TO_DATE) == 2

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import importlib.util
+import json
 import shutil
 import socket
 import subprocess
 import sys
+import threading
 import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -93,3 +95,81 @@ def test_s3_round_trip(simple_ws: Callable[..., Workspace], s3_server: str, tmp_
     ws.model("models/c.onnx", matmul_model(5))
     assert ws.cli_json("build", "--cache", remote)["summary"]["compiled"] == 1
     assert _list(s3_server).count("epbuild/v1/entries/") == 2
+
+
+class _Silent:
+    """A TCP server on 127.0.0.1 that accepts connections and never answers."""
+
+    def __init__(self) -> None:
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(16)
+        self.port = int(self.sock.getsockname()[1])
+        self.accepted = threading.Event()
+        self.conns: list[socket.socket] = []
+        self.thread = threading.Thread(target=self._serve, daemon=True)
+        self.thread.start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return  # closed
+            self.conns.append(conn)  # held open, never read from or written to
+            self.accepted.set()
+
+    def close(self) -> None:
+        self.sock.close()
+        for c in self.conns:
+            c.close()
+
+
+def _down_endpoint(monkeypatch: pytest.MonkeyPatch, port: int) -> None:
+    env = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
+           "AWS_DEFAULT_REGION": "us-east-1", "AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}",
+           "EPBUILD_CACHE_TIMEOUT": "1"}  # fmt: skip
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+
+
+def _check_outage(ws: Workspace, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """The build compiles everything and says the outage once; the local tier still
+    restores; --cache-only with nothing local fails, naming the outage."""
+    remote = "s3://ci-cache/epbuild"
+    proc = ws.cli("build", "--cache", remote, "--cache-push", "--json", timeout=240)
+    doc = json.loads(proc.stdout or "{}")
+    assert proc.returncode == 0 and doc["summary"]["compiled"] == 2, (doc, proc.stderr)
+    said = [line for line in proc.stderr.splitlines() if "remote cache" in line]
+    assert len(said) == 1, proc.stderr
+    assert "unavailable" in said[0] and remote in said[0], said
+    warned = [w for a in doc["actions"] for w in a.get("warnings", []) if "remote cache" in w]
+    assert len(warned) == 1, doc
+    ws.cli("clean", check=True)
+    doc = ws.cli_json("build", "--cache", remote)
+    assert doc["summary"]["restored"] == 2, doc
+    ws.cli("clean", check=True)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "empty-local-tier"))
+    proc = ws.cli("build", "--cache", remote, "--cache-only", timeout=240)
+    assert proc.returncode == 1, proc.stderr
+    assert proc.stderr.count("not in the cache: the remote cache is unavailable") == 2, proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_s3_endpoint_refusing_connections_fails_nothing(
+    simple_ws: Callable[..., Workspace], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    _down_endpoint(monkeypatch, _free_port())  # bound and closed again: connections refused
+    _check_outage(simple_ws(), monkeypatch, tmp_path)
+
+
+def test_s3_endpoint_that_never_answers_does_not_hang(
+    simple_ws: Callable[..., Workspace], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    server = _Silent()
+    try:
+        _down_endpoint(monkeypatch, server.port)
+        _check_outage(simple_ws(), monkeypatch, tmp_path)
+        assert server.accepted.is_set()  # it was asked, and the build did not wait for it
+    finally:
+        server.close()

@@ -165,3 +165,34 @@ def test_killed_worker_mid_compile_is_retried_elsewhere(
         client.wait_for_workers(2, timeout=waits.scaled(120))
     finally:
         client.close()
+
+
+def test_farm_with_other_versions_is_refused(
+    simple_ws: Callable[..., Workspace], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A real cluster whose workers' environment says onnxruntime-qnn 0.0.1 (a dist-info
+    first on their path, as a farm with another release installed would have): its results
+    are neither committed nor cached, and the message names both versions."""
+    import dask
+
+    from epbuild.providers.base import dist_version
+
+    farm_site = tmp_path / "farm-site"
+    meta = farm_site / "onnxruntime_qnn-0.0.1.dist-info"
+    meta.mkdir(parents=True)
+    (meta / "METADATA").write_text("Metadata-Version: 2.1\nName: onnxruntime-qnn\nVersion: 0.0.1\n")
+    monkeypatch.setenv("EPBUILD_CACHE", str(tmp_path / "cache"))
+    ws = simple_ws()
+    slow = {"distributed.comm.timeouts.connect": "180s", "distributed.comm.timeouts.tcp": "180s"}
+    with dask.config.set(slow), distributed.LocalCluster(
+        n_workers=1, threads_per_worker=1, processes=True, host="127.0.0.1",
+        dashboard_address=":0", silence_logs=50, env={"PYTHONPATH": str(farm_site)},
+    ) as farm:  # fmt: skip
+        result = ws.build(executor="dask", scheduler=farm.scheduler_address, keep_going=True)
+    here = dist_version("onnxruntime-qnn")
+    for action in result.actions:
+        assert action.outcome is Outcome.FAILED
+        assert f"onnxruntime-qnn 0.0.1 (worker) vs {here} (key)" in (action.error or ""), action
+    assert not list((ws.root / "build").rglob("*_ctx.onnx"))
+    assert not list((tmp_path / "cache").rglob("*.json"))  # nothing cached
+    assert ws.build().count(Outcome.COMPILED) == 2  # and nothing recorded as built

@@ -10,7 +10,7 @@ from conftest import HTP73, Workspace
 
 from epbuild.errors import ManifestError, UserError
 from epbuild.manifest.load import load_manifest
-from epbuild.manifest.schema import SCHEMA, schema_text, validate
+from epbuild.manifest.schema import SCHEMA, SchemaViolation, schema_text, validate
 
 
 def _err(ws: Workspace, text: str) -> ManifestError:
@@ -226,3 +226,24 @@ def test_group_carries_its_glob_patterns_normalised(workspace: Workspace) -> Non
     m = load_manifest(workspace.manifest(GOOD.replace('["models/a.onnx"]', models)))
     assert m.groups["g"].models == ("models/a.onnx", "models/sub/b.onnx")
     assert m.groups["g"].patterns == ("models/*.onnx",)
+
+
+@pytest.mark.parametrize("section", ["groups", "providers"])
+def test_a_name_ending_with_a_newline_is_refused(workspace: Workspace, section: str) -> None:
+    workspace.model("m.onnx")
+    group, provider = ("main\n", "htp") if section == "groups" else ("main", "htp\n")
+    text = (
+        f"[providers.{json.dumps(provider)}]\n"
+        'ep = "qnn"\noptions = { htp_arch = "73", soc_model = "60" }\n'
+        f"[groups.{json.dumps(group)}]\n"
+        f'models = ["m.onnx"]\nproviders = [{json.dumps(provider)}]\n'
+    )
+    err = _err(workspace, text)
+    assert "is not a valid name" in err.message
+
+
+def test_schema_patterns_have_json_schema_semantics() -> None:
+    validate({"main": {}}, {"type": "object", "propertyNames": {"pattern": "^[a-z]+$"}})
+    for bad in ("main\n", "Main"):
+        with pytest.raises(SchemaViolation):
+            validate({bad: {}}, {"type": "object", "propertyNames": {"pattern": "^[a-z]+$"}})

@@ -37,11 +37,12 @@ def _no_cache(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_meminfo_parsing(tmp_path: Path) -> None:
     info = tmp_path / "meminfo"
     info.write_text("MemTotal:       16000000 kB\nMemFree:  100 kB\nMemAvailable:    8000000 kB\n")
-    assert available_memory(str(info)) == 8_000_000 * 1024
-    assert default_budget(str(info)) == int(8_000_000 * 1024 * 0.75)
+    no_cgroup = {"proc_cgroup": str(tmp_path / "absent")}
+    assert available_memory(str(info), **no_cgroup) == 8_000_000 * 1024
+    assert default_budget(str(info), **no_cgroup) == int(8_000_000 * 1024 * 0.75)
     info.write_text("MemTotal:       2000 kB\n")
-    assert available_memory(str(info)) == 2000 * 1024
-    assert available_memory(str(tmp_path / "absent")) > 0  # falls back to sysconf
+    assert available_memory(str(info), **no_cgroup) == 2000 * 1024
+    assert available_memory(str(tmp_path / "absent"), **no_cgroup) > 0  # falls back to sysconf
 
 
 def test_prediction_from_inputs_then_from_record(simple_ws: Callable[..., Workspace]) -> None:
@@ -184,3 +185,61 @@ def test_cli_rejects_a_bad_budget(simple_ws: Callable[..., Workspace]) -> None:
 def test_cli_rejects_a_zero_budget(simple_ws: Callable[..., Workspace], value: str) -> None:
     proc = simple_ws().cli("build", "--memory-budget", value)
     assert proc.returncode == 2 and "must be positive" in proc.stderr
+
+
+def _cgroups(tmp_path: Path, proc: str, files: dict[str, str]) -> dict[str, str]:
+    (tmp_path / "cgroup").write_text(proc)
+    for rel, text in files.items():
+        path = tmp_path / "sys" / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text + "\n")
+    return {"proc_cgroup": str(tmp_path / "cgroup"), "sys_cgroup": str(tmp_path / "sys")}
+
+
+def test_a_cgroup_v2_limit_caps_the_budget(tmp_path: Path) -> None:
+    info = tmp_path / "meminfo"
+    info.write_text("MemTotal: 64000000 kB\nMemAvailable: 60000000 kB\n")
+    paths = _cgroups(tmp_path, "0::/ci/job7\n", {
+        "ci/job7/memory.max": "max", "ci/job7/memory.current": str(100 << 20),
+        "ci/memory.max": str(2 << 30), "ci/memory.current": str(500 << 20),
+    })  # fmt: skip
+    assert available_memory(str(info), **paths) == (2 << 30) - (500 << 20)
+    assert default_budget(str(info), **paths) == int(((2 << 30) - (500 << 20)) * 0.75)
+
+
+def test_a_cgroup_v1_limit_caps_the_budget(tmp_path: Path) -> None:
+    info = tmp_path / "meminfo"
+    info.write_text("MemTotal: 64000000 kB\nMemAvailable: 60000000 kB\n")
+    paths = _cgroups(tmp_path, "4:memory:/docker/abc\n1:cpu:/\n0::/\n", {
+        "memory/docker/abc/memory.limit_in_bytes": str(1 << 30),
+        "memory/docker/abc/memory.usage_in_bytes": str(200 << 20),
+        "memory/memory.limit_in_bytes": "9223372036854771712",  # the root: no limit
+    })  # fmt: skip
+    assert available_memory(str(info), **paths) == (1 << 30) - (200 << 20)
+    # inside the container's namespace the cgroup path is not mounted: the root's files
+    paths = _cgroups(tmp_path, "4:memory:/elsewhere\n", {
+        "memory/memory.limit_in_bytes": str(3 << 30), "memory/memory.usage_in_bytes": "0",
+    })  # fmt: skip
+    assert available_memory(str(info), **paths) == 3 << 30
+
+
+def test_no_cgroup_limit_leaves_the_host_figure(tmp_path: Path) -> None:
+    info = tmp_path / "meminfo"
+    info.write_text("MemAvailable: 6000 kB\n")
+    paths = _cgroups(tmp_path, "0::/\n", {"memory.max": "max", "memory.current": "5"})
+    assert available_memory(str(info), **paths) == 6000 * 1024
+
+
+def test_warm_spares_count_against_the_budget(simple_ws: Callable[..., Workspace]) -> None:
+    from epbuild.engine.memory import SPARE_RSS
+    from epbuild.engine.scheduler import executor_for
+    from epbuild.planning.staleness import make_plan
+    from epbuild.planning.workspace import open_workspace
+
+    ws = open_workspace(simple_ws().root)
+    plans = make_plan(ws.actions, ws.state, ws.keys, ws.stats, ws.root)
+    execution = executor_for(ws, [p for p in plans if p.stale], None, None, 1, 1 << 30)
+    try:
+        assert execution.memory.budget == (1 << 30) - SPARE_RSS  # one worker command
+    finally:
+        execution.executor.close()

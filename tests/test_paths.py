@@ -1,8 +1,9 @@
 """Absolute paths in outputs: caught where a path can be written, never found by chance.
 
 A context binary or an initializer holds any short byte string somewhere; a workspace at a
-short root (``/w``) must still build. A real leak — a text field of a ctx model holding an
-absolute path — fails, naming the file and the field.
+short root (``/w``) must still build. A real leak — a text field of a ctx model holding a
+path of the build machine — fails, naming the file and the field (tests/test_leak_rule.py
+has the rule's other cases).
 """
 
 from __future__ import annotations
@@ -76,7 +77,7 @@ def test_short_root_builds_though_outputs_hold_its_bytes(short_root: Path) -> No
     m = next(i for i in model.graph.initializer if i.name == "M")
     m.CopyFrom(numpy_helper.from_array(_holding(needle, 32), "M"))
     model.graph.node[2].doc_string = "torch/nn/functional.py: /opt/torch/nn/functional.py(12)"
-    helper.set_model_props(model, {"exported_from": "/home/dev/project/export.py"})
+    helper.set_model_props(model, {"exported_from": f"{short_root}/export.py"})
     ws.model("m/p.onnx", model)
     ws.manifest({"providers": {"htp": HTP73}, "groups": {"p": {"models": ["m/p.onnx"],
                  "providers": ["htp"]}}})  # fmt: skip
@@ -129,15 +130,16 @@ def test_chance_bytes_in_a_context_binary_pass(short_root: Path) -> None:
 @pytest.mark.parametrize(
     ("change", "field"),
     [
-        (lambda m: m.graph.node[0].attribute.append(
-            helper.make_attribute("notes", "compiled from /home/ci/ws/a.onnx")), "notes"),
-        (lambda m: m.graph.node[0].attribute.append(
+        (lambda m, ws: m.graph.node[0].attribute.append(
+            helper.make_attribute("notes", f"compiled from {ws}/a.onnx")), "notes"),
+        (lambda m, ws: m.graph.node[0].attribute.append(
             helper.make_attribute("onnx_model_filename", "/home/ci/ws/a.onnx")),
          "onnx_model_filename"),
-        (lambda m: helper.set_model_props(m, {"origin": "/home/ci/ws/a.onnx"}),
+        (lambda m, ws: helper.set_model_props(m, {"origin": f"{ws}/a.onnx"}),
          "metadata_props['origin']"),
-        (lambda m: setattr(m.graph, "doc_string", "C:\\ci\\ws\\a.onnx"), "doc_string"),
-        (lambda m: m.graph.node[0].attribute.append(
+        (lambda m, ws: setattr(m.graph, "doc_string", os.path.expanduser("~/ws/a.onnx")),
+         "doc_string"),
+        (lambda m, ws: m.graph.node[0].attribute.append(
             helper.make_attribute("onnx_model_filename", "../../a.onnx")),
          "onnx_model_filename"),
     ],
@@ -146,7 +148,7 @@ def test_a_path_in_a_text_field_fails_naming_file_and_field(
     tmp_path: Path, change: object, field: str
 ) -> None:
     model = _ctx_model()
-    change(model)  # type: ignore[operator]
+    change(model, tmp_path)  # type: ignore[operator]
     staging = _stage(tmp_path, model, b"binary")
     with pytest.raises(VerificationError, match=r"a_ctx\.onnx: .*" + field.replace("[", r"\[")):
         check_staged(str(tmp_path), staging, ("a_ctx.onnx",))

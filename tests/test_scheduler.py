@@ -68,7 +68,12 @@ class FakeExecutor:
                 f.write(b"context-binary")
         for model in job.models:
             onnx.save(_ctx_model(shared), os.path.join(staging, ctx_name(model)))
-        return WorkerOutcome(True, {"seconds": 0.01, "peak_rss": 1 << 20, "detail": {}})
+        from epbuild import __version__
+        from epbuild.executors.worker import compiled_with
+
+        versions = compiled_with(job.provider)  # as a real worker reports them
+        return WorkerOutcome(True, {"seconds": 0.01, "peak_rss": 1 << 20, "detail": {},
+                                    "versions": versions, "epbuild": __version__})  # fmt: skip
 
     def cancel(self) -> None:
         pass

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import shutil
+import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -204,4 +206,44 @@ def test_spill_fill_alignment_needs_the_option(tmp_path: Path) -> None:
     assert _main_max_sizes(paths[0]) == [0]
     spill = ProviderConfig("s", "qnn", {**QNN.options, "enable_htp_spill_fill_buffer": "1"})
     adapter.finish_sharing_group(spill, [str(p) for p in paths])
+    assert _main_max_sizes(paths[0]) == [4096]
+
+
+@pytest.mark.parametrize("size", [None, 0, 300, 1 << 40])
+def test_the_wire_rewrite_equals_the_onnx_edit(size: int | None) -> None:
+    """epbuild's own writer gives the model onnx would: the attribute set (or added where a
+    protobuf writer puts it), every other field as it was; other nodes untouched."""
+    from epbuild.onnx.rewrite import set_context_int
+
+    model = _ctx("a_ctx_qnn.bin", max_size=size)
+    other = onnx.helper.make_node("EPContext", ["y"], ["z"], domain="com.microsoft",
+                                  main_context=0, max_size=5)  # fmt: skip
+    model.graph.node.append(other)
+    model.doc_string = "kept"
+    data = model.SerializeToString()
+    got = set_context_int(data, "max_size", 4096)
+    want = onnx.ModelProto()
+    want.CopyFrom(model)
+    attrs = want.graph.node[0].attribute
+    found = [a for a in attrs if a.name == "max_size"]
+    if found:
+        found[0].i = 4096
+    else:
+        attrs.append(onnx.helper.make_attribute("max_size", 4096))
+    assert got == want.SerializeToString()
+    assert set_context_int(got, "max_size", 4096) is None  # nothing left to change
+
+
+def test_spill_fill_alignment_runs_without_onnx(tmp_path: Path) -> None:
+    """A toolchain's worker has ONNX Runtime and the EP, not the onnx package."""
+    paths = [tmp_path / f"{n}_ctx.onnx" for n in "ab"]
+    for path, size in zip(paths, (0, 4096), strict=True):
+        onnx.save(_ctx("a_ctx_qnn.bin", max_size=size), path)
+    code = (
+        "import sys; sys.modules['onnx'] = None\n"
+        "from epbuild.providers.qnn import align_spill_fill_size\n"
+        f"print(align_spill_fill_size({[str(p) for p in paths]!r}))\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert proc.returncode == 0 and proc.stdout.strip() == "4096", proc.stderr
     assert _main_max_sizes(paths[0]) == [4096]

@@ -10,8 +10,11 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
+import subprocess
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -377,3 +380,69 @@ def test_toolchains_list_and_prune(
     assert proc.returncode == 0, proc.stderr
     left = sorted(p.name for p in private_toolchains.iterdir() if not p.name.startswith("worker-"))
     assert left == [Path(used.prefix).name, Path(used.prefix).name + ".lock"]
+
+
+@pytest.fixture
+def linked_make(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``create._make`` for real, but its venv and pip steps make an environment that links
+    to the tests' own virtualenv (``pyvenv.cfg`` + ``lib``): a working toolchain in no time."""
+    monkeypatch.setenv("EPBUILD_INSTALLER", "pip")
+
+    def run(argv: list[str], log: str, spec: ToolchainSpec, provider: str) -> None:
+        if argv[1:3] != ["-m", "venv"]:
+            return  # the pip install: everything is there already
+        directory = Path(argv[3])
+        (directory / "bin").mkdir(parents=True)
+        shutil.copy(Path(sys.prefix) / "pyvenv.cfg", directory)
+        (directory / "lib").symlink_to(Path(sys.prefix) / "lib")
+        (directory / "bin" / "python").symlink_to(os.path.realpath(sys.executable))
+
+    monkeypatch.setattr(create, "_run", run)
+
+
+def test_prune_skips_an_environment_a_running_build_uses(
+    workspace: Workspace, private_toolchains: Path, linked_make: None, tmp_path: Path
+) -> None:
+    from epbuild.providers.base import dist_version
+
+    workspace.model("models/a.onnx", matmul_model(1))
+    pin = f"onnxruntime-qnn=={dist_version('onnxruntime-qnn')}"
+    htp = {**HTP73, "toolchain": {"requirements": [pin]}}
+    group = {"models": ["models/a.onnx"], "providers": ["htp"]}
+    workspace.manifest({"providers": {"htp": htp}, "groups": {"g": group}})
+    spec = load_manifest(str(workspace.root / "epbuild.toml")).providers["htp"].toolchain
+    assert spec is not None
+    env = Path(create.ensure(spec, "htp").prefix)
+    gate = tmp_path / "go"
+    build = subprocess.Popen(
+        [sys.executable, "-m", "epbuild", "-C", str(workspace.root), "build", "--json"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env={**os.environ, "EPBUILD_TEST_HOOK": f"wait:models/a.onnx:{gate}"},
+    )  # fmt: skip
+    elsewhere = tmp_path / "elsewhere"  # another workspace, no manifest: keeps nothing
+    elsewhere.mkdir()
+    try:
+        deadline = time.monotonic() + 240
+        logs = workspace.root / "build"
+        while not any("test hook: wait" in p.read_text(errors="replace")
+                      for p in logs.rglob(".epbuild-worker.log")):  # fmt: skip
+            assert build.poll() is None and time.monotonic() < deadline, build.stderr
+            time.sleep(0.05)
+        prune = subprocess.run(
+            [sys.executable, "-m", "epbuild", "-C", str(elsewhere), "toolchains", "--prune"],
+            capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+        assert prune.returncode == 0, prune.stderr
+        assert f"kept {env}: a running build uses it" in prune.stdout, prune.stdout
+        assert (env / MARKER).is_file()
+    finally:
+        gate.touch()
+    out, err = build.communicate(timeout=300)
+    assert build.returncode == 0, err
+    assert json.loads(out)["summary"]["compiled"] == 1
+    prune = subprocess.run(
+        [sys.executable, "-m", "epbuild", "-C", str(elsewhere), "toolchains", "--prune"],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert f"removed {env}" in prune.stdout, prune.stdout  # no build uses it any more
+    assert not env.exists()

@@ -1,6 +1,10 @@
 """The action cache a build talks to: a local directory tier, optionally in front of a
 remote (fsspec) tier that is read on a local miss and written with ``push``.
 
+A remote tier that fails (``CacheUnavailableError``: unreachable, timed out, denied) is
+switched off for the rest of the run and the reason kept in ``outage``: the build goes on
+with the local tier, says so once, and only ``--cache-only`` fails for it.
+
 A restore materializes every output into a directory (hard link, reflink or copy) and
 verifies its size and digest — a hard-linked object whose stat is unchanged since it was last
 verified is taken on trust (see ``trust``); a damaged or partial entry is discarded and
@@ -12,13 +16,16 @@ from __future__ import annotations
 
 import hashlib
 import os
+import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from epbuild.cache import trust
 from epbuild.cache.local import LocalBackend, temp_name
 from epbuild.cache.store import (
+    LOCKS,
     CachedOutput,
     CacheEntry,
     CorruptEntryError,
@@ -26,9 +33,12 @@ from epbuild.cache.store import (
     entry_path,
     object_path,
 )
+from epbuild.errors import CacheUnavailableError
 from epbuild.fs import CHUNK
 from epbuild.planning.keys import explain_difference
 from epbuild.state.statcache import hash_file
+
+T = TypeVar("T")
 
 
 class CacheDamagedError(Exception):
@@ -55,15 +65,41 @@ class ActionCache:
         self.local_backend = LocalBackend(local_dir)
         self.local = Store(self.local_backend)
         self.remote: Store | None = None
+        self.push = push
+        self.outage: str | None = None
+        """Why the remote tier was switched off in this run (None: it works, or there is none)."""
+        self._outage_lock = threading.Lock()
+        self.remote_url = remote_url
         if remote_url:
             from epbuild.cache.remote import FsspecBackend
 
-            self.remote = Store(FsspecBackend(remote_url))
-        self.push = push
+            try:
+                self.remote = Store(FsspecBackend(remote_url))
+            except CacheUnavailableError as exc:
+                self.outage = exc.message
+
+    def _remote(self, call: Callable[[Store], T], default: T) -> T:
+        """Ask the remote tier, unless it is off; a failure switches it off and gives
+        ``default`` (the first failure's message stays in ``outage``)."""
+        remote = self.remote
+        if remote is None or self.outage is not None:
+            return default
+        try:
+            return call(remote)
+        except CacheUnavailableError as exc:
+            with self._outage_lock:
+                if self.outage is None:
+                    self.outage = exc.message
+            return default
+
+    def key_lock(self, key: str) -> str:
+        """The lock file a build holds while it restores or compiles ``key``, in the local
+        tier: builds sharing the directory compile each key once (see ``prune``)."""
+        return self.local_backend.full(f"{LOCKS}/{key[:2]}/{key}.lock")
 
     def describe(self) -> str:
         """Where the cache is, for messages."""
-        return self.local.url + (f" + {self.remote.url}" if self.remote else "")
+        return self.local.url + (f" + {self.remote_url}" if self.remote_url else "")
 
     # -- restore -------------------------------------------------------------------------
 
@@ -80,7 +116,7 @@ class ActionCache:
             self.local.discard(key)
             raise CacheDamagedError(f"{exc} in {self.local.url}; discarded") from exc
         if entry is None and self.remote is not None:
-            entry = self._pull(key)
+            entry = self._remote(lambda _: self._pull(key), None)
             source = self.remote.url
         if entry is None:
             return None
@@ -146,7 +182,7 @@ class ActionCache:
             tmp = temp_name(final)
             try:
                 try:
-                    self.remote.backend.download(object_path(out.digest), tmp)
+                    self.remote.backend.download(object_path(out.digest), tmp, out.size)
                 except FileNotFoundError:
                     raise CacheDamagedError(
                         f"entry {key[:12]} in {self.remote.url}: the object of {name} is "
@@ -193,7 +229,7 @@ class ActionCache:
         )
         self.local.put_entry(entry)
         if self.push and self.remote is not None:
-            self.push_entry(entry)
+            self._remote(lambda _: self.push_entry(entry), None)
         return entry
 
     def push_entry(self, entry: CacheEntry) -> None:
@@ -231,19 +267,22 @@ class ActionCache:
 
     def has(self, key: str) -> str | None:
         """Which tier holds an entry for ``key`` (not verified), or None."""
-        for store in (self.local, self.remote):
-            if store is not None and store.backend.exists(entry_path(key)):
-                return store.url
-        return None
+        if self.local.backend.exists(entry_path(key)):
+            return self.local.url
+        return self._remote(lambda r: r.url if r.backend.exists(entry_path(key)) else None, None)
 
     def explain_miss(self, action_id: str, components: dict[str, Any]) -> str:
         """Why ``components`` have no entry: what differs from this action's newest entry."""
-        entries: list[CacheEntry] = []
-        for store in (self.local, self.remote):
-            if store is not None:
-                entries += store.entries_for(action_id)
-        if not entries:
+        entries = self.local.entries_for(action_id)
+        entries += self._remote(lambda r: r.entries_for(action_id), [])
+        if self.outage is not None:
+            why = f"the remote cache is unavailable ({self.outage})"
+            if not entries:
+                return why
+            why += "; locally"
+        elif not entries:
             return f"no entry for {action_id} in the cache ({self.describe()})"
         newest = max(entries, key=lambda e: e.created)
         diff = explain_difference(newest.components, components)
-        return f"the cache has {action_id} under another key (cache → here): " + "; ".join(diff)
+        text = f"the cache has {action_id} under another key (cache → here): " + "; ".join(diff)
+        return text if self.outage is None else f"{why}, {text}"

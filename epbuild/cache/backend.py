@@ -33,8 +33,9 @@ class Backend(Protocol):
     def exists(self, path: str) -> bool:
         """Whether a file exists."""
 
-    def download(self, path: str, dest: str) -> None:
-        """Copy a stored file to the local path ``dest`` (raises FileNotFoundError)."""
+    def download(self, path: str, dest: str, size: int = 0) -> None:
+        """Copy a stored file (of about ``size`` bytes, when known) to the local path
+        ``dest`` (raises FileNotFoundError)."""
 
     def upload(self, src: str, path: str) -> None:
         """Store the local file ``src`` atomically under ``path``."""

@@ -40,7 +40,7 @@ class LocalBackend:
     def exists(self, path: str) -> bool:
         return os.path.isfile(self.full(path))
 
-    def download(self, path: str, dest: str) -> None:
+    def download(self, path: str, dest: str, size: int = 0) -> None:
         shutil.copyfile(self.full(path), dest)
 
     def upload(self, src: str, path: str) -> None:

@@ -16,6 +16,7 @@ from epbuild.cache.local import LocalBackend
 from epbuild.cache.store import (
     ENTRIES,
     IDS,
+    LOCKS,
     OBJECTS,
     CorruptEntryError,
     Store,
@@ -93,4 +94,36 @@ def _prune(store: Store, max_size: int, grace: float) -> PruneReport:
         key = f.path.rsplit("/", 1)[-1]
         if not backend.exists(entry_path(key)) and now - f.mtime > grace:
             backend.delete(f.path)
+    if isinstance(backend, LocalBackend):
+        _prune_key_locks(backend, now - grace)
     return PruneReport(removed, kept, freed, total)
+
+
+def _prune_key_locks(backend: LocalBackend, before: float) -> None:
+    """Remove the key locks (``actioncache.key_lock``) of keys without an entry, last taken
+    before ``before`` and free now. A build that opened one just before it goes can at worst
+    compile a key a second time: a lock file is never a correctness matter for the cache."""
+    from filelock import FileLock, Timeout
+
+    for f in backend.walk(LOCKS):
+        name = f.path.rsplit("/", 1)[-1]
+        key = name.removesuffix(".lock")
+        if not name.endswith(".lock") or not is_key(key) or backend.exists(entry_path(key)):
+            continue
+        full = backend.full(f.path)
+        try:
+            if os.stat(full + ".owner").st_mtime > before:
+                continue
+        except OSError:
+            if f.mtime > before:
+                continue
+        lock = FileLock(full)
+        try:
+            lock.acquire(timeout=0)
+        except Timeout:
+            continue  # a build holds it
+        try:
+            backend.delete(f.path + ".owner")
+            backend.delete(f.path)
+        finally:
+            lock.release()

@@ -5,6 +5,7 @@ Layout (``v1/`` so a future format can live beside this one)::
     v1/objects/ab/abcdef…            output bytes, named by their sha256
     v1/entries/12/1234…json          one action key → output names, sizes, digests, components
     v1/ids/<hash of action id>/<key> marker: entries of one action id (to explain a miss)
+    v1/locks/12/1234….lock           held by the build restoring or compiling that key
 
 Writers put every object first and the entry last, each by an atomic write, so a reader
 that finds an entry finds its objects — unless something removed them since, which a
@@ -30,6 +31,7 @@ LAYOUT = "v1"
 OBJECTS = f"{LAYOUT}/objects"
 ENTRIES = f"{LAYOUT}/entries"
 IDS = f"{LAYOUT}/ids"
+LOCKS = f"{LAYOUT}/locks"
 
 _HEX64 = re.compile(r"[0-9a-f]{64}")
 _NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.+\-]*")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import posixpath
+import threading
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -28,7 +29,7 @@ if TYPE_CHECKING:
     from epbuild.engine.scheduler import Execution
     from epbuild.engine.trace import Tracer
     from epbuild.executors.local import Executor, WorkerOutcome
-    from epbuild.onnx.context import Problem
+    from epbuild.onnx.context import MachinePaths, Problem
     from epbuild.providers.base import ProviderConfig
 
 
@@ -86,7 +87,10 @@ class Builder:
         """Restores actions before compiling them and stores them after (None: no cache)."""
         self.cache_only = cache_only
         """Fail an action that the cache cannot restore instead of compiling it."""
+        self._machine: MachinePaths | None = None
+        """The build machine's paths (`_machine_paths`), computed at the first commit."""
         self.warned: set[str] = set()
+        self._warn_lock = threading.Lock()
 
     def run_one(self, plan: ActionPlan) -> ActionResult:
         """Bring one action up to date under its lock; any failure comes back as a result."""
@@ -111,21 +115,71 @@ class Builder:
             return _failed(plan, f"{type(exc).__name__}: {exc}")
 
     def _locked(self, plan: ActionPlan) -> ActionResult:
-        """Under the action lock: re-check staleness, then restore, else compile."""
+        """Under the action lock: re-check staleness, then restore, else compile — under
+        the cache's lock on the key when the cache is a directory, so that builds sharing
+        it (several CI jobs, a cache on NFS) compile each key once and the others restore."""
         ws, action = self.ws, plan.action
-        with self.tracer.span("hash", action.id):
+        for _ in range(_MAX_REPLANS):
+            again, state = self._replan(plan)
+            if again.error is not None:
+                return _failed(plan, again.error.message, again.error.hint)
+            if not again.stale:
+                return action_result(
+                    action, Outcome.UP_TO_DATE, outputs=recorded_outputs(ws, action)
+                )
+            assert again.key is not None
+            lock = self.cache.key_lock(again.key.key) if self.cache is not None else None
+            if lock is None:
+                return self._restore_or_compile(plan, again.key, state)
+            done = self._under_key_lock(plan, again.key, lock, state)
+            if done is not None:
+                return done
+        return _failed(plan, f"{action.id}: its inputs keep changing", "build again later")
+
+    def _under_key_lock(
+        self, plan: ActionPlan, key: ActionKey, lock: str, state: State
+    ) -> ActionResult | None:
+        """Restore or compile ``key`` holding the cache's lock on it; None when, after
+        waiting for that lock, the action must be planned again (its key changed)."""
+        action = plan.action
+        waited: list[str] = []
+
+        def on_wait(msg: str) -> None:
+            waited.append(msg)
+            self.reporter.message(f"{action.id}: the same key is being built elsewhere; {msg}")
+
+        with locks.hold(
+            lock,
+            f"epbuild build {action.id} in {self.ws.root}",
+            timeout=self.lock_timeout,
+            on_wait=on_wait,
+        ):
+            if waited:  # the other build stored it meanwhile, or the inputs changed
+                after, state = self._replan(plan)
+                if after.key is None or after.key.key != key.key or not after.stale:
+                    return None  # decide again, under the right key's lock
+            return self._restore_or_compile(plan, key, state)
+
+    def _replan(self, plan: ActionPlan) -> tuple[ActionPlan, State]:
+        """The action's plan against the latest state and its inputs as they are now: the
+        digests memoised when the build was planned may be stale after any wait (for the
+        action lock, the cache's key lock or the scheduler), so the inputs are stat'ed again
+        and re-hashed where the stat cache no longer vouches for them."""
+        ws = self.ws
+        with self.tracer.span("hash", plan.action.id):
             state = ws.reload_state()
-            again = plan_action(action, state, ws.keys, ws.stats, ws.root)
-        if not again.stale:
-            return action_result(action, Outcome.UP_TO_DATE, outputs=recorded_outputs(ws, action))
-        assert again.key is not None
-        key = again.key
+            again = plan_action(plan.action, state, ws.keys, ws.stats, ws.root, fresh=True)
+        return again, state
+
+    def _restore_or_compile(self, plan: ActionPlan, key: ActionKey, state: State) -> ActionResult:
+        """Restore ``key`` from the cache, else compile it (or fail: --cache-only)."""
         cache_note = None
         if self.cache is not None:
-            with self.tracer.span("restore", action.id):
+            with self.tracer.span("restore", plan.action.id):
                 restored, cache_note = self._restore(plan, key, state)
             if restored is not None:
                 return restored
+            cache_note = cache_note or self._outage_warning()
         if self.cache_only:
             return self._not_cached(plan, key, cache_note)
         return self._compile(plan, key, state, cache_note)
@@ -145,9 +199,17 @@ class Builder:
             tracer.add("compile", started, action.id, ok=outcome.ok, peak_rss=peak)
             if not outcome.ok:
                 return _failed(plan, outcome.error, outcome.hint, log_tail=outcome.log_tail)
+            mismatch = version_mismatch(key.components.get("versions", {}), outcome.result)
+            if mismatch is not None:
+                return _failed(plan, mismatch, VERSIONS_HINT)
             started = tracer.now()
             names, found = check_staged(
-                ws.root, staging, action.ctx_names, action.models, _shared_by(action)
+                ws.root,
+                staging,
+                action.ctx_names,
+                action.models,
+                _shared_by(action),
+                self._machine_paths(action),
             )
             record = self._compiled_record(action, key, staging, names, outcome)
             warnings = shape_warnings + self._verdict(
@@ -211,6 +273,15 @@ class Builder:
             free_dimensions=action.free_dimensions if any(action.free_dimensions) else (),
             boot=self._boot(action),
         )
+
+    def _machine_paths(self, action: Action) -> MachinePaths:
+        """The build machine's directories that the action's outputs must not name: the
+        command's (computed once) and its toolchain's."""
+        from epbuild.onnx.context import machine_paths, toolchain_dirs
+
+        if self._machine is None:
+            self._machine = machine_paths(self.ws.root)
+        return self._machine.with_dirs(toolchain_dirs(self.ws.keys.toolchains.get(action.provider)))
 
     def _boot(self, action: Action) -> tuple[str, ...]:
         """How a worker for the action starts: in its provider's toolchain, if it has one."""
@@ -320,7 +391,12 @@ class Builder:
             if hit is None:
                 return None, [], None
             names, _ = check_staged(
-                self.ws.root, staging, action.ctx_names, action.models, _shared_by(action)
+                self.ws.root,
+                staging,
+                action.ctx_names,
+                action.models,
+                _shared_by(action),
+                self._machine_paths(action),
             )
             if set(names) != set(hit.entry.outputs):
                 raise VerificationError("outputs do not match the entry")
@@ -362,6 +438,20 @@ class Builder:
         self.reporter.message(f"warning: {note}")
         return note
 
+    def _outage_warning(self) -> str | None:
+        """The one warning of a build whose remote cache tier went down (None: said
+        already, or no outage)."""
+        outage = self.cache.outage if self.cache is not None else None
+        if outage is None:
+            return None
+        going_on = "" if self.cache_only else ", going on without it"
+        line = f"the remote cache is unavailable{going_on}: {outage}"
+        with self._warn_lock:
+            if line in self.warned:
+                return None
+            self.warned.add(line)
+        return self._warn(line)
+
     def _not_cached(self, plan: ActionPlan, key: ActionKey, note: str | None) -> ActionResult:
         """The --cache-only failure of an action the cache could not restore."""
         if note is not None:
@@ -402,7 +492,8 @@ class Builder:
             where = self.cache.describe()
             why = os_error_text(exc) if isinstance(exc, OSError) else str(exc)
             warnings.append(self._warn(f"{action.id} not stored in the cache {where}: {why}"))
-        return warnings
+        outage = self._outage_warning()  # --cache-push to a remote that went down
+        return warnings + ([outage] if outage else [])
 
     def _detail_problems(self, action: Action, detail: dict[str, Any]) -> list[Problem]:
         """The worker's report about each model, against the rules."""
@@ -432,6 +523,40 @@ class Builder:
                 warnings.append(line)
         return warnings
 
+
+def version_mismatch(keyed: dict[str, str], result: dict[str, Any]) -> str | None:
+    """Why a worker's result cannot be committed or cached under its key: the versions it
+    reports compiling with (``worker.compiled_with``) differ from those the key names, or
+    it ran another epbuild. None when they agree."""
+    from epbuild import __version__
+
+    reported = result.get("versions")
+    if not isinstance(reported, dict):
+        return "the worker did not report the versions it compiled with; result discarded"
+    differ = [
+        f"{name} {reported.get(name, 'absent')} (worker) vs {want} (key)"
+        for name, want in sorted(keyed.items())
+        if reported.get(name, "absent") != want
+    ]
+    theirs = result.get("epbuild")
+    if theirs != __version__:
+        differ.append(f"epbuild {theirs or 'unknown'} (worker) vs {__version__} (here)")
+    if not differ:
+        return None
+    return (
+        "the worker compiled with other versions than the action key names: "
+        + "; ".join(differ)
+        + "; result neither committed nor cached"
+    )
+
+
+VERSIONS_HINT = (
+    "install the same versions where the compiles run (a Dask farm's workers) as where epbuild "
+    "runs, or build with --executor local"
+)
+
+_MAX_REPLANS = 5
+"""Times an action is re-planned because its key changed while it waited for a lock."""
 
 WRITE_HINT = (
     "check that the output and state directories are writable and have free space, and the "

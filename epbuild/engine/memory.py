@@ -7,7 +7,10 @@ peak alone would under-predict once the inputs grew. The
 scheduler admits ready actions while the sum of the predicted peaks of running actions stays
 under the budget; an action bigger than the whole budget still runs, alone.
 
-RAM is read from ``/proc/meminfo`` (or ``os.sysconf``): no psutil on the build path.
+RAM is read from ``/proc/meminfo`` (or ``os.sysconf``): no psutil on the build path. Inside
+a container the cgroup's memory limit (v2 ``memory.max``, v1 ``memory.limit_in_bytes``, of
+the process's own cgroup and every ancestor) caps it: ``MemAvailable`` there is the host's.
+Warm spare workers (one per worker command) hold memory too and are taken off the budget.
 """
 
 from __future__ import annotations
@@ -29,6 +32,11 @@ INPUT_FACTOR = 3.5
 """Peak memory per byte of source model, measured for QNN HTP compiles."""
 SAFE_SHARE = 0.75
 """Share of the available memory the default budget takes."""
+SPARE_RSS = 64 << 20
+"""What a warm spare worker holds while it waits (onnxruntime imported, no EP loaded yet):
+about 50 MB measured with onnxruntime 1.32 on x86_64."""
+_NO_LIMIT = 1 << 60
+"""cgroup v1 writes "no limit" as a number near 2**63."""
 
 
 def _meminfo(path: str = "/proc/meminfo") -> dict[str, int]:
@@ -46,22 +54,94 @@ def _meminfo(path: str = "/proc/meminfo") -> dict[str, int]:
     return values
 
 
-def available_memory(meminfo: str = "/proc/meminfo") -> int:
-    """Bytes of memory available to new processes now (MemAvailable, else total RAM)."""
+def _read_int(path: str) -> int | None:
+    try:
+        with open(path, encoding="ascii") as f:
+            text = f.read().strip()
+    except OSError:
+        return None
+    return int(text) if text.isdigit() else None  # "max": no limit
+
+
+def _cgroup_dirs(proc_cgroup: str, sys_cgroup: str) -> list[tuple[str, str, str]]:
+    """(directory, limit file, usage file) for the process's memory cgroup and each of its
+    ancestors, innermost first."""
+    try:
+        with open(proc_cgroup, encoding="utf-8") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return []
+    found: list[tuple[str, str, str]] = []
+    for line in lines:
+        parts = line.split(":", 2)
+        if len(parts) != 3:
+            continue
+        _, controllers, path = parts
+        if controllers == "":  # v2: "0::/path"
+            base, files = sys_cgroup, ("memory.max", "memory.current")
+        elif "memory" in controllers.split(","):  # v1: "N:memory:/path"
+            base, files = (
+                os.path.join(sys_cgroup, "memory"),
+                (
+                    "memory.limit_in_bytes",
+                    "memory.usage_in_bytes",
+                ),
+            )
+        else:
+            continue
+        names = [p for p in path.split("/") if p and p != ".."]
+        for depth in range(len(names), -1, -1):
+            directory = os.path.join(base, *names[:depth])
+            if os.path.isfile(os.path.join(directory, files[0])):
+                found.append((directory, *files))
+    return found
+
+
+def cgroup_available(
+    proc_cgroup: str = "/proc/self/cgroup", sys_cgroup: str = "/sys/fs/cgroup"
+) -> int | None:
+    """Bytes the process's cgroups still allow (limit minus usage, the tightest of the
+    cgroup and its ancestors); None without a memory limit."""
+    best: int | None = None
+    for directory, limit_file, usage_file in _cgroup_dirs(proc_cgroup, sys_cgroup):
+        limit = _read_int(os.path.join(directory, limit_file))
+        if limit is None or limit >= _NO_LIMIT:
+            continue
+        usage = _read_int(os.path.join(directory, usage_file)) or 0
+        left = max(0, limit - usage)
+        best = left if best is None else min(best, left)
+    return best
+
+
+def available_memory(
+    meminfo: str = "/proc/meminfo",
+    proc_cgroup: str = "/proc/self/cgroup",
+    sys_cgroup: str = "/sys/fs/cgroup",
+) -> int:
+    """Bytes of memory available to new processes now (MemAvailable, else total RAM),
+    capped by the cgroup's limit."""
     info = _meminfo(meminfo)
     if "MemAvailable" in info:
-        return info["MemAvailable"]
-    if "MemTotal" in info:
-        return info["MemTotal"]
-    try:
-        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    except (ValueError, OSError, AttributeError):
-        return 4 << 30  # unknown platform: assume a small machine
+        host = info["MemAvailable"]
+    elif "MemTotal" in info:
+        host = info["MemTotal"]
+    else:
+        try:
+            host = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+        except (ValueError, OSError, AttributeError):
+            host = 4 << 30  # unknown platform: assume a small machine
+    limit = cgroup_available(proc_cgroup, sys_cgroup)
+    return host if limit is None else min(host, limit)
 
 
-def default_budget(meminfo: str = "/proc/meminfo") -> int:
+def default_budget(meminfo: str = "/proc/meminfo", **cgroup: str) -> int:
     """A safe share of the memory available now."""
-    return int(available_memory(meminfo) * SAFE_SHARE)
+    return int(available_memory(meminfo, **cgroup) * SAFE_SHARE)
+
+
+def spare_cost(boots: Iterable[object]) -> int:
+    """What the warm spare workers of a build hold: one per distinct worker command."""
+    return SPARE_RSS * len(set(boots))
 
 
 def predict_from_inputs(input_bytes: int) -> int:

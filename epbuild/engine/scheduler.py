@@ -50,7 +50,7 @@ def executor_for(
     memory_budget: int | None,
 ) -> Execution:
     """The executor, slot count and memory plan of a build."""
-    from epbuild.engine.memory import MemoryPlan, default_budget, predict_peak
+    from epbuild.engine.memory import MemoryPlan, default_budget, predict_peak, spare_cost
     from epbuild.errors import UserError
     from epbuild.executors.local import LocalExecutor
 
@@ -73,6 +73,9 @@ def executor_for(
     budget = memory_budget or ws.manifest.workspace.memory_budget or default_budget()
     slots = max(1, jobs or ws.manifest.workspace.jobs)
     if isinstance(kind, str):
+        # The warm spares (one per worker command: epbuild's own, or a toolchain's) hold
+        # memory the compiles cannot have.
+        budget = max(0, budget - spare_cost(repr(p.action.provider.toolchain) for p in stale))
         local = LocalExecutor(ws.root, prewarm=True)
         return Execution(local, slots, MemoryPlan(budget, peaks), owned=True)
     return Execution(kind, slots, MemoryPlan(budget, peaks), owned=False)

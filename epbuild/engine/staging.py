@@ -2,9 +2,9 @@
 
 A worker writes into ``<out_dir>/.staging/<slug>-<pid>/``. The coordinator checks every path
 written into the staged models (relative, inside the action's directory, existing), that no
-text field of a ctx model holds an absolute path and no file the (long) workspace path,
-then — with a ``begin`` record in the journal — removes the action's old outputs, renames the
-staged files into place and records ``done``.
+free text of a ctx model names a directory of the build machine and no file holds the
+(long) workspace path, then — with a ``begin`` record in the journal — removes the action's
+old outputs, renames the staged files into place and records ``done``.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from epbuild.fs import digest_file, ensure_dir_inside, inside, remove_tree
 from epbuild.state.journal import OutputRecord
 
 if TYPE_CHECKING:
-    from epbuild.onnx.context import Problem
+    from epbuild.onnx.context import MachinePaths, Problem
     from epbuild.onnx.proto import ModelInfo
     from epbuild.providers.base import ProviderConfig
 
@@ -98,20 +98,23 @@ def check_staged(
     ctx_names: tuple[str, ...],
     sources: tuple[str, ...] = (),
     shared_by: ProviderConfig | None = None,
+    machine: MachinePaths | None = None,
 ) -> tuple[list[str], list[Problem]]:
     """Validate a staging directory: the output file names and the warnings (raises
     `VerificationError` on an error).
 
     Every staged file is a regular file; every ctx model was written, is readable, references
-    only files written beside it, and holds no absolute path in a text field (what it kept
-    from the ``sources``, workspace-relative, is a warning). ``shared_by``: the provider of
-    a weight-sharing group, whose ctx models must all reference one shared context binary
+    only files written beside it, and names no directory of the build ``machine`` in its
+    free text (`path_problems`; what it kept from the ``sources``, workspace-relative, is a
+    warning; default: `machine_paths` of ``root``). ``shared_by``: the provider of a
+    weight-sharing group, whose ctx models must all reference one shared context binary
     (``sharing_problems``).
     """
     from epbuild.onnx.context import (
         RefFault,
         Severity,
         check_reference,
+        machine_paths,
         path_problems,
         source_text,
         stored_references,
@@ -124,6 +127,8 @@ def check_staged(
         if os.path.islink(os.path.join(full, name)) or not os.path.isfile(os.path.join(full, name)):
             raise UnsafePathError(f"staged output {name} is not a regular file; refusing it")
     text = source_text(root, sources)
+    if machine is None:
+        machine = machine_paths(root)
     warnings: list[Problem] = []
     infos: list[ModelInfo] = []
     for ctx in ctx_names:
@@ -142,7 +147,7 @@ def check_staged(
                 )
             if check.path is None or posixpath.basename(check.path) not in names:
                 raise VerificationError(f"{ctx}: references {ref!r}, which was not written")
-        for problem in path_problems(ctx, info, text):
+        for problem in path_problems(ctx, info, text, machine):
             if problem.severity is Severity.ERROR:
                 raise VerificationError(problem.line())
             warnings.append(problem)
@@ -173,15 +178,15 @@ def hash_staged(root: str, staging: str, out_dir: str, names: list[str]) -> dict
     is long enough never to occur by chance (`epbuild.onnx.context.LONG_PATH_MIN`): opaque
     context binaries and initializers hold any short string somewhere.
     """
-    from epbuild.onnx.context import scan_needles
+    from epbuild.onnx.context import needle_problem, scan_needles
 
     needles = scan_needles(root)
     records: dict[str, OutputRecord] = {}
     for name in names:
         digest = digest_file(os.path.join(root, staging, name), needles)
-        if digest.found is not None:
-            leak = digest.found.decode(errors="replace").rstrip("/" + os.sep)
-            raise VerificationError(f"{name}: contains the absolute workspace path {leak!r}")
+        problem = needle_problem(name, digest.found)
+        if problem is not None:
+            raise VerificationError(problem.line())
         records[posixpath.join(out_dir, name)] = OutputRecord(digest.size, digest.sha256)
     return records
 

@@ -51,7 +51,15 @@ class Executor(Protocol):
 
 # Started from the workspace root, but never import from it: a folder there named like a
 # module (even "epbuild") must not shadow the installed package.
-WORKER_BOOT = "import sys; del sys.path[0]; from epbuild.executors.worker import main; main()"
+def own_command(module: str) -> list[str]:
+    """The command that runs ``module``'s ``main()`` in epbuild's own environment, with the
+    working directory (a workspace: a folder named ``numpy`` in it would shadow the real
+    package) taken off the import path."""
+    code = f"import sys; del sys.path[0]; from {module} import main; main()"
+    return [sys.executable, "-c", code]
+
+
+WORKER_BOOT = own_command("epbuild.executors.worker")[2]
 
 
 def _tail(path: str, lines: int = 12) -> list[str]:
@@ -65,14 +73,32 @@ def _tail(path: str, lines: int = 12) -> list[str]:
     return [ln for ln in text.splitlines() if ln.strip()][-lines:]
 
 
-def _describe_exit(code: int) -> str:
+def _describe_exit(code: int, log_path: str | None = None) -> str:
+    """How a worker ended without a result, naming the model it was compiling (the last
+    ``epbuild: compiling`` line of its log) when its log says."""
     if code < 0:
         try:
             name = signal.Signals(-code).name
         except ValueError:
             name = f"signal {-code}"
-        return f"the worker was killed by {name}"
-    return f"the worker exited with status {code}"
+        what = f"the worker was killed by {name}"
+    else:
+        what = f"the worker exited with status {code}"
+    model = _compiling(log_path) if log_path else None
+    return f"{what} while compiling {model}" if model else what
+
+
+def _compiling(log_path: str) -> str | None:
+    """The model a worker's log says it was compiling last (the worker writes the line)."""
+    from epbuild.executors.worker import COMPILING  # plain constants; no onnxruntime
+
+    try:
+        with open(log_path, "rb") as f:
+            lines = f.read().decode("utf-8", "replace").splitlines()
+    except OSError:
+        return None
+    found = [ln[len(COMPILING) :].strip() for ln in lines if ln.startswith(COMPILING)]
+    return found[-1] if found else None
 
 
 def _reap(proc: subprocess.Popen[bytes]) -> None:
@@ -101,7 +127,8 @@ def send_job(proc: subprocess.Popen[bytes], job: Job) -> None:
 def outcome_of(result: Any, code: int, log_path: str) -> WorkerOutcome:
     """How a worker ended, from its result document (None if it wrote none) and exit code."""
     if not isinstance(result, dict):
-        return WorkerOutcome(False, error=_describe_exit(code), log_tail=_tail(log_path))
+        error = _describe_exit(code, log_path)
+        return WorkerOutcome(False, error=error, log_tail=_tail(log_path))
     if not result.get("ok"):
         return WorkerOutcome(
             False,

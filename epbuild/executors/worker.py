@@ -39,16 +39,27 @@ def _watch_parent() -> None:
     os._exit(70)
 
 
+COMPILING = "epbuild: compiling "
+"""What the worker writes to its log before each model's compile (`say_compiling`): a
+worker that dies inside the EP (a native crash) then still names the model it was on."""
+
+
+def say_compiling(model: str) -> None:
+    """Log the model about to be compiled (read back by ``executors.local.outcome_of``)."""
+    print(COMPILING + model, file=sys.stderr, flush=True)
+
+
 def _test_hook(model: str) -> None:
     """A narrow seam for crash tests: ``EPBUILD_TEST_HOOK=KIND:SUBSTRING[:ARGUMENT]``.
 
     Before the session of a model whose path contains SUBSTRING: ``segv`` kills the worker
     with SIGSEGV, ``abort`` aborts it (what a crashing native SDK does), ``sleep`` waits
-    SECONDS (a slow compile), ``wait`` waits until the file ARGUMENT exists (a compile held
-    until the test has done its part, however slow the machine). ``noshare`` leaves out the
-    weight-sharing session entries (as if the EP ignored ``ep.share_ep_contexts``; see
-    ``_session_entries``): match every model of the group, or only the first, since a group
-    whose last session lacks the stop entry never writes its binary. Unset in normal use.
+    SECONDS (a slow compile), ``wait`` waits until the file named by the argument exists (a
+    compile a test holds open until it says go; ``wait:SUBSTRING:PATH``). ``noshare``
+    leaves out the weight-sharing session entries (as if the EP ignored
+    ``ep.share_ep_contexts``; see ``_session_entries``): match every model of the group, or
+    only the first, since a group whose last session lacks the stop entry never writes its
+    binary. Unset in normal use.
     """
     hook = _hook_for(model)
     if hook is None or hook[0] == "noshare":
@@ -64,8 +75,9 @@ def _test_hook(model: str) -> None:
     elif kind == "sleep":
         time.sleep(float(arg or 1))
     elif kind == "wait":
-        while not os.path.exists(arg):
-            time.sleep(0.01)
+        deadline = time.monotonic() + 600
+        while not os.path.exists(arg) and time.monotonic() < deadline:
+            time.sleep(0.05)
 
 
 def _hook_for(model: str) -> tuple[str, str] | None:
@@ -93,29 +105,144 @@ OPTIMIZATION_LEVELS = {
 """Manifest ``graph_optimization_level`` → ``onnxruntime.GraphOptimizationLevel`` member."""
 
 
+AUTO_LEVELS = ("all", "basic", "disabled")
+"""What ``graph_optimization_level = "auto"`` tries, in order: the next only while nodes are
+left on the CPU EP."""
+
+
 def compile_action(job: Job) -> dict[str, Any]:
     """Compile the models of one action in order with the job's compiler, check outputs."""
+    t0 = time.perf_counter()
+    if job.compile.graph_optimization_level == "auto":
+        detail = _compile_auto(job)
+    else:
+        detail = _compile_checked(job)
+    detail["compiler"] = job.compile.compiler
+    seconds = time.perf_counter() - t0
+    return {
+        "ok": True,
+        "seconds": seconds,
+        "peak_rss": peak_rss(),
+        "detail": detail,
+        "versions": compiled_with(job.provider),
+        "epbuild": _epbuild_version(),
+    }
+
+
+def compiled_with(config: ProviderConfig) -> dict[str, str]:
+    """The versions this process compiled with, under the names an action key gives them
+    (``KeyComputer.versions``): read here, in the worker's own environment — a farm's or a
+    toolchain's — never taken from the coordinator."""
+    from epbuild.planning.keys import ORT_KEY
+    from epbuild.providers import get_provider
+    from epbuild.providers.base import onnxruntime_version
+
+    found = dict(get_provider(config.ep).versions(config))
+    found[ORT_KEY] = onnxruntime_version()
+    found["python"] = ".".join(map(str, sys.version_info[:3]))
+    return found
+
+
+def _epbuild_version() -> str:
+    from epbuild import __version__
+
+    return __version__
+
+
+def _compile_checked(job: Job) -> dict[str, Any]:
+    """Compile the job into its staging directory; the checked outputs' detail."""
     import onnxruntime as ort
 
     from epbuild.providers import get_provider
 
     config = job.provider
     adapter = get_provider(config.ep)
-    t0 = time.perf_counter()
     if job.compile.compiler == "compile_api":
         _compile_with_api(ort, job, adapter)
     else:
         _compile_with_sessions(ort, job, adapter)
-    seconds = time.perf_counter() - t0
     if job.share_weights:
         finish = getattr(adapter, "finish_sharing_group", None)
         if finish is not None:
             finish(config, [posixpath.join(job.staging, n) for n in job.ctx_names])
-    detail = check_outputs(
+    return check_outputs(
         job.staging, list(job.models), adapter, config, job.share_weights, list(job.ctx_names)
     )
-    detail["compiler"] = job.compile.compiler
-    return {"ok": True, "seconds": seconds, "peak_rss": peak_rss(), "detail": detail}
+
+
+def _compile_auto(job: Job) -> dict[str, Any]:
+    """``graph_optimization_level = "auto"``: compile at ``all``; only where nodes are left
+    on the CPU EP, also at ``basic`` and ``disabled`` (each in a folder of its own and a
+    process of its own: the EP crashes on some graphs at lower levels, which must cost only
+    that try), and keep the result with the fewest CPU nodes, then the fewest EPContext
+    nodes (the earlier level on a tie). The detail records the choice and every try."""
+    import shutil
+    from dataclasses import replace
+
+    def score(detail: dict[str, Any]) -> tuple[int, int]:
+        models = detail["models"].values()
+        return sum(m["cpu_nodes"] for m in models), sum(m["context_nodes"] for m in models)
+
+    best = _compile_checked(
+        replace(job, compile=replace(job.compile, graph_optimization_level="all"))
+    )
+    tried: dict[str, list[int] | str] = {"all": list(score(best))}
+    level = "all"
+    for lower in AUTO_LEVELS[1:]:
+        if score(best)[0] == 0:
+            break
+        staging = posixpath.join(job.staging, f".auto-{lower}")
+        outcome = _try_level(job, lower, staging)
+        if isinstance(outcome, str):
+            tried[lower] = outcome
+            continue
+        tried[lower] = list(score(outcome))
+        if score(outcome) < score(best):
+            best, level = outcome, lower
+    if level != "all":  # the chosen outputs replace those of "all"
+        chosen = posixpath.join(job.staging, f".auto-{level}")
+        for name in os.listdir(job.staging):
+            if not name.startswith(".auto-"):
+                os.unlink(posixpath.join(job.staging, name))
+        for name in os.listdir(chosen):
+            os.replace(posixpath.join(chosen, name), posixpath.join(job.staging, name))
+    for lower in AUTO_LEVELS[1:]:
+        shutil.rmtree(posixpath.join(job.staging, f".auto-{lower}"), ignore_errors=True)
+    for model in best["models"].values():
+        model["optimization_level"] = level
+    return {**best, "optimization_level": level, "optimization_tried": tried}
+
+
+def _try_level(job: Job, level: str, staging: str) -> dict[str, Any] | str:
+    """Compile the job at ``level`` into ``staging`` in a child worker; its checked detail,
+    or why it failed."""
+    import subprocess
+    from dataclasses import replace
+
+    os.makedirs(staging, exist_ok=True)
+    attempt = replace(
+        job, staging=staging, compile=replace(job.compile, graph_optimization_level=level)
+    )
+    home = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    code = f"import sys; sys.path.insert(0, {home!r}); from {__name__} import main; main()"
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # Its output goes to this worker's log.
+    with subprocess.Popen([sys.executable, "-I", "-c", code], stdin=subprocess.PIPE) as child:
+        assert child.stdin is not None
+        child.stdin.write(json.dumps(attempt.to_json()).encode() + b"\n")
+        child.stdin.flush()
+        code_ = child.wait()  # its stdin stays open until it ends (it exits when it closes)
+    try:
+        with open(posixpath.join(staging, RESULT_NAME), encoding="utf-8") as f:
+            result = json.load(f)
+    except (OSError, ValueError):
+        return f"failed (exit status {code_})" if code_ >= 0 else f"crashed (signal {-code_})"
+    if not result.get("ok"):
+        return f"failed: {result.get('error', '?')}"
+    os.unlink(posixpath.join(staging, RESULT_NAME))
+    detail: dict[str, Any] = result["detail"]
+    return detail
 
 
 def _compile_with_sessions(ort: Any, job: Job, adapter: Provider) -> None:
@@ -124,6 +251,7 @@ def _compile_with_sessions(ort: Any, job: Job, adapter: Provider) -> None:
     try:
         for index, model in enumerate(job.models):
             so = session_options(ort, job, index, adapter)
+            say_compiling(model)
             _test_hook(model)
             # No local name for a session: it would outlive the reverse teardown below (and,
             # through a traceback, the failure of the next one). tests/test_worker_teardown.
@@ -139,6 +267,7 @@ def _compile_with_api(ort: Any, job: Job, adapter: Provider) -> None:
     ``ep.share_ep_contexts`` entries as sessions, the stop entry on the last model."""
     for index, model in enumerate(job.models):
         so = session_options(ort, job, index, adapter)
+        say_compiling(model)
         _test_hook(model)
         _compile_model(ort, job, index, so)
 

@@ -63,6 +63,11 @@ def _build_parser(sub: _Commands) -> None:
         help="memory local compiles may use at once, e.g. 8G (default: 3/4 of RAM)",
     )
     b.add_argument("--trace", metavar="FILE", help="write the timeline as Chrome trace JSON")
+    b.add_argument(
+        "--numerics",
+        action="store_true",
+        help="then compare each built model's outputs with its source's (verify --numerics)",
+    )
     b.add_argument("--executor", choices=("local", "dask"), help="where actions run")
     b.add_argument("--scheduler", metavar="ADDRESS", help="Dask scheduler, tcp://HOST:PORT")
 
@@ -93,6 +98,12 @@ def _verify_parser(sub: _Commands) -> None:
     v.add_argument("--json", action="store_true")
     v.add_argument("--load", action="store_true", help="also run each model vs the CPU EP")
     v.add_argument("-j", "--jobs", type=int, help="--load: models run at once ([workspace] jobs)")
+    v.add_argument(
+        "--numerics",
+        action="store_true",
+        help="compare each model's outputs with its source's (figures per output, tolerances "
+        "from the manifest; recorded: a second run with nothing changed runs nothing)",
+    )
 
 
 def _package_parser(sub: _Commands) -> None:
@@ -296,6 +307,8 @@ def _answered_by_noop(args: argparse.Namespace) -> bool:
     if doc is None:
         return False
     doc["summary"]["seconds"] = round(time.perf_counter() - t0, 3)
+    if args.numerics:
+        doc["numerics"] = []  # nothing was built, so nothing to check
     if args.json:
         print_json(doc)
     else:
@@ -326,8 +339,22 @@ def _cmd_build(args: argparse.Namespace) -> int:
     result = build(
         args.directory, args.manifest, args.selectors, reporter=ConsoleReporter(), **options
     )
-    _render_build(args, result)
-    return result.exit_code
+    if not args.numerics:
+        _render_build(args, result)
+        return result.exit_code
+    from epbuild.inspect.numerics import NumericsStatus, check_numerics
+    from epbuild.results import Outcome
+
+    built = [a.id for a in result.actions if a.outcome in (Outcome.COMPILED, Outcome.RESTORED)]
+    checks = check_numerics(args.directory, args.manifest, built) if built else []
+    if args.json:
+        print_json({**result.to_json(), "numerics": [c.to_json() for c in checks]})
+    else:
+        _render_build(args, result)
+        for c in checks:
+            print(c.line())
+    failed = any(c.status is NumericsStatus.FAILED for c in checks)
+    return result.exit_code or (1 if failed else 0)
 
 
 def _cmd_status(args: argparse.Namespace) -> int:
@@ -447,7 +474,12 @@ def _cmd_verify(args: argparse.Namespace) -> int:
     from epbuild.inspect.verify import verify_outputs
 
     result = verify_outputs(
-        args.directory, args.manifest, args.selectors, load=args.load, jobs=args.jobs
+        args.directory,
+        args.manifest,
+        args.selectors,
+        load=args.load,
+        numerics=args.numerics,
+        jobs=args.jobs,
     )
     if args.json:
         print_json(result.to_json())
@@ -457,6 +489,9 @@ def _cmd_verify(args: argparse.Namespace) -> int:
     for c in result.loads:
         if c.outcome.value == "not_loadable_here":
             print(f"{c.file}: not loadable here: {c.message}")
+    for n in result.numerics:
+        if n.status.value != "failed":
+            print(n.line())
     passed = sum(1 for c in result.loads if c.outcome.value == "passed")
     loads = f", {passed} loaded and matched the CPU EP" if args.load else ""
     lines = result.lines()

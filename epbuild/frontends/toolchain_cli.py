@@ -39,14 +39,16 @@ def run_toolchains_command(args: argparse.Namespace) -> int:
 
     used = _used(args)
     if args.prune:
-        removed = prune(keep=(used or {}).keys())
+        pruned = prune(keep=(used or {}).keys())
         if args.json:
-            print_json({"removed": removed})
-        for path in removed if not args.json else ():
+            print_json({"removed": pruned.removed, "busy": pruned.busy})
+            return 0
+        for path in pruned.removed:
             print(f"epbuild: removed {path}")
-        if not args.json:
-            kept = "the current manifest's" if used is not None else "no manifest here: none"
-            print(f"epbuild: pruned {len(removed)} ({kept} kept)")
+        for path in pruned.busy:
+            print(f"epbuild: kept {path}: a running build uses it (or is making it)")
+        kept = "the current manifest's" if used is not None else "no manifest here: none"
+        print(f"epbuild: pruned {len(pruned.removed)} ({kept} kept)")
         return 0
     envs = inventory(used)
     if args.json:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 import posixpath
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from epbuild._names import CTX_SUFFIX, model_label
@@ -25,6 +25,10 @@ class ModelDetail:
     source_nodes: int
     cpu_nodes: int
     cpu_op_types: dict[str, int]
+    optimization_level: str | None = None
+    """The level ``graph_optimization_level = "auto"`` chose (None: not auto)."""
+    numerics: dict[str, Any] | None = None
+    """The last ``verify --numerics`` of the model as it is now (its ``--json`` form)."""
 
     def to_json(self) -> dict[str, Any]:
         """The ``--json`` form."""
@@ -68,12 +72,14 @@ def status_detail(
     selectors: list[str] | tuple[str, ...] = (),
 ) -> list[ActionDetail]:
     """Per action and model: EPContext coverage, CPU fallback, sizes, time and memory."""
+    from epbuild.inspect.numerics import Store, last_check
     from epbuild.planning.keys import ORT_KEY
     from epbuild.planning.staleness import make_plan
     from epbuild.planning.workspace import open_workspace
 
     ws = open_workspace(directory, manifest, selectors)
     plans = make_plan(ws.actions, ws.state, ws.keys, ws.stats, ws.root)
+    store = Store(ws.state_dir)
     state = ws.state
     details: list[ActionDetail] = []
     for plan in plans:
@@ -94,6 +100,10 @@ def status_detail(
             _model_detail(a.out_dir, m, name, models.get(model_label(m, name), {}))
             for m, name in zip(a.models, a.names, strict=True)
         ]
+        for i, m in enumerate(d.models):
+            check = None if plan.stale else last_check(ws, a, i, store)
+            if check is not None:
+                d.models[i] = replace(m, numerics=check.to_json())
     return details
 
 
@@ -107,6 +117,7 @@ def _model_detail(out_dir: str, model: str, name: str, info: dict[str, Any]) -> 
         source_nodes=int(info.get("source_nodes", 0)),
         cpu_nodes=int(info.get("cpu_nodes", 0)),
         cpu_op_types=dict(info.get("cpu_op_types", {})),
+        optimization_level=info.get("optimization_level"),
     )
 
 
@@ -142,7 +153,22 @@ def render(details: list[ActionDetail]) -> list[str]:
                 f"  {model_label(m.model, m.name)}: {m.context_nodes} "
                 f"EPContext node(s) from "
                 f"{m.source_nodes} source nodes; on the CPU EP: {cpu}"
+                + (f' (auto: level "{m.optimization_level}")' if m.optimization_level else "")
             )
+            if m.numerics is not None:
+                lines.append(f"    numerics: {numerics_summary(m.numerics)}")
         for path, size in d.files.items():
             lines.append(f"    {path}  {_size(size)}")
     return lines
+
+
+def numerics_summary(doc: dict[str, Any]) -> str:
+    """One line of a recorded numerical check (its ``--json`` form)."""
+    if doc["status"] != "ok":
+        return f"{doc['status']}: {doc['reason']}"
+    outs = doc["outputs"]
+    worst = max(outs, key=lambda o: o["max_rel"] if o["max_rel"] is not None else 1e300)
+    return (
+        f"ok (worst output {worst['name']}: max_abs {worst['max_abs']:.3g}, "
+        f"max_rel {worst['max_rel']:.3g}, cosine {worst['cosine']:.6f})"
+    )

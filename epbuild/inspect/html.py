@@ -1,6 +1,7 @@
 """``epbuild report --html FILE``: one self-contained page (no network) showing the last
 build's timeline and a table per action: outcome, compile seconds, peak memory, binary
-sizes, nodes compiled vs. left on the CPU EP, cache hit or miss.
+sizes, nodes compiled vs. left on the CPU EP, cache hit or miss, and each model's last
+numerical check.
 
 The table is rendered here (readable without JavaScript); the timeline is drawn by a small
 inline script from the trace the last build left in the state directory.
@@ -16,7 +17,7 @@ from typing import Any
 from epbuild._names import CTX_SUFFIX, TRACE_NAME
 from epbuild.engine.memory import format_bytes
 from epbuild.engine.trace import KINDS, load_trace
-from epbuild.inspect.detail import COMPILER_NAMES, ActionDetail, status_detail
+from epbuild.inspect.detail import COMPILER_NAMES, ActionDetail, numerics_summary, status_detail
 
 _CSS = """
 body{font:14px/1.4 system-ui,sans-serif;margin:24px;color:#222}
@@ -110,7 +111,7 @@ def _row(d: ActionDetail) -> str:
     e = html.escape
     if not d.built:
         state = '<span class="never">never built</span>'
-        cells = ["—"] * 5
+        cells = ["—"] * 6
     else:
         state = (
             '<span class="stale">stale</span>' if d.stale else '<span class="ok">up to date</span>'
@@ -130,6 +131,12 @@ def _row(d: ActionDetail) -> str:
             f"{compiled} EPContext <small>from {source} nodes</small> / {cpu} on CPU"
             + (f" <small>({ops})</small>" if ops else ""),
             '<span class="hit">hit</span>' if d.restored else "miss",
+            "<br>".join(
+                f"{e(m.name)}: {e(numerics_summary(m.numerics))}"
+                for m in d.models
+                if m.numerics is not None
+            )
+            or "—",
         ]
     how = "" if not d.built else (" (restored)" if d.restored else " (compiled)")
     if d.built and d.compiler:
@@ -167,7 +174,8 @@ style-src 'unsafe-inline'; script-src 'unsafe-inline'; img-src data:">
 <h2>Actions</h2>
 <table>
 <thead><tr><th>action</th><th>outcome</th><th>compile s</th><th>peak memory</th>
-<th>binary sizes</th><th>nodes compiled / on CPU</th><th>cache</th></tr></thead>
+<th>binary sizes</th><th>nodes compiled / on CPU</th><th>cache</th>
+<th>numerics (last verify --numerics)</th></tr></thead>
 <tbody>
 {rows}
 </tbody></table>

@@ -1,6 +1,6 @@
 """``verify --load``'s subprocess: run one ctx model and its source model on the CPU EP.
 
-Run as ``python -m epbuild.inspect.loadcheck`` from the workspace root with one JSON job on stdin
+Run from the workspace root (which is not on its import path) with one JSON job on stdin
 (``ctx``, ``source``, ``provider``, and ``free_dimensions`` the source runs with). Prints
 one JSON line: ``outcome`` (``passed``, ``failed``, ``not_loadable_here``), ``message`` and
 ``max_error``. A native crash ends the process; the parent reports it.
@@ -35,8 +35,15 @@ _NUMPY_TYPES = {
 }
 
 
-def random_inputs(session: Any, seed: int = SEED) -> dict[str, Any]:
-    """Deterministic random feeds for a session's inputs (symbolic dimensions become 1)."""
+def random_inputs(
+    session: Any,
+    seed: int = SEED,
+    float_range: tuple[float, float] | None = None,
+    int_range: tuple[int, int] = (0, 4),
+) -> dict[str, Any]:
+    """Deterministic random feeds for a session's inputs (symbolic dimensions become 1):
+    floats standard normal (uniform in ``float_range`` when given), integers (token ids,
+    indices) uniform in ``[int_range[0], int_range[1])``."""
     import numpy as np
 
     rng = np.random.default_rng(seed)
@@ -49,7 +56,9 @@ def random_inputs(session: Any, seed: int = SEED) -> dict[str, Any]:
         if dtype == "bool":
             feeds[inp.name] = rng.integers(0, 2, shape).astype(bool)
         elif dtype.startswith(("int", "uint")):
-            feeds[inp.name] = rng.integers(0, 4, shape).astype(dtype)
+            feeds[inp.name] = rng.integers(int_range[0], int_range[1], shape).astype(dtype)
+        elif float_range is not None:
+            feeds[inp.name] = rng.uniform(float_range[0], float_range[1], shape).astype(dtype)
         else:
             feeds[inp.name] = rng.standard_normal(shape).astype(dtype)
     return feeds
@@ -57,22 +66,93 @@ def random_inputs(session: Any, seed: int = SEED) -> dict[str, Any]:
 
 def compare(got: list[Any], want: list[Any]) -> float:
     """Largest absolute difference over all outputs, relative to the largest reference value."""
+    if len(got) != len(want):
+        raise ValueError(f"{len(got)} output(s), the source model {len(want)}")
+    figures = [figures_of(a, b) for a, b in zip(got, want, strict=True)]
+    return max((float(f["max_rel"] or 0.0) for f in figures), default=0.0)
+
+
+def figures_of(got: Any, want: Any) -> dict[str, float | None]:
+    """How far one output is from its reference: ``max_abs``; ``max_rel`` (relative to the
+    largest reference magnitude: element-wise ratios explode where the reference is near 0);
+    ``cosine`` of the flattened tensors; ``argmax``, the share of positions whose argmax
+    over the last axis agrees (integer outputs and float outputs of rank ≥ 2 with a last
+    axis of at least 2: logits-like), else None. A shape mismatch or a non-finite value
+    where the reference is finite gives infinite errors."""
     import numpy as np
 
-    worst = 0.0
-    for a, b in zip(got, want, strict=False):
-        a64, b64 = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
-        if a64.shape != b64.shape:
-            return float("inf")
-        if not a64.size:
-            continue
-        scale = max(float(np.abs(b64).max()), 1e-6)
-        worst = max(worst, float(np.abs(a64 - b64).max()) / scale)
-    return worst
+    a, b = np.asarray(got), np.asarray(want)
+    integer = np.issubdtype(b.dtype, np.integer) or b.dtype == np.bool_
+    a64, b64 = a.astype(np.float64), b.astype(np.float64)
+    if a64.shape != b64.shape:
+        inf = float("inf")
+        return {"max_abs": inf, "max_rel": inf, "cosine": -1.0, "argmax": 0.0}
+    if not a64.size:
+        return {"max_abs": 0.0, "max_rel": 0.0, "cosine": 1.0, "argmax": None}
+    with np.errstate(invalid="ignore", over="ignore"):
+        diff = np.abs(a64 - b64)
+        diff[np.isnan(a64) & np.isnan(b64)] = 0.0
+        diff[np.isnan(diff)] = np.inf
+        max_abs = float(diff.max())
+        scale = max(float(np.abs(b64[np.isfinite(b64)]).max(initial=0.0)), 1e-6)
+        na, nb = float(np.linalg.norm(a64)), float(np.linalg.norm(b64))
+        if not (np.isfinite(na) and np.isfinite(nb)):
+            cosine = -1.0
+        elif na == 0.0 or nb == 0.0:
+            cosine = 1.0 if na == nb else 0.0
+        else:
+            cosine = float(np.dot(a64.ravel(), b64.ravel()) / (na * nb))
+    argmax: float | None = None
+    if integer:
+        argmax = float(np.mean(a64 == b64))
+    elif a64.ndim >= 2 and a64.shape[-1] >= 2:
+        argmax = float(np.mean(np.argmax(a64, axis=-1) == np.argmax(b64, axis=-1)))
+    return {"max_abs": max_abs, "max_rel": max_abs / scale, "cosine": cosine, "argmax": argmax}
+
+
+def _worst(into: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
+    """The worse of two samples' figures for one output."""
+    if not into:
+        return dict(new)
+    out = dict(into)
+    out["max_abs"] = max(into["max_abs"], new["max_abs"])
+    out["max_rel"] = max(into["max_rel"], new["max_rel"])
+    out["cosine"] = min(into["cosine"], new["cosine"])
+    if into["argmax"] is not None and new["argmax"] is not None:
+        out["argmax"] = min(into["argmax"], new["argmax"])
+    return out
+
+
+def samples(session: Any, job: dict[str, Any]) -> list[dict[str, Any]]:
+    """The feeds to compare on: one per ``.npz`` file the job names (each holds every input
+    by name), else one seeded random feed."""
+    import numpy as np
+
+    files = job.get("inputs") or []
+    if not files:
+        low_high = job.get("float_range")
+        return [
+            random_inputs(
+                session,
+                int(job.get("seed", SEED)),
+                tuple(low_high) if low_high else None,
+                tuple(job.get("int_range", (0, 4))),
+            )
+        ]
+    wanted = {i.name: _NUMPY_TYPES.get(i.type) for i in session.get_inputs()}
+    feeds = []
+    for path in files:
+        with np.load(path, allow_pickle=False) as data:
+            missing = sorted(set(wanted) - set(data.files))
+            if missing:
+                raise ValueError(f"{path} has no array named {missing[0]!r} (an input)")
+            feeds.append({n: data[n].astype(t) if t else data[n] for n, t in wanted.items()})
+    return feeds
 
 
 def check(job: dict[str, Any]) -> dict[str, Any]:
-    """Load the ctx model, run it and the source on the CPU EP, compare."""
+    """Load the ctx model, run it and the source on the CPU EP on the same feeds, compare
+    each output."""
     import onnxruntime as ort
 
     from epbuild.errors import EpbuildError, ProviderUnavailableError
@@ -85,23 +165,36 @@ def check(job: dict[str, Any]) -> dict[str, Any]:
     for dim, value in job.get("free_dimensions", {}).items():
         so.add_free_dimension_override_by_name(dim, value)
     cpu = ort.InferenceSession(job["source"], so, providers=["CPUExecutionProvider"])
-    feeds = random_inputs(cpu)
-    want = cpu.run(None, feeds)
+    names = [o.name for o in cpu.get_outputs()]
+    feeds = samples(cpu, job)
+    figures: dict[str, dict[str, Any]] = {}
     try:
         with open_models([job["ctx"]], config) as built:
-            got = built.run(built.names[0], feeds)
+            for feed in feeds:
+                want = cpu.run(None, feed)
+                got = built.run(built.names[0], feed)
+                if len(got) != len(want):
+                    return {
+                        "outcome": "failed",
+                        "message": f"the ctx model has {len(got)} output(s), its source "
+                        f"model {len(want)}",
+                    }
+                for name, a, b in zip(names, got, want, strict=True):
+                    figures[name] = _worst(figures.get(name, {}), figures_of(a, b))
     except ProviderUnavailableError as exc:
         return {"outcome": "not_loadable_here", "message": exc.message}
     except EpbuildError as exc:
         return {"outcome": "failed", "message": _explain(exc.message)}
-    err = compare(got, want)
+    outputs = [{"name": n, **figures[n]} for n in names]
+    err = max((o["max_rel"] for o in outputs), default=0.0)
+    result = {"max_error": err, "outputs": outputs, "samples": len(feeds)}
     if err > RTOL:
         return {
+            **result,
             "outcome": "failed",
-            "max_error": err,
             "message": f"outputs differ from the CPU EP by {err:.3g} (relative; allowed {RTOL:g})",
         }
-    return {"outcome": "passed", "max_error": err, "message": ""}
+    return {**result, "outcome": "passed", "message": ""}
 
 
 def _explain(message: str) -> str:

@@ -11,31 +11,36 @@ the EP would compile at load is not a working ctx model.
 
 from __future__ import annotations
 
+import contextvars
 import enum
 import json
 import os
 import re
 import signal
 import subprocess
-import sys
-from collections.abc import Callable
 from concurrent.futures import Executor, Future
 from contextlib import nullcontext
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from epbuild.errors import ToolchainError, UserError
+from epbuild.executors.local import own_command
 from epbuild.fs import digest_file
+from epbuild.inspect.numerics import NumericsCheck, NumericsStatus, Store, check_action
 from epbuild.inspect.ortcompat import OrtCompatibility, ort_compatibility
 from epbuild.onnx.context import (
     COMPAT_PREFIX,
+    MachinePaths,
     Problem,
     Severity,
     SourceText,
     context_problems,
+    machine_paths,
+    needle_problem,
     path_problems,
     scan_needles,
     source_text,
+    toolchain_dirs,
 )
 from epbuild.onnx.proto import ModelInfo, ProtoError, read_model
 from epbuild.planning.actions import Action
@@ -66,10 +71,12 @@ class LoadCheck:
     max_error: float | None = None
     crashed: bool = False
     """The loader process died from a signal (a native crash)."""
+    outputs: list[dict[str, Any]] | None = None
+    """Per output of the model, its figures against the source (``loadcheck.figures_of``)."""
 
     def to_json(self) -> dict[str, Any]:
         """The ``--json`` form."""
-        doc = {k: v for k, v in asdict(self).items() if k != "crashed"}
+        doc = {k: v for k, v in asdict(self).items() if k not in ("crashed", "outputs")}
         return {**doc, "outcome": self.outcome.value}
 
 
@@ -83,12 +90,19 @@ class VerifyResult:
     loads: list[LoadCheck] = field(default_factory=list)
     ort: list[OrtCompatibility] = field(default_factory=list)
     """ONNX Runtime's verdict per checked ctx model (its problems are in ``problems``)."""
+    numerics: list[NumericsCheck] = field(default_factory=list)
+    """``--numerics``: each ctx model's figures against its source."""
 
     @property
     def ok(self) -> bool:
-        """No error (warnings are fine), and no load check failed."""
+        """No error (warnings are fine), and no load or numerical check failed."""
         errors = [p for p in self.problems if p.severity is Severity.ERROR]
-        return not errors and all(c.outcome is not LoadOutcome.FAILED for c in self.loads)
+        failed = any(c.status is NumericsStatus.FAILED for c in self.numerics)
+        return (
+            not errors
+            and not failed
+            and all(c.outcome is not LoadOutcome.FAILED for c in self.loads)
+        )
 
     def lines(self) -> list[str]:
         """Every problem and failed load, one line each."""
@@ -99,6 +113,7 @@ class VerifyResult:
         out += [
             f"{c.file}: load: {c.message}" for c in self.loads if c.outcome is LoadOutcome.FAILED
         ]
+        out += [c.line() for c in self.numerics if c.status is NumericsStatus.FAILED]
         return out
 
     def to_json(self) -> dict[str, Any]:
@@ -109,6 +124,7 @@ class VerifyResult:
             "problems": [p.to_json() for p in self.problems],
             "loads": [c.to_json() for c in self.loads],
             "ort_compatibility": [self._ort_json(c) for c in self.ort],
+            "numerics": [c.to_json() for c in self.numerics],
         }
 
     def _ort_json(self, check: OrtCompatibility) -> dict[str, Any]:
@@ -127,57 +143,69 @@ def verify_outputs(
     selectors: list[str] | tuple[str, ...] = (),
     *,
     load: bool = False,
+    numerics: bool = False,
     jobs: int | None = None,
 ) -> VerifyResult:
     """Check every selected action's built outputs; with ``load``, also run them, ``jobs``
-    loader processes at once (default: the workspace's ``jobs``)."""
+    loader processes at once (default: the workspace's ``jobs``); with ``numerics``, compare
+    each one's outputs with its source's (``epbuild.inspect.numerics``)."""
     from concurrent.futures import ThreadPoolExecutor
 
-    ws = open_workspace(directory, manifest, selectors)
-    result = VerifyResult()
     if jobs is not None and jobs < 1:
         raise UserError("--jobs must be at least 1")
+    ws = open_workspace(directory, manifest, selectors)
+    result = VerifyResult()
+    store = Store(ws.state_dir) if numerics else None
     workers = jobs or ws.manifest.workspace.jobs
     with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="epbuild-load") as pool:
-        finishing = _check_actions(ws, result, pool if load else None)
-        for toolchain, finish in finishing:  # in action order, whichever loader ends first
-            with scanning(toolchain.sites) if isinstance(toolchain, Toolchain) else nullcontext():
-                result.loads.extend(finish())
+        loads = _check_actions(ws, result, store, pool if load else None)
+        result.loads.extend(f.result() for f in loads)  # in action order
+    if store is not None:
+        store.save(ws)
     return result
 
 
-_Finish = Callable[[], list["LoadCheck"]]
-
-
 def _check_actions(
-    ws: Workspace, result: VerifyResult, pool: Executor | None
-) -> list[tuple[Toolchain | str | None, _Finish]]:
-    """Check each action's outputs into ``result``; with a ``pool``, start their loads there
-    and return, per action, what collects its load checks."""
-    finishing: list[tuple[Toolchain | str | None, _Finish]] = []
+    ws: Workspace, result: VerifyResult, store: Store | None, pool: Executor | None
+) -> list[Future[LoadCheck]]:
+    """Check each action's outputs (and numerics) into ``result``; with a ``pool``, start
+    the loads of its ctx models there."""
+    machine = machine_paths(ws.root)
+    loads: list[Future[LoadCheck]] = []
     for action in ws.actions:
         rec = ws.state.records.get(action.id)
         if rec is None or action.id in ws.state.interrupted:
+            damage = ws.state.damaged.get(action.id)
             what = "was interrupted" if rec else "has not been built"
+            what = f"is stale: {damage.reason()}" if damage else what
             result.problems.append(
                 Problem(action.out_dir, f"action {action.id} {what}; run 'epbuild build'")
             )
             continue
-        _check_outputs(ws, {p: (o.size, o.digest) for p, o in rec.outputs.items()}, result)
+        changed = _check_outputs(
+            ws, {p: (o.size, o.digest) for p, o in rec.outputs.items()}, result
+        )
+        warning = ws.record_damage(action.id, changed, "verify")
+        if warning is not None:
+            result.problems.append(Problem(action.out_dir, warning, severity=Severity.WARNING))
         toolchain = _toolchain(ws, action)
         # The adapter's view of the EP (its package, the metadata it writes) is the
         # toolchain's, for a provider that has one.
-        with scanning(toolchain.sites) if isinstance(toolchain, Toolchain) else nullcontext():
+        own = toolchain if isinstance(toolchain, Toolchain) else None
+        with scanning(own.sites) if own is not None else nullcontext():
             text = source_text(ws.root, action.models)
+            paths = machine.with_dirs(toolchain_dirs(own))
             infos = []
             for ctx in action.ctx_paths:
                 result.checked.append(ctx)
-                infos.append(_check_ctx(ws, action, ctx, text, result))
+                infos.append(_check_ctx(ws, action, ctx, (text, paths), result))
             if action.group.share_weights:
                 _check_sharing(action, infos, result)
             if pool is not None:
-                finishing.append((toolchain, _load_checks(ws, action, toolchain, pool)))
-    return finishing
+                loads += _load_checks(ws, action, toolchain, pool)
+            if store is not None and not changed:
+                result.numerics.extend(check_action(ws, action, toolchain, store))
+    return loads
 
 
 def _toolchain(ws: Workspace, action: Action) -> Toolchain | str | None:
@@ -191,9 +219,11 @@ def _toolchain(ws: Workspace, action: Action) -> Toolchain | str | None:
 
 def _check_outputs(
     ws: Workspace, outputs: dict[str, tuple[int, str]], result: VerifyResult
-) -> None:
+) -> dict[str, str]:
     """Each recorded output exists with its recorded digest and holds no (long) workspace
-    path: one streamed read per file (see `epbuild.onnx.context.LONG_PATH_MIN`)."""
+    path: one streamed read per file (see `epbuild.onnx.context.LONG_PATH_MIN`). Returns
+    the outputs whose bytes differ (path → recorded digest)."""
+    changed: dict[str, str] = {}
     needles = scan_needles(ws.root)
     for rel, (size, digest) in sorted(outputs.items()):
         full = os.path.join(ws.root, rel)
@@ -206,20 +236,25 @@ def _check_outputs(
             result.problems.append(Problem(rel, f"cannot be read ({exc.strerror})"))
             continue
         if found.size != size or found.sha256 != digest:
+            changed[rel] = digest
             result.problems.append(
                 Problem(rel, "content does not match the digest recorded by the build")
             )
-        if found.found is not None:
-            leak = found.found.decode(errors="replace").rstrip("/" + os.sep)
-            result.problems.append(
-                Problem(rel, f"contains the absolute path {leak!r} of this machine")
-            )
+        leak = needle_problem(rel, found.found)
+        if leak is not None:
+            result.problems.append(leak)
+    return changed
 
 
 def _check_ctx(
-    ws: Workspace, action: Action, ctx: str, text: SourceText, result: VerifyResult
+    ws: Workspace,
+    action: Action,
+    ctx: str,
+    text: tuple[SourceText, MachinePaths],
+    result: VerifyResult,
 ) -> ModelInfo | None:
-    """Every rule for one ctx model; returns it read (None: missing or unreadable)."""
+    """Every rule for one ctx model (``text``: its sources' text and the build machine's
+    paths); returns it read (None: missing or unreadable)."""
     full = os.path.join(ws.root, ctx)
     if not os.path.isfile(full):
         result.problems.append(Problem(ctx, "ctx model is missing"))
@@ -233,7 +268,7 @@ def _check_ctx(
     result.problems += context_problems(
         ws.root, ctx, info, action.provider, action.group.embed_mode, out_dir
     )
-    result.problems += path_problems(ctx, info, text)
+    result.problems += path_problems(ctx, info, *text)
     verdict = ort_compatibility(ctx, full, action.provider)
     result.ort.append(verdict)
     problem = verdict.problem()
@@ -255,42 +290,49 @@ def _check_sharing(action: Action, infos: list[ModelInfo | None], result: Verify
 
 def _load_checks(
     ws: Workspace, action: Action, toolchain: Toolchain | str | None, pool: Executor
-) -> _Finish:
-    """Start the loader of each of the action's ctx models in ``pool``; the returned function
-    waits for them and judges each outcome (in the toolchain's ``scanning`` context)."""
+) -> list[Future[LoadCheck]]:
+    """Start the load checks of the action's ctx models in ``pool``, each in a copy of this
+    thread's context (the toolchain's ``scanning`` view of the EP goes along)."""
+    return [
+        pool.submit(contextvars.copy_context().run, load_check, ws, action, i, toolchain)
+        for i in range(len(action.ctx_paths))
+    ]
+
+
+def load_check(
+    ws: Workspace,
+    action: Action,
+    index: int,
+    toolchain: Toolchain | str | None,
+    extra: dict[str, Any] | None = None,
+) -> LoadCheck:
+    """Run the ``index``-th ctx model of ``action`` and its source on the same feeds in a
+    loader process (``extra``: more of the job, e.g. the numerics inputs)."""
     adapter = get_provider(action.provider.ep)
     load_problem = getattr(adapter, "load_problem", None)
     reason = load_problem(action.provider, action.group.share_weights) if load_problem else None
     if isinstance(toolchain, str):
         reason = f"its toolchain is not usable here: {toolchain}"
+    ctx = action.ctx_paths[index]
     if reason:
-        skipped = [LoadCheck(ctx, LoadOutcome.NOT_LOADABLE, reason) for ctx in action.ctx_paths]
-        return lambda: skipped
-    running: list[tuple[str, Future[LoadCheck]]] = []
-    for model, ctx, dims in zip(
-        action.models, action.ctx_paths, action.free_dimensions, strict=True
-    ):
-        job = {"ctx": ctx, "source": model, "provider": action.provider.to_json()}
-        if dims:  # the source runs at the shapes the ctx model was compiled for
-            job["free_dimensions"] = dims
-        running.append((ctx, pool.submit(_run_loader, ws.root, ctx, job, toolchain)))
-    return lambda: [_judge(fut.result(), adapter, action, load_problem) for _, fut in running]
-
-
-def _judge(check: LoadCheck, adapter: Any, action: Action, load_problem: Any) -> LoadCheck:
-    """A loader's outcome, with the EP's known limits on this host said as such."""
+        return LoadCheck(ctx, LoadOutcome.NOT_LOADABLE, reason)
     explain = getattr(adapter, "explain_load_failure", None)
+    job = {"ctx": ctx, "source": action.models[index], "provider": action.provider.to_json()}
+    dims = action.free_dimensions[index]
+    if dims:  # the source runs at the shapes the ctx model was compiled for
+        job["free_dimensions"] = dims
+    check = _run_loader(ws.root, ctx, {**job, **(extra or {})}, toolchain)
     failed = check.outcome is LoadOutcome.FAILED
     why = explain(action.provider, check.message) if explain and failed else None
     if why:  # a known limit of the EP's package, not a bad build
-        return LoadCheck(check.file, LoadOutcome.NOT_LOADABLE, why)
-    # Where the adapter says this host is not the target (QNN on x86_64 runs contexts in an
-    # emulation), a native crash of the loader is the host's limit, not a bad build; a
-    # corrupt context still fails with an error or wrong numbers.
+        check = LoadCheck(ctx, LoadOutcome.NOT_LOADABLE, why)
+    # Where the adapter says this host is not the target (QNN on x86_64 runs contexts in
+    # an emulation), a native crash of the loader is the host's limit, not a bad build;
+    # a corrupt context still fails with an error or wrong numbers.
     emulated = load_problem is not None and load_problem(action.provider, True) is not None
     if check.crashed and emulated:
-        return LoadCheck(
-            check.file,
+        check = LoadCheck(
+            ctx,
             LoadOutcome.NOT_LOADABLE,
             f"{check.message}; this host cannot load it, check it on the target",
         )
@@ -300,7 +342,7 @@ def _judge(check: LoadCheck, adapter: Any, action: Action, load_problem: Any) ->
 def _run_loader(
     root: str, ctx: str, job: dict[str, Any], toolchain: Toolchain | str | None
 ) -> LoadCheck:
-    command = [sys.executable, "-m", "epbuild.inspect.loadcheck"]
+    command = own_command("epbuild.inspect.loadcheck")
     if isinstance(toolchain, Toolchain):
         command = boot_command(toolchain.python, "epbuild.inspect.loadcheck")
     try:
@@ -324,7 +366,8 @@ def _run_loader(
         return LoadCheck(ctx, LoadOutcome.FAILED, why, crashed=proc.returncode < 0)
     data = json.loads(lines[-1])
     outcome = LoadOutcome(data["outcome"])
-    return LoadCheck(ctx, outcome, data.get("message", ""), data.get("max_error"))
+    outputs = data.get("outputs")
+    return LoadCheck(ctx, outcome, data.get("message", ""), data.get("max_error"), outputs=outputs)
 
 
 _NOISE = re.compile(r"\[W:onnxruntime|LIBNATIVE|\x1b\[")

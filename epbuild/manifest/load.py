@@ -32,6 +32,7 @@ from epbuild.manifest.model import (
     Group,
     Manifest,
     ModelEntry,
+    NumericsSettings,
     PackageSettings,
     WorkspaceSettings,
 )
@@ -306,7 +307,11 @@ def _group(
     base = ("groups", name)
     _check_group_providers(where, base, table["providers"], providers)
     excluded = (workspace.out_dir, workspace.state_dir)
-    entries, patterns = _group_models(where, root, base, table["models"], excluded, problems)
+    numerics = table.get("numerics", {})
+    _numerics(where, (*base, "numerics"), numerics)  # reported at the group's table
+    entries, patterns = _group_models(
+        where, root, base, table["models"], excluded, problems, numerics
+    )
     share = table.get("share_weights", False)
     embed = table.get("embed_mode", 0)
     if share and embed == 1:
@@ -443,6 +448,7 @@ def _group_models(
     entries: list[str | dict[str, Any]],
     excluded: tuple[str, ...],
     problems: dict[str, ManifestError],
+    numerics: dict[str, Any],
 ) -> tuple[tuple[ModelEntry, ...], tuple[str, ...]]:
     """A group's models (globs expanded) and the normalised glob patterns among its entries.
 
@@ -468,6 +474,9 @@ def _group_models(
                 f"a name is for one model, but {raw!r} is a pattern",
                 "list the model by its path to name it, or leave the name out",
             )
+        own = table.get("numerics", {}) if table is not None else {}
+        settings = _numerics(where, (*at, "numerics") if own else (*base, "numerics"),
+                             {**numerics, **own})  # fmt: skip
         expanded = _expand(root, pattern, excluded)
         if not expanded:
             raise where.error(
@@ -485,10 +494,44 @@ def _group_models(
                     name=name or model_stem(model),
                     free_dimensions=dict(table.get("free_dimensions", {})) if table else {},
                     index=index if table is not None else None,
+                    numerics=settings,
                 )
             )
     _check_names(where, path, models)
     return tuple(models), tuple(patterns)
+
+
+def _numerics(where: Where, path: tuple[str, ...], raw: dict[str, Any]) -> NumericsSettings:
+    """A ``numerics`` table (the schema checked its types)."""
+    ranges: dict[str, tuple[float, float]] = {}
+    for name in ("float_range", "int_range"):
+        value = raw.get(name)
+        if value is None:
+            continue
+        integer = name == "int_range"
+        if (
+            len(value) != 2
+            or value[0] >= value[1]
+            or (integer and not all(isinstance(v, int) for v in value))
+        ):
+            kind = "integers" if integer else "numbers"
+            raise where.error(
+                (*path, name),
+                f"must be [low, high] with low < high ({kind})",
+                f"write e.g. {name} = {'[0, 32000]' if integer else '[-1.0, 1.0]'}",
+            )
+        ranges[name] = (value[0], value[1])
+    inputs = raw.get("inputs", [])
+    inputs = [inputs] if isinstance(inputs, str) else inputs
+    return NumericsSettings(
+        rtol=raw.get("rtol"),
+        atol=raw.get("atol"),
+        min_cosine=raw.get("min_cosine"),
+        inputs=tuple(_rel(where, i, (*path, "inputs"), "numerics input") for i in inputs),
+        seed=raw.get("seed", 0),
+        float_range=ranges.get("float_range"),
+        int_range=tuple(ranges.get("int_range", (0, 4))),  # type: ignore[arg-type]
+    )
 
 
 def _check_names(where: Where, path: tuple[str, ...], models: list[ModelEntry]) -> None:

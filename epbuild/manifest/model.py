@@ -71,6 +71,39 @@ SESSION_SETTINGS = CompileSettings("session", DEFAULT_OPTIMIZATION_LEVEL, False)
 
 
 @dataclass(frozen=True)
+class NumericsSettings:
+    """The ``numerics`` table of a group or model entry: how ``verify --numerics`` compares a
+    ctx model with its source (unset tolerances: the EP's defaults)."""
+
+    rtol: float | None = None
+    """Allowed max |ctx - source| relative to the largest |source| value of the output."""
+    atol: float | None = None
+    """Allowed max |ctx - source| (an output passes when within atol or rtol)."""
+    min_cosine: float | None = None
+    """Smallest allowed cosine similarity of an output to the source's."""
+    inputs: tuple[str, ...] = ()
+    """Workspace-relative ``.npz`` files or globs, one sample feed each (inputs by name);
+    none: one seeded random feed."""
+    seed: int = 0
+    float_range: tuple[float, float] | None = None
+    """Random float inputs uniform in [low, high); None: standard normal."""
+    int_range: tuple[int, int] = (0, 4)
+    """Random integer inputs (token ids, indices) uniform in [low, high)."""
+
+    def to_json(self) -> dict[str, Any]:
+        """The form a check's key and its job hold."""
+        return {
+            "rtol": self.rtol,
+            "atol": self.atol,
+            "min_cosine": self.min_cosine,
+            "inputs": list(self.inputs),
+            "seed": self.seed,
+            "float_range": list(self.float_range) if self.float_range else None,
+            "int_range": list(self.int_range),
+        }
+
+
+@dataclass(frozen=True)
 class ModelEntry:
     """One model of a group: its source file, the name its outputs take, and its own
     free-dimension overrides (``{ path = ..., name = ..., free_dimensions = {...} }``)."""
@@ -84,6 +117,8 @@ class ModelEntry:
     index: int | None = None
     """Position in the manifest's ``models`` array when written as a table; None for a
     plain string (or glob) entry."""
+    numerics: NumericsSettings = field(default_factory=NumericsSettings)
+    """The group's ``numerics`` with the entry's own on top."""
 
     @property
     def key(self) -> str:

@@ -22,6 +22,48 @@ _FREE_DIMENSIONS = {
     "{ batch = 1, sequence_length = 128 }: ONNX Runtime's free dimension overrides.",
 }
 
+_RANGE = {"type": "array", "minItems": 2, "items": {"type": "number"}}
+NUMERICS: dict[str, Any] = {
+    "type": "object",
+    "additionalProperties": False,
+    "description": "How 'verify --numerics' compares the ctx model with its source.",
+    "properties": {
+        "rtol": {
+            "type": "number",
+            "minimum": 0,
+            "description": "Allowed max |ctx - source| relative to the output's largest "
+            "|source| value (default: the EP's; HTP computes in fp16).",
+        },
+        "atol": {
+            "type": "number",
+            "minimum": 0,
+            "description": "Allowed max |ctx - source| (within atol or rtol passes).",
+        },
+        "min_cosine": {
+            "type": "number",
+            "minimum": -1,
+            "maximum": 1,
+            "description": "Smallest allowed cosine similarity of each output.",
+        },
+        "inputs": {
+            "type": ["string", "array"],
+            "items": {"type": "string", "minLength": 1},
+            "minLength": 1,
+            "description": ".npz sample inputs (paths or globs relative to the manifest), "
+            "one feed each, inputs by name; default: one seeded random feed.",
+        },
+        "seed": {"type": "integer", "minimum": 0, "description": "Seed of random inputs."},
+        "float_range": {
+            **_RANGE,
+            "description": "[low, high): random float inputs (default standard normal).",
+        },
+        "int_range": {
+            **_RANGE,
+            "description": "[low, high): random integer inputs such as token ids (default [0, 4]).",
+        },
+    },
+}
+
 # The compile settings a provider table and a group table both take (a group's win).
 COMPILE_PROPERTIES: dict[str, Any] = {
     "compiler": {
@@ -32,8 +74,10 @@ COMPILE_PROPERTIES: dict[str, Any] = {
     },
     "graph_optimization_level": {
         "type": "string",
-        "enum": ["disabled", "basic", "extended", "all"],
-        "description": "ONNX Runtime graph optimisations before partitioning (default all).",
+        "enum": ["disabled", "basic", "extended", "all", "auto"],
+        "description": "ONNX Runtime graph optimisations before partitioning (default all). "
+        "auto: all, and where nodes fall back to the CPU EP also basic and disabled, keeping "
+        "the result with the fewest CPU nodes, then the fewest EPContext nodes.",
     },
     "disable_cpu_ep_fallback": {
         "type": "boolean",
@@ -202,6 +246,11 @@ SCHEMA: dict[str, Any] = {
                                     "description": "This model's free dimension values, "
                                     "over the group's.",
                                 },
+                                "numerics": {
+                                    **NUMERICS,
+                                    "description": "This model's numerics settings, over "
+                                    "the group's.",
+                                },
                             },
                         },
                         "description": "Model paths relative to the manifest (globs "
@@ -237,6 +286,7 @@ SCHEMA: dict[str, Any] = {
                         "description": "Give models to ONNX Runtime by path (default) or bytes.",
                     },
                     "free_dimensions": _FREE_DIMENSIONS,
+                    "numerics": NUMERICS,
                     **COMPILE_PROPERTIES,
                 },
             },
@@ -322,9 +372,19 @@ def _describe(value: Any) -> str:
     return _TYPE_NAMES.get(type(value), type(value).__name__)
 
 
+def _matches(pattern: str, value: str) -> bool:
+    """JSON Schema's ``pattern`` (ECMA-262 semantics): a search, where ``$`` matches only at
+    the very end. Python's ``$`` also matches before a final newline, which let a group
+    named ``"main\\n"`` through."""
+    import re
+
+    if pattern.endswith("$") and not pattern.endswith("\\$"):
+        pattern = pattern[:-1] + "\\Z"
+    return re.search(pattern, value) is not None
+
+
 def validate(value: Any, schema: dict[str, Any] = SCHEMA, path: tuple[str, ...] = ()) -> None:
     """Raise ``SchemaViolation`` for the first place ``value`` breaks ``schema``."""
-    import re
 
     if "type" in schema and not _type_ok(value, schema["type"]):
         wanted = schema["type"] if isinstance(schema["type"], str) else " or ".join(schema["type"])
@@ -339,7 +399,7 @@ def validate(value: Any, schema: dict[str, Any] = SCHEMA, path: tuple[str, ...] 
             raise SchemaViolation(path, f"must be at most {schema['maximum']}")
     if isinstance(value, str) and len(value) < schema.get("minLength", 0):
         raise SchemaViolation(path, "must not be empty")
-    if isinstance(value, str) and "pattern" in schema and not re.match(schema["pattern"], value):
+    if isinstance(value, str) and "pattern" in schema and not _matches(schema["pattern"], value):
         raise SchemaViolation(path, f"{json.dumps(value)} is not a valid name", _NAME_HINT)
     if isinstance(value, list):
         if len(value) < schema.get("minItems", 0):
@@ -353,7 +413,7 @@ def validate(value: Any, schema: dict[str, Any] = SCHEMA, path: tuple[str, ...] 
                 raise SchemaViolation((*path, req), "is required")
         pattern = schema.get("propertyNames", {}).get("pattern")
         for key, item in value.items():
-            if pattern and not re.match(pattern, key):
+            if pattern and not _matches(pattern, key):
                 raise SchemaViolation((*path, key), "is not a valid name", _NAME_HINT)
             if key in props:
                 validate(item, props[key], (*path, key))

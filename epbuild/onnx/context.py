@@ -11,8 +11,9 @@ have their documented types; some node holds the main context; ``embed_mode`` is
 manifest asks; ``ep_cache_context`` is a path for ``embed_mode = 0`` (the reference rule) and
 the context itself for ``embed_mode = 1``; external data stays inside the output directory and
 in bounds; ``source`` and ``ep_compatibility_info.<key>`` are what the provider writes and
-accepts; and no text field of a ctx model holds an absolute path (``path_problems``; opaque
-bytes are scanned only for a long workspace path, see ``LONG_PATH_MIN``).
+accepts; and no free text of a ctx model names a directory of the build machine
+(``path_problems``: names are identifiers, never paths; opaque bytes are scanned only for a
+long workspace path, see ``LONG_PATH_MIN``).
 """
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ import hashlib
 import os
 import posixpath
 import re
+import sys
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -30,6 +33,7 @@ from epbuild.fs import CHUNK, reference_problem
 if TYPE_CHECKING:
     from epbuild.onnx.proto import ContextNode, ExternalRef, ModelInfo, StringField
     from epbuild.providers.base import Provider, ProviderConfig
+    from epbuild.toolchains.env import Toolchain
 
 # EPContext attribute types from the EPContext design: int64 or string.
 _INT_ATTRS = frozenset({"main_context", "embed_mode", "max_size", "is_multi_soc_ep_context"})
@@ -356,7 +360,29 @@ def report_problems(
             "EPContext node names were not prefixed"
         )
         problems.append(Problem(model, note, severity=Severity.WARNING))
+    split = split_warning(report)
+    if split:
+        problems.append(Problem(model, f"{model}: {split}", severity=Severity.WARNING))
     return problems
+
+
+def split_warning(report: dict[str, Any]) -> str | None:
+    """A warning when the EP split a model's graph: more than one EPContext node, with the
+    nodes ONNX Runtime left on the CPU EP (between or around them) named by op type."""
+    contexts = report.get("context_nodes", 0)
+    if not isinstance(contexts, int) or contexts < 2:
+        return None
+    ops = report.get("cpu_op_types") or {}
+    cpu = ", ".join(f"{op} x{n}" for op, n in sorted(ops.items())) or "none"
+    level = report.get("optimization_level")
+    if level is None:
+        advice = 'try graph_optimization_level = "auto", or rewrite those ops'
+    else:
+        advice = f'"auto" kept level {level} (no level left fewer); rewrite those ops'
+    return (
+        f"the graph is split into {contexts} EPContext nodes; on the CPU EP: {cpu}. "
+        f"Each split costs a round trip to the CPU: {advice}"
+    )
 
 
 # ---------------------------------------------------------------------------------------
@@ -382,7 +408,17 @@ def context_problems(
 
 
 # ---------------------------------------------------------------------------------------
-# Absolute paths: where one can be written, and what a byte scan may look for
+# Paths of the build machine: where one can be written, and what a byte scan may look for
+#
+# Three kinds of string in a ctx model, three rules:
+# - references (embed_mode 0 ``ep_cache_context``, external-data ``location``,
+#   ``onnx_model_filename``) name a file beside the model: the strict reference rule;
+# - names (of nodes, graphs, tensors; ``partition_name``) are identifiers, never paths:
+#   ORT derives names such as ``/MatMulAddFusion`` or ``/model/layers.0/MatMul_token_3``;
+# - free text (doc strings, metadata values, other string attributes) may quote any path
+#   (``/usr/lib/...`` in a stack trace is no one's secret); only the build machine's own
+#   directories (`MachinePaths`) are a leak there.
+# Opaque bytes (context binaries, initializers) are scanned only for a long workspace path.
 
 
 LONG_PATH_MIN = 16
@@ -391,7 +427,7 @@ for. Context binaries and initializers are hundreds of MB of arbitrary bytes: a 
 string such as ``/w/`` occurs in them by chance (a 3-byte string about once per 16 MB of
 random bytes), so a scan for it would fail a good build forever. A string of 16 bytes
 occurs by chance about once per 2**128 bytes: never. Shorter workspace paths get no byte
-scan; the string fields of the ctx models (`path_problems`) are checked whatever the length.
+scan; the text fields of the ctx models (`path_problems`) are checked whatever the length.
 """
 
 _ABSOLUTE = re.compile(
@@ -400,7 +436,104 @@ _ABSOLUTE = re.compile(
     r"""[^\s'"<>|,;)\]}]*"""
 )
 _REFERENCE_ATTRS = frozenset({"attribute onnx_model_filename"})
-"""String fields that name a file next to the model, so ``..`` is refused there too."""
+"""String fields that name a file next to the model: the reference rule, not free text."""
+_NAME_FIELDS = frozenset({"name", "attribute partition_name"})
+"""String fields that are identifiers: never checked as paths."""
+SHARED_ROOTS = frozenset(
+    {
+        "/", "/bin", "/etc", "/home", "/lib", "/lib64", "/mnt", "/opt", "/opt/homebrew",
+        "/private", "/sbin", "/srv", "/Library", "/System", "/Users", "/usr", "/usr/bin",
+        "/usr/lib", "/usr/lib64", "/usr/local", "/usr/local/lib", "/usr/share", "/var",
+        "/Volumes",
+    }
+)  # fmt: skip
+"""Directories every machine of a kind has (``sys.prefix`` is ``/usr`` for a system Python,
+``/usr/local`` in many containers): a path under them says nothing about this machine, so
+they are never a machine path themselves (a directory below them, such as a home or a
+virtual environment, still is)."""
+
+
+def _is_shared_root(path: str) -> bool:
+    """``/``, a drive root (``C:\\``), or a directory every machine has (`SHARED_ROOTS`)."""
+    bare = path.replace("\\", "/").rstrip("/")
+    return not bare or (len(bare) == 2 and bare[1] == ":") or bare in SHARED_ROOTS
+
+
+def _comparable(path: str) -> str:
+    """A path in the form text is compared in: forward slashes, no trailing one; on Windows
+    in one case."""
+    path = path.replace("\\", "/").rstrip("/")
+    return path.lower() if os.name == "nt" else path
+
+
+@dataclass(frozen=True)
+class MachinePaths:
+    """The build machine's own directories: what no text of an output may name.
+
+    Made once per command (`machine_paths`) and passed to `path_problems`; each path is
+    absolute, in `_comparable` form, never a shared root such as ``/`` or ``/usr``.
+    """
+
+    paths: tuple[str, ...]
+
+    def with_dirs(self, dirs: Iterable[str]) -> MachinePaths:
+        """These paths and ``dirs`` (a toolchain's directories, say)."""
+        return MachinePaths(_machine_set([*self.paths, *dirs]))
+
+    def find(self, path: str) -> str | None:
+        """The machine path that ``path`` (an absolute path taken from text) lies in,
+        matched as a whole path prefix: ``/tmp`` matches ``/tmp`` and ``/tmp/x``, never
+        ``/tmpx`` nor ``/x/tmp``."""
+        if path.startswith("file://"):
+            path = path[len("file://") :]
+        text = _comparable(path).rstrip(".:")
+        for own in self.paths:
+            if text == own or text.startswith(own + "/"):
+                return own
+        return None
+
+
+def _machine_set(paths: Iterable[str]) -> tuple[str, ...]:
+    """Each path, made absolute, real and as given, without shared roots; longest first."""
+    found: set[str] = set()
+    for path in paths:
+        if not path:
+            continue
+        for spelling in {os.path.abspath(path), os.path.realpath(path)}:
+            if not _is_shared_root(spelling):
+                found.add(_comparable(spelling))
+    return tuple(sorted(found, key=lambda p: (-len(p), p)))
+
+
+def machine_paths(root: str, dirs: Iterable[str] = ()) -> MachinePaths:
+    """The build machine's own directories: the workspace ``root``, the user's home, the
+    temp directory, this Python's prefixes, epbuild's per-user cache and toolchains, and
+    ``dirs`` (each toolchain's directories: `toolchain_dirs`). No imports of onnx or
+    onnxruntime; ``lstat`` calls only (real paths)."""
+    import tempfile
+
+    from epbuild.cache.location import default_cache_dir  # plain paths, no imports
+    from epbuild.toolchains.env import toolchain_root
+
+    found = [
+        root,
+        os.path.expanduser("~"),
+        tempfile.gettempdir(),
+        sys.prefix,
+        sys.base_prefix,
+        sys.exec_prefix,
+        default_cache_dir(),
+        toolchain_root(),
+        *dirs,
+    ]
+    return MachinePaths(_machine_set(found))
+
+
+def toolchain_dirs(toolchain: Toolchain | None) -> tuple[str, ...]:
+    """A toolchain's directories: its prefix, its interpreter's folder, its site dirs."""
+    if toolchain is None:
+        return ()
+    return (toolchain.prefix, os.path.dirname(toolchain.python), *toolchain.sites)
 
 
 def scan_needles(root: str) -> tuple[bytes, ...]:
@@ -409,6 +542,14 @@ def scan_needles(root: str) -> tuple[bytes, ...]:
     paths = {os.path.realpath(root), os.path.abspath(root)}
     needles = {(p.rstrip(os.sep) + os.sep).encode() for p in paths}
     return tuple(sorted(n for n in needles if len(n) >= LONG_PATH_MIN))
+
+
+def needle_problem(file: str, found: bytes | None) -> Problem | None:
+    """The problem of an output whose bytes hold a `scan_needles` needle (None: none)."""
+    if found is None:
+        return None
+    leak = found.decode(errors="replace").rstrip("/" + os.sep)
+    return Problem(file, f"contains the absolute path {leak!r} of this machine's workspace")
 
 
 def absolute_paths(text: str) -> list[str]:
@@ -428,13 +569,11 @@ class SourceText:
 
     def origin(self, value: str, path: str) -> str | None:
         """The source model ``value`` (holding ``path``) comes from: copied verbatim, or a
-        name ORT derived from a source name (``/m/MatMul`` → ``/m/MatMul_token_3``)."""
+        text that holds a path some source text holds (a doc string ORT merged, say). A
+        source that names only a shorter path (``/tmp``) does not excuse a longer one."""
         if value in self.values:
             return self.values[value]
-        for end in range(len(path), 1, -1):
-            if path[:end] in self.paths:
-                return self.paths[path[:end]]
-        return None
+        return self.paths.get(path)
 
 
 def source_text(root: str, models: tuple[str, ...]) -> SourceText:
@@ -457,37 +596,47 @@ def source_text(root: str, models: tuple[str, ...]) -> SourceText:
     return SourceText(values, paths)
 
 
-def path_problems(file: str, info: ModelInfo, sources: SourceText) -> list[Problem]:
-    """No text field of a ctx model (read with ``strings=True``) holds an absolute path;
-    file-naming fields hold no ``..`` either.
+def path_problems(
+    file: str, info: ModelInfo, sources: SourceText, machine: MachinePaths
+) -> list[Problem]:
+    """No free text of a ctx model (read with ``strings=True``) names a directory of the
+    build ``machine``; file-naming fields obey the reference rule.
 
-    What the compile wrote is an error. What it kept from a source model is not the build's
-    doing: a copied ``doc_string`` or metadata value is one warning per file (naming the
-    first field), and a name (torch names nodes ``/model/layers.0/MatMul``) is fine.
-    References (``ep_cache_context``, external-data ``location``) are the reference rule's
-    (`embed_problems`, `external_data_problems`).
+    Names are never checked (they are identifiers: ORT derives ``/MatMulAddFusion``). A
+    machine path the compile wrote is an error naming the file and field. One it kept from
+    a source model is not the build's doing: one warning per file (naming the first
+    field). Paths of other machines (``/usr/lib/...``, ``/home/dev/...`` in an exporter's
+    doc string) are fine. References (``ep_cache_context``, external-data ``location``)
+    are `embed_problems`' and `external_data_problems`'.
     """
     problems: list[Problem] = []
     kept: list[tuple[StringField, str, str]] = []
     for field in info.strings:
-        found = absolute_paths(field.value)
-        if not found and field.field in _REFERENCE_ATTRS:
+        if field.field in _NAME_FIELDS:
+            continue
+        if field.field in _REFERENCE_ATTRS:
             message = reference_problem(field.value)
-            if message and "'..'" in message:
+            if message:
                 problems.append(Problem(file, message, field.node, field.field))
-        for path in found:
+            continue
+        for path in absolute_paths(field.value):
+            own = machine.find(path)
+            if own is None:
+                continue
             origin = sources.origin(field.value, path)
             if origin is None:
-                message = f"holds the absolute path {path!r}; outputs must not carry paths"
+                message = (
+                    f"holds the path {path!r} of this machine (in {own!r}); "
+                    "outputs must not carry the build machine's paths"
+                )
                 problems.append(Problem(file, message, field.node, field.field))
-                break
-            if field.field != "name":
+            else:
                 kept.append((field, path, origin))
-                break
+            break
     if kept:
         field, path, origin = kept[0]
         more = f" (and {len(kept) - 1} more such fields)" if len(kept) > 1 else ""
-        message = f"holds the absolute path {path!r}, kept from {origin}{more}"
+        message = f"holds the path {path!r} of this machine, kept from {origin}{more}"
         problems.append(Problem(file, message, field.node, field.field, Severity.WARNING))
     return problems
 

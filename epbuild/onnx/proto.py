@@ -80,9 +80,10 @@ _AttrValue: TypeAlias = int | float | str | bytes | Blob
 class StringField:
     """One text field of a model where a path could be written (``read_model(strings=True)``).
 
-    Doc strings, graph and node names, metadata, tensor doc strings and every string
-    attribute that is not a payload (an EPContext node's ``ep_cache_context`` is left out:
-    the reference rule covers it as a path, and embedded it is the context's bytes).
+    Doc strings, graph and node names, metadata (of the model and of nodes), tensor doc
+    strings and every string attribute that is not a payload (an EPContext node's
+    ``ep_cache_context`` is left out: the reference rule covers it as a path, and embedded
+    it is the context's bytes).
     """
 
     field: str
@@ -375,11 +376,13 @@ class _Reader:
         return value
 
     def node(self, a: int, b: int, depth: int, main: bool) -> None:
-        buf, attrs = self.buf, []
+        buf, attrs, props = self.buf, [], []
         spans = {3: (0, 0), 4: (0, 0), 6: (0, 0), 7: (0, 0)}  # name, op_type, doc, domain
         for f, s, e in _fields(buf, a, b, _NODE):
             if f == 5:
                 attrs.append((s, e))
+            elif f == 9:
+                props.append((s, e))
             elif f in spans:
                 spans[f] = (s, e)
         op_type = _str(buf, *spans[4])
@@ -396,11 +399,15 @@ class _Reader:
             if item is not None:
                 values[item[0]] = item[1]
         if texts:
+            assert self.strings is not None
             self.text("name", spans[3], name)
             self.text("doc_string", spans[6], name)
+            for s, e in props:  # the dynamo exporter's stack traces, say
+                prop, text = _entry(buf, s, e)
+                if text:
+                    self.strings.append(StringField(f"metadata_props[{prop!r}]", text, name))
             for attr, value in values.items():
                 if isinstance(value, str) and not (op_type == "EPContext" and attr == _CACHE):
-                    assert self.strings is not None
                     self.strings.append(StringField(f"attribute {attr}", value, name))
         if not main:
             return

@@ -64,11 +64,15 @@ class KeyComputer:
         self._versions: dict[tuple[object, ...], dict[str, str]] = {}
         self._models: dict[tuple[str, str | None], tuple[str, dict[str, str]]] = {}
 
-    def model_inputs(self, model: str, folder: str | None = None) -> tuple[str, dict[str, str]]:
+    def model_inputs(
+        self, model: str, folder: str | None = None, *, fresh: bool = False
+    ) -> tuple[str, dict[str, str]]:
         """(digest, {external-data path: digest}) of a source model; its external data is
-        looked up in ``folder`` when given (``external_data_folder``), else beside it."""
+        looked up in ``folder`` when given (``external_data_folder``), else beside it.
+        Memoised for the run unless ``fresh``: then the files are stat'ed again (and
+        re-hashed where the stat cache no longer vouches for them)."""
         memo = (model, folder)
-        if memo in self._models:
+        if memo in self._models and not fresh:
             return self._models[memo]
         if model in self.problems:
             problem = self.problems[model]
@@ -193,14 +197,18 @@ class KeyComputer:
             )
         return settings
 
-    def compute(self, action: Action) -> ActionKey:
-        """The action's key (raises ModelError for a broken input)."""
+    def compute(self, action: Action, *, fresh: bool = False) -> ActionKey:
+        """The action's key (raises ModelError for a broken input); ``fresh`` looks at the
+        inputs again instead of taking this run's memoised digests (after a wait: another
+        process or the user may have changed them meanwhile)."""
         models = []
         inputs: dict[str, str] = {}
         versions = self.versions(action)
         settings = self.settings(action)
         for entry, dims in zip(action.entries, action.free_dimensions, strict=True):
-            digest, external = self.model_inputs(entry.path, settings.external_data_folder)
+            digest, external = self.model_inputs(
+                entry.path, settings.external_data_folder, fresh=fresh
+            )
             models.append(
                 {"path": entry.path, "digest": digest, "external": external, **_shape(entry, dims)}
             )

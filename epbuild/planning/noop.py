@@ -45,6 +45,13 @@ def _dir_stamp(path: str) -> list[int] | None:
     return [st.st_ino, st.st_mtime_ns]
 
 
+def _racy(stamp: object, written_ns: int) -> bool:
+    """A file whose mtime is not older than the fingerprint's own write may have been
+    rewritten within one timestamp tick (1–2 s on FAT, HFS+, some NFS) keeping its size and
+    inode: its stamp cannot vouch for it (git's racy-index rule)."""
+    return not isinstance(stamp, list) or len(stamp) != 3 or stamp[2] >= written_ns
+
+
 def _state_dir_of(root: str, manifest_bytes: bytes) -> str | None:
     """The state directory the manifest names, if it is a tame relative path (the loader
     refuses the rest, so no fingerprint was ever written outside the workspace)."""
@@ -80,6 +87,7 @@ def fast_noop(
         return None
     try:
         with open(os.path.join(state_dir, NOOP_NAME), "rb") as f:
+            written = os.fstat(f.fileno()).st_mtime_ns
             data = json.loads(f.read())
     except (OSError, ValueError):
         return None
@@ -92,7 +100,7 @@ def fast_noop(
     if not isinstance(files, dict) or not isinstance(dirs, dict):
         return None
     for rel, stamp in files.items():
-        if _stamp(os.path.join(root, rel)) != stamp:
+        if _stamp(os.path.join(root, rel)) != stamp or _racy(stamp, written):
             return None
     for d, stamp in dirs.items():
         if _dir_stamp(os.path.join(root, d)) != stamp:

@@ -49,11 +49,18 @@ def outputs_intact(root: str, stats: StatCache, outputs: dict[str, tuple[int, st
 
 
 def plan_action(
-    action: Action, state: State, keys: KeyComputer, stats: StatCache, root: str
+    action: Action,
+    state: State,
+    keys: KeyComputer,
+    stats: StatCache,
+    root: str,
+    *,
+    fresh: bool = False,
 ) -> ActionPlan:
-    """Decide whether one action is stale."""
+    """Decide whether one action is stale; ``fresh`` re-checks the inputs' digests instead
+    of taking those memoised earlier in the run (``KeyComputer.compute``)."""
     try:
-        key = keys.compute(action)
+        key = keys.compute(action, fresh=fresh)
     except ToolchainPending as exc:  # status: the build will make it
         return ActionPlan(action, None, True, _pending(action, state, exc))
     except (ModelError, ToolchainError) as exc:
@@ -62,6 +69,8 @@ def plan_action(
     if too_big is not None:
         return ActionPlan(action, key, True, [too_big.message], error=too_big)
     rec = state.records.get(action.id)
+    if action.id in state.damaged:
+        return ActionPlan(action, key, True, [state.damaged[action.id].reason()])
     if action.id in state.interrupted:
         return ActionPlan(action, key, True, ["the last build of this action was interrupted"])
     if rec is None:

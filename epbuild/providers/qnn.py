@@ -284,7 +284,8 @@ def qnn_sdk_version() -> str:
 
 def align_spill_fill_size(ctx_paths: list[str]) -> int:
     """Give the main EPContext nodes of a sharing group's ctx models (in session order) the
-    ``max_size`` of the last one; returns it. Worker side: imports onnx.
+    ``max_size`` of the last one; returns it. Worker side: uses epbuild's own wire-format
+    reader and writer, not ``onnx`` (a toolchain holds ONNX Runtime and the EP, not onnx).
 
     The QNN EP writes into each ctx model the largest spill-fill buffer among the graphs its
     shared context holds so far, so only the last model's value covers the whole group; the
@@ -295,35 +296,26 @@ def align_spill_fill_size(ctx_paths: list[str]) -> int:
     ``onnxruntime/test/ep_weight_sharing_ctx_gen/main.cc``). A model is rewritten only when
     a value changes, through a temporary file renamed over it.
     """
-    import onnx
+    from epbuild.onnx.proto import read_model
+    from epbuild.onnx.rewrite import set_context_int
 
     if not ctx_paths:
         return 0
-    last = onnx.load(ctx_paths[-1], load_external_data=False)
-    size = next((_max_size(n) for n in last.graph.node if _is_main_context(n)), 0)
+    nodes = read_model(ctx_paths[-1]).context_nodes
+    size = next((_max_size(n.attributes) for n in nodes if _is_main(n.attributes)), 0)
     for path in ctx_paths[:-1]:
-        model = onnx.load(path, load_external_data=False)
-        changed = False
-        for node in model.graph.node:
-            if not _is_main_context(node) or _max_size(node) == size:
-                continue
-            changed = True
-            attr = next((a for a in node.attribute if a.name == "max_size"), None)
-            if attr is None:
-                node.attribute.append(onnx.helper.make_attribute("max_size", size))
-            else:
-                attr.i = size
-        if changed:
-            atomic_write_bytes(path, model.SerializeToString())
+        with open(path, "rb") as f:
+            changed = set_context_int(f.read(), "max_size", size)
+        if changed is not None:
+            atomic_write_bytes(path, changed)
     return size
 
 
-def _is_main_context(node: Any) -> bool:
-    """An EPContext NodeProto holding a context (``main_context`` defaults to 1)."""
-    if node.op_type != "EPContext":
-        return False
-    return all(a.i == 1 for a in node.attribute if a.name == "main_context")
+def _is_main(attributes: dict[str, Any]) -> bool:
+    """A main EPContext node (one holding a context; ``main_context`` defaults to 1)."""
+    return bool(attributes.get("main_context", 1) != 0)
 
 
-def _max_size(node: Any) -> int:
-    return next((int(a.i) for a in node.attribute if a.name == "max_size"), 0)
+def _max_size(attributes: dict[str, Any]) -> int:
+    value = attributes.get("max_size", 0)
+    return value if isinstance(value, int) else 0

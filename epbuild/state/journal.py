@@ -48,12 +48,28 @@ class ActionRecord:
     restored: bool = False
 
 
+@dataclass(frozen=True)
+class Damage:
+    """Outputs of a committed action that a check found changed (``verify``, a hash check)."""
+
+    outputs: tuple[str, ...]
+    by: str
+    """What found it: ``verify``, ``open_action(check="hash")``, ``package``."""
+
+    def reason(self) -> str:
+        """Why the action is stale, in the words ``status`` prints."""
+        more = f" (and {len(self.outputs) - 1} more)" if len(self.outputs) > 1 else ""
+        return f"{self.by} found output {self.outputs[0]}{more} damaged"
+
+
 @dataclass
 class State:
     """What the journal says, after replay."""
 
     records: dict[str, ActionRecord] = field(default_factory=dict)
     interrupted: set[str] = field(default_factory=set)
+    damaged: dict[str, Damage] = field(default_factory=dict)
+    """Interrupted actions whose outputs a check found damaged (the reason they are stale)."""
     lines: int = 0
     warnings: list[str] = field(default_factory=list)
     replayed: bytes = field(default=b"", repr=False, compare=False)
@@ -94,6 +110,21 @@ def _record(data: dict[str, Any]) -> ActionRecord:
     )
 
 
+def _damage(data: dict[str, Any]) -> Damage:
+    outputs = tuple(_want(p, str) for p in _want(data["damaged"], list))
+    if not outputs:
+        raise _Damaged("no damaged outputs")
+    return Damage(outputs, _want(data.get("by", "a check"), str))
+
+
+def _begin_dict(action_id: str, damage: Damage | None) -> dict[str, Any]:
+    data: dict[str, Any] = {"op": "begin", "id": action_id, "key": ""}
+    if damage is not None:
+        data["damaged"] = list(damage.outputs)
+        data["by"] = damage.by
+    return data
+
+
 def load_state(path: str, previous: State | None = None) -> State:
     """Replay the journal; never raises for damaged content.
 
@@ -112,7 +143,12 @@ def load_state(path: str, previous: State | None = None) -> State:
         return state
     if previous is not None and previous.replayed and raw.startswith(previous.replayed):
         done = previous.replayed
-        state = State(dict(previous.records), set(previous.interrupted), previous.lines)
+        state = State(
+            dict(previous.records),
+            set(previous.interrupted),
+            dict(previous.damaged),
+            previous.lines,
+        )
         lines = raw[len(done) :].split(b"\n")
         first = done.count(b"\n") + 1
     else:
@@ -129,14 +165,19 @@ def load_state(path: str, previous: State | None = None) -> State:
             data = _want(json.loads(line), dict)
             op = data["op"]
             if op == "begin":
-                state.interrupted.add(_want(data["id"], str))
+                action_id = _want(data["id"], str)
+                state.interrupted.add(action_id)
+                if "damaged" in data:
+                    state.damaged[action_id] = _damage(data)
             elif op == "done":
                 rec = _record(data)
                 state.records[rec.id] = rec
                 state.interrupted.discard(rec.id)
+                state.damaged.pop(rec.id, None)
             elif op == "forget":
                 state.records.pop(_want(data["id"], str), None)
                 state.interrupted.discard(data["id"])
+                state.damaged.pop(data["id"], None)
             else:
                 raise _Damaged(f"unknown op {op!r}")
         except (ValueError, KeyError, TypeError, AttributeError, RecursionError):
@@ -245,6 +286,12 @@ class Journal:
         finally:
             os.close(fd)
 
+    def damaged(self, action_id: str, damage: Damage) -> None:
+        """Record that a check found a committed action's outputs damaged: the action is then
+        stale (as if interrupted: an older epbuild reading this journal agrees) until it is
+        built again, whatever the stat cache says of the damaged files."""
+        self._append({**_begin_dict(action_id, damage), "pid": os.getpid()})
+
     def forget(self, action_id: str) -> None:
         """Drop an action's record (its outputs were removed)."""
         self._append({"op": "forget", "id": action_id})
@@ -257,6 +304,6 @@ class Journal:
         out = [_HEADER_LINE]
         for rec in state.records.values():
             out.append(_line(_done_dict(rec)))
-        for action_id in state.interrupted:
-            out.append(_line({"op": "begin", "id": action_id, "key": ""}))
+        for action_id in sorted(state.interrupted):
+            out.append(_line(_begin_dict(action_id, state.damaged.get(action_id))))
         atomic_write_bytes(self.path, b"".join(out))

@@ -60,6 +60,10 @@ class StatCache:
         self.path = path
         self.entries: dict[str, Entry] = {}
         self.dirty: dict[str, Entry] = {}
+        self.dropped: set[str] = set()
+        """Entries to remove from the file at the next save (their file was found damaged)."""
+        self.written_ns = 0
+        """The mtime of the file when it was read: an entry at least as new is racy."""
         self.hashed = 0
         """How many files were read and hashed in this process (for tests and reports)."""
         self._load()
@@ -67,6 +71,7 @@ class StatCache:
     def _load(self) -> None:
         try:
             with open(self.path, "rb") as f:
+                self.written_ns = os.fstat(f.fileno()).st_mtime_ns
                 head, _, body = f.read().partition(b"\n")
             header = json.loads(head)
             if header.get("version") != _VERSION:
@@ -86,8 +91,17 @@ class StatCache:
             self.entries = {}  # a damaged stat cache only costs re-hashing
 
     def lookup(self, rel: str, st: os.stat_result) -> Entry | None:
-        """The cached entry for ``rel`` if its stat still matches."""
-        e = self.dirty.get(rel) or self.entries.get(rel)
+        """The cached entry for ``rel`` if its stat still matches.
+
+        A saved entry whose mtime is not older than the stat cache's own write is *racy*
+        (git's index rule): on a filesystem with coarse timestamps (1–2 s on FAT, HFS+, some
+        NFS) a same-size rewrite in the same tick keeps (inode, size, mtime), so such an
+        entry is re-hashed rather than trusted."""
+        e = self.dirty.get(rel)
+        if e is None:
+            e = self.entries.get(rel)
+            if e is not None and e.mtime_ns >= self.written_ns:
+                return None
         if e and e.ino == st.st_ino and e.size == st.st_size and e.mtime_ns == st.st_mtime_ns:
             return e
         return None
@@ -113,6 +127,14 @@ class StatCache:
             return
         self.dirty[rel] = entry
 
+    def forget(self, rels: list[str] | tuple[str, ...]) -> None:
+        """Stop trusting what is known of these files (a check found them damaged): the
+        next lookup re-hashes them, in this process and, after ``save``, in every other."""
+        for rel in rels:
+            self.dirty.pop(rel, None)
+            self.entries.pop(rel, None)
+            self.dropped.add(rel)
+
     def with_refs(self, rel: str, entry: Entry, refs: tuple[str, ...]) -> Entry:
         """Attach parsed external-data references to an entry and remember it."""
         new = Entry(entry.ino, entry.size, entry.mtime_ns, entry.digest, refs)
@@ -121,13 +143,15 @@ class StatCache:
 
     def save(self) -> None:
         """Merge our new entries into the file on disk (call under the state lock)."""
-        if not self.dirty:
+        if not self.dirty and not self.dropped:
             return
         current = StatCache.__new__(StatCache)
         current.path = self.path
         current.entries = {}
         current._load()
         current.entries.update(self.dirty)
+        for rel in self.dropped:
+            current.entries.pop(rel, None)
         payload = {
             "entries": {
                 rel: [e.ino, e.size, e.mtime_ns, e.digest, None if e.refs is None else list(e.refs)]
@@ -139,3 +163,8 @@ class StatCache:
         atomic_write_bytes(self.path, json.dumps(head).encode() + b"\n" + body)
         self.entries = current.entries
         self.dirty = {}
+        self.dropped = set()
+        try:
+            self.written_ns = os.stat(self.path).st_mtime_ns
+        except OSError:
+            self.written_ns = time.time_ns()

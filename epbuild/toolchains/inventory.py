@@ -2,7 +2,9 @@
 
 Environments are a cache: removing one costs only the time to make it again on the next
 build that needs it. ``prune`` removes each environment under its own lock (never one being
-made), half-made ones included, and the worker copies of other epbuild versions.
+made), half-made ones included, and the worker copies of other epbuild versions — but never
+one a running build uses: a build holds the environment's ``.use`` lock shared for as long
+as it uses it (``resolve.Toolchains``), prune takes it exclusively or skips the environment.
 """
 
 from __future__ import annotations
@@ -73,54 +75,84 @@ def inventory(used: dict[str, list[str]] | None = None) -> list[Environment]:
     return found
 
 
-def prune(keep: Iterable[str]) -> list[str]:
-    """Remove every environment whose digest is not in ``keep`` (skipping one being made)
-    and the worker copies of other epbuild versions; returns the paths removed."""
+@dataclass(frozen=True)
+class Pruned:
+    """What ``prune`` did."""
+
+    removed: list[str]
+    """Paths removed."""
+    busy: list[str]
+    """Environments left alone: a running build uses one, or one is being made."""
+
+
+def prune(keep: Iterable[str]) -> Pruned:
+    """Remove every environment whose digest is not in ``keep`` — unless a build uses it or
+    is making it — and the worker copies of other epbuild versions."""
     from filelock import FileLock, Timeout
 
+    from epbuild.state import sharedlock
     from epbuild.toolchains.boot import worker_path
+    from epbuild.toolchains.resolve import USE_SUFFIX
 
-    kept, removed = set(keep), []
+    kept, removed, busy = set(keep), [], []
     for env in inventory():
         if env.digest in kept:
             continue
-        lock = FileLock(env.path + ".lock")
+        use = sharedlock.acquire(env.path + USE_SUFFIX, exclusive=True, timeout=0)
+        if use is None:
+            busy.append(env.path)  # a running build uses it
+            continue
         try:
-            lock.acquire(timeout=0)
-        except Timeout:
-            continue  # another epbuild is making it right now
-        try:
-            shutil.rmtree(env.path, ignore_errors=True)
-            removed.append(env.path)
+            lock = FileLock(env.path + ".lock")
+            try:
+                lock.acquire(timeout=0)
+            except Timeout:
+                busy.append(env.path)  # another epbuild is making it right now
+                continue
+            try:
+                shutil.rmtree(env.path, ignore_errors=True)
+                removed.append(env.path)
+            finally:
+                lock.release()
         finally:
-            lock.release()
+            use.release()
     current, root = worker_path(), toolchain_root()
     for name in sorted(os.listdir(root)):
         path = os.path.join(root, name)
         if name.startswith("worker-") and path != current and os.path.isdir(path):
             shutil.rmtree(path, ignore_errors=True)
             removed.append(path)
-    strays = {n.rsplit(".", 1)[0] for n in os.listdir(root) if n.endswith((".log", ".lock"))}
+    ends = (".log", ".lock", USE_SUFFIX)
+    strays = {n.rsplit(".", 1)[0] for n in os.listdir(root) if n.endswith(ends)}
     for digest in sorted(strays - kept):
         _remove_stray(os.path.join(root, digest))
-    return removed
+    return Pruned(removed, busy)
 
 
 def _remove_stray(env: str) -> None:
     """The log and lock files of an environment that is gone (a failed attempt, a pruned
-    one), unless it is being made right now."""
+    one), unless it is being made or a build is about to use it right now."""
     from filelock import FileLock, Timeout
+
+    from epbuild.state import sharedlock
+    from epbuild.toolchains.resolve import USE_SUFFIX
 
     if os.path.isdir(env):
         return
-    lock = FileLock(env + ".lock")
-    try:
-        lock.acquire(timeout=0)
-    except Timeout:
+    use = sharedlock.acquire(env + USE_SUFFIX, exclusive=True, timeout=0)
+    if use is None:
         return
     try:
-        for path in (env + ".log", env + ".lock"):
-            if os.path.exists(path):
-                os.unlink(path)
+        lock = FileLock(env + ".lock")
+        try:
+            lock.acquire(timeout=0)
+        except Timeout:
+            return
+        try:
+            for path in (env + ".log", env + ".lock", env + USE_SUFFIX):
+                if os.path.exists(path):
+                    os.unlink(path)
+        finally:
+            lock.release()
     finally:
-        lock.release()
+        use.release()
