@@ -9,7 +9,6 @@ import os
 import shutil
 import subprocess
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -319,10 +318,7 @@ def test_damaged_archive_imports_nothing_bad(simple_ws: Callable[..., Workspace]
 
 def _until(what: str, ready: Callable[[], bool], timeout: float = 240) -> None:
     """Wait for an event (polled), failing with ``what`` after a generous deadline."""
-    deadline = time.monotonic() + timeout
-    while not ready():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.05)
+    waits.wait_for(ready, what, timeout=timeout, interval=0.05)
 
 
 def _worker_logs_say(ws: Workspace, needle: str) -> bool:
@@ -365,7 +361,7 @@ def test_two_workspaces_sharing_a_cache_compile_each_key_once(
         gate.touch()
     docs = []
     for p, err in ((a, tmp_path / "a.err"), (b, tmp_path / "b.err")):
-        out, _ = p.communicate(timeout=300)
+        out, _ = waits.communicate(p, "a build sharing the cache to finish", timeout=300)
         assert p.returncode == 0, err.read_text()
         docs.append(json.loads(out))
     compiled = sum(d["summary"]["compiled"] for d in docs)
@@ -410,7 +406,7 @@ def test_inputs_are_hashed_again_after_waiting_for_the_action_lock(
                lambda: "waiting for" in err.read_text() or proc.poll() is not None)  # fmt: skip
         assert proc.poll() is None, (proc.communicate(), err.read_text())
         model.write_bytes(first)  # ...and changed back while it waited
-    out, _ = proc.communicate(timeout=300)
+    out, _ = waits.communicate(proc, "the build to finish", timeout=300)
     assert proc.returncode == 0, err.read_text()
     assert outcomes_of(json.loads(out))["single/htp/c"] == "up_to_date", out
     assert outputs(ws) == built_first

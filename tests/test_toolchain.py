@@ -14,7 +14,6 @@ import shutil
 import subprocess
 import sys
 import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -422,15 +421,13 @@ def test_prune_skips_an_environment_a_running_build_uses(
     elsewhere = tmp_path / "elsewhere"  # another workspace, no manifest: keeps nothing
     elsewhere.mkdir()
     try:
-        deadline = time.monotonic() + 240
         logs = workspace.root / "build"
-        while not any("test hook: wait" in p.read_text(errors="replace")
-                      for p in logs.rglob(".epbuild-worker.log")):  # fmt: skip
-            assert build.poll() is None and time.monotonic() < deadline, build.stderr
-            time.sleep(0.05)
+        waits.wait_for(lambda: any("test hook: wait" in p.read_text(errors="replace")
+                                   for p in logs.rglob(".epbuild-worker.log")),
+                       "the build's worker to hold in the test hook", proc=build)  # fmt: skip
         prune = subprocess.run(
             [sys.executable, "-m", "epbuild", "-C", str(elsewhere), "toolchains", "--prune"],
-            capture_output=True, text=True, timeout=120,
+            capture_output=True, text=True, timeout=waits.scaled(120),
         )  # fmt: skip
         assert prune.returncode == 0, prune.stderr
         assert f"kept {env}: a running build uses it" in prune.stdout, prune.stdout
@@ -442,7 +439,7 @@ def test_prune_skips_an_environment_a_running_build_uses(
     assert json.loads(out)["summary"]["compiled"] == 1
     prune = subprocess.run(
         [sys.executable, "-m", "epbuild", "-C", str(elsewhere), "toolchains", "--prune"],
-        capture_output=True, text=True, timeout=120,
+        capture_output=True, text=True, timeout=waits.scaled(120),
     )  # fmt: skip
     assert f"removed {env}" in prune.stdout, prune.stdout  # no build uses it any more
     assert not env.exists()
