@@ -179,3 +179,33 @@ def frozen_heap() -> Iterator[Callable[[], None]]:
         yield gc.collect
     finally:
         gc.unfreeze()
+
+
+# ---------------------------------------------------------------------------------------
+# Built workspaces made once per session (the inner loop: compile once, copy per test)
+
+
+@pytest.fixture(scope="session")
+def built_once(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Callable[[str, Callable[[Workspace], None], Workspace], Workspace]:
+    """``built_once(name, make, workspace)``: the first call runs ``make`` (write models and
+    a manifest, build) in a workspace of the session's own; every call copies that built
+    workspace to ``workspace.root`` (a test's own copy to change at will). A copy is up to
+    date: records are relative and digests decide, so only the stat cache misses once."""
+    import shutil
+
+    made: dict[str, Path] = {}
+
+    def copy(name: str, make: Callable[[Workspace], None], workspace: Workspace) -> Workspace:
+        if name not in made:
+            template = Workspace(tmp_path_factory.mktemp(f"built-{name}") / "ws")
+            with pytest.MonkeyPatch.context() as mp:  # the test's env is not set up yet
+                mp.setenv("XDG_CACHE_HOME", str(template.root.parent / "xdg-cache"))
+                mp.setenv("EPBUILD_CACHE", "off")
+                make(template)
+            made[name] = template.root
+        shutil.copytree(made[name], workspace.root, symlinks=True)
+        return workspace
+
+    return copy
