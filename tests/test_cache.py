@@ -11,8 +11,9 @@ import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+import pytest
 import waits
 from conftest import Workspace
 
@@ -20,9 +21,6 @@ from epbuild.api import Outcome
 from epbuild.cache.actioncache import ActionCache
 from epbuild.cache.store import OBJECTS, CacheEntry, object_path
 from epbuild.state.statcache import hash_file
-
-if TYPE_CHECKING:
-    import pytest
 
 
 def outputs(ws: Workspace) -> dict[str, bytes]:
@@ -57,6 +55,7 @@ def clone(ws: Workspace, dest: Path) -> Workspace:
     return Workspace(dest)
 
 
+@pytest.mark.slow
 def test_restore_after_clean_is_byte_identical(simple_ws: Callable[..., Workspace],
                                                tmp_path: Path) -> None:  # fmt: skip
     ws = simple_ws()
@@ -80,6 +79,7 @@ def test_restore_after_clean_is_byte_identical(simple_ws: Callable[..., Workspac
     assert all(r.restored for r in state.records.values())
 
 
+@pytest.mark.slow
 def test_export_clone_import_cache_only(simple_ws: Callable[..., Workspace],
                                         tmp_path: Path) -> None:  # fmt: skip
     from epbuild.inspect.verify import verify_outputs
@@ -111,6 +111,7 @@ def _built_cleaned_object(ws: Workspace, tmp_path: Path) -> tuple[Path, Any, Pat
     return cache, good, cache / object_path(entry.outputs["c_ctx_qnn.bin"].digest)
 
 
+@pytest.mark.slow
 def test_flipped_bit_in_object_is_detected_and_recompiled(simple_ws: Callable[..., Workspace],
                                                           tmp_path: Path) -> None:  # fmt: skip
     ws = simple_ws()
@@ -130,6 +131,7 @@ def test_flipped_bit_in_object_is_detected_and_recompiled(simple_ws: Callable[..
     assert ws.build(cache=str(cache)).count(Outcome.RESTORED) == 2
 
 
+@pytest.mark.slow
 def test_restore_trusts_objects_verified_before(
     simple_ws: Callable[..., Workspace], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -156,6 +158,7 @@ def test_restore_trusts_objects_verified_before(
     assert ws.cli("verify").returncode == 0
 
 
+@pytest.mark.slow
 def test_tampering_that_keeps_size_and_mtime_needs_a_full_verify(
     simple_ws: Callable[..., Workspace], tmp_path: Path
 ) -> None:
@@ -222,6 +225,7 @@ def test_version_bump_miss_is_explained(simple_ws: Callable[..., Workspace], tmp
     assert f"onnxruntime-qnn {here} → 9.9.9" in (result.actions[1].error or "")
 
 
+@pytest.mark.slow
 def test_two_processes_fill_one_cache(simple_ws: Callable[..., Workspace], tmp_path: Path) -> None:
     ws = simple_ws()
     twin = clone(ws, tmp_path / "twin")  # same keys: both write the same objects and entries
@@ -246,6 +250,7 @@ def test_two_processes_fill_one_cache(simple_ws: Callable[..., Workspace], tmp_p
     assert outputs(third) == outputs(ws) == outputs(twin)
 
 
+@pytest.mark.slow
 def test_prune_evicts_least_recently_used(simple_ws: Callable[..., Workspace],
                                           tmp_path: Path) -> None:  # fmt: skip
     ws = simple_ws()
@@ -274,6 +279,7 @@ def test_prune_evicts_least_recently_used(simple_ws: Callable[..., Workspace],
     assert ws.cli("cache", "prune", "--max-size", "lots").returncode == 2
 
 
+@pytest.mark.slow
 def test_cache_key_follows_action_keys(simple_ws: Callable[..., Workspace]) -> None:
     from modelgen import matmul_model
 
@@ -287,6 +293,7 @@ def test_cache_key_follows_action_keys(simple_ws: Callable[..., Workspace]) -> N
     assert ws.cli("cache", "key", check=True).stdout.strip() != first
 
 
+@pytest.mark.slow
 def test_default_cache_is_per_user_and_no_cache_bypasses(
     simple_ws: Callable[..., Workspace], monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -301,6 +308,7 @@ def test_default_cache_is_per_user_and_no_cache_bypasses(
     assert len(check_consistent(user_cache)) == 1  # --no-cache stores nothing either
 
 
+@pytest.mark.slow
 def test_damaged_archive_imports_nothing_bad(simple_ws: Callable[..., Workspace],
                                              tmp_path: Path) -> None:  # fmt: skip
     ws = simple_ws()

@@ -66,6 +66,7 @@ def _list(url: str) -> str:
         return str(r.read().decode())
 
 
+@pytest.mark.slow
 def test_s3_round_trip(simple_ws: Callable[..., Workspace], s3_server: str, tmp_path: Path,
                        monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
     remote = "s3://ci-cache/epbuild"

@@ -219,6 +219,7 @@ def test_killed_lock_holder_never_blocks(workspace: Workspace) -> None:
     assert "waiting for" not in proc.stderr
 
 
+@pytest.mark.slow
 def test_input_rewritten_during_compile_is_not_recorded(workspace: Workspace) -> None:
     workspace.model("m/a.onnx", matmul_model(0, n=16))
     workspace.model("m/b.onnx", matmul_model(1, n=16))

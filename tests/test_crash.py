@@ -123,6 +123,7 @@ def _sits_in_slow_compile(ws: Workspace, proc: subprocess.Popen[str]) -> list[ps
 # ---------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("kind", "sig"), [("segv", "SIGSEGV"), ("abort", "SIGABRT")])
 def test_native_crash_in_worker_is_reported_and_build_goes_on(
     workspace: Workspace, monkeypatch: pytest.MonkeyPatch, kind: str, sig: str

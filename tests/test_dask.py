@@ -56,6 +56,7 @@ def _twin(ws: Workspace, tmp_path: Path) -> Workspace:
     return twin
 
 
+@pytest.mark.slow
 def test_dask_build_is_byte_identical_to_local(
     simple_ws: Callable[..., Workspace], tmp_path: Path, cluster: Any
 ) -> None:
@@ -71,6 +72,7 @@ def test_dask_build_is_byte_identical_to_local(
     assert again.count(Outcome.UP_TO_DATE) == 2  # the state is the coordinator's, as locally
 
 
+@pytest.mark.slow
 def test_dask_via_manifest_and_cli_json(workspace: Workspace, cluster: Any) -> None:
     from conftest import HTP73
 
@@ -109,6 +111,7 @@ def test_dask_needs_a_scheduler(simple_ws: Callable[..., Workspace]) -> None:
     assert "needs a scheduler address" in proc.stderr and "Traceback" not in proc.stderr
 
 
+@pytest.mark.slow
 def test_killed_worker_mid_compile_is_retried_elsewhere(
     simple_ws: Callable[..., Workspace], tmp_path: Path, cluster: Any
 ) -> None:

@@ -109,6 +109,7 @@ def _read_only(path: Path) -> Iterator[None]:
 NOT_WRITABLE = ("Permission denied", "Operation not permitted", "Read-only file system")
 
 
+@pytest.mark.slow
 def test_read_only_action_dir_fails_that_action_only(workspace: Workspace) -> None:
     ws = _two_groups(workspace)
     before = _snapshot(ws, "g1/htp/a")
@@ -131,6 +132,7 @@ def test_read_only_action_dir_fails_that_action_only(workspace: Workspace) -> No
     assert {a.outcome for a in ws.build().actions} == {Outcome.UP_TO_DATE}
 
 
+@pytest.mark.slow
 def test_read_only_out_dir_fails_every_action_cleanly(workspace: Workspace) -> None:
     workspace.model("m/b.onnx", matmul_model(2))
     workspace.manifest({"providers": {"htp": HTP73}, "groups": {
@@ -158,6 +160,7 @@ def _limit(size: int) -> Callable[[], None]:
     return apply
 
 
+@pytest.mark.slow
 def test_file_size_limit_fails_the_worker_with_a_clear_message(workspace: Workspace) -> None:
     ws = _two_groups(workspace)
     before = _snapshot(ws, "g1/htp/a")
@@ -177,6 +180,7 @@ def test_file_size_limit_fails_the_worker_with_a_clear_message(workspace: Worksp
     _assert_nothing_half_committed(ws)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("room", [0, 400], ids=["no-room", "room-for-begin-only"])
 def test_file_size_limit_on_the_journal(workspace: Workspace, room: int) -> None:
     """The coordinator's own writes: the journal cannot take the action's ``begin`` (nothing
@@ -262,6 +266,7 @@ def test_a_write_cut_short_leaves_the_file_as_it_was(tmp_path: Path, kind: str) 
         assert not state.warnings and state.lines == 2 and not state.interrupted
 
 
+@pytest.mark.slow
 def test_end_of_build_steps_that_cannot_write_are_warnings_in_the_result(
     workspace: Workspace, monkeypatch: pytest.MonkeyPatch
 ) -> None:

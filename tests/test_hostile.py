@@ -198,6 +198,7 @@ def _check_load(root: Path, raw: bytes) -> None:
     # anything else propagates and fails the test with the input that caused it
 
 
+@pytest.mark.slow
 @settings(max_examples=700, deadline=None, suppress_health_check=[HealthCheck.too_slow,
           HealthCheck.function_scoped_fixture])  # fmt: skip
 @given(text=_structural())
@@ -226,6 +227,7 @@ def _assert_clean_user_error(proc: subprocess.CompletedProcess[str], *needles: s
         assert needle in proc.stderr, (needle, proc.stderr)
 
 
+@pytest.mark.slow
 @settings(
     max_examples=15,
     deadline=None,
@@ -420,6 +422,7 @@ def test_state_dir_symlinked_outward_is_refused(workspace: Workspace, tmp_path: 
     assert list(outside.iterdir()) == []
 
 
+@pytest.mark.slow
 def test_clean_never_deletes_through_a_symlinked_output_dir(workspace: Workspace,
                                                             tmp_path: Path) -> None:  # fmt: skip
     ws = _one_model_ws(workspace)

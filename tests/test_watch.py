@@ -142,6 +142,7 @@ def atomic_save(model: onnx.ModelProto, path: Path) -> None:
     os.replace(tmp, path)
 
 
+@pytest.mark.slow
 def test_file_operations_rebuild_exactly_the_affected_actions(
     simple_ws: Callable[..., Workspace], watcher: Callable[..., Watcher]
 ) -> None:
@@ -193,6 +194,7 @@ def test_file_operations_rebuild_exactly_the_affected_actions(
     assert not w.bad, w.bad
 
 
+@pytest.mark.slow
 def test_manifest_globs_external_data_and_failures(
     workspace: Workspace, watcher: Callable[..., Watcher]
 ) -> None:
@@ -259,6 +261,7 @@ def test_manifest_globs_external_data_and_failures(
     assert not list((workspace.root / "build").rglob(".staging/*"))
 
 
+@pytest.mark.slow
 def test_watch_and_manual_build_never_compile_the_same_action_twice(
     simple_ws: Callable[..., Workspace], watcher: Callable[..., Watcher]
 ) -> None:
@@ -383,6 +386,7 @@ def test_changes_during_a_build_coalesce_into_one_follow_up(
     assert w.stop() == 0
 
 
+@pytest.mark.slow
 def test_polling_observer(
     simple_ws: Callable[..., Workspace], watcher: Callable[..., Watcher]
 ) -> None:
