@@ -144,9 +144,16 @@ def simple_ws(workspace: Workspace) -> Callable[..., Workspace]:
 
 
 @pytest.fixture(autouse=True, scope="session")
-def _stack_dumps(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+def _session_env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """Stack dumps on for epbuild's processes (tests/waits.py). Keeps module- and
+    session-scoped fixtures (set up before the per-test
+    ``_private_user_cache``) off the real per-user cache: a build there restored whatever an
+    older checkout had cached under the same key (test_ortcompat's ctx lost its
+    ep_compatibility_info that way)."""
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv(waits.STACKS_VAR, str(tmp_path_factory.mktemp("stacks")))
+        mp.setenv("XDG_CACHE_HOME", str(tmp_path_factory.mktemp("xdg-cache")))
+        mp.setenv("EPBUILD_CACHE", "off")
         yield
 
 
