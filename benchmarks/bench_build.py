@@ -29,8 +29,8 @@ ZOO = ROOT / "examples" / "model-zoo"
 HAND_LOOP = r"""
 import os, sys, tomllib, glob
 import onnxruntime as ort, onnxruntime_qnn
-ort.register_execution_provider_library("qnn", onnxruntime_qnn.get_library_path())
-devices = [d for d in ort.get_ep_devices() if d.ep_name == "qnn"]
+ort.register_execution_provider_library("QNNExecutionProvider", onnxruntime_qnn.get_library_path())
+devices = [d for d in ort.get_ep_devices() if d.ep_name == "QNNExecutionProvider"]
 manifest = tomllib.load(open("epbuild.toml", "rb"))
 models = sorted(glob.glob("models/*.onnx"))
 for name, prov in manifest["providers"].items():

@@ -80,8 +80,8 @@ RSS_WRAPPER = (
 HAND_LOOP = r"""
 import os, sys, tomllib
 import onnxruntime as ort, onnxruntime_qnn
-ort.register_execution_provider_library("qnn", onnxruntime_qnn.get_library_path())
-devices = [d for d in ort.get_ep_devices() if d.ep_name == "qnn"]
+ort.register_execution_provider_library("QNNExecutionProvider", onnxruntime_qnn.get_library_path())
+devices = [d for d in ort.get_ep_devices() if d.ep_name == "QNNExecutionProvider"]
 manifest = tomllib.load(open("epbuild.toml", "rb"))
 options = {"backend_type": "htp", **manifest["providers"]["htp"]["options"]}
 for name, group in manifest["groups"].items():

@@ -56,6 +56,12 @@ RESULT_NAME = ".epbuild-result.json"
 """The worker's result document, in its staging directory."""
 LOG_NAME = ".epbuild-worker.log"
 """The worker's output, in its staging directory."""
+PACKAGE_MANIFEST = "epbuild-package.json"
+"""epbuild's deployment manifest at a package's root: marks a directory as a package epbuild
+wrote (``epbuild.shipping``); model globs never look inside one."""
+CACHE_LAYOUT = "v1"
+"""The top folder of a directory cache (``epbuild.cache.store``): a folder holding
+``v1/objects`` and ``v1/entries`` is a cache, which model globs never look inside."""
 CTX_SUFFIX = "_ctx.onnx"
 """A built model is ``<model-stem>_ctx.onnx``."""
 

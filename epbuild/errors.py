@@ -52,6 +52,11 @@ class ManifestError(UserError):
         super().__init__(f"{where}: {message}", hint=hint)
 
 
+class EpNameMismatchError(UserError):
+    """An app registers an execution provider under another name than a package's variants
+    declare, so ONNX Runtime would select none of them."""
+
+
 class UnsafePathError(UserError):
     """A path is absolute, climbs out with ``..`` or leads through a symlink out of bounds."""
 

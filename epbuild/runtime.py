@@ -199,8 +199,10 @@ def _open(
     lock_timeout: float | None,
     session_factory: SessionFactory | None,
     what: str | None,
+    ep_name: str | None = None,
 ) -> BuiltAction:
-    """``open_models``; ``what`` names the group in lock messages (default: the models)."""
+    """``open_models``; ``what`` names the group in lock messages (default: the models);
+    ``ep_name`` registers a plugin EP under that name (a package's declared name)."""
     from epbuild.providers import get_provider
 
     adapter = get_provider(provider.ep)
@@ -223,7 +225,7 @@ def _open(
     hold = shared_workspace(lock_timeout, what or ", ".join(built.names))
     with hold if share_weights else nullcontext():
         try:
-            _create(built, items, provider, adapter, share_weights, session_factory)
+            _create(built, items, provider, adapter, share_weights, session_factory, ep_name)
         except BaseException:  # the sessions made so far go, in reverse, before the error
             built.close()
             raise
@@ -237,8 +239,11 @@ def _create(
     adapter: Any,
     share_weights: bool,
     session_factory: SessionFactory | None,
+    ep_name: str | None = None,
 ) -> None:
     import onnxruntime as ort
+
+    from epbuild.providers.base import attach_named
 
     factory: SessionFactory = session_factory or ort.InferenceSession
     for (path, data), name in zip(items, built.names, strict=True):
@@ -255,7 +260,7 @@ def _create(
         for k, v in provider.session_options.items():
             so.add_session_config_entry(k, v)
         if session_factory is None:
-            adapter.attach(ort, so, provider)
+            attach_named(adapter, ort, so, provider, ep_name)
         # No local name for the session: a traceback keeps this frame's locals alive, which
         # would keep the last good session past close() when the next one fails.
         try:

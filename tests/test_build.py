@@ -37,7 +37,7 @@ def test_sharing_group_references_one_bin(simple_ws: Callable[..., Workspace]) -
     refs = set()
     for ctx in ("a_ctx.onnx", "b_ctx.onnx"):
         nodes = read_model(d / ctx).context_nodes
-        assert nodes and all(n.attributes["source"] == "qnn" for n in nodes)
+        assert nodes and all(n.attributes["source"] == "QNNExecutionProvider" for n in nodes)
         refs |= {
             n.attributes["ep_cache_context"] for n in nodes if n.attributes["main_context"] == 1
         }

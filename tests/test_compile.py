@@ -237,6 +237,9 @@ class _Adapter:
     def attach(self, ort: Any, so: Any, config: Any) -> None:
         so.entries["attached"] = "1"
 
+    def versions(self, config: Any) -> dict[str, str]:
+        return {"onnxruntime-qnn": "0"}  # the worker reports what it compiled with
+
 
 def _job(**kw: Any) -> Job:
     fields: dict[str, Any] = {

@@ -193,7 +193,10 @@ def test_multi_soc_target(workspace: Workspace) -> None:
     result = workspace.build()
     assert result.ok, result.actions[0].error
     info = read_model(built(workspace, "g/multi") / "a_ctx.onnx")
-    assert info.metadata["ep_compatibility_info.qnn"].split(":")[4:6] == ["73,75", "60,69"]
+    assert info.metadata["ep_compatibility_info.QNNExecutionProvider"].split(":")[4:6] == [
+        "73,75",
+        "60,69",
+    ]
     assert info.context_nodes[0].attributes["is_multi_soc_ep_context"] == 1
     checked = verify_outputs(workspace.root, load=True)
     assert checked.ok, checked.lines()

@@ -32,7 +32,9 @@ def test_path_and_bytes_read_the_same_info(ctx: Path) -> None:
     assert by_path.info == by_bytes.info and (by_path.info or "").startswith("v2:6:")
     # onnxruntime-qnn judges only NPU devices; this host lists a CPU-typed QNN device
     assert by_path.verdict is None and by_path.problem() is None
-    assert by_path.note == "the qnn EP judges only NPU devices and this machine lists none"
+    assert by_path.note == (
+        "the QNNExecutionProvider EP judges only NPU devices and this machine lists none"
+    )
 
 
 def test_the_qnn_ep_is_never_asked_without_an_npu(
@@ -50,7 +52,7 @@ def test_the_qnn_ep_is_never_asked_without_an_npu(
 
 def test_a_model_without_compatibility_info(ctx: Path) -> None:
     plain = ort_compatibility("m", ctx.parents[3] / "m/a.onnx", QNN)
-    assert plain.verdict is None and "no ep_compatibility_info.qnn" in plain.note
+    assert plain.verdict is None and "no ep_compatibility_info.QNNExecutionProvider" in plain.note
 
 
 def test_no_compatibility_api_in_this_onnxruntime(

@@ -144,8 +144,8 @@ def test_qnn_refuses_settings_and_nested_values() -> None:
 def test_qnn_compatibility_string_is_checked_against_the_target() -> None:
     adapter = QnnProvider()
     cfg = config(adapter, {"htp_arch": "73", "soc_model": "60"})
-    assert adapter.compatibility_key(cfg) == "qnn"
-    assert adapter.context_source(cfg) == "qnn"
+    assert adapter.compatibility_key(cfg) == "QNNExecutionProvider"
+    assert adapter.context_source(cfg) == "QNNExecutionProvider"
     assert adapter.context_options(cfg, "out/a_ctx.onnx", 0) == {}
     assert adapter.check_compatibility(cfg, "v2:6:2.51.0:5.51.0:73:60:0:0") is None
     message = adapter.check_compatibility(cfg, "v2:6:2.51.0:5.51.0:75:69:0:0")
@@ -177,14 +177,14 @@ def test_qnn_without_devices_names_the_extra(monkeypatch: pytest.MonkeyPatch) ->
 
 def test_qnn_attach_registers_once_and_adds_its_devices(monkeypatch: pytest.MonkeyPatch) -> None:
     _fake_qnn_module(monkeypatch)
-    qnn = FakeDevice("qnn")
+    qnn = FakeDevice("QNNExecutionProvider")
     ort = FakeOrt([FakeDevice("CPUExecutionProvider", "CPU"), qnn])
     cfg = config(QnnProvider(), {"htp_arch": "73"})
     for _ in range(2):
         so = FakeSessionOptions()
         QnnProvider().attach(ort, so, cfg)
         assert so.for_devices == [([qnn], dict(cfg.options))]
-    assert len(ort.registered) == 1 and ort.registered[0][0] == "qnn"
+    assert len(ort.registered) == 1 and ort.registered[0][0] == "QNNExecutionProvider"
 
 
 # ---------------------------------------------------------------- plugin

@@ -105,7 +105,7 @@ def _edit(ctx: Path, dest: Path, change: Any) -> Path:
 def _set_compat(value: str) -> Any:
     def change(model: onnx.ModelProto) -> None:
         for p in model.metadata_props:
-            if p.key == "ep_compatibility_info.qnn":
+            if p.key.startswith("ep_compatibility_info."):  # QNNExecutionProvider, or qnn
                 p.value = value
 
     return change

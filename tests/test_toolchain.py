@@ -434,7 +434,7 @@ def test_prune_skips_an_environment_a_running_build_uses(
         assert (env / MARKER).is_file()
     finally:
         gate.touch()
-    out, err = build.communicate(timeout=300)
+    out, err = waits.communicate(build, "the build holding the toolchain", timeout=300)
     assert build.returncode == 0, err
     assert json.loads(out)["summary"]["compiled"] == 1
     prune = subprocess.run(

@@ -181,12 +181,12 @@ def test_load_catches_a_corrupt_binary(copy: Path) -> None:
 def test_wrong_target_in_compatibility_info(copy: Path) -> None:
     def change(model: onnx.ModelProto) -> None:
         for p in model.metadata_props:
-            if p.key == "ep_compatibility_info.qnn":
+            if p.key.startswith("ep_compatibility_info."):  # QNNExecutionProvider, or qnn
                 p.value = p.value.replace(":73:60:", ":75:69:")
 
     edit_ctx(copy / "build/single/htp/c_ctx.onnx", change)
     found = [p for p in verify_outputs(copy).problems
-             if p.attribute == "ep_compatibility_info.qnn"]  # fmt: skip
+             if (p.attribute or "").startswith("ep_compatibility_info.")]  # fmt: skip
     assert len(found) == 1 and "htp_arch 75" in found[0].message
 
 
@@ -325,7 +325,7 @@ def ort_says(monkeypatch: pytest.MonkeyPatch, verdict: str) -> list[tuple[list[A
 def test_ort_verdict_is_not_available_on_this_host(good: Path) -> None:
     result = verify_outputs(good, selectors=["single"])
     (entry,) = result.to_json()["ort_compatibility"]
-    assert entry["file"] == "build/single/htp/c_ctx.onnx" and entry["ep"] == "qnn"
+    assert entry["file"] == "build/single/htp/c_ctx.onnx" and entry["ep"] == "QNNExecutionProvider"
     assert entry["info"].startswith("v2:") and ":73:60:" in entry["info"]
     assert entry["verdict"] is None and "judges only NPU devices" in entry["note"]
     assert entry["target_check"] == "ok" and result.ok
@@ -338,9 +338,11 @@ def test_ort_unsupported_is_an_error(good: Path, monkeypatch: pytest.MonkeyPatch
         "EP_UNSUPPORTED"
     ]
     ((devices, info),) = calls
-    assert {d.ep_name for d in devices} == {"qnn"} and ":73:60:" in info
+    assert {d.ep_name for d in devices} == {"QNNExecutionProvider"} and ":73:60:" in info
     assert any(
-        line.startswith("build/single/htp/c_ctx.onnx: ONNX Runtime says the qnn EP cannot run")
+        line.startswith(
+            "build/single/htp/c_ctx.onnx: ONNX Runtime says the QNNExecutionProvider EP cannot run"
+        )
         for line in result.lines()
     )
 
@@ -362,7 +364,7 @@ def test_ort_verdict_beside_a_failed_target_check(
 ) -> None:
     def change(model: onnx.ModelProto) -> None:
         for p in model.metadata_props:
-            if p.key == "ep_compatibility_info.qnn":
+            if p.key.startswith("ep_compatibility_info."):  # QNNExecutionProvider, or qnn
                 p.value = p.value.replace(":73:60:", ":75:69:")
 
     edit_ctx(copy / "build/single/htp/c_ctx.onnx", change)
@@ -388,7 +390,7 @@ def test_source_near_misses_are_refused(copy: Path, bad: bytes) -> None:
     edit_ctx(copy / "build/single/htp/c_ctx.onnx", set_attr("source", bad))
     found = [p for p in verify_outputs(copy, selectors=["single"]).problems
              if p.attribute == "source"]  # fmt: skip
-    assert len(found) == 1 and "expects 'qnn'" in found[0].message
+    assert len(found) == 1 and "expects 'QNNExecutionProvider'" in found[0].message
 
 
 def test_load_refuses_a_model_the_ep_would_compile(

@@ -21,13 +21,14 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from epbuild._names import CACHE_LAYOUT
 from epbuild.cache.backend import Backend
 from epbuild.state.journal import OutputRecord
 
 CachedOutput = OutputRecord
 """One output file of an entry: the same record the state keeps."""
 
-LAYOUT = "v1"
+LAYOUT = CACHE_LAYOUT
 OBJECTS = f"{LAYOUT}/objects"
 ENTRIES = f"{LAYOUT}/entries"
 IDS = f"{LAYOUT}/ids"

@@ -484,7 +484,7 @@ def _checked_ctx(
 ) -> tuple[ModelInfo, dict[str, Any]]:
     """One model's ctx model, read and checked (it exists, holds EPContext nodes of this
     EP), and its build detail."""
-    from epbuild.onnx.context import COMPAT_PREFIX, missing_context, source_problems
+    from epbuild.onnx.context import compatibility_entry, missing_context, source_problems
     from epbuild.onnx.proto import ProtoError, read_model
 
     if not os.path.exists(ctx):
@@ -503,7 +503,6 @@ def _checked_ctx(
     wrong = source_problems(ctx, info, adapter, config)
     if wrong:
         raise CompileFailure(f"{label}: EPContext node {wrong[0].node}: source {wrong[0].message}")
-    key = adapter.compatibility_key(config)
     cpu_ops = {op: n for op, n in info.op_types.items() if not op.endswith("EPContext")}
     return info, {
         "ctx": posixpath.basename(ctx),
@@ -512,7 +511,7 @@ def _checked_ctx(
         "cpu_nodes": sum(cpu_ops.values()),
         "cpu_op_types": cpu_ops,
         "node_names": [n.name for n in info.context_nodes],
-        "compatibility": info.metadata.get(COMPAT_PREFIX + key) if key else None,
+        "compatibility": compatibility_entry(info.metadata, adapter, config)[1],
     }
 
 

@@ -113,6 +113,13 @@ def _package_parser(sub: _Commands) -> None:
     k.add_argument("--build", action="store_true", help="build stale actions first")
     k.add_argument("--hash", action="store_true", help="re-hash every output first")
     k.add_argument("--json", action="store_true", help="print the deployment manifest as JSON")
+    k.add_argument(
+        "--force",
+        action="store_true",
+        help="replace the package directory even if it holds files the package does not list "
+        "(they are deleted)",
+    )
+    k.add_argument("--lock-timeout", type=float, metavar="SECONDS", help="give up waiting")
 
 
 def _clean_parser(sub: _Commands) -> None:
@@ -508,7 +515,8 @@ def _cmd_package(args: argparse.Namespace) -> int:
     from epbuild.frontends.progress import ConsoleReporter
     from epbuild.shipping.package import package
 
-    reporter = None if args.json else ConsoleReporter()
+    # With --json, only notes (a lock waited for) reach stderr.
+    reporter = ConsoleReporter(quiet=args.json)
     result = package(
         args.directory,
         args.manifest,
@@ -517,17 +525,26 @@ def _cmd_package(args: argparse.Namespace) -> int:
         build=args.build,
         check="hash" if args.hash else "stat",
         reporter=reporter,
+        lock_timeout=args.lock_timeout,
+        force=args.force,
     )
     if args.json:
         print_json(result.to_json())
         return 0
     s, files = result.stats, len(result.deployment["files"])
+    if s.removed:
+        print(f"epbuild: --force: deleted {', '.join(s.removed)} from {result.path}")
     what = f"{len(result.components)} component(s), {files} file(s)"
     if s.unchanged:
         print(f"epbuild: {result.path} is up to date ({what})")
-        return 0
-    how = f"{len(s.linked)} linked from the outputs, {len(s.kept)} kept, {len(s.copied)} copied"
-    print(f"epbuild: packaged {what} into {result.path} ({how})")
+    else:
+        how = f"{len(s.linked)} linked from the outputs, {len(s.kept)} kept, "
+        print(f"epbuild: packaged {what} into {result.path} ({how}{len(s.copied)} copied)")
+    names = ", ".join(f"{n} ({p})" for p, n in result.deployment.get("ep_names", {}).items())
+    print(
+        f"epbuild: apps select its variants by registering the execution provider as {names} "
+        "([package] ep_names sets another name)"
+    )
     return 0
 
 

@@ -104,8 +104,13 @@ def ort_compatibility(
     if read is None or judge is None:
         note = f"onnxruntime {ort.__version__} has no compatibility API (1.23 or later has)"
         return OrtCompatibility(file, None, ep=ep, note=note)
-    try:
-        info = read(data if data is not None else os.fspath(path), ep)
+    keys = getattr(adapter, "compatibility_keys", None)
+    info = None
+    try:  # under the EP's name, else an older name its outputs carried (compatibility_keys)
+        for key in keys(config) if keys is not None else (ep,):
+            info = read(data if data is not None else os.fspath(path), key)
+            if info is not None:
+                break
     except Exception as exc:  # ORT raises its own pybind classes
         return OrtCompatibility(
             file, None, ep=ep, note=f"ONNX Runtime cannot read it: {_first(exc)}"

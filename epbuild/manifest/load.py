@@ -16,9 +16,11 @@ from pathlib import Path
 from typing import Any
 
 from epbuild._names import (
+    CACHE_LAYOUT,
     CTX_SUFFIX,
     DEFAULT_OUT_DIR,
     MANIFEST_NAME,
+    PACKAGE_MANIFEST,
     model_stem,
     state_dir_setting,
     tomllib,
@@ -36,7 +38,7 @@ from epbuild.manifest.model import (
     PackageSettings,
     WorkspaceSettings,
 )
-from epbuild.manifest.schema import SchemaViolation, validate
+from epbuild.manifest.schema import EP_NAME_PATTERN, SchemaViolation, validate
 from epbuild.providers import get_provider
 from epbuild.providers.base import ProviderConfig, has_compile_api, onnxruntime_version
 from epbuild.toolchains.spec import ToolchainSpec, normalise
@@ -207,12 +209,30 @@ def _package(
         out_dir = _rel(where, out_dir, ("package", "out_dir"), "package out_dir")
         if out_dir == ".":
             raise where.error(("package", "out_dir"), "must be a subdirectory, not the workspace")
-    for name in table.get("devices", {}):
-        if name not in providers:
+    for setting in ("devices", "ep_names"):
+        for name in table.get(setting, {}):
+            if name not in providers:
+                raise where.error(
+                    ("package", setting, name),
+                    f"no provider named {name!r}",
+                    hint="known providers: " + (", ".join(providers) or "none"),
+                )
+    for name, ep_name in table.get("ep_names", {}).items():
+        adapter = get_provider(providers[name].ep)
+        if getattr(adapter, "fixed_ep_name", False):
+            fixed = adapter.package_target(providers[name])[0]  # type: ignore[attr-defined]
             raise where.error(
-                ("package", "devices", name),
-                f"no provider named {name!r}",
-                hint="known providers: " + (", ".join(providers) or "none"),
+                ("package", "ep_names", name),
+                f"the {providers[name].ep} EP is built into ONNX Runtime and is always named "
+                f"{fixed!r}: an app cannot register it as {ep_name!r}",
+                hint=f"remove ep_names.{name}",
+            )
+        if not re.fullmatch(EP_NAME_PATTERN.strip("^$"), ep_name):
+            raise where.error(
+                ("package", "ep_names", name),
+                f"{ep_name!r} is not an execution provider name",
+                hint="letters, digits, '_', '.' and '-', starting with a letter, e.g. "
+                '"QNNExecutionProvider"',
             )
     return PackageSettings(
         out_dir=out_dir,
@@ -221,6 +241,7 @@ def _package(
         description=table.get("description"),
         devices=dict(table.get("devices", {})),
         compatibility_strings=table.get("compatibility_strings", True),
+        ep_names=dict(table.get("ep_names", {})),
     )
 
 
@@ -306,7 +327,9 @@ def _group(
     """One ``[groups.<name>]`` table; missing models go to ``problems``, not errors."""
     base = ("groups", name)
     _check_group_providers(where, base, table["providers"], providers)
-    excluded = (workspace.out_dir, workspace.state_dir)
+    # A cache directory inside the workspace is never a model folder either.
+    local_cache = (workspace.cache,) if workspace.cache and "://" not in workspace.cache else ()
+    excluded = (workspace.out_dir, workspace.state_dir, *local_cache)
     numerics = table.get("numerics", {})
     _numerics(where, (*base, "numerics"), numerics)  # reported at the group's table
     entries, patterns = _group_models(
@@ -607,7 +630,49 @@ def _expand(root: Path, pattern: str, excluded: tuple[str, ...]) -> list[str]:
         for p in glob.glob(pattern, root_dir=base, recursive=True)
         if os.path.isfile(os.path.join(base, p))
     )
-    return [p for p in found if not any(p == d or p.startswith(d + "/") for d in excluded)]
+    found = [p for p in found if not any(p == d or p.startswith(d + "/") for d in excluded)]
+    return _not_outputs(base, found)
+
+
+def _not_outputs(base: str, found: list[str]) -> list[str]:
+    """``found`` less epbuild's own outputs, wherever they are: anything inside a model
+    package (a folder holding ``PACKAGE_MANIFEST``) or a directory cache, and ctx models
+    (``*_ctx.onnx`` with EPContext nodes). Costs a few stats per folder, and reads only the
+    ctx-named files a pattern matched."""
+    verdicts: dict[str, bool] = {}
+
+    def epbuild_folder(folder: str) -> bool:
+        if folder in ("", "."):
+            return False
+        if folder not in verdicts:
+            here = os.path.join(base, folder)
+            verdicts[folder] = (
+                os.path.isfile(os.path.join(here, PACKAGE_MANIFEST))
+                or (
+                    os.path.isdir(os.path.join(here, CACHE_LAYOUT, "objects"))
+                    and os.path.isdir(os.path.join(here, CACHE_LAYOUT, "entries"))
+                )
+                or epbuild_folder(posixpath.dirname(folder))
+            )
+        return verdicts[folder]
+
+    return [
+        p
+        for p in found
+        if not epbuild_folder(posixpath.dirname(p))
+        and not (p.endswith(CTX_SUFFIX) and _has_context_nodes(os.path.join(base, p)))
+    ]
+
+
+def _has_context_nodes(path: str) -> bool:
+    """Whether the model at ``path`` holds EPContext nodes (a compiled output, not a source);
+    an unreadable one is left to the model checks."""
+    from epbuild.onnx.proto import ProtoError, read_model
+
+    try:
+        return bool(read_model(path).context_nodes)
+    except (OSError, ProtoError):
+        return False
 
 
 def _check_model(

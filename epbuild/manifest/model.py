@@ -174,6 +174,9 @@ class PackageSettings:
     """Provider name → the device type its variants require (``any``: none)."""
     compatibility_strings: bool = True
     """Whether variants carry ``compatibility_string`` (the EP judges it when selecting)."""
+    ep_names: Mapping[str, str] = field(default_factory=dict)
+    """Provider name → the EP name its variants declare (the name the app registers the EP
+    under), where it is not the EP's conventional name."""
 
 
 @dataclass(frozen=True)

@@ -14,6 +14,8 @@ from pathlib import Path
 from typing import Any
 
 NAME_PATTERN = "^[A-Za-z0-9][A-Za-z0-9_.-]*$"
+EP_NAME_PATTERN = "^[A-Za-z][A-Za-z0-9_.-]*$"
+"""An execution provider's name as an app registers it (``[package] ep_names``)."""
 _SCALAR = {"type": ["string", "integer", "number", "boolean"]}
 _FREE_DIMENSIONS = {
     "type": "object",
@@ -320,6 +322,14 @@ SCHEMA: dict[str, Any] = {
                     },
                     "description": "Per provider: the device type its variants require "
                     "(default: the provider's own; 'any' sets none).",
+                },
+                "ep_names": {
+                    "type": "object",
+                    "propertyNames": {"pattern": NAME_PATTERN},
+                    "additionalProperties": {"type": "string", "pattern": EP_NAME_PATTERN},
+                    "description": "Per provider: the EP name its variants declare, i.e. the "
+                    "name the app registers the EP's plugin library under (default: the EP's "
+                    "conventional name, e.g. QNNExecutionProvider).",
                 },
             },
         },

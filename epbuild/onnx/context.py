@@ -24,7 +24,7 @@ import os
 import posixpath
 import re
 import sys
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -317,6 +317,21 @@ def compatibility_issue(
     return issue or None
 
 
+def compatibility_entry(
+    metadata: Mapping[str, str], adapter: Provider, config: ProviderConfig
+) -> tuple[str, str | None]:
+    """The compatibility info in a model's ``metadata`` and the key it is under: the first of
+    the adapter's names (``compatibility_keys``: older outputs carry older names) present,
+    else the current name and None."""
+    keys = getattr(adapter, "compatibility_keys", None)
+    names = keys(config) if keys is not None else ()
+    current = adapter.compatibility_key(config)
+    for name in (*names, *([current] if current else [])):
+        if COMPAT_PREFIX + name in metadata:
+            return COMPAT_PREFIX + name, metadata[COMPAT_PREFIX + name]
+    return COMPAT_PREFIX + (current or ""), None
+
+
 def compatibility_problems(
     file: str,
     info: ModelInfo,
@@ -329,8 +344,7 @@ def compatibility_problems(
     key = adapter.compatibility_key(config)
     if key is None or not info.context_nodes:
         return []
-    attr = COMPAT_PREFIX + key
-    value = info.metadata.get(attr)
+    attr, value = compatibility_entry(info.metadata, adapter, config)
     if value is None:
         return [Problem(file, "metadata is missing", attribute=attr)]
     issue = compatibility_issue(adapter, config, value, installed=installed)

@@ -120,7 +120,9 @@ class Provider(Protocol):
     def compatibility_key(self, config: ProviderConfig) -> str | None:
         """Name ``X`` of the ``ep_compatibility_info.X`` metadata it writes, if any. An
         adapter may also define ``package_target(config) -> (ep name, device or None)``,
-        what a model package variant declares (absent: as in ``BaseProvider``)."""
+        what a model package variant declares, ``compatibility_keys(config)`` (older names
+        of the metadata too) and ``attach_as(ort, so, config, ep_name)`` (attach under the
+        name an app registers the EP as); absent: as in ``BaseProvider``."""
         ...
 
     def check_compatibility(self, config: ProviderConfig, info: str) -> str | None:
@@ -220,6 +222,12 @@ class BaseProvider(abc.ABC):
         """Name ``X`` of the ``ep_compatibility_info.X`` metadata it writes; None by default."""
         return None
 
+    def compatibility_keys(self, config: ProviderConfig) -> tuple[str, ...]:
+        """Every name its compatibility info may be stored under, the current one
+        (``compatibility_key``) first, then older ones outputs built earlier carry."""
+        key = self.compatibility_key(config)
+        return () if key is None else (key,)
+
     def check_compatibility(self, config: ProviderConfig, info: str) -> str | None:
         """A message if ``info`` does not match the requested target; None by default."""
         return None
@@ -229,6 +237,24 @@ class BaseProvider(abc.ABC):
         model package variant of its outputs declares (``epbuild.shipping``); by default the
         name its compatibility info and EPContext nodes carry, and no device constraint."""
         return (self.compatibility_key(config) or self.context_source(config) or self.kind, None)
+
+    def attach_as(
+        self,
+        ort: onnxruntime,
+        so: onnxruntime.SessionOptions,
+        config: ProviderConfig,
+        ep_name: str,
+    ) -> None:
+        """``attach``, with a plugin EP registered as ``ep_name`` (the name an app registers
+        it under: a package's ``[package] ep_names``). By default the EP's name is fixed:
+        ``ep_name`` must be the one ``package_target`` declares."""
+        fixed = self.package_target(config)[0]
+        if ep_name != fixed:
+            raise ProviderUnavailableError(
+                f"the {config.ep} execution provider is always named {fixed!r}, not {ep_name!r}",
+                hint="package it without an ep_names entry for this provider",
+            )
+        self.attach(ort, so, config)
 
     @abc.abstractmethod
     def attach(
@@ -360,6 +386,24 @@ def stringify_options(
                 key=f"{key}.{name}",
             )
     return out
+
+
+def attach_named(
+    adapter: Any,
+    ort: onnxruntime,
+    so: onnxruntime.SessionOptions,
+    config: ProviderConfig,
+    ep_name: str | None,
+) -> None:
+    """``adapter.attach``, or with ``ep_name`` its ``attach_as`` (the EP registered under the
+    name a package declares); a third-party adapter without ``attach_as`` only under the name
+    it declares itself."""
+    if ep_name is None:
+        adapter.attach(ort, so, config)
+    elif hasattr(adapter, "attach_as"):
+        adapter.attach_as(ort, so, config, ep_name)
+    else:
+        BaseProvider.attach_as(adapter, ort, so, config, ep_name)
 
 
 _registered: set[str] = set()

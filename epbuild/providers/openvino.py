@@ -37,6 +37,9 @@ if TYPE_CHECKING:
     import onnxruntime
 
 EP_NAME = "OpenVINOExecutionProvider"
+"""The OpenVINO EP's name: ``kOpenVINOExecutionProvider`` in ONNX Runtime's and
+onnxruntime-genai's EP name constants, the name onnxruntime-openvino's built-in EP has, and
+what the plugin (onnxruntime-ep-openvino) reports from ``get_ep_name()``."""
 """Name of the EP, its devices and the ``source`` of its EPContext nodes."""
 PLUGIN_DIST = "onnxruntime-ep-openvino"
 BUILTIN_DIST = "onnxruntime-openvino"
@@ -245,14 +248,33 @@ class OpenVinoProvider(BaseProvider):
     def attach(
         self, ort: onnxruntime, so: onnxruntime.SessionOptions, config: ProviderConfig
     ) -> None:
+        self.attach_as(ort, so, config, None)
+
+    def attach_as(
+        self,
+        ort: onnxruntime,
+        so: onnxruntime.SessionOptions,
+        config: ProviderConfig,
+        ep_name: str | None,
+    ) -> None:
+        """Attach the plugin EP (registered as ``ep_name``, default the name the plugin
+        gives, ``OpenVINOExecutionProvider``) or the EP built into onnxruntime-openvino
+        (always ``OpenVINOExecutionProvider``)."""
         device = config.options.get("device_type", DEFAULT_DEVICE)
         options = {k: v for k, v in config.options.items() if k != "device_type"}
         try:
             plugin: Any = importlib.import_module("onnxruntime_ep_openvino")
         except ImportError:
             plugin = None
+        if plugin is None and ep_name not in (None, EP_NAME):
+            raise ProviderUnavailableError(
+                f"the OpenVINO EP built into onnxruntime-openvino is always named {EP_NAME!r}, "
+                f"not {ep_name!r}",
+                hint=f"install the OpenVINO plugin EP ({install_hint(self.extra)}), or register "
+                f"it as {EP_NAME}",
+            )
         if plugin is not None:
-            ep_name = str(plugin.get_ep_name())
+            ep_name = ep_name or str(plugin.get_ep_name())
             hint = install_hint(self.extra)
             register_plugin(ort, ep_name, str(plugin.get_library_path()), hint=hint)
             chosen = pick_device([d for d in ort.get_ep_devices() if d.ep_name == ep_name], device)

@@ -1,7 +1,10 @@
 """The generic plugin-EP adapter: any EP shared library registered with ONNX Runtime.
 
 Manifest settings beside ``ep = "plugin"``: ``library`` (path to the EP's shared library),
-``ep_name`` (the name it registers its EP and devices under), optional ``device_type``
+``ep_name`` (the name epbuild registers the library under, and its packages' variants
+declare: use the EP's conventional name, the one the apps that load it register it as — e.g.
+``NvTensorRTRTXExecutionProvider`` for NVIDIA's TensorRT RTX plugin, the name in ONNX
+Runtime's and onnxruntime-genai's EP name constants), optional ``device_type``
 (``cpu``, ``gpu`` or ``npu``) and ``source`` (the ``source`` its EPContext nodes carry,
 default ``ep_name``). Provider options pass through as strings: epbuild cannot know them.
 """
@@ -127,7 +130,16 @@ class PluginProvider(BaseProvider):
     def attach(
         self, ort: onnxruntime, so: onnxruntime.SessionOptions, config: ProviderConfig
     ) -> None:
-        ep_name = config.settings["ep_name"]
+        self.attach_as(ort, so, config, config.settings["ep_name"])
+
+    def attach_as(
+        self,
+        ort: onnxruntime,
+        so: onnxruntime.SessionOptions,
+        config: ProviderConfig,
+        ep_name: str,
+    ) -> None:
+        """Register the library as ``ep_name`` and add its devices."""
         library = config.resolve(config.settings["library"])
         if not os.path.isfile(library):
             raise ProviderUnavailableError(

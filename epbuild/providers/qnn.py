@@ -22,8 +22,18 @@ from epbuild.providers.base import (
 if TYPE_CHECKING:
     import onnxruntime
 
-EP_NAME = "qnn"
-"""Name the plugin registers its EP and devices under (not ``QNNExecutionProvider``)."""
+EP_NAME = "QNNExecutionProvider"
+"""The name epbuild registers the plugin library under (compiles, loads, packages): the QNN
+EP's conventional name, ``kQNNExecutionProvider`` in ONNX Runtime's and onnxruntime-genai's
+EP name constants, the only name onnxruntime-genai accepts the plugin under (measured with
+genai 0.18.0: any other gives "QNN execution provider is not supported in this build"), and
+the name in Windows ML's provider catalog. The plugin takes the registration name as its
+EP's name: its devices, its EPContext nodes' ``source`` and node names, and its
+``ep_compatibility_info.<name>`` metadata all carry it (measured with onnxruntime-qnn 2.7.0).
+It is not part of any action key (the key names the adapter, ``qnn``)."""
+LEGACY_NAME = "qnn"
+"""The name epbuild registered the plugin under before: outputs built then carry
+``source = "qnn"`` and ``ep_compatibility_info.qnn``, and stay valid (the EP loads both)."""
 DIST = "onnxruntime-qnn"
 SOURCE_ALIASES = frozenset({"qnn", "qnnexecutionprovider"})
 """EPContext ``source`` values the QNN EP loads, compared case-insensitively (measured with
@@ -193,13 +203,21 @@ class QnnProvider(BaseProvider):
     def compatibility_key(self, config: ProviderConfig) -> str | None:
         return EP_NAME
 
+    def compatibility_keys(self, config: ProviderConfig) -> tuple[str, ...]:
+        """``QNNExecutionProvider``, then ``qnn`` (outputs built before the rename)."""
+        return (EP_NAME, LEGACY_NAME)
+
+    def package_target(self, config: ProviderConfig) -> tuple[str, str | None]:
+        """``QNNExecutionProvider``, no device (on x86_64 its HTP is a CPU-typed device)."""
+        return (EP_NAME, None)
+
     def check_compatibility(self, config: ProviderConfig, info: str) -> str | None:
         # v2:6:<sdk>:<htp api>:<arch>:<soc>:<vtcm>:0 for a single target.
         if self.is_multi_soc(config):
             return None
         parts = info.split(":")
         if len(parts) < 6 or parts[0] != "v2":
-            return f"unrecognised ep_compatibility_info.qnn {info!r}"
+            return f"unrecognised QNN compatibility info {info!r}"
         want_arch = config.options.get("htp_arch")
         want_soc = config.options.get("soc_model")
         if want_arch and parts[4] != want_arch:
@@ -250,6 +268,16 @@ class QnnProvider(BaseProvider):
     def attach(
         self, ort: onnxruntime, so: onnxruntime.SessionOptions, config: ProviderConfig
     ) -> None:
+        self.attach_as(ort, so, config, EP_NAME)
+
+    def attach_as(
+        self,
+        ort: onnxruntime,
+        so: onnxruntime.SessionOptions,
+        config: ProviderConfig,
+        ep_name: str,
+    ) -> None:
+        """Register the plugin library as ``ep_name`` and add its devices."""
         try:
             import onnxruntime_qnn
         except ImportError as exc:
@@ -257,8 +285,8 @@ class QnnProvider(BaseProvider):
                 "the QNN execution provider package onnxruntime-qnn is not installed",
                 hint='install it with pip install "epbuild[qnn]"',
             ) from exc
-        register_plugin(ort, EP_NAME, onnxruntime_qnn.get_library_path())
-        devices = require_devices(ort, EP_NAME, extra=self.extra)
+        register_plugin(ort, ep_name, onnxruntime_qnn.get_library_path())
+        devices = require_devices(ort, ep_name, extra=self.extra)
         so.add_provider_for_devices(devices, dict(config.options))
 
 

@@ -26,6 +26,8 @@ if TYPE_CHECKING:
     import onnxruntime
 
 EP_NAME = "TensorrtExecutionProvider"
+"""The EP built into onnxruntime-gpu (``kTensorrtExecutionProvider`` in ONNX Runtime's
+constants); being built in, it cannot be registered under another name."""
 DIST = "onnxruntime-gpu"
 # TensorRT wheels; the first one installed names the version. Libraries installed outside
 # pip (apt, a tarball) cannot be seen without loading them and show as "absent".
@@ -216,6 +218,9 @@ class TensorRtProvider(BaseProvider):
 
     def context_source(self, config: ProviderConfig) -> str:
         return ""  # the TensorRT EP writes no source attribute
+
+    fixed_ep_name = True
+    """Built into onnxruntime-gpu: ``[package] ep_names`` cannot rename it."""
 
     def package_target(self, config: ProviderConfig) -> tuple[str, str | None]:
         """A TensorRT engine runs on an NVIDIA GPU only."""

@@ -18,13 +18,13 @@ import posixpath
 from dataclasses import dataclass, field
 from typing import Any
 
-from epbuild._names import CTX_SUFFIX, model_label
+from epbuild._names import CTX_SUFFIX, PACKAGE_MANIFEST, model_label
 from epbuild.manifest.model import PackageSettings
 from epbuild.planning.actions import Action
 from epbuild.providers import get_provider
 from epbuild.state.journal import ActionRecord
 
-DEPLOY_NAME = "epbuild-package.json"
+DEPLOY_NAME = PACKAGE_MANIFEST
 """epbuild's deployment manifest at the package root; also what marks a directory as a
 package epbuild may replace."""
 ORT_MANIFEST_NAME = "manifest.json"
@@ -99,11 +99,13 @@ def package_contents(
             variant = _variant(described, model, settings.compatibility_strings)
             component["variants"][action.provider.name] = variant
     contents.files.sort(key=lambda f: f.path)
-    contents.ort_manifest = _ort_manifest(components, settings)
+    ep_names = {a["provider"]: a["ep_name"] for a in actions}
+    contents.ort_manifest = _ort_manifest(components, settings, ep_names)
     contents.deployment = {
         "epbuild_package": DEPLOY_FORMAT,
         "package": _package_labels(settings),
         "ort_manifest": ORT_MANIFEST_NAME,
+        "ep_names": ep_names,
         "components": [_component_entry(name, c) for name, c in components.items()],
         "actions": actions,
         "files": {f.path: {"size": f.size, "sha256": f.sha256} for f in contents.files},
@@ -145,8 +147,9 @@ def describe_action(
 
 
 def variant_target(action: Action, settings: PackageSettings) -> tuple[str, str | None]:
-    """The EP name and device constraint of an action's variants (``[package] devices``
-    over the adapter's own)."""
+    """The EP name and device constraint of an action's variants (``[package] ep_names``
+    and ``devices`` over the adapter's own). The EP name is the one an app must register the
+    EP under for ONNX Runtime to select the variant."""
     adapter: Any = get_provider(action.provider.ep)
     target = getattr(adapter, "package_target", None)
     if target is not None:
@@ -157,6 +160,7 @@ def variant_target(action: Action, settings: PackageSettings) -> tuple[str, str 
         )
         ep_name, device = ep_name or adapter.kind, None
     chosen = settings.devices.get(action.provider.name, device)
+    ep_name = settings.ep_names.get(action.provider.name, ep_name)
     return str(ep_name), None if chosen in (None, ANY_DEVICE) else str(chosen)
 
 
@@ -233,7 +237,7 @@ def _package_labels(settings: PackageSettings) -> dict[str, str]:
 
 
 def _ort_manifest(
-    components: dict[str, dict[str, Any]], settings: PackageSettings
+    components: dict[str, dict[str, Any]], settings: PackageSettings, ep_names: dict[str, str]
 ) -> dict[str, Any]:
     doc: dict[str, Any] = {"schema_version": "1.0"}
     labels = _package_labels(settings)
@@ -245,7 +249,11 @@ def _ort_manifest(
     doc["layout"] = "portable"
     doc["components"] = components
     doc["additional_metadata"] = {
-        "epbuild": {"deployment_manifest": DEPLOY_NAME, "format": DEPLOY_FORMAT}
+        "epbuild": {
+            "deployment_manifest": DEPLOY_NAME,
+            "format": DEPLOY_FORMAT,
+            "ep_names": ep_names,  # provider → the name the app registers its EP as
+        }
     }
     return doc
 

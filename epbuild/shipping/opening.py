@@ -13,7 +13,7 @@ import json
 import os
 from typing import Any, Literal
 
-from epbuild.errors import UserError, VerificationError
+from epbuild.errors import EpNameMismatchError, UserError, VerificationError
 from epbuild.fs import digest_file, is_safe_reference
 from epbuild.providers.base import ProviderConfig
 from epbuild.runtime import BuiltAction, SessionFactory, _open
@@ -79,9 +79,12 @@ def open_package(
     check: Literal["size", "hash"] = "size",
     lock_timeout: float | None = None,
     session_factory: SessionFactory | None = None,
+    ep_name: str | None = None,
 ) -> BuiltAction:
     """Open one group of a package (every model, in order) for one provider; see the
-    module docstring."""
+    module docstring. ``ep_name`` is the name the app registers the EP under: a variant
+    declaring another name is refused (``EpNameMismatchError``), as ONNX Runtime would not
+    select it; by default the EP is registered under the name the package declares."""
     if check not in ("size", "hash"):
         raise UserError(f"check must be 'size' or 'hash', not {check!r}")
     doc = read_deployment(package_dir)
@@ -90,6 +93,9 @@ def open_package(
         groups = sorted({str(a.get("group")) for a in doc.get("actions", [])})
         raise UserError(f"the package has no group {group!r}", hint="groups: " + ", ".join(groups))
     providers = list(dict.fromkeys(str(a["provider"]) for a in actions))
+    if provider is None and ep_name is not None:
+        named = [a for a in actions if declared_name(a) == ep_name]
+        provider = str((named or actions)[0]["provider"])
     if provider is None:
         provider = providers[0] if len(providers) == 1 else select_variant(package_dir, actions)
     mine = [a for a in actions if a["provider"] == provider]
@@ -98,12 +104,35 @@ def open_package(
             f"group {group!r} of the package has no variant for provider {provider!r}",
             hint="providers: " + ", ".join(providers),
         )
+    declared = declared_name(mine[0])
+    if ep_name is not None and ep_name != declared:
+        raise name_mismatch(f"group {group!r}", provider, declared, ep_name)
     paths = [ORT_MANIFEST_NAME, *(f for a in mine for f in a["files"])]
     check_files(package_dir, doc, paths, rehash=check == "hash")
     config = provider_config(mine[0])
     models = [os.path.join(os.fspath(package_dir), m["ctx"]) for a in mine for m in a["models"]]
     share = bool(mine[0]["share_weights"])
-    return _open(models, config, share, lock_timeout, session_factory, f"{group}/{provider}")
+    what = f"{group}/{provider}"
+    return _open(models, config, share, lock_timeout, session_factory, what, declared)
+
+
+def declared_name(action: dict[str, Any]) -> str:
+    """The EP name an action's variants declare: what an app must register the EP as."""
+    return str(action.get("ep_name") or action["ep"])
+
+
+def name_mismatch(what: str, provider: str, declared: str, registered: str) -> UserError:
+    """The error for an app that registers the EP under another name than a variant
+    declares: ONNX Runtime's selection finds no variant ("No suitable model variant")."""
+    return EpNameMismatchError(
+        f"{what} of the package declares its {provider!r} variants for the execution provider "
+        f"named {declared!r}, but the app registers it as {registered!r}: ONNX Runtime "
+        "selects a variant only by that exact name",
+        hint=f"register the EP library as {declared!r} in the app "
+        f"(ort.register_execution_provider_library({declared!r}, path)), or package it for "
+        f'the app\'s name: [package] ep_names = {{ {provider} = "{registered}" }} in '
+        "epbuild.toml",
+    )
 
 
 def provider_config(action: dict[str, Any]) -> ProviderConfig:
@@ -123,11 +152,12 @@ def select_variant(package_dir: str | os.PathLike[str], actions: list[dict[str, 
     import onnxruntime as ort
 
     from epbuild.providers import get_provider
+    from epbuild.providers.base import attach_named
 
     first = actions[0]
     config = provider_config(first)
     so = ort.SessionOptions()
-    get_provider(config.ep).attach(ort, so, config)
+    attach_named(get_provider(config.ep), ort, so, config, declared_name(first))
     component = f"{first['group']}/{first['models'][0]['name']}"
     try:
         ctx = ort.ModelPackageContext(os.fspath(package_dir))
@@ -135,7 +165,10 @@ def select_variant(package_dir: str | os.PathLike[str], actions: list[dict[str, 
         return str(chosen.get_selected_variant_name())
     except Exception as exc:
         text = str(exc).strip().splitlines()
+        declared = sorted({f"{a['provider']}: {declared_name(a)}" for a in actions})
         raise UserError(
-            f"ONNX Runtime selects no variant of {component}: {text[0] if text else exc}",
+            f"ONNX Runtime selects no variant of {component}: {text[0] if text else exc} "
+            f"(its variants declare the EP names {', '.join(declared)}; the EP was registered "
+            f"as {declared_name(first)!r})",
             hint="name the provider to open (provider=...)",
         ) from exc

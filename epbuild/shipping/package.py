@@ -3,14 +3,12 @@ model package (``contents`` says what it holds, ``writer`` how it is written).""
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from epbuild._names import LOCKS_DIR
 from epbuild.errors import ActionFailedError, OutOfDateError, UnsafePathError, UserError
 from epbuild.fs import inside
 from epbuild.results import BuildResult, Reporter
@@ -36,6 +34,7 @@ class PackageResult:
         s = self.stats
         written = {"kept": len(s.kept), "linked": len(s.linked), "copied": len(s.copied)}
         written["unchanged"] = s.unchanged
+        written["removed"] = len(s.removed)
         return {"package": self.path, "written": written, "deployment": self.deployment}
 
 
@@ -49,13 +48,17 @@ def package(
     check: Literal["stat", "hash"] = "stat",
     reporter: Reporter | None = None,
     lock_timeout: float | None = None,
+    force: bool = False,
 ) -> PackageResult:
     """Write the selected actions' outputs as an ONNX Runtime model package at ``out``
     (relative to ``directory``; default ``[package] out_dir``).
 
     Every selected action must be up to date with its outputs as its build committed them
     (``OutOfDateError`` names the others), unless ``build`` builds them first. ``check="hash"``
-    re-hashes every output instead of trusting the stat cache.
+    re-hashes every output instead of trusting the stat cache. ``lock_timeout`` bounds the
+    wait for another run writing the same package directory (``LockTimeoutError``);
+    ``force`` replaces a package directory that holds files its deployment manifest does not
+    list (they are deleted; without it, ``UnsafePathError`` names them).
     """
     from epbuild.planning.staleness import make_plan
     from epbuild.planning.workspace import open_workspace
@@ -82,11 +85,17 @@ def package(
     committed = [(a, ws.state.records[a.id]) for a in ws.actions]
     contents = package_contents(ws.manifest.workspace.out_dir, committed, ws.manifest.package)
     generated = contents.generated()
-    # The lock lives in the state directory: nothing but the package appears beside it.
-    slug = hashlib.sha256(os.fsencode(dest)).hexdigest()[:16]
-    lock = os.path.join(ws.state_dir, LOCKS_DIR, f"package-{slug}.lock")
     unreplaced = _unreplaced(ws.root, snapshot)
-    stats = write_package(dest, ws.root, contents.files, generated, lock, unreplaced)
+    stats = write_package(
+        dest,
+        ws.root,
+        contents.files,
+        generated,
+        unreplaced,
+        force=force,
+        lock_timeout=lock_timeout,
+        on_wait=reporter.message if reporter is not None else None,
+    )
     shown = os.fspath(out) if out is not None else str(ws.manifest.package.out_dir)
     names = list(contents.ort_manifest["components"])
     return PackageResult(shown, json.loads(generated[DEPLOY_NAME]), stats, built, names)

@@ -27,11 +27,15 @@ def main(root: str) -> None:
 
     with open(os.path.join(root, "manifest.json")) as f:
         components: dict[str, Any] = json.load(f)["components"]
-    ort.register_execution_provider_library("qnn", onnxruntime_qnn.get_library_path())
+    # Register the plugin under the name the variants declare ("ep"): ONNX Runtime selects a
+    # variant only for an EP of exactly that name (QNNExecutionProvider unless the manifest's
+    # [package] ep_names says otherwise).
+    first = next(iter(next(iter(components.values()))["variants"].values()))
+    ep = first["ep"]
+    ort.register_execution_provider_library(ep, onnxruntime_qnn.get_library_path())
     so = ort.SessionOptions()
     # The EP needs its backend to be selected at all; the first variant's options name it.
-    first = next(iter(next(iter(components.values()))["variants"].values()))
-    qnn = [d for d in ort.get_ep_devices() if d.ep_name == "qnn"]
+    qnn = [d for d in ort.get_ep_devices() if d.ep_name == ep]
     so.add_provider_for_devices(qnn, first["executor_info"]["ort"]["provider_options"])
     options = ort.ModelPackageOptions(so)  # one per process (see docs/research/model-package.md)
     package = ort.ModelPackageContext(root)
