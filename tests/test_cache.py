@@ -350,6 +350,7 @@ def _popen_build(ws: Workspace, cache: Path, err: Path, **env: str) -> subproces
         )  # fmt: skip
 
 
+@pytest.mark.slow
 def test_two_workspaces_sharing_a_cache_compile_each_key_once(
     simple_ws: Callable[..., Workspace], tmp_path: Path
 ) -> None:

@@ -164,6 +164,7 @@ def test_s3_endpoint_refusing_connections_fails_nothing(
     _check_outage(simple_ws(), monkeypatch, tmp_path)
 
 
+@pytest.mark.slow
 def test_s3_endpoint_that_never_answers_does_not_hang(
     simple_ws: Callable[..., Workspace], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:

@@ -170,6 +170,7 @@ def test_killed_worker_mid_compile_is_retried_elsewhere(
         client.close()
 
 
+@pytest.mark.slow
 def test_farm_with_other_versions_is_refused(
     simple_ws: Callable[..., Workspace], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

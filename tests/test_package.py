@@ -475,6 +475,7 @@ def whole(dist: Path) -> dict[str, Any]:
     return deploy  # type: ignore[no-any-return]
 
 
+@pytest.mark.slow
 def test_two_runs_into_one_directory_under_any_spelling_leave_a_whole_package(
     built: Workspace, tmp_path: Path
 ) -> None:
