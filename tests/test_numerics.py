@@ -252,3 +252,19 @@ def test_the_html_report_shows_the_last_figures(workspace: Workspace, tmp_path: 
     page = tmp_path / "r.html"
     write_html_report(workspace.root, None, [], page)
     assert "c: ok (worst output y: max_abs" in page.read_text()
+
+
+def test_the_deployment_manifest_carries_each_models_figures(workspace: Workspace) -> None:
+    from epbuild.shipping.package import package
+
+    workspace.model("m/c.onnx", matmul_model(3))
+    workspace.model("m/d.onnx", matmul_model(4))
+    group = {"models": ["m/c.onnx", "m/d.onnx"], "providers": ["htp"]}
+    workspace.manifest({"providers": {"htp": HTP73}, "groups": {"g": group}})
+    assert workspace.build().ok
+    verify_outputs(workspace.root, selectors=["g/htp/c"], numerics=True)
+    result = package(workspace.root, out="dist")
+    figures = {m["name"]: m["numerics"] for a in result.deployment["actions"]
+               for m in a["models"]}  # fmt: skip
+    assert figures["c"]["status"] == "ok" and figures["c"]["outputs"][0]["name"] == "y"
+    assert figures["d"] is None  # never checked

@@ -79,9 +79,13 @@ def _sha256(data: bytes) -> str:
 
 
 def package_contents(
-    out_dir: str, committed: list[tuple[Action, ActionRecord]], settings: PackageSettings
+    out_dir: str,
+    committed: list[tuple[Action, ActionRecord]],
+    settings: PackageSettings,
+    figures: dict[tuple[str, int], dict[str, Any]] | None = None,
 ) -> Contents:
-    """The package of ``committed`` actions (up to date, outputs verified), in manifest order."""
+    """The package of ``committed`` actions (up to date, outputs verified), in manifest order;
+    ``figures``: the last numerical check of (action id, model index)."""
     contents = Contents()
     components: dict[str, dict[str, Any]] = {}
     actions: list[dict[str, Any]] = []
@@ -91,6 +95,8 @@ def package_contents(
             path = posixpath.relpath(rel, out_dir)
             contents.files.append(PackagedFile(path, rel, out.size, out.digest))
         described = describe_action(action, rec, variant_dir, settings)
+        for i, model in enumerate(described["models"]):
+            model["numerics"] = (figures or {}).get((action.id, i))
         actions.append(described)
         for model in described["models"]:
             component = components.setdefault(

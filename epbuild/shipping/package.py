@@ -7,13 +7,16 @@ import json
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from epbuild.errors import ActionFailedError, OutOfDateError, UnsafePathError, UserError
 from epbuild.fs import inside
 from epbuild.results import BuildResult, Reporter
 from epbuild.shipping.contents import DEPLOY_NAME, package_contents
 from epbuild.shipping.writer import WriteStats, write_package
+
+if TYPE_CHECKING:
+    from epbuild.planning.workspace import Workspace
 
 
 @dataclass
@@ -83,7 +86,9 @@ def package(
         )
     snapshot = committed_outputs(ws, ws.actions, rehash=check == "hash")
     committed = [(a, ws.state.records[a.id]) for a in ws.actions]
-    contents = package_contents(ws.manifest.workspace.out_dir, committed, ws.manifest.package)
+    contents = package_contents(
+        ws.manifest.workspace.out_dir, committed, ws.manifest.package, _figures(ws)
+    )
     generated = contents.generated()
     unreplaced = _unreplaced(ws.root, snapshot)
     stats = write_package(
@@ -167,3 +172,18 @@ def _unreplaced(root: str, snapshot: dict[str, Any]) -> Callable[[], None]:
                 )
 
     return check
+
+
+def _figures(ws: Workspace) -> dict[tuple[str, int], dict[str, Any]]:
+    """Each model's last recorded ``verify --numerics`` (as its outputs are now), for the
+    deployment manifest; models never checked are left out."""
+    from epbuild.inspect.numerics import Store, last_check
+
+    store = Store(ws.state_dir)
+    found: dict[tuple[str, int], dict[str, Any]] = {}
+    for action in ws.actions:
+        for i in range(len(action.entries)):
+            check = last_check(ws, action, i, store)
+            if check is not None:
+                found[action.id, i] = check.to_json()
+    return found

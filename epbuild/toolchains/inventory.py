@@ -119,14 +119,32 @@ def prune(keep: Iterable[str]) -> Pruned:
     current, root = worker_path(), toolchain_root()
     for name in sorted(os.listdir(root)):
         path = os.path.join(root, name)
-        if name.startswith("worker-") and path != current and os.path.isdir(path):
-            shutil.rmtree(path, ignore_errors=True)
-            removed.append(path)
+        if not name.startswith("worker-") or path == current or not os.path.isdir(path):
+            continue
+        if ".tmp-" in name and _maker_alive(name):
+            continue  # another epbuild is copying itself there right now
+        shutil.rmtree(path, ignore_errors=True)
+        removed.append(path)
     ends = (".log", ".lock", USE_SUFFIX)
     strays = {n.rsplit(".", 1)[0] for n in os.listdir(root) if n.endswith(ends)}
     for digest in sorted(strays - kept):
         _remove_stray(os.path.join(root, digest))
     return Pruned(removed, busy)
+
+
+def _maker_alive(name: str) -> bool:
+    """Whether the process named in a worker copy's temporary name
+    (``worker-<digest>.tmp-<pid>-<thread>``) still runs on this host."""
+    pid = name.rpartition(".tmp-")[2].partition("-")[0]
+    if not pid.isdigit():
+        return False
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True  # it exists (another user's)
+    return True
 
 
 def _remove_stray(env: str) -> None:
@@ -150,8 +168,10 @@ def _remove_stray(env: str) -> None:
             return
         try:
             for path in (env + ".log", env + ".lock", env + USE_SUFFIX):
-                if os.path.exists(path):
+                try:
                     os.unlink(path)
+                except FileNotFoundError:
+                    pass  # another prune took it
         finally:
             lock.release()
     finally:

@@ -1,0 +1,129 @@
+"""Two of every writing command at once on the same target: the result is whole and every
+success was true. (Two builds: tests/test_concurrency.py; two packages, also through a
+symlinked spelling: tests/test_package.py; two `add`: tests/test_add.py.)"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from conftest import Workspace
+
+from epbuild import status
+from epbuild.state.journal import load_state
+
+_STARTER = (
+    "import os, sys, time\n"
+    "ready, go = sys.argv.pop(1), sys.argv.pop(1)\n"
+    "open(ready, 'w').close()\n"
+    "while not os.path.exists(go): time.sleep(0.001)\n"  # both leave the line together
+    "from epbuild.frontends.cli import main\n"
+    "sys.exit(main(sys.argv[1:]))\n"
+)
+
+
+def together(
+    root: Path, *commands: tuple[str, ...], env: dict[str, str] | None = None
+) -> list[subprocess.CompletedProcess[str]]:
+    """Run the epbuild ``commands`` in ``root`` at once (each waits for one go file after
+    its interpreter started); their finished processes, in order."""
+    go = root.parent / f"go-{os.getpid()}"
+    go.unlink(missing_ok=True)
+    ready = [root.parent / f"ready-{i}" for i in range(len(commands))]
+    for r in ready:
+        r.unlink(missing_ok=True)
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", _STARTER, str(r), str(go), "-C", str(root), *cmd],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env={**os.environ, **(env or {})},
+        )
+        for r, cmd in zip(ready, commands, strict=True)
+    ]
+    while not all(r.exists() for r in ready):  # an event: every interpreter is up
+        if any(p.poll() is not None for p in procs):
+            break
+        time.sleep(0.001)
+    go.touch()
+    done = []
+    for p, cmd in zip(procs, commands, strict=True):
+        out, err = p.communicate(timeout=600)
+        done.append(subprocess.CompletedProcess(cmd, p.returncode, out, err))
+    return done
+
+
+def clean_exit(proc: subprocess.CompletedProcess[str]) -> None:
+    assert proc.returncode == 0, (proc.args, proc.stdout, proc.stderr)
+    assert "Traceback" not in proc.stderr + proc.stdout
+
+
+def test_two_cleans(simple_ws: Callable[..., Workspace]) -> None:
+    ws = simple_ws()
+    for _ in range(3):
+        assert ws.build().ok
+        for proc in together(ws.root, ("clean",), ("clean",)):
+            clean_exit(proc)
+        state = load_state(str(ws.root / ".epbuild/state.jsonl"))
+        assert not state.records and not state.interrupted and not state.warnings
+        assert not [p for p in (ws.root / "build").rglob("*") if p.is_file()]
+        assert all(a.stale for a in status(ws.root).actions)
+
+
+def test_two_cache_prunes(simple_ws: Callable[..., Workspace], tmp_path: Path) -> None:
+    ws = simple_ws()
+    cache = tmp_path / "cache"
+    assert ws.build(cache=str(cache)).ok
+    for proc in together(
+        ws.root,
+        ("cache", "prune", "--max-size", "1", "--cache", str(cache)),
+        ("cache", "prune", "--max-size", "1", "--cache", str(cache)),
+    ):
+        clean_exit(proc)
+    checked = ws.cli("cache", "verify", "--cache", str(cache))
+    clean_exit(checked)
+    # the cache still works: a clean build restores or compiles, and is whole
+    ws.cli("clean", check=True)
+    assert ws.build(cache=str(cache)).ok
+    assert not any(a.stale for a in status(ws.root).actions)
+
+
+@pytest.fixture
+def toolchain_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    root = tmp_path / "toolchains"
+    monkeypatch.setenv("EPBUILD_TOOLCHAINS", str(root))
+    return root
+
+
+def _leftovers(root: Path) -> None:
+    """Environments no manifest uses, half-made ones, failed attempts' logs, old workers."""
+    for i in range(40):
+        digest = f"{i:02d}" + "ab" * 15
+        env = root / digest
+        (env / "lib").mkdir(parents=True)
+        (env / "lib" / "x.py").write_text("x = 1\n")
+        if i % 2:
+            (env / "epbuild-toolchain.json").write_text(json.dumps({"requirements": ["x"]}))
+        (root / f"{digest}.log").write_text("pip said things\n")
+        (root / f"{i:02d}{'cd' * 15}.log").write_text("a failed attempt\n")
+        (root / f"{i:02d}{'cd' * 15}.lock").write_text("")
+    (root / "worker-0.0.0-old").mkdir()
+
+
+def test_two_toolchain_prunes(simple_ws: Callable[..., Workspace], toolchain_dir: Path) -> None:
+    ws = simple_ws()
+    for _ in range(3):
+        _leftovers(toolchain_dir)
+        runs = together(ws.root, ("toolchains", "--prune"), ("toolchains", "--prune"))
+        for proc in runs:
+            clean_exit(proc)
+        left = sorted(p.name for p in toolchain_dir.iterdir() if not p.name.startswith("worker-"))
+        assert left == [], left
+        assert not (toolchain_dir / "worker-0.0.0-old").exists()
