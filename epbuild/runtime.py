@@ -215,8 +215,7 @@ def _open(
     if not items:
         raise UserError("no ctx model to open")
     if session_factory is None:
-        load_problem = getattr(adapter, "load_problem", None)
-        problem = load_problem(provider, share_weights) if load_problem else None
+        problem = adapter.load_problem(provider, share_weights)
         if problem:
             raise CompatibilityError(problem)
     for path, data in items:
@@ -268,8 +267,7 @@ def _create(
         except Exception as exc:
             text = str(exc).strip().splitlines()
             first = text[0] if text else type(exc).__name__
-            explain = getattr(adapter, "explain_load_failure", None)
-            known = explain(provider, first) if explain else None
+            known = adapter.explain_load_failure(provider, first)
             raise CompatibilityError(
                 f"{path}: ONNX Runtime could not load it: {known or first}"
             ) from exc

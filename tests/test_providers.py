@@ -567,17 +567,21 @@ def test_unknown_kind_lists_the_known_ones() -> None:
     assert info.value.hint and "known: qnn, plugin, openvino, tensorrt" in info.value.hint
 
 
-class ThirdParty:
+class ThirdParty(base.BaseProvider):
     """A minimal adapter a third-party package could ship."""
 
     kind = "acme"
     extra = ""
     shares_weights = False
 
-    def __getattr__(self, name: str) -> Any:
-        if name in providers._REQUIRED:
-            return lambda *args, **kwargs: None
-        raise AttributeError(name)
+    def versions(self, config: ProviderConfig) -> dict[str, str]:
+        return {}
+
+    def context_source(self, config: ProviderConfig) -> str:
+        return "acme"
+
+    def attach(self, ort: Any, so: Any, config: ProviderConfig) -> None:
+        return None
 
 
 class FakeEntryPoint:

@@ -163,9 +163,9 @@ def _compile_checked(job: Job) -> dict[str, Any]:
     else:
         _compile_with_sessions(ort, job, adapter)
     if job.share_weights:
-        finish = getattr(adapter, "finish_sharing_group", None)
-        if finish is not None:
-            finish(config, [posixpath.join(job.staging, n) for n in job.ctx_names])
+        adapter.finish_sharing_group(
+            config, [posixpath.join(job.staging, n) for n in job.ctx_names]
+        )
     return check_outputs(
         job.staging, list(job.models), adapter, config, job.share_weights, list(job.ctx_names)
     )

@@ -308,27 +308,25 @@ def load_check(
     """Run the ``index``-th ctx model of ``action`` and its source on the same feeds in a
     loader process (``extra``: more of the job, e.g. the numerics inputs)."""
     adapter = get_provider(action.provider.ep)
-    load_problem = getattr(adapter, "load_problem", None)
-    reason = load_problem(action.provider, action.group.share_weights) if load_problem else None
+    reason = adapter.load_problem(action.provider, action.group.share_weights)
     if isinstance(toolchain, str):
         reason = f"its toolchain is not usable here: {toolchain}"
     ctx = action.ctx_paths[index]
     if reason:
         return LoadCheck(ctx, LoadOutcome.NOT_LOADABLE, reason)
-    explain = getattr(adapter, "explain_load_failure", None)
     job = {"ctx": ctx, "source": action.models[index], "provider": action.provider.to_json()}
     dims = action.free_dimensions[index]
     if dims:  # the source runs at the shapes the ctx model was compiled for
         job["free_dimensions"] = dims
     check = _run_loader(ws.root, ctx, {**job, **(extra or {})}, toolchain)
     failed = check.outcome is LoadOutcome.FAILED
-    why = explain(action.provider, check.message) if explain and failed else None
+    why = adapter.explain_load_failure(action.provider, check.message) if failed else None
     if why:  # a known limit of the EP's package, not a bad build
         check = LoadCheck(ctx, LoadOutcome.NOT_LOADABLE, why)
     # Where the adapter says this host is not the target (QNN on x86_64 runs contexts in
     # an emulation), a native crash of the loader is the host's limit, not a bad build;
     # a corrupt context still fails with an error or wrong numbers.
-    emulated = load_problem is not None and load_problem(action.provider, True) is not None
+    emulated = adapter.load_problem(action.provider, True) is not None
     if check.crashed and emulated:
         check = LoadCheck(
             ctx,
