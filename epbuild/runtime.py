@@ -368,6 +368,7 @@ def committed_outputs(
 
     Sizes come from the journal and digests from the stat cache while a file's stat still
     matches it; a file whose stat changed is re-hashed (every file with ``rehash``)."""
+    from epbuild.planning.damage import record_damage
     from epbuild.planning.staleness import outputs_intact
     from epbuild.state.statcache import hash_file
 
@@ -410,7 +411,7 @@ def committed_outputs(
                 problems = [f"output {rel} was modified" for rel in changed]
                 # The stat cache vouched for these files (same inode, size and mtime): only
                 # a recorded damage makes the next build rebuild them.
-                ws.record_damage(a.id, changed, 'open_action(check="hash")')
+                record_damage(ws, a.id, changed, 'open_action(check="hash")')
         except OSError as exc:
             problems = [f"cannot read output {exc.filename}: {exc.strerror}"]
         if problems:

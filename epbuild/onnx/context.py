@@ -521,8 +521,8 @@ def machine_paths(root: str, dirs: Iterable[str] = ()) -> MachinePaths:
     onnxruntime; ``lstat`` calls only (real paths)."""
     import tempfile
 
-    from epbuild.cache.location import default_cache_dir  # plain paths, no imports
     from epbuild.toolchains.env import toolchain_root
+    from epbuild.userdirs import default_cache_dir
 
     found = [
         root,
