@@ -145,7 +145,7 @@ def compiled_with(config: ProviderConfig) -> dict[str, str]:
 
 
 def _epbuild_version() -> str:
-    from epbuild import __version__
+    from epbuild._version import __version__
 
     return __version__
 
@@ -518,7 +518,7 @@ def _checked_ctx(
 
 def main() -> None:
     """Entry point: read one job line, compile, write the result file."""
-    from epbuild import _stacks
+    import epbuild._stacks as _stacks
 
     _stacks.register()
     import onnxruntime  # noqa: F401  (import first: the bulk of the start-up cost)

@@ -66,7 +66,7 @@ def _state_dir_of(root: str, manifest_bytes: bytes) -> str | None:
 
 
 def _context(selectors: list[str] | tuple[str, ...]) -> dict[str, Any]:
-    from epbuild import __version__
+    from epbuild._version import __version__
 
     return {"epbuild": __version__, "prefix": sys.prefix, "selectors": list(selectors)}
 
