@@ -28,7 +28,7 @@ from epbuild.manifest import load as load_module
 from epbuild.manifest.load import load_manifest
 from epbuild.manifest.model import SESSION_SETTINGS, CompileSettings
 from epbuild.onnx.proto import read_model
-from epbuild.providers.base import ProviderConfig, has_compile_api
+from epbuild.providers.base import BaseProvider, ProviderConfig, has_compile_api
 
 
 def folded_model(seed: int = 0, n: int = 32) -> onnx.ModelProto:
@@ -230,7 +230,12 @@ def _fake_ort(log: list[Any], fail: str | None = None) -> types.ModuleType:
     return ort
 
 
-class _Adapter:
+class _Adapter(BaseProvider):
+    kind = "qnn"
+
+    def context_source(self, config: Any) -> str:
+        return "qnn"
+
     def context_options(self, config: Any, ctx_path: str, embed_mode: int) -> dict[str, str]:
         raise AssertionError("the compile API path needs no context options")
 
@@ -337,6 +342,7 @@ def _zoo_manifest(ws: Workspace, compiler: str) -> None:
     })  # fmt: skip
 
 
+@pytest.mark.slow
 def test_both_compilers_give_identical_bytes(workspace: Workspace, tmp_path: Path) -> None:
     """Sessions and the compile API (at the same optimisation level) write the same files,
     byte for byte; each is reproducible run to run and wherever the workspace lives."""
@@ -375,6 +381,7 @@ def test_nothing_compiled_fails_clearly(workspace: Workspace, compiler: str) -> 
     assert not (workspace.root / "build" / "g" / "htp").exists()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("compiler", ["compile_api", "session"])
 def test_graph_optimization_level_changes_the_graph(workspace: Workspace, compiler: str) -> None:
     workspace.model("m/f.onnx", folded_model())
@@ -391,6 +398,7 @@ def test_graph_optimization_level_changes_the_graph(workspace: Workspace, compil
     assert built["all"]["g/htp/f_ctx_qnn.bin"] != built["disabled"]["g/htp/f_ctx_qnn.bin"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("compiler", ["compile_api", "session"])
 def test_disable_cpu_ep_fallback_fails_a_partial_model(workspace: Workspace, compiler: str) -> None:
     workspace.model("p/p.onnx", mod_model(1))

@@ -70,7 +70,7 @@ def cache_option(args: argparse.Namespace) -> str | bool | None:
 def scheduler(value: str | None) -> str | None:
     """``--scheduler``: a Dask scheduler address when given."""
     if value is not None:
-        from epbuild.executors.address import parse_address
+        from epbuild.addresses import parse_address
 
         parse_address(value)
     return value
