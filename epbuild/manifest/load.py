@@ -535,7 +535,7 @@ def _group_models(
                              {**numerics, **own})  # fmt: skip
         inside = [
             (what, d)
-            for what, d in zip(("output", "state"), excluded, strict=True)
+            for what, d in zip(("output", "state", "cache"), excluded, strict=False)
             if pattern == d or pattern.startswith(d + "/")
         ]
         if inside and not glob:
