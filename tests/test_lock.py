@@ -215,7 +215,9 @@ def test_a_current_lock_entry_names_the_toolchain_and_prune_keeps_it(
 
     made: list[tuple[str, object]] = []
 
-    def fake_make(spec: ToolchainSpec, directory: str, provider: str, locked: object) -> object:
+    def fake_make(
+        spec: ToolchainSpec, directory: str, provider: str, locked: object, keep: object = ()
+    ) -> object:
         made.append((directory, locked))
         os.makedirs(os.path.join(directory, "bin"))
         Path(directory, "bin", "python").write_text("")
