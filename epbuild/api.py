@@ -184,6 +184,9 @@ def _plan(
     toolchains = Toolchains(create=not dry_run, say=reporter.message)
     ws = open_workspace(directory, manifest, selectors, loaded=loaded, toolchains=toolchains)
     warnings = list(ws.state.warnings)
+    # Checked by the manifest, not built yet: said on every build, so that no build reads
+    # as having made them (and none is recorded for the no-op path).
+    warnings += [f"llms.{name}: LLM pipelines are not built yet" for name in ws.manifest.llms]
     for w in warnings:
         reporter.message(f"warning: {w}")
     return ws, make_plan(ws.actions, ws.state, ws.keys, ws.stats, ws.root), warnings

@@ -27,6 +27,7 @@ from epbuild._names import (
 )
 from epbuild.errors import ManifestError, UnsafePathError
 from epbuild.fs import safe_relpath
+from epbuild.manifest.llms import load_llms
 from epbuild.manifest.locate import Where
 from epbuild.manifest.model import (
     DEFAULT_OPTIMIZATION_LEVEL,
@@ -133,7 +134,8 @@ def load_manifest(path: str | os.PathLike[str], *, text: str | None = None) -> M
         }
         groups[name] = replace(group, compile=resolved)
     package = _package(where, data, providers)
-    return Manifest(file, root, workspace, providers, groups, problems, package=package)
+    llms = load_llms(where, root, data.get("llms", {}), providers, set(groups))
+    return Manifest(file, root, workspace, providers, groups, problems, package=package, llms=llms)
 
 
 def _read_text(file: Path) -> str:
