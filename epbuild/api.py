@@ -71,6 +71,7 @@ def status(
     """
     ws = open_workspace(directory, manifest, selectors)
     plans = make_plan(ws.actions, ws.state, ws.keys, ws.stats, ws.root)
+    lock_notes = _lock_notes(ws)
     if any(p.stale and p.key for p in plans):
         cached = open_action_cache(ws, directory, cache)
         if cached is not None:
@@ -79,7 +80,24 @@ def status(
             explain_plans(cached, plans)
     _save_stats_if_possible(ws)
     orphans = [] if selectors else orphaned_actions(ws)
-    return StatusResult([ActionStatus.from_plan(p) for p in plans], orphans)
+    return StatusResult([ActionStatus.from_plan(p) for p in plans], orphans, lock_notes)
+
+
+def _lock_notes(ws: Workspace) -> list[str]:
+    """Why the workspace's ``epbuild.lock`` is out of date with the manifest (none: it is
+    current, or there is no lock)."""
+    from epbuild.planning.lock import outdated
+    from epbuild.toolchains.lockfile import LockError, lock_path, read_lock
+
+    path = lock_path(ws.manifest.path)
+    try:
+        lock = read_lock(path)
+    except LockError as exc:
+        return [exc.message]
+    if lock is None:
+        return []
+    name = os.path.basename(path)
+    return [f"{name} is out of date: {r}" for r in outdated(lock, ws.manifest)]
 
 
 def build(
@@ -100,6 +118,7 @@ def build(
     executor: str | Executor | None = None,
     scheduler: str | None = None,
     loaded: Manifest | None = None,
+    locked: bool = False,
 ) -> BuildResult:
     """Bring the selected actions up to date; returns what happened to each.
 
@@ -108,6 +127,8 @@ def build(
     trace-event JSON; ``executor`` is ``"local"``, ``"dask"`` (with ``scheduler``, a Dask
     scheduler address) or an ``Executor`` object (the caller's to close). ``loaded`` builds
     with an already-loaded manifest instead of re-reading the file (watch keeps its last).
+    ``locked`` refuses (``LockError``, exit 2) to compile or restore when an environment
+    differs from ``epbuild.lock`` (``build --locked``).
     """
     from epbuild.engine.trace import Tracer
 
@@ -115,7 +136,9 @@ def build(
     tracer = Tracer()
     reporter = reporter or Reporter()
     with tracer.span("plan"):
-        ws, plans, warnings = _plan(directory, manifest, selectors, loaded, reporter, dry_run)
+        ws, plans, warnings = _plan(
+            directory, manifest, selectors, loaded, reporter, dry_run, locked
+        )
     try:
         results = {p.action.id: _planned(ws, p) for p in plans}
         stale = [p for p in plans if p.stale]
@@ -176,13 +199,22 @@ def _plan(
     loaded: Manifest | None,
     reporter: Reporter,
     dry_run: bool,
+    locked: bool = False,
 ) -> tuple[Workspace, list[ActionPlan], list[str]]:
     """Open the workspace and plan every action (making missing toolchains, unless a dry
-    run); also what loading its state warned about."""
+    run); also what loading its state warned about. ``locked``: first refuse (``LockError``)
+    environments that differ from ``epbuild.lock``."""
     from epbuild.toolchains.resolve import Toolchains
 
     toolchains = Toolchains(create=not dry_run, say=reporter.message)
     ws = open_workspace(directory, manifest, selectors, loaded=loaded, toolchains=toolchains)
+    if locked:
+        from epbuild.planning.lock import enforce
+        from epbuild.toolchains.lockfile import lock_path, read_lock
+
+        path = lock_path(ws.manifest.path)
+        providers = {a.provider.name for a in ws.actions}
+        enforce(read_lock(path), path, ws.manifest, toolchains, providers)
     warnings = list(ws.state.warnings)
     # Checked by the manifest, not built yet: said on every build, so that no build reads
     # as having made them (and none is recorded for the no-op path).

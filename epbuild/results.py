@@ -140,12 +140,15 @@ class StatusResult:
     actions: list[ActionStatus]
     orphaned: list[str] = field(default_factory=list)
     """Ids of built actions no longer in the manifest (only listed without selectors)."""
+    lock: list[str] = field(default_factory=list)
+    """Why ``epbuild.lock`` is out of date with the manifest (empty: current, or none)."""
 
     def to_json(self) -> dict[str, Any]:
         """The ``status --json`` document."""
         return {
             "actions": [a.to_json() for a in self.actions],
             "orphaned": self.orphaned,
+            "lock": self.lock,
         }
 
 

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 from conftest import Workspace
+from test_runtime import _flip_middle_byte
 
 from epbuild import status
 from epbuild._names import NOOP_NAME, STATCACHE_NAME
@@ -24,12 +25,7 @@ BIN = "build/single/htp/c_ctx_qnn.bin"
 def flip_keeping_stat(path: Path) -> None:
     """Change one byte in place: same inode, same size, mtime set back (a stat cannot tell)."""
     st = path.stat()
-    with open(path, "r+b") as f:
-        f.seek(st.st_size // 2)
-        byte = f.read(1)
-        f.seek(st.st_size // 2)
-        f.write(bytes([byte[0] ^ 0xFF]))
-    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+    _flip_middle_byte(path, keep_mtime=True)
     after = path.stat()
     assert (after.st_ino, after.st_size, after.st_mtime_ns) == (
         st.st_ino,

@@ -246,14 +246,14 @@ def fake_make(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str]]:
     calls: list[str] = []
     real = create._make
 
-    def make(spec: ToolchainSpec, directory: str, provider: str) -> Any:
+    def make(spec: ToolchainSpec, directory: str, provider: str, locked: Any = None) -> Any:
         calls.append(directory)
         os.makedirs(os.path.join(directory, "bin"), exist_ok=True)
         python = os.path.join(directory, "bin", "python")
         Path(python).write_text("")
         marker = {"format": 1, "python": "bin/python", "version": "3.11.0", "sites": ["lib"]}
         Path(directory, MARKER).write_text(json.dumps(marker))
-        return find(spec, "", provider)
+        return find(spec, "", provider, locked)
 
     monkeypatch.setattr(create, "_make", make)
     yield calls

@@ -272,7 +272,7 @@ class ActionCache:
         return self._remote(lambda r: r.url if r.backend.exists(entry_path(key)) else None, None)
 
     def explain_miss(self, action_id: str, components: dict[str, Any]) -> str:
-        """Why ``components`` have no entry: what differs from this action's newest entry."""
+        """Why ``components`` have no entry: what differs from this action's nearest entry."""
         entries = self.local.entries_for(action_id)
         entries += self._remote(lambda r: r.entries_for(action_id), [])
         if self.outage is not None:
@@ -282,7 +282,16 @@ class ActionCache:
             why += "; locally"
         elif not entries:
             return f"no entry for {action_id} in the cache ({self.describe()})"
-        newest = max(entries, key=lambda e: e.created)
-        diff = explain_difference(newest.components, components)
+        # The nearest entry: fewest differences (another machine's build of the same
+        # action, say), the newest among equals.
+        diff = min(
+            (explain_difference(e.components, components) for e in entries_by_age(entries)),
+            key=len,
+        )
         text = f"the cache has {action_id} under another key (cache → here): " + "; ".join(diff)
         return text if self.outage is None else f"{why}, {text}"
+
+
+def entries_by_age(entries: list[Any]) -> list[Any]:
+    """Cache entries, the newest first."""
+    return sorted(entries, key=lambda e: e.created, reverse=True)

@@ -182,7 +182,18 @@ class Builder:
             cache_note = cache_note or self._outage_warning()
         if self.cache_only:
             return self._not_cached(plan, key, cache_note)
+        if self.cache is not None and cache_note is None:
+            plan.reasons.append("not in the cache: " + self._miss(plan, key))
         return self._compile(plan, key, state, cache_note)
+
+    def _miss(self, plan: ActionPlan, key: ActionKey) -> str:
+        """Why the cache has no entry for the key: the nearest entry of the same action id
+        (another machine's, say) and what differs (``build --json`` reasons, as status)."""
+        assert self.cache is not None
+        try:
+            return self.cache.explain_miss(plan.action.id, key.components)
+        except Exception as exc:  # an unreachable remote must not fail the compile
+            return f"cache unreadable ({self.cache.describe()}): {exc}"
 
     def _compile(
         self, plan: ActionPlan, key: ActionKey, state: State, cache_note: str | None
@@ -281,7 +292,9 @@ class Builder:
 
         if self._machine is None:
             self._machine = machine_paths(self.ws.root)
-        return self._machine.with_dirs(toolchain_dirs(self.ws.keys.toolchains.get(action.provider)))
+        # lookup, not get: restoring never makes a toolchain (one not made names no path)
+        made = self.ws.keys.toolchains.lookup(action.provider)
+        return self._machine.with_dirs(toolchain_dirs(made))
 
     def _boot(self, action: Action) -> tuple[str, ...]:
         """How a worker for the action starts: in its provider's toolchain, if it has one."""

@@ -111,12 +111,12 @@ def check_staged(
     (``sharing_problems``).
     """
     from epbuild.onnx.context import (
+        LazySourceText,
         RefFault,
         Severity,
         check_reference,
         machine_paths,
         path_problems,
-        source_text,
         stored_references,
     )
     from epbuild.onnx.proto import ProtoError, read_model
@@ -126,7 +126,7 @@ def check_staged(
     for name in names:
         if os.path.islink(os.path.join(full, name)) or not os.path.isfile(os.path.join(full, name)):
             raise UnsafePathError(f"staged output {name} is not a regular file; refusing it")
-    text = source_text(root, sources)
+    text = LazySourceText(root, sources)
     if machine is None:
         machine = machine_paths(root)
     warnings: list[Problem] = []

@@ -133,11 +133,12 @@ def compiled_with(config: ProviderConfig) -> dict[str, str]:
     """The versions this process compiled with, under the names an action key gives them
     (``KeyComputer.versions``): read here, in the worker's own environment — a farm's or a
     toolchain's — never taken from the coordinator."""
-    from epbuild.planning.keys import ORT_KEY
+    from epbuild.planning.keys import ORT_KEY, with_library
     from epbuild.providers import get_provider
     from epbuild.providers.base import onnxruntime_version
 
-    found = dict(get_provider(config.ep).versions(config))
+    adapter = get_provider(config.ep)
+    found = with_library(adapter, config, dict(adapter.versions(config)))
     found[ORT_KEY] = onnxruntime_version()
     found["python"] = ".".join(map(str, sys.version_info[:3]))
     return found

@@ -68,6 +68,11 @@ def _build_parser(sub: _Commands) -> None:
         action="store_true",
         help="then compare each built model's outputs with its source's (verify --numerics)",
     )
+    b.add_argument(
+        "--locked",
+        action="store_true",
+        help="refuse (exit 2) when an environment differs from epbuild.lock (EPBUILD_LOCKED=1)",
+    )
     b.add_argument("--executor", choices=("local", "dask"), help="where actions run")
     b.add_argument("--scheduler", metavar="ADDRESS", help="Dask scheduler, tcp://HOST:PORT")
 
@@ -280,6 +285,9 @@ def _parser() -> argparse.ArgumentParser:
     )
     for add in (*commands, _package_parser, _cache_parser, _toolchains_parser, _watch_parser):
         add(sub)
+    from epbuild.frontends.lock_cli import lock_parser
+
+    lock_parser(sub)
     return p
 
 
@@ -297,13 +305,21 @@ def _build_options(args: argparse.Namespace) -> dict[str, Any]:
         "trace": args.trace,
         "executor": args.executor,
         "scheduler": args.scheduler,
+        "locked": _locked(args),
     }
+
+
+def _locked(args: argparse.Namespace) -> bool:
+    """``--locked``, or ``EPBUILD_LOCKED=1`` (for CI); read here, off the no-op path's
+    imports."""
+    value = os.environ.get("EPBUILD_LOCKED", "").strip().lower()
+    return bool(args.locked) or value in ("1", "true", "yes")
 
 
 def _answered_by_noop(args: argparse.Namespace) -> bool:
     """Print the recorded result if nothing changed since an all-up-to-date build (``noop``)."""
-    if args.dry_run or args.trace:
-        return False
+    if args.dry_run or args.trace or _locked(args):
+        return False  # --locked compares the environments with the lock: the full path
     import time
 
     from epbuild.planning.noop import fast_noop
@@ -604,6 +620,12 @@ def _cmd_toolchains(args: argparse.Namespace) -> int:
     return run_toolchains_command(args)
 
 
+def _cmd_lock(args: argparse.Namespace) -> int:
+    from epbuild.frontends.lock_cli import run_lock_command
+
+    return run_lock_command(args)
+
+
 def _cmd_cache(args: argparse.Namespace) -> int:
     from epbuild.frontends.cache_cli import run_cache_command
 
@@ -622,6 +644,7 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "watch": _cmd_watch,
     "cache": _cmd_cache,
     "toolchains": _cmd_toolchains,
+    "lock": _cmd_lock,
 }
 
 

@@ -36,6 +36,8 @@ def status_lines(result: StatusResult) -> Iterator[str]:
     for action_id in result.orphaned:
         yield f"orphaned    {action_id}"
         yield "              - no longer in the manifest; 'epbuild clean' removes its outputs"
+    for note in result.lock:
+        yield f"lock        {note} (epbuild lock writes it again)"
 
 
 def print_json(data: Any) -> None:

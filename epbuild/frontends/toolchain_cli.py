@@ -21,10 +21,17 @@ def _used(args: argparse.Namespace) -> dict[str, list[str]] | None:
         if args.manifest or os.path.exists(os.path.join(args.directory, MANIFEST_NAME)):
             raise  # a manifest that is there but broken: say so rather than prune blindly
         return None
+    from epbuild.toolchains.resolve import Toolchains
+
     used: dict[str, list[str]] = {}
+    toolchains = Toolchains(create=False)
     for name, cfg in manifest.providers.items():
         if cfg.toolchain is not None and cfg.toolchain.python is None:
-            used.setdefault(cfg.toolchain.digest(), []).append(name)
+            locked = toolchains.locked_entry(cfg)  # made from epbuild.lock: named by its entry
+            digest = cfg.toolchain.digest() if locked is None else locked.digest()
+            found = toolchains.lookup(cfg)  # the environment a lock was written from, reused
+            for d in {digest, os.path.basename(found.prefix) if found else digest}:
+                used.setdefault(d, []).append(name)
     return used
 
 

@@ -28,16 +28,15 @@ from epbuild.inspect.numerics import NumericsCheck, NumericsStatus, Store, check
 from epbuild.inspect.ortcompat import OrtCompatibility, ort_compatibility
 from epbuild.onnx.context import (
     COMPAT_PREFIX,
+    LazySourceText,
     MachinePaths,
     Problem,
     Severity,
-    SourceText,
     context_problems,
     machine_paths,
     needle_problem,
     path_problems,
     scan_needles,
-    source_text,
     toolchain_dirs,
 )
 from epbuild.onnx.proto import ModelInfo, ProtoError, read_model
@@ -170,7 +169,7 @@ def verify_outputs(
         # toolchain's, for a provider that has one.
         own = toolchain if isinstance(toolchain, Toolchain) else None
         with scanning(own.sites) if own is not None else nullcontext():
-            text = source_text(ws.root, action.models)
+            text = LazySourceText(ws.root, action.models)
             paths = machine.with_dirs(toolchain_dirs(own))
             infos = []
             for ctx in action.ctx_paths:
@@ -229,7 +228,7 @@ def _check_ctx(
     ws: Workspace,
     action: Action,
     ctx: str,
-    text: tuple[SourceText, MachinePaths],
+    text: tuple[LazySourceText, MachinePaths],
     result: VerifyResult,
 ) -> ModelInfo | None:
     """Every rule for one ctx model (``text``: its sources' text and the build machine's

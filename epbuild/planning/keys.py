@@ -19,7 +19,7 @@ from epbuild.errors import ModelError, ToolchainError, UserError
 from epbuild.fs import is_safe_reference
 from epbuild.manifest.model import SESSION_SETTINGS, CompileSettings, ModelEntry
 from epbuild.planning.actions import Action
-from epbuild.providers import get_provider
+from epbuild.providers import get_provider, library
 from epbuild.providers.base import (
     ProviderConfig,
     dist_version,
@@ -160,23 +160,7 @@ class KeyComputer:
         return self._versions[memo]
 
     def _read_versions(self, cfg: ProviderConfig) -> dict[str, str]:
-        adapter = get_provider(cfg.ep)
-        toolchain = self.toolchains.get(cfg)
-        if toolchain is None:
-            return adapter.versions(cfg)
-        with scanning(toolchain.sites):
-            found = dict(adapter.versions(cfg))
-            ep_dists = tuple(getattr(adapter, "ep_dists", ()))
-            has_ep = not ep_dists or any(dist_version(d) != "absent" for d in ep_dists)
-            found[ORT_KEY] = onnxruntime_version()
-        if not has_ep:
-            raise ToolchainError(
-                f"provider {cfg.name!r}: its toolchain ({toolchain.spec.label}) has no "
-                f"{' or '.join(ep_dists)} installed, so it cannot compile for {cfg.ep}",
-                hint=f"add {ep_dists[0]} to providers.{cfg.name}.toolchain",
-            )
-        found["python"] = toolchain.version
-        return found
+        return read_versions(cfg, self.toolchains)
 
     def settings(self, action: Action) -> CompileSettings:
         """The action's compile settings; for a provider with a toolchain, the compiler
@@ -247,6 +231,42 @@ class KeyComputer:
         return ActionKey(hashlib.sha256(blob).hexdigest(), components, inputs)
 
 
+def read_versions(cfg: ProviderConfig, toolchains: Toolchains) -> dict[str, str]:
+    """The versions of a provider's action keys: from epbuild's own environment, or from
+    its toolchain (whose Python version joins them), or, for a toolchain not made yet,
+    from ``epbuild.lock`` (``Toolchains.locked_versions``)."""
+    locked = toolchains.locked_versions(cfg)
+    if locked is not None:
+        return locked  # the toolchain is made from the lock, exactly, when it compiles
+    adapter = get_provider(cfg.ep)
+    toolchain = toolchains.get(cfg)
+    if toolchain is None:
+        return with_library(adapter, cfg, dict(adapter.versions(cfg)))
+    with scanning(toolchain.sites):
+        found = with_library(adapter, cfg, dict(adapter.versions(cfg)))
+        ep_dists = tuple(getattr(adapter, "ep_dists", ()))
+        has_ep = not ep_dists or any(dist_version(d) != "absent" for d in ep_dists)
+        found[ORT_KEY] = onnxruntime_version()
+    if not has_ep:
+        raise ToolchainError(
+            f"provider {cfg.name!r}: its toolchain ({toolchain.spec.label}) has no "
+            f"{' or '.join(ep_dists)} installed, so it cannot compile for {cfg.ep}",
+            hint=f"add {ep_dists[0]} to providers.{cfg.name}.toolchain",
+        )
+    found["python"] = toolchain.version
+    return found
+
+
+def with_library(adapter: object, cfg: ProviderConfig, found: dict[str, str]) -> dict[str, str]:
+    """``found`` and the sha256 of the EP library that compiles (``library.KEY``), where
+    the adapter names one: a rebuilt EP under the same version number is another EP."""
+    finder = getattr(adapter, "library_path", None)
+    path = finder(cfg) if finder is not None else None
+    if path is not None:
+        found[library.KEY] = library.library_sha256(path)
+    return found
+
+
 def _shape(entry: ModelEntry, dims: dict[str, int]) -> dict[str, Any]:
     """A model's output name and free dimensions, as key components: each only where the
     manifest sets it, so the keys of models that use neither stay as they were."""
@@ -272,7 +292,9 @@ def _explain(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
         reasons.append(f"epbuild output format {old.get('format')} → {new.get('format')}")
     for name in sorted(set(old.get("versions", {})) | set(new.get("versions", {}))):
         a, b = old.get("versions", {}).get(name), new.get("versions", {}).get(name)
-        if a != b:
+        if a != b and name == library.KEY:  # a sha256: its head tells them apart
+            reasons.append(f"EP library sha256 {(a or 'none')[:12]} → {(b or 'none')[:12]}")
+        elif a != b:
             reasons.append(f"{name} {a} → {b}")
     for section, label in (
         ("provider_options", "provider option"),

@@ -156,6 +156,8 @@ def _stamp_sources(
             dirs[os.path.abspath(site)] = _dir_stamp(site)
     for action in ws.actions:
         toolchain = _stamp_toolchain(ws, action, files, dirs)
+        if toolchain is None and action.provider.toolchain is not None:
+            return False  # keys came from epbuild.lock: no environment to stamp yet
         version_inputs = getattr(get_provider(action.provider.ep), "version_inputs", None)
         if toolchain is None:
             extra = version_inputs(action.provider) if version_inputs else None
@@ -184,8 +186,9 @@ def _stamp_toolchain(
     """Stamp what a provider's toolchain versions depend on: its site directories, and its
     marker (an environment epbuild made) or its interpreter."""
     from epbuild.toolchains.env import MARKER
+    from epbuild.toolchains.lockfile import LOCK_NAME
 
-    toolchain = ws.keys.toolchains.get(action.provider)
+    toolchain = ws.keys.toolchains.lookup(action.provider)
     if toolchain is None:
         return None
     for site in toolchain.sites:
@@ -194,6 +197,8 @@ def _stamp_toolchain(
         files[os.path.join(toolchain.prefix, MARKER)] = _stamp(
             os.path.join(toolchain.prefix, MARKER)
         )
+        lock = os.path.abspath(os.path.join(action.provider.base_dir or ".", LOCK_NAME))
+        files[lock] = _stamp(lock)  # a (changed) lock names another environment
     else:
         files[toolchain.python] = _stamp(toolchain.python)
     return toolchain

@@ -191,6 +191,12 @@ class BaseProvider(abc.ABC):
         when stat cannot vouch for them (the no-op fast path then stays off)."""
         return None
 
+    def library_path(self, config: ProviderConfig) -> str | None:
+        """The EP library file that compiles (found from package metadata, never by
+        importing; within ``scanning``, a toolchain's); None where there is no file of its
+        own or it is not installed. Its sha256 goes into the lock."""
+        return None
+
     def needs_static_shapes(self, config: ProviderConfig) -> bool:
         """Whether symbolic input dimensions must be fixed before compiling; False by
         default (CPU and GPU EPs compile dynamic shapes)."""
@@ -312,6 +318,28 @@ def _scan_dist_info() -> dict[str, tuple[str, str]]:
                     found.setdefault(_normalise(name), (version, directory))
         _DIST_INFO[sites] = found
     return found
+
+
+def canonical_name(name: str) -> str:
+    """A distribution's name as the lock writes it (PEP 503: ``onnxruntime-qnn``)."""
+    return name.lower().replace("_", "-").replace(".", "-")
+
+
+def installed_distributions() -> dict[str, tuple[str, str]]:
+    """Every distribution the fast scan finds (this environment's, or within ``scanning``
+    another's): canonical name → (version, site directory)."""
+    return {canonical_name(n): hit for n, hit in sorted(_scan_dist_info().items())}
+
+
+def shared_library(site: str, package: str, stem: str) -> str:
+    """The path of a package's shared library ``stem`` as this platform names it."""
+    if sys.platform == "win32":
+        name = f"{stem}.dll"
+    elif sys.platform == "darwin":
+        name = f"lib{stem}.dylib"
+    else:
+        name = f"lib{stem}.so"
+    return os.path.join(site, package, name)
 
 
 def dist_location(dist: str) -> str | None:

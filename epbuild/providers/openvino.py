@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import os
 import re
 import sys
 from collections.abc import Mapping
@@ -27,9 +28,11 @@ from epbuild.errors import ManifestError, ProviderUnavailableError
 from epbuild.providers.base import (
     BaseProvider,
     ProviderConfig,
+    dist_location,
     dist_version,
     install_hint,
     register_plugin,
+    shared_library,
     stringify_options,
 )
 
@@ -42,6 +45,8 @@ onnxruntime-genai's EP name constants, the name onnxruntime-openvino's built-in 
 what the plugin (onnxruntime-ep-openvino) reports from ``get_ep_name()``."""
 """Name of the EP, its devices and the ``source`` of its EPContext nodes."""
 PLUGIN_DIST = "onnxruntime-ep-openvino"
+PROVIDER_LIB = "onnxruntime_providers_openvino"
+"""The built-in EP's library in ``onnxruntime-openvino`` (``onnxruntime/capi``)."""
 BUILTIN_DIST = "onnxruntime-openvino"
 DEFAULT_DEVICE = "NPU"
 DEVICE_RE = re.compile(r"(CPU|GPU|NPU)(\.\d+)?")
@@ -196,8 +201,17 @@ class OpenVinoProvider(BaseProvider):
         }
 
     def version_inputs(self, config: ProviderConfig) -> list[str]:
-        """None besides the dist-info directories: every version is a distribution's."""
-        return []
+        """The EP library (its sha256 is keyed); every version is a distribution's."""
+        library = self.library_path(config)
+        return [library] if library else []
+
+    def library_path(self, config: ProviderConfig) -> str | None:
+        """The built-in EP's provider library in ``onnxruntime-openvino``; for the plugin
+        package, the library file its ``get_library_path()`` names (not read here)."""
+        site = dist_location(BUILTIN_DIST)
+        if site is None:
+            return None
+        return shared_library(site, os.path.join("onnxruntime", "capi"), PROVIDER_LIB)
 
     def needs_static_shapes(self, config: ProviderConfig) -> bool:
         """For the NPU, unless ``reshape_input`` gives the shapes (OpenVINO then fixes them

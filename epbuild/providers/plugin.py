@@ -112,6 +112,10 @@ class PluginProvider(BaseProvider):
         """The library file: its stat vouches for its digest in ``versions``."""
         return [config.resolve(config.settings["library"])]
 
+    def library_path(self, config: ProviderConfig) -> str | None:
+        """The ``library`` setting's file."""
+        return config.resolve(config.settings["library"])
+
     def needs_static_shapes(self, config: ProviderConfig) -> bool:
         """When it compiles for ``device_type = "npu"``."""
         return config.settings.get("device_type") == "npu"

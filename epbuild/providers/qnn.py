@@ -17,6 +17,7 @@ from epbuild.providers.base import (
     dist_version,
     register_plugin,
     require_devices,
+    shared_library,
 )
 
 if TYPE_CHECKING:
@@ -186,7 +187,18 @@ class QnnProvider(BaseProvider):
     def version_inputs(self, config: ProviderConfig) -> list[str]:
         """Files besides dist-info directories whose stat vouches for ``versions``."""
         site = dist_location(DIST)
-        return [os.path.join(site, "onnxruntime_qnn", "build_and_package_info.py")] if site else []
+        if not site:
+            return []
+        info = os.path.join(site, "onnxruntime_qnn", "build_and_package_info.py")
+        library = self.library_path(config)
+        return [info, *([library] if library else [])]  # the library: its sha256 is keyed
+
+    def library_path(self, config: ProviderConfig) -> str | None:
+        """``onnxruntime_qnn``'s plugin library (what ``get_library_path()`` returns)."""
+        site = dist_location(DIST)
+        return (
+            shared_library(site, "onnxruntime_qnn", "onnxruntime_providers_qnn") if site else None
+        )
 
     def needs_static_shapes(self, config: ProviderConfig) -> bool:
         """Always: QNN graphs have fixed shapes; with a symbolic input dimension the EP

@@ -23,16 +23,26 @@ from epbuild.errors import ToolchainError
 from epbuild.fs import atomic_write_bytes
 from epbuild.providers.base import onnxruntime_version, scanning
 from epbuild.toolchains.env import MARKER, Toolchain, ask, env_dir, read_marker, toolchain_root
+from epbuild.toolchains.lockfile import EnvironmentLock
 from epbuild.toolchains.spec import FORMAT, ToolchainSpec
+
+LOCKED_REQUIREMENTS = "epbuild-lock-requirements.txt"
+"""Written into an environment made from a lock: the pinned, hashed set pip installs."""
 
 
 def ensure(
-    spec: ToolchainSpec, provider: str, *, say: Callable[[str], None] = lambda _: None
+    spec: ToolchainSpec,
+    provider: str,
+    *,
+    say: Callable[[str], None] = lambda _: None,
+    locked: EnvironmentLock | None = None,
 ) -> Toolchain:
-    """The environment of a ``requirements`` spec, made now if it is not ready."""
+    """The environment of a ``requirements`` spec, made now if it is not ready. With
+    ``locked`` (its ``epbuild.lock`` entry), exactly the locked distributions, their hashes
+    checked, in the directory named by the entry's digest."""
     from filelock import FileLock, Timeout
 
-    directory = env_dir(spec)
+    directory = env_dir(spec, locked)
     ready = read_marker(spec, directory)
     if ready is not None:
         return ready
@@ -50,7 +60,7 @@ def ensure(
         say(f"making toolchain for provider {provider} ({spec.label}): {directory}")
         started = time.monotonic()
         try:
-            made = _make(spec, directory, provider)
+            made = _make(spec, directory, provider, locked)
         except BaseException:
             shutil.rmtree(directory, ignore_errors=True)
             raise
@@ -60,7 +70,11 @@ def ensure(
         lock.release()
 
 
-def _make(spec: ToolchainSpec, directory: str, provider: str) -> Toolchain:
+def _make(
+    spec: ToolchainSpec, directory: str, provider: str, locked: EnvironmentLock | None = None
+) -> Toolchain:
+    if locked is not None:
+        _check_python(locked, provider)
     shutil.rmtree(directory, ignore_errors=True)  # what a crashed attempt left
     log = directory + ".log"
     with open(log, "w", encoding="utf-8"):
@@ -75,7 +89,13 @@ def _make(spec: ToolchainSpec, directory: str, provider: str) -> Toolchain:
     else:
         _run([sys.executable, "-m", "venv", directory], log, spec, provider)
         install = [python, "-m", "pip", "install", "--disable-pip-version-check"]
-    _run([*install, *spec.requirements], log, spec, provider)
+    if locked is None:
+        _run([*install, *spec.requirements], log, spec, provider)
+    else:
+        pinned = os.path.join(directory, LOCKED_REQUIREMENTS)
+        with open(pinned, "w", encoding="utf-8") as f:
+            f.write(locked_requirements(locked))
+        _run([*install, "--require-hashes", "--no-deps", "-r", pinned], log, spec, provider)
     answer = ask(python, provider)
     sites = [os.path.relpath(s, directory) for s in answer["sites"]]
     inside = tuple(os.path.join(directory, s) for s in sites if not s.startswith(".."))
@@ -95,11 +115,36 @@ def _make(spec: ToolchainSpec, directory: str, provider: str) -> Toolchain:
         "version": ".".join(map(str, answer["version"])),
         "sites": sites,
         "installer": "uv" if uv else "pip",
+        **({"lock": locked.digest()} if locked is not None else {}),
     }
     atomic_write_bytes(os.path.join(directory, MARKER), json.dumps(marker, indent=1).encode())
     made = read_marker(spec, directory)
     assert made is not None
     return made
+
+
+def locked_requirements(locked: EnvironmentLock) -> str:
+    """A requirements file of a lock entry: every distribution it hashed, pinned with
+    ``--hash`` (pip then refuses any other artifact); the seeds a new environment brings
+    itself (pip, setuptools) have no hash and are not installed."""
+    lines = [
+        f"{name}=={d.version} --hash=sha256:{d.sha256}"
+        for name, d in sorted(locked.distributions.items())
+        if d.sha256
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def _check_python(locked: EnvironmentLock, provider: str) -> None:
+    """A lock entry's environment is made with this Python: its minor version must match."""
+    here = f"{sys.version_info[0]}.{sys.version_info[1]}"
+    there = ".".join(locked.python.split(".")[:2])
+    if here != there:
+        raise ToolchainError(
+            f"provider {provider!r}: epbuild.lock pins its toolchain for Python {there}, "
+            f"epbuild runs on Python {here}",
+            hint=f"run epbuild with Python {there}, or run epbuild lock again on this Python",
+        )
 
 
 def _run(argv: list[str], log: str, spec: ToolchainSpec, provider: str) -> None:

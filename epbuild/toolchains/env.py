@@ -13,11 +13,14 @@ import shutil
 import subprocess
 import sys
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from epbuild.errors import ToolchainError
 from epbuild.fs import atomic_write_bytes
 from epbuild.toolchains.spec import FORMAT, ToolchainSpec
+
+if TYPE_CHECKING:
+    from epbuild.toolchains.lockfile import EnvironmentLock
 
 MARKER = "epbuild-toolchain.json"
 """Written last into an environment epbuild made: without it the environment is not used."""
@@ -53,17 +56,37 @@ def toolchain_root() -> str:
     return os.environ.get("EPBUILD_TOOLCHAINS") or os.path.join(default_cache_dir(), "toolchains")
 
 
-def env_dir(spec: ToolchainSpec) -> str:
-    """The directory of the environment a ``requirements`` spec makes."""
-    return os.path.join(toolchain_root(), spec.digest())
+def env_dir(spec: ToolchainSpec, locked: EnvironmentLock | None = None) -> str:
+    """The directory of the environment a ``requirements`` spec makes: named by its
+    requirements, or, made from an ``epbuild.lock`` entry, by that entry's digest."""
+    return os.path.join(toolchain_root(), spec.digest() if locked is None else locked.digest())
 
 
-def find(spec: ToolchainSpec, base_dir: str, provider: str) -> Toolchain | None:
-    """The ready toolchain for ``spec``; None when epbuild has yet to make it. Raises
-    ``ToolchainError`` for an interpreter that does not exist or cannot run the worker."""
+def find(
+    spec: ToolchainSpec, base_dir: str, provider: str, locked: EnvironmentLock | None = None
+) -> Toolchain | None:
+    """The ready toolchain for ``spec`` (``locked``: made from that lock entry); None when
+    epbuild has yet to make it. Raises ``ToolchainError`` for an interpreter that does not
+    exist or cannot run the worker."""
     if spec.python is not None:
         return _interpreter(spec, base_dir, provider)
-    return read_marker(spec, env_dir(spec))
+    made = read_marker(spec, env_dir(spec, locked))
+    if made is None and locked is not None:
+        # The environment the lock was written from (same requirements) holds exactly the
+        # locked versions: used as it is rather than made again.
+        other = read_marker(spec, env_dir(spec))
+        if other is not None and _holds(other, locked):
+            return other
+    return made
+
+
+def _holds(toolchain: Toolchain, locked: EnvironmentLock) -> bool:
+    """Whether a toolchain has exactly the locked distributions at their locked versions."""
+    from epbuild.providers.base import installed_distributions, scanning
+
+    with scanning(toolchain.sites):
+        found = {n: v for n, (v, _site) in installed_distributions().items()}
+    return found == {n: d.version for n, d in locked.distributions.items()}
 
 
 def read_marker(spec: ToolchainSpec, directory: str) -> Toolchain | None:

@@ -1,0 +1,65 @@
+"""``epbuild lock [--check]``: write ``epbuild.lock`` beside the manifest (making missing
+toolchains), or say whether it is out of date with the manifest."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from epbuild.frontends.render import print_json
+
+
+def lock_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """The ``lock`` sub-command's arguments."""
+    k = sub.add_parser(
+        "lock",
+        help="pin the environments providers compile in to epbuild.lock (for --locked builds)",
+    )
+    k.add_argument(
+        "--check",
+        action="store_true",
+        help="write nothing; exit 1 when epbuild.lock is missing or out of date with the manifest",
+    )
+    k.add_argument("--json", action="store_true", help="print the lock's path and verdict as JSON")
+
+
+def run_lock_command(args: argparse.Namespace) -> int:
+    """Write (or check) the lock; returns the exit code."""
+    from epbuild.manifest.load import find_manifest, load_manifest
+    from epbuild.planning.lock import gather, outdated
+    from epbuild.toolchains.lockfile import lock_path, read_lock
+    from epbuild.toolchains.resolve import Toolchains
+
+    manifest = load_manifest(find_manifest(args.directory, args.manifest))
+    path = lock_path(manifest.path)
+    name = os.path.relpath(path)
+    existing = read_lock(path) if os.path.exists(path) else None
+    if args.check:
+        reasons = ["there is none"] if existing is None else outdated(existing, manifest)
+        if args.json:
+            print_json({"lock": path, "current": not reasons, "reasons": reasons})
+        elif reasons:
+            for r in reasons:
+                print(f"epbuild: {name} is out of date: {r}", file=sys.stderr)
+            print("  hint: run epbuild lock to write it again, and commit it", file=sys.stderr)
+        else:
+            print(f"epbuild: {name} is up to date with the manifest")
+        return 1 if reasons else 0
+    say = (lambda text: print(f"epbuild: {text}", file=sys.stderr)) if not args.json else None
+    toolchains = Toolchains(create=True, say=say or (lambda _: None))
+    text = gather(manifest, toolchains).to_toml()
+    try:
+        with open(path, encoding="utf-8") as f:
+            same = f.read() == text
+    except OSError:
+        same = False
+    if not same:
+        from epbuild.fs import atomic_write_bytes
+
+        atomic_write_bytes(path, text.encode())
+    if args.json:
+        print_json({"lock": path, "written": not same})
+    else:
+        print(f"epbuild: {name} {'is unchanged' if same else 'written'}")
+    return 0
