@@ -260,6 +260,13 @@ def _provider(where: Where, root: Path, name: str, table: dict[str, Any]) -> Pro
     except ManifestError as exc:
         sub = tuple((exc.key or key).split("."))
         raise where.error(sub, _strip_where(exc), exc.hint) from exc
+    for option in sorted(getattr(adapter, "file_options", frozenset()) & options.keys()):
+        if not (root / options[option]).is_file():
+            raise where.error(
+                (*key.split("."), "options", option),
+                f"{options[option]}: no such file",
+                "the path is relative to the manifest's directory",
+            )
     session_options = {
         k: ("1" if v is True else "0" if v is False else str(v))
         for k, v in table.get("session_options", {}).items()
