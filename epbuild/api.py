@@ -14,6 +14,7 @@ from epbuild.engine.scheduler import executor_for, schedule
 from epbuild.engine.staging import check_removable, clean_stale_staging
 from epbuild.errors import EpbuildError, StorageError
 from epbuild.fs import os_error_text
+from epbuild.llm.source import DECODER
 from epbuild.manifest.edit import EditResult, add_models, add_provider, add_target
 from epbuild.manifest.init import InitResult, init, init_from
 from epbuild.planning.staleness import ActionPlan, make_plan
@@ -216,9 +217,14 @@ def _plan(
         providers = {a.provider.name for a in ws.actions}
         enforce(read_lock(path), path, ws.manifest, toolchains, providers)
     warnings = list(ws.state.warnings)
-    # Checked by the manifest, not built yet: said on every build, so that no build reads
-    # as having made them (and none is recorded for the no-op path).
-    warnings += [f"llms.{name}: LLM pipelines are not built yet" for name in ws.manifest.llms]
+    # Not finished yet: said on every build, so that no build reads as having made a
+    # package genai can run (and none is recorded for the no-op path).
+    warnings += [
+        f"llms.{name}: compiled, but its genai_config.json and tokenizer files are not written yet"
+        if llm.form == DECODER
+        else f"llms.{name}: decoder-pipeline sources are not built yet"
+        for name, llm in ws.manifest.llms.items()
+    ]
     for w in warnings:
         reporter.message(f"warning: {w}")
     return ws, make_plan(ws.actions, ws.state, ws.keys, ws.stats, ws.root), warnings

@@ -167,4 +167,4 @@ def test_build_says_llms_are_not_built(workspace: Workspace) -> None:
     for _ in range(2):  # and never recorded for the no-op path
         proc = workspace.cli("build")
         assert proc.returncode == 0
-        assert "warning: llms.chat: LLM pipelines are not built yet" in proc.stderr
+        assert "warning: llms.chat: compiled, but its genai_config.json" in proc.stderr

@@ -47,6 +47,8 @@ class LlmSource:
     """``model.context_length``: the longest sequence the model supports."""
     files: tuple[str, ...]
     """The ONNX files the decoder names, relative to the folder."""
+    head_size: int = 0
+    """``model.decoder.head_size`` (0 where the config has none)."""
 
 
 def read_source(folder: Path) -> LlmSource:
@@ -113,4 +115,7 @@ def _decoder_source(model: dict[str, Any]) -> LlmSource:
             f"{GENAI_CONFIG}: model.decoder has neither a filename nor a pipeline",
             "epbuild builds a single decoder (model builder) or a decoder-pipeline (Olive)",
         )
-    return LlmSource(DECODER, model_type, limit, (filename,))
+    head = decoder.get("head_size")
+    if not isinstance(head, int) or isinstance(head, bool) or head < 1:
+        raise LlmSourceError(f"{GENAI_CONFIG} has no positive model.decoder.head_size")
+    return LlmSource(DECODER, model_type, limit, (filename,), head)

@@ -88,4 +88,6 @@ def _llm(
         share_weights=table.get("share_weights", True),
         form=found.form,
         model_type=found.model_type,
+        files=found.files,
+        head_size=found.head_size,
     )

@@ -135,6 +135,13 @@ def load_manifest(path: str | os.PathLike[str], *, text: str | None = None) -> M
         groups[name] = replace(group, compile=resolved)
     package = _package(where, data, providers)
     llms = load_llms(where, root, data.get("llms", {}), providers, set(groups))
+    for name, llm in llms.items():
+        shape = Group(name, (), llm.providers, llm.share_weights, 0, None, None, "path", ())
+        resolved = {
+            p: _resolve_compile(where, shape, CompileSettings(), providers[p], compile_settings[p])
+            for p in llm.providers
+        }
+        llms[name] = replace(llm, compile=resolved)
     return Manifest(file, root, workspace, providers, groups, problems, package=package, llms=llms)
 
 

@@ -199,6 +199,12 @@ class Llm:
     ``decoder-pipeline`` (static stages already): ``epbuild.llm.source``."""
     model_type: str
     """The source's ``model.type`` (``llama``, ``qwen2``, ...)."""
+    files: tuple[str, ...] = ()
+    """The source's ONNX files (the decoder, or the pipeline's stages), folder-relative."""
+    head_size: int = 0
+    """``model.decoder.head_size`` of a ``decoder`` source (0 for a pipeline)."""
+    compile: Mapping[str, CompileSettings] = field(default_factory=dict)
+    """Provider name → how its graphs compile (the provider's settings, defaults filled)."""
 
 
 DEFAULT_CONTEXT_LENGTH = 1024

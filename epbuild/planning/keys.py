@@ -58,7 +58,7 @@ class KeyComputer:
     ) -> None:
         self.root = root
         self.stats = stats
-        self.problems = problems or {}
+        self.problems: dict[str, UserError] = dict(problems or {})
         self.toolchains = toolchains or Toolchains(create=False)
         """Finds (a build: makes) the providers' toolchains."""
         self._versions: dict[tuple[object, ...], dict[str, str]] = {}
@@ -240,6 +240,7 @@ class KeyComputer:
         if g.share_weights and rewrite is not None and (done := rewrite(action.provider)):
             # Present only where a rewrite applies, so other keys stay as they were.
             components["group"]["rewrite"] = done
+        inputs.update(getattr(g, "source_inputs", {}))  # an LLM's source decoder
         files = self.option_files(action)
         if files:  # only then, so other keys stay as they were
             components["option_files"] = files

@@ -1,0 +1,102 @@
+"""Building [llms.NAME] entries: the static preparation is a planned step (keyed by the
+source decoder's content, window_size, context_length), and its graphs compile through the
+ordinary actions for QNN, separately or as one weight-sharing group (N+1)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import onnx
+import pytest
+from conftest import Workspace
+
+FIXTURES = Path(__file__).resolve().parent / "fixtures" / "llm"
+MANIFEST = """\
+[providers.htp-v73]
+ep = "qnn"
+options = {{ htp_arch = "73", soc_model = "60" }}
+
+[llms.chat]
+source = "models/tiny"
+providers = ["htp-v73"]
+context_length = {context}
+window_size = 16
+share_weights = {share}
+"""
+
+
+def _ws(ws: Workspace, *, share: bool, context: int = 64, family: str = "llama") -> None:
+    if not (ws.root / "models" / "tiny").exists():
+        shutil.copytree(FIXTURES / family, ws.root / "models" / "tiny")
+    ws.manifest(MANIFEST.format(context=context, share=str(share).lower()))
+
+
+def _ops(path: Path) -> list[str]:
+    return [n.op_type for n in onnx.load(path, load_external_data=False).graph.node]
+
+
+def _compiled(proc_stdout: str) -> list[str]:
+    return [ln.split()[2] for ln in proc_stdout.splitlines() if " compiled " in ln]
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2"])
+def test_unshared_build_noop_and_rebuilds(workspace: Workspace, family: str) -> None:
+    _ws(workspace, share=False, family=family)
+    first = workspace.cli("build", check=True)
+    assert sorted(_compiled(first.stderr)) == ["chat/htp-v73/context", "chat/htp-v73/iterator"]
+    out = workspace.root / "build" / "chat" / "htp-v73"
+    for stage in ("context", "iterator"):
+        assert _ops(out / f"{stage}_ctx.onnx") == ["EPContext"]  # attention on the HTP too
+        assert (out / f"{stage}_ctx_qnn.bin").is_file()
+    assert "2 up to date" in workspace.cli("build", check=True).stdout
+
+    # A config-only edit of the source (search options) compiles nothing.
+    config_path = workspace.root / "models" / "tiny" / "genai_config.json"
+    config = json.loads(config_path.read_text())
+    config["search"]["top_k"] = 5
+    config_path.write_text(json.dumps(config))
+    again = workspace.cli("build", check=True)
+    assert "2 up to date" in again.stdout and _compiled(again.stderr) == []
+
+    # context_length shapes both graphs: both recompile.
+    _ws(workspace, share=False, context=96, family=family)
+    second = workspace.cli("build", check=True)
+    assert sorted(_compiled(second.stderr)) == ["chat/htp-v73/context", "chat/htp-v73/iterator"]
+    ctx = onnx.load(out / "iterator_ctx.onnx", load_external_data=False)
+    cache = {i.name: [d.dim_value for d in i.type.tensor_type.shape.dim] for i in ctx.graph.input}
+    assert cache["past_key_values.0.key"] == [1, 2, 96, 16]
+
+
+def test_shared_build_is_one_action_n_plus_one(workspace: Workspace) -> None:
+    _ws(workspace, share=True)
+    first = workspace.cli("build", check=True)
+    assert _compiled(first.stderr) == ["chat/htp-v73"]
+    out = workspace.root / "build" / "chat" / "htp-v73"
+    assert sorted(p.name for p in out.iterdir()) == [
+        "context_ctx.onnx",
+        "context_ctx_qnn.bin",
+        "iterator_ctx.onnx",
+    ]
+    assert "1 up to date" in workspace.cli("build", check=True).stdout
+
+
+def test_source_model_edit_rebuilds_through_the_noop_path(workspace: Workspace) -> None:
+    _ws(workspace, share=True)
+    workspace.cli("build", check=True)
+    workspace.cli("build", check=True)  # records the no-op fingerprint where it can
+    source = workspace.root / "models" / "tiny" / "model.onnx"
+    model = onnx.load(source, load_external_data=False)
+    model.doc_string = "edited"
+    onnx.save(model, source)
+    again = workspace.cli("build", check=True)
+    assert _compiled(again.stderr) == ["chat/htp-v73"]
+
+
+def test_unpreparable_source_fails_its_action_with_the_reason(workspace: Workspace) -> None:
+    _ws(workspace, share=False)
+    (workspace.root / "models" / "tiny" / "model.onnx").write_bytes(b"not a model")
+    proc = workspace.cli("build")
+    assert proc.returncode != 0 and "Traceback" not in proc.stderr
+    assert "models/tiny/model.onnx: not a valid ONNX model" in proc.stderr
