@@ -34,6 +34,7 @@ if TYPE_CHECKING:
     from epbuild.engine.trace import Tracer
     from epbuild.executors.local import Executor
     from epbuild.manifest.model import Manifest
+    from epbuild.planning.actions import Action
 
 
 __all__ = [
@@ -166,9 +167,11 @@ def build(
         finally:
             if run.owned:  # an executor passed in belongs to the caller, who may reuse it
                 run.executor.close()
-        return BuildResult(
+        done = BuildResult(
             [results[p.action.id] for p in plans], time.perf_counter() - t0, warnings
         )
+        _write_llm_packages(ws, done)
+        return done
     finally:
         ws.keys.toolchains.release()  # its environments may be pruned from now on
 
@@ -185,12 +188,49 @@ def _without_compiling(
     """Finish a dry run, or a build with nothing stale (recording it for the no-op path)."""
     if not dry_run:
         _save_stats_if_possible(ws)
+        _write_llm_packages(ws, done)
     if trace is not None:
         tracer.write(trace)
     stale = any(p.stale for p in plans)
-    if not dry_run and not stale and not done.warnings and trace is None:
+    # LLM packages copy files from their sources that no action key holds (genai_config,
+    # tokenizer): every build plans, so that an edit of them reaches the package.
+    quiet = not done.warnings and not ws.manifest.llms
+    if not dry_run and not stale and quiet and trace is None:
         _record_noop(ws, plans, selectors, done)
     return done
+
+
+def _write_llm_packages(ws: Workspace, done: BuildResult) -> None:
+    """Write each LLM × provider package whose graphs are all built (``llm.package``); a
+    write that fails is a warning."""
+    if not ws.manifest.llms:
+        return
+    from epbuild.llm.package import write_package
+    from epbuild.planning.llms import LlmGroup
+    from epbuild.providers import get_provider
+    from epbuild.results import Outcome
+
+    ok = (Outcome.COMPILED, Outcome.RESTORED, Outcome.UP_TO_DATE)
+    outcome = {r.id: r.outcome for r in done.actions}
+    targets: dict[tuple[str, str], list[Action]] = {}
+    for action in ws.actions:
+        if isinstance(action.group, LlmGroup):
+            targets.setdefault((action.group.name, action.provider.name), []).append(action)
+    for (name, pname), actions in sorted(targets.items()):
+        stages = {e.name for a in actions for e in a.entries}
+        if len(stages) < len(actions[0].group.entries):
+            continue  # a selection of some of its graphs
+        if any(outcome.get(a.id) not in ok for a in actions):
+            continue
+        first = actions[0]
+        llm = ws.manifest.llms[name]
+        adapter = get_provider(first.provider.ep)
+        try:
+            write_package(
+                ws.root, llm, first.out_dir, first.provider, getattr(adapter, "file_options", ())
+            )
+        except (OSError, ValueError) as exc:
+            done.warnings.append(f"llms.{name}/{pname}: package files not written: {exc}")
 
 
 def _plan(
@@ -217,13 +257,11 @@ def _plan(
         providers = {a.provider.name for a in ws.actions}
         enforce(read_lock(path), path, ws.manifest, toolchains, providers)
     warnings = list(ws.state.warnings)
-    # Not finished yet: said on every build, so that no build reads as having made a
-    # package genai can run (and none is recorded for the no-op path).
+    # Not built yet: said on every build, so that no build reads as having made them.
     warnings += [
-        f"llms.{name}: compiled, but its genai_config.json and tokenizer files are not written yet"
-        if llm.form == DECODER
-        else f"llms.{name}: decoder-pipeline sources are not built yet"
+        f"llms.{name}: decoder-pipeline sources are not built yet"
         for name, llm in ws.manifest.llms.items()
+        if llm.form != DECODER
     ]
     for w in warnings:
         reporter.message(f"warning: {w}")

@@ -12,6 +12,8 @@ import onnx
 import pytest
 from conftest import Workspace
 
+from epbuild.llm.generate import DEFAULT_NEAR_TIE, Verdict, compare, genai_installed, generate
+
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "llm"
 MANIFEST = """\
 [providers.htp-v73]
@@ -59,6 +61,8 @@ def test_unshared_build_noop_and_rebuilds(workspace: Workspace, family: str) -> 
     config_path.write_text(json.dumps(config))
     again = workspace.cli("build", check=True)
     assert "2 up to date" in again.stdout and _compiled(again.stderr) == []
+    written = json.loads((out / "genai_config.json").read_text())
+    assert written["search"]["top_k"] == 5  # the package's config follows the source's
 
     # context_length shapes both graphs: both recompile.
     _ws(workspace, share=False, context=96, family=family)
@@ -76,8 +80,11 @@ def test_shared_build_is_one_action_n_plus_one(workspace: Workspace) -> None:
     out = workspace.root / "build" / "chat" / "htp-v73"
     assert sorted(p.name for p in out.iterdir()) == [
         "context_ctx.onnx",
-        "context_ctx_qnn.bin",
+        "context_ctx_qnn.bin",  # one binary, both graphs
+        "genai_config.json",
         "iterator_ctx.onnx",
+        "tokenizer.json",
+        "tokenizer_config.json",
     ]
     assert "1 up to date" in workspace.cli("build", check=True).stdout
 
@@ -100,3 +107,33 @@ def test_unpreparable_source_fails_its_action_with_the_reason(workspace: Workspa
     proc = workspace.cli("build")
     assert proc.returncode != 0 and "Traceback" not in proc.stderr
     assert "models/tiny/model.onnx: not a valid ONNX model" in proc.stderr
+
+
+@pytest.mark.skipif(not genai_installed(), reason="pip install -e '.[genai]'")
+@pytest.mark.parametrize("family", ["llama", "qwen2"])
+def test_package_generates_the_source_tokens_and_is_relocatable(
+    workspace: Workspace, tmp_path: Path, family: str
+) -> None:
+    _ws(workspace, share=False, family=family)
+    workspace.cli("build", check=True)
+    out = workspace.root / "build" / "chat" / "htp-v73"
+    config = json.loads((out / "genai_config.json").read_text())
+    model = config["model"]
+    assert model["type"] == "decoder-pipeline" and model["context_length"] == 64
+    assert model["decoder"]["sliding_window"]["window_size"] == 16
+    stages = [next(iter(s.values())) for s in model["decoder"]["pipeline"]]
+    assert [s["filename"] for s in stages] == ["context_ctx.onnx", "iterator_ctx.onnx"]
+    options = stages[0]["session_options"]["provider_options"]
+    assert options == [{"qnn": {"backend_type": "htp", "htp_arch": "73", "soc_model": "60"}}]
+    assert config["search"]["max_length"] == 64  # capped at context_length
+    assert (out / "tokenizer.json").read_bytes() == (
+        FIXTURES / family / "tokenizer.json"
+    ).read_bytes()
+
+    source = generate(FIXTURES / family, qnn=False, tokens=10, max_length=48)
+    moved = tmp_path / "elsewhere"
+    shutil.move(str(workspace.root / "build"), moved)  # relocatable: names are relative
+    package = generate(moved / "chat" / "htp-v73", qnn=True, tokens=10, max_length=48)
+    result = compare(package, source, DEFAULT_NEAR_TIE)
+    assert result.verdict in (Verdict.MATCH, Verdict.NEAR_TIE), result.describe()
+    assert len(package.tokens) == 10 and package.tokens_per_second > 0

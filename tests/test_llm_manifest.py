@@ -160,11 +160,17 @@ def test_manifest_load_imports_no_onnx(workspace: Workspace) -> None:
     assert out.stdout.strip() == "[]"
 
 
-def test_build_says_llms_are_not_built(workspace: Workspace) -> None:
-    """Until LLM pipelines build, no build may read as having made them."""
-    _source(workspace)
+def test_build_says_pipeline_sources_are_not_built(workspace: Workspace) -> None:
+    """Until decoder-pipeline sources build, no build may read as having made them."""
+    folder = _source(workspace)
+    config = json.loads((folder / "genai_config.json").read_text())
+    decoder = config["model"]["decoder"]
+    del decoder["filename"]
+    decoder["pipeline"] = [{"context": {"filename": "model.onnx"}}]
+    (folder / "genai_config.json").write_text(json.dumps(config))
     workspace.manifest(PROVIDER + LLM)
+    assert load_manifest(workspace.root / "epbuild.toml").llms["chat"].form == "decoder-pipeline"
     for _ in range(2):  # and never recorded for the no-op path
         proc = workspace.cli("build")
         assert proc.returncode == 0
-        assert "warning: llms.chat: compiled, but its genai_config.json" in proc.stderr
+        assert "warning: llms.chat: decoder-pipeline sources are not built yet" in proc.stderr
