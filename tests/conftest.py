@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +13,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 
+import waits
 from modelgen import matmul_model, save
 
 HTP73 = {"ep": "qnn", "options": {"htp_arch": "73", "soc_model": "60"}}
@@ -71,10 +72,8 @@ class Workspace:
     def cli(
         self, *args: str, check: bool = False, timeout: float = 300
     ) -> subprocess.CompletedProcess[str]:
-        proc = subprocess.run(
-            [sys.executable, "-m", "epbuild", "-C", str(self.root), *args],
-            capture_output=True, text=True, timeout=timeout,
-        )  # fmt: skip
+        proc = waits.run([sys.executable, "-m", "epbuild", "-C", str(self.root), *args],
+                         f"epbuild {' '.join(args)}", timeout=timeout)  # fmt: skip
         if check and proc.returncode != 0:
             raise AssertionError(f"epbuild {args} failed ({proc.returncode}):\n{proc.stderr}")
         return proc
@@ -134,3 +133,86 @@ def simple_ws(workspace: Workspace) -> Callable[..., Workspace]:
         return workspace
 
     return make
+
+
+# ---------------------------------------------------------------------------------------
+# Waits and bounds on a busy machine (tests/waits.py; README "Running the tests")
+#
+# Every wait in a test is for an event, with a deadline scaled by EPBUILD_TEST_TIMEOUT_SCALE
+# (waits.scale); so is every test's pytest-timeout bound. epbuild's own processes dump their
+# Python stacks on SIGUSR1 into one directory per session, which an expired wait shows.
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _session_env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """Stack dumps on for epbuild's processes (tests/waits.py). Keeps module- and
+    session-scoped fixtures (set up before the per-test
+    ``_private_user_cache``) off the real per-user cache: a build there restored whatever an
+    older checkout had cached under the same key (test_ortcompat's ctx lost its
+    ep_compatibility_info that way)."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv(waits.STACKS_VAR, str(tmp_path_factory.mktemp("stacks")))
+        mp.setenv("XDG_CACHE_HOME", str(tmp_path_factory.mktemp("xdg-cache")))
+        mp.setenv("EPBUILD_CACHE", "off")
+        yield
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Scale each test's pytest-timeout bound (its ``timeout`` marker, else the ini's)."""
+    factor = waits.scale()
+    if factor == 1:
+        return
+    default = float(config.getini("timeout") or 0)
+    for item in items:
+        marker = item.get_closest_marker("timeout")
+        if marker is None:
+            base = default
+        else:
+            base = float(marker.args[0] if marker.args else marker.kwargs.get("timeout", 0))
+        if base > 0:
+            item.add_marker(pytest.mark.timeout(base * factor), append=False)
+
+
+@pytest.fixture(scope="module")
+def frozen_heap() -> Iterator[Callable[[], None]]:
+    """``gc.freeze()`` what exists now; yields ``gc.collect``, which then scans only what came
+    after: cheap enough to call after every example of a property test, so that an unclosed
+    file (or socket, or pipe) warns in the example that left it, not in a later test."""
+    import gc
+
+    gc.collect()
+    gc.freeze()
+    try:
+        yield gc.collect
+    finally:
+        gc.unfreeze()
+
+
+# ---------------------------------------------------------------------------------------
+# Built workspaces made once per session (the inner loop: compile once, copy per test)
+
+
+@pytest.fixture(scope="session")
+def built_once(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Callable[[str, Callable[[Workspace], None], Workspace], Workspace]:
+    """``built_once(name, make, workspace)``: the first call runs ``make`` (write models and
+    a manifest, build) in a workspace of the session's own; every call copies that built
+    workspace to ``workspace.root`` (a test's own copy to change at will). A copy is up to
+    date: records are relative and digests decide, so only the stat cache misses once."""
+    import shutil
+
+    made: dict[str, Path] = {}
+
+    def copy(name: str, make: Callable[[Workspace], None], workspace: Workspace) -> Workspace:
+        if name not in made:
+            template = Workspace(tmp_path_factory.mktemp(f"built-{name}") / "ws")
+            with pytest.MonkeyPatch.context() as mp:  # the test's env is not set up yet
+                mp.setenv("XDG_CACHE_HOME", str(template.root.parent / "xdg-cache"))
+                mp.setenv("EPBUILD_CACHE", "off")
+                make(template)
+            made[name] = template.root
+        shutil.copytree(made[name], workspace.root, symlinks=True)
+        return workspace
+
+    return copy

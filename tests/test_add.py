@@ -310,6 +310,7 @@ def _sharing_pair(ws: Workspace) -> None:
     ws.model("models/stale_ctx.onnx", matmul_model(5))  # an EPContext model's name: skipped
 
 
+@pytest.mark.slow
 def test_init_from_groups_a_sharing_pair_and_builds(workspace: Workspace) -> None:
     _sharing_pair(workspace)
     proc = workspace.cli("init", "--from", "models", check=True)
@@ -331,6 +332,7 @@ def test_init_from_groups_a_sharing_pair_and_builds(workspace: Workspace) -> Non
     assert len([n for n in shared if n.endswith(".bin")]) == 1  # N ctx models + 1 binary
 
 
+@pytest.mark.slow
 def test_init_from_refuses_an_existing_manifest_and_bad_dirs(workspace: Workspace) -> None:
     workspace.model("models/a.onnx")
     workspace.manifest("# mine\n")

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import subprocess
 import sys
 from pathlib import Path
 from types import ModuleType
@@ -12,6 +11,7 @@ from types import ModuleType
 import numpy as np
 import onnx
 import pytest
+import waits
 from onnx import numpy_helper
 
 from epbuild import status
@@ -32,9 +32,8 @@ def _external(model: onnx.ModelProto) -> dict[str, dict[str, str]]:
 
 
 def test_help_lists_the_parameters() -> None:
-    proc = subprocess.run(
-        [sys.executable, str(SCRIPT), "--help"], capture_output=True, text=True, check=True
-    )
+    proc = waits.run([sys.executable, str(SCRIPT), "--help"], "the benchmark's --help")
+    assert proc.returncode == 0, proc.stderr
     for flag in ("--parts", "--layers", "--hidden", "--workdir", "--keep", "--runs", "--json"):
         assert flag in proc.stdout
 
@@ -74,12 +73,13 @@ def test_each_part_shares_one_external_file(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(900)
 def test_tiny_run_passes_its_checks(tmp_path: Path) -> None:
     args = ["--parts", "2", "--layers", "1", "--hidden", "32", "--runs", "1", "--json"]
-    proc = subprocess.run(
+    proc = waits.run(
         [sys.executable, str(SCRIPT), *args, "--workdir", str(tmp_path / "work"), "--quiet"],
-        capture_output=True,
-        text=True,
+        "the tiny LLM benchmark run",
+        timeout=600,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     figures = json.loads(proc.stdout)

@@ -115,6 +115,7 @@ def test_version_change_stales_everything(simple_ws: Callable[..., Workspace],
     assert all(any("onnxruntime-qnn 2." in r and "→ 9.9.9" in r for r in p.reasons) for p in plans)
 
 
+@pytest.mark.slow
 def test_outputs_identical_across_workspace_paths(simple_ws: Callable[..., Workspace],
                                                   tmp_path: Path) -> None:  # fmt: skip
     ws = simple_ws()
@@ -138,6 +139,7 @@ def test_outputs_identical_across_workspace_paths(simple_ws: Callable[..., Works
         assert str(ws.root).encode() not in data and str(tmp_path).encode() not in data
 
 
+@pytest.mark.slow
 def test_moved_output_dir_stays_valid(simple_ws: Callable[..., Workspace], tmp_path: Path) -> None:
     ws = simple_ws()
     ws.build()
@@ -179,6 +181,7 @@ def test_no_context_node_fails_clearly(workspace: Workspace) -> None:
     assert not list((workspace.root / "build").rglob(".staging/*"))
 
 
+@pytest.mark.slow
 def test_cli_json_and_exit_codes(simple_ws: Callable[..., Workspace]) -> None:
     ws = simple_ws()
     doc = ws.cli_json("build")
@@ -195,6 +198,7 @@ def test_cli_json_and_exit_codes(simple_ws: Callable[..., Workspace]) -> None:
     assert proc.returncode == 1 and "c.onnx" in proc.stderr and "Traceback" not in proc.stderr
 
 
+@pytest.mark.slow
 def test_clean_removes_outputs(simple_ws: Callable[..., Workspace]) -> None:
     ws = simple_ws()
     ws.build()
@@ -204,6 +208,7 @@ def test_clean_removes_outputs(simple_ws: Callable[..., Workspace]) -> None:
     assert ws.build().count(Outcome.COMPILED) == 2
 
 
+@pytest.mark.slow
 def test_outputs_of_removed_actions_are_reported_and_cleaned(
     simple_ws: Callable[..., Workspace],
 ) -> None:
@@ -221,6 +226,7 @@ def test_outputs_of_removed_actions_are_reported_and_cleaned(
     assert "orphaned" not in ws.cli("status").stdout
 
 
+@pytest.mark.slow
 def test_status_json_lists_orphaned_actions(simple_ws: Callable[..., Workspace]) -> None:
     ws = simple_ws()
     ws.build()

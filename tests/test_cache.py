@@ -9,20 +9,18 @@ import os
 import shutil
 import subprocess
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+import pytest
+import waits
 from conftest import Workspace
 
 from epbuild.api import Outcome
 from epbuild.cache.actioncache import ActionCache
 from epbuild.cache.store import OBJECTS, CacheEntry, object_path
 from epbuild.state.statcache import hash_file
-
-if TYPE_CHECKING:
-    import pytest
 
 
 def outputs(ws: Workspace) -> dict[str, bytes]:
@@ -57,6 +55,7 @@ def clone(ws: Workspace, dest: Path) -> Workspace:
     return Workspace(dest)
 
 
+@pytest.mark.slow
 def test_restore_after_clean_is_byte_identical(simple_ws: Callable[..., Workspace],
                                                tmp_path: Path) -> None:  # fmt: skip
     ws = simple_ws()
@@ -80,6 +79,7 @@ def test_restore_after_clean_is_byte_identical(simple_ws: Callable[..., Workspac
     assert all(r.restored for r in state.records.values())
 
 
+@pytest.mark.slow
 def test_export_clone_import_cache_only(simple_ws: Callable[..., Workspace],
                                         tmp_path: Path) -> None:  # fmt: skip
     from epbuild.inspect.verify import verify_outputs
@@ -111,6 +111,7 @@ def _built_cleaned_object(ws: Workspace, tmp_path: Path) -> tuple[Path, Any, Pat
     return cache, good, cache / object_path(entry.outputs["c_ctx_qnn.bin"].digest)
 
 
+@pytest.mark.slow
 def test_flipped_bit_in_object_is_detected_and_recompiled(simple_ws: Callable[..., Workspace],
                                                           tmp_path: Path) -> None:  # fmt: skip
     ws = simple_ws()
@@ -130,6 +131,7 @@ def test_flipped_bit_in_object_is_detected_and_recompiled(simple_ws: Callable[..
     assert ws.build(cache=str(cache)).count(Outcome.RESTORED) == 2
 
 
+@pytest.mark.slow
 def test_restore_trusts_objects_verified_before(
     simple_ws: Callable[..., Workspace], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -156,6 +158,7 @@ def test_restore_trusts_objects_verified_before(
     assert ws.cli("verify").returncode == 0
 
 
+@pytest.mark.slow
 def test_tampering_that_keeps_size_and_mtime_needs_a_full_verify(
     simple_ws: Callable[..., Workspace], tmp_path: Path
 ) -> None:
@@ -222,6 +225,7 @@ def test_version_bump_miss_is_explained(simple_ws: Callable[..., Workspace], tmp
     assert f"onnxruntime-qnn {here} → 9.9.9" in (result.actions[1].error or "")
 
 
+@pytest.mark.slow
 def test_two_processes_fill_one_cache(simple_ws: Callable[..., Workspace], tmp_path: Path) -> None:
     ws = simple_ws()
     twin = clone(ws, tmp_path / "twin")  # same keys: both write the same objects and entries
@@ -234,7 +238,7 @@ def test_two_processes_fill_one_cache(simple_ws: Callable[..., Workspace], tmp_p
     ]  # fmt: skip
     docs = []
     for p in procs:
-        out, err = p.communicate(timeout=300)
+        out, err = waits.communicate(p, "a concurrent build to finish", timeout=300)
         assert p.returncode == 0, err
         docs.append(json.loads(out))
     assert all(d["summary"]["compiled"] + d["summary"]["restored"] == 2 for d in docs)
@@ -246,6 +250,7 @@ def test_two_processes_fill_one_cache(simple_ws: Callable[..., Workspace], tmp_p
     assert outputs(third) == outputs(ws) == outputs(twin)
 
 
+@pytest.mark.slow
 def test_prune_evicts_least_recently_used(simple_ws: Callable[..., Workspace],
                                           tmp_path: Path) -> None:  # fmt: skip
     ws = simple_ws()
@@ -274,6 +279,7 @@ def test_prune_evicts_least_recently_used(simple_ws: Callable[..., Workspace],
     assert ws.cli("cache", "prune", "--max-size", "lots").returncode == 2
 
 
+@pytest.mark.slow
 def test_cache_key_follows_action_keys(simple_ws: Callable[..., Workspace]) -> None:
     from modelgen import matmul_model
 
@@ -287,6 +293,7 @@ def test_cache_key_follows_action_keys(simple_ws: Callable[..., Workspace]) -> N
     assert ws.cli("cache", "key", check=True).stdout.strip() != first
 
 
+@pytest.mark.slow
 def test_default_cache_is_per_user_and_no_cache_bypasses(
     simple_ws: Callable[..., Workspace], monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -301,6 +308,7 @@ def test_default_cache_is_per_user_and_no_cache_bypasses(
     assert len(check_consistent(user_cache)) == 1  # --no-cache stores nothing either
 
 
+@pytest.mark.slow
 def test_damaged_archive_imports_nothing_bad(simple_ws: Callable[..., Workspace],
                                              tmp_path: Path) -> None:  # fmt: skip
     ws = simple_ws()
@@ -318,10 +326,7 @@ def test_damaged_archive_imports_nothing_bad(simple_ws: Callable[..., Workspace]
 
 def _until(what: str, ready: Callable[[], bool], timeout: float = 240) -> None:
     """Wait for an event (polled), failing with ``what`` after a generous deadline."""
-    deadline = time.monotonic() + timeout
-    while not ready():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.05)
+    waits.wait_for(ready, what, timeout=timeout, interval=0.05)
 
 
 def _worker_logs_say(ws: Workspace, needle: str) -> bool:
@@ -345,6 +350,7 @@ def _popen_build(ws: Workspace, cache: Path, err: Path, **env: str) -> subproces
         )  # fmt: skip
 
 
+@pytest.mark.slow
 def test_two_workspaces_sharing_a_cache_compile_each_key_once(
     simple_ws: Callable[..., Workspace], tmp_path: Path
 ) -> None:
@@ -364,7 +370,7 @@ def test_two_workspaces_sharing_a_cache_compile_each_key_once(
         gate.touch()
     docs = []
     for p, err in ((a, tmp_path / "a.err"), (b, tmp_path / "b.err")):
-        out, _ = p.communicate(timeout=300)
+        out, _ = waits.communicate(p, "a build sharing the cache to finish", timeout=300)
         assert p.returncode == 0, err.read_text()
         docs.append(json.loads(out))
     compiled = sum(d["summary"]["compiled"] for d in docs)
@@ -409,7 +415,7 @@ def test_inputs_are_hashed_again_after_waiting_for_the_action_lock(
                lambda: "waiting for" in err.read_text() or proc.poll() is not None)  # fmt: skip
         assert proc.poll() is None, (proc.communicate(), err.read_text())
         model.write_bytes(first)  # ...and changed back while it waited
-    out, _ = proc.communicate(timeout=300)
+    out, _ = waits.communicate(proc, "the build to finish", timeout=300)
     assert proc.returncode == 0, err.read_text()
     assert outcomes_of(json.loads(out))["single/htp/c"] == "up_to_date", out
     assert outputs(ws) == built_first

@@ -9,12 +9,12 @@ import socket
 import subprocess
 import sys
 import threading
-import time
 import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+import waits
 from conftest import Workspace
 
 pytestmark = pytest.mark.skipif(
@@ -39,15 +39,16 @@ def s3_server(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
     )  # fmt: skip
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 30
-        while True:
+
+        def accepts() -> bool:
             try:
                 with socket.create_connection(("127.0.0.1", port), timeout=0.5):
-                    break
+                    return True
             except OSError:
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError("moto server did not start") from None
-                time.sleep(0.1)
+                return False
+
+        waits.wait_for(accepts, f"the moto S3 server to accept connections on port {port}",
+                       proc=proc, interval=0.1)  # fmt: skip
         env = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
                "AWS_DEFAULT_REGION": "us-east-1", "AWS_ENDPOINT_URL": url}  # fmt: skip
         for name, value in env.items():
@@ -57,7 +58,7 @@ def s3_server(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
         yield url
     finally:
         proc.terminate()
-        proc.wait(timeout=10)
+        proc.wait(timeout=waits.scaled(60))
 
 
 def _list(url: str) -> str:
@@ -65,6 +66,7 @@ def _list(url: str) -> str:
         return str(r.read().decode())
 
 
+@pytest.mark.slow
 def test_s3_round_trip(simple_ws: Callable[..., Workspace], s3_server: str, tmp_path: Path,
                        monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
     remote = "s3://ci-cache/epbuild"
@@ -162,6 +164,7 @@ def test_s3_endpoint_refusing_connections_fails_nothing(
     _check_outage(simple_ws(), monkeypatch, tmp_path)
 
 
+@pytest.mark.slow
 def test_s3_endpoint_that_never_answers_does_not_hang(
     simple_ws: Callable[..., Workspace], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:

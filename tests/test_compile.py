@@ -337,6 +337,7 @@ def _zoo_manifest(ws: Workspace, compiler: str) -> None:
     })  # fmt: skip
 
 
+@pytest.mark.slow
 def test_both_compilers_give_identical_bytes(workspace: Workspace, tmp_path: Path) -> None:
     """Sessions and the compile API (at the same optimisation level) write the same files,
     byte for byte; each is reproducible run to run and wherever the workspace lives."""
@@ -375,6 +376,7 @@ def test_nothing_compiled_fails_clearly(workspace: Workspace, compiler: str) -> 
     assert not (workspace.root / "build" / "g" / "htp").exists()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("compiler", ["compile_api", "session"])
 def test_graph_optimization_level_changes_the_graph(workspace: Workspace, compiler: str) -> None:
     workspace.model("m/f.onnx", folded_model())
@@ -391,6 +393,7 @@ def test_graph_optimization_level_changes_the_graph(workspace: Workspace, compil
     assert built["all"]["g/htp/f_ctx_qnn.bin"] != built["disabled"]["g/htp/f_ctx_qnn.bin"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("compiler", ["compile_api", "session"])
 def test_disable_cpu_ep_fallback_fails_a_partial_model(workspace: Workspace, compiler: str) -> None:
     workspace.model("p/p.onnx", mod_model(1))

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import waits
 from conftest import HTP73, Workspace
 from modelgen import matmul_model
 from test_crash import verify_outputs
@@ -38,9 +39,12 @@ def _race(
     """Start ``n`` builds at once; returns (exit code, --json document, stderr) of each."""
     go = root.parent / "go"
     go.unlink(missing_ok=True)
-    # each process waits for the go file, so they start compiling together
+    ready = root.parent / "ready"
+    ready.mkdir(exist_ok=True)
+    # each process says it is ready, then waits for the go file: they start compiling together
     starter = (
         "import os, sys, time\n"
+        f"open(os.path.join({str(ready)!r}, str(os.getpid())), 'w').close()\n"
         f"while not os.path.exists({str(go)!r}): time.sleep(0.005)\n"
         "from epbuild.frontends.cli import main\n"
         "sys.exit(main(sys.argv[1:]))\n"
@@ -55,11 +59,12 @@ def _race(
         )
         for _ in range(n)
     ]
-    time.sleep(0.5)  # let the interpreters start
+    waits.wait_for(lambda: {str(p.pid) for p in procs} <= {f.name for f in ready.iterdir()},
+                   f"all {n} builds to start")  # fmt: skip
     go.touch()
     results = []
-    for p in procs:
-        out, err = p.communicate(timeout=timeout)
+    for i, p in enumerate(procs):
+        out, err = waits.communicate(p, f"racing build {i + 1} of {n} to finish", timeout=timeout)
         try:
             doc = json.loads(out)
         except ValueError:
@@ -90,6 +95,7 @@ def _check_race(root: Path, results: list[tuple[int, dict[str, Any], str]], n: i
     assert not staging.is_dir() or not list(staging.iterdir())
 
 
+@pytest.mark.slow  # eight builds at once
 def test_eight_concurrent_builds_compile_each_action_once(workspace: Workspace) -> None:
     for i in range(6):
         workspace.model(f"m/m{i}.onnx", matmul_model(i, n=16))
@@ -103,6 +109,7 @@ def test_eight_concurrent_builds_compile_each_action_once(workspace: Workspace) 
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(900)
 def test_eight_concurrent_builds_of_model_zoo(tmp_path: Path) -> None:
     sys.path.insert(0, str(Path(__file__).parent.parent / "examples" / "model-zoo"))
     try:
@@ -130,27 +137,26 @@ def test_eight_concurrent_builds_of_model_zoo(tmp_path: Path) -> None:
     for p in (root / "models").iterdir():
         (copy / "models" / p.name).write_bytes(p.read_bytes())
     (copy / "epbuild.toml").write_text((root / "epbuild.toml").read_text())
-    proc = subprocess.run(
-        [sys.executable, "-m", "epbuild", "-C", str(copy), "build", "--json"],
-        capture_output=True, text=True, timeout=300,
-        env={**os.environ, "EPBUILD_CACHE": str(tmp_path / "cache")},
-    )  # fmt: skip
+    proc = waits.run([sys.executable, "-m", "epbuild", "-C", str(copy), "build", "--json"],
+                     "the build restoring from the shared cache", timeout=300,
+                     env={**os.environ, "EPBUILD_CACHE": str(tmp_path / "cache")})  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout)["summary"]["restored"] == n
     verify_outputs(copy)
 
 
 _HOLDER = """
-import sys, time
+import sys
 from epbuild.state import locks
 with locks.hold(sys.argv[1], "epbuild build g/htp/m0 (test holder)"):
     print("held", flush=True)
-    time.sleep(float(sys.argv[2]))
+    sys.stdin.read()  # holds the lock until the test closes its stdin (or kills it)
 """
 
 
-def _hold(lock: Path, seconds: float) -> subprocess.Popen[str]:
-    proc = subprocess.Popen([sys.executable, "-c", _HOLDER, str(lock), str(seconds)],
+def _hold(lock: Path) -> subprocess.Popen[str]:
+    """A process holding ``lock`` until its stdin is closed."""
+    proc = subprocess.Popen([sys.executable, "-c", _HOLDER, str(lock)], stdin=subprocess.PIPE,
                             stdout=subprocess.PIPE, text=True)  # fmt: skip
     assert proc.stdout is not None and proc.stdout.readline() == "held\n"
     return proc
@@ -171,7 +177,7 @@ def _lock_ws(workspace: Workspace) -> tuple[Workspace, Path]:
 
 def test_lock_timeout_exits_3_naming_the_holder(workspace: Workspace) -> None:
     ws, lock = _lock_ws(workspace)
-    holder = _hold(lock, 60)
+    holder = _hold(lock)
     try:
         proc = ws.cli("build", "--lock-timeout", "1")
     finally:
@@ -184,17 +190,27 @@ def test_lock_timeout_exits_3_naming_the_holder(workspace: Workspace) -> None:
 
 def test_waiter_says_once_whom_it_waits_for(workspace: Workspace) -> None:
     ws, lock = _lock_ws(workspace)
-    holder = _hold(lock, 2)
-    proc = ws.cli("build")
-    holder.communicate()
-    assert proc.returncode == 0, proc.stderr
-    assert proc.stderr.count("waiting for") == 1, proc.stderr
-    assert f"(pid {holder.pid})" in proc.stderr and "g/htp/m0" in proc.stderr
+    holder = _hold(lock)
+    err_path = ws.root.parent / "build.err"
+    with open(err_path, "w+") as err_file:
+        build = subprocess.Popen([sys.executable, "-m", "epbuild", "-C", str(ws.root), "build"],
+                                 stdout=subprocess.DEVNULL, stderr=err_file)  # fmt: skip
+        try:
+            waits.wait_for(lambda: "waiting for" in err_path.read_text(),
+                           "the build to say whom it waits for", proc=build,
+                           output=err_path.read_text)  # fmt: skip
+        finally:
+            waits.communicate(holder, "the holder to release the lock")  # closes its stdin
+        waits.communicate(build, "the build to finish once the lock is free")
+    err = err_path.read_text()
+    assert build.returncode == 0, err
+    assert err.count("waiting for") == 1, err
+    assert f"(pid {holder.pid})" in err and "g/htp/m0" in err
 
 
 def test_killed_lock_holder_never_blocks(workspace: Workspace) -> None:
     ws, lock = _lock_ws(workspace)
-    holder = _hold(lock, 600)
+    holder = _hold(lock)
     holder.kill()  # SIGKILL: no cleanup runs, the OS drops the lock
     holder.communicate()
     assert lock.exists()
@@ -203,28 +219,30 @@ def test_killed_lock_holder_never_blocks(workspace: Workspace) -> None:
     assert "waiting for" not in proc.stderr
 
 
+@pytest.mark.slow
 def test_input_rewritten_during_compile_is_not_recorded(workspace: Workspace) -> None:
     workspace.model("m/a.onnx", matmul_model(0, n=16))
     workspace.model("m/b.onnx", matmul_model(1, n=16))
     workspace.manifest({"providers": {"htp": HTP73},
                         "groups": {"g": {"models": ["m/*.onnx"],
                                          "providers": ["htp"]}}})  # fmt: skip
+    go = workspace.root.parent / "go"
     proc = subprocess.Popen(
         [sys.executable, "-m", "epbuild", "-C", str(workspace.root), "build", "-k", "--json"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        env={**os.environ, "EPBUILD_TEST_HOOK": "sleep:m/a.onnx:3"},
+        env={**os.environ, "EPBUILD_TEST_HOOK": f"wait:m/a.onnx:{go}"},
     )  # fmt: skip
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:  # the worker is about to compile m/a.onnx
+
+    def hooked() -> bool:  # the worker is about to compile m/a.onnx, and waits for go
         logs = (workspace.root / "build" / ".staging").glob("*/.epbuild-worker.log")
-        if any(b"test hook: sleep" in p.read_bytes() for p in logs):
-            break
-        time.sleep(0.02)
-    else:
-        proc.kill()
-        pytest.fail("the slow compile never started")
-    workspace.model("m/a.onnx", matmul_model(42, n=16))  # the exporter rewrites it
-    out, err = proc.communicate(timeout=120)
+        return any(b"test hook: wait" in p.read_bytes() for p in logs)
+
+    try:
+        waits.wait_for(hooked, "the worker to hold before compiling m/a.onnx", proc=proc)
+        workspace.model("m/a.onnx", matmul_model(42, n=16))  # the exporter rewrites it
+    finally:
+        go.touch()
+    out, err = waits.communicate(proc, "the build to finish")
     assert proc.returncode == 1, err
     by_id = {a["id"]: a for a in json.loads(out)["actions"]}
     assert by_id["g/htp/a"]["outcome"] == "failed"

@@ -96,6 +96,7 @@ def test_the_corpus_is_whole_and_small() -> None:
     assert any(p.key == "pkg.torch.onnx.stack_trace" for n in gpt2 for p in n.metadata_props)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("model", list(MODELS))
 def test_exported_model_builds_at_every_level_and_verifies(tmp_path: Path, model: str) -> None:
     ws = _workspace(tmp_path / "ws", model)

@@ -18,6 +18,7 @@ from typing import Any
 
 import psutil
 import pytest
+import waits
 from conftest import HTP73, Workspace
 from modelgen import matmul_model
 
@@ -101,14 +102,28 @@ def _workers_of(pid: int) -> list[psutil.Process]:
     return out
 
 
-def _gone(procs: list[psutil.Process], timeout: float = 15) -> list[psutil.Process]:
-    _, alive = psutil.wait_procs(procs, timeout=timeout)
+def _gone(procs: list[psutil.Process], timeout: float = 30) -> list[psutil.Process]:
+    """Those of ``procs`` still alive once all have exited or the (scaled) deadline passed."""
+    _, alive = psutil.wait_procs(procs, timeout=waits.scaled(timeout))
     return alive
+
+
+def _sits_in_slow_compile(ws: Workspace, proc: subprocess.Popen[str]) -> list[psutil.Process]:
+    """Wait until a worker of ``proc`` runs the ``sleep`` test hook; returns the workers."""
+
+    def hooked() -> bool:
+        logs = (ws.root / "build" / ".staging").glob("*/.epbuild-worker.log")
+        return any(b"test hook: sleep" in p.read_bytes() for p in logs)
+
+    waits.wait_for(hooked, "a worker to sit in the slow compile (its log says 'test hook')",
+                   proc=proc)  # fmt: skip
+    return _workers_of(proc.pid)
 
 
 # ---------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("kind", "sig"), [("segv", "SIGSEGV"), ("abort", "SIGABRT")])
 def test_native_crash_in_worker_is_reported_and_build_goes_on(
     workspace: Workspace, monkeypatch: pytest.MonkeyPatch, kind: str, sig: str
@@ -135,7 +150,7 @@ def test_native_crash_in_worker_is_reported_and_build_goes_on(
 def test_native_crash_cli_exit_and_message(workspace: Workspace) -> None:
     ws = _crash_ws(workspace, singles=2)
     proc = _popen(ws, "build", "--json", env={"EPBUILD_TEST_HOOK": "segv:s/s0.onnx"})
-    out, err = proc.communicate(timeout=120)
+    out, err = waits.communicate(proc, "the build with a crashing worker to end")
     assert proc.returncode == 1, err
     assert "Traceback" not in err
     doc = json.loads(out)
@@ -149,21 +164,14 @@ def test_native_crash_cli_exit_and_message(workspace: Workspace) -> None:
 
 def test_ctrl_c_stops_workers_and_cleans_up(workspace: Workspace) -> None:
     ws = _crash_ws(workspace, singles=2)
-    proc = _popen(ws, "build", env={"EPBUILD_TEST_HOOK": "sleep:m/p1.onnx:60"})
-    deadline = time.monotonic() + 60
-    workers: list[psutil.Process] = []
-    while time.monotonic() < deadline:  # wait until a worker sits in the slow compile
-        logs = list((ws.root / "build" / ".staging").glob("*/.epbuild-worker.log"))
-        if any(b"test hook: sleep" in p.read_bytes() for p in logs):
-            workers = _workers_of(proc.pid)
-            break
-        time.sleep(0.05)
+    proc = _popen(ws, "build", env={"EPBUILD_TEST_HOOK": "sleep:m/p1.onnx:600"})
+    workers = _sits_in_slow_compile(ws, proc)
     assert workers, "the slow compile never started"
     proc.send_signal(signal.SIGINT)
-    _, err = proc.communicate(timeout=60)
+    _, err = waits.communicate(proc, "the build to exit after SIGINT")
     assert proc.returncode == 130, err
     assert "interrupted" in err and "Traceback" not in err
-    assert _gone(workers, timeout=10) == [], "workers outlived Ctrl-C"
+    assert _gone(workers) == [], "workers outlived Ctrl-C"
     assert _staging_left(ws.root) == []
     state = load_state(str(ws.root / ".epbuild" / "state.jsonl"))
     assert "pair/htp" not in state.records
@@ -174,6 +182,7 @@ def test_ctrl_c_stops_workers_and_cleans_up(workspace: Workspace) -> None:
     verify_outputs(ws.root)
 
 
+@pytest.mark.slow  # 8 to 24 rounds of builds, each killed and rebuilt
 def test_sigkill_loop_converges(workspace: Workspace) -> None:
     """Kill the coordinator or a worker at random moments, again and again."""
     ws = _crash_ws(workspace)
@@ -195,12 +204,12 @@ def test_sigkill_loop_converges(workspace: Workspace) -> None:
         proc = _popen(ws, "build")
         target = "coordinator" if round_ % 2 == 0 else "worker"
         if target == "worker":  # wait for a worker to exist, then hit it at a random moment
-            deadline = time.monotonic() + 10
-            while not _workers_of(proc.pid) and proc.poll() is None and time.monotonic() < deadline:
-                time.sleep(0.01)
-            time.sleep(rng.uniform(0.0, 0.4))
+            started = proc
+            waits.wait_for(lambda: _workers_of(started.pid) or started.poll() is not None,  # noqa: B023
+                           "a worker to start (or the build to end)", interval=0.01)  # fmt: skip
+            time.sleep(rng.uniform(0.0, 0.4))  # a random moment to kill it, not a wait
         else:
-            time.sleep(rng.uniform(0.05, 0.9))
+            time.sleep(rng.uniform(0.05, 0.9))  # a random moment to kill it, not a wait
         workers = _workers_of(proc.pid)
         if proc.poll() is not None:
             kills["finished first"] += 1
@@ -213,15 +222,15 @@ def test_sigkill_loop_converges(workspace: Workspace) -> None:
         else:
             proc.kill()
             kills["coordinator"] += 1
-        proc.communicate(timeout=120)
+        waits.communicate(proc, f"round {round_}: the killed build to exit")
         # workers never outlive their coordinator (they watch stdin for EOF)
-        assert _gone(workers, timeout=15) == [], f"round {round_}: orphaned workers"
+        assert _gone(workers) == [], f"round {round_}: orphaned workers"
         # nothing partial is reported fresh: every action status calls up to date verifies
         fresh = {p.id for p in status(ws.root).actions if not p.stale}
         seen_fresh_checked += verify_outputs(ws.root, fresh)
         # the next build converges, rebuilding only what was not committed
         proc2 = _popen(ws, "build", "--json")
-        out, err = proc2.communicate(timeout=120)
+        out, err = waits.communicate(proc2, f"round {round_}: the build after the kill")
         assert proc2.returncode == 0, f"round {round_}: {err}"
         doc = json.loads(out)
         compiled = {a["id"] for a in doc["actions"] if a["outcome"] == "compiled"}
@@ -236,3 +245,23 @@ def test_sigkill_loop_converges(workspace: Workspace) -> None:
 
 def _summary(out: str) -> dict[str, Any]:
     return json.loads(out)["summary"]  # type: ignore[no-any-return]
+
+
+def test_no_worker_starts_once_interrupted(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A job whose slot thread reaches the executor after Ctrl-C's cancel starts nothing:
+    the interrupted build would otherwise wait for that whole compile (on a busy machine the
+    thread often starts late)."""
+    from epbuild.executors.job import Job
+    from epbuild.executors.local import LocalExecutor
+    from epbuild.providers.base import ProviderConfig
+
+    executor = LocalExecutor(str(tmp_path), prewarm=True)
+    spawned: list[tuple[str, ...]] = []
+    monkeypatch.setattr(executor, "_spawn", spawned.append)
+    executor.cancel()
+    job = Job(action_id="g/qnn/a", provider=ProviderConfig("qnn", "qnn", {}, {}, {}),
+              models=("m/a.onnx",), staging="build/.staging/x", share_weights=False,
+              embed_mode=0, node_name_prefix=None, initializer_names=(), load="path")  # fmt: skip
+    outcome = executor.run(job)
+    assert not outcome.ok and outcome.error == "interrupted before its worker started"
+    assert spawned == []

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import waits
 from conftest import HTP73, Workspace
 from modelgen import matmul_model
 
@@ -70,10 +71,8 @@ def _assert_nothing_half_committed(ws: Workspace) -> None:
 
 
 def _build_json(ws: Workspace, preexec: Callable[[], None] | None = None) -> tuple[int, Any, str]:
-    proc = subprocess.run(
-        [sys.executable, "-m", "epbuild", "-C", str(ws.root), "build", "-k", "--json"],
-        capture_output=True, text=True, timeout=300, preexec_fn=preexec,
-    )  # fmt: skip
+    proc = waits.run([sys.executable, "-m", "epbuild", "-C", str(ws.root), "build", "-k", "--json"],
+                     "epbuild build -k --json", timeout=300, preexec_fn=preexec)  # fmt: skip
     assert "Traceback" not in proc.stderr, proc.stderr
     return proc.returncode, json.loads(proc.stdout), proc.stderr
 
@@ -110,6 +109,7 @@ def _read_only(path: Path) -> Iterator[None]:
 NOT_WRITABLE = ("Permission denied", "Operation not permitted", "Read-only file system")
 
 
+@pytest.mark.slow
 def test_read_only_action_dir_fails_that_action_only(workspace: Workspace) -> None:
     ws = _two_groups(workspace)
     before = _snapshot(ws, "g1/htp/a")
@@ -132,6 +132,7 @@ def test_read_only_action_dir_fails_that_action_only(workspace: Workspace) -> No
     assert {a.outcome for a in ws.build().actions} == {Outcome.UP_TO_DATE}
 
 
+@pytest.mark.slow
 def test_read_only_out_dir_fails_every_action_cleanly(workspace: Workspace) -> None:
     workspace.model("m/b.onnx", matmul_model(2))
     workspace.manifest({"providers": {"htp": HTP73}, "groups": {
@@ -159,6 +160,7 @@ def _limit(size: int) -> Callable[[], None]:
     return apply
 
 
+@pytest.mark.slow
 def test_file_size_limit_fails_the_worker_with_a_clear_message(workspace: Workspace) -> None:
     ws = _two_groups(workspace)
     before = _snapshot(ws, "g1/htp/a")
@@ -178,6 +180,7 @@ def test_file_size_limit_fails_the_worker_with_a_clear_message(workspace: Worksp
     _assert_nothing_half_committed(ws)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("room", [0, 400], ids=["no-room", "room-for-begin-only"])
 def test_file_size_limit_on_the_journal(workspace: Workspace, room: int) -> None:
     """The coordinator's own writes: the journal cannot take the action's ``begin`` (nothing
@@ -253,7 +256,7 @@ def test_a_write_cut_short_leaves_the_file_as_it_was(tmp_path: Path, kind: str) 
         Journal(str(path)).begin("small", "k")
     before = path.read_bytes()
     proc = subprocess.run([sys.executable, "-c", _UNDER_LIMIT, str(path), kind],
-                          capture_output=True, text=True, timeout=60)  # fmt: skip
+                          capture_output=True, text=True, timeout=waits.scaled(60))  # fmt: skip
     assert proc.stdout.split() == ["File", "too", "large", "True"], proc.stderr
     assert path.read_bytes() == before
     assert [p.name for p in tmp_path.iterdir()] == ["state.jsonl"]
@@ -263,6 +266,7 @@ def test_a_write_cut_short_leaves_the_file_as_it_was(tmp_path: Path, kind: str) 
         assert not state.warnings and state.lines == 2 and not state.interrupted
 
 
+@pytest.mark.slow
 def test_end_of_build_steps_that_cannot_write_are_warnings_in_the_result(
     workspace: Workspace, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import waits
 from conftest import HTP73, HTP75, Workspace
 from modelgen import matmul_model
 
@@ -135,7 +136,7 @@ def _cli_env(ws: Workspace, env: dict[str, str], *args: str) -> object:
 
     return subprocess.run(
         [sys.executable, "-m", "epbuild", "-C", str(ws.root), *args],
-        capture_output=True, text=True, timeout=300, env={**os.environ, **env},
+        capture_output=True, text=True, timeout=waits.scaled(300), env={**os.environ, **env},
     )  # fmt: skip
 
 
@@ -156,7 +157,7 @@ def _resolved(requirement: str, tmp: Path) -> dict[str, tuple[str, str]]:
     subprocess.run(
         [sys.executable, "-m", "pip", "install", "--dry-run", "--ignore-installed", "--quiet",
          "--report", str(report), requirement],
-        check=True, capture_output=True, timeout=600,
+        check=True, capture_output=True, timeout=waits.scaled(600),
     )  # fmt: skip
     found = {}
     for item in json.loads(report.read_text())["install"]:

@@ -59,6 +59,7 @@ def test_undefined_provider(workspace: Workspace) -> None:
     assert "[providers.htp-v75]" in str(err)
 
 
+@pytest.mark.slow
 def test_missing_model_fails_its_action_naming_the_line(workspace: Workspace) -> None:
     workspace.model("models/a.onnx")
     workspace.manifest(GOOD.replace('["models/a.onnx"]', '["models/nope.onnx", "models/a.onnx"]'))

@@ -162,6 +162,7 @@ def test_budget_bigger_than_everything_runs_up_to_jobs() -> None:
     assert all(_overlap(spans[0], s) for s in spans[1:])
 
 
+@pytest.mark.slow
 def test_tiny_budget_serialises_real_compiles(simple_ws: Callable[..., Workspace],
                                               tmp_path: Path) -> None:  # fmt: skip
     ws = simple_ws()

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 from collections.abc import Callable
 
+import pytest
+import waits
 from conftest import Workspace
 from modelgen import matmul_model
 
@@ -20,6 +21,7 @@ def _noop_ready(ws: Workspace) -> None:
     assert (ws.root / ".epbuild" / "noop.json").exists()
 
 
+@pytest.mark.slow
 def test_fast_path_answers_after_a_noop(simple_ws: Callable[..., Workspace]) -> None:
     ws = simple_ws()
     _noop_ready(ws)
@@ -40,13 +42,12 @@ def test_fast_path_imports_nothing_heavy(simple_ws: Callable[..., Workspace]) ->
         "if m in sys.modules]; "
         "print('HEAVY', heavy); sys.exit(rc)"
     )
-    proc = subprocess.run(
-        [sys.executable, "-c", code, str(ws.root)], capture_output=True, text=True
-    )
+    proc = waits.run([sys.executable, "-c", code, str(ws.root)], "the no-op build")
     assert proc.returncode == 0, proc.stderr
     assert "HEAVY []" in proc.stdout
 
 
+@pytest.mark.slow
 def test_changed_bytes_miss_and_rebuild(simple_ws: Callable[..., Workspace]) -> None:
     ws = simple_ws()
     _noop_ready(ws)
@@ -56,6 +57,7 @@ def test_changed_bytes_miss_and_rebuild(simple_ws: Callable[..., Workspace]) -> 
     assert doc["summary"]["compiled"] == 1
 
 
+@pytest.mark.slow
 def test_touch_misses_then_records_again(simple_ws: Callable[..., Workspace]) -> None:
     ws = simple_ws()
     _noop_ready(ws)
@@ -67,6 +69,7 @@ def test_touch_misses_then_records_again(simple_ws: Callable[..., Workspace]) ->
     assert fast_noop(str(ws.root), None, []) is not None
 
 
+@pytest.mark.slow
 def test_new_glob_match_and_deleted_output_miss(workspace: Workspace) -> None:
     workspace.model("m/a.onnx")
     htp = {"ep": "qnn", "options": {"soc_model": "60"}}

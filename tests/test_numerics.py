@@ -56,6 +56,7 @@ def by_model(result: object) -> dict[str, object]:
     return {c.model.rsplit("/", 1)[-1]: c for c in result.numerics}  # type: ignore[attr-defined]
 
 
+@pytest.mark.slow
 def test_figures_failures_and_limits(built: Callable[..., Workspace]) -> None:
     ws = built()
     result = verify_outputs(ws.root, numerics=True)
@@ -101,6 +102,7 @@ def test_a_second_run_runs_nothing_and_tolerances_rejudge(
     assert "allowed 1e-09" in strict.reason
 
 
+@pytest.mark.slow
 def test_sample_inputs_are_part_of_the_key(built: Callable[..., Workspace]) -> None:
     ws = built({"inputs": "samples/*.npz"})
     samples = ws.root / "samples"
@@ -146,6 +148,7 @@ def test_a_model_entry_overrides_the_group(workspace: Workspace, tmp_path: Path)
     assert entry.numerics.rtol == 0.1 and entry.numerics.seed == 3
 
 
+@pytest.mark.slow
 def test_build_numerics_checks_what_it_built_and_detail_shows_it(workspace: Workspace) -> None:
     workspace.model("m/c.onnx", matmul_model(3))
     workspace.model("m/big.onnx", overflow_model())

@@ -86,6 +86,7 @@ def test_sharing_group_embed0_verifies(simple_ws: Any) -> None:
     assert len(result.checked) == 3
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("ext", [None, "weights.bin"])
 def test_partial_model(workspace: Workspace, ext: str | None) -> None:
     from epbuild.inspect.detail import status_detail

@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+import waits
 from conftest import HTP73, HTP75, Workspace, render_manifest
 from modelgen import matmul_model
 
@@ -73,7 +74,7 @@ def run_probe(
     root: Path, options: dict[str, str], requests: dict[str, Any], ep: str
 ) -> subprocess.CompletedProcess[str]:
     args = [sys.executable, "-c", PROBE, str(root), json.dumps(options), json.dumps(requests), ep]
-    return subprocess.run(args, capture_output=True, text=True, timeout=300)
+    return subprocess.run(args, capture_output=True, text=True, timeout=waits.scaled(300))
 
 
 def cpu(model: Path, x: np.ndarray) -> np.ndarray:
@@ -106,7 +107,7 @@ def test_quickstart_package_opens_and_runs_in_onnxruntime(tmp_path: Path) -> Non
                     ignore=shutil.ignore_patterns("build", ".epbuild", "dist"))  # fmt: skip
     proc = subprocess.run(
         [sys.executable, "-m", "epbuild", "-C", str(root), "package", "-o", "dist/", "--build"],
-        capture_output=True, text=True, timeout=300,
+        capture_output=True, text=True, timeout=waits.scaled(300),
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     dist = root / "dist"
@@ -120,7 +121,7 @@ def test_quickstart_package_opens_and_runs_in_onnxruntime(tmp_path: Path) -> Non
     assert rel_error(y, cpu(root / "models" / "classifier.onnx", x)) < 2e-2
     example = EXAMPLES / "shipping" / "run_package.py"
     ran = subprocess.run([sys.executable, str(example), str(dist)], capture_output=True,
-                         text=True, timeout=300)  # fmt: skip
+                         text=True, timeout=waits.scaled(300))  # fmt: skip
     assert ran.returncode == 0, ran.stderr[-2000:]
     assert "vision/classifier: variant htp-v73" in ran.stdout and "output [1, 10]" in ran.stdout
     # The sharing group's members name one directory: its shared binary is stored once.
@@ -211,7 +212,7 @@ def test_reproducible_across_workspace_paths(simple_ws: Any, tmp_path: Path) -> 
     for root in (ws.root, other):
         proc = subprocess.run([sys.executable, "-m", "epbuild", "-C", str(root), "package",
                                "-o", "dist", "--build"], capture_output=True, text=True,
-                              timeout=300)  # fmt: skip
+                              timeout=waits.scaled(300))  # fmt: skip
         assert proc.returncode == 0, proc.stderr
     assert tree(ws.root / "dist") == tree(other / "dist")
 
@@ -345,7 +346,8 @@ def test_package_command_imports_no_onnxruntime(built: Workspace) -> None:
         f"rc = main(['-C', {str(built.root)!r}, 'package', '-o', 'dist'])\n"
         "print(rc, 'onnxruntime' in sys.modules, 'onnx' in sys.modules)"
     )
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=waits.scaled(120))  # fmt: skip
     assert proc.stdout.split()[-3:] == ["0", "False", "False"], proc.stderr
 
 
@@ -378,7 +380,7 @@ def test_open_package_lets_onnxruntime_choose_the_provider(workspace: Workspace)
 
     def run(mode: str) -> Any:
         args = [sys.executable, "-c", OPEN, str(workspace.root / "dist"), "g", mode]
-        proc = subprocess.run(args, capture_output=True, text=True, timeout=300)
+        proc = subprocess.run(args, capture_output=True, text=True, timeout=waits.scaled(300))
         assert proc.returncode == 0, proc.stderr[-2000:]
         return json.loads(proc.stdout.strip().splitlines()[-1])
 
@@ -458,7 +460,7 @@ def race(*commands: list[str]) -> list[tuple[int, str, str]]:
         os.close(go)
     os.write(signal, b"x" * len(commands))  # every process imported epbuild: start them
     os.close(signal)
-    outs = [p.communicate(timeout=300) for p in procs]
+    outs = [p.communicate(timeout=waits.scaled(300)) for p in procs]
     return [(p.returncode, *out) for p, out in zip(procs, outs, strict=True)]
 
 
@@ -473,6 +475,7 @@ def whole(dist: Path) -> dict[str, Any]:
     return deploy  # type: ignore[no-any-return]
 
 
+@pytest.mark.slow
 def test_two_runs_into_one_directory_under_any_spelling_leave_a_whole_package(
     built: Workspace, tmp_path: Path
 ) -> None:
@@ -486,7 +489,8 @@ def test_two_runs_into_one_directory_under_any_spelling_leave_a_whole_package(
     shutil.rmtree(other / ".epbuild")
     shutil.rmtree(other / "build")
     assert subprocess.run([sys.executable, "-m", "epbuild", "-C", str(other), "build"],
-                          capture_output=True, timeout=300).returncode == 0  # fmt: skip
+                          capture_output=True,
+                          timeout=waits.scaled(300)).returncode == 0  # fmt: skip
     dist = built.root / "dist"
     mine = ["-C", str(built.root), "package", "-o", "dist"]
     pairs = [
@@ -572,7 +576,7 @@ def test_waiting_for_another_package_run_says_who_and_honours_lock_timeout(
         line = waiter.stderr.readline()  # it says whom it waits for, then waits
         assert f"waiting for epbuild package into dist (pid {os.getpid()})" in line
         assert waiter.poll() is None
-    out, err = waiter.communicate(timeout=300)
+    out, err = waiter.communicate(timeout=waits.scaled(300))
     assert waiter.returncode == 0, err
     assert "packaged 3 component(s)" in out
     whole(built.root / "dist")
@@ -607,7 +611,7 @@ def test_two_rename_fallback_keeps_the_old_package_as_it_says(
     env = {**os.environ, NO_EXCHANGE_ENV: "1"}
     proc = subprocess.run([sys.executable, "-m", "epbuild", "-C", str(built.root), "package",
                            "-o", "dist", "--json"], capture_output=True, text=True, env=env,
-                          timeout=300)  # fmt: skip
+                          timeout=waits.scaled(300))  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     assert whole(dist) == json.loads(proc.stdout)["deployment"]
     assert not [p.name for p in built.root.iterdir() if p.name.startswith(".dist.epbuild-")]
@@ -632,7 +636,7 @@ def test_two_rename_fallback_keeps_the_old_package_as_it_says(
 
     crash = subprocess.run([sys.executable, "-c", SWAP_CRASH, "-C", str(built.root), "package",
                             "-o", "dist"], capture_output=True, text=True, env=env,
-                           timeout=300)  # fmt: skip
+                           timeout=waits.scaled(300))  # fmt: skip
     assert crash.returncode == 9, crash.stderr
     assert not dist.exists()  # the old package is aside, under the dead run's name
     aside = [p for p in built.root.iterdir() if p.name.startswith(".dist.epbuild-old-")]
@@ -726,7 +730,7 @@ def test_ep_names_packages_for_an_app_that_registers_another_name(workspace: Wor
     assert got["selected"]["g/c"] == ["htp", "g/htp"] and got["outputs"]["g/c"][1][0] == "qnn"
     # epbuild's own opening registers the plugin under the name the package declares.
     args = [sys.executable, "-c", OPEN, str(dist), "g", "open"]
-    opened = subprocess.run(args, capture_output=True, text=True, timeout=300)
+    opened = subprocess.run(args, capture_output=True, text=True, timeout=waits.scaled(300))
     assert opened.returncode == 0, opened.stderr[-2000:]
     assert json.loads(opened.stdout.strip().splitlines()[-1]) == [1, 32]
 
@@ -796,7 +800,7 @@ def test_the_registration_name_is_in_no_key_and_older_outputs_stay_valid(
     old.mkdir()
     save_model = "import onnx, sys; sys.path.insert(0, sys.argv[2]); from modelgen import matmul_model; onnx.save(matmul_model(4), sys.argv[1])"  # noqa: E501
     subprocess.run([sys.executable, "-c", save_model, str(old / "c.onnx"),
-                    str(Path(__file__).parent)], check=True, timeout=120)  # fmt: skip
+                    str(Path(__file__).parent)], check=True, timeout=waits.scaled(120))  # fmt: skip
     compile_as_qnn = r"""
 import sys, onnxruntime as ort, onnxruntime_qnn
 ort.register_execution_provider_library("qnn", onnxruntime_qnn.get_library_path())
@@ -810,7 +814,7 @@ ort.InferenceSession(sys.argv[1], so)
 """  # how epbuild compiled before: the plugin registered as "qnn"
     ctx = old / "c_ctx.onnx"
     proc = subprocess.run([sys.executable, "-c", compile_as_qnn, str(old / "c.onnx"), str(ctx)],
-                          capture_output=True, text=True, timeout=300)  # fmt: skip
+                          capture_output=True, text=True, timeout=waits.scaled(300))  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-2000:]
     info = read_model(ctx)
     assert "ep_compatibility_info.qnn" in info.metadata

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import importlib.metadata
 import json
-import subprocess
 import sys
 import types
 from pathlib import Path
 from typing import Any
 
 import pytest
+import waits
 
 from epbuild import providers
 from epbuild.errors import ManifestError, ProviderUnavailableError
@@ -520,9 +520,8 @@ print(json.dumps({"versions": out, "imported": imported}))
 
 
 def test_versions_are_strings_read_without_importing_any_ep() -> None:
-    proc = subprocess.run(
-        [sys.executable, "-c", VERSIONS_SCRIPT], capture_output=True, text=True, check=True
-    )
+    proc = waits.run([sys.executable, "-c", VERSIONS_SCRIPT], "the versions script")
+    assert proc.returncode == 0, proc.stderr
     result = json.loads(proc.stdout)
     assert result["imported"] == []
     versions = result["versions"]

@@ -27,15 +27,18 @@ from epbuild.state.journal import Journal, load_state
 PROVIDER = ProviderConfig("htp", "qnn", {"backend_type": "htp", **HTP73["options"]}, {}, {})
 
 
-@pytest.fixture
-def trio(workspace: Workspace) -> Workspace:
-    """A non-sharing group of three models, built."""
+def _make_trio(workspace: Workspace) -> None:
     for i, name in enumerate("abc"):
         workspace.model(f"m/{name}.onnx", matmul_model(10 + i))
     workspace.manifest({"providers": {"htp": HTP73}, "groups": {"g": {
         "models": ["m/a.onnx", "m/b.onnx", "m/c.onnx"], "providers": ["htp"]}}})  # fmt: skip
     assert workspace.build().ok
-    return workspace
+
+
+@pytest.fixture
+def trio(workspace: Workspace, built_once: Any) -> Workspace:
+    """A non-sharing group of three models, built (once per session; a copy per test)."""
+    return built_once("runtime-trio", _make_trio, workspace)  # type: ignore[no-any-return]
 
 
 def cpu(model: Path, x: np.ndarray) -> np.ndarray:
@@ -139,9 +142,23 @@ def test_shared_group_is_refused_here_not_crashed(simple_ws: Any) -> None:
 
 
 @pytest.fixture
-def two_pairs(simple_ws: Any) -> Workspace:
-    """Two weight-sharing groups (pair, pair2) and a single-model group, built."""
-    ws: Workspace = simple_ws()
+def two_pairs(workspace: Workspace, built_once: Any) -> Workspace:
+    """Two weight-sharing groups (pair, pair2) and a single-model group, built (once per
+    session; a copy per test)."""
+    return built_once("runtime-two-pairs", _make_two_pairs, workspace)  # type: ignore[no-any-return]
+
+
+def _make_two_pairs(ws: Workspace) -> None:
+    import numpy as np
+
+    w = np.random.default_rng(7).standard_normal((32, 32), dtype=np.float32) * 0.1
+    ws.model("models/a.onnx", matmul_model(1, shared=w))
+    ws.model("models/b.onnx", matmul_model(2, shared=w, batch=4))
+    ws.model("models/c.onnx", matmul_model(3))
+    ws.manifest({"providers": {"htp": HTP73}, "groups": {
+        "pair": {"models": ["models/a.onnx", "models/b.onnx"], "providers": ["htp"],
+                 "share_weights": True},
+        "single": {"models": ["models/c.onnx"], "providers": ["htp"]}}})  # fmt: skip
     text = (ws.root / "epbuild.toml").read_text()
     (ws.root / "epbuild.toml").write_text(
         text.replace(
@@ -155,7 +172,6 @@ share_weights = true
         )
     )
     assert ws.build().ok
-    return ws
 
 
 class Recorder:

@@ -54,6 +54,7 @@ def _verified(ws: Workspace) -> None:
             assert full.stat().st_size == out.size and hash_file(str(full)) == out.digest
 
 
+@pytest.mark.slow
 def test_truncated_at_every_offset(simple_ws: Callable[..., Workspace]) -> None:
     ws, path, full = _built(simple_ws)
     complete = load_state(str(path))
@@ -88,6 +89,7 @@ def _earlier_record(raw: bytes, rec: ActionRecord) -> bool:
     return any(d.get("op") == "done" and d.get("key") == rec.key for d in lines)
 
 
+@pytest.mark.slow
 def test_build_converges_after_truncation(simple_ws: Callable[..., Workspace]) -> None:
     ws, path, full = _built(simple_ws)
     rng = random.Random(4)
@@ -99,6 +101,7 @@ def test_build_converges_after_truncation(simple_ws: Callable[..., Workspace]) -
         assert ws.build().count(Outcome.UP_TO_DATE) == 2
 
 
+@pytest.mark.slow
 def test_corrupted_byte_anywhere_never_breaks_loading(simple_ws: Callable[..., Workspace]) -> None:
     ws, path, full = _built(simple_ws)
     complete = load_state(str(path))
@@ -118,6 +121,7 @@ def test_corrupted_byte_anywhere_never_breaks_loading(simple_ws: Callable[..., W
                         assert rec.outputs == complete.records[p.action.id].outputs
 
 
+@pytest.mark.slow
 def test_damaged_state_warns_and_build_proceeds(simple_ws: Callable[..., Workspace]) -> None:
     ws, path, full = _built(simple_ws)
     path.write_bytes(b"\x00garbage" + full[40:])
@@ -166,6 +170,7 @@ def test_append_after_damaged_tail_starts_a_new_line(tmp_path: Path) -> None:
     assert state.warnings == [f"state {path}: dropped 2 damaged record(s) from line 3 on"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("damage", ["truncate", "flip", "types"])
 def test_statcache_damage_only_costs_rehashing(simple_ws: Callable[..., Workspace],
                                                damage: str) -> None:  # fmt: skip

@@ -14,12 +14,12 @@ import shutil
 import subprocess
 import sys
 import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+import waits
 from conftest import HTP73, HTP75, Workspace
 from modelgen import matmul_model
 
@@ -78,6 +78,7 @@ def _by_id(doc: dict[str, Any]) -> dict[str, dict[str, Any]]:
     return {a["id"]: a for a in doc["actions"]}
 
 
+@pytest.mark.slow  # makes (or reuses) a real toolchain environment with pip
 def test_one_manifest_builds_qnn_and_openvino(workspace: Workspace, shared_toolchains: str) -> None:
     _mixed(workspace)
     doc = workspace.cli_json("build", "-j", "2")
@@ -131,12 +132,12 @@ def _runtime_says_why(workspace: Workspace) -> None:
     )
     command = boot_command(toolchain.python, "epbuild.runtime")
     command[-1] = command[-1].split("from epbuild.runtime")[0].replace("; ", "\n") + probe
-    proc = subprocess.run(
-        [*command, str(workspace.root)], capture_output=True, text=True, check=True
-    )
+    proc = waits.run([*command, str(workspace.root)], "the probe in the toolchain")
+    assert proc.returncode == 0, proc.stderr
     assert proc.stdout.startswith("CompatibilityError") and "IR frontend" in proc.stdout
 
 
+@pytest.mark.slow  # makes (or reuses) a real toolchain environment with pip
 def test_changed_pin_stales_that_provider_only(
     workspace: Workspace, shared_toolchains: str
 ) -> None:
@@ -152,6 +153,7 @@ def test_changed_pin_stales_that_provider_only(
     assert "numpy>=1.24" in reason and "toolchain" in reason, reason
 
 
+@pytest.mark.slow  # makes (or reuses) a real toolchain environment with pip
 def test_openvino_toolchain_runs_its_own_onnxruntime(shared_toolchains: str) -> None:
     """The worker's interpreter imports onnxruntime from the toolchain and epbuild from the
     copy made for it, nothing from the environment the tests run in."""
@@ -164,7 +166,8 @@ def test_openvino_toolchain_runs_its_own_onnxruntime(shared_toolchains: str) -> 
     )
     command = boot_command(toolchain.python, "epbuild.executors.worker")
     command[-1] = command[-1].replace("from epbuild.executors.worker import main; main()", probe)
-    proc = subprocess.run(command, capture_output=True, text=True, check=True)
+    proc = waits.run(command, "the probe in the toolchain")
+    assert proc.returncode == 0, proc.stderr
     ort_file, worker_file, providers = json.loads(proc.stdout)
     assert ort_file.startswith(toolchain.prefix)
     assert worker_file.startswith(worker_path())
@@ -172,6 +175,7 @@ def test_openvino_toolchain_runs_its_own_onnxruntime(shared_toolchains: str) -> 
     assert sys.prefix not in ort_file
 
 
+@pytest.mark.slow  # makes (or reuses) a real toolchain environment with pip
 def test_bad_toolchains_fail_their_provider_only(
     workspace: Workspace, private_toolchains: Path
 ) -> None:
@@ -417,27 +421,25 @@ def test_prune_skips_an_environment_a_running_build_uses(
     elsewhere = tmp_path / "elsewhere"  # another workspace, no manifest: keeps nothing
     elsewhere.mkdir()
     try:
-        deadline = time.monotonic() + 240
         logs = workspace.root / "build"
-        while not any("test hook: wait" in p.read_text(errors="replace")
-                      for p in logs.rglob(".epbuild-worker.log")):  # fmt: skip
-            assert build.poll() is None and time.monotonic() < deadline, build.stderr
-            time.sleep(0.05)
+        waits.wait_for(lambda: any("test hook: wait" in p.read_text(errors="replace")
+                                   for p in logs.rglob(".epbuild-worker.log")),
+                       "the build's worker to hold in the test hook", proc=build)  # fmt: skip
         prune = subprocess.run(
             [sys.executable, "-m", "epbuild", "-C", str(elsewhere), "toolchains", "--prune"],
-            capture_output=True, text=True, timeout=120,
+            capture_output=True, text=True, timeout=waits.scaled(120),
         )  # fmt: skip
         assert prune.returncode == 0, prune.stderr
         assert f"kept {env}: a running build uses it" in prune.stdout, prune.stdout
         assert (env / MARKER).is_file()
     finally:
         gate.touch()
-    out, err = build.communicate(timeout=300)
+    out, err = waits.communicate(build, "the build holding the toolchain", timeout=300)
     assert build.returncode == 0, err
     assert json.loads(out)["summary"]["compiled"] == 1
     prune = subprocess.run(
         [sys.executable, "-m", "epbuild", "-C", str(elsewhere), "toolchains", "--prune"],
-        capture_output=True, text=True, timeout=120,
+        capture_output=True, text=True, timeout=waits.scaled(120),
     )  # fmt: skip
     assert f"removed {env}" in prune.stdout, prune.stdout  # no build uses it any more
     assert not env.exists()

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
+import waits
 
 from epbuild.api import Outcome
 
@@ -109,7 +110,7 @@ def _chromium(args: list[str], user_data: Path) -> subprocess.CompletedProcess[s
              "--disable-component-update", "--disable-sync", "--no-first-run",
              f"--user-data-dir={user_data}"]  # fmt: skip
     return subprocess.run([CHROMIUM, *flags, *args], capture_output=True, text=True,
-                          timeout=120)  # fmt: skip
+                          timeout=waits.scaled(120))  # fmt: skip
 
 
 @pytest.mark.skipif(not os.path.exists(CHROMIUM), reason="Debian's chromium is not installed")

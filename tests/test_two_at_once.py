@@ -8,11 +8,11 @@ import json
 import os
 import subprocess
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+import waits
 from conftest import Workspace
 
 from epbuild import status
@@ -48,14 +48,13 @@ def together(
         )
         for r, cmd in zip(ready, commands, strict=True)
     ]
-    while not all(r.exists() for r in ready):  # an event: every interpreter is up
-        if any(p.poll() is not None for p in procs):
-            break
-        time.sleep(0.001)
+    waits.wait_for(  # an event: every interpreter is up (or one has exited already)
+        lambda: all(r.exists() for r in ready) or any(p.poll() is not None for p in procs),
+        "both commands to be ready", interval=0.001)  # fmt: skip
     go.touch()
     done = []
     for p, cmd in zip(procs, commands, strict=True):
-        out, err = p.communicate(timeout=600)
+        out, err = waits.communicate(p, f"'epbuild {' '.join(cmd)}' to finish", timeout=600)
         done.append(subprocess.CompletedProcess(cmd, p.returncode, out, err))
     return done
 

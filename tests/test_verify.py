@@ -13,9 +13,11 @@ from typing import Any
 
 import onnx
 import pytest
+import waits
 from conftest import HTP73, Workspace
 from test_options import mod_model
 
+from epbuild.errors import UserError
 from epbuild.inspect.verify import LoadOutcome, verify_outputs
 from epbuild.onnx.context import Problem
 
@@ -190,8 +192,8 @@ def test_wrong_target_in_compatibility_info(copy: Path) -> None:
 
 def test_cli_exit_codes_and_json(copy: Path) -> None:
     def cli(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([sys.executable, "-m", "epbuild", "-C", str(copy), "verify", *args],
-                              capture_output=True, text=True, timeout=120)  # fmt: skip
+        return waits.run([sys.executable, "-m", "epbuild", "-C", str(copy), "verify", *args],
+                         f"epbuild verify {' '.join(args)}")  # fmt: skip
 
     ok = cli()
     assert ok.returncode == 0 and "0 problem(s)" in ok.stdout, ok.stderr
@@ -207,7 +209,7 @@ def test_cli_exit_codes_and_json(copy: Path) -> None:
 def test_status_detail_cli(copy: Path) -> None:
     proc = subprocess.run(
         [sys.executable, "-m", "epbuild", "-C", str(copy), "status", "--detail", "--json"],
-        capture_output=True, text=True, timeout=120,
+        capture_output=True, text=True, timeout=waits.scaled(120),
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     actions = {a["id"]: a for a in json.loads(proc.stdout)["actions"]}
@@ -218,7 +220,7 @@ def test_status_detail_cli(copy: Path) -> None:
     assert actions["single/htp/c"]["binary_bytes"] == 0  # embedded
     text = subprocess.run(
         [sys.executable, "-m", "epbuild", "-C", str(copy), "status", "--detail"],
-        capture_output=True, text=True, timeout=120,
+        capture_output=True, text=True, timeout=waits.scaled(120),
     ).stdout  # fmt: skip
     assert "m/p.onnx: 2 EPContext node(s) from 4 source nodes; on the CPU EP: Mod x1" in text
 
@@ -241,6 +243,37 @@ def _build_and_verify_load(root: Path) -> Any:
     return checked
 
 
+def test_loads_run_jobs_at_once_in_action_order(
+    good: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``verify --load -j 2`` runs two loaders at once (a model-zoo verify takes half as long
+    on two cores) and still reports them in action order."""
+    import threading
+
+    from epbuild.inspect import verify as v
+
+    def alone(root: str, ctx: str, job: dict[str, Any], toolchain: Any) -> Any:
+        return v.LoadCheck(ctx, LoadOutcome.PASSED, "one by one")
+
+    monkeypatch.setattr(v, "_run_loader", alone)
+    first = verify_outputs(good, load=True, jobs=1).loads
+    order = [c.file for c in first]
+    assert [c.file for c in first if c.message == "one by one"] == [
+        "build/single/htp/c_ctx.onnx", "build/part/htp/p_ctx.onnx"]  # fmt: skip
+    both = threading.Barrier(2, timeout=waits.scaled(60))
+
+    def together(root: str, ctx: str, job: dict[str, Any], toolchain: Any) -> Any:
+        both.wait()  # returns once the other load runs too; breaks if they run one by one
+        return v.LoadCheck(ctx, LoadOutcome.PASSED, "at once")
+
+    monkeypatch.setattr(v, "_run_loader", together)
+    result = verify_outputs(good, load=True, jobs=2)
+    assert [c.file for c in result.loads] == order
+    assert [c.message for c in result.loads if c.file in order[2:]] == ["at once", "at once"]
+    with pytest.raises(UserError, match="--jobs must be at least 1"):
+        verify_outputs(good, load=True, jobs=0)
+
+
 def test_verify_load_quickstart(tmp_path: Path) -> None:
     root = _example("quickstart", tmp_path / "quickstart")
     checked = _build_and_verify_load(root)
@@ -253,10 +286,11 @@ def test_verify_load_quickstart(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(900)
 def test_verify_load_model_zoo(tmp_path: Path) -> None:
     root = _example("model-zoo", tmp_path / "zoo")
     subprocess.run([sys.executable, str(root / "fetch_models.py")], check=True,
-                   capture_output=True, timeout=120)  # fmt: skip
+                   capture_output=True, timeout=waits.scaled(120))  # fmt: skip
     checked = _build_and_verify_load(root)
     assert len(checked.loads) == 18
     # The QNN EP segfaults loading inception_v1's v73 context on x86_64 (it runs the same

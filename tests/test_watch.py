@@ -16,24 +16,29 @@ from typing import Any
 
 import onnx
 import pytest
+import waits
 from conftest import HTP73, HTP75, Workspace, render_manifest
 from modelgen import matmul_model, save
 
 from epbuild.frontends.watch import glob_match, make_targets
 
-CYCLE_TIMEOUT = 60.0
+CYCLE_TIMEOUT = 120.0
+"""Seconds (scaled by EPBUILD_TEST_TIMEOUT_SCALE) a test waits for the next cycle."""
 
 
 class Watcher:
     """``epbuild watch --json`` in a subprocess; cycles are read by a thread, with timeouts."""
 
-    def __init__(self, root: Path, *args: str, json_lines: bool = True) -> None:
+    def __init__(
+        self, root: Path, *args: str, json_lines: bool = True, env: dict[str, str] | None = None
+    ) -> None:
         self.json_lines = json_lines
         self.text: queue.Queue[str] = queue.Queue()
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "epbuild", "-C", str(root), "watch",
              *(["--json"] if json_lines else []), "--debounce", "0.2", *args],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            env={**os.environ, **(env or {})},
         )  # fmt: skip
         self.cycles: queue.Queue[dict[str, Any]] = queue.Queue()
         self.stderr: list[str] = []
@@ -63,12 +68,19 @@ class Watcher:
 
     def next(self, timeout: float = CYCLE_TIMEOUT) -> dict[str, Any]:
         """The next cycle; fails (never hangs) when none comes in time."""
+        return self._get(self.cycles, "the next watch cycle", timeout)
+
+    def line(self, timeout: float = CYCLE_TIMEOUT) -> str:
+        """The next line of plain (not --json) output."""
+        return self._get(self.text, "the next line of output", timeout)
+
+    def _get(self, q: queue.Queue[Any], what: str, timeout: float) -> Any:
         try:
-            return self.cycles.get(timeout=timeout)
+            return q.get(timeout=waits.scaled(timeout))
         except queue.Empty:
-            raise AssertionError(
-                f"no watch cycle within {timeout}s (exit {self.proc.poll()}):\n"
-                + "".join(self.stderr[-40:])
+            raise waits.WaitExpired(
+                f"timed out after {waits.scaled(timeout):.0f} s waiting for {what}\n"
+                + waits.describe(self.proc, output=lambda: "".join(self.stderr))
             ) from None
 
     def quiet(self, seconds: float) -> None:
@@ -84,10 +96,12 @@ class Watcher:
         if self.proc.poll() is None:
             self.proc.send_signal(sig)
         try:
-            code = self.proc.wait(timeout=30)
+            waits.wait_for(lambda: self.proc.poll() is not None,
+                           f"the watcher to exit after {signal.Signals(sig).name}",
+                           proc=self.proc.pid, output=lambda: "".join(self.stderr))  # fmt: skip
         finally:
             self.close()
-        return code
+        return self.proc.wait()
 
     def close(self) -> None:
         if self.proc.poll() is None:
@@ -104,8 +118,10 @@ class Watcher:
 def watcher() -> Iterator[Callable[..., Watcher]]:
     started: list[Watcher] = []
 
-    def start(root: Path, *args: str, json_lines: bool = True) -> Watcher:
-        w = Watcher(root, *args, json_lines=json_lines)
+    def start(
+        root: Path, *args: str, json_lines: bool = True, env: dict[str, str] | None = None
+    ) -> Watcher:
+        w = Watcher(root, *args, json_lines=json_lines, env=env)
         started.append(w)
         return w
 
@@ -126,6 +142,7 @@ def atomic_save(model: onnx.ModelProto, path: Path) -> None:
     os.replace(tmp, path)
 
 
+@pytest.mark.slow
 def test_file_operations_rebuild_exactly_the_affected_actions(
     simple_ws: Callable[..., Workspace], watcher: Callable[..., Watcher]
 ) -> None:
@@ -177,6 +194,7 @@ def test_file_operations_rebuild_exactly_the_affected_actions(
     assert not w.bad, w.bad
 
 
+@pytest.mark.slow
 def test_manifest_globs_external_data_and_failures(
     workspace: Workspace, watcher: Callable[..., Watcher]
 ) -> None:
@@ -243,6 +261,7 @@ def test_manifest_globs_external_data_and_failures(
     assert not list((workspace.root / "build").rglob(".staging/*"))
 
 
+@pytest.mark.slow
 def test_watch_and_manual_build_never_compile_the_same_action_twice(
     simple_ws: Callable[..., Workspace], watcher: Callable[..., Watcher]
 ) -> None:
@@ -269,18 +288,9 @@ def test_interrupt_during_a_build_stops_workers_and_releases_locks(
     group = {"models": ["m/big.onnx"], "providers": ["htp"]}
     workspace.manifest({"providers": {"htp": HTP73}, "groups": {"g": group}})
     w = watcher(workspace.root)
-    me = psutil.Process(w.proc.pid)
-    workers: list[psutil.Process] = []
-    deadline = time.monotonic() + 30
-    while not workers and time.monotonic() < deadline:
-        try:
-            workers = [p for p in me.children() if "executors.worker" in " ".join(p.cmdline())]
-        except psutil.Error:
-            pass
-        time.sleep(0.01)
-    assert workers, "no worker was started"
+    workers = _wait_for_worker(w.proc)
     assert w.stop(signal.SIGINT) == 0, "".join(w.stderr)
-    _, alive = psutil.wait_procs(workers, timeout=10)
+    _, alive = psutil.wait_procs(workers, timeout=waits.scaled(30))
     assert not alive
     locks = list((workspace.root / ".epbuild").rglob("*.lock"))
     assert locks
@@ -334,19 +344,19 @@ def test_targets_are_the_inputs_never_the_outputs(
     assert not t.wants(os.path.join(root, "models", "a.onnx.tmp"), False)
 
 
-def _wait_for_worker(proc: subprocess.Popen[str], timeout: float = 30) -> None:
+def _wait_for_worker(proc: subprocess.Popen[str]) -> list[Any]:
+    """Wait until ``proc`` has started a worker; returns its workers (psutil processes)."""
     import psutil
 
     me = psutil.Process(proc.pid)
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+
+    def workers() -> list[psutil.Process]:
         try:
-            if any("epbuild.executors.worker" in " ".join(p.cmdline()) for p in me.children()):
-                return
+            return [p for p in me.children() if "epbuild.executors.worker" in " ".join(p.cmdline())]
         except psutil.Error:
-            pass
-        time.sleep(0.01)
-    raise AssertionError("no worker was started")
+            return []
+
+    return waits.wait_for(workers, "the watcher to start a worker", proc=proc, interval=0.01)
 
 
 def test_changes_during_a_build_coalesce_into_one_follow_up(
@@ -355,10 +365,20 @@ def test_changes_during_a_build_coalesce_into_one_follow_up(
     model = workspace.model("m/big.onnx", matmul_model(1, n=512))
     group = {"models": ["m/big.onnx"], "providers": ["htp"]}
     workspace.manifest({"providers": {"htp": HTP73}, "groups": {"g": group}})
-    w = watcher(workspace.root)
-    _wait_for_worker(w.proc)
-    for seed in range(2, 7):
-        save(matmul_model(seed, n=512), model)
+    go = workspace.root.parent / "go"  # the first compile holds until the saves are done
+    w = watcher(workspace.root, env={"EPBUILD_TEST_HOOK": f"wait:m/big.onnx:{go}"})
+
+    def held() -> bool:
+        logs = (workspace.root / "build" / ".staging").glob("*/.epbuild-worker.log")
+        return any(b"test hook: wait" in p.read_bytes() for p in logs)
+
+    try:
+        waits.wait_for(held, "the first compile to start", proc=w.proc,
+                       output=lambda: "".join(w.stderr))  # fmt: skip
+        for seed in range(2, 7):
+            save(matmul_model(seed, n=512), model)
+    finally:
+        go.touch()
     w.next()  # the first build: compiled, or discarded because its input changed meanwhile
     c = w.next()
     assert (c["cycle"], c["changed"], built(c)) == (2, ["m/big.onnx"], {"g/htp/big": "compiled"})
@@ -366,6 +386,7 @@ def test_changes_during_a_build_coalesce_into_one_follow_up(
     assert w.stop() == 0
 
 
+@pytest.mark.slow
 def test_polling_observer(
     simple_ws: Callable[..., Workspace], watcher: Callable[..., Watcher]
 ) -> None:
@@ -410,9 +431,9 @@ def test_plain_output_says_what_changed_then_builds(
 ) -> None:
     ws = simple_ws()
     w = watcher(ws.root, "single", json_lines=False)
-    lines = [w.text.get(timeout=CYCLE_TIMEOUT) for _ in range(2)]
+    lines = [w.line() for _ in range(2)]
     save(matmul_model(80), ws.root / "models" / "c.onnx")
-    lines += [w.text.get(timeout=CYCLE_TIMEOUT) for _ in range(2)]
+    lines += [w.line() for _ in range(2)]
     assert lines[0] == "epbuild watch: initial build"
     assert lines[1].startswith("epbuild: 1 compiled in ")
     assert lines[2] == "epbuild watch: models/c.onnx changed"

@@ -56,6 +56,9 @@ class _Adapter:
     def attach(self, ort: Any, so: Any, config: Any) -> None:
         pass
 
+    def versions(self, config: Any) -> dict[str, str]:
+        return {"onnxruntime-qnn": "0"}  # the worker reports what it compiled with
+
 
 def _fake(monkeypatch: pytest.MonkeyPatch, fail: str | None) -> tuple[list[str], Job]:
     log: list[str] = []

@@ -6,6 +6,7 @@ import os
 import posixpath
 import threading
 import time
+from contextlib import ExitStack
 from typing import TYPE_CHECKING, Any
 
 from epbuild.engine.staging import check_staged, commit, hash_staged, make_staging
@@ -148,12 +149,24 @@ class Builder:
             waited.append(msg)
             self.reporter.message(f"{action.id}: the same key is being built elsewhere; {msg}")
 
-        with locks.hold(
-            lock,
-            f"epbuild build {action.id} in {self.ws.root}",
-            timeout=self.lock_timeout,
-            on_wait=on_wait,
-        ):
+        held = ExitStack()
+        try:
+            held.enter_context(
+                locks.hold(
+                    lock,
+                    f"epbuild build {action.id} in {self.ws.root}",
+                    timeout=self.lock_timeout,
+                    on_wait=on_wait,
+                )
+            )
+        except OSError as exc:  # a read-only or full cache: it is an optimisation
+            where = self.cache.describe() if self.cache is not None else "?"
+            self._warn(
+                f"the cache {where} cannot be locked ({os_error_text(exc, self.ws.root)}); "
+                "builds sharing it may compile the same key twice"
+            )
+            return self._restore_or_compile(plan, key, state)
+        with held:
             if waited:  # the other build stored it meanwhile, or the inputs changed
                 after, state = self._replan(plan)
                 if after.key is None or after.key.key != key.key or not after.stale:

@@ -164,10 +164,13 @@ class LocalExecutor:
             start_new_session=True,  # Ctrl-C reaches the coordinator, which stops workers
         )
 
-    def _take(self, boot: tuple[str, ...]) -> subprocess.Popen[bytes]:
+    def _take(self, boot: tuple[str, ...]) -> subprocess.Popen[bytes] | None:
         """A warm worker started with ``boot`` (else a new one); leaves a spare of the same
-        kind behind for the next job."""
+        kind behind for the next job. None once cancelled: a job whose thread reaches here
+        after Ctrl-C must not start a compile that the interrupted build then waits for."""
         with self._lock:
+            if self._cancelled:
+                return None
             proc = None
             for item in [sp for sp in self._spares if sp[0] == boot]:
                 self._spares.remove(item)
@@ -187,6 +190,8 @@ class LocalExecutor:
         staging = os.path.join(self.root, job.staging)
         log_path = os.path.join(staging, LOG_NAME)
         proc = self._take(job.boot)
+        if proc is None:
+            return WorkerOutcome(False, error="interrupted before its worker started")
         assert proc.stdin is not None and proc.stdout is not None
         try:
             send_job(proc, job)

@@ -50,7 +50,7 @@ def say_compiling(model: str) -> None:
 
 
 def _test_hook(model: str) -> None:
-    """A narrow seam for crash tests: ``EPBUILD_TEST_HOOK=KIND:SUBSTRING[:SECONDS]``.
+    """A narrow seam for crash tests: ``EPBUILD_TEST_HOOK=KIND:SUBSTRING[:ARGUMENT]``.
 
     Before the session of a model whose path contains SUBSTRING: ``segv`` kills the worker
     with SIGSEGV, ``abort`` aborts it (what a crashing native SDK does), ``sleep`` waits
@@ -518,6 +518,9 @@ def _checked_ctx(
 
 def main() -> None:
     """Entry point: read one job line, compile, write the result file."""
+    from epbuild import _stacks
+
+    _stacks.register()
     import onnxruntime  # noqa: F401  (import first: the bulk of the start-up cost)
 
     line = sys.stdin.buffer.readline()

@@ -102,6 +102,7 @@ def _verify_parser(sub: _Commands) -> None:
     _selectors(v)
     v.add_argument("--json", action="store_true")
     v.add_argument("--load", action="store_true", help="also run each model vs the CPU EP")
+    v.add_argument("-j", "--jobs", type=int, help="--load: models run at once ([workspace] jobs)")
     v.add_argument(
         "--numerics",
         action="store_true",
@@ -496,7 +497,12 @@ def _cmd_verify(args: argparse.Namespace) -> int:
     from epbuild.inspect.verify import verify_outputs
 
     result = verify_outputs(
-        args.directory, args.manifest, args.selectors, load=args.load, numerics=args.numerics
+        args.directory,
+        args.manifest,
+        args.selectors,
+        load=args.load,
+        numerics=args.numerics,
+        jobs=args.jobs,
     )
     if args.json:
         print_json(result.to_json())
@@ -654,6 +660,9 @@ def _sigterm(signum: int, frame: object) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the CLI; returns the exit code (also used as the console script)."""
+    from epbuild import _stacks
+
+    _stacks.register()
     args = _parser().parse_args(argv)
     if args.directory != "." and not os.path.isdir(args.directory):
         print(f"epbuild: error: -C {args.directory}: no such directory", file=sys.stderr)

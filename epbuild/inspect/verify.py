@@ -11,17 +11,19 @@ the EP would compile at load is not a working ctx model.
 
 from __future__ import annotations
 
+import contextvars
 import enum
 import json
 import os
 import re
 import signal
 import subprocess
+from concurrent.futures import Executor, Future
 from contextlib import nullcontext
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from epbuild.errors import ToolchainError
+from epbuild.errors import ToolchainError, UserError
 from epbuild.executors.local import own_command
 from epbuild.fs import digest_file
 from epbuild.inspect.numerics import NumericsCheck, NumericsStatus, Store, check_action
@@ -141,13 +143,34 @@ def verify_outputs(
     *,
     load: bool = False,
     numerics: bool = False,
+    jobs: int | None = None,
 ) -> VerifyResult:
-    """Check every selected action's built outputs; with ``load``, also run them; with
-    ``numerics``, compare each one's outputs with its source's (``epbuild.inspect.numerics``)."""
+    """Check every selected action's built outputs; with ``load``, also run them, ``jobs``
+    loader processes at once (default: the workspace's ``jobs``); with ``numerics``, compare
+    each one's outputs with its source's (``epbuild.inspect.numerics``)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    if jobs is not None and jobs < 1:
+        raise UserError("--jobs must be at least 1")
     ws = open_workspace(directory, manifest, selectors)
     result = VerifyResult()
     store = Store(ws.state_dir) if numerics else None
+    workers = jobs or ws.manifest.workspace.jobs
+    with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="epbuild-load") as pool:
+        loads = _check_actions(ws, result, store, pool if load else None)
+        result.loads.extend(f.result() for f in loads)  # in action order
+    if store is not None:
+        store.save(ws)
+    return result
+
+
+def _check_actions(
+    ws: Workspace, result: VerifyResult, store: Store | None, pool: Executor | None
+) -> list[Future[LoadCheck]]:
+    """Check each action's outputs (and numerics) into ``result``; with a ``pool``, start
+    the loads of its ctx models there."""
     machine = machine_paths(ws.root)
+    loads: list[Future[LoadCheck]] = []
     for action in ws.actions:
         rec = ws.state.records.get(action.id)
         if rec is None or action.id in ws.state.interrupted:
@@ -177,13 +200,11 @@ def verify_outputs(
                 infos.append(_check_ctx(ws, action, ctx, (text, paths), result))
             if action.group.share_weights:
                 _check_sharing(action, infos, result)
-            if load:
-                result.loads.extend(_load_checks(ws, action, toolchain))
+            if pool is not None:
+                loads += _load_checks(ws, action, toolchain, pool)
             if store is not None and not changed:
                 result.numerics.extend(check_action(ws, action, toolchain, store))
-    if store is not None:
-        store.save(ws)
-    return result
+    return loads
 
 
 def _toolchain(ws: Workspace, action: Action) -> Toolchain | str | None:
@@ -267,9 +288,14 @@ def _check_sharing(action: Action, infos: list[ModelInfo | None], result: Verify
 
 
 def _load_checks(
-    ws: Workspace, action: Action, toolchain: Toolchain | str | None
-) -> list[LoadCheck]:
-    return [load_check(ws, action, i, toolchain) for i in range(len(action.ctx_paths))]
+    ws: Workspace, action: Action, toolchain: Toolchain | str | None, pool: Executor
+) -> list[Future[LoadCheck]]:
+    """Start the load checks of the action's ctx models in ``pool``, each in a copy of this
+    thread's context (the toolchain's ``scanning`` view of the EP goes along)."""
+    return [
+        pool.submit(contextvars.copy_context().run, load_check, ws, action, i, toolchain)
+        for i in range(len(action.ctx_paths))
+    ]
 
 
 def load_check(
