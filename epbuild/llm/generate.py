@@ -84,7 +84,7 @@ def genai_installed() -> bool:
 
 
 def generate(
-    folder: Path,
+    folder: str | Path,
     *,
     qnn: bool,
     tokens: int,
