@@ -355,8 +355,9 @@ def _record_noop(
 def orphaned_actions(ws: Workspace) -> list[str]:
     """Recorded actions the manifest no longer has (their outputs are still on disk)."""
     from epbuild.planning.actions import make_actions
+    from epbuild.planning.llms import llm_shapes
 
-    current = {a.id for a in make_actions(ws.manifest)}
+    current = {a.id for a in make_actions(ws.manifest, llm_shapes(ws.manifest))}
     return sorted(i for i in ws.state.records if i not in current)
 
 
@@ -383,6 +384,7 @@ def clean(
         if not selectors:  # also what earlier manifests built and this one no longer has
             ids += orphaned_actions(ws)
         outputs = {i: list(state.records[i].outputs) if i in state.records else [] for i in ids}
+        outputs["llm packages"] = _llm_package_files(ws)
         for paths in outputs.values():  # refuse before deleting anything
             check_removable(ws.root, ws.manifest.workspace.out_dir, paths)
         for action_id, paths in outputs.items():
@@ -392,6 +394,19 @@ def clean(
         clean_stale_staging(ws.root, ws.manifest.workspace.out_dir)
     _remove_emptied_dirs(ws.root, ws.manifest.workspace.out_dir, removed)
     return removed
+
+
+def _llm_package_files(ws: Workspace) -> list[str]:
+    """The files ``_write_llm_packages`` writes for the selected LLM actions."""
+    from epbuild.llm.package import package_files
+    from epbuild.planning.llms import LlmGroup
+
+    found: set[str] = set()
+    for action in ws.actions:
+        if isinstance(action.group, LlmGroup):
+            llm = ws.manifest.llms[action.group.name]
+            found.update(package_files(ws.root, llm, action.out_dir))
+    return sorted(found)
 
 
 def _unlink_existing(root: str, paths: list[str]) -> list[str]:

@@ -137,3 +137,17 @@ def test_package_generates_the_source_tokens_and_is_relocatable(
     result = compare(package, source, DEFAULT_NEAR_TIE)
     assert result.verdict in (Verdict.MATCH, Verdict.NEAR_TIE), result.describe()
     assert len(package.tokens) == 10 and package.tokens_per_second > 0
+
+
+def test_status_and_clean(workspace: Workspace) -> None:
+    _ws(workspace, share=False)
+    before = workspace.cli("status").stdout
+    assert "stale       chat/htp-v73/context" in before
+    assert "llms.chat: its static graphs are not prepared yet" in before
+    workspace.cli("build", check=True)
+    after = workspace.cli("status").stdout
+    assert "up to date  chat/htp-v73/iterator" in after and "orphaned" not in after
+    workspace.cli("clean", check=True)
+    out = workspace.root / "build" / "chat" / "htp-v73"
+    assert not out.exists()  # ctx models, binaries, genai_config.json, tokenizer files
+    assert (workspace.root / "models" / "tiny" / "tokenizer.json").is_file()  # sources kept

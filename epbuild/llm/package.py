@@ -67,6 +67,17 @@ def write_package(
     return written
 
 
+def package_files(root: str, llm: Llm, out_dir: str) -> list[str]:
+    """Workspace-relative paths of the files ``write_package`` writes (config and
+    companions), whether or not they exist now."""
+    source = os.path.join(root, llm.source)
+    try:
+        names = _companions(source, llm.files)
+    except OSError:
+        names = []
+    return [posixpath.join(out_dir, n) for n in (GENAI_CONFIG, *names)]
+
+
 def _companions(source: str, models: Iterable[str]) -> list[str]:
     """The source folder's plain files genai reads besides the ONNX models it names (and
     their external data) and the config: tokenizer files, templates, processor configs."""

@@ -10,7 +10,7 @@ import posixpath
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
-from epbuild.errors import EpbuildError, ManifestError
+from epbuild.errors import EpbuildError, ModelError
 from epbuild.llm.prepare import AFFINITY, STAGES, ensure_prepared, prep_dir, prep_key
 from epbuild.llm.source import DECODER
 from epbuild.manifest.model import Group, Llm, Manifest, ModelEntry
@@ -76,7 +76,7 @@ def _group(
         except (EpbuildError, OSError) as exc:
             problem = exc
     elif problem is None and not os.path.isdir(os.path.join(keys.root, folder)):
-        problem = ManifestError(
+        problem = ModelError(
             f"llms.{llm.name}: its static graphs are not prepared yet",
             hint="'epbuild build' prepares them",
         )
@@ -87,7 +87,7 @@ def _group(
         hint = getattr(problem, "hint", None)
         message = getattr(problem, "message", None) or str(problem)
         for entry in entries:
-            keys.problems[entry.path] = ManifestError(message, hint=hint)
+            keys.problems[entry.path] = ModelError(message, hint=hint)
     return LlmGroup(
         name=llm.name,
         entries=entries,
@@ -103,6 +103,26 @@ def _group(
         source_inputs=inputs,
         provider_configs={p: with_affinity(cfg, folder) for p, cfg in providers.items()},
     )
+
+
+def llm_shapes(manifest: Manifest) -> list[LlmGroup]:
+    """The LLM groups without their prepared paths: enough for action ids (``orphaned``),
+    computed without reading or preparing anything."""
+    return [
+        LlmGroup(
+            name=llm.name,
+            entries=tuple(ModelEntry(path="", name=stage) for stage, _ in STAGES),
+            providers=llm.providers,
+            share_weights=llm.share_weights,
+            embed_mode=0,
+            node_name_prefix=None,
+            external_initializers=None,
+            load="path",
+            patterns=(),
+        )
+        for llm in manifest.llms.values()
+        if llm.form == DECODER
+    ]
 
 
 def with_affinity(cfg: ProviderConfig, folder: str) -> ProviderConfig:
