@@ -151,3 +151,28 @@ def test_status_and_clean(workspace: Workspace) -> None:
     out = workspace.root / "build" / "chat" / "htp-v73"
     assert not out.exists()  # ctx models, binaries, genai_config.json, tokenizer files
     assert (workspace.root / "models" / "tiny" / "tokenizer.json").is_file()  # sources kept
+
+
+@pytest.mark.skipif(not genai_installed(), reason="pip install -e '.[genai]'")
+def test_model_package_holds_the_genai_folder(workspace: Workspace) -> None:
+    _ws(workspace, share=False)
+    workspace.cli("build", check=True)
+    workspace.cli("package", "-o", "dist", check=True)
+    dist = workspace.root / "dist"
+    deploy = json.loads((dist / "epbuild-package.json").read_text())
+    assert deploy["llms"] == [
+        {
+            "name": "chat",
+            "provider": "htp-v73",
+            "folder": "chat/htp-v73",
+            "genai_config": "chat/htp-v73/genai_config.json",
+            "context_length": 64,
+            "window_size": 16,
+            "share_weights": False,
+        }
+    ]
+    for name in ("genai_config.json", "tokenizer.json", "context_ctx.onnx", "iterator_ctx.onnx"):
+        assert f"chat/htp-v73/{name}" in deploy["files"]
+    package = generate(dist / "chat" / "htp-v73", qnn=True, tokens=4, max_length=48)
+    source = generate(FIXTURES / "llama", qnn=False, tokens=4, max_length=48)
+    assert compare(package, source, DEFAULT_NEAR_TIE).verdict in (Verdict.MATCH, Verdict.NEAR_TIE)
