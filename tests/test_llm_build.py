@@ -176,3 +176,29 @@ def test_model_package_holds_the_genai_folder(workspace: Workspace) -> None:
     package = generate(dist / "chat" / "htp-v73", qnn=True, tokens=4, max_length=48)
     source = generate(FIXTURES / "llama", qnn=False, tokens=4, max_length=48)
     assert compare(package, source, DEFAULT_NEAR_TIE).verdict in (Verdict.MATCH, Verdict.NEAR_TIE)
+
+
+def test_two_builds_at_once_prepare_once(workspace: Workspace) -> None:
+    import subprocess
+    import sys
+
+    _ws(workspace, share=False)
+    command = [sys.executable, "-m", "epbuild", "-C", str(workspace.root), "build"]
+    procs = [subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)]
+    procs.append(
+        subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    )
+    for proc in procs:
+        out, err = proc.communicate(timeout=300)
+        assert proc.returncode == 0, out + err
+    prepared = workspace.root / ".epbuild" / "llm" / "chat"
+    folders = [p for p in prepared.iterdir() if p.is_dir()]
+    assert len(folders) == 1 and not [p for p in folders if p.name.startswith(".prep-")]
+    assert sorted(p.name for p in folders[0].iterdir()) == [
+        "context.onnx",
+        "context.onnx.data",
+        "iterator.onnx",
+        "iterator.onnx.data",
+        "op_affinity.json",
+    ]
+    assert "2 up to date" in workspace.cli("build", check=True).stdout
