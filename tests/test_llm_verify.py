@@ -49,6 +49,17 @@ def test_unshared_package_matches_the_source(workspace: Workspace) -> None:
     assert check["comparison"]["verdict"] == "match" and check["comparison"]["matched"] == 8
     assert check["tokens_per_second"] > 0 and check["source_tokens_per_second"] > 0
     assert "generate" not in workspace.cli_json("verify")  # only when asked
+    assert check["prompt"] == "The quick brown fox"  # the default
+
+
+def test_prompt_from_the_manifest_and_the_command_line(workspace: Workspace) -> None:
+    _built(workspace, share=False)
+    manifest = workspace.root / "epbuild.toml"
+    manifest.write_text(manifest.read_text() + 'prompt = "Hello world"\n')
+    (check,) = workspace.cli_json("verify", "--generate", "--tokens", "3")["generate"]
+    assert check["prompt"] == "Hello world" and check["status"] == "ok"
+    doc = workspace.cli_json("verify", "--generate", "--tokens", "3", "--prompt", "A build")
+    assert doc["generate"][0]["prompt"] == "A build"
 
 
 def test_shared_package_is_not_checkable_here(workspace: Workspace) -> None:

@@ -60,6 +60,7 @@ class GenerationCheck:
     comparison: Comparison | None = None
     tokens_per_second: float | None = None
     source_tokens_per_second: float | None = None
+    prompt: str | None = None
 
     def line(self) -> str:
         """One line for the report."""
@@ -82,6 +83,7 @@ class GenerationCheck:
             "comparison": self.comparison.to_json() if self.comparison else None,
             "tokens_per_second": self.tokens_per_second,
             "source_tokens_per_second": self.source_tokens_per_second,
+            "prompt": self.prompt,
         }
 
 
@@ -92,9 +94,9 @@ def require_genai() -> None:
 
 
 def check_generation(
-    ws: Workspace, *, tokens: int, prompt: str = DEFAULT_PROMPT
+    ws: Workspace, *, tokens: int, prompt: str | None = None
 ) -> list[GenerationCheck]:
-    """One check per selected LLM × provider."""
+    """One check per selected LLM × provider; ``prompt`` wins over the entry's own."""
     from epbuild.planning.llms import LlmGroup
 
     targets: dict[tuple[str, str], list[Action]] = {}
@@ -105,9 +107,10 @@ def check_generation(
 
 
 def _check(
-    ws: Workspace, name: str, actions: list[Action], tokens: int, prompt: str
+    ws: Workspace, name: str, actions: list[Action], tokens: int, given: str | None
 ) -> GenerationCheck:
     llm = ws.manifest.llms[name]
+    prompt = given or llm.prompt or DEFAULT_PROMPT
     first = actions[0]
     package = f"{name}/{first.provider.name}"
 
@@ -149,6 +152,7 @@ def _check(
         result,
         built_gen.tokens_per_second,
         source.tokens_per_second,
+        prompt,
     )
 
 

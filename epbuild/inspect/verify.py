@@ -34,7 +34,6 @@ from epbuild.inspect.generation import (
 )
 from epbuild.inspect.numerics import NumericsCheck, NumericsStatus, Store, check_action
 from epbuild.inspect.ortcompat import OrtCompatibility, ort_compatibility
-from epbuild.llm.generate import DEFAULT_PROMPT
 from epbuild.onnx.context import (
     COMPAT_PREFIX,
     LazySourceText,
@@ -185,9 +184,7 @@ def verify_outputs(
     if store is not None:
         store.save(ws)
     if generate is not None:
-        result.generations = check_generation(
-            ws, tokens=generate, prompt=prompt if prompt is not None else DEFAULT_PROMPT
-        )
+        result.generations = check_generation(ws, tokens=generate, prompt=prompt)
     return result
 
 

@@ -90,4 +90,5 @@ def _llm(
         model_type=found.model_type,
         files=found.files,
         head_size=found.head_size,
+        prompt=table.get("prompt"),
     )

@@ -205,6 +205,8 @@ class Llm:
     """``model.decoder.head_size`` of a ``decoder`` source (0 for a pipeline)."""
     compile: Mapping[str, CompileSettings] = field(default_factory=dict)
     """Provider name → how its graphs compile (the provider's settings, defaults filled)."""
+    prompt: str | None = None
+    """What ``verify --generate`` generates from (None: its default)."""
 
 
 DEFAULT_CONTEXT_LENGTH = 1024

@@ -332,6 +332,12 @@ SCHEMA: dict[str, Any] = {
                         "description": "One context binary for both graphs (N+1), as "
                         "devices want (default true).",
                     },
+                    "prompt": {
+                        "type": "string",
+                        "minLength": 1,
+                        "description": "The prompt 'verify --generate' generates from "
+                        "(default a fixed sentence; --prompt wins).",
+                    },
                 },
             },
         },
