@@ -202,3 +202,19 @@ def test_two_builds_at_once_prepare_once(workspace: Workspace) -> None:
         "op_affinity.json",
     ]
     assert "2 up to date" in workspace.cli("build", check=True).stdout
+
+
+def test_build_and_package_import_no_onnx_in_the_coordinator(workspace: Workspace) -> None:
+    """Preparation runs in a child process; the coordinator stays free of onnx."""
+    import subprocess
+    import sys
+
+    _ws(workspace, share=False)
+    code = (
+        "import sys; from epbuild.frontends.cli import main\n"
+        f"a = main(['-C', {str(workspace.root)!r}, 'build'])\n"
+        f"b = main(['-C', {str(workspace.root)!r}, 'package', '-o', 'dist'])\n"
+        "print(a, b, sorted(m for m in sys.modules if m.split('.')[0] in ('onnx', 'onnxruntime')))"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert proc.stdout.split("\n")[-2] == "0 0 []", proc.stdout + proc.stderr

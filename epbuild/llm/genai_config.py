@@ -12,8 +12,11 @@ import copy
 from collections.abc import Mapping
 from typing import Any
 
-from epbuild.llm.static import PAST_SEQ_LEN, TOTAL_SEQ_LEN
-
+PAST_SEQ_LEN = "past_seq_len"
+"""The static graphs' int32 ``[1, 1]`` input genai's pipeline feeds (GroupQueryAttention's
+``seqlens_k``)."""
+TOTAL_SEQ_LEN = "total_seq_len"
+"""The static graphs' int32 ``[1]`` input (genai sets it to ``max_length``)."""
 CONTEXT = "context"
 ITERATOR = "iterator"
 

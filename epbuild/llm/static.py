@@ -21,10 +21,10 @@ from dataclasses import dataclass
 import onnx
 from onnx import TensorProto, helper
 
+from epbuild.llm.genai_config import PAST_SEQ_LEN, TOTAL_SEQ_LEN
+
 GQA = "GroupQueryAttention"
 SKIP_NORM = "SkipSimplifiedLayerNormalization"
-PAST_SEQ_LEN = "past_seq_len"
-TOTAL_SEQ_LEN = "total_seq_len"
 MASK = "attention_mask"
 _SEQLENS_K = 5
 _TOTAL_SEQUENCE_LENGTH = 6
