@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import json
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -104,37 +106,48 @@ def test_context_graph_computes_what_the_source_does(family: str) -> None:
     np.testing.assert_allclose(got[1][:, :, :WINDOW], want[1], rtol=1e-4, atol=1e-4)
 
 
+COMPILE = """
+import json, sys
+import onnxruntime as ort, onnxruntime_qnn as qnn
+ort.register_execution_provider_library("QNNExecutionProvider", qnn.get_library_path())
+devices = [d for d in ort.get_ep_devices() if d.ep_name == "QNNExecutionProvider"]
+for stage in ("context", "iterator"):
+    options = ort.SessionOptions()
+    options.add_provider_for_devices(devices, json.loads(sys.argv[3]))
+    options.add_session_config_entry("ep.context_enable", "1")
+    options.add_session_config_entry("ep.context_embed_mode", "0")
+    compiler = ort.ModelCompiler(options, f"{sys.argv[1]}/{stage}.onnx")
+    compiler.compile_to_file(f"{sys.argv[2]}/{stage}_ctx.onnx")
+"""
+
+
 @pytest.mark.parametrize("family", ["llama", "qwen2"])
 def test_qnn_pipeline_generates_the_source_tokens(family: str, tmp_path: Path) -> None:
     pytest.importorskip("onnxruntime_genai", reason="pip install -e '.[genai]'")
-    qnn = pytest.importorskip("onnxruntime_qnn")
+    pytest.importorskip("onnxruntime_qnn")
     _, config = _source(family)
     affinity = tmp_path / "op_affinity.json"
     affinity.write_text(json.dumps({"op_type": {"GroupQueryAttention": "htp"}}))
     target = {"backend_type": "htp", "htp_arch": "73", "soc_model": "60"}
-    ort.register_execution_provider_library("QNNExecutionProvider", qnn.get_library_path())
-    try:
-        devices = [d for d in ort.get_ep_devices() if d.ep_name == "QNNExecutionProvider"]
-        package = tmp_path / "package"
-        package.mkdir()
-        for stage, sequence in (("context", WINDOW), ("iterator", 1)):
-            onnx.save(
-                _static(family, sequence),
-                tmp_path / f"{stage}.onnx",
-                save_as_external_data=True,
-                location=f"{stage}.onnx.data",
-            )
-            options = ort.SessionOptions()
-            options.add_provider_for_devices(devices, {**target, "op_affinity": str(affinity)})
-            options.add_session_config_entry("ep.context_enable", "1")
-            options.add_session_config_entry("ep.context_embed_mode", "0")
-            compiler = ort.ModelCompiler(options, str(tmp_path / f"{stage}.onnx"))
-            compiler.compile_to_file(str(package / f"{stage}_ctx.onnx"))
-            del compiler, options
-            ctx = onnx.load(package / f"{stage}_ctx.onnx", load_external_data=False)
-            assert [n.op_type for n in ctx.graph.node] == ["EPContext"]  # all on the HTP
-    finally:
-        ort.unregister_execution_provider_library("QNNExecutionProvider")
+    package = tmp_path / "package"
+    package.mkdir()
+    for stage, sequence in (("context", WINDOW), ("iterator", 1)):
+        onnx.save(
+            _static(family, sequence),
+            tmp_path / f"{stage}.onnx",
+            save_as_external_data=True,
+            location=f"{stage}.onnx.data",
+        )
+    # Compiled in a child process: a QNN session leaves the plugin registered in this one.
+    options = {**target, "op_affinity": str(affinity)}
+    proc = subprocess.run(
+        [sys.executable, "-c", COMPILE, str(tmp_path), str(package), json.dumps(options)],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    for stage in ("context", "iterator"):
+        ctx = onnx.load(package / f"{stage}_ctx.onnx", load_external_data=False)
+        assert [n.op_type for n in ctx.graph.node] == ["EPContext"]  # all on the HTP
     genai = pipeline_config(
         config,
         files={"context": "context_ctx.onnx", "iterator": "iterator_ctx.onnx"},
