@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-__version__ = "0.1.0"
+from epbuild._version import __version__ as __version__
 
 if TYPE_CHECKING:
     from epbuild.api import (

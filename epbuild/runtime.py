@@ -215,8 +215,7 @@ def _open(
     if not items:
         raise UserError("no ctx model to open")
     if session_factory is None:
-        load_problem = getattr(adapter, "load_problem", None)
-        problem = load_problem(provider, share_weights) if load_problem else None
+        problem = adapter.load_problem(provider, share_weights)
         if problem:
             raise CompatibilityError(problem)
     for path, data in items:
@@ -268,8 +267,7 @@ def _create(
         except Exception as exc:
             text = str(exc).strip().splitlines()
             first = text[0] if text else type(exc).__name__
-            explain = getattr(adapter, "explain_load_failure", None)
-            known = explain(provider, first) if explain else None
+            known = adapter.explain_load_failure(provider, first)
             raise CompatibilityError(
                 f"{path}: ONNX Runtime could not load it: {known or first}"
             ) from exc
@@ -370,6 +368,7 @@ def committed_outputs(
 
     Sizes come from the journal and digests from the stat cache while a file's stat still
     matches it; a file whose stat changed is re-hashed (every file with ``rehash``)."""
+    from epbuild.planning.damage import record_damage
     from epbuild.planning.staleness import outputs_intact
     from epbuild.state.statcache import hash_file
 
@@ -412,7 +411,7 @@ def committed_outputs(
                 problems = [f"output {rel} was modified" for rel in changed]
                 # The stat cache vouched for these files (same inode, size and mtime): only
                 # a recorded damage makes the next build rebuild them.
-                ws.record_damage(a.id, changed, 'open_action(check="hash")')
+                record_damage(ws, a.id, changed, 'open_action(check="hash")')
         except OSError as exc:
             problems = [f"cannot read output {exc.filename}: {exc.strerror}"]
         if problems:

@@ -28,7 +28,7 @@ from epbuild.manifest import load as load_module
 from epbuild.manifest.load import load_manifest
 from epbuild.manifest.model import SESSION_SETTINGS, CompileSettings
 from epbuild.onnx.proto import read_model
-from epbuild.providers.base import ProviderConfig, has_compile_api
+from epbuild.providers.base import BaseProvider, ProviderConfig, has_compile_api
 
 
 def folded_model(seed: int = 0, n: int = 32) -> onnx.ModelProto:
@@ -230,7 +230,12 @@ def _fake_ort(log: list[Any], fail: str | None = None) -> types.ModuleType:
     return ort
 
 
-class _Adapter:
+class _Adapter(BaseProvider):
+    kind = "qnn"
+
+    def context_source(self, config: Any) -> str:
+        return "qnn"
+
     def context_options(self, config: Any, ctx_path: str, embed_mode: int) -> dict[str, str]:
         raise AssertionError("the compile API path needs no context options")
 

@@ -87,13 +87,14 @@ def test_damage_found_by_a_hash_check_is_rebuilt(built: Workspace) -> None:
 def test_a_rebuild_since_the_check_is_not_marked(built: Workspace) -> None:
     """Damage is recorded only against the record that was checked, and only if the file
     still differs under the state lock."""
+    from epbuild.planning.damage import record_damage
     from epbuild.planning.workspace import open_workspace
 
     ws = open_workspace(built.root)
     rec = ws.state.records["single/htp/c"]
     digest = rec.outputs[BIN].digest
-    assert ws.record_damage("single/htp/c", {BIN: "0" * 64}, "verify") is None
-    assert ws.record_damage("single/htp/c", {BIN: digest}, "verify") is None  # file is fine
+    assert record_damage(ws, "single/htp/c", {BIN: "0" * 64}, "verify") is None
+    assert record_damage(ws, "single/htp/c", {BIN: digest}, "verify") is None  # file is fine
     assert stale_reasons(built) == {}
 
 

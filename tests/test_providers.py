@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.metadata
 import json
+import os
 import sys
 import types
 from pathlib import Path
@@ -567,17 +568,21 @@ def test_unknown_kind_lists_the_known_ones() -> None:
     assert info.value.hint and "known: qnn, plugin, openvino, tensorrt" in info.value.hint
 
 
-class ThirdParty:
+class ThirdParty(base.BaseProvider):
     """A minimal adapter a third-party package could ship."""
 
     kind = "acme"
     extra = ""
     shares_weights = False
 
-    def __getattr__(self, name: str) -> Any:
-        if name in providers._REQUIRED:
-            return lambda *args, **kwargs: None
-        raise AttributeError(name)
+    def versions(self, config: ProviderConfig) -> dict[str, str]:
+        return {}
+
+    def context_source(self, config: ProviderConfig) -> str:
+        return "acme"
+
+    def attach(self, ort: Any, so: Any, config: ProviderConfig) -> None:
+        return None
 
 
 class FakeEntryPoint:
@@ -642,3 +647,39 @@ def test_base_provider_gives_an_adapter_its_defaults() -> None:
     cfg = ProviderConfig("x", "tiny", {})
     assert tiny.context_options(cfg, "out_ctx.onnx", 0) == {}
     assert tiny.compatibility_key(cfg) is None and tiny.check_compatibility(cfg, "i") is None
+
+
+def test_an_adapter_written_from_the_documentation_builds(tmp_path: Path) -> None:
+    """docs/providers.md's example adapter, installed as a package with an entry point,
+    compiles a model with the real QNN plugin; nothing but the documentation is used."""
+    import re
+    import subprocess
+    import sys
+
+    from conftest import Workspace
+
+    doc = (Path(__file__).parent.parent / "docs" / "providers.md").read_text()
+    section = doc[doc.index("### Writing an adapter") :]
+    code = re.search(r"```python\n(.*?)```", section, re.S)
+    assert code is not None
+    site = tmp_path / "site"
+    (site / "acme_epbuild-1.0.dist-info").mkdir(parents=True)
+    (site / "acme_epbuild.py").write_text(code.group(1))
+    (site / "acme_epbuild-1.0.dist-info" / "METADATA").write_text(
+        "Metadata-Version: 2.1\nName: acme-epbuild\nVersion: 1.0\n"
+    )
+    (site / "acme_epbuild-1.0.dist-info" / "entry_points.txt").write_text(
+        "[epbuild.providers]\nacme = acme_epbuild:AcmeQnn\n"
+    )
+    ws = Workspace(tmp_path / "ws")
+    ws.model("m/a.onnx")
+    ws.manifest({"providers": {"npu": {"ep": "acme", "options": {
+        "backend_type": "htp", "htp_arch": "73", "soc_model": "60"}}},
+        "groups": {"g": {"models": ["m/a.onnx"], "providers": ["npu"]}}})  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": str(site), "EPBUILD_CACHE": "off"}
+    run = [sys.executable, "-m", "epbuild", "-C", str(ws.root)]
+    built = subprocess.run([*run, "build"], capture_output=True, text=True, env=env)
+    assert built.returncode == 0, built.stdout + built.stderr
+    assert (ws.root / "build/g/npu/a_ctx.onnx").is_file()
+    checked = subprocess.run([*run, "verify"], capture_output=True, text=True, env=env)
+    assert checked.returncode == 0, checked.stdout + checked.stderr

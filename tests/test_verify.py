@@ -250,7 +250,7 @@ def test_loads_run_jobs_at_once_in_action_order(
     on two cores) and still reports them in action order."""
     import threading
 
-    from epbuild.inspect import verify as v
+    from epbuild.inspect import loading as v
 
     def alone(root: str, ctx: str, job: dict[str, Any], toolchain: Any) -> Any:
         return v.LoadCheck(ctx, LoadOutcome.PASSED, "one by one")

@@ -17,7 +17,7 @@ import pytest
 import epbuild.providers
 from epbuild.executors import worker
 from epbuild.executors.job import Job
-from epbuild.providers.base import ProviderConfig
+from epbuild.providers.base import BaseProvider, ProviderConfig
 
 
 class _Session:
@@ -49,7 +49,12 @@ def _fake_ort(log: list[str], fail: str | None) -> types.ModuleType:
     return ort
 
 
-class _Adapter:
+class _Adapter(BaseProvider):
+    kind = "qnn"
+
+    def context_source(self, config: Any) -> str:
+        return "qnn"
+
     def context_options(self, config: Any, ctx_path: str, embed_mode: int) -> dict[str, str]:
         return {}
 

@@ -8,9 +8,10 @@ remote tier, with the per-user directory as the local tier in front of it.
 from __future__ import annotations
 
 import os
-import sys
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
+
+from epbuild.userdirs import default_cache_dir
 
 if TYPE_CHECKING:
     from epbuild.cache.actioncache import ActionCache
@@ -29,19 +30,6 @@ class CacheConfig:
     """fsspec URL of the remote tier, if any."""
     push: bool = False
     """Write compiled actions to the remote tier too."""
-
-
-def default_cache_dir() -> str:
-    """The per-user cache directory for epbuild."""
-    home = os.path.expanduser("~")
-    if sys.platform == "win32":
-        base = os.environ.get("LOCALAPPDATA") or os.path.join(home, "AppData", "Local")
-        return os.path.join(base, "epbuild", "Cache")
-    if sys.platform == "darwin":
-        return os.path.join(home, "Library", "Caches", "epbuild")
-    xdg = os.environ.get("XDG_CACHE_HOME", "")
-    base = xdg if os.path.isabs(xdg) else os.path.join(home, ".cache")
-    return os.path.join(base, "epbuild")
 
 
 def is_url(value: str) -> bool:

@@ -554,7 +554,7 @@ def version_mismatch(keyed: dict[str, str], result: dict[str, Any]) -> str | Non
     """Why a worker's result cannot be committed or cached under its key: the versions it
     reports compiling with (``worker.compiled_with``) differ from those the key names, or
     it ran another epbuild. None when they agree."""
-    from epbuild import __version__
+    from epbuild._version import __version__
 
     reported = result.get("versions")
     if not isinstance(reported, dict):

@@ -40,8 +40,7 @@ def check_shapes(root: str, action: Action) -> ShapeCheck:
     """Raise ``ModelError`` for an input dimension the action's NPU provider cannot compile
     (naming model, input, dimension and the manifest key to set); return the warnings."""
     config = action.provider
-    needs = getattr(get_provider(config.ep), "needs_static_shapes", None)
-    strict = bool(needs(config)) if needs is not None else False
+    strict = get_provider(config.ep).needs_static_shapes(config)
     group = action.group
     if (
         not strict

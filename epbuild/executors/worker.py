@@ -145,7 +145,7 @@ def compiled_with(config: ProviderConfig) -> dict[str, str]:
 
 
 def _epbuild_version() -> str:
-    from epbuild import __version__
+    from epbuild._version import __version__
 
     return __version__
 
@@ -163,9 +163,9 @@ def _compile_checked(job: Job) -> dict[str, Any]:
     else:
         _compile_with_sessions(ort, job, adapter)
     if job.share_weights:
-        finish = getattr(adapter, "finish_sharing_group", None)
-        if finish is not None:
-            finish(config, [posixpath.join(job.staging, n) for n in job.ctx_names])
+        adapter.finish_sharing_group(
+            config, [posixpath.join(job.staging, n) for n in job.ctx_names]
+        )
     return check_outputs(
         job.staging, list(job.models), adapter, config, job.share_weights, list(job.ctx_names)
     )
@@ -518,7 +518,7 @@ def _checked_ctx(
 
 def main() -> None:
     """Entry point: read one job line, compile, write the result file."""
-    from epbuild import _stacks
+    import epbuild._stacks as _stacks
 
     _stacks.register()
     import onnxruntime  # noqa: F401  (import first: the bulk of the start-up cost)

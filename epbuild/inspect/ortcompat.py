@@ -104,10 +104,9 @@ def ort_compatibility(
     if read is None or judge is None:
         note = f"onnxruntime {ort.__version__} has no compatibility API (1.23 or later has)"
         return OrtCompatibility(file, None, ep=ep, note=note)
-    keys = getattr(adapter, "compatibility_keys", None)
     info = None
     try:  # under the EP's name, else an older name its outputs carried (compatibility_keys)
-        for key in keys(config) if keys is not None else (ep,):
+        for key in adapter.compatibility_keys(config) or (ep,):
             info = read(data if data is not None else os.fspath(path), key)
             if info is not None:
                 break
@@ -128,7 +127,7 @@ def ort_compatibility(
         return OrtCompatibility(
             file, None, str(info), ep, f"ONNX Runtime lists no {ep} device here"
         )
-    judged = getattr(adapter, "compatibility_device_types", None)
+    judged = adapter.compatibility_device_types
     if judged is not None:
         devices = [d for d in devices if d.device.type.name in judged]
         if not devices:

@@ -228,8 +228,8 @@ def _package(
                 )
     for name, ep_name in table.get("ep_names", {}).items():
         adapter = get_provider(providers[name].ep)
-        if getattr(adapter, "fixed_ep_name", False):
-            fixed = adapter.package_target(providers[name])[0]  # type: ignore[attr-defined]
+        if adapter.fixed_ep_name:
+            fixed = adapter.package_target(providers[name])[0]
             raise where.error(
                 ("package", "ep_names", name),
                 f"the {providers[name].ep} EP is built into ONNX Runtime and is always named "
@@ -423,7 +423,7 @@ def _resolve_compile(
 
     merged = own.over(provider_own)
     adapter = get_provider(provider.ep)
-    api_ok = bool(getattr(adapter, "compile_api", False))
+    api_ok = adapter.compile_api
     if merged.compiler == "compile_api":
         if not api_ok:
             raise where.error(
@@ -602,10 +602,7 @@ def _check_sharing(where: Where, base: tuple[str, ...], configs: list[ProviderCo
     path = (*base, "share_weights")
     for cfg in configs:
         adapter = get_provider(cfg.ep)
-        refusal = getattr(adapter, "sharing_refusal", None)
-        why = refusal(cfg) if refusal else None
-        if why is None and not adapter.shares_weights:
-            why = f"provider {cfg.name!r} ({cfg.ep}) does not support weight sharing"
+        why = adapter.sharing_refusal(cfg)
         if why is not None:
             raise where.error(
                 path,

@@ -187,10 +187,7 @@ def _is_main(node: ContextNode) -> bool:
 def accepts_source(adapter: Provider, config: ProviderConfig, source: str) -> bool:
     """Whether the adapter's EP loads EPContext nodes whose ``source`` is ``source``: what it
     writes, or an alias it names (``accepts_source``, optional on third-party adapters)."""
-    accepts = getattr(adapter, "accepts_source", None)
-    if accepts is not None:
-        return bool(accepts(config, source))
-    return source == adapter.context_source(config)
+    return adapter.accepts_source(config, source)
 
 
 def source_problems(
@@ -311,9 +308,8 @@ def compatibility_issue(
     """Why the adapter refuses an ``ep_compatibility_info`` value (with ``installed``: also
     for the EP installed here, where the adapter can tell)."""
     issue = adapter.check_compatibility(config, value)
-    check_installed = getattr(adapter, "check_installed", None) if installed else None
-    if issue is None and check_installed is not None:
-        issue = check_installed(config, value)
+    if issue is None and installed:
+        issue = adapter.check_installed(config, value)
     return issue or None
 
 
@@ -323,8 +319,7 @@ def compatibility_entry(
     """The compatibility info in a model's ``metadata`` and the key it is under: the first of
     the adapter's names (``compatibility_keys``: older outputs carry older names) present,
     else the current name and None."""
-    keys = getattr(adapter, "compatibility_keys", None)
-    names = keys(config) if keys is not None else ()
+    names = adapter.compatibility_keys(config)
     current = adapter.compatibility_key(config)
     for name in (*names, *([current] if current else [])):
         if COMPAT_PREFIX + name in metadata:
@@ -526,8 +521,8 @@ def machine_paths(root: str, dirs: Iterable[str] = ()) -> MachinePaths:
     onnxruntime; ``lstat`` calls only (real paths)."""
     import tempfile
 
-    from epbuild.cache.location import default_cache_dir  # plain paths, no imports
     from epbuild.toolchains.env import toolchain_root
+    from epbuild.userdirs import default_cache_dir
 
     found = [
         root,

@@ -21,6 +21,7 @@ from epbuild.manifest.model import SESSION_SETTINGS, CompileSettings, ModelEntry
 from epbuild.planning.actions import Action
 from epbuild.providers import get_provider, library
 from epbuild.providers.base import (
+    Provider,
     ProviderConfig,
     dist_version,
     has_compile_api,
@@ -171,7 +172,7 @@ class KeyComputer:
         ort = self.versions(action)[ORT_KEY]
         adapter = get_provider(action.provider.ep)
         if settings.compiler is None:
-            api = getattr(adapter, "compile_api", False) and has_compile_api(ort)
+            api = adapter.compile_api and has_compile_api(ort)
             return replace(settings, compiler="compile_api" if api else "session")
         if settings.compiler == "compile_api" and not has_compile_api(ort):
             raise ToolchainError(
@@ -236,8 +237,8 @@ class KeyComputer:
         }
         if action.provider.toolchain is not None:  # only then, so other keys stay as they were
             components["toolchain"] = action.provider.toolchain.key()
-        rewrite = getattr(get_provider(action.provider.ep), "sharing_rewrite", None)
-        if g.share_weights and rewrite is not None and (done := rewrite(action.provider)):
+        rewrite = get_provider(action.provider.ep).sharing_rewrite
+        if g.share_weights and (done := rewrite(action.provider)):
             # Present only where a rewrite applies, so other keys stay as they were.
             components["group"]["rewrite"] = done
         inputs.update(getattr(g, "source_inputs", {}))  # an LLM's source decoder
@@ -267,7 +268,7 @@ def read_versions(cfg: ProviderConfig, toolchains: Toolchains) -> dict[str, str]
         return with_library(adapter, cfg, dict(adapter.versions(cfg)))
     with scanning(toolchain.sites):
         found = with_library(adapter, cfg, dict(adapter.versions(cfg)))
-        ep_dists = tuple(getattr(adapter, "ep_dists", ()))
+        ep_dists = adapter.ep_dists
         has_ep = not ep_dists or any(dist_version(d) != "absent" for d in ep_dists)
         found[ORT_KEY] = onnxruntime_version()
     if not has_ep:
@@ -280,11 +281,10 @@ def read_versions(cfg: ProviderConfig, toolchains: Toolchains) -> dict[str, str]
     return found
 
 
-def with_library(adapter: object, cfg: ProviderConfig, found: dict[str, str]) -> dict[str, str]:
+def with_library(adapter: Provider, cfg: ProviderConfig, found: dict[str, str]) -> dict[str, str]:
     """``found`` and the sha256 of the EP library that compiles (``library.KEY``), where
     the adapter names one: a rebuilt EP under the same version number is another EP."""
-    finder = getattr(adapter, "library_path", None)
-    path = finder(cfg) if finder is not None else None
+    path = adapter.library_path(cfg)
     if path is not None:
         found[library.KEY] = library.library_sha256(path)
     return found

@@ -154,9 +154,7 @@ def _library(cfg: ProviderConfig, toolchain: Toolchain | None) -> tuple[str | No
     """The EP library (relative to the site directory holding it, else to the manifest's
     directory) and its sha256; (None, None) when the EP has no library file of its own."""
     adapter = get_provider(cfg.ep)
-    finder = getattr(adapter, "library_path", None)
-    if finder is None:
-        return None, None
+    finder = adapter.library_path
     if toolchain is None:
         path = finder(cfg)
         sites: Iterable[str] = sys.path

@@ -66,7 +66,7 @@ def _state_dir_of(root: str, manifest_bytes: bytes) -> str | None:
 
 
 def _context(selectors: list[str] | tuple[str, ...]) -> dict[str, Any]:
-    from epbuild import __version__
+    from epbuild._version import __version__
 
     return {"epbuild": __version__, "prefix": sys.prefix, "selectors": list(selectors)}
 
@@ -158,12 +158,12 @@ def _stamp_sources(
         toolchain = _stamp_toolchain(ws, action, files, dirs)
         if toolchain is None and action.provider.toolchain is not None:
             return False  # keys came from epbuild.lock: no environment to stamp yet
-        version_inputs = getattr(get_provider(action.provider.ep), "version_inputs", None)
+        version_inputs = get_provider(action.provider.ep).version_inputs
         if toolchain is None:
-            extra = version_inputs(action.provider) if version_inputs else None
+            extra = version_inputs(action.provider)
         else:
             with scanning(toolchain.sites):
-                extra = version_inputs(action.provider) if version_inputs else None
+                extra = version_inputs(action.provider)
         if extra is None:
             return False  # this adapter's versions cannot be vouched for by stat
         for path in extra:

@@ -6,12 +6,11 @@ import os
 from dataclasses import dataclass
 
 from epbuild._names import JOURNAL_NAME, LOCKS_DIR, STATCACHE_NAME, STATE_LOCK_NAME
-from epbuild.errors import EpbuildError
 from epbuild.fs import ensure_dir_inside, refuse_outward
 from epbuild.manifest.load import Manifest, find_manifest, load_manifest
 from epbuild.planning.actions import Action, make_actions, select
 from epbuild.planning.keys import KeyComputer
-from epbuild.state.journal import Damage, Journal, State, load_state
+from epbuild.state.journal import Journal, State, load_state
 from epbuild.state.statcache import StatCache
 from epbuild.toolchains.resolve import Toolchains
 
@@ -49,46 +48,6 @@ class Workspace:
         state = load_state(os.path.join(self.state_dir, JOURNAL_NAME), self.state)
         self.state = state
         return state
-
-    def record_damage(self, action_id: str, checked: dict[str, str], by: str) -> str | None:
-        """Make a committed action stale because a check (``by``) found some of its outputs
-        (``checked``: path → the digest its journal record holds) with other bytes, so that
-        the next build rebuilds it whatever the stat cache says of the files.
-
-        Under the state lock (commits hold it) the record must still be the one checked and
-        each file is hashed again: a build that replaced the outputs meanwhile is not marked.
-        Returns a warning when the damage could not be recorded (a read-only state
-        directory, a lock held too long), else None."""
-        from epbuild.planning.noop import forget
-        from epbuild.state import locks
-        from epbuild.state.statcache import hash_file
-
-        if not checked or not os.path.isdir(self.state_dir):
-            return None
-        try:
-            with locks.hold(self.state_lock, f"epbuild {by} (recording damage)", timeout=60):
-                rec = self.reload_state().records.get(action_id)
-                damaged = []
-                for rel, digest in sorted(checked.items()):
-                    out = rec.outputs.get(rel) if rec is not None else None
-                    if out is None or out.digest != digest:
-                        return None  # rebuilt (or forgotten) since the check
-                    try:
-                        same = hash_file(os.path.join(self.root, rel)) == digest
-                    except OSError:
-                        same = False
-                    if not same:
-                        damaged.append(rel)
-                if not damaged:
-                    return None
-                self.journal.damaged(action_id, Damage(tuple(damaged), by))
-                self.stats.forget(damaged)
-                self.stats.save()
-                forget(self.state_dir)
-                self.reload_state()
-        except (OSError, EpbuildError) as exc:
-            return f"{action_id}: could not record the damage for the next build ({exc})"
-        return None
 
 
 def open_workspace(

@@ -12,7 +12,7 @@ import threading
 from typing import Any
 
 from epbuild.errors import ManifestError
-from epbuild.providers.base import Provider
+from epbuild.providers.base import BaseProvider, Provider
 
 ENTRY_POINT_GROUP = "epbuild.providers"
 BUILTIN: dict[str, tuple[str, str]] = {
@@ -62,8 +62,8 @@ def _load(kind: str) -> Provider:
     if kind in BUILTIN:
         module, cls = BUILTIN[kind]
         factory = getattr(importlib.import_module(f"{__name__}.{module}"), cls)
-        adapter: Any = factory()
-        return adapter  # type: ignore[no-any-return]
+        adapter: Provider = factory()
+        return adapter
     for ep in _entry_points():
         if ep.name == kind:
             return _third_party(kind, ep)
@@ -91,15 +91,16 @@ def _third_party(kind: str, ep: Any) -> Provider:  # an importlib.metadata.Entry
             f"provider adapter {kind!r} could not be loaded: {type(exc).__name__}: {exc}",
             hint=f"check the package that declares {where}",
         ) from exc
-    missing = [name for name in _REQUIRED if not hasattr(adapter, name)]
-    if missing:
+    if not isinstance(adapter, BaseProvider):
         raise ManifestError(
-            f"provider adapter {kind!r} lacks {', '.join(missing)}",
-            hint=f"{where} must name a class implementing epbuild.providers.base.Provider",
+            f"provider adapter {kind!r} lacks the adapter contract: "
+            f"{type(adapter).__name__} is not a subclass of epbuild.providers.base.BaseProvider",
+            hint=f"{where} must name a subclass of BaseProvider (docs/providers.md, "
+            '"Writing an adapter")',
         )
     if adapter.kind != kind:
         raise ManifestError(
             f"provider adapter {kind!r} says its kind is {adapter.kind!r}",
             hint=f"make {where} and the adapter's kind agree",
         )
-    return adapter  # type: ignore[no-any-return]
+    return adapter

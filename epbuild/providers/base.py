@@ -14,7 +14,7 @@ import sys
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 from epbuild.errors import ManifestError, ProviderUnavailableError
 from epbuild.toolchains.spec import ToolchainSpec
@@ -71,87 +71,30 @@ class ProviderConfig:
         )
 
 
-class Provider(Protocol):
-    """An execution-provider adapter."""
-
-    kind: str
-    """The manifest ``ep`` value that selects this adapter."""
-    extra: str
-    """The pip extra that installs its EP package (``pip install "epbuild[<extra>]"``)."""
-    shares_weights: bool
-    """Whether the EP supports ``ep.share_ep_contexts`` weight-sharing groups. An adapter
-    may also define ``needs_static_shapes(config) -> bool``: whether its EP compiles only
-    inputs of fixed shape (an NPU), so that a model whose inputs keep a symbolic dimension
-    fails before compiling (``engine.shapes``; absent: False, as in ``BaseProvider``)."""
-
-    def validate_options(
-        self, options: Mapping[str, Any], settings: Mapping[str, Any], *, key: str
-    ) -> tuple[dict[str, str], dict[str, str]]:
-        """Check manifest options; return (provider options, adapter settings) as strings.
-
-        Raise ``ManifestError`` naming ``key + "." + option`` for a value the EP would
-        misread. Must not import onnxruntime.
-        """
-        ...
-
-    def versions(self, config: ProviderConfig) -> dict[str, str]:
-        """Toolchain versions for the action key (``importlib.metadata``, no imports)."""
-        ...
-
-    def context_source(self, config: ProviderConfig) -> str:
-        """The ``source`` attribute its EPContext nodes carry (e.g. ``qnn``).
-
-        ``""`` means the EP writes no ``source`` attribute at all (the TensorRT EP). An
-        adapter may also define ``accepts_source(config, source) -> bool`` for the aliases
-        its EP loads as well (``BaseProvider``: only ``context_source``).
-        """
-        ...
-
-    def context_options(
-        self, config: ProviderConfig, ctx_path: str, embed_mode: int
-    ) -> dict[str, str]:
-        """Extra provider options the worker merges in to make the EP dump a ctx model.
-
-        Most EPs read the ``ep.context_*`` session options and return ``{}``; the TensorRT
-        EP takes its own ``trt_*`` options.
-        """
-        ...
-
-    def compatibility_key(self, config: ProviderConfig) -> str | None:
-        """Name ``X`` of the ``ep_compatibility_info.X`` metadata it writes, if any. An
-        adapter may also define ``package_target(config) -> (ep name, device or None)``,
-        what a model package variant declares, ``compatibility_keys(config)`` (older names
-        of the metadata too) and ``attach_as(ort, so, config, ep_name)`` (attach under the
-        name an app registers the EP as); absent: as in ``BaseProvider``."""
-        ...
-
-    def check_compatibility(self, config: ProviderConfig, info: str) -> str | None:
-        """Return a message if ``info`` does not match the requested target, else None."""
-        ...
-
-    def attach(
-        self, ort: onnxruntime, so: onnxruntime.SessionOptions, config: ProviderConfig
-    ) -> None:
-        """Worker side: register the EP if needed and add it to ``so``.
-
-        Raise ``ProviderUnavailableError`` naming the extra to install when the EP
-        package or a device is missing.
-        """
-        ...
-
-
 class BaseProvider(abc.ABC):
-    """Defaults for the built-in adapters, so each writes only what differs.
+    """The adapter contract: every member an adapter may answer, each with its default, so
+    that an adapter writes only what differs (``docs/providers.md``, "Writing an adapter").
 
-    The ``Provider`` protocol stays the contract (third-party adapters need not inherit).
-    By default an adapter takes no settings, passes its options through as strings
-    (limited to ``known_options`` when set), writes no EP-specific context options, records
-    no compatibility info, and cannot vouch for its versions by stat (no no-op fingerprint).
+    An adapter must set ``kind`` and define ``versions``, ``context_source`` and ``attach``.
+    By default it takes no settings, passes its options through as strings (limited to
+    ``known_options`` when set), writes no EP-specific context options, records no
+    compatibility info, cannot vouch for its versions by stat (no no-op fingerprint), can
+    load what it builds on this host, and changes nothing after a sharing group compiled.
+    The coordinator side (``validate_options`` … ``package_target``) must not import
+    onnxruntime; the worker side is ``attach``, ``attach_as``, ``finish_sharing_group``.
     """
 
     kind: str
+    """The manifest ``ep`` value that selects this adapter."""
     extra: str = ""
+    """The pip extra that installs its EP package (``pip install "epbuild[<extra>]"``)."""
     shares_weights: bool = True
+    """Whether the EP supports ``ep.share_ep_contexts`` weight-sharing groups."""
+    fixed_ep_name: bool = False
+    """The EP is built into onnxruntime under a fixed name: ``[package] ep_names`` cannot
+    rename it."""
+    compatibility_device_types: frozenset[str] | None = None
+    """Device types the EP judges compiled models for (``inspect.ortcompat``); None: all."""
     ep_dists: tuple[str, ...] = ()
     """Distributions any one of which provides the EP: a toolchain with none of them cannot
     compile for it (empty: not checked, e.g. a plugin library given by path)."""
@@ -198,6 +141,26 @@ class BaseProvider(abc.ABC):
         """The EP library file that compiles (found from package metadata, never by
         importing; within ``scanning``, a toolchain's); None where there is no file of its
         own or it is not installed. Its sha256 goes into the lock."""
+        return None
+
+    def sharing_rewrite(self, config: ProviderConfig) -> str | None:
+        """What ``finish_sharing_group`` changes in a sharing group's outputs (a key
+        component: groups built before the rewrite existed rebuild); None by default."""
+        return None
+
+    def load_problem(self, config: ProviderConfig, share_weights: bool) -> str | None:
+        """Why a built context cannot be loaded on this host (``verify --load``, numerics,
+        the runtime), or None (by default it can)."""
+        return None
+
+    def explain_load_failure(self, config: ProviderConfig, message: str) -> str | None:
+        """A load failure that is the EP package's known limit rather than a bad build (the
+        check is then "not loadable here"); None by default."""
+        return None
+
+    def check_installed(self, config: ProviderConfig, info: str) -> str | None:
+        """Runtime side: why a context (its compatibility ``info``) does not fit the EP
+        installed here (another SDK); None by default."""
         return None
 
     def needs_static_shapes(self, config: ProviderConfig) -> bool:
@@ -269,7 +232,18 @@ class BaseProvider(abc.ABC):
     def attach(
         self, ort: onnxruntime, so: onnxruntime.SessionOptions, config: ProviderConfig
     ) -> None:
-        """Worker side: register the EP if needed and add it to ``so``."""
+        """Worker side: register the EP if needed and add it to ``so``; raise
+        ``ProviderUnavailableError`` naming the extra to install when the EP package or a
+        device is missing."""
+
+    def finish_sharing_group(self, config: ProviderConfig, ctx_paths: list[str]) -> None:
+        """Worker side, after a weight-sharing group compiled (ctx models in session
+        order): rewrite what ``sharing_rewrite`` says; nothing by default."""
+        return
+
+
+Provider = BaseProvider
+"""The adapter contract's name in annotations."""
 
 
 _DIST_INFO: dict[tuple[str, ...] | None, dict[str, tuple[str, str]]] = {}

@@ -26,7 +26,7 @@ _memo: dict[str, list[object]] | None = None
 
 
 def _memo_path() -> str:
-    from epbuild.cache.location import default_cache_dir
+    from epbuild.userdirs import default_cache_dir
 
     return os.path.join(default_cache_dir(), "ep-libraries.json")
 

@@ -156,15 +156,7 @@ def variant_target(action: Action, settings: PackageSettings) -> tuple[str, str 
     """The EP name and device constraint of an action's variants (``[package] ep_names``
     and ``devices`` over the adapter's own). The EP name is the one an app must register the
     EP under for ONNX Runtime to select the variant."""
-    adapter: Any = get_provider(action.provider.ep)
-    target = getattr(adapter, "package_target", None)
-    if target is not None:
-        ep_name, device = target(action.provider)
-    else:  # a third-party adapter without the optional method
-        ep_name = adapter.compatibility_key(action.provider) or adapter.context_source(
-            action.provider
-        )
-        ep_name, device = ep_name or adapter.kind, None
+    ep_name, device = get_provider(action.provider.ep).package_target(action.provider)
     chosen = settings.devices.get(action.provider.name, device)
     ep_name = settings.ep_names.get(action.provider.name, ep_name)
     return str(ep_name), None if chosen in (None, ANY_DEVICE) else str(chosen)

@@ -22,9 +22,8 @@ _made: dict[str, str] = {}
 
 
 def _package_dir() -> str:
-    import epbuild
-
-    return os.path.dirname(os.path.abspath(epbuild.__file__))
+    """The ``epbuild`` package directory (this file is in ``epbuild/toolchains``)."""
+    return os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _sources(package: str) -> list[str]:

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 from epbuild.errors import ToolchainError
 from epbuild.fs import atomic_write_bytes
 from epbuild.toolchains.spec import FORMAT, ToolchainSpec
+from epbuild.userdirs import toolchain_root as toolchain_root  # its name here too
 
 if TYPE_CHECKING:
     from epbuild.toolchains.lockfile import EnvironmentLock
@@ -46,14 +47,6 @@ class Toolchain:
     """Directories on its ``sys.path``: where its ``*.dist-info`` are scanned."""
     version: str
     """Its Python version, ``3.11.7``."""
-
-
-def toolchain_root() -> str:
-    """Where epbuild keeps the environments it makes: ``$EPBUILD_TOOLCHAINS``, else
-    ``toolchains`` in the per-user cache directory (shared by every workspace)."""
-    from epbuild.cache.location import default_cache_dir
-
-    return os.environ.get("EPBUILD_TOOLCHAINS") or os.path.join(default_cache_dir(), "toolchains")
 
 
 def env_dir(spec: ToolchainSpec, locked: EnvironmentLock | None = None) -> str:

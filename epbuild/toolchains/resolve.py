@@ -97,7 +97,7 @@ class Toolchains:
         from epbuild.providers.base import dist_version
         from epbuild.toolchains.lockfile import DEFAULT_ENV
 
-        ep_dists = tuple(getattr(get_provider(config.ep), "ep_dists", ()))
+        ep_dists = get_provider(config.ep).ep_dists
         if not ep_dists or any(dist_version(d) != "absent" for d in ep_dists):
             return None
         lock = self.lock_of(config.base_dir)

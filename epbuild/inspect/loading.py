@@ -1,0 +1,135 @@
+"""Running a built ctx model beside its source: the loader process ``verify --load`` and
+``verify --numerics`` share (``epbuild.inspect.loadcheck`` runs in it).
+
+Each ctx model runs in a fresh subprocess (in the action's toolchain where it has one) with
+``session.disable_model_compile=1``: some built contexts crash the process that loads them on
+a host without the target hardware, and a model the EP would compile at load is not a
+working ctx model.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+import re
+import signal
+import subprocess
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from epbuild.executors.local import own_command
+from epbuild.planning.actions import Action
+from epbuild.planning.workspace import Workspace
+from epbuild.providers import get_provider
+from epbuild.toolchains.boot import boot_command
+from epbuild.toolchains.env import Toolchain
+
+LOAD_TIMEOUT = 300.0
+
+
+class LoadOutcome(enum.Enum):
+    """How a ``--load`` check of one ctx model ended."""
+
+    PASSED = "passed"
+    FAILED = "failed"
+    NOT_LOADABLE = "not_loadable_here"
+
+
+@dataclass
+class LoadCheck:
+    """The ``--load`` result of one ctx model."""
+
+    file: str
+    outcome: LoadOutcome
+    message: str = ""
+    max_error: float | None = None
+    crashed: bool = False
+    """The loader process died from a signal (a native crash)."""
+    outputs: list[dict[str, Any]] | None = None
+    """Per output of the model, its figures against the source (``loadcheck.figures_of``)."""
+
+    def to_json(self) -> dict[str, Any]:
+        """The ``--json`` form."""
+        doc = {k: v for k, v in asdict(self).items() if k not in ("crashed", "outputs")}
+        return {**doc, "outcome": self.outcome.value}
+
+
+def load_check(
+    ws: Workspace,
+    action: Action,
+    index: int,
+    toolchain: Toolchain | str | None,
+    extra: dict[str, Any] | None = None,
+) -> LoadCheck:
+    """Run the ``index``-th ctx model of ``action`` and its source on the same feeds in a
+    loader process (``extra``: more of the job, e.g. the numerics inputs)."""
+    adapter = get_provider(action.provider.ep)
+    reason = adapter.load_problem(action.provider, action.group.share_weights)
+    if isinstance(toolchain, str):
+        reason = f"its toolchain is not usable here: {toolchain}"
+    ctx = action.ctx_paths[index]
+    if reason:
+        return LoadCheck(ctx, LoadOutcome.NOT_LOADABLE, reason)
+    job = {"ctx": ctx, "source": action.models[index], "provider": action.provider.to_json()}
+    dims = action.free_dimensions[index]
+    if dims:  # the source runs at the shapes the ctx model was compiled for
+        job["free_dimensions"] = dims
+    check = _run_loader(ws.root, ctx, {**job, **(extra or {})}, toolchain)
+    failed = check.outcome is LoadOutcome.FAILED
+    why = adapter.explain_load_failure(action.provider, check.message) if failed else None
+    if why:  # a known limit of the EP's package, not a bad build
+        check = LoadCheck(ctx, LoadOutcome.NOT_LOADABLE, why)
+    # Where the adapter says this host is not the target (QNN on x86_64 runs contexts in
+    # an emulation), a native crash of the loader is the host's limit, not a bad build;
+    # a corrupt context still fails with an error or wrong numbers.
+    emulated = adapter.load_problem(action.provider, True) is not None
+    if check.crashed and emulated:
+        check = LoadCheck(
+            ctx,
+            LoadOutcome.NOT_LOADABLE,
+            f"{check.message}; this host cannot load it, check it on the target",
+        )
+    return check
+
+
+def _run_loader(
+    root: str, ctx: str, job: dict[str, Any], toolchain: Toolchain | str | None
+) -> LoadCheck:
+    command = own_command("epbuild.inspect.loadcheck")
+    if isinstance(toolchain, Toolchain):
+        command = boot_command(toolchain.python, "epbuild.inspect.loadcheck")
+    try:
+        proc = subprocess.run(
+            command,
+            input=json.dumps(job),
+            cwd=root,
+            capture_output=True,
+            text=True,
+            timeout=LOAD_TIMEOUT,
+            check=False,
+        )
+    except subprocess.TimeoutExpired:
+        return LoadCheck(ctx, LoadOutcome.FAILED, f"loading took over {LOAD_TIMEOUT:g}s")
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
+    if proc.returncode < 0 or not lines:
+        why = f"the loader process died ({_describe(proc.returncode)})"
+        tail = [ln for ln in proc.stderr.splitlines() if ln.strip() and not _NOISE.search(ln)]
+        if tail and proc.returncode >= 0:
+            why += f": {tail[-1].strip()}"
+        return LoadCheck(ctx, LoadOutcome.FAILED, why, crashed=proc.returncode < 0)
+    data = json.loads(lines[-1])
+    outcome = LoadOutcome(data["outcome"])
+    outputs = data.get("outputs")
+    return LoadCheck(ctx, outcome, data.get("message", ""), data.get("max_error"), outputs=outputs)
+
+
+_NOISE = re.compile(r"\[W:onnxruntime|LIBNATIVE|\x1b\[")
+
+
+def _describe(code: int) -> str:
+    if code < 0:
+        try:
+            return f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"exit status {code}"
