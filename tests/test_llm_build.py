@@ -218,3 +218,16 @@ def test_build_and_package_import_no_onnx_in_the_coordinator(workspace: Workspac
     )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert proc.stdout.split("\n")[-2] == "0 0 []", proc.stdout + proc.stderr
+
+
+def test_a_killed_preparation_leaves_nothing_behind(workspace: Workspace) -> None:
+    _ws(workspace, share=False)
+    workspace.cli("build", check=True)
+    prepared = workspace.root / ".epbuild" / "llm" / "chat"
+    (folder,) = [p for p in prepared.iterdir() if p.is_dir()]
+    shutil.rmtree(folder)
+    dead = prepared / f".prep-{folder.name}-dead"  # what a killed preparation leaves
+    dead.mkdir()
+    (dead / "context.onnx").write_bytes(b"half written")
+    workspace.cli("build", check=True)
+    assert sorted(p.name for p in prepared.iterdir() if p.is_dir()) == [folder.name]

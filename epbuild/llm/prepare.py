@@ -74,7 +74,11 @@ def ensure_prepared(
     with locks.hold(final + ".lock", "epbuild build (preparing an LLM)", timeout=600):
         if os.path.isdir(final):
             return
-        tmp = tempfile.mkdtemp(prefix=".prep-", dir=parent)
+        prefix = f".prep-{os.path.basename(final)}-"
+        for name in os.listdir(parent):  # a killed run's (this key's lock is ours)
+            if name.startswith(prefix):
+                shutil.rmtree(os.path.join(parent, name), ignore_errors=True)
+        tmp = tempfile.mkdtemp(prefix=prefix, dir=parent)
         try:
             args = {
                 "model": os.path.join(root, model),
