@@ -11,7 +11,13 @@ from epbuild._version import __version__ as __version__
 
 if TYPE_CHECKING:
     from epbuild.api import (
+        ActionResult,
+        ActionStatus,
         BuildResult,
+        EditResult,
+        InitResult,
+        Outcome,
+        StatusResult,
         add_models,
         add_provider,
         add_target,
@@ -21,15 +27,24 @@ if TYPE_CHECKING:
         init_from,
         status,
     )
-    from epbuild.inspect.detail import status_detail
-    from epbuild.inspect.verify import verify_outputs
-    from epbuild.runtime import open_action, open_models
+    from epbuild.inspect.detail import ActionDetail, status_detail
+    from epbuild.inspect.verify import VerifyResult, verify_outputs
+    from epbuild.runtime import BuiltAction, open_action, open_models
     from epbuild.shipping.opening import open_package
     from epbuild.shipping.package import PackageResult, package
 
 __all__ = [
+    "ActionDetail",
+    "ActionResult",
+    "ActionStatus",
     "BuildResult",
+    "BuiltAction",
+    "EditResult",
+    "InitResult",
+    "Outcome",
     "PackageResult",
+    "StatusResult",
+    "VerifyResult",
     "add_models",
     "add_provider",
     "add_target",
@@ -48,6 +63,9 @@ __all__ = [
 # Functions that live outside api.py (their names differ from their modules' names, so
 # importing a submodule never shadows a function).
 _MODULES = {
+    "ActionDetail": "inspect.detail",
+    "BuiltAction": "runtime",
+    "VerifyResult": "inspect.verify",
     "status_detail": "inspect.detail",
     "verify_outputs": "inspect.verify",
     "open_action": "runtime",

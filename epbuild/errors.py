@@ -75,11 +75,6 @@ class ToolchainError(UserError):
     actions only."""
 
 
-class NotBuiltError(UserError):
-    """An action's outputs are not what a completed build committed: never built, an
-    interrupted commit, or outputs missing or changed since (``epbuild build`` fixes it)."""
-
-
 class BuildError(EpbuildError):
     """A build did not complete (exit code 1)."""
 
@@ -92,8 +87,14 @@ class VerificationError(BuildError):
     """A built output does not pass verification."""
 
 
-class OutOfDateError(BuildError):
-    """Outputs asked for (by ``package``) are stale or not built (exit code 1)."""
+class NotBuiltError(BuildError):
+    """An action's outputs are not what a completed build committed: never built, stale, an
+    interrupted commit, or outputs missing or changed since (``epbuild build`` fixes it);
+    exit code 1. ``open_action``, ``open_models`` and ``package`` raise it alike."""
+
+
+OutOfDateError = NotBuiltError
+"""The name ``package`` first raised it under."""
 
 
 class CompatibilityError(BuildError):

@@ -82,6 +82,25 @@ def os_error_text(exc: OSError, root: str | None = None) -> str:
     return " → ".join(_shown(os.fsdecode(p), root) for p in paths) + f": {reason}"
 
 
+def os_error_hint(exc: OSError, root: str | None = None) -> tuple[str | None, str]:
+    """What to say about an OS error no layer expected: a clearer reason where the error's
+    own misleads (``File exists`` for a path through a file), and a hint fitting its errno."""
+    import errno
+
+    name = os.fsdecode(exc.filename) if exc.filename is not None else None
+    if exc.errno in (errno.EEXIST, errno.ENOTDIR) and name:
+        while name and not os.path.isfile(name) and os.path.dirname(name) != name:
+            name = os.path.dirname(name)
+        if name and os.path.isfile(name):
+            shown = _shown(os.path.abspath(name), root)
+            return f"{shown} is a file, so nothing can be created under it", "choose another path"
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
+        return None, "free disk space, or raise the file-size limit (ulimit -f)"
+    if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+        return None, "check the permissions of that path (and that its file system is writable)"
+    return None, "check permissions, free space and the file-size limit (ulimit -f)"
+
+
 def _shown(path: str, root: str | None) -> str:
     if root is not None and os.path.isabs(path):
         rel = os.path.relpath(path, root)

@@ -175,3 +175,13 @@ def test_s3_endpoint_that_never_answers_does_not_hang(
         assert server.accepted.is_set()  # it was asked, and the build did not wait for it
     finally:
         server.close()
+
+
+def test_cache_only_against_a_missing_bucket_names_the_bucket(
+    simple_ws: Callable[..., Workspace], s3_server: str
+) -> None:
+    """Not "no entry": the bucket itself is missing, and the message says so."""
+    ws = simple_ws()
+    proc = ws.cli("build", "--cache-only", "--cache", "s3://no-such-bucket/epbuild")
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr
+    assert "s3://no-such-bucket/epbuild: bucket 'no-such-bucket' does not exist" in proc.stderr

@@ -268,7 +268,9 @@ def test_non_utf8_manifest(workspace: Workspace) -> None:
 def test_manifest_is_a_directory(workspace: Workspace) -> None:
     (workspace.root / "epbuild.toml").mkdir(parents=True)
     _assert_clean_user_error(_cli(workspace.root, "build"), "epbuild.toml")
-    _assert_clean_user_error(_cli(workspace.root, "-f", ".", "build"), "no manifest")
+    _assert_clean_user_error(
+        _cli(workspace.root, "-f", ".", "build"), "is a directory, not a manifest file"
+    )
 
 
 @pytest.mark.skipif(os.geteuid() == 0, reason="root reads files whatever their mode")

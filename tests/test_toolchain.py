@@ -250,7 +250,9 @@ def fake_make(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str]]:
     calls: list[str] = []
     real = create._make
 
-    def make(spec: ToolchainSpec, directory: str, provider: str, locked: Any = None) -> Any:
+    def make(
+        spec: ToolchainSpec, directory: str, provider: str, locked: Any = None, *_: Any
+    ) -> Any:
         calls.append(directory)
         os.makedirs(os.path.join(directory, "bin"), exist_ok=True)
         python = os.path.join(directory, "bin", "python")
@@ -387,7 +389,7 @@ def linked_make(monkeypatch: pytest.MonkeyPatch) -> None:
     to the tests' own virtualenv (``pyvenv.cfg`` + ``lib``): a working toolchain in no time."""
     monkeypatch.setenv("EPBUILD_INSTALLER", "pip")
 
-    def run(argv: list[str], log: str, spec: ToolchainSpec, provider: str) -> None:
+    def run(argv: list[str], log: str, spec: ToolchainSpec, provider: str, *_: Any) -> None:
         if argv[1:3] != ["-m", "venv"]:
             return  # the pip install: everything is there already
         directory = Path(argv[3])

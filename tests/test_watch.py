@@ -441,3 +441,25 @@ def test_plain_output_says_what_changed_then_builds(
     assert w.stop() == 0
     err = "".join(w.stderr)
     assert "compiled single/htp/c" in err and "Traceback" not in err
+
+
+def test_model_reached_through_a_symlink(
+    workspace: Workspace, watcher: Callable[..., Watcher], tmp_path: Path
+) -> None:
+    """inotify watches the link's directory, where nothing changes when the target is
+    saved: the target's directory (here outside the workspace) is watched too."""
+    elsewhere = tmp_path / "exports"
+    save(matmul_model(80), elsewhere / "real.onnx")
+    (workspace.root / "models").mkdir(parents=True)
+    (workspace.root / "models" / "c.onnx").symlink_to(elsewhere / "real.onnx")
+    single = {"models": ["models/c.onnx"], "providers": ["htp"]}
+    workspace.manifest({"providers": {"htp": HTP73}, "groups": {"single": single}})
+    w = watcher(workspace.root)
+    assert built(w.next()) == {"single/htp/c": "compiled"}
+    atomic_save(matmul_model(81), elsewhere / "real.onnx")
+    c = w.next()
+    assert (c["changed"], built(c)) == (["models/c.onnx"], {"single/htp/c": "compiled"})
+    save(matmul_model(82), elsewhere / "real.onnx")  # written in place
+    c = w.next()
+    assert (c["changed"], built(c)) == (["models/c.onnx"], {"single/htp/c": "compiled"})
+    assert w.stop() == 0

@@ -28,7 +28,7 @@ from epbuild.cache.store import (
     object_path,
 )
 from epbuild.errors import UserError
-from epbuild.fs import CHUNK, digest_file
+from epbuild.fs import CHUNK, digest_file, os_error_text
 
 _OBJECT = re.compile(rf"{OBJECTS}/[0-9a-f]{{2}}/([0-9a-f]{{64}})")
 _ENTRY = re.compile(rf"{ENTRIES}/[0-9a-f]{{2}}/([0-9a-f]{{64}})\.json")
@@ -117,7 +117,8 @@ def import_archive(store: Store, backend: LocalBackend, path: str) -> ArchiveRep
                     else:
                         report.problems.append(f"{member.name}: not a cache file; skipped")
     except (tarfile.TarError, OSError, EOFError) as exc:
-        report.problems.append(f"archive is truncated or damaged ({exc}); kept what was whole")
+        why = os_error_text(exc) if isinstance(exc, OSError) else str(exc)
+        report.problems.append(f"archive is truncated or damaged ({why}); kept what was whole")
     for entry in entries:
         missing = [o for o in entry.outputs.values() if not store.has_object(o.digest)]
         if missing:

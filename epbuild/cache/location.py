@@ -91,4 +91,9 @@ def open_cache(
             "--cache-push needs a remote cache URL",
             hint="pass --cache s3://bucket/prefix (or set [workspace] cache to a URL)",
         )
+    if os.path.lexists(cfg.local) and not os.path.isdir(cfg.local):
+        raise UserError(
+            f"the cache {cfg.local} is not a directory",
+            hint="pass --cache DIR naming a directory (or move that file away)",
+        )
     return ActionCache(cfg.local, cfg.remote, push=cfg.push)

@@ -13,6 +13,7 @@ by their size), so an endpoint that accepts connections but never answers cannot
 
 from __future__ import annotations
 
+import errno
 import os
 import threading
 import uuid
@@ -145,8 +146,25 @@ class FsspecBackend:
         try:
             data = self._call(lambda: self.fs.cat_file(self._p(path)), f"reading {path}")
         except FileNotFoundError:
+            self._check_bucket()
             return None
         return bytes(data)
+
+    def _check_bucket(self) -> None:
+        """A missing file is a miss, unless the bucket itself is missing: that is said
+        (once per backend) as an ``OSError`` naming the URL, not reported as "no entry"."""
+        if getattr(self, "_bucket_seen", False) or self._rename_ok:
+            return
+        bucket = self.root.split("/", 1)[0]
+        try:
+            found = bool(self._call(lambda: self.fs.exists(bucket), f"looking up {bucket}"))
+        except (OSError, CacheUnavailableError):
+            found = True  # cannot tell: leave it to the reads
+        if not found:
+            raise FileNotFoundError(
+                errno.ENOENT, f"bucket {bucket!r} does not exist (or is not visible)", self.url
+            )
+        self._bucket_seen = True
 
     def write_bytes(self, path: str, data: bytes) -> None:
         self._put(path, lambda target: self.fs.pipe_file(target, data), len(data))

@@ -431,7 +431,7 @@ class Builder:
                 self.cache.discard(key.key)
             return None, [], self._warn(f"cache entry of {action.id} not restored: {exc}")
         except OSError as exc:
-            return None, [], self._warn(f"cache unusable for {action.id}: {exc}")
+            return None, [], self._warn(f"cache unusable for {action.id}: {os_error_text(exc)}")
         e = hit.entry
         outputs = {
             posixpath.join(action.out_dir, n): OutputRecord(o.size, o.digest)

@@ -126,7 +126,7 @@ class DaskExecutor:
 
     def __init__(self, root: str, scheduler: str | Client, *, connect_timeout: float = 20) -> None:
         try:
-            from distributed import Client
+            import distributed  # noqa: F401
         except ImportError:
             raise UserError(
                 "the dask executor needs Dask distributed, which is not installed",
@@ -135,16 +135,9 @@ class DaskExecutor:
         self.root = root
         self._own = isinstance(scheduler, str)
         if isinstance(scheduler, str):
-            try:
-                self.client = Client(  # type: ignore[no-untyped-call]
-                    scheduler, timeout=connect_timeout, set_as_default=False
-                )
-            except (OSError, TimeoutError) as exc:
-                raise UserError(
-                    f"cannot reach the Dask scheduler at {scheduler}: {exc}",
-                    hint="check --scheduler / [workspace] scheduler and that the scheduler "
-                    "is running (dask scheduler; dask worker ADDRESS --nthreads 1)",
-                ) from None
+            from epbuild.executors.address import connect
+
+            self.client = connect(scheduler, connect_timeout)
         else:
             self.client = scheduler
         self._lock = threading.Lock()

@@ -127,6 +127,11 @@ def send_job(proc: subprocess.Popen[bytes], job: Job) -> None:
 def outcome_of(result: Any, code: int, log_path: str) -> WorkerOutcome:
     """How a worker ended, from its result document (None if it wrote none) and exit code."""
     if not isinstance(result, dict):
+        from epbuild.executors.worker import write_trouble
+
+        trouble = write_trouble(os.path.dirname(log_path))  # a full disk explains it
+        if trouble is not None:
+            return WorkerOutcome(False, error=trouble[0], hint=trouble[1])
         error = _describe_exit(code, log_path)
         return WorkerOutcome(False, error=error, log_tail=_tail(log_path))
     if not result.get("ok"):

@@ -8,6 +8,7 @@ staging directory, checks what it produced, and writes a JSON result file.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import posixpath
@@ -528,12 +529,22 @@ def main() -> None:
     job = Job.from_json(json.loads(line))
     result = _result_of(job)
     result_path = posixpath.join(job.staging, RESULT_NAME)
-    with open(result_path + ".tmp", "w", encoding="utf-8") as f:
-        json.dump(result, f)
-    os.replace(result_path + ".tmp", result_path)
-    sys.stdout.flush()
-    sys.stderr.flush()
+    try:
+        with open(result_path + ".tmp", "w", encoding="utf-8") as f:
+            json.dump(result, f)
+        os.replace(result_path + ".tmp", result_path)
+        sys.stdout.flush()
+        sys.stderr.flush()
+    except OSError as exc:  # a full disk: the coordinator finds why (``write_trouble``)
+        with contextlib.suppress(OSError, ValueError):
+            sys.stderr.write(f"epbuild worker: cannot write its result: {exc}\n")
+            sys.stderr.flush()
+        os._exit(NO_RESULT)  # never the interpreter's shutdown, which aborts on a full disk
     os._exit(0 if result["ok"] else 1)
+
+
+NO_RESULT = 75
+"""The worker's exit status when it could not write its result document."""
 
 
 def _result_of(job: Job) -> dict[str, Any]:

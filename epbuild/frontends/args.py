@@ -19,6 +19,24 @@ def check_jobs(jobs: int | None) -> int | None:
     return jobs
 
 
+def seconds(value: float | None, option: str) -> float | None:
+    """A duration in seconds (``--lock-timeout``): a finite number, not negative."""
+    import math
+
+    if value is not None and (not math.isfinite(value) or value < 0):
+        raise UserError(f"{option} {value:g} is not a number of seconds", hint="write e.g. 30")
+    return value
+
+
+def output_file(value: str, option: str) -> str:
+    """A file a command writes (``--html``): a name, not a directory."""
+    import os
+
+    if not value or value.endswith(("/", os.sep)) or os.path.isdir(value):
+        raise UserError(f"{option} {value!r} is not a file name", hint="write e.g. report.html")
+    return value
+
+
 def size_option(value: str, option: str, example: str) -> int:
     """A size such as ``8G`` given to ``option``; ``example`` goes into the hint."""
     from epbuild.errors import ManifestError
@@ -47,6 +65,15 @@ def cache_option(args: argparse.Namespace) -> str | bool | None:
     if args.no_cache and getattr(args, "cache_push", False):
         raise UserError("--cache-push needs a cache", hint="drop --no-cache")
     return False if args.no_cache else args.cache
+
+
+def scheduler(value: str | None) -> str | None:
+    """``--scheduler``: a Dask scheduler address when given."""
+    if value is not None:
+        from epbuild.addresses import parse_address
+
+        parse_address(value)
+    return value
 
 
 def option_value(text: str) -> bool | int | str:

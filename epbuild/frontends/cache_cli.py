@@ -8,6 +8,7 @@ import hashlib
 import os
 import sys
 from collections.abc import Callable
+from dataclasses import asdict
 from typing import TYPE_CHECKING
 
 from epbuild.cache.archive import ArchiveReport, export_entries, import_archive
@@ -15,6 +16,7 @@ from epbuild.cache.location import open_cache
 from epbuild.cache.prune import PruneReport, prune
 from epbuild.cache.trust import CacheVerifyReport, verify_all
 from epbuild.errors import UserError
+from epbuild.frontends.render import print_json
 
 if TYPE_CHECKING:
     from epbuild.cache.actioncache import ActionCache
@@ -147,7 +149,11 @@ def verify_cache(
 
 
 def _print_key(args: argparse.Namespace) -> int:
-    print(cache_key(args.directory, args.manifest, args.selectors))
+    key = cache_key(args.directory, args.manifest, args.selectors)
+    if args.json:
+        print_json({"key": key}, command="cache key")
+    else:
+        print(key)
     return 0
 
 
@@ -155,6 +161,10 @@ def _print_export(args: argparse.Namespace) -> int:
     report, missing = export_cache(
         args.file, args.directory, args.manifest, args.selectors, cache=args.cache
     )
+    if args.json:
+        doc = {"path": args.file, **asdict(report), "missing": list(missing)}
+        print_json(doc, command="cache export", ok=not missing)
+        return 1 if missing else 0
     print(
         f"epbuild: wrote {args.file}: {report.entries} entr(ies), {report.objects} object(s), "
         f"{report.bytes} bytes"
@@ -166,6 +176,11 @@ def _print_export(args: argparse.Namespace) -> int:
 
 def _print_import(args: argparse.Namespace) -> int:
     report = import_cache(args.file, args.directory, args.manifest, cache=args.cache)
+    if args.json:
+        doc = {k: v for k, v in asdict(report).items() if k != "problems"}
+        doc = {"path": args.file, **doc, "warnings": list(report.problems)}
+        print_json(doc, command="cache import", ok=not report.problems)
+        return 1 if report.problems else 0
     print(
         f"epbuild: imported {report.entries} entr(ies), {report.objects} object(s), "
         f"{report.bytes} bytes from {args.file}"
@@ -177,6 +192,11 @@ def _print_import(args: argparse.Namespace) -> int:
 
 def _print_verify(args: argparse.Namespace) -> int:
     checked = verify_cache(args.directory, args.manifest, cache=args.cache)
+    if args.json:
+        doc = {k: v for k, v in asdict(checked).items() if k != "problems"}
+        doc["discarded"] = list(checked.problems)
+        print_json(doc, command="cache verify", ok=not checked.problems)
+        return 1 if checked.problems else 0
     print(
         f"epbuild: checked {checked.objects} object(s), {checked.bytes} bytes, of "
         f"{checked.entries} entr(ies); {len(checked.problems)} discarded"
@@ -191,6 +211,9 @@ def _print_prune(args: argparse.Namespace) -> int:
 
     limit = size_option(args.max_size, "--max-size", "10G or 500M")
     pruned = prune_cache(limit, args.directory, args.manifest, cache=args.cache)
+    if args.json:
+        print_json(asdict(pruned), command="cache prune")
+        return 0
     print(
         f"epbuild: removed {pruned.entries_removed} entr(ies) ({pruned.bytes_removed} bytes), "
         f"kept {pruned.entries_kept} ({pruned.bytes_kept} bytes)"

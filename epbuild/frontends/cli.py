@@ -86,6 +86,7 @@ def _report_parser(sub: _Commands) -> None:
         required=True,
         help="write a self-contained HTML page (timeline + table)",
     )
+    r.add_argument("--json", action="store_true", help=_JSON_HELP)
 
 
 def _status_parser(sub: _Commands) -> None:
@@ -124,6 +125,9 @@ def _package_parser(sub: _Commands) -> None:
     _selectors(k)
     k.add_argument("-o", "--out", metavar="DIR", help="package directory ([package] out_dir)")
     k.add_argument("--build", action="store_true", help="build stale actions first")
+    k.add_argument("-j", "--jobs", type=int, help="with --build: compiles at once")
+    k.add_argument("-k", "--keep-going", action="store_true", help="with --build: as build -k")
+    _cache_args(k)
     k.add_argument("--hash", action="store_true", help="re-hash every output first")
     k.add_argument("--json", action="store_true", help="print the deployment manifest as JSON")
     k.add_argument(
@@ -135,8 +139,13 @@ def _package_parser(sub: _Commands) -> None:
     k.add_argument("--lock-timeout", type=float, metavar="SECONDS", help="give up waiting")
 
 
+_JSON_HELP = "print one JSON object on stdout"
+
+
 def _clean_parser(sub: _Commands) -> None:
-    _selectors(sub.add_parser("clean", help="remove built outputs and their records"))
+    c = sub.add_parser("clean", help="remove built outputs and their records")
+    _selectors(c)
+    c.add_argument("--json", action="store_true", help=_JSON_HELP)
 
 
 def _cache_parser(sub: _Commands) -> None:
@@ -155,6 +164,8 @@ def _cache_parser(sub: _Commands) -> None:
     ver = ks.add_parser("verify", help="re-hash every cached object; discard damaged entries")
     for cmd in (exp, imp, prn, ver):
         cmd.add_argument("--cache", metavar="DIR|URL", help="the cache (default: configured)")
+    for cmd in (key, exp, imp, prn, ver):
+        cmd.add_argument("--json", action="store_true", help=_JSON_HELP)
 
 
 def _watch_parser(sub: _Commands) -> None:
@@ -172,6 +183,8 @@ def _watch_parser(sub: _Commands) -> None:
         "--poll", action="store_true", help="poll instead of inotify (network file systems)"
     )
     w.add_argument("--json", action="store_true", help="one JSON object per cycle on stdout")
+    w.add_argument("--lock-timeout", type=float, metavar="SECONDS", help="give up waiting")
+    _cache_args(w)
 
 
 _OPTION_HELP = (
@@ -189,6 +202,7 @@ def _init_parser(sub: _Commands) -> None:
         help="list the models found under DIR; models sharing an external-data file "
         "become one weight-sharing group, the others one group per directory",
     )
+    i.add_argument("--json", action="store_true", help=_JSON_HELP)
     i.add_argument(
         "--target",
         metavar="SOC",
@@ -207,6 +221,8 @@ def _add_parser(sub: _Commands) -> None:
     kinds.required = True
     for add in (_add_model_parser, _add_provider_parser, _add_target_parser):
         add(kinds)
+    for kind in kinds.choices.values():
+        kind.add_argument("--json", action="store_true", help=_JSON_HELP)
 
 
 def _add_model_parser(kinds: _Commands) -> None:
@@ -260,7 +276,10 @@ def _add_target_parser(kinds: _Commands) -> None:
     )
     t.add_argument("--list", action="store_true", help="list the SoCs epbuild knows")
     t.add_argument(
-        "--to",
+        "-g",
+        "--group",
+        "--to",  # its first name, kept working
+        dest="to",
         action="append",
         default=[],
         metavar="GROUP",
@@ -281,6 +300,11 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument("-C", dest="directory", default=".", help="run as if started in DIR")
     p.add_argument("-f", "--file", dest="manifest", help="manifest file (default epbuild.toml)")
+    p.add_argument(
+        "--debug",
+        action="store_true",
+        help="show the traceback an error came from (also EPBUILD_DEBUG=1)",
+    )
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
     commands = (
@@ -306,14 +330,14 @@ def _build_options(args: argparse.Namespace) -> dict[str, Any]:
         "jobs": checks.check_jobs(args.jobs),
         "keep_going": args.keep_going,
         "dry_run": args.dry_run,
-        "lock_timeout": args.lock_timeout,
+        "lock_timeout": checks.seconds(args.lock_timeout, "--lock-timeout"),
         "cache": checks.cache_option(args),
         "cache_only": args.cache_only,
         "cache_push": args.cache_push,
         "memory_budget": checks.memory_budget(args.memory_budget),
         "trace": args.trace,
         "executor": args.executor,
-        "scheduler": args.scheduler,
+        "scheduler": checks.scheduler(args.scheduler),
         "locked": _locked(args),
     }
 
@@ -341,7 +365,7 @@ def _answered_by_noop(args: argparse.Namespace) -> bool:
     if args.numerics:
         doc["numerics"] = []  # nothing was built, so nothing to check
     if args.json:
-        print_json(doc)
+        print_json(doc, command="build")
     else:
         print(summary_line(doc["summary"]))
     return True
@@ -352,7 +376,7 @@ def _render_build(args: argparse.Namespace, result: BuildResult) -> None:
 
     doc = result.to_json()
     if args.json:
-        print_json(doc)
+        print_json(doc, command="build", ok=result.exit_code == 0)
         return
     for a in result.actions:
         if a.outcome is Outcome.WOULD_BUILD:
@@ -378,23 +402,31 @@ def _cmd_build(args: argparse.Namespace) -> int:
 
     built = [a.id for a in result.actions if a.outcome in (Outcome.COMPILED, Outcome.RESTORED)]
     checks = check_numerics(args.directory, args.manifest, built) if built else []
+    failed = any(c.status is NumericsStatus.FAILED for c in checks)
+    code = result.exit_code or (1 if failed else 0)
     if args.json:
-        print_json({**result.to_json(), "numerics": [c.to_json() for c in checks]})
+        doc = {**result.to_json(), "numerics": [c.to_json() for c in checks]}
+        print_json(doc, command="build", ok=code == 0)
     else:
         _render_build(args, result)
         for c in checks:
             print(c.line())
-    failed = any(c.status is NumericsStatus.FAILED for c in checks)
-    return result.exit_code or (1 if failed else 0)
+    return code
 
 
 def _cmd_status(args: argparse.Namespace) -> int:
+    if args.detail and (args.cache or args.no_cache):
+        raise UserError(
+            "status --detail reads the built outputs, not the cache: --cache and --no-cache "
+            "do not apply",
+            hint="drop the cache option, or leave out --detail",
+        )
     if args.detail:
         from epbuild.inspect.detail import render, status_detail
 
         details = status_detail(args.directory, args.manifest, args.selectors)
         if args.json:
-            print_json({"actions": [d.to_json() for d in details]})
+            print_json({"actions": [d.to_json() for d in details]}, command="status")
         else:
             print("\n".join(render(details)))
         return 0
@@ -403,7 +435,7 @@ def _cmd_status(args: argparse.Namespace) -> int:
     cache = checks.cache_option(args)
     result = status(args.directory, args.manifest, args.selectors, cache=cache)
     if args.json:
-        print_json(result.to_json())
+        print_json(result.to_json(), command="status")
     else:
         for line in status_lines(result):
             print(line)
@@ -416,11 +448,23 @@ def _cmd_init(args: argparse.Namespace) -> int:
 
         if args.target:
             raise UserError("--target needs --from DIR")
-        print(f"epbuild: wrote {init(args.directory, args.manifest)}")
+        path = init(args.directory, args.manifest)
+        if args.json:
+            print_json({"path": path, "groups": [], "skipped": []}, command="init")
+        else:
+            print(f"epbuild: wrote {path}")
         return 0
     from epbuild.manifest.init import init_from
 
     result = init_from(args.directory, args.manifest, source=args.source, target=args.target)
+    if args.json:
+        groups = [
+            {"name": g.name, "models": list(g.models), "share_weights": g.share_weights}
+            for g in result.groups
+        ]
+        doc = {"path": result.path, "groups": groups, "skipped": list(result.skipped)}
+        print_json(doc, command="init")
+        return 0
     for line in result.lines():
         print(f"epbuild: {line}")
     return 0
@@ -479,6 +523,15 @@ def _cmd_add(args: argparse.Namespace) -> int:
             name=args.name,
             replace=args.replace,
         )
+    if args.json:
+        doc = {
+            "path": result.path,
+            "written": result.written,
+            "changes": list(result.changes),
+            "notes": list(result.notes),
+        }
+        print_json(doc, command="add")
+        return 0
     for line in (*result.changes, *result.notes):
         print(f"epbuild: {line}")
     print(f"epbuild: wrote {result.path}" if result.written else "epbuild: nothing to change")
@@ -489,15 +542,22 @@ def _cmd_clean(args: argparse.Namespace) -> int:
     from epbuild.api import clean
 
     removed = clean(args.directory, args.manifest, args.selectors)
-    print(f"epbuild: removed {len(removed)} file(s)")
+    if args.json:
+        print_json({"removed": list(removed)}, command="clean")
+    else:
+        print(f"epbuild: removed {len(removed)} file(s)")
     return 0
 
 
 def _cmd_report(args: argparse.Namespace) -> int:
     from epbuild.inspect.html import write_html_report
 
-    count = write_html_report(args.directory, args.manifest, args.selectors, args.html)
-    print(f"epbuild: wrote {args.html} ({count} action(s))")
+    html = checks.output_file(args.html, "--html")
+    count = write_html_report(args.directory, args.manifest, args.selectors, html)
+    if args.json:
+        print_json({"path": html, "actions": count}, command="report")
+    else:
+        print(f"epbuild: wrote {html} ({count} action(s))")
     return 0
 
 
@@ -515,7 +575,7 @@ def _cmd_verify(args: argparse.Namespace) -> int:
         prompt=args.prompt,
     )
     if args.json:
-        print_json(result.to_json())
+        print_json(result.to_json(), command="verify", ok=result.ok)
         return 0 if result.ok else 1
     for line in result.lines():
         print(line)
@@ -546,6 +606,13 @@ def _cmd_package(args: argparse.Namespace) -> int:
 
     # With --json, only notes (a lock waited for) reach stderr.
     reporter = ConsoleReporter(quiet=args.json)
+    build_options = {
+        "jobs": checks.check_jobs(args.jobs),
+        "keep_going": args.keep_going,
+        "cache": checks.cache_option(args),
+    }
+    if not args.build and (args.jobs or args.keep_going or args.cache or args.no_cache):
+        raise UserError("-j, -k and the cache flags apply to package --build only")
     result = package(
         args.directory,
         args.manifest,
@@ -554,11 +621,12 @@ def _cmd_package(args: argparse.Namespace) -> int:
         build=args.build,
         check="hash" if args.hash else "stat",
         reporter=reporter,
-        lock_timeout=args.lock_timeout,
+        build_options=build_options,
+        lock_timeout=checks.seconds(args.lock_timeout, "--lock-timeout"),
         force=args.force,
     )
     if args.json:
-        print_json(result.to_json())
+        print_json(result.to_json(), command="package")
         return 0
     s, files = result.stats, len(result.deployment["files"])
     if s.removed:
@@ -585,7 +653,9 @@ def _watch_started(as_json: bool, c: Cycle) -> None:
 
 def _watch_finished(as_json: bool, c: Cycle) -> None:
     if as_json:
-        print(json.dumps(c.to_json()), flush=True)
+        from epbuild.frontends.render import envelope
+
+        print(json.dumps(envelope("watch", c.to_json(), ok=c.ok)), flush=True)
         return
     for err in (c.manifest_error, c.error):
         if err:
@@ -610,6 +680,8 @@ def _cmd_watch(args: argparse.Namespace) -> int:
         args.selectors,
         debounce=args.debounce,
         jobs=checks.check_jobs(args.jobs),
+        lock_timeout=checks.seconds(args.lock_timeout, "--lock-timeout"),
+        cache=checks.cache_option(args),
         poll=args.poll,
         reporter_factory=ConsoleReporter,
         on_start=functools.partial(_watch_started, args.json),
@@ -680,25 +752,43 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.directory != "." and not os.path.isdir(args.directory):
         print(f"epbuild: error: -C {args.directory}: no such directory", file=sys.stderr)
         return 2
+    debug = args.debug or os.environ.get("EPBUILD_DEBUG", "") not in ("", "0")
     signal.signal(signal.SIGTERM, _sigterm)
     try:
         return COMMANDS[args.command](args)
     except EpbuildError as exc:
+        _traceback(debug)
         print(f"epbuild: error: {exc}", file=sys.stderr)
         return exc.exit_code
     except OSError as exc:  # a write no layer below expected to fail (a full disk): no traceback
-        from epbuild.fs import os_error_text
+        from epbuild.fs import os_error_hint, os_error_text
 
-        print(
-            f"epbuild: error: {os_error_text(exc, os.path.abspath(args.directory))}",
-            file=sys.stderr,
-        )
-        print("  hint: check permissions, free space and the file-size limit (ulimit -f)",
-              file=sys.stderr)  # fmt: skip
+        _traceback(debug)
+        root = os.path.abspath(args.directory)
+        text, hint = os_error_hint(exc, root)
+        text = text or os_error_text(exc, root)
+        print(f"epbuild: error: {text}\n  hint: {hint}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         print("epbuild: interrupted", file=sys.stderr)
         return 130
+    except (Exception, RecursionError) as exc:  # a bug: one line, and the traceback on request
+        _traceback(debug)
+        print(f"epbuild: internal error: {type(exc).__name__}: {exc}"[:2000], file=sys.stderr)
+        print(
+            "  hint: this is a bug in epbuild; run the command again with --debug "
+            "(or EPBUILD_DEBUG=1) and report the traceback it shows",
+            file=sys.stderr,
+        )
+        return 1
+
+
+def _traceback(debug: bool) -> None:
+    """With ``--debug``: the traceback of the exception being handled (and its causes)."""
+    if debug:
+        import traceback
+
+        traceback.print_exc()
 
 
 if __name__ == "__main__":

@@ -38,7 +38,8 @@ def run_lock_command(args: argparse.Namespace) -> int:
     if args.check:
         reasons = ["there is none"] if existing is None else outdated(existing, manifest)
         if args.json:
-            print_json({"lock": path, "current": not reasons, "reasons": reasons})
+            doc = {"lock": path, "current": not reasons, "reasons": reasons}
+            print_json(doc, command="lock", ok=not reasons)
         elif reasons:
             for r in reasons:
                 print(f"epbuild: {name} is out of date: {r}", file=sys.stderr)
@@ -59,7 +60,7 @@ def run_lock_command(args: argparse.Namespace) -> int:
 
         atomic_write_bytes(path, text.encode())
     if args.json:
-        print_json({"lock": path, "written": not same})
+        print_json({"lock": path, "written": not same}, command="lock")
     else:
         print(f"epbuild: {name} {'is unchanged' if same else 'written'}")
     return 0

@@ -40,6 +40,27 @@ def status_lines(result: StatusResult) -> Iterator[str]:
         yield f"lock        {note} (epbuild lock writes it again)"
 
 
-def print_json(data: Any) -> None:
-    """One indented JSON document on stdout (the ``--json`` form of a command)."""
-    sys.stdout.write(json.dumps(data, indent=2) + "\n")
+SCHEMA_VERSION = 1
+"""The version of the ``--json`` documents' shared frame (``envelope``)."""
+
+
+def envelope(command: str, data: Mapping[str, Any], *, ok: bool = True) -> dict[str, Any]:
+    """Every ``--json`` document: ``command``, ``schema_version``, ``ok`` and ``warnings``
+    (structured problems: ``{"severity", "message"}``), then the command's own keys."""
+    warnings = [
+        w if isinstance(w, Mapping) else {"severity": "warning", "message": str(w)}
+        for w in data.get("warnings", ())
+    ]
+    return {
+        "command": command,
+        "schema_version": SCHEMA_VERSION,
+        "ok": ok,
+        **{k: v for k, v in data.items() if k not in ("command", "schema_version", "ok")},
+        "warnings": warnings,
+    }
+
+
+def print_json(data: Mapping[str, Any], *, command: str, ok: bool = True) -> None:
+    """One indented JSON document on stdout (the ``--json`` form of a command), in the
+    shared envelope."""
+    sys.stdout.write(json.dumps(envelope(command, data, ok=ok), indent=2) + "\n")

@@ -48,7 +48,7 @@ def run_toolchains_command(args: argparse.Namespace) -> int:
     if args.prune:
         pruned = prune(keep=(used or {}).keys())
         if args.json:
-            print_json({"removed": pruned.removed, "busy": pruned.busy})
+            print_json({"removed": pruned.removed, "busy": pruned.busy}, command="toolchains")
             return 0
         for path in pruned.removed:
             print(f"epbuild: removed {path}")
@@ -59,7 +59,8 @@ def run_toolchains_command(args: argparse.Namespace) -> int:
         return 0
     envs = inventory(used)
     if args.json:
-        print_json({"root": toolchain_root(), "environments": [e.to_json() for e in envs]})
+        doc = {"root": toolchain_root(), "environments": [e.to_json() for e in envs]}
+        print_json(doc, command="toolchains")
         return 0
     print(f"toolchains in {toolchain_root()}:" if envs else f"no toolchains in {toolchain_root()}")
     for e in envs:

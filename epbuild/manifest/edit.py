@@ -11,21 +11,23 @@ from __future__ import annotations
 
 import os
 import posixpath
+import re
 import stat
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from epbuild.errors import ManifestError, UnsafePathError, UserError
 from epbuild.fs import atomic_write_bytes
-from epbuild.manifest.load import find_manifest, load_manifest
+from epbuild.manifest.load import find_manifest, load_manifest, read_document
 from epbuild.manifest.locate import Locator
-from epbuild.manifest.tomledit import add_table, append_unique, parse_document
+from epbuild.manifest.tomledit import add_table, append_unique, parse_document, table_text
 
 if TYPE_CHECKING:
     from tomlkit import TOMLDocument
-    from tomlkit.items import Array, Table
+    from tomlkit.items import AoT, Array, Table
 
     from epbuild.manifest.model import Manifest
 
@@ -51,13 +53,17 @@ class EditResult:
 
 @dataclass
 class _Session:
-    """One edit under way: the file, its bytes as read, the document and what changed."""
+    """One edit under way: the file, its bytes as read, the document, the parsed data the
+    edited text must parse to (``data``: every edit applies itself to it too) and what
+    changed."""
 
     path: Path
     before: bytes
     doc: TOMLDocument
+    data: dict[str, Any]
     changes: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    appended: list[str] = field(default_factory=list)
 
     def table(self, family: str, name: str) -> Table | None:
         """``[family.name]`` when the manifest has it."""
@@ -67,28 +73,108 @@ class _Session:
 
     def names(self, family: str) -> list[str]:
         """Names of the family's tables, in file order."""
-        return list(self.doc.get(family) or {})
+        return list(self.data.get(family) or {})
 
     def line_of(self, family: str, name: str) -> str:
         """``epbuild.toml:7`` for a table of the file as read."""
         line = Locator(self.before.decode("utf-8")).line((family, name))
         return f"{self.path}:{line}" if line else str(self.path)
 
+    def add_table(
+        self, family: str, name: str, values: dict[str, Any], comment: str | None = None
+    ) -> None:
+        """A new ``[family.name]``: placed in the document where its form allows, else
+        appended at the end of the file."""
+        if not add_table(self.doc, family, name, values, comment):
+            self.appended.append(table_text(family, name, values, comment))
+        self.data.setdefault(family, {})[name] = values
+
+    def text(self) -> str:
+        """The edited text, in the file's line endings."""
+        text = _dumps(self.doc)
+        for table in self.appended:
+            text = text.rstrip("\n") + "\n\n" + table + "\n"
+        raw = self.before.decode("utf-8")
+        if "\r\n" in raw and raw.count("\n") == raw.count("\r\n"):  # a CRLF file stays one
+            text = re.sub(r"(?<!\r)\n", "\r\n", text)
+        return text
+
     def finish(self, check: Sequence[str] = ()) -> EditResult:
         """Validate and write (when anything changed); ``check``: models that must exist."""
         if self.changes:
-            write_checked(self.path, self.before, _dumps(self.doc), check)
+            text = self.text()
+            if _parsed(text) != self.data:
+                raise UserError(
+                    f"cannot edit {self.path} in place: the way it is written would make the "
+                    "edit change other keys; nothing written",
+                    hint="write each provider and group as a [providers.NAME] / "
+                    "[groups.NAME] table, or make this edit by hand",
+                )
+            write_checked(self.path, self.before, text, check)
         return EditResult(str(self.path), tuple(self.changes), tuple(self.notes))
 
 
-def _open(directory: str | os.PathLike[str], manifest: str | os.PathLike[str] | None) -> _Session:
+def _parsed(text: str) -> dict[str, Any] | None:
+    from epbuild._names import tomllib
+
+    try:
+        return tomllib.loads(text)
+    except (ValueError, RecursionError):
+        return None
+
+
+@contextmanager
+def _editing(
+    directory: str | os.PathLike[str], manifest: str | os.PathLike[str] | None
+) -> Iterator[_Session]:
+    """The manifest opened for one edit, under the manifest lock: two edits at once take
+    turns (each reads what the other wrote), so neither is lost."""
+    from tomlkit.exceptions import TOMLKitError
+
+    from epbuild.state import locks
+
     path = find_manifest(directory, os.fspath(manifest) if manifest else None)
+    with locks.hold(_lock_path(path), "epbuild add"):
+        s = _open(path)
+        try:
+            yield s
+        except TOMLKitError as exc:  # a layout tomlkit cannot edit: nothing was written
+            raise UserError(
+                f"cannot edit {path} in place ({exc}); nothing written",
+                hint="write each provider and group as a [providers.NAME] / [groups.NAME] "
+                "table, or make this edit by hand",
+            ) from exc
+
+
+def _lock_path(manifest: Path) -> str:
+    """The lock edits of ``manifest`` take, in its workspace's state directory (the default
+    one where the manifest names none that can be used)."""
+    from epbuild._names import DEFAULT_STATE_DIR, LOCKS_DIR, state_dir_setting
+    from epbuild.fs import safe_relpath
+
+    root = os.path.dirname(os.path.realpath(manifest))
+    data = _parsed((_read_or_none(str(manifest)) or b"").decode("utf-8", "replace"))
+    name = state_dir_setting(data or {})
+    try:
+        name = safe_relpath(name, what="state_dir") if isinstance(name, str) else None
+    except UserError:
+        name = None
+    return os.path.join(root, name or DEFAULT_STATE_DIR, LOCKS_DIR, "manifest.lock")
+
+
+def _open(path: Path) -> _Session:
+    """Read the manifest for an edit: a file the loader refuses (invalid TOML, a key of the
+    wrong type) is not edited, with the loader's message."""
     before = path.read_bytes()
     try:
         text = before.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise ManifestError("is not UTF-8 text", file=str(path)) from exc
-    return _Session(path, before, parse_document(path, text))
+    try:
+        data = read_document(path, text)
+    except ManifestError as exc:
+        raise UserError(f"{exc.message}; fix this first (nothing written)", hint=exc.hint) from exc
+    return _Session(path, before, parse_document(path, text), data)
 
 
 def _dumps(doc: TOMLDocument) -> str:
@@ -209,16 +295,27 @@ def add_models(
     """
     if not models:
         raise UserError("no model given", hint="epbuild add model PATH... --group NAME")
-    s = _open(directory, manifest)
-    wanted = list(dict.fromkeys(manifest_relative(directory, s.path, m) for m in models))
-    name = group or _only(s, "groups", "--group", "the group to add to")
-    table = s.table("groups", name)
-    if table is None:
-        _new_group(s, name, wanted, providers, share_weights)
-        added = wanted
-    else:
-        added = _extend_group(s, name, table, wanted, providers, share_weights)
-    return s.finish(check=[m for m in added if not any(c in m for c in _GLOB_CHARS)])
+    with _editing(directory, manifest) as s:
+        wanted = list(dict.fromkeys(_entry(directory, s.path, m) for m in models))
+        name = group or _only(s, "groups", "--group", "the group to add to")
+        table = s.table("groups", name)
+        if table is None:
+            _new_group(s, name, wanted, providers, share_weights)
+            added = wanted
+        else:
+            added = _extend_group(s, name, table, wanted, providers, share_weights)
+        return s.finish(check=[m for m in added if not any(c in m for c in _GLOB_CHARS)])
+
+
+def _entry(directory: str | os.PathLike[str], manifest: Path, value: str) -> str:
+    """A model argument as the manifest lists it: a file that exists is that file (its
+    ``*?[`` escaped, so the loader does not read them as a pattern); else a pattern."""
+    import glob
+
+    rel = manifest_relative(directory, manifest, value)
+    if any(c in rel for c in _GLOB_CHARS) and os.path.isfile(os.path.join(directory, value)):
+        return glob.escape(rel)
+    return rel
 
 
 def _new_group(
@@ -228,7 +325,7 @@ def _new_group(
     values: dict[str, Any] = {"models": models, "providers": chosen}
     if share:
         values["share_weights"] = True
-    add_table(s.doc, "groups", name, values)
+    s.add_table("groups", name, values)
     s.changes.append(f"added group {name} ({len(models)} model(s), for {', '.join(chosen)})")
 
 
@@ -240,7 +337,10 @@ def _extend_group(
     providers: Sequence[str],
     share: bool,
 ) -> list[str]:
+    from tomlkit.items import AoT
+
     listed = _array(s, table, name, "models")
+    data = s.data["groups"][name]
     fresh = []
     for model in models:
         reason = _already_covered(s.path.parent, listed, model)
@@ -248,23 +348,41 @@ def _extend_group(
             s.notes.append(f"skipped {model}: {reason} in group {name}")
         else:
             fresh.append(model)
-    for model in append_unique(listed, fresh):
+    for model in _append_models(listed, fresh):
+        data["models"].append({"path": model} if isinstance(listed, AoT) else model)
         s.changes.append(f"added {model} to group {name}")
     if providers:
         for p in append_unique(_array(s, table, name, "providers"), providers):
+            data["providers"].append(p)
             s.changes.append(f"group {name} is now also built for {p}")
     if share and table.get("share_weights") is not True:
         table["share_weights"] = True
+        data["share_weights"] = True
         s.changes.append(f"group {name} now shares weights")
     return fresh
 
 
-def _array(s: _Session, table: Table, group: str, key: str) -> Array:
-    """The group's ``key`` list, to append to; an error when it is missing or not a list."""
-    from tomlkit.items import Array
+def _append_models(listed: Array | AoT, models: list[str]) -> list[str]:
+    """Append to a ``models`` list, or to ``[[groups.NAME.models]]`` tables (``path = ...``)."""
+    import tomlkit
+    from tomlkit.items import AoT
+
+    if not isinstance(listed, AoT):
+        return append_unique(listed, models)
+    for model in models:
+        entry = tomlkit.table()
+        entry["path"] = model
+        listed.append(entry)
+    return models
+
+
+def _array(s: _Session, table: Table, group: str, key: str) -> Array | AoT:
+    """The group's ``key`` list, to append to (``models`` may be ``[[groups.NAME.models]]``
+    tables); an error when it is missing or not a list."""
+    from tomlkit.items import AoT, Array
 
     value = table.get(key)
-    if not isinstance(value, Array):
+    if not isinstance(value, (Array, AoT) if key == "models" else Array):
         raise ManifestError(
             "is missing" if value is None else "must be a list",
             file=str(s.path),
@@ -321,10 +439,12 @@ def add_provider(
     """Add ``[providers.NAME]`` (``ep``, ``options`` and ``toolchain``: ``{"requirements":
     [...]}`` or ``{"python": ...}``); an existing one only with ``replace``, which rewrites
     its ``ep`` and ``options`` and drops its other keys."""
-    s = _open(directory, manifest)
     extra = {"toolchain": dict(toolchain)} if toolchain else {}
-    _define_provider(s, name, ep, dict(options or {}), replace=replace, comment=None, extra=extra)
-    return s.finish()
+    with _editing(directory, manifest) as s:
+        _define_provider(
+            s, name, ep, dict(options or {}), replace=replace, comment=None, extra=extra
+        )
+        return s.finish()
 
 
 def _define_provider(
@@ -344,7 +464,7 @@ def _define_provider(
     values.update(extra or {})
     existing = s.table("providers", name)
     if existing is None:
-        add_table(s.doc, "providers", name, values, comment)
+        s.add_table("providers", name, values, comment)
         s.changes.append(f"added provider {name} ({ep}{_options_text(options)})")
         return True
     same_extra = all(existing.get(k) == v for k, v in (extra or {}).items())
@@ -360,6 +480,7 @@ def _define_provider(
 
     for key in [k for k in existing if k not in values]:
         del existing[key]
+    s.data["providers"][name] = values
     existing["ep"] = ep
     if options:
         existing["options"] = tomlkit.parse(f"v = {_inline(options)}")["v"]
@@ -433,24 +554,25 @@ def add_target(
             hint="known: " + ", ".join(WELL_KNOWN_TARGETS) + "; or describe it: "
             f"epbuild add target {target} --ep qnn --option htp_arch=75 --option soc_model=57",
         )
-    s = _open(directory, manifest)
-    groups = list(dict.fromkeys(to)) or s.names("groups")
-    for group in groups:
-        if s.table("groups", group) is None:
-            raise UserError(
-                f"group {group!r} is not defined",
-                hint="defined groups: " + (", ".join(s.names("groups")) or "none"),
-            )
-    provider = name or target
-    comment = f"{soc.title}: HTP v{soc.htp_arch}" if soc is not None else None
-    _define_provider(s, provider, ep, opts, replace=replace, comment=comment)
-    for group in groups:
-        table = s.table("groups", group)
-        assert table is not None
-        if append_unique(_array(s, table, group, "providers"), [provider]):
-            s.changes.append(f"group {group} is now also built for {provider}")
-        else:
-            s.notes.append(f"group {group} is already built for {provider}")
-    if not groups:
-        s.notes.append("no groups yet: add models with epbuild add model PATH... --group NAME")
-    return s.finish()
+    with _editing(directory, manifest) as s:
+        groups = list(dict.fromkeys(to)) or s.names("groups")
+        for group in groups:
+            if s.table("groups", group) is None:
+                raise UserError(
+                    f"group {group!r} is not defined",
+                    hint="defined groups: " + (", ".join(s.names("groups")) or "none"),
+                )
+        provider = name or target
+        comment = f"{soc.title}: HTP v{soc.htp_arch}" if soc is not None else None
+        _define_provider(s, provider, ep, opts, replace=replace, comment=comment)
+        for group in groups:
+            table = s.table("groups", group)
+            assert table is not None
+            if append_unique(_array(s, table, group, "providers"), [provider]):
+                s.data["groups"][group]["providers"].append(provider)
+                s.changes.append(f"group {group} is now also built for {provider}")
+            else:
+                s.notes.append(f"group {group} is already built for {provider}")
+        if not groups:
+            s.notes.append("no groups yet: add models with epbuild add model PATH... --group NAME")
+        return s.finish()

@@ -144,17 +144,20 @@ def _provider_block(target: str | None) -> tuple[str, str]:
 
 def _group_block(group: FoundGroup, provider: str) -> str:
     """One ``[groups.NAME]`` table; a sharing group says which file its models share."""
+    from glob import escape
+
     from epbuild.manifest.tomledit import render_key, render_value
 
+    models = [escape(m) for m in group.models]  # a file name with [ or * is that file
     lines = []
     if group.share_weights:
         lines.append(f"# These models share {', '.join(group.shared_data)}:")
         lines.append("# one weight-sharing session group (N ctx models + 1 context binary).")
     lines.append(f"[groups.{render_key(group.name)}]")
-    if len(group.models) == 1:
-        lines.append(f"models = [{render_value(group.models[0])}]")
+    if len(models) == 1:
+        lines.append(f"models = [{render_value(models[0])}]")
     else:
-        lines += ["models = [", *(f"    {render_value(m)}," for m in group.models), "]"]
+        lines += ["models = [", *(f"    {render_value(m)}," for m in models), "]"]
     lines.append(f"providers = [{render_value(provider)}]")
     if group.share_weights:
         lines.append("share_weights = true")

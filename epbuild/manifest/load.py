@@ -52,8 +52,11 @@ __all__ = [
     "find_manifest",
     "load_manifest",
     "parse_memory",
+    "read_document",
 ]
 
+BOM = "\ufeff"
+"""A UTF-8 byte-order mark, as the first character of decoded text."""
 _GLOB_CHARS = re.compile(r"[*?\[]")
 _DRIVE = re.compile(r"[A-Za-z]:[\\/]")
 # Session options epbuild derives from the group settings; a manifest may not set them.
@@ -76,6 +79,10 @@ FALLBACK_ENTRY = "session.disable_cpu_ep_fallback"
 def find_manifest(directory: str | os.PathLike[str] = ".", name: str | None = None) -> Path:
     """Locate the manifest: ``name`` relative to ``directory``, else epbuild.toml there."""
     path = Path(directory) / (name or MANIFEST_NAME)
+    if path.is_dir():
+        raise ManifestError(
+            "is a directory, not a manifest file", file=str(path), hint="pass -f FILE"
+        )
     if not path.is_file():
         raise ManifestError(
             "no manifest found",
@@ -107,12 +114,8 @@ def load_manifest(path: str | os.PathLike[str], *, text: str | None = None) -> M
     file = Path(path)
     if text is None:
         text = _read_text(file)
-    data = _parse(file, text)
+    data = read_document(file, text)
     where = Where(file, text)
-    try:
-        validate(data)
-    except SchemaViolation as exc:
-        raise where.error(exc.path, exc.message, exc.hint) from exc
     root = file.resolve().parent
     workspace = _workspace(where, data)
     providers = {
@@ -145,6 +148,17 @@ def load_manifest(path: str | os.PathLike[str], *, text: str | None = None) -> M
     return Manifest(file, root, workspace, providers, groups, problems, package=package, llms=llms)
 
 
+def read_document(file: Path, text: str) -> dict[str, Any]:
+    """The manifest text parsed and checked against the schema (its structure and types),
+    before anything is resolved: what ``epbuild add`` checks before it edits a file."""
+    data = _parse(file, text)
+    try:
+        validate(data)
+    except SchemaViolation as exc:
+        raise Where(file, text).error(exc.path, exc.message, exc.hint) from exc
+    return data
+
+
 def _read_text(file: Path) -> str:
     try:
         raw = file.read_bytes()
@@ -157,8 +171,19 @@ def _read_text(file: Path) -> str:
 
 
 def _parse(file: Path, text: str) -> dict[str, Any]:
+    if text.startswith(BOM):
+        raise ManifestError(
+            "starts with a UTF-8 byte-order mark (BOM), which TOML does not allow",
+            file=str(file),
+            line=1,
+            hint="save the file as UTF-8 without a BOM (an editor's 'UTF-8', not 'UTF-8 with BOM')",
+        )
     try:
         return tomllib.loads(text)
+    except RecursionError as exc:
+        raise ManifestError(
+            "invalid TOML: arrays or tables nested too deeply", file=str(file)
+        ) from exc
     except tomllib.TOMLDecodeError as exc:
         msg = str(exc)
         line = re.search(r"line (\d+)", msg)
@@ -194,6 +219,14 @@ def _workspace(where: Where, data: dict[str, Any]) -> WorkspaceSettings:
         except ManifestError as exc:
             path = ("workspace", "memory_budget")
             raise where.error(path, _strip_where(exc), exc.hint) from exc
+    if ws.get("scheduler") is not None:
+        from epbuild.addresses import parse_address
+        from epbuild.errors import UserError
+
+        try:
+            parse_address(ws["scheduler"], what="scheduler")
+        except UserError as exc:
+            raise where.error(("workspace", "scheduler"), exc.message, exc.hint) from exc
     cache = ws.get("cache")
     if cache is not None and "://" not in cache:
         cache = _rel(where, cache, ("workspace", "cache"), "cache")
@@ -516,12 +549,36 @@ def _group_models(
         own = table.get("numerics", {}) if table is not None else {}
         settings = _numerics(where, (*at, "numerics") if own else (*base, "numerics"),
                              {**numerics, **own})  # fmt: skip
-        expanded = _expand(root, pattern, excluded)
-        if not expanded:
+        inside = [
+            (what, d)
+            for what, d in zip(("output", "state", "cache"), excluded, strict=False)
+            if pattern == d or pattern.startswith(d + "/")
+        ]
+        if inside and not glob:
             raise where.error(
                 at,
-                f"pattern {raw!r} matches no files",
-                "add the models, or fix the pattern (relative to the manifest's directory)",
+                f"model {raw!r} is inside the {inside[0][0]} directory {inside[0][1]!r}, "
+                "where epbuild writes and removes files",
+                "give out_dir (and state_dir) directories of their own, e.g. "
+                'out_dir = "build", and keep the models elsewhere',
+            )
+        expanded = _expand(root, pattern, excluded)
+        if not expanded:
+            hidden = _expand(root, pattern, ())
+            raise where.error(
+                at,
+                f"pattern {raw!r} matches no files"
+                + (
+                    f" outside epbuild's own directories ({', '.join(sorted(set(excluded)))}): "
+                    f"it matches only {hidden[0]!r}"
+                    + (f" and {len(hidden) - 1} more there" if len(hidden) > 1 else "")
+                    if hidden
+                    else ""
+                ),
+                "give out_dir (and state_dir) directories of their own, e.g. "
+                'out_dir = "build", and keep the models elsewhere'
+                if hidden
+                else "add the models, or fix the pattern (relative to the manifest's directory)",
             )
         for model in expanded:
             problem = _check_model(where, root, model, at)

@@ -17,9 +17,12 @@ NAME_PATTERN = "^[A-Za-z0-9][A-Za-z0-9_.-]*$"
 EP_NAME_PATTERN = "^[A-Za-z][A-Za-z0-9_.-]*$"
 """An execution provider's name as an app registers it (``[package] ep_names``)."""
 _SCALAR = {"type": ["string", "integer", "number", "boolean"]}
+MAX_FREE_DIMENSION = 1 << 24
+"""The largest value ``free_dimensions`` accepts: far beyond any real sequence or batch, and
+below what makes ONNX Runtime or an EP overflow or abort while compiling."""
 _FREE_DIMENSIONS = {
     "type": "object",
-    "additionalProperties": {"type": "integer", "minimum": 1},
+    "additionalProperties": {"type": "integer", "minimum": 1, "maximum": MAX_FREE_DIMENSION},
     "description": "Values for symbolic input dimensions, by name (dim_param), e.g. "
     "{ batch = 1, sequence_length = 128 }: ONNX Runtime's free dimension overrides.",
 }

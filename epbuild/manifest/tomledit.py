@@ -19,19 +19,21 @@ from epbuild.errors import ManifestError
 if TYPE_CHECKING:
     from tomlkit import TOMLDocument
     from tomlkit.container import Container
-    from tomlkit.items import Array, Item, Table
+    from tomlkit.items import AoT, Array, Item, Table
 
 
 def parse_document(file: Path, text: str) -> TOMLDocument:
     """The tomlkit document of a manifest; invalid TOML is a ``ManifestError`` with a line."""
     import tomlkit
-    from tomlkit.exceptions import ParseError
+    from tomlkit.exceptions import ParseError, TOMLKitError
 
     try:
         return tomlkit.parse(text)
     except ParseError as exc:
         message = str(exc).split(" at line ")[0]
         raise ManifestError(f"invalid TOML: {message}", file=str(file), line=exc.line) from exc
+    except (TOMLKitError, RecursionError) as exc:  # e.g. a key defined twice
+        raise ManifestError(f"invalid TOML: {exc}", file=str(file)) from exc
 
 
 def render_key(name: str) -> str:
@@ -69,10 +71,17 @@ def add_table(
     name: str,
     values: Mapping[str, Any],
     comment: str | None = None,
-) -> None:
+) -> bool:
     """Add ``[family.name]`` after the family's last table, above the comments that
-    introduce whatever follows it; a new family goes at the end of the document."""
-    from tomlkit.items import Table
+    introduce whatever follows it; a new family goes at the end of the document; a family
+    written as an inline table gets an inline entry.
+
+    Returns False, changing nothing, where the family is written in a form a table cannot
+    be placed in (top-level dotted keys, tables spread over the file): the caller appends
+    ``table_text`` at the end of the file instead, which TOML allows for those forms.
+    """
+    import tomlkit
+    from tomlkit.items import InlineTable, Table
 
     fragment = parse_document(Path("<new>"), table_text(family, name, values, comment) + "\n")
     new = fragment[family][name]
@@ -82,12 +91,17 @@ def add_table(
         end = _last_table(last_keyed[-1]) if last_keyed else None
         _ensure_blank_line(end.value if end is not None else doc)
         doc.append(family, fragment[family])
-        return
+        return True
+    if isinstance(parent, InlineTable):
+        parent[name] = tomlkit.parse(f"v = {render_value(values)}")["v"]
+        return True
+    dotted = any(k is not None and k.key == family and k.is_dotted() for k, _ in doc.body)
     last = _last_table(parent)
-    if last is None or not isinstance(parent, Table):
-        # Inline tables, dotted keys or tables spread over the file: tomlkit's own placement.
+    if dotted or not isinstance(parent, Table):
+        return False
+    if last is None:
         parent[name] = new
-        return
+        return True
     at_end = _is_last(doc, parent)
     tail = _intro_of_next(last, at_end=at_end)
     _ensure_blank_line(last.value)
@@ -95,9 +109,10 @@ def add_table(
     if not at_end:
         _ensure_blank_line(new.value)
         new.value.body.extend(tail)
+    return True
 
 
-def append_unique(array: Array, values: Iterable[Any]) -> list[Any]:
+def append_unique(array: Array | AoT, values: Iterable[Any]) -> list[Any]:
     """Append each value the array lacks (in its own layout); returns those appended."""
     added = []
     for value in values:

@@ -57,7 +57,7 @@ def _state_dir_of(root: str, manifest_bytes: bytes) -> str | None:
     refuses the rest, so no fingerprint was ever written outside the workspace)."""
     try:
         data = tomllib.loads(manifest_bytes.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError):
+    except (UnicodeDecodeError, ValueError, RecursionError):
         return None
     state_dir = state_dir_setting(data)
     if not isinstance(state_dir, str) or state_dir.startswith(("/", "\\")) or ".." in state_dir:

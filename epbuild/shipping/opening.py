@@ -76,7 +76,7 @@ def open_package(
     group: str,
     *,
     provider: str | None = None,
-    check: Literal["size", "hash"] = "size",
+    check: Literal["stat", "hash", "size"] = "stat",
     lock_timeout: float | None = None,
     session_factory: SessionFactory | None = None,
     ep_name: str | None = None,
@@ -85,8 +85,8 @@ def open_package(
     module docstring. ``ep_name`` is the name the app registers the EP under: a variant
     declaring another name is refused (``EpNameMismatchError``), as ONNX Runtime would not
     select it; by default the EP is registered under the name the package declares."""
-    if check not in ("size", "hash"):
-        raise UserError(f"check must be 'size' or 'hash', not {check!r}")
+    if check not in ("stat", "hash", "size"):  # "size": the first name of "stat"
+        raise UserError(f"check must be 'stat' or 'hash', not {check!r}")
     doc = read_deployment(package_dir)
     actions = [a for a in doc.get("actions", []) if a.get("group") == group]
     if not actions:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import os
 import posixpath
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -54,6 +54,7 @@ def package(
     reporter: Reporter | None = None,
     lock_timeout: float | None = None,
     force: bool = False,
+    build_options: Mapping[str, Any] | None = None,
 ) -> PackageResult:
     """Write the selected actions' outputs as an ONNX Runtime model package at ``out``
     (relative to ``directory``; default ``[package] out_dir``).
@@ -63,7 +64,8 @@ def package(
     re-hashes every output instead of trusting the stat cache. ``lock_timeout`` bounds the
     wait for another run writing the same package directory (``LockTimeoutError``);
     ``force`` replaces a package directory that holds files its deployment manifest does not
-    list (they are deleted; without it, ``UnsafePathError`` names them).
+    list (they are deleted; without it, ``UnsafePathError`` names them). ``build_options``:
+    further keyword arguments of ``build`` (``jobs``, ``keep_going``, ``cache``...).
     """
     from epbuild.planning.staleness import make_plan
     from epbuild.planning.workspace import open_workspace
@@ -75,7 +77,8 @@ def package(
         raise UserError("nothing to package: the manifest has no groups")
     built = None
     if build:
-        built = _build_first(directory, manifest, selectors, reporter, lock_timeout)
+        options = {"lock_timeout": lock_timeout, **(build_options or {})}
+        built = _build_first(directory, manifest, selectors, reporter, options)
         ws = open_workspace(directory, manifest, selectors)
     stale = [p for p in make_plan(ws.actions, ws.state, ws.keys, ws.stats, ws.root) if p.stale]
     if stale:
@@ -187,11 +190,11 @@ def _build_first(
     manifest: str | os.PathLike[str] | None,
     selectors: list[str] | tuple[str, ...],
     reporter: Reporter | None,
-    lock_timeout: float | None,
+    options: Mapping[str, Any],
 ) -> BuildResult:
     from epbuild.api import build
 
-    result = build(directory, manifest, selectors, reporter=reporter, lock_timeout=lock_timeout)
+    result = build(directory, manifest, selectors, reporter=reporter, **options)
     if result.exit_code != 0:
         failed = [a.id for a in result.actions if a.outcome.value == "failed"]
         raise ActionFailedError(

@@ -35,7 +35,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from epbuild.errors import StorageError, UnsafePathError, VerificationError
-from epbuild.fs import digest_file, os_error_text, remove_tree
+from epbuild.fs import digest_file, os_error_hint, os_error_text, remove_tree
 from epbuild.shipping.contents import DEPLOY_NAME, ORT_MANIFEST_NAME, PackagedFile
 from epbuild.state import locks
 
@@ -139,9 +139,12 @@ def write_package(
         with locks.hold(lock_path(dest), what, timeout=lock_timeout, on_wait=on_wait):
             return _write_locked(dest, root, files, generated, before_swap, force)
     except OSError as exc:  # the lock, the old package or a leftover could not be read
+        through_file, _ = os_error_hint(exc, root)  # "-o epbuild.toml/x": not "File exists"
         raise StorageError(
-            f"cannot write the package: {os_error_text(exc, parent)}",
-            hint="check permissions and free space; the old package is unchanged",
+            f"cannot write the package: {through_file or os_error_text(exc, parent)}",
+            hint="choose another package directory (-o DIR)"
+            if through_file
+            else "check permissions and free space; the old package is unchanged",
         ) from exc
 
 

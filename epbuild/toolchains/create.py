@@ -59,8 +59,11 @@ def ensure(
             return ready
         say(f"making toolchain for provider {provider} ({spec.label}): {directory}")
         started = time.monotonic()
+        # Installers keep the lock's descriptor: should this process die, the lock stays
+        # held until they end, so the next build waits instead of using a half-made one.
+        keep = getattr(getattr(lock, "_context", None), "lock_file_fd", None)
         try:
-            made = _make(spec, directory, provider, locked)
+            made = _make(spec, directory, provider, locked, () if keep is None else (keep,))
         except BaseException:
             shutil.rmtree(directory, ignore_errors=True)
             raise
@@ -71,7 +74,11 @@ def ensure(
 
 
 def _make(
-    spec: ToolchainSpec, directory: str, provider: str, locked: EnvironmentLock | None = None
+    spec: ToolchainSpec,
+    directory: str,
+    provider: str,
+    locked: EnvironmentLock | None = None,
+    keep: tuple[int, ...] = (),
 ) -> Toolchain:
     if locked is not None:
         _check_python(locked, provider)
@@ -84,18 +91,24 @@ def _make(
         directory, *(("Scripts", "python.exe") if os.name == "nt" else ("bin", "python"))
     )
     if uv:
-        _run([uv, "venv", "--quiet", "--python", sys.executable, directory], log, spec, provider)
+        _run(
+            [uv, "venv", "--quiet", "--python", sys.executable, directory],
+            log,
+            spec,
+            provider,
+            keep,
+        )
         install = [uv, "pip", "install", "--python", python, *_uv_index_flags()]
     else:
-        _run([sys.executable, "-m", "venv", directory], log, spec, provider)
+        _run([sys.executable, "-m", "venv", directory], log, spec, provider, keep)
         install = [python, "-m", "pip", "install", "--disable-pip-version-check"]
     if locked is None:
-        _run([*install, *spec.requirements], log, spec, provider)
+        _run([*install, *spec.requirements], log, spec, provider, keep)
     else:
         pinned = os.path.join(directory, LOCKED_REQUIREMENTS)
         with open(pinned, "w", encoding="utf-8") as f:
             f.write(locked_requirements(locked))
-        _run([*install, "--require-hashes", "--no-deps", "-r", pinned], log, spec, provider)
+        _run([*install, "--require-hashes", "--no-deps", "-r", pinned], log, spec, provider, keep)
     answer = ask(python, provider)
     sites = [os.path.relpath(s, directory) for s in answer["sites"]]
     inside = tuple(os.path.join(directory, s) for s in sites if not s.startswith(".."))
@@ -147,13 +160,18 @@ def _check_python(locked: EnvironmentLock, provider: str) -> None:
         )
 
 
-def _run(argv: list[str], log: str, spec: ToolchainSpec, provider: str) -> None:
-    """Run one step, its output appended to the log; a failure names the step's last error."""
+def _run(
+    argv: list[str], log: str, spec: ToolchainSpec, provider: str, keep: tuple[int, ...] = ()
+) -> None:
+    """Run one step in its own process group (ended with the step, or when this process is
+    interrupted), its output appended to the log; a failure names the step's last error."""
+    from epbuild.procs import run_group
+
     with open(log, "ab") as out:
         out.write(("$ " + " ".join(argv) + "\n").encode())
         out.flush()
         try:
-            proc = subprocess.run(argv, stdout=out, stderr=subprocess.STDOUT, check=False)
+            proc = run_group(argv, stdout=out, stderr=subprocess.STDOUT, pass_fds=keep)
             code = proc.returncode
         except OSError as exc:
             code, why = -1, str(exc)
@@ -185,14 +203,11 @@ def _uv_index_flags() -> list[str]:
     """pip's index settings (its config files and ``PIP_*``), as uv flags: uv reads neither,
     and a user's mirror must not be bypassed. pip resolves across all indexes, so uv is told
     to as well (``unsafe-best-match``)."""
+    from epbuild.procs import run_group
+
     try:
-        out = subprocess.run(
-            [sys.executable, "-m", "pip", "config", "list"],
-            capture_output=True,
-            text=True,
-            timeout=60,
-            check=False,
-        ).stdout
+        argv = [sys.executable, "-m", "pip", "config", "list"]
+        out = run_group(argv, timeout=60).stdout.decode("utf-8", "replace")
     except (OSError, subprocess.TimeoutExpired):
         return []
     found: dict[str, str] = {}

@@ -110,9 +110,15 @@ def interpreter_path(spec: ToolchainSpec, base_dir: str, provider: str) -> str:
     else:
         path = shutil.which(given) or os.path.join(base_dir, given)
     if not os.path.isfile(path) or not os.access(path, os.X_OK):
+        what = (
+            "is not executable"
+            if os.path.isfile(path)
+            else "is a directory, not an interpreter"
+            if os.path.isdir(path)
+            else "does not exist"
+        )
         raise ToolchainError(
-            f"provider {provider!r}: toolchain python {spec.python!r} "
-            + ("is not executable" if os.path.isfile(path) else "does not exist"),
+            f"provider {provider!r}: toolchain python {spec.python!r} {what}",
             hint=f"fix providers.{provider}.toolchain.python (relative to the manifest), or "
             "use toolchain = { requirements = [...] } to let epbuild make the environment",
         )
@@ -155,21 +161,35 @@ def _stat(path: str) -> os.stat_result | None:
 
 
 def ask(python: str, provider: str) -> dict[str, Any]:
-    """Run ``python -I -c QUERY``; a ``ToolchainError`` if it cannot run epbuild's worker."""
+    """Run ``python -I -c QUERY`` (in its own process group, ended after 60 s); a
+    ``ToolchainError`` saying what went wrong if it cannot run epbuild's worker."""
+    from epbuild.procs import run_group
+
+    where = f"provider {provider!r}: toolchain python {python}"
+    hint = f"check providers.{provider}.toolchain"
     try:
-        proc = subprocess.run(
-            [python, "-I", "-c", QUERY], capture_output=True, text=True, timeout=60, check=False
-        )
-        answer = json.loads(proc.stdout) if proc.returncode == 0 else None
-    except (OSError, ValueError, subprocess.TimeoutExpired) as exc:
-        proc, answer = None, None
-        detail = str(exc)
-    if not isinstance(answer, dict):
-        tail = (proc.stderr.strip().splitlines() or [""])[-1] if proc is not None else detail
+        proc = run_group([python, "-I", "-c", QUERY], timeout=60)
+    except subprocess.TimeoutExpired:
+        raise ToolchainError(f"{where} did not answer within 60 s", hint=hint) from None
+    except OSError as exc:
+        raise ToolchainError(f"{where} does not run: {exc.strerror or exc}", hint=hint) from None
+    stdout = proc.stdout.decode("utf-8", "replace").strip()
+    if proc.returncode != 0:
+        lines = proc.stderr.decode("utf-8", "replace").strip().splitlines()
+        said = f": {lines[-1]}" if lines else " (no output)"
+        raise ToolchainError(f"{where} exits with status {proc.returncode}{said}", hint=hint)
+    try:
+        answer = json.loads(stdout)
+    except ValueError:
+        answer = None
+    if not _well_formed(answer):
+        shown = stdout.splitlines()[0][:80] if stdout else "nothing"
         raise ToolchainError(
-            f"provider {provider!r}: toolchain python {python} does not run: {tail}",
-            hint=f"check providers.{provider}.toolchain",
+            f"{where} is not a Python interpreter epbuild can use: asked for its version, "
+            f"prefix and path, it printed {shown!r}",
+            hint=hint + ": point python at an interpreter (e.g. venv/bin/python)",
         )
+    assert isinstance(answer, dict)
     version = tuple(answer["version"])
     if version[:2] < MIN_PYTHON:
         raise ToolchainError(
@@ -179,6 +199,19 @@ def ask(python: str, provider: str) -> dict[str, Any]:
             hint=f"point providers.{provider}.toolchain.python at a newer interpreter",
         )
     return answer
+
+
+def _well_formed(answer: Any) -> bool:
+    """The answer to ``QUERY``: a version of integers, a prefix and a list of paths."""
+    return (
+        isinstance(answer, dict)
+        and isinstance(answer.get("version"), list)
+        and len(answer["version"]) == 3
+        and all(isinstance(v, int) for v in answer["version"])
+        and isinstance(answer.get("prefix"), str)
+        and isinstance(answer.get("sites"), list)
+        and all(isinstance(p, str) for p in answer["sites"])
+    )
 
 
 def same_interpreter(toolchain: Toolchain) -> bool:

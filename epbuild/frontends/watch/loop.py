@@ -48,6 +48,7 @@ def watch(
     debounce: float = 0.3,
     jobs: int | None = None,
     lock_timeout: float | None = None,
+    cache: str | bool | None = None,
     poll: bool = False,
     poll_interval: float = 0.5,
     settle_timeout: float = 30.0,
@@ -65,7 +66,7 @@ def watch(
     each :class:`Cycle` (the first one builds everything selected). ``settle_timeout`` caps
     how long a file that is still open for writing holds a build back. ``poll`` uses
     watchdog's polling observer (network file systems, no inotify) every ``poll_interval``
-    seconds instead.
+    seconds instead. ``lock_timeout`` and ``cache`` are ``build``'s.
     """
     from epbuild.manifest.load import find_manifest
 
@@ -73,7 +74,7 @@ def watch(
         raise UserError("--debounce must not be negative")
     message = on_message or (lambda text: None)
     path = str(find_manifest(directory, os.fspath(manifest) if manifest else None))
-    build_kw = {"jobs": jobs, "lock_timeout": lock_timeout}
+    build_kw = {"jobs": jobs, "lock_timeout": lock_timeout, "cache": cache}
     session = Session(path, selectors, build_kw, reporter_factory or Reporter, on_start)
     pending = Pending(track_writes=not poll)
     obs = Watcher(poll, poll_interval, message)

@@ -87,13 +87,13 @@ def make_handler(get_targets: Callable[[], Targets], pending: Pending, dead: set
             dest = os.fsdecode(event.dest_path) if event.dest_path else ""
             if event.is_directory and kind in ("deleted", "moved"):
                 dead.add(src)  # a watch on it (if any) is gone with it
-            if kind == "moved":
-                if src and targets.wants(src, event.is_directory):
-                    pending.note(src, "moved_from", event.is_directory)
-                if dest and targets.wants(dest, event.is_directory):
-                    pending.note(dest, "moved_to", event.is_directory)  # save-by-rename
-            elif targets.wants(src, event.is_directory):
-                pending.note(src, kind, event.is_directory)
+            for path in targets.names(src) if src else ():  # a symlink's target: the link
+                what = "moved_from" if kind == "moved" else kind
+                if targets.wants(path, event.is_directory):
+                    pending.note(path, what, event.is_directory)
+            for path in targets.names(dest) if dest and kind == "moved" else ():
+                if targets.wants(path, event.is_directory):
+                    pending.note(path, "moved_to", event.is_directory)  # save-by-rename
 
     return Handler()
 

@@ -6,7 +6,8 @@ from __future__ import annotations
 import os
 import posixpath
 import re
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from fnmatch import fnmatchcase
 from typing import TYPE_CHECKING
 
@@ -75,6 +76,13 @@ class Targets:
     """(directory, recursive) to observe."""
     inputs: dict[str, frozenset[str]]
     """Action id -> its workspace-relative inputs (models and external data)."""
+    links: Mapping[str, frozenset[str]] = field(default_factory=dict)
+    """The real path of an input reached through a symlink -> the input paths that lead to
+    it: its directory is observed too, and an event there counts as one on those paths."""
+
+    def names(self, path: str) -> frozenset[str]:
+        """The watched paths an event on ``path`` is about (itself, or the symlinks to it)."""
+        return self.links.get(path, frozenset()) | {path}
 
     def rel(self, path: str) -> str:
         """Workspace-relative POSIX form of an absolute path."""
@@ -140,6 +148,12 @@ def make_targets(
         excluded.append(cache.local)
     excl = tuple(os.path.normpath(os.path.join(root, x)) for x in excluded)
     dirs: set[tuple[str, bool]] = {(os.path.dirname(f), False) for f in files}
+    links: dict[str, set[str]] = {}
+    for f in files:
+        real = os.path.realpath(f)
+        if real != f:
+            links.setdefault(real, set()).add(f)
+            dirs.add((os.path.dirname(real), False))
     patterns = tuple(p for g in m.groups.values() for p in g.patterns)
     for pat in patterns:
         parts = pat.split("/")
@@ -149,4 +163,13 @@ def make_targets(
             dirs.add((base, False))
         else:
             dirs.update(_tree(base, excl))
-    return Targets(root, manifest, frozenset(files), patterns, excl, frozenset(dirs), inputs)
+    return Targets(
+        root,
+        manifest,
+        frozenset(files),
+        patterns,
+        excl,
+        frozenset(dirs),
+        inputs,
+        {real: frozenset(paths) for real, paths in links.items()},
+    )
