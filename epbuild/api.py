@@ -14,6 +14,7 @@ from epbuild.engine.scheduler import executor_for, schedule
 from epbuild.engine.staging import check_removable, clean_stale_staging
 from epbuild.errors import EpbuildError, StorageError
 from epbuild.fs import os_error_text
+from epbuild.llm.source import DECODER
 from epbuild.manifest.edit import EditResult, add_models, add_provider, add_target
 from epbuild.manifest.init import InitResult, init, init_from
 from epbuild.planning.staleness import ActionPlan, make_plan
@@ -33,6 +34,7 @@ if TYPE_CHECKING:
     from epbuild.engine.trace import Tracer
     from epbuild.executors.local import Executor
     from epbuild.manifest.model import Manifest
+    from epbuild.planning.actions import Action
 
 
 __all__ = [
@@ -165,9 +167,11 @@ def build(
         finally:
             if run.owned:  # an executor passed in belongs to the caller, who may reuse it
                 run.executor.close()
-        return BuildResult(
+        done = BuildResult(
             [results[p.action.id] for p in plans], time.perf_counter() - t0, warnings
         )
+        _write_llm_packages(ws, done)
+        return done
     finally:
         ws.keys.toolchains.release()  # its environments may be pruned from now on
 
@@ -184,12 +188,49 @@ def _without_compiling(
     """Finish a dry run, or a build with nothing stale (recording it for the no-op path)."""
     if not dry_run:
         _save_stats_if_possible(ws)
+        _write_llm_packages(ws, done)
     if trace is not None:
         tracer.write(trace)
     stale = any(p.stale for p in plans)
-    if not dry_run and not stale and not done.warnings and trace is None:
+    # LLM packages copy files from their sources that no action key holds (genai_config,
+    # tokenizer): every build plans, so that an edit of them reaches the package.
+    quiet = not done.warnings and not ws.manifest.llms
+    if not dry_run and not stale and quiet and trace is None:
         _record_noop(ws, plans, selectors, done)
     return done
+
+
+def _write_llm_packages(ws: Workspace, done: BuildResult) -> None:
+    """Write each LLM × provider package whose graphs are all built (``llm.package``); a
+    write that fails is a warning."""
+    if not ws.manifest.llms:
+        return
+    from epbuild.llm.package import write_package
+    from epbuild.planning.llms import LlmGroup
+    from epbuild.providers import get_provider
+    from epbuild.results import Outcome
+
+    ok = (Outcome.COMPILED, Outcome.RESTORED, Outcome.UP_TO_DATE)
+    outcome = {r.id: r.outcome for r in done.actions}
+    targets: dict[tuple[str, str], list[Action]] = {}
+    for action in ws.actions:
+        if isinstance(action.group, LlmGroup):
+            targets.setdefault((action.group.name, action.provider.name), []).append(action)
+    for (name, pname), actions in sorted(targets.items()):
+        stages = {e.name for a in actions for e in a.entries}
+        if len(stages) < len(actions[0].group.entries):
+            continue  # a selection of some of its graphs
+        if any(outcome.get(a.id) not in ok for a in actions):
+            continue
+        first = actions[0]
+        llm = ws.manifest.llms[name]
+        adapter = get_provider(first.provider.ep)
+        try:
+            write_package(
+                ws.root, llm, first.out_dir, first.provider, getattr(adapter, "file_options", ())
+            )
+        except (OSError, ValueError) as exc:
+            done.warnings.append(f"llms.{name}/{pname}: package files not written: {exc}")
 
 
 def _plan(
@@ -216,6 +257,12 @@ def _plan(
         providers = {a.provider.name for a in ws.actions}
         enforce(read_lock(path), path, ws.manifest, toolchains, providers)
     warnings = list(ws.state.warnings)
+    # Not built yet: said on every build, so that no build reads as having made them.
+    warnings += [
+        f"llms.{name}: decoder-pipeline sources are not built yet"
+        for name, llm in ws.manifest.llms.items()
+        if llm.form != DECODER
+    ]
     for w in warnings:
         reporter.message(f"warning: {w}")
     return ws, make_plan(ws.actions, ws.state, ws.keys, ws.stats, ws.root), warnings
@@ -308,8 +355,9 @@ def _record_noop(
 def orphaned_actions(ws: Workspace) -> list[str]:
     """Recorded actions the manifest no longer has (their outputs are still on disk)."""
     from epbuild.planning.actions import make_actions
+    from epbuild.planning.llms import llm_shapes
 
-    current = {a.id for a in make_actions(ws.manifest)}
+    current = {a.id for a in make_actions(ws.manifest, llm_shapes(ws.manifest))}
     return sorted(i for i in ws.state.records if i not in current)
 
 
@@ -336,6 +384,7 @@ def clean(
         if not selectors:  # also what earlier manifests built and this one no longer has
             ids += orphaned_actions(ws)
         outputs = {i: list(state.records[i].outputs) if i in state.records else [] for i in ids}
+        outputs["llm packages"] = _llm_package_files(ws)
         for paths in outputs.values():  # refuse before deleting anything
             check_removable(ws.root, ws.manifest.workspace.out_dir, paths)
         for action_id, paths in outputs.items():
@@ -345,6 +394,19 @@ def clean(
         clean_stale_staging(ws.root, ws.manifest.workspace.out_dir)
     _remove_emptied_dirs(ws.root, ws.manifest.workspace.out_dir, removed)
     return removed
+
+
+def _llm_package_files(ws: Workspace) -> list[str]:
+    """The files ``_write_llm_packages`` writes for the selected LLM actions."""
+    from epbuild.llm.package import package_files
+    from epbuild.planning.llms import LlmGroup
+
+    found: set[str] = set()
+    for action in ws.actions:
+        if isinstance(action.group, LlmGroup):
+            llm = ws.manifest.llms[action.group.name]
+            found.update(package_files(ws.root, llm, action.out_dir))
+    return sorted(found)
 
 
 def _unlink_existing(root: str, paths: list[str]) -> list[str]:

@@ -110,6 +110,14 @@ def _verify_parser(sub: _Commands) -> None:
         help="compare each model's outputs with its source's (figures per output, tolerances "
         "from the manifest; recorded: a second run with nothing changed runs nothing)",
     )
+    v.add_argument(
+        "--generate",
+        action="store_true",
+        help="LLM packages: generate greedy tokens through the provider (onnxruntime-genai) "
+        "and compare them with the CPU source's, step by step",
+    )
+    v.add_argument("--tokens", type=int, default=10, help="--generate: tokens (default 10)")
+    v.add_argument("--prompt", help="--generate: the prompt (default a fixed sentence)")
 
 
 def _package_parser(sub: _Commands) -> None:
@@ -563,6 +571,8 @@ def _cmd_verify(args: argparse.Namespace) -> int:
         load=args.load,
         numerics=args.numerics,
         jobs=args.jobs,
+        generate=args.tokens if args.generate else None,
+        prompt=args.prompt,
     )
     if args.json:
         print_json(result.to_json(), command="verify", ok=result.ok)
@@ -575,6 +585,9 @@ def _cmd_verify(args: argparse.Namespace) -> int:
     for n in result.numerics:
         if n.status.value != "failed":
             print(n.line())
+    for g in result.generations or ():
+        if g.status.value != "failed":
+            print(g.line())
     passed = sum(1 for c in result.loads if c.outcome.value == "passed")
     loads = f", {passed} loaded and matched the CPU EP" if args.load else ""
     lines = result.lines()

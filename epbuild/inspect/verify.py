@@ -18,6 +18,12 @@ from typing import Any
 
 from epbuild.errors import ToolchainError, UserError
 from epbuild.fs import digest_file
+from epbuild.inspect.generation import (
+    GenerationCheck,
+    GenerationStatus,
+    check_generation,
+    require_genai,
+)
 from epbuild.inspect.loading import LoadCheck, LoadOutcome, load_check
 from epbuild.inspect.numerics import NumericsCheck, NumericsStatus, Store, check_action
 from epbuild.inspect.ortcompat import OrtCompatibility, ort_compatibility
@@ -57,12 +63,16 @@ class VerifyResult:
     """ONNX Runtime's verdict per checked ctx model (its problems are in ``problems``)."""
     numerics: list[NumericsCheck] = field(default_factory=list)
     """``--numerics``: each ctx model's figures against its source."""
+    generations: list[GenerationCheck] | None = None
+    """``--generate``: each LLM package's greedy tokens against its source's."""
 
     @property
     def ok(self) -> bool:
         """No error (warnings are fine), and no load or numerical check failed."""
         errors = [p for p in self.problems if p.severity is Severity.ERROR]
-        failed = any(c.status is NumericsStatus.FAILED for c in self.numerics)
+        failed = any(c.status is NumericsStatus.FAILED for c in self.numerics) or any(
+            g.status is GenerationStatus.FAILED for g in self.generations or ()
+        )
         return (
             not errors
             and not failed
@@ -79,6 +89,7 @@ class VerifyResult:
             f"{c.file}: load: {c.message}" for c in self.loads if c.outcome is LoadOutcome.FAILED
         ]
         out += [c.line() for c in self.numerics if c.status is NumericsStatus.FAILED]
+        out += [g.line() for g in self.generations or () if g.status is GenerationStatus.FAILED]
         return out
 
     def to_json(self) -> dict[str, Any]:
@@ -90,6 +101,11 @@ class VerifyResult:
             "loads": [c.to_json() for c in self.loads],
             "ort_compatibility": [self._ort_json(c) for c in self.ort],
             "numerics": [c.to_json() for c in self.numerics],
+            **(
+                {"generate": [g.to_json() for g in self.generations]}
+                if self.generations is not None
+                else {}
+            ),
         }
 
     def _ort_json(self, check: OrtCompatibility) -> dict[str, Any]:
@@ -110,6 +126,8 @@ def verify_outputs(
     load: bool = False,
     numerics: bool = False,
     jobs: int | None = None,
+    generate: int | None = None,
+    prompt: str | None = None,
 ) -> VerifyResult:
     """Check every selected action's built outputs; with ``load``, also run them, ``jobs``
     loader processes at once (default: the workspace's ``jobs``); with ``numerics``, compare
@@ -118,6 +136,10 @@ def verify_outputs(
 
     if jobs is not None and jobs < 1:
         raise UserError("--jobs must be at least 1")
+    if generate is not None:
+        if generate < 1:
+            raise UserError("--tokens must be at least 1")
+        require_genai()
     ws = open_workspace(directory, manifest, selectors)
     result = VerifyResult()
     store = Store(ws.state_dir) if numerics else None
@@ -127,6 +149,8 @@ def verify_outputs(
         result.loads.extend(f.result() for f in loads)  # in action order
     if store is not None:
         store.save(ws)
+    if generate is not None:
+        result.generations = check_generation(ws, tokens=generate, prompt=prompt)
     return result
 
 

@@ -27,6 +27,7 @@ from epbuild._names import (
 )
 from epbuild.errors import ManifestError, UnsafePathError
 from epbuild.fs import safe_relpath
+from epbuild.manifest.llms import load_llms
 from epbuild.manifest.locate import Where
 from epbuild.manifest.model import (
     DEFAULT_OPTIMIZATION_LEVEL,
@@ -136,7 +137,15 @@ def load_manifest(path: str | os.PathLike[str], *, text: str | None = None) -> M
         }
         groups[name] = replace(group, compile=resolved)
     package = _package(where, data, providers)
-    return Manifest(file, root, workspace, providers, groups, problems, package=package)
+    llms = load_llms(where, root, data.get("llms", {}), providers, set(groups))
+    for name, llm in llms.items():
+        shape = Group(name, (), llm.providers, llm.share_weights, 0, None, None, "path", ())
+        resolved = {
+            p: _resolve_compile(where, shape, CompileSettings(), providers[p], compile_settings[p])
+            for p in llm.providers
+        }
+        llms[name] = replace(llm, compile=resolved)
+    return Manifest(file, root, workspace, providers, groups, problems, package=package, llms=llms)
 
 
 def read_document(file: Path, text: str) -> dict[str, Any]:
@@ -291,6 +300,13 @@ def _provider(where: Where, root: Path, name: str, table: dict[str, Any]) -> Pro
     except ManifestError as exc:
         sub = tuple((exc.key or key).split("."))
         raise where.error(sub, _strip_where(exc), exc.hint) from exc
+    for option in sorted(getattr(adapter, "file_options", frozenset()) & options.keys()):
+        if not (root / options[option]).is_file():
+            raise where.error(
+                (*key.split("."), "options", option),
+                f"{options[option]}: no such file",
+                "the path is relative to the manifest's directory",
+            )
     session_options = {
         k: ("1" if v is True else "0" if v is False else str(v))
         for k, v in table.get("session_options", {}).items()

@@ -180,6 +180,42 @@ class PackageSettings:
 
 
 @dataclass(frozen=True)
+class Llm:
+    """An ``[llms.<name>]`` table: an onnxruntime-genai model folder built into a static
+    context + iterator pipeline for each provider."""
+
+    name: str
+    source: str
+    """Workspace-relative POSIX path of the genai model folder."""
+    providers: tuple[str, ...]
+    context_length: int
+    """The static KV-cache length: the longest sequence (prompt + generated tokens)."""
+    window_size: int
+    """The context graph's sequence length (the prompt is read in windows of it)."""
+    share_weights: bool
+    """One context binary for both graphs (N+1) rather than one each."""
+    form: str
+    """``decoder`` (one dynamic model, as genai's model builder writes it) or
+    ``decoder-pipeline`` (static stages already): ``epbuild.llm.source``."""
+    model_type: str
+    """The source's ``model.type`` (``llama``, ``qwen2``, ...)."""
+    files: tuple[str, ...] = ()
+    """The source's ONNX files (the decoder, or the pipeline's stages), folder-relative."""
+    head_size: int = 0
+    """``model.decoder.head_size`` of a ``decoder`` source (0 for a pipeline)."""
+    compile: Mapping[str, CompileSettings] = field(default_factory=dict)
+    """Provider name → how its graphs compile (the provider's settings, defaults filled)."""
+    prompt: str | None = None
+    """What ``verify --generate`` generates from (None: its default)."""
+
+
+DEFAULT_CONTEXT_LENGTH = 1024
+"""``context_length`` when unset (or the model's own limit where lower)."""
+DEFAULT_WINDOW_SIZE = 64
+"""``window_size`` when unset (or ``context_length`` where lower)."""
+
+
+@dataclass(frozen=True)
 class Manifest:
     """A loaded manifest."""
 
@@ -192,3 +228,5 @@ class Manifest:
     """Models named in the manifest that are missing or not files: their actions fail
     (naming file, line and key) while the others still build with ``-k``."""
     package: PackageSettings = field(default_factory=PackageSettings)
+    llms: dict[str, Llm] = field(default_factory=dict)
+    """The ``[llms.*]`` tables, by name."""

@@ -296,6 +296,54 @@ SCHEMA: dict[str, Any] = {
                 },
             },
         },
+        "llms": {
+            "type": "object",
+            "description": "LLM pipelines: an onnxruntime-genai model folder built into a "
+            "static context + iterator pair per provider, packaged for genai.",
+            "propertyNames": {"pattern": NAME_PATTERN},
+            "additionalProperties": {
+                "type": "object",
+                "additionalProperties": False,
+                "required": ["source", "providers"],
+                "properties": {
+                    "source": {
+                        "type": "string",
+                        "minLength": 1,
+                        "description": "A genai model folder, relative to the manifest: "
+                        "genai_config.json + ONNX (+ external data) + tokenizer files.",
+                    },
+                    "providers": {
+                        "type": "array",
+                        "minItems": 1,
+                        "items": {"type": "string", "minLength": 1},
+                        "description": "Names of [providers.*] tables to compile for.",
+                    },
+                    "context_length": {
+                        "type": "integer",
+                        "minimum": 1,
+                        "description": "Static KV-cache length = the longest sequence "
+                        "(default 1024, or the model's limit where lower).",
+                    },
+                    "window_size": {
+                        "type": "integer",
+                        "minimum": 1,
+                        "description": "Prefill chunk length: the context graph's sequence "
+                        "(default 64, or context_length where lower).",
+                    },
+                    "share_weights": {
+                        "type": "boolean",
+                        "description": "One context binary for both graphs (N+1), as "
+                        "devices want (default true).",
+                    },
+                    "prompt": {
+                        "type": "string",
+                        "minLength": 1,
+                        "description": "The prompt 'verify --generate' generates from "
+                        "(default a fixed sentence; --prompt wins).",
+                    },
+                },
+            },
+        },
         "package": {
             "type": "object",
             "description": "Settings of 'epbuild package' (an ONNX Runtime model package).",

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import posixpath
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from epbuild._names import CTX_SUFFIX
@@ -76,12 +77,15 @@ class Action:
         return hashlib.sha256(self.id.encode()).hexdigest()[:16]
 
 
-def make_actions(manifest: Manifest) -> list[Action]:
-    """All actions of a manifest, groups and providers in manifest order."""
+def make_actions(manifest: Manifest, extra: Sequence[Group] = ()) -> list[Action]:
+    """All actions of a manifest, groups and providers in manifest order, then those of
+    ``extra`` groups (LLM entries: ``planning.llms``), whose ``provider_configs`` may
+    replace a provider's configuration."""
     actions: list[Action] = []
-    for group in manifest.groups.values():
+    for group in [*manifest.groups.values(), *extra]:
+        own: Mapping[str, ProviderConfig] = getattr(group, "provider_configs", {})
         for pname in group.providers:
-            provider = manifest.providers[pname]
+            provider = own.get(pname) or manifest.providers[pname]
             out_dir = posixpath.join(manifest.workspace.out_dir, group.name, pname)
             if group.share_weights:
                 action_id = f"{group.name}/{pname}"

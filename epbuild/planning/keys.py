@@ -59,7 +59,7 @@ class KeyComputer:
     ) -> None:
         self.root = root
         self.stats = stats
-        self.problems = problems or {}
+        self.problems: dict[str, UserError] = dict(problems or {})
         self.toolchains = toolchains or Toolchains(create=False)
         """Finds (a build: makes) the providers' toolchains."""
         self._versions: dict[tuple[object, ...], dict[str, str]] = {}
@@ -182,6 +182,24 @@ class KeyComputer:
             )
         return settings
 
+    def option_files(self, action: Action) -> dict[str, str]:
+        """{path: digest} of the files the provider's options name (``file_options``)."""
+        names: frozenset[str] = getattr(
+            get_provider(action.provider.ep), "file_options", frozenset()
+        )
+        found: dict[str, str] = {}
+        for name in sorted(names & action.provider.options.keys()):
+            rel = action.provider.options[name]
+            try:
+                found[rel] = self.stats.digest(self.root, rel).digest
+            except OSError as exc:
+                raise ModelError(
+                    f"{rel}: the file provider option {name!r} names cannot be read "
+                    f"({exc.strerror})",
+                    hint=f"restore it, or remove {name} from [providers.{action.provider.name}]",
+                ) from exc
+        return found
+
     def compute(self, action: Action, *, fresh: bool = False) -> ActionKey:
         """The action's key (raises ModelError for a broken input); ``fresh`` looks at the
         inputs again instead of taking this run's memoised digests (after a wait: another
@@ -223,6 +241,11 @@ class KeyComputer:
         if g.share_weights and (done := rewrite(action.provider)):
             # Present only where a rewrite applies, so other keys stay as they were.
             components["group"]["rewrite"] = done
+        inputs.update(getattr(g, "source_inputs", {}))  # an LLM's source decoder
+        files = self.option_files(action)
+        if files:  # only then, so other keys stay as they were
+            components["option_files"] = files
+            inputs.update(files)
         if action.initializer_names:
             # The names depend on the group's size (one model keeps the configured name,
             # more get a stem prefix): a group that grows renames this action's outputs.
@@ -308,6 +331,10 @@ def _explain(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
             a, b = a_map.get(name), b_map.get(name)
             if a != b:
                 reasons.append(f"{label} {name}: {_show(a)} → {_show(b)}")
+    a_files, b_files = old.get("option_files", {}), new.get("option_files", {})
+    for rel in sorted(set(a_files) | set(b_files)):
+        if rel in a_files and rel in b_files and a_files[rel] != b_files[rel]:
+            reasons.append(f"option file {rel} changed")
     reasons += _compile_reasons(old, new)
     same_setting = old.get("group", {}).get("external_initializers") == new.get("group", {}).get(
         "external_initializers"

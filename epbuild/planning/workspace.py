@@ -72,6 +72,12 @@ def open_workspace(
     refuse_outward(os.path.join(root, m.workspace.out_dir), root, what="out_dir")
     state = load_state(os.path.join(state_dir, JOURNAL_NAME))
     stats = StatCache(os.path.join(state_dir, STATCACHE_NAME))
-    actions = select(make_actions(m), selectors)
     keys = KeyComputer(root, stats, m.problems, toolchains)
+    extra = []
+    if m.llms:
+        from epbuild.planning.llms import llm_groups
+
+        prepare = toolchains is not None and toolchains.create
+        extra = llm_groups(m, keys, m.workspace.state_dir, prepare=prepare)
+    actions = select(make_actions(m, extra), selectors)
     return Workspace(m, root, state_dir, state, stats, keys, actions)

@@ -104,6 +104,9 @@ class BaseProvider(abc.ABC):
     say so get sessions)."""
     known_options: frozenset[str] | None = None
     """Option names the EP accepts; None passes any name through."""
+    file_options: frozenset[str] = frozenset()
+    """Options whose value names a file relative to the manifest: the manifest checks that
+    it exists, and the action key holds its content's digest (``planning.keys``)."""
 
     def validate_options(
         self, options: Mapping[str, Any], settings: Mapping[str, Any], *, key: str

@@ -8,8 +8,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from epbuild.errors import ManifestError, ProviderUnavailableError
-from epbuild.fs import atomic_write_bytes
+from epbuild.errors import ManifestError, ProviderUnavailableError, UnsafePathError
+from epbuild.fs import atomic_write_bytes, safe_relpath
 from epbuild.providers.base import (
     BaseProvider,
     ProviderConfig,
@@ -74,8 +74,14 @@ KNOWN_OPTIONS = frozenset(
         "dump_json_qnn_graph",
         "json_qnn_graph_dir",
         "qnn_saver_path",
+        "op_affinity",
     }
 )
+FILE_OPTIONS = frozenset({"op_affinity"})
+"""Options that name a file, relative to the manifest: keyed by the file's content, shipped
+with the action (the worker runs in the workspace root). ``op_affinity`` is a JSON file such
+as ``{"op_type": {"GroupQueryAttention": "htp"}}``: the EP leaves ops on the CPU that it
+would otherwise take or refuse (GroupQueryAttention stays on the CPU without it)."""
 
 SPILL_FILL_OPTION = "enable_htp_spill_fill_buffer"
 
@@ -126,6 +132,7 @@ class QnnProvider(BaseProvider):
     extra = "qnn"
     ep_dists = (DIST,)
     known_options = KNOWN_OPTIONS
+    file_options = FILE_OPTIONS
     compatibility_device_types = frozenset({"NPU"})
     """Device types the EP judges compiled models for (``epbuild.inspect.ortcompat``). On
     x86_64 the plugin lists a CPU-typed device and answers ``only supports
@@ -135,6 +142,11 @@ class QnnProvider(BaseProvider):
     def check_options(self, options: Mapping[str, Any], *, key: str) -> dict[str, str]:
         """Backend HTP only; known architectures and SoCs, as many of each."""
         opts = super().check_options(options, key=key)
+        for name in FILE_OPTIONS & opts.keys():
+            try:
+                opts[name] = safe_relpath(opts[name], what=name)
+            except UnsafePathError as exc:
+                raise ManifestError(exc.message, key=f"{key}.{name}", hint=exc.hint) from exc
         if "backend_type" in opts and "backend_path" in opts:
             raise ManifestError(
                 "set backend_type or backend_path, not both",

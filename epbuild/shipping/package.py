@@ -5,14 +5,16 @@ from __future__ import annotations
 
 import json
 import os
+import posixpath
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
 from epbuild.errors import ActionFailedError, OutOfDateError, UnsafePathError, UserError
 from epbuild.fs import inside
+from epbuild.llm.source import GENAI_CONFIG
 from epbuild.results import BuildResult, Reporter
-from epbuild.shipping.contents import DEPLOY_NAME, package_contents
+from epbuild.shipping.contents import DEPLOY_NAME, Contents, PackagedFile, package_contents
 from epbuild.shipping.writer import WriteStats, write_package
 
 if TYPE_CHECKING:
@@ -92,6 +94,7 @@ def package(
     contents = package_contents(
         ws.manifest.workspace.out_dir, committed, ws.manifest.package, _figures(ws)
     )
+    _add_llm_packages(ws, contents)
     generated = contents.generated()
     unreplaced = _unreplaced(ws.root, snapshot)
     stats = write_package(
@@ -107,6 +110,49 @@ def package(
     shown = os.fspath(out) if out is not None else str(ws.manifest.package.out_dir)
     names = list(contents.ort_manifest["components"])
     return PackageResult(shown, json.loads(generated[DEPLOY_NAME]), stats, built, names)
+
+
+def _add_llm_packages(ws: Workspace, contents: Contents) -> None:
+    """Each selected LLM × provider's genai files (config, tokenizer: written by the build,
+    outputs of no action) join the package beside its ctx models, and the deployment
+    manifest lists the genai folders under ``llms``."""
+    from epbuild.fs import digest_file
+    from epbuild.llm.package import package_files
+    from epbuild.planning.llms import LlmGroup
+
+    out_dir = ws.manifest.workspace.out_dir
+    seen: dict[str, dict[str, Any]] = {}
+    for action in ws.actions:
+        if not isinstance(action.group, LlmGroup) or action.out_dir in seen:
+            continue
+        llm = ws.manifest.llms[action.group.name]
+        for rel in package_files(ws.root, llm, action.out_dir):
+            try:
+                digest = digest_file(os.path.join(ws.root, rel))
+            except OSError as exc:
+                raise OutOfDateError(
+                    f"{rel}: the LLM package file is missing ({exc.strerror})",
+                    hint="run 'epbuild build' first, or 'epbuild package --build'",
+                ) from exc
+            path = posixpath.relpath(rel, out_dir)
+            contents.files.append(PackagedFile(path, rel, digest.size, digest.sha256))
+        folder = posixpath.relpath(action.out_dir, out_dir)
+        seen[action.out_dir] = {
+            "name": llm.name,
+            "provider": action.provider.name,
+            "folder": folder,
+            "genai_config": posixpath.join(folder, GENAI_CONFIG),
+            "context_length": llm.context_length,
+            "window_size": llm.window_size,
+            "share_weights": llm.share_weights,
+        }
+    if not seen:
+        return
+    contents.files.sort(key=lambda f: f.path)
+    contents.deployment["llms"] = list(seen.values())
+    contents.deployment["files"] = {
+        f.path: {"size": f.size, "sha256": f.sha256} for f in contents.files
+    }
 
 
 def _destination(

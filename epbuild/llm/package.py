@@ -1,0 +1,100 @@
+"""The genai package of a built LLM: ``<out_dir>/<llm>/<provider>/`` holds the compiled
+``context``/``iterator`` ctx models (the actions' outputs) and, written here after they are
+all built, the ``genai_config.json`` of type ``decoder-pipeline`` (relative file names) and
+the source's other files genai needs (tokenizer, chat template, ...), copied.
+
+Runs on every build that plans (never on the no-op path, which LLM entries keep off): a
+file is replaced, atomically, only when its bytes differ, so a config-only edit of the
+source rewrites the config and compiles nothing. Standard library only.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import posixpath
+from collections.abc import Iterable
+
+from epbuild._names import CTX_SUFFIX
+from epbuild.fs import atomic_write_bytes
+from epbuild.llm.genai_config import CONTEXT, ITERATOR, pipeline_config
+from epbuild.llm.source import GENAI_CONFIG
+from epbuild.manifest.model import Llm
+from epbuild.providers.base import ProviderConfig
+
+GENAI_PROVIDER = {"qnn": "qnn"}
+"""Adapter → the ``provider_options`` key genai selects its EP by."""
+
+
+def genai_options(cfg: ProviderConfig, file_options: Iterable[str]) -> dict[str, dict[str, str]]:
+    """The provider's options in genai's form, without the compile-time files."""
+    name = GENAI_PROVIDER.get(cfg.ep, cfg.ep)
+    skip = set(file_options)
+    return {name: {k: v for k, v in sorted(cfg.options.items()) if k not in skip}}
+
+
+def write_package(
+    root: str,
+    llm: Llm,
+    out_dir: str,
+    provider: ProviderConfig,
+    file_options: Iterable[str],
+) -> list[str]:
+    """Write the config and copy the source's other files into ``out_dir`` (workspace-
+    relative); returns the workspace-relative paths it replaced."""
+    source = os.path.join(root, llm.source)
+    with open(os.path.join(source, GENAI_CONFIG), encoding="utf-8") as f:
+        config = json.load(f)
+    files = {CONTEXT: CONTEXT + CTX_SUFFIX, ITERATOR: ITERATOR + CTX_SUFFIX}
+    pipeline = pipeline_config(
+        config,
+        files=files,
+        provider_options=genai_options(provider, file_options),
+        context_length=llm.context_length,
+        window_size=llm.window_size,
+    )
+    wanted: dict[str, bytes] = {GENAI_CONFIG: (json.dumps(pipeline, indent=4) + "\n").encode()}
+    for name in _companions(source, llm.files):
+        with open(os.path.join(source, name), "rb") as f:
+            wanted[name] = f.read()
+    written = []
+    for name, data in wanted.items():
+        path = os.path.join(root, out_dir, name)
+        if _same(path, data):
+            continue
+        atomic_write_bytes(path, data)
+        written.append(posixpath.join(out_dir, name))
+    return written
+
+
+def package_files(root: str, llm: Llm, out_dir: str) -> list[str]:
+    """Workspace-relative paths of the files ``write_package`` writes (config and
+    companions), whether or not they exist now."""
+    source = os.path.join(root, llm.source)
+    try:
+        names = _companions(source, llm.files)
+    except OSError:
+        names = []
+    return [posixpath.join(out_dir, n) for n in (GENAI_CONFIG, *names)]
+
+
+def _companions(source: str, models: Iterable[str]) -> list[str]:
+    """The source folder's plain files genai reads besides the ONNX models it names (and
+    their external data) and the config: tokenizer files, templates, processor configs."""
+    skip = {GENAI_CONFIG, *models}
+    return sorted(
+        name
+        for name in os.listdir(source)
+        if name not in skip
+        and not name.startswith(".")
+        and not name.endswith((".onnx", ".onnx.data", ".data"))
+        and os.path.isfile(os.path.join(source, name))
+    )
+
+
+def _same(path: str, data: bytes) -> bool:
+    try:
+        with open(path, "rb") as f:
+            return f.read() == data
+    except OSError:
+        return False

@@ -1,0 +1,134 @@
+"""LLM entries as compile groups: each ``[llms.<name>]`` whose source is a single decoder
+becomes a group of its two prepared graphs (``context``, ``iterator``), compiled for each
+provider through the ordinary actions (keys, cache, locks, reports), shared (one action,
+N+1) or not (one action per graph). Outputs go to ``<out_dir>/<name>/<provider>/``."""
+
+from __future__ import annotations
+
+import os
+import posixpath
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+
+from epbuild.errors import EpbuildError, ModelError
+from epbuild.llm.prepare import AFFINITY, STAGES, ensure_prepared, prep_dir, prep_key
+from epbuild.llm.source import DECODER
+from epbuild.manifest.model import Group, Llm, Manifest, ModelEntry
+from epbuild.planning.keys import KeyComputer
+from epbuild.providers import get_provider
+from epbuild.providers.base import ProviderConfig
+
+
+@dataclass(frozen=True)
+class LlmGroup(Group):
+    """The compile group of one LLM entry."""
+
+    llm: Llm | None = None
+    source_inputs: Mapping[str, str] = field(default_factory=dict)
+    """The source decoder and its external data: path → digest (action inputs, so that the
+    no-op path stamps them)."""
+    provider_configs: Mapping[str, ProviderConfig] = field(default_factory=dict)
+    """Provider name → its configuration for this LLM (``op_affinity`` defaulted)."""
+
+
+def llm_groups(
+    manifest: Manifest, keys: KeyComputer, state_dir: str, *, prepare: bool
+) -> list[LlmGroup]:
+    """The groups of every buildable LLM entry; ``prepare`` makes missing prepared graphs
+    (a build), else they are reported as not prepared yet. A source that cannot be read or
+    prepared becomes a problem of the group's models (its actions fail, the others build)."""
+    groups = []
+    for llm in manifest.llms.values():
+        if llm.form != DECODER:
+            continue
+        providers = {p: manifest.providers[p] for p in llm.providers}
+        groups.append(_group(llm, providers, keys, state_dir, prepare))
+    return groups
+
+
+def _group(
+    llm: Llm,
+    providers: Mapping[str, ProviderConfig],
+    keys: KeyComputer,
+    state_dir: str,
+    prepare: bool,
+) -> LlmGroup:
+    model = posixpath.join(llm.source, llm.files[0])
+    inputs: dict[str, str] = {}
+    problem: Exception | None = None
+    try:
+        digest, external = keys.model_inputs(model)
+        inputs = {model: digest, **external}
+    except EpbuildError as exc:
+        problem = exc
+    key = prep_key(inputs, llm.window_size, llm.context_length, llm.head_size)
+    folder = prep_dir(state_dir, llm.name, key)
+    if problem is None and prepare:
+        try:
+            ensure_prepared(
+                keys.root,
+                folder,
+                model=model,
+                window=llm.window_size,
+                context=llm.context_length,
+                head_size=llm.head_size,
+            )
+        except (EpbuildError, OSError) as exc:
+            problem = exc
+    elif problem is None and not os.path.isdir(os.path.join(keys.root, folder)):
+        problem = ModelError(
+            f"llms.{llm.name}: its static graphs are not prepared yet",
+            hint="'epbuild build' prepares them",
+        )
+    entries = tuple(
+        ModelEntry(path=posixpath.join(folder, f"{stage}.onnx"), name=stage) for stage, _ in STAGES
+    )
+    if problem is not None:
+        hint = getattr(problem, "hint", None)
+        message = getattr(problem, "message", None) or str(problem)
+        for entry in entries:
+            keys.problems[entry.path] = ModelError(message, hint=hint)
+    return LlmGroup(
+        name=llm.name,
+        entries=entries,
+        providers=llm.providers,
+        share_weights=llm.share_weights,
+        embed_mode=0,
+        node_name_prefix=None,
+        external_initializers=None,
+        load="path",
+        patterns=(),
+        compile=dict(llm.compile),
+        llm=llm,
+        source_inputs=inputs,
+        provider_configs={p: with_affinity(cfg, folder) for p, cfg in providers.items()},
+    )
+
+
+def llm_shapes(manifest: Manifest) -> list[LlmGroup]:
+    """The LLM groups without their prepared paths: enough for action ids (``orphaned``),
+    computed without reading or preparing anything."""
+    return [
+        LlmGroup(
+            name=llm.name,
+            entries=tuple(ModelEntry(path="", name=stage) for stage, _ in STAGES),
+            providers=llm.providers,
+            share_weights=llm.share_weights,
+            embed_mode=0,
+            node_name_prefix=None,
+            external_initializers=None,
+            load="path",
+            patterns=(),
+        )
+        for llm in manifest.llms.values()
+        if llm.form == DECODER
+    ]
+
+
+def with_affinity(cfg: ProviderConfig, folder: str) -> ProviderConfig:
+    """``cfg`` with the prepared ``op_affinity`` file (GroupQueryAttention on the HTP) where
+    its EP takes one and the manifest sets none."""
+    names: frozenset[str] = getattr(get_provider(cfg.ep), "file_options", frozenset())
+    if "op_affinity" not in names or "op_affinity" in cfg.options:
+        return cfg
+    return replace(cfg, options={**cfg.options, "op_affinity": posixpath.join(folder, AFFINITY)})
