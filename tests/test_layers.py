@@ -23,17 +23,20 @@ def bands() -> list[list[str]]:
             found.append([])
             continue
         for token in line.split():
-            if not re.fullmatch(r"[\w.]+(/|\.py)", token):
+            if not re.fullmatch(r"[\w./]+(/|\.py)", token):
                 break
             found[-1].append(token)
     return [b for b in found if b]
 
 
 def band_of(rel: str, layers: list[list[str]]) -> int | None:
+    """The band a file is named in, else the band of the folder it is in."""
     for i, layer in enumerate(layers):
-        for entry in layer:
-            if rel == entry or (entry.endswith("/") and rel.startswith(entry)):
-                return i
+        if rel in layer:
+            return i
+    for i, layer in enumerate(layers):
+        if any(entry.endswith("/") and rel.startswith(entry) for entry in layer):
+            return i
     return None
 
 
