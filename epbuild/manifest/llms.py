@@ -12,6 +12,7 @@ from epbuild.fs import safe_relpath
 from epbuild.llm.source import LlmSourceError, read_source
 from epbuild.manifest.locate import Where
 from epbuild.manifest.model import DEFAULT_CONTEXT_LENGTH, DEFAULT_WINDOW_SIZE, Llm
+from epbuild.manifest.refs import check_provider_list
 from epbuild.providers.base import ProviderConfig
 
 
@@ -45,16 +46,7 @@ def _llm(
             "rename the [llms] entry or the group",
         )
     names: list[str] = table["providers"]
-    for i, pname in enumerate(names):
-        if pname not in providers:
-            defined = ", ".join(providers) or "none"
-            raise where.error(
-                (*base, "providers"),
-                f"provider {pname!r} is not defined",
-                f"add a [providers.{pname}] table (defined: {defined})",
-            )
-        if pname in names[:i]:
-            raise where.error((*base, "providers"), f"{pname!r} is listed twice")
+    check_provider_list(where, base, names, providers)
     try:
         source = safe_relpath(table["source"], what="an LLM source folder")
     except UnsafePathError as exc:

@@ -39,6 +39,7 @@ from epbuild.manifest.model import (
     PackageSettings,
     WorkspaceSettings,
 )
+from epbuild.manifest.refs import check_provider_list
 from epbuild.manifest.schema import EP_NAME_PATTERN, SchemaViolation, validate
 from epbuild.providers import get_provider
 from epbuild.providers.base import ProviderConfig, has_compile_api, onnxruntime_version
@@ -375,7 +376,7 @@ def _group(
 ) -> Group:
     """One ``[groups.<name>]`` table; missing models go to ``problems``, not errors."""
     base = ("groups", name)
-    _check_group_providers(where, base, table["providers"], providers)
+    check_provider_list(where, base, table["providers"], providers)
     # A cache directory inside the workspace is never a model folder either.
     local_cache = (workspace.cache,) if workspace.cache and "://" not in workspace.cache else ()
     excluded = (workspace.out_dir, workspace.state_dir, *local_cache)
@@ -495,22 +496,6 @@ def _resolve_compile(
         graph_optimization_level=merged.graph_optimization_level or DEFAULT_OPTIMIZATION_LEVEL,
         disable_cpu_ep_fallback=bool(merged.disable_cpu_ep_fallback),
     )
-
-
-def _check_group_providers(
-    where: Where, base: tuple[str, ...], names: list[str], providers: dict[str, ProviderConfig]
-) -> None:
-    """Every provider a group lists is defined, and listed once."""
-    for i, pname in enumerate(names):
-        if pname not in providers:
-            defined = ", ".join(providers) or "none"
-            raise where.error(
-                (*base, "providers"),
-                f"provider {pname!r} is not defined",
-                f"add a [providers.{pname}] table (defined: {defined})",
-            )
-        if pname in names[:i]:
-            raise where.error((*base, "providers"), f"{pname!r} is listed twice")
 
 
 def _group_models(
