@@ -226,9 +226,7 @@ def _write_llm_packages(ws: Workspace, done: BuildResult) -> None:
         llm = ws.manifest.llms[name]
         adapter = get_provider(first.provider.ep)
         try:
-            write_package(
-                ws.root, llm, first.out_dir, first.provider, getattr(adapter, "file_options", ())
-            )
+            write_package(ws.root, llm, first.out_dir, first.provider, adapter.file_options)
         except (OSError, ValueError) as exc:
             done.warnings.append(f"llms.{name}/{pname}: package files not written: {exc}")
 

@@ -96,3 +96,25 @@ def test_the_check_sees_an_upward_import(tmp_path: Path) -> None:
     ((line, module),) = imports(low)
     assert band_of(module_file(module), layers) == 0 and line == 2
     assert band_of("fs.py", layers) == len(layers) - 1
+
+
+def test_no_adapter_member_is_looked_up_by_name() -> None:
+    """The adapter contract is ``BaseProvider``: every member has a default, so code calls
+    it directly and mypy sees it; ``getattr(x, "<member>")`` would hide a rename."""
+    from epbuild.providers.base import BaseProvider
+
+    members = {name for name in dir(BaseProvider) if not name.startswith("__")}
+    members |= set(BaseProvider.__annotations__)
+    found = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Name)
+                and node.func.id in ("getattr", "hasattr")
+                and len(node.args) >= 2
+                and isinstance(node.args[1], ast.Constant)
+                and node.args[1].value in members
+            ):
+                found.append(f"{path.relative_to(PACKAGE)}:{node.lineno} {node.args[1].value}")
+    assert not found, "\n".join(found)

@@ -301,7 +301,7 @@ def _provider(where: Where, root: Path, name: str, table: dict[str, Any]) -> Pro
     except ManifestError as exc:
         sub = tuple((exc.key or key).split("."))
         raise where.error(sub, _strip_where(exc), exc.hint) from exc
-    for option in sorted(getattr(adapter, "file_options", frozenset()) & options.keys()):
+    for option in sorted(adapter.file_options & options.keys()):
         if not (root / options[option]).is_file():
             raise where.error(
                 (*key.split("."), "options", option),

@@ -184,9 +184,7 @@ class KeyComputer:
 
     def option_files(self, action: Action) -> dict[str, str]:
         """{path: digest} of the files the provider's options name (``file_options``)."""
-        names: frozenset[str] = getattr(
-            get_provider(action.provider.ep), "file_options", frozenset()
-        )
+        names = get_provider(action.provider.ep).file_options
         found: dict[str, str] = {}
         for name in sorted(names & action.provider.options.keys()):
             rel = action.provider.options[name]

@@ -128,7 +128,7 @@ def llm_shapes(manifest: Manifest) -> list[LlmGroup]:
 def with_affinity(cfg: ProviderConfig, folder: str) -> ProviderConfig:
     """``cfg`` with the prepared ``op_affinity`` file (GroupQueryAttention on the HTP) where
     its EP takes one and the manifest sets none."""
-    names: frozenset[str] = getattr(get_provider(cfg.ep), "file_options", frozenset())
+    names = get_provider(cfg.ep).file_options
     if "op_affinity" not in names or "op_affinity" in cfg.options:
         return cfg
     return replace(cfg, options={**cfg.options, "op_affinity": posixpath.join(folder, AFFINITY)})

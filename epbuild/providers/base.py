@@ -394,21 +394,18 @@ def stringify_options(
 
 
 def attach_named(
-    adapter: Any,
+    adapter: BaseProvider,
     ort: onnxruntime,
     so: onnxruntime.SessionOptions,
     config: ProviderConfig,
     ep_name: str | None,
 ) -> None:
     """``adapter.attach``, or with ``ep_name`` its ``attach_as`` (the EP registered under the
-    name a package declares); a third-party adapter without ``attach_as`` only under the name
-    it declares itself."""
+    name a package declares; by default only the name it declares itself)."""
     if ep_name is None:
         adapter.attach(ort, so, config)
-    elif hasattr(adapter, "attach_as"):
-        adapter.attach_as(ort, so, config, ep_name)
     else:
-        BaseProvider.attach_as(adapter, ort, so, config, ep_name)
+        adapter.attach_as(ort, so, config, ep_name)
 
 
 _registered: set[str] = set()
