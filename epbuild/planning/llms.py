@@ -9,6 +9,7 @@ import os
 import posixpath
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 from epbuild.errors import EpbuildError, ModelError
 from epbuild.llm.prepare import AFFINITY, STAGES, ensure_prepared, prep_dir, prep_key
@@ -88,16 +89,9 @@ def _group(
         message = getattr(problem, "message", None) or str(problem)
         for entry in entries:
             keys.problems[entry.path] = ModelError(message, hint=hint)
-    return LlmGroup(
-        name=llm.name,
-        entries=entries,
-        providers=llm.providers,
-        share_weights=llm.share_weights,
-        embed_mode=0,
-        node_name_prefix=None,
-        external_initializers=None,
-        load="path",
-        patterns=(),
+    return _llm_group(
+        llm,
+        entries,
         compile=dict(llm.compile),
         llm=llm,
         source_inputs=inputs,
@@ -105,21 +99,28 @@ def _group(
     )
 
 
+def _llm_group(entry: Llm, entries: tuple[ModelEntry, ...], **more: Any) -> LlmGroup:
+    """An LLM entry as a group: its graphs, providers and sharing; the rest of a group's
+    settings are fixed (embed 0, by path, no prefix, no external initializers)."""
+    return LlmGroup(
+        name=entry.name,
+        entries=entries,
+        providers=entry.providers,
+        share_weights=entry.share_weights,
+        embed_mode=0,
+        node_name_prefix=None,
+        external_initializers=None,
+        load="path",
+        patterns=(),
+        **more,
+    )
+
+
 def llm_shapes(manifest: Manifest) -> list[LlmGroup]:
     """The LLM groups without their prepared paths: enough for action ids (``orphaned``),
     computed without reading or preparing anything."""
     return [
-        LlmGroup(
-            name=llm.name,
-            entries=tuple(ModelEntry(path="", name=stage) for stage, _ in STAGES),
-            providers=llm.providers,
-            share_weights=llm.share_weights,
-            embed_mode=0,
-            node_name_prefix=None,
-            external_initializers=None,
-            load="path",
-            patterns=(),
-        )
+        _llm_group(llm, tuple(ModelEntry(path="", name=stage) for stage, _ in STAGES))
         for llm in manifest.llms.values()
         if llm.form == DECODER
     ]

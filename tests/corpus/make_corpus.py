@@ -21,9 +21,9 @@ No hub download: every model is built from a config with random weights (seeded)
 a separate environment (``torch`` CPU, ``transformers``, ``onnx``, ``onnxruntime``,
 ``onnxscript``):
 
-    python3 -m venv /tmp/corpus-venv
-    /tmp/corpus-venv/bin/pip install torch transformers onnx onnxruntime onnxscript
-    /tmp/corpus-venv/bin/python tests/corpus/make_corpus.py
+    venv="$(mktemp -d)/corpus-venv" && python3 -m venv "$venv"
+    "$venv"/bin/pip install torch transformers onnx onnxruntime onnxscript
+    "$venv"/bin/python tests/corpus/make_corpus.py
 
 It rewrites the models and ``versions.json`` (the versions that made them) beside itself.
 """
