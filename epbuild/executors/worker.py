@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from epbuild._names import RESULT_NAME, ctx_name, ctx_stem, model_label
 from epbuild.executors.job import Job
+from epbuild.fs import atomic_write_text
 
 if TYPE_CHECKING:
     from epbuild.onnx.proto import ModelInfo
@@ -530,9 +531,7 @@ def main() -> None:
     result = _result_of(job)
     result_path = posixpath.join(job.staging, RESULT_NAME)
     try:
-        with open(result_path + ".tmp", "w", encoding="utf-8") as f:
-            json.dump(result, f)
-        os.replace(result_path + ".tmp", result_path)
+        atomic_write_text(result_path, json.dumps(result), durable=False)
         sys.stdout.flush()
         sys.stderr.flush()
     except OSError as exc:  # a full disk: the coordinator finds why (``write_trouble``)

@@ -73,6 +73,7 @@ def _group(
                 window=llm.window_size,
                 context=llm.context_length,
                 head_size=llm.head_size,
+                lock_timeout=keys.toolchains.lock_timeout,
             )
         except (EpbuildError, OSError) as exc:
             problem = exc

@@ -22,7 +22,6 @@ an empty one) is ever replaced, and only when it holds nothing but what that man
 
 from __future__ import annotations
 
-import ctypes
 import errno
 import hashlib
 import json
@@ -35,7 +34,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from epbuild.errors import StorageError, UnsafePathError, VerificationError
-from epbuild.fs import digest_file, os_error_hint, os_error_text, remove_tree
+from epbuild.fs import digest_file, os_error_hint, os_error_text, remove_tree, replace_directory
 from epbuild.shipping.contents import DEPLOY_NAME, ORT_MANIFEST_NAME, PackagedFile
 from epbuild.state import locks
 
@@ -176,7 +175,9 @@ def _write_locked(
         stats = _assemble(new, dest, root, files, generated, old or {})
         stats.removed = extra
         before_swap()
-        _swap(new, dest)
+        aside = new.replace(f"{_TEMP_MARK}new-", f"{_TEMP_MARK}old-")
+        exchange = os.environ.get(NO_EXCHANGE_ENV) != "1"
+        replace_directory(new, dest, aside=aside, exchange=exchange, what="package")
     finally:
         remove_tree(new)
     _check_written(dest, files, generated)
@@ -335,43 +336,3 @@ def _copy_checked(source: str, target: str, f: PackagedFile) -> None:
             f"{f.sha256[:12]}…)",
             hint="run 'epbuild status', build, then package again",
         )
-
-
-def _swap(new: str, dest: str) -> None:
-    """Put ``new`` at ``dest``; whatever was at ``dest`` ends up at ``new`` (or is gone).
-    On failure ``dest`` holds the old package, as before."""
-    if not os.path.lexists(dest):
-        os.rename(new, dest)
-        return
-    if os.environ.get(NO_EXCHANGE_ENV) != "1" and _exchange(new, dest):
-        return
-    aside = new.replace(f"{_TEMP_MARK}new-", f"{_TEMP_MARK}old-")
-    os.rename(dest, aside)
-    try:
-        os.rename(new, dest)
-    except OSError as exc:
-        try:
-            os.rename(aside, dest)
-        except OSError:
-            raise StorageError(
-                f"cannot write the package: {os_error_text(exc)}; the old package could not "
-                f"be put back either and is at {aside}",
-                hint=f"rename {aside} back to {dest}",
-            ) from exc
-        raise
-    remove_tree(aside)
-
-
-def _exchange(a: str, b: str) -> bool:
-    """Atomically exchange two paths (Linux ``renameat2``); False where unsupported."""
-    try:
-        fn = ctypes.CDLL(None, use_errno=True).renameat2
-    except (AttributeError, OSError):
-        return False
-    at_fdcwd, rename_exchange = -100, 2
-    if fn(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), rename_exchange) == 0:
-        return True
-    err = ctypes.get_errno()
-    if err in (errno.EINVAL, errno.ENOSYS, errno.ENOTSUP):
-        return False
-    raise OSError(err, os.strerror(err), b, a)

@@ -22,6 +22,7 @@ from collections.abc import Callable
 from epbuild.errors import ToolchainError
 from epbuild.fs import atomic_write_bytes
 from epbuild.providers.base import onnxruntime_version, scanning
+from epbuild.state import locks
 from epbuild.toolchains.env import MARKER, Toolchain, ask, env_dir, read_marker, toolchain_root
 from epbuild.toolchains.lockfile import EnvironmentLock
 from epbuild.toolchains.spec import FORMAT, ToolchainSpec
@@ -36,24 +37,19 @@ def ensure(
     *,
     say: Callable[[str], None] = lambda _: None,
     locked: EnvironmentLock | None = None,
+    lock_timeout: float | None = None,
 ) -> Toolchain:
     """The environment of a ``requirements`` spec, made now if it is not ready. With
     ``locked`` (its ``epbuild.lock`` entry), exactly the locked distributions, their hashes
-    checked, in the directory named by the entry's digest."""
-    from filelock import FileLock, Timeout
-
+    checked, in the directory named by the entry's digest. Waits at most ``lock_timeout``
+    seconds for another process making the same environment."""
     directory = env_dir(spec, locked)
     ready = read_marker(spec, directory)
     if ready is not None:
         return ready
     os.makedirs(toolchain_root(), exist_ok=True)
-    lock = FileLock(directory + ".lock")
-    try:
-        lock.acquire(timeout=2)
-    except Timeout:
-        say(f"waiting for another epbuild making the toolchain of {provider} ({spec.label})")
-        lock.acquire()
-    try:
+    what = f"epbuild making the toolchain of {provider} ({spec.label})"
+    with locks.hold(directory + ".lock", what, timeout=lock_timeout, on_wait=say) as held:
         ready = read_marker(spec, directory)  # another build may have made it meanwhile
         if ready is not None:
             return ready
@@ -61,16 +57,14 @@ def ensure(
         started = time.monotonic()
         # Installers keep the lock's descriptor: should this process die, the lock stays
         # held until they end, so the next build waits instead of using a half-made one.
-        keep = getattr(getattr(lock, "_context", None), "lock_file_fd", None)
+        keep = () if held.fd is None else (held.fd,)
         try:
-            made = _make(spec, directory, provider, locked, () if keep is None else (keep,))
+            made = _make(spec, directory, provider, locked, keep)
         except BaseException:
             shutil.rmtree(directory, ignore_errors=True)
             raise
         say(f"toolchain for provider {provider} ready in {time.monotonic() - started:.1f} s")
         return made
-    finally:
-        lock.release()
 
 
 def _make(
