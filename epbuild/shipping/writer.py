@@ -175,9 +175,7 @@ def _write_locked(
         stats = _assemble(new, dest, root, files, generated, old or {})
         stats.removed = extra
         before_swap()
-        aside = new.replace(f"{_TEMP_MARK}new-", f"{_TEMP_MARK}old-")
-        exchange = os.environ.get(NO_EXCHANGE_ENV) != "1"
-        replace_directory(new, dest, aside=aside, exchange=exchange, what="package")
+        _swap(new, dest)
     finally:
         remove_tree(new)
     _check_written(dest, files, generated)
@@ -336,3 +334,11 @@ def _copy_checked(source: str, target: str, f: PackagedFile) -> None:
             f"{f.sha256[:12]}…)",
             hint="run 'epbuild status', build, then package again",
         )
+
+
+def _swap(new: str, dest: str) -> None:
+    """Put ``new`` at ``dest`` (the old package set aside under a name `_remove_leftovers`
+    knows, should this process die half-way)."""
+    aside = new.replace(f"{_TEMP_MARK}new-", f"{_TEMP_MARK}old-")
+    exchange = os.environ.get(NO_EXCHANGE_ENV) != "1"
+    replace_directory(new, dest, aside=aside, exchange=exchange, what="package")

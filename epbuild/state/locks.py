@@ -79,9 +79,8 @@ class Held:
 def waiting_message(lock_path: str, what: str) -> str:
     """The one line a waiter shows: whom it waits for."""
     owner = read_owner(lock_path)
-    return (
-        f"waiting for {owner.get('what', what)} (pid {owner.get('pid', '?')}) to release its lock"
-    )
+    pid = f" (pid {owner['pid']})" if "pid" in owner else ""
+    return f"waiting for {owner.get('what', what)}{pid} to release its lock"
 
 
 @contextmanager
@@ -91,8 +90,11 @@ def hold(
     *,
     timeout: float | None = None,
     on_wait: Callable[[str], None] | None = None,
+    note: bool = True,
 ) -> Iterator[Held]:
     """Hold the lock at ``lock_path``; ``what`` names the holder for waiters' messages.
+    ``note=False`` writes no owner note beside the lock (for a directory whose listing
+    epbuild owns exactly, such as the toolchain root).
 
     Waits at most ``timeout`` seconds (None: as long as it takes; the ``--lock-timeout``
     value where a command has one), telling ``on_wait`` once whom it waits for; raises
@@ -117,7 +119,8 @@ def hold(
     try:
         lock = _file_lock(lock_path, tell, left, what, timeout)
         try:
-            _write_owner(lock_path, what)
+            if note:
+                _write_owner(lock_path, what)
             yield Held(_lock_fd(lock))
         finally:
             lock.release()
@@ -126,11 +129,11 @@ def hold(
 
 
 @contextmanager
-def try_hold(lock_path: str, what: str) -> Iterator[Held | None]:
+def try_hold(lock_path: str, what: str, *, note: bool = True) -> Iterator[Held | None]:
     """Hold the lock at ``lock_path`` if it is free now (yields None if it is not)."""
     with ExitStack() as stack:
         try:
-            held: Held | None = stack.enter_context(hold(lock_path, what, timeout=0))
+            held: Held | None = stack.enter_context(hold(lock_path, what, timeout=0, note=note))
         except LockTimeoutError:
             held = None
         yield held

@@ -49,7 +49,9 @@ def ensure(
         return ready
     os.makedirs(toolchain_root(), exist_ok=True)
     what = f"epbuild making the toolchain of {provider} ({spec.label})"
-    with locks.hold(directory + ".lock", what, timeout=lock_timeout, on_wait=say) as held:
+    with locks.hold(
+        directory + ".lock", what, timeout=lock_timeout, on_wait=say, note=False
+    ) as held:
         ready = read_marker(spec, directory)  # another build may have made it meanwhile
         if ready is not None:
             return ready

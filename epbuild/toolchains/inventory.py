@@ -85,6 +85,9 @@ class Pruned:
     """Environments left alone: a running build uses one, or one is being made."""
 
 
+_PRUNING = "epbuild toolchains --prune"
+
+
 def prune(keep: Iterable[str]) -> Pruned:
     """Remove every environment whose digest is not in ``keep`` — unless a build uses it or
     is making it — and the worker copies of other epbuild versions."""
@@ -101,7 +104,7 @@ def prune(keep: Iterable[str]) -> Pruned:
             busy.append(env.path)  # a running build uses it
             continue
         try:
-            with locks.try_hold(env.path + ".lock", "epbuild toolchains --prune") as held:
+            with locks.try_hold(env.path + ".lock", _PRUNING, note=False) as held:
                 if held is None:
                     busy.append(env.path)  # another epbuild is making it right now
                     continue
@@ -152,10 +155,10 @@ def _remove_stray(env: str) -> None:
     if use is None:
         return
     try:
-        with locks.try_hold(env + ".lock", "epbuild toolchains --prune") as held:
+        with locks.try_hold(env + ".lock", _PRUNING, note=False) as held:
             if held is None:
                 return
-            for path in (env + ".log", env + ".lock", env + ".lock.owner", env + USE_SUFFIX):
+            for path in (env + ".log", env + ".lock", env + USE_SUFFIX):
                 try:
                     os.unlink(path)
                 except FileNotFoundError:
