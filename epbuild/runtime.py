@@ -170,7 +170,7 @@ def check_context(label: str, data: bytes | None, path: str, provider: ProviderC
             else "rebuild it for this target and SDK ('epbuild build'), or install the EP "
             "version it was built with",
         )
-    from epbuild.inspect.ortcompat import ort_compatibility
+    from epbuild.inspection.ortcompat import ort_compatibility
     from epbuild.onnx.context import Severity
 
     judged = ort_compatibility(label, path, provider, data).problem()

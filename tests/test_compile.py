@@ -22,8 +22,8 @@ from epbuild.api import Outcome, status
 from epbuild.errors import ManifestError
 from epbuild.executors import worker
 from epbuild.executors.job import Job
-from epbuild.inspect.detail import render, status_detail
-from epbuild.inspect.verify import verify_outputs
+from epbuild.inspection.detail import render, status_detail
+from epbuild.inspection.verify import verify_outputs
 from epbuild.manifest import load as load_module
 from epbuild.manifest.load import load_manifest
 from epbuild.manifest.model import SESSION_SETTINGS, CompileSettings

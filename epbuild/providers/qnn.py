@@ -134,7 +134,7 @@ class QnnProvider(BaseProvider):
     known_options = KNOWN_OPTIONS
     file_options = FILE_OPTIONS
     compatibility_device_types = frozenset({"NPU"})
-    """Device types the EP judges compiled models for (``epbuild.inspect.ortcompat``). On
+    """Device types the EP judges compiled models for (``epbuild.inspection.ortcompat``). On
     x86_64 the plugin lists a CPU-typed device and answers ``only supports
     OrtHardwareDeviceType_NPU``; asking it after a QNN session existed in the process
     segfaults (onnxruntime-qnn 2.7.0, ORT 1.32), so it is never asked without an NPU."""

@@ -226,7 +226,7 @@ def _unreplaced(root: str, snapshot: dict[str, Any]) -> Callable[[], None]:
 def _figures(ws: Workspace) -> dict[tuple[str, int], dict[str, Any]]:
     """Each model's last recorded ``verify --numerics`` (as its outputs are now), for the
     deployment manifest; models never checked are left out."""
-    from epbuild.inspect.numerics import Store, last_check
+    from epbuild.inspection.numerics import Store, last_check
 
     store = Store(ws.state_dir)
     found: dict[tuple[str, int], dict[str, Any]] = {}

@@ -1,5 +1,5 @@
 """Running a built ctx model beside its source: the loader process ``verify --load`` and
-``verify --numerics`` share (``epbuild.inspect.loadcheck`` runs in it).
+``verify --numerics`` share (``epbuild.inspection.loadcheck`` runs in it).
 
 Each ctx model runs in a fresh subprocess (in the action's toolchain where it has one) with
 ``session.disable_model_compile=1``: some built contexts crash the process that loads them on
@@ -95,9 +95,9 @@ def load_check(
 def _run_loader(
     root: str, ctx: str, job: dict[str, Any], toolchain: Toolchain | str | None
 ) -> LoadCheck:
-    command = own_command("epbuild.inspect.loadcheck")
+    command = own_command("epbuild.inspection.loadcheck")
     if isinstance(toolchain, Toolchain):
-        command = boot_command(toolchain.python, "epbuild.inspect.loadcheck")
+        command = boot_command(toolchain.python, "epbuild.inspection.loadcheck")
     try:
         proc = subprocess.run(
             command,
