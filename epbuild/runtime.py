@@ -46,7 +46,7 @@ if TYPE_CHECKING:
 
     from epbuild.planning.actions import Action
     from epbuild.planning.workspace import Workspace
-    from epbuild.providers.base import ProviderConfig
+    from epbuild.providers.contract import ProviderConfig
 
 ModelSource = str | os.PathLike[str] | tuple[str | os.PathLike[str], bytes]
 """A ctx model path, or ``(path, bytes)``: an in-memory model and the path it was built at

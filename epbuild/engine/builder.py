@@ -31,7 +31,7 @@ if TYPE_CHECKING:
     from epbuild.engine.trace import Tracer
     from epbuild.executors.local import Executor, WorkerOutcome
     from epbuild.onnx.context import MachinePaths, Problem
-    from epbuild.providers.base import ProviderConfig
+    from epbuild.providers.contract import ProviderConfig
 
 
 def open_action_cache(

@@ -22,7 +22,7 @@ from epbuild.state.journal import OutputRecord
 if TYPE_CHECKING:
     from epbuild.onnx.context import MachinePaths, Problem
     from epbuild.onnx.proto import ModelInfo
-    from epbuild.providers.base import ProviderConfig
+    from epbuild.providers.contract import ProviderConfig
 
 
 def staging_root(root: str, out_dir: str) -> str:

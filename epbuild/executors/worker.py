@@ -24,7 +24,7 @@ from epbuild.fs import atomic_write_text
 
 if TYPE_CHECKING:
     from epbuild.onnx.proto import ModelInfo
-    from epbuild.providers.base import Provider, ProviderConfig
+    from epbuild.providers.contract import Provider, ProviderConfig
 
 
 class CompileFailure(Exception):
@@ -137,7 +137,7 @@ def compiled_with(config: ProviderConfig) -> dict[str, str]:
     toolchain's — never taken from the coordinator."""
     from epbuild.planning.keys import ORT_KEY, with_library
     from epbuild.providers import get_provider
-    from epbuild.providers.base import onnxruntime_version
+    from epbuild.providers.distributions import onnxruntime_version
 
     adapter = get_provider(config.ep)
     found = with_library(adapter, config, dict(adapter.versions(config)))

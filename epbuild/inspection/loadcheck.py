@@ -156,7 +156,7 @@ def check(job: dict[str, Any]) -> dict[str, Any]:
     import onnxruntime as ort
 
     from epbuild.errors import EpbuildError, ProviderUnavailableError
-    from epbuild.providers.base import ProviderConfig
+    from epbuild.providers.contract import ProviderConfig
     from epbuild.runtime import open_models
 
     config = ProviderConfig.from_json(job["provider"])

@@ -27,7 +27,7 @@ from typing import Any
 from epbuild.errors import EpbuildError
 from epbuild.onnx.context import Problem, Severity
 from epbuild.providers import get_provider
-from epbuild.providers.base import ProviderConfig
+from epbuild.providers.contract import ProviderConfig
 
 
 class OrtVerdict(enum.Enum):

@@ -45,7 +45,7 @@ from epbuild.planning.actions import Action
 from epbuild.planning.damage import record_damage
 from epbuild.planning.workspace import Workspace, open_workspace
 from epbuild.providers import get_provider
-from epbuild.providers.base import scanning
+from epbuild.providers.distributions import scanning
 from epbuild.toolchains.env import Toolchain
 
 __all__ = ["LoadCheck", "LoadOutcome", "VerifyResult", "verify_outputs"]

@@ -20,7 +20,7 @@ from epbuild.fs import atomic_write_bytes
 from epbuild.llm.genai_config import CONTEXT, ITERATOR, pipeline_config
 from epbuild.llm.source import GENAI_CONFIG
 from epbuild.manifest.model import Llm
-from epbuild.providers.base import ProviderConfig
+from epbuild.providers.contract import ProviderConfig
 
 GENAI_PROVIDER = {"qnn": "qnn"}
 """Adapter → the ``provider_options`` key genai selects its EP by."""

@@ -42,7 +42,8 @@ from epbuild.manifest.model import (
 from epbuild.manifest.refs import check_provider_list
 from epbuild.manifest.schema import EP_NAME_PATTERN, SchemaViolation, validate
 from epbuild.providers import get_provider
-from epbuild.providers.base import ProviderConfig, has_compile_api, onnxruntime_version
+from epbuild.providers.contract import ProviderConfig
+from epbuild.providers.distributions import has_compile_api, onnxruntime_version
 from epbuild.toolchains.spec import ToolchainSpec, normalise
 
 __all__ = [

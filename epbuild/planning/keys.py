@@ -20,9 +20,8 @@ from epbuild.fs import is_safe_reference
 from epbuild.manifest.model import SESSION_SETTINGS, CompileSettings, ModelEntry
 from epbuild.planning.actions import Action
 from epbuild.providers import get_provider, library
-from epbuild.providers.base import (
-    Provider,
-    ProviderConfig,
+from epbuild.providers.contract import Provider, ProviderConfig
+from epbuild.providers.distributions import (
     dist_version,
     has_compile_api,
     onnxruntime_version,

@@ -17,7 +17,7 @@ from epbuild.llm.source import DECODER
 from epbuild.manifest.model import Group, Llm, Manifest, ModelEntry
 from epbuild.planning.keys import KeyComputer
 from epbuild.providers import get_provider
-from epbuild.providers.base import ProviderConfig
+from epbuild.providers.contract import ProviderConfig
 
 
 @dataclass(frozen=True)

@@ -25,16 +25,9 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from epbuild.errors import ManifestError, ProviderUnavailableError
-from epbuild.providers.base import (
-    BaseProvider,
-    ProviderConfig,
-    dist_location,
-    dist_version,
-    install_hint,
-    register_plugin,
-    shared_library,
-    stringify_options,
-)
+from epbuild.providers.base import install_hint, register_plugin
+from epbuild.providers.contract import BaseProvider, ProviderConfig, stringify_options
+from epbuild.providers.distributions import dist_location, dist_version, shared_library
 
 if TYPE_CHECKING:
     import onnxruntime

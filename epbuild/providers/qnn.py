@@ -10,15 +10,9 @@ from typing import TYPE_CHECKING, Any
 
 from epbuild.errors import ManifestError, ProviderUnavailableError, UnsafePathError
 from epbuild.fs import atomic_write_bytes, safe_relpath
-from epbuild.providers.base import (
-    BaseProvider,
-    ProviderConfig,
-    dist_location,
-    dist_version,
-    register_plugin,
-    require_devices,
-    shared_library,
-)
+from epbuild.providers.base import register_plugin, require_devices
+from epbuild.providers.contract import BaseProvider, ProviderConfig
+from epbuild.providers.distributions import dist_location, dist_version, shared_library
 
 if TYPE_CHECKING:
     import onnxruntime

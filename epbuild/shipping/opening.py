@@ -15,7 +15,7 @@ from typing import Any, Literal
 
 from epbuild.errors import EpNameMismatchError, UserError, VerificationError
 from epbuild.fs import digest_file, is_safe_reference
-from epbuild.providers.base import ProviderConfig
+from epbuild.providers.contract import ProviderConfig
 from epbuild.runtime import BuiltAction, SessionFactory, _open
 from epbuild.shipping.contents import DEPLOY_FORMAT, DEPLOY_NAME, ORT_MANIFEST_NAME
 

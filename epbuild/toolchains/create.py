@@ -21,7 +21,7 @@ from collections.abc import Callable
 
 from epbuild.errors import ToolchainError
 from epbuild.fs import atomic_write_bytes
-from epbuild.providers.base import onnxruntime_version, scanning
+from epbuild.providers.distributions import onnxruntime_version, scanning
 from epbuild.state import locks
 from epbuild.toolchains.env import MARKER, Toolchain, ask, env_dir, read_marker, toolchain_root
 from epbuild.toolchains.lockfile import EnvironmentLock

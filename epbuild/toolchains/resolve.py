@@ -12,7 +12,7 @@ from epbuild.toolchains.env import Toolchain, env_dir, find
 from epbuild.toolchains.spec import ToolchainSpec
 
 if TYPE_CHECKING:
-    from epbuild.providers.base import ProviderConfig
+    from epbuild.providers.contract import ProviderConfig
     from epbuild.state.sharedlock import Held
     from epbuild.toolchains.lockfile import EnvironmentLock, Lock
 
@@ -98,7 +98,7 @@ class Toolchains:
         """A provider in epbuild's own environment whose EP package is not installed here
         (a machine that only restores): the key versions the lock pins for it, if any."""
         from epbuild.providers import get_provider
-        from epbuild.providers.base import dist_version
+        from epbuild.providers.distributions import dist_version
         from epbuild.toolchains.lockfile import DEFAULT_ENV
 
         ep_dists = get_provider(config.ep).ep_dists
