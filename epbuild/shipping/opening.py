@@ -16,7 +16,7 @@ from typing import Any, Literal
 from epbuild.errors import EpNameMismatchError, UserError, VerificationError
 from epbuild.fs import digest_file, is_safe_reference
 from epbuild.providers.contract import ProviderConfig
-from epbuild.runtime import BuiltAction, SessionFactory, _open
+from epbuild.runtime import BuiltAction, SessionFactory, open_sources
 from epbuild.shipping.contents import DEPLOY_FORMAT, DEPLOY_NAME, ORT_MANIFEST_NAME
 
 
@@ -113,7 +113,7 @@ def open_package(
     models = [os.path.join(os.fspath(package_dir), m["ctx"]) for a in mine for m in a["models"]]
     share = bool(mine[0]["share_weights"])
     what = f"{group}/{provider}"
-    return _open(models, config, share, lock_timeout, session_factory, what, declared)
+    return open_sources(models, config, share, lock_timeout, session_factory, what, declared)
 
 
 def declared_name(action: dict[str, Any]) -> str:

@@ -67,9 +67,9 @@ def package(
     list (they are deleted; without it, ``UnsafePathError`` names them). ``build_options``:
     further keyword arguments of ``build`` (``jobs``, ``keep_going``, ``cache``...).
     """
+    from epbuild.planning.committed import committed_outputs
     from epbuild.planning.staleness import make_plan
     from epbuild.planning.workspace import open_workspace
-    from epbuild.runtime import committed_outputs
 
     ws = open_workspace(directory, manifest, selectors)
     dest = _destination(ws.root, ws.manifest, directory, out)
@@ -210,7 +210,7 @@ def _unreplaced(root: str, snapshot: dict[str, Any]) -> Callable[[], None]:
     """A check, run before the new package is swapped in, that no output it took was
     replaced (by a concurrent build) since it was verified."""
     from epbuild.errors import VerificationError
-    from epbuild.runtime import stat_of
+    from epbuild.planning.committed import stat_of
 
     def check() -> None:
         for rel, st in snapshot.items():
