@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import posixpath
 import re
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -27,6 +28,7 @@ from epbuild._names import (
 )
 from epbuild.errors import ManifestError, UnsafePathError
 from epbuild.fs import safe_relpath
+from epbuild.manifest.defaults import compile_api_missing, default_compiler, default_jobs
 from epbuild.manifest.llms import load_llms
 from epbuild.manifest.locate import Where
 from epbuild.manifest.model import (
@@ -43,7 +45,6 @@ from epbuild.manifest.refs import check_provider_list
 from epbuild.manifest.schema import EP_NAME_PATTERN, SchemaViolation, validate
 from epbuild.providers import get_provider
 from epbuild.providers.contract import ProviderConfig
-from epbuild.providers.distributions import has_compile_api, onnxruntime_version
 from epbuild.toolchains.spec import ToolchainSpec, normalise
 
 __all__ = [
@@ -235,7 +236,7 @@ def _workspace(where: Where, data: dict[str, Any]) -> WorkspaceSettings:
     return WorkspaceSettings(
         out_dir=out_dir,
         state_dir=state_dir,
-        jobs=ws.get("jobs") or os.cpu_count() or 1,
+        jobs=ws.get("jobs") or default_jobs(),
         memory_budget=budget,
         cache=cache,
         executor=ws.get("executor", "local"),
@@ -457,8 +458,29 @@ def _resolve_compile(
         return ("providers", provider.name, name)
 
     merged = own.over(provider_own)
-    adapter = get_provider(provider.ep)
-    api_ok = adapter.compile_api
+    api_ok = get_provider(provider.ep).compile_api
+    _check_compile(where, at, group, merged, provider, api_ok)
+    compiler: str | None = merged.compiler or default_compiler(api_ok)
+    if provider.toolchain is not None:  # unset: its ONNX Runtime decides (planning.keys)
+        compiler = merged.compiler
+    return replace(
+        merged,
+        compiler=compiler,
+        graph_optimization_level=merged.graph_optimization_level or DEFAULT_OPTIMIZATION_LEVEL,
+        disable_cpu_ep_fallback=bool(merged.disable_cpu_ep_fallback),
+    )
+
+
+def _check_compile(
+    where: Where,
+    at: Callable[[str], tuple[str, ...]],
+    group: Group,
+    merged: CompileSettings,
+    provider: ProviderConfig,
+    api_ok: bool,
+) -> None:
+    """Refuse merged compile settings that cannot work together (``at`` says where each
+    setting was set)."""
     if merged.compiler == "compile_api":
         if not api_ok:
             raise where.error(
@@ -466,12 +488,10 @@ def _resolve_compile(
                 f"the {provider.ep} adapter cannot compile through the compile API",
                 'use compiler = "session"',
             )
-        if provider.toolchain is None and not has_compile_api():
+        missing = compile_api_missing() if provider.toolchain is None else None
+        if missing is not None:
             raise where.error(
-                at("compiler"),
-                f"onnxruntime {onnxruntime_version()} has no compile API with the options "
-                "epbuild needs (onnxruntime 1.23 or newer)",
-                'upgrade onnxruntime, or use compiler = "session"',
+                at("compiler"), missing, 'upgrade onnxruntime, or use compiler = "session"'
             )
     if merged.external_data_folder is not None and group.load != "bytes":
         raise where.error(
@@ -486,17 +506,6 @@ def _resolve_compile(
             f"is also set as session_options {FALLBACK_ENTRY!r} of provider {provider.name!r}",
             "keep one of the two (disable_cpu_ep_fallback is checked and keyed)",
         )
-    compiler: str | None = merged.compiler or (
-        "compile_api" if api_ok and has_compile_api() else "session"
-    )
-    if provider.toolchain is not None:  # unset: its ONNX Runtime decides (planning.keys)
-        compiler = merged.compiler
-    return replace(
-        merged,
-        compiler=compiler,
-        graph_optimization_level=merged.graph_optimization_level or DEFAULT_OPTIMIZATION_LEVEL,
-        disable_cpu_ep_fallback=bool(merged.disable_cpu_ep_fallback),
-    )
 
 
 def _group_models(
