@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import enum
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -80,6 +81,16 @@ class OrtCompatibility:
         }
 
 
+def _stored_info(read: Any, keys: Sequence[str], source: str | bytes) -> Any:
+    """The compatibility info a model stored under the EP's name, else under an older name
+    its outputs carried (``compatibility_keys``); None when it stored none."""
+    for key in keys:
+        info = read(source, key)
+        if info is not None:
+            return info
+    return None
+
+
 def ort_compatibility(
     file: str, path: str | os.PathLike[str], config: ProviderConfig, data: bytes | None = None
 ) -> OrtCompatibility:
@@ -104,12 +115,9 @@ def ort_compatibility(
     if read is None or judge is None:
         note = f"onnxruntime {ort.__version__} has no compatibility API (1.23 or later has)"
         return OrtCompatibility(file, None, ep=ep, note=note)
-    info = None
-    try:  # under the EP's name, else an older name its outputs carried (compatibility_keys)
-        for key in adapter.compatibility_keys(config) or (ep,):
-            info = read(data if data is not None else os.fspath(path), key)
-            if info is not None:
-                break
+    keys = adapter.compatibility_keys(config) or (ep,)
+    try:
+        info = _stored_info(read, keys, data if data is not None else os.fspath(path))
     except Exception as exc:  # ORT raises its own pybind classes
         return OrtCompatibility(
             file, None, ep=ep, note=f"ONNX Runtime cannot read it: {_first(exc)}"

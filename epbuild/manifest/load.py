@@ -544,37 +544,7 @@ def _group_models(
         own = table.get("numerics", {}) if table is not None else {}
         settings = _numerics(where, (*at, "numerics") if own else (*base, "numerics"),
                              {**numerics, **own})  # fmt: skip
-        inside = [
-            (what, d)
-            for what, d in zip(("output", "state", "cache"), excluded, strict=False)
-            if pattern == d or pattern.startswith(d + "/")
-        ]
-        if inside and not glob:
-            raise where.error(
-                at,
-                f"model {raw!r} is inside the {inside[0][0]} directory {inside[0][1]!r}, "
-                "where epbuild writes and removes files",
-                "give out_dir (and state_dir) directories of their own, e.g. "
-                'out_dir = "build", and keep the models elsewhere',
-            )
-        expanded = _expand(root, pattern, excluded)
-        if not expanded:
-            hidden = _expand(root, pattern, ())
-            raise where.error(
-                at,
-                f"pattern {raw!r} matches no files"
-                + (
-                    f" outside epbuild's own directories ({', '.join(sorted(set(excluded)))}): "
-                    f"it matches only {hidden[0]!r}"
-                    + (f" and {len(hidden) - 1} more there" if len(hidden) > 1 else "")
-                    if hidden
-                    else ""
-                ),
-                "give out_dir (and state_dir) directories of their own, e.g. "
-                'out_dir = "build", and keep the models elsewhere'
-                if hidden
-                else "add the models, or fix the pattern (relative to the manifest's directory)",
-            )
+        expanded = _expand_entry(where, root, at, raw, pattern, glob, excluded)
         for model in expanded:
             problem = _check_model(where, root, model, at)
             if problem is not None:
@@ -590,6 +560,51 @@ def _group_models(
             )
     _check_names(where, path, models)
     return tuple(models), tuple(patterns)
+
+
+def _expand_entry(
+    where: Where,
+    root: Path,
+    at: tuple[str, ...],
+    raw: str,
+    pattern: str,
+    glob: bool,
+    excluded: tuple[str, ...],
+) -> list[str]:
+    """The models one entry names: refuses a path inside epbuild's own directories and a
+    pattern that matches nothing (saying when it matches only there)."""
+    inside = [
+        (what, d)
+        for what, d in zip(("output", "state", "cache"), excluded, strict=False)
+        if pattern == d or pattern.startswith(d + "/")
+    ]
+    if inside and not glob:
+        raise where.error(
+            at,
+            f"model {raw!r} is inside the {inside[0][0]} directory {inside[0][1]!r}, "
+            "where epbuild writes and removes files",
+            "give out_dir (and state_dir) directories of their own, e.g. "
+            'out_dir = "build", and keep the models elsewhere',
+        )
+    expanded = _expand(root, pattern, excluded)
+    if not expanded:
+        hidden = _expand(root, pattern, ())
+        raise where.error(
+            at,
+            f"pattern {raw!r} matches no files"
+            + (
+                f" outside epbuild's own directories ({', '.join(sorted(set(excluded)))}): "
+                f"it matches only {hidden[0]!r}"
+                + (f" and {len(hidden) - 1} more there" if len(hidden) > 1 else "")
+                if hidden
+                else ""
+            ),
+            "give out_dir (and state_dir) directories of their own, e.g. "
+            'out_dir = "build", and keep the models elsewhere'
+            if hidden
+            else "add the models, or fix the pattern (relative to the manifest's directory)",
+        )
+    return expanded
 
 
 def _numerics(where: Where, path: tuple[str, ...], raw: dict[str, Any]) -> NumericsSettings:

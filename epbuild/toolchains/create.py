@@ -83,21 +83,7 @@ def _make(
     with open(log, "w", encoding="utf-8"):
         pass  # this attempt's log only
     uv = shutil.which("uv") if os.environ.get("EPBUILD_INSTALLER", "") != "pip" else None
-    python = os.path.join(
-        directory, *(("Scripts", "python.exe") if os.name == "nt" else ("bin", "python"))
-    )
-    if uv:
-        _run(
-            [uv, "venv", "--quiet", "--python", sys.executable, directory],
-            log,
-            spec,
-            provider,
-            keep,
-        )
-        install = [uv, "pip", "install", "--python", python, *_uv_index_flags()]
-    else:
-        _run([sys.executable, "-m", "venv", directory], log, spec, provider, keep)
-        install = [python, "-m", "pip", "install", "--disable-pip-version-check"]
+    python, install = _make_venv(uv, directory, log, spec, provider, keep)
     if locked is None:
         _run([*install, *spec.requirements], log, spec, provider, keep)
     else:
@@ -130,6 +116,27 @@ def _make(
     made = read_marker(spec, directory)
     assert made is not None
     return made
+
+
+def _make_venv(
+    uv: str | None,
+    directory: str,
+    log: str,
+    spec: ToolchainSpec,
+    provider: str,
+    keep: tuple[int, ...],
+) -> tuple[str, list[str]]:
+    """Make an empty virtual environment (with ``uv`` where found); its interpreter and
+    the command that installs into it."""
+    python = os.path.join(
+        directory, *(("Scripts", "python.exe") if os.name == "nt" else ("bin", "python"))
+    )
+    if uv:
+        command = [uv, "venv", "--quiet", "--python", sys.executable, directory]
+        _run(command, log, spec, provider, keep)
+        return python, [uv, "pip", "install", "--python", python, *_uv_index_flags()]
+    _run([sys.executable, "-m", "venv", directory], log, spec, provider, keep)
+    return python, [python, "-m", "pip", "install", "--disable-pip-version-check"]
 
 
 def locked_requirements(locked: EnvironmentLock) -> str:
