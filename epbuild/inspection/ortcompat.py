@@ -9,12 +9,9 @@ machine (``get_model_compatibility_for_ep_devices``), answering with an
 
 Where there is no verdict (no onnxruntime, an older one, no device of the EP, or an EP that
 declines to judge) the result says why and nothing fails. An adapter may name the device
-types its EP judges (``compatibility_device_types``); ORT is then asked only with those. The
-onnxruntime-qnn 2.7.0 plugin judges only NPU devices and on x86_64 lists a CPU-typed one;
-asked anyway it refuses, and if a QNN session existed in the process before, the refusal
-segfaults it (measured with ORT 1.32), so on a build host the QNN verdict is "not available"
-without asking. onnxruntime is imported here, lazily: only ``verify`` and the runtime call
-this, never the build's coordinator.
+types its EP judges (``compatibility_device_types``); ORT is then asked only with those (why
+QNN names only NPU devices: docs/research/qnn-plugin.md). onnxruntime is imported here,
+lazily: only ``verify`` and the runtime call this, never the build's coordinator.
 """
 
 from __future__ import annotations

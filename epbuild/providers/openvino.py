@@ -213,10 +213,9 @@ class OpenVinoProvider(BaseProvider):
         return device.split(".")[0] == "NPU" and "reshape_input" not in config.options
 
     def sharing_refusal(self, config: ProviderConfig) -> str | None:
-        """On CPU the EP ignores ``ep.share_ep_contexts``: it writes one context binary per
-        model, no error (measured with onnxruntime-openvino 1.24.1). NPU weight sharing is
-        the EP's documented case; GPU is unmeasured (the post-compile check catches an EP
-        that did not share)."""
+        """On CPU the EP ignores ``ep.share_ep_contexts`` (docs/research/openvino-ep.md);
+        NPU sharing is the EP's documented case, GPU unmeasured (the post-compile check
+        catches an EP that did not share)."""
         if config.options.get("device_type", DEFAULT_DEVICE).split(".")[0] == "CPU":
             return (
                 f"provider {config.name!r}: the OpenVINO EP does not share weights on CPU "
