@@ -109,7 +109,7 @@ DEFAULTS: dict[str, str] = {
     "groups.<name>.load": '`"path"`',
     "groups.<name>.free_dimensions": "`{}`",
     "groups.<name>.compiler": "the provider's",
-    "groups.<name>.graph_optimization_level": "the provider's, else `\"all\"`",
+    "groups.<name>.graph_optimization_level": 'the provider\'s, else `"all"`',
     "groups.<name>.disable_cpu_ep_fallback": "the provider's, else `false`",
     "groups.<name>.intra_op_num_threads": "the provider's, else ONNX Runtime's",
     "groups.<name>.external_data_folder": "the provider's, else the model's folder",
@@ -302,9 +302,9 @@ def _option_rows(p: argparse.ArgumentParser) -> Iterator[str]:
             text += f" (one of: {', '.join(map(str, action.choices))})"
         if action.required and action.option_strings:
             text += " (required)"
-        if action.option_strings and action.default not in (None, False, [], argparse.SUPPRESS):
-            if f"default {action.default}" not in text:
-                text += f" (default {action.default})"
+        shown = action.default not in (None, False, [], argparse.SUPPRESS)
+        if action.option_strings and shown and f"default {action.default}" not in text:
+            text += f" (default {action.default})"
         yield f"| `{_cell(flags)}` | {_cell(text)} |\n"
 
 
@@ -326,7 +326,8 @@ def cli_page(parser: argparse.ArgumentParser) -> str:
     ]
     commands = _subcommands(parser)
     for name in commands:
-        lines.append(f"| [`{name}`](#epbuild-{_anchor(name)}) | {_cell(_help_of(parser, name))} |\n")
+        link = f"[`{name}`](#epbuild-{_anchor(name)})"
+        lines.append(f"| {link} | {_cell(_help_of(parser, name))} |\n")
     for name, sub in commands.items():
         lines.extend(_command_section(parser, f"epbuild {name}", name, sub, level=2))
     return "".join(lines)
@@ -397,9 +398,9 @@ def json_commands() -> list[str]:
             if not (isinstance(node, ast.Call) and _name(node.func) == "print_json"):
                 continue
             for kw in node.keywords:
-                if kw.arg == "command" and isinstance(kw.value, ast.Constant):
-                    if kw.value.value not in found:
-                        found.append(str(kw.value.value))
+                named = kw.arg == "command" and isinstance(kw.value, ast.Constant)
+                if named and str(kw.value.value) not in found:  # type: ignore[attr-defined]
+                    found.append(str(kw.value.value))  # type: ignore[attr-defined]
     return found
 
 
@@ -414,7 +415,7 @@ def _name(func: ast.expr) -> str:
 def json_page() -> str:
     from epbuild.frontends.render import SCHEMA_VERSION, envelope
 
-    commands = json_commands() + ["watch"]
+    commands = [*json_commands(), "watch"]
     missing = [c for c in commands if c not in JSON_KEYS]
     if missing:
         raise SystemExit(f"gen_reference: describe the --json output of {missing} in JSON_KEYS")
@@ -425,7 +426,7 @@ def json_page() -> str:
         "Every command that reports or changes something takes `--json` and then prints one "
         "JSON object on stdout (progress and messages go to stderr). Each document has the "
         f"same frame (`schema_version` {SCHEMA_VERSION}): `command`, `schema_version`, `ok` "
-        "(false exactly when the command exits non-zero), `warnings` (`[{\"severity\", "
+        '(false exactly when the command exits non-zero), `warnings` (`[{"severity", '
         '"message"}]`) and then the command\'s own keys. For example, `epbuild status '
         "--json` in an empty workspace prints:\n\n",
         f"```json\n{json.dumps(sample, indent=2)}\n```\n\n",
@@ -493,8 +494,7 @@ ENVIRONMENT: dict[str, str] = {
     "by size).",
     "EPBUILD_DEBUG": "`1`: an error also prints the traceback it came from (as `--debug`), "
     "for a bug report.",
-    "EPBUILD_INSTALLER": "`pip`: make provider toolchains with pip even where `uv` is on "
-    "PATH.",
+    "EPBUILD_INSTALLER": "`pip`: make provider toolchains with pip even where `uv` is on PATH.",
     "EPBUILD_LOCKED": "`1`: every `build` behaves as `build --locked` (refuse an environment "
     "that differs from `epbuild.lock`, exit 2). Empty: off.",
     "EPBUILD_NO_RENAME_EXCHANGE": "`1`: `package` swaps the new package in with two renames "
