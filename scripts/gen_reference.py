@@ -317,7 +317,8 @@ def cli_page(parser: argparse.ArgumentParser) -> str:
         "# Command reference\n",
         GENERATED,
         f"{parser.description} Usage: `epbuild [global options] COMMAND [options]`. "
-        "Every option is checked before anything runs: a bad one exits 2. The "
+        "Every option is checked before anything runs: a bad one exits 2. `epbuild COMMAND "
+        "--help` prints a command's section below, ending with its address here. The "
         "[JSON output](json.md) and [exit codes](exit-codes.md) pages give what commands "
         "print and return.\n",
         "\n## Global options\n\n| option | meaning |\n|---|---|\n",

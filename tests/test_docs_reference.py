@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import re
 import sys
 from pathlib import Path
 from types import ModuleType
@@ -69,3 +70,21 @@ def test_every_schema_key_and_parser_option_is_on_a_page() -> None:
                 if option not in ("-h", "--help"):
                     assert option in cli, option
         stack.extend(gen._subcommands(parser).values())
+
+
+def test_every_help_says_what_the_command_does_and_ends_with_its_docs_section() -> None:
+    cli = (ROOT / gen.OUT / "cli.md").read_text(encoding="utf-8")
+    sections = {"-".join(t.split()) for t in re.findall(r"^#+ `(epbuild[^`]*)`", cli, re.M)}
+    stack = [("epbuild", gen.build_parser())]
+    seen = 0
+    while stack:
+        title, parser = stack.pop()
+        text = parser.format_help().rstrip()
+        page, _, anchor = text.splitlines()[-1].removeprefix("docs: ").partition("#")
+        assert (ROOT / page).is_file(), title
+        if title != "epbuild":
+            assert anchor in sections, title
+            assert parser.description, f"{title} --help does not say what it does"
+            seen += 1
+        stack.extend((f"{title} {n}", p) for n, p in gen._subcommands(parser).items())
+    assert seen >= 15
