@@ -305,7 +305,7 @@ def _option_rows(p: argparse.ArgumentParser) -> Iterator[str]:
         shown = action.default not in (None, False, [], argparse.SUPPRESS)
         if action.option_strings and shown and f"default {action.default}" not in text:
             text += f" (default {action.default})"
-        yield f"| `{_cell(flags)}` | {_cell(text)} |\n"
+        yield f"| `{flags}` | {_cell(text)} |\n"  # a pipe in a code span needs no escape
 
 
 def _anchor(words: str) -> str:
