@@ -327,3 +327,11 @@ def test_getting_started_and_the_ci_sequence_run(tmp_path: Path) -> None:
     out = _epbuild(ws, "build", "--cache-only", "--cache", ".ci-2", env=env)
     assert "4 restored" in out
     _epbuild(ws, "verify", env=env)
+    # examples/quickstart/README.md: its commands, as written (-C the copy instead).
+    readme = next(x for x in SHELL if x.file == ROOT / "examples" / "quickstart" / "README.md")
+    commands = _commands(readme)
+    assert len(commands) >= 5
+    for args in commands:
+        assert args[:2] == ["-C", "examples/quickstart"], args
+        _epbuild(ws, *args[2:], env=env)
+    assert (ws / "dist" / "epbuild-package.json").is_file()
