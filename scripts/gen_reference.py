@@ -370,21 +370,23 @@ JSON_KEYS: dict[str, str] = {
     "add": "`path`, `written` (false when nothing changed), `changes`, `notes`",
     "clean": "`removed` (the action ids whose outputs were removed)",
     "report": "`path` (the HTML page), `actions` (how many it shows)",
-    "verify": "`problems`, `actions`, and with the options: `load` (`--load`), `numerics` "
-    '(`--numerics`: `[{"action", "model", "status", "reason", "outputs", "tolerance", '
-    '"cached"}]`), `generate` (`--generate`), `ort_compatibility` (`[{"file", "ep", "info", '
-    '"verdict", "note", "target_check"}]`)',
+    "verify": "`checked`, `problems` (`[{\"file\", \"message\", \"node\", \"attribute\", \"severity\"}]`), "
+    "`loads` (`--load`), `numerics` (`--numerics`: `[{\"action\", \"model\", \"status\", "
+    '\"reason\", \"outputs\", \"tolerance\", \"cached\"}]`), `ort_compatibility` (`[{\"file\", '
+    '\"ep\", \"info\", \"verdict\", \"note\", \"target_check\"}]`), and with `--generate` '
+    "`generate`",
     "package": '`package` (the directory), `written` (`{"kept", "linked", "copied", '
     '"unchanged", "removed"}`), `deployment` (the deployment manifest, as in '
     "`epbuild-package.json`)",
     "cache key": "`key` (the short key for CI caches)",
-    "cache export": "the archive written, the entries in it and those missing",
-    "cache import": "the entries added and any problems found",
-    "cache verify": "the objects checked and the damaged entries discarded",
-    "cache prune": "what was evicted and what is left",
-    "toolchains": "each environment made for a provider's toolchain, with the providers "
-    "using it; with `--prune`, `removed` and `busy`",
-    "lock": "`lock` (the file), `written`; with `--check`, the differences",
+    "cache export": "`path` (the archive), `entries`, `objects`, `bytes`, `problems`, "
+    "`missing` (actions the cache lacks, with why)",
+    "cache import": "`path`, `entries`, `objects`, `bytes`; problems go to `warnings`",
+    "cache verify": "`entries`, `objects`, `bytes`, `discarded` (damaged entries removed)",
+    "cache prune": "`entries_removed`, `entries_kept`, `bytes_removed`, `bytes_kept`",
+    "toolchains": "`root`, `environments` (each with the providers using it); with "
+    "`--prune`: `removed`, `busy`",
+    "lock": "`lock` (the file), `written`; with `--check`: `current`, `reasons`",
     "watch": "one document per cycle: `cycle`, `changed`, `manifest_error`, `summary`, "
     "`actions` and timings",
 }
