@@ -370,10 +370,11 @@ JSON_KEYS: dict[str, str] = {
     "add": "`path`, `written` (false when nothing changed), `changes`, `notes`",
     "clean": "`removed` (the action ids whose outputs were removed)",
     "report": "`path` (the HTML page), `actions` (how many it shows)",
-    "verify": "`checked`, `problems` (`[{\"file\", \"message\", \"node\", \"attribute\", \"severity\"}]`), "
-    "`loads` (`--load`), `numerics` (`--numerics`: `[{\"action\", \"model\", \"status\", "
-    '\"reason\", \"outputs\", \"tolerance\", \"cached\"}]`), `ort_compatibility` (`[{\"file\", '
-    '\"ep\", \"info\", \"verdict\", \"note\", \"target_check\"}]`), and with `--generate` '
+    "verify": '`checked`, `problems` (`[{"file", "message", "node", "attribute", '
+    '"severity"}]`), '
+    '`loads` (`--load`), `numerics` (`--numerics`: `[{"action", "model", "status", '
+    '"reason", "outputs", "tolerance", "cached"}]`), `ort_compatibility` (`[{"file", '
+    '"ep", "info", "verdict", "note", "target_check"}]`), and with `--generate` '
     "`generate`",
     "package": '`package` (the directory), `written` (`{"kept", "linked", "copied", '
     '"unchanged", "removed"}`), `deployment` (the deployment manifest, as in '
