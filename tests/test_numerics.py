@@ -231,8 +231,8 @@ def test_auto_builds_at_a_lower_level_where_all_compiles_nothing(workspace: Work
     workspace.manifest({"providers": {"htp": HTP73}, "groups": {"g": group}})
     (fixed,) = workspace.build().actions
     assert fixed.outcome is Outcome.FAILED and "compiled nothing" in (fixed.error or "")
-    workspace.manifest({"providers": {"htp": HTP73},
-                        "groups": {"g": {**group, "graph_optimization_level": "auto"}}})  # fmt: skip
+    group["graph_optimization_level"] = "auto"
+    workspace.manifest({"providers": {"htp": HTP73}, "groups": {"g": group}})
     result = workspace.build()
     assert result.ok, [a.error for a in result.actions]
     (rec,) = load_state(str(workspace.root / ".epbuild/state.jsonl")).records.values()

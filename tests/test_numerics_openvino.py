@@ -111,6 +111,8 @@ def test_openvino_cpu_blobs_are_checked_with_the_openvino_package(
         assert check.outputs
         for out in check.outputs:
             assert out["max_rel"] < 1e-4 and out["cosine"] > 0.99999, out
+    detail = workspace.cli("status", "--detail", "g", check=True).stdout
+    assert "numerics: ok (worst output" in detail and "standalone openvino 2025.4.1" in detail
     # The blob is what runs: this model's blob against the other mlp's source (same names
     # and shapes, other weights) gives figures far beyond any tolerance.
     from epbuild.inspect.loading import LoadOutcome, _run_loader
@@ -137,5 +139,7 @@ def test_without_the_openvino_package_it_says_how_to_enable_the_check(
     for check in result.numerics:
         assert check.status is NumericsStatus.NOT_CHECKABLE
         assert "IR frontend" in check.reason
-        assert 'add "openvino==2025.4.*" to the toolchain requirements of provider ' \
+        assert (
+            'add "openvino==2025.4.*" to the toolchain requirements of provider '
             "'intel-cpu'" in check.reason
+        )

@@ -40,7 +40,8 @@ def bson(buf: bytes, pos: int = 0) -> dict[str, Any]:
         (size,) = struct.unpack_from("<i", buf, pos)
         if size < 5 or pos + size > len(buf) or buf[pos + size - 1] != 0:
             raise BlobError(f"the blob map is not valid BSON (a document of {size} bytes)")
-        end, pos, doc = pos + size - 1, pos + 4, {}
+        end, pos = pos + size - 1, pos + 4
+        doc: dict[str, Any] = {}
         while pos < end:
             kind = buf[pos]
             key_end = buf.index(b"\0", pos + 1)
@@ -89,10 +90,10 @@ def _context(ctx: str) -> tuple[dict[str, Any], bytes]:
     """The EPContext node's attributes and the bytes of its context binary."""
     from epbuild.onnx.proto import read_model
 
-    (node, *more) = read_model(ctx).context_nodes or [None]
-    if node is None or more:
+    nodes = read_model(ctx).context_nodes
+    if len(nodes) != 1:
         raise BlobError("the check handles ctx models of exactly one EPContext node")
-    attrs = node.attributes
+    attrs = nodes[0].attributes
     ref = attrs.get("ep_cache_context")
     if attrs.get("embed_mode", 1) == 0 and isinstance(ref, str | bytes):
         name = ref.decode() if isinstance(ref, bytes) else ref
@@ -116,7 +117,7 @@ def _version_problem(attrs: dict[str, Any], ov_version: str, provider: str) -> s
     if isinstance(wanted, str) and wanted and wanted != have:
         return (
             f"the blob was compiled by OpenVINO {wanted}, the openvino package here is "
-            f"{ov_version}: pin \"openvino=={wanted}.*\" in the toolchain requirements of "
+            f'{ov_version}: pin "openvino=={wanted}.*" in the toolchain requirements of '
             f"provider {provider!r}"
         )
     return None
@@ -135,7 +136,7 @@ def check(job: dict[str, Any]) -> dict[str, Any]:
         return {
             "outcome": "not_loadable_here",
             "message": "its blob is embedded in the ctx model, and reading it needs the onnx "
-            f"package: add \"onnx\" to the toolchain requirements of provider {provider!r}",
+            f'package: add "onnx" to the toolchain requirements of provider {provider!r}',
         }
     try:
         import openvino as ov
@@ -145,7 +146,7 @@ def check(job: dict[str, Any]) -> dict[str, Any]:
         return {
             "outcome": "not_loadable_here",
             "message": "to check it with the standalone openvino package instead, add "
-            f"\"openvino=={sdk}.*\" to the toolchain requirements of provider {provider!r}",
+            f'"openvino=={sdk}.*" to the toolchain requirements of provider {provider!r}',
         }
     version = ov.get_version().split("-")[0]
     problem = _version_problem(attrs, version, provider)
