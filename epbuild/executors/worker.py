@@ -97,6 +97,8 @@ NOTHING_COMPILED = "Unable to compile any nodes"
 """ONNX Runtime's message when ``ERROR_IF_NO_NODES_COMPILED`` fails a compile."""
 FALLBACK_REFUSED = "fallback to CPU EP has been explicitly disabled"
 """ONNX Runtime's message when ``session.disable_cpu_ep_fallback`` fails a compile."""
+QNN_MEM_ALLOC = "QNN_COMMON_ERROR_MEM_ALLOC"
+"""The QNN EP's error when it fails to finalize a graph it accepted (``EP_FAIL``)."""
 OPTIMIZATION_LEVELS = {
     "disabled": "ORT_DISABLE_ALL",
     "basic": "ORT_ENABLE_BASIC",
@@ -364,6 +366,11 @@ def ort_failure(job: Job, model: str, exc: Exception) -> CompileFailure:
             "disable_cpu_ep_fallback = true refuses a model with nodes the EP cannot take; "
             "set it to false to leave them on the CPU EP"
         )
+    elif QNN_MEM_ALLOC in str(exc):
+        hint = (
+            "the QNN EP could not finalize this graph (seen with torch dynamo exports); "
+            "see docs/troubleshooting.md#qnn-mem-alloc"
+        )
     return CompileFailure(f"{model}: ONNX Runtime failed: {_ort_message(exc)}", hint)
 
 
@@ -405,7 +412,8 @@ def nothing_compiled(model: str, how: str) -> CompileFailure:
     return CompileFailure(
         f"{model}: no EPContext model was written — the EP compiled nothing {how}",
         hint="check for unsupported ops or dynamic (symbolic) input dimensions, and "
-        "the provider options (an unknown soc_model or backend makes the EP fall back)",
+        "the provider options (an unknown soc_model or backend makes the EP fall back); "
+        "see docs/troubleshooting.md#the-ep-compiled-nothing",
     )
 
 
