@@ -171,5 +171,6 @@ def _timed_out(lock_path: str, what: str, timeout: float | None) -> LockTimeoutE
     return LockTimeoutError(
         f"timed out after {timeout or 0:g}s waiting for the lock held by "
         f"{owner.get('what', what)} (pid {owner.get('pid', '?')})",
-        hint="wait for that build to finish, or raise --lock-timeout",
+        hint="wait for that build to finish, or raise --lock-timeout "
+        "(see docs/troubleshooting.md#lock-waits)",
     )
