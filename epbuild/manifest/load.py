@@ -9,7 +9,6 @@ behind them, the state directory) are computed here once and carried on the mode
 from __future__ import annotations
 
 import os
-import posixpath
 import re
 from collections.abc import Callable
 from dataclasses import replace
@@ -17,11 +16,9 @@ from pathlib import Path
 from typing import Any
 
 from epbuild._names import (
-    CACHE_LAYOUT,
     CTX_SUFFIX,
     DEFAULT_OUT_DIR,
     MANIFEST_NAME,
-    PACKAGE_MANIFEST,
     model_stem,
     state_dir_setting,
     tomllib,
@@ -29,6 +26,7 @@ from epbuild._names import (
 from epbuild.errors import ManifestError, UnsafePathError
 from epbuild.fs import safe_relpath
 from epbuild.manifest.defaults import compile_api_missing, default_compiler, default_jobs
+from epbuild.manifest.expand import check_model, expand_entry, is_pattern
 from epbuild.manifest.llms import load_llms
 from epbuild.manifest.locate import Where
 from epbuild.manifest.model import (
@@ -60,7 +58,6 @@ __all__ = [
 
 BOM = "\ufeff"
 """A UTF-8 byte-order mark, as the first character of decoded text."""
-_GLOB_CHARS = re.compile(r"[*?\[]")
 _DRIVE = re.compile(r"[A-Za-z]:[\\/]")
 # Session options epbuild derives from the group settings; a manifest may not set them.
 _RESERVED_SESSION_PREFIXES = ("ep.context_", "ep.share_ep_contexts")
@@ -531,7 +528,7 @@ def _group_models(
         raw = table["path"] if table is not None else entry
         assert isinstance(raw, str)  # the schema says so
         pattern = _rel(where, raw, at, "model")
-        glob = bool(_GLOB_CHARS.search(pattern))
+        glob = is_pattern(pattern)
         if glob:
             patterns.append(pattern)
         name = table.get("name") if table is not None else None
@@ -544,9 +541,9 @@ def _group_models(
         own = table.get("numerics", {}) if table is not None else {}
         settings = _numerics(where, (*at, "numerics") if own else (*base, "numerics"),
                              {**numerics, **own})  # fmt: skip
-        expanded = _expand_entry(where, root, at, raw, pattern, glob, excluded)
+        expanded = expand_entry(where, root, at, raw, pattern, glob, excluded)
         for model in expanded:
-            problem = _check_model(where, root, model, at)
+            problem = check_model(where, root, model, at)
             if problem is not None:
                 problems.setdefault(model, problem)
             models.append(
@@ -560,51 +557,6 @@ def _group_models(
             )
     _check_names(where, path, models)
     return tuple(models), tuple(patterns)
-
-
-def _expand_entry(
-    where: Where,
-    root: Path,
-    at: tuple[str, ...],
-    raw: str,
-    pattern: str,
-    glob: bool,
-    excluded: tuple[str, ...],
-) -> list[str]:
-    """The models one entry names: refuses a path inside epbuild's own directories and a
-    pattern that matches nothing (saying when it matches only there)."""
-    inside = [
-        (what, d)
-        for what, d in zip(("output", "state", "cache"), excluded, strict=False)
-        if pattern == d or pattern.startswith(d + "/")
-    ]
-    if inside and not glob:
-        raise where.error(
-            at,
-            f"model {raw!r} is inside the {inside[0][0]} directory {inside[0][1]!r}, "
-            "where epbuild writes and removes files",
-            "give out_dir (and state_dir) directories of their own, e.g. "
-            'out_dir = "build", and keep the models elsewhere',
-        )
-    expanded = _expand(root, pattern, excluded)
-    if not expanded:
-        hidden = _expand(root, pattern, ())
-        raise where.error(
-            at,
-            f"pattern {raw!r} matches no files"
-            + (
-                f" outside epbuild's own directories ({', '.join(sorted(set(excluded)))}): "
-                f"it matches only {hidden[0]!r}"
-                + (f" and {len(hidden) - 1} more there" if len(hidden) > 1 else "")
-                if hidden
-                else ""
-            ),
-            "give out_dir (and state_dir) directories of their own, e.g. "
-            'out_dir = "build", and keep the models elsewhere'
-            if hidden
-            else "add the models, or fix the pattern (relative to the manifest's directory)",
-        )
-    return expanded
 
 
 def _numerics(where: Where, path: tuple[str, ...], raw: dict[str, Any]) -> NumericsSettings:
@@ -696,78 +648,3 @@ def _strip_where(exc: ManifestError) -> str:
 
 def _nested(a: str, b: str) -> bool:
     return a.startswith(b + "/") or b.startswith(a + "/")
-
-
-def _expand(root: Path, pattern: str, excluded: tuple[str, ...]) -> list[str]:
-    if not _GLOB_CHARS.search(pattern):
-        return [pattern]
-    import glob
-
-    # root_dir: the workspace path itself may contain glob characters ("proj[1]").
-    base = str(root)
-    found = sorted(
-        posixpath.normpath(p.replace(os.sep, "/"))
-        for p in glob.glob(pattern, root_dir=base, recursive=True)
-        if os.path.isfile(os.path.join(base, p))
-    )
-    found = [p for p in found if not any(p == d or p.startswith(d + "/") for d in excluded)]
-    return _not_outputs(base, found)
-
-
-def _not_outputs(base: str, found: list[str]) -> list[str]:
-    """``found`` less epbuild's own outputs, wherever they are: anything inside a model
-    package (a folder holding ``PACKAGE_MANIFEST``) or a directory cache, and ctx models
-    (``*_ctx.onnx`` with EPContext nodes). Costs a few stats per folder, and reads only the
-    ctx-named files a pattern matched."""
-    verdicts: dict[str, bool] = {}
-
-    def epbuild_folder(folder: str) -> bool:
-        if folder in ("", "."):
-            return False
-        if folder not in verdicts:
-            here = os.path.join(base, folder)
-            verdicts[folder] = (
-                os.path.isfile(os.path.join(here, PACKAGE_MANIFEST))
-                or (
-                    os.path.isdir(os.path.join(here, CACHE_LAYOUT, "objects"))
-                    and os.path.isdir(os.path.join(here, CACHE_LAYOUT, "entries"))
-                )
-                or epbuild_folder(posixpath.dirname(folder))
-            )
-        return verdicts[folder]
-
-    return [
-        p
-        for p in found
-        if not epbuild_folder(posixpath.dirname(p))
-        and not (p.endswith(CTX_SUFFIX) and _has_context_nodes(os.path.join(base, p)))
-    ]
-
-
-def _has_context_nodes(path: str) -> bool:
-    """Whether the model at ``path`` holds EPContext nodes (a compiled output, not a source);
-    an unreadable one is left to the model checks."""
-    from epbuild.onnx.proto import ProtoError, read_model
-
-    try:
-        return bool(read_model(path).context_nodes)
-    except (OSError, ProtoError):
-        return False
-
-
-def _check_model(
-    where: Where, root: Path, model: str, path: tuple[str, ...]
-) -> ManifestError | None:
-    import stat
-
-    try:
-        mode = os.stat(os.path.join(root, model)).st_mode
-    except OSError:
-        return where.error(
-            path,
-            f"model file {model!r} does not exist",
-            "check the path (it is relative to the manifest's directory)",
-        )
-    if not stat.S_ISREG(mode):
-        return where.error(path, f"{model!r} is not a file")
-    return None
