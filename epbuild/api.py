@@ -34,7 +34,6 @@ if TYPE_CHECKING:
     from epbuild.engine.trace import Tracer
     from epbuild.executors.local import Executor
     from epbuild.manifest.model import Manifest
-    from epbuild.planning.actions import Action
 
 
 __all__ = [
@@ -187,16 +186,14 @@ def _without_compiling(
 ) -> BuildResult:
     """Finish a dry run, or a build with nothing stale (recording it for the no-op path)."""
     if not dry_run:
-        _save_stats_if_possible(ws)
         _write_llm_packages(ws, done)
+    stale = any(p.stale for p in plans)
+    if not dry_run and not stale and not done.warnings and trace is None:
+        _record_noop(ws, plans, selectors, done)
+    if not dry_run:  # after the fingerprint, which may hash (and remember) more files
+        _save_stats_if_possible(ws)
     if trace is not None:
         tracer.write(trace)
-    stale = any(p.stale for p in plans)
-    # LLM packages copy files from their sources that no action key holds (genai_config,
-    # tokenizer): every build plans, so that an edit of them reaches the package.
-    quiet = not done.warnings and not ws.manifest.llms
-    if not dry_run and not stale and quiet and trace is None:
-        _record_noop(ws, plans, selectors, done)
     return done
 
 
@@ -206,29 +203,23 @@ def _write_llm_packages(ws: Workspace, done: BuildResult) -> None:
     if not ws.manifest.llms:
         return
     from epbuild.llm.package import write_package
-    from epbuild.planning.llms import LlmGroup
+    from epbuild.planning.llms import package_targets
     from epbuild.providers import get_provider
     from epbuild.results import Outcome
 
     ok = (Outcome.COMPILED, Outcome.RESTORED, Outcome.UP_TO_DATE)
     outcome = {r.id: r.outcome for r in done.actions}
-    targets: dict[tuple[str, str], list[Action]] = {}
-    for action in ws.actions:
-        if isinstance(action.group, LlmGroup):
-            targets.setdefault((action.group.name, action.provider.name), []).append(action)
-    for (name, pname), actions in sorted(targets.items()):
-        stages = {e.name for a in actions for e in a.entries}
-        if len(stages) < len(actions[0].group.entries):
-            continue  # a selection of some of its graphs
-        if any(outcome.get(a.id) not in ok for a in actions):
+    for target in package_targets(ws.manifest, ws.actions):
+        if any(outcome.get(a.id) not in ok for a in target.actions):
             continue
-        first = actions[0]
-        llm = ws.manifest.llms[name]
-        adapter = get_provider(first.provider.ep)
+        adapter = get_provider(target.provider.ep)
         try:
-            write_package(ws.root, llm, first.out_dir, first.provider, adapter.file_options)
+            write_package(
+                ws.root, target.llm, target.out_dir, target.provider, adapter.file_options
+            )
         except (OSError, ValueError) as exc:
-            done.warnings.append(f"llms.{name}/{pname}: package files not written: {exc}")
+            name = f"llms.{target.llm.name}/{target.provider.name}"
+            done.warnings.append(f"{name}: package files not written: {exc}")
 
 
 def _plan(

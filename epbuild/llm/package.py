@@ -3,9 +3,10 @@
 all built, the ``genai_config.json`` of type ``decoder-pipeline`` (relative file names) and
 the source's other files genai needs (tokenizer, chat template, ...), copied.
 
-Runs on every build that plans (never on the no-op path, which LLM entries keep off): a
-file is replaced, atomically, only when its bytes differ, so a config-only edit of the
-source rewrites the config and compiles nothing. Standard library only.
+Runs on every build that plans: a file is replaced, atomically, only when its bytes differ,
+so a config-only edit of the source rewrites the config and compiles nothing. The no-op
+fingerprint (``planning.noop``) stamps the source files and the package files and checks
+the package against ``package_contents``. Standard library only.
 """
 
 from __future__ import annotations
@@ -33,15 +34,11 @@ def genai_options(cfg: ProviderConfig, file_options: Iterable[str]) -> dict[str,
     return {name: {k: v for k, v in sorted(cfg.options.items()) if k not in skip}}
 
 
-def write_package(
-    root: str,
-    llm: Llm,
-    out_dir: str,
-    provider: ProviderConfig,
-    file_options: Iterable[str],
-) -> list[str]:
-    """Write the config and copy the source's other files into ``out_dir`` (workspace-
-    relative); returns the workspace-relative paths it replaced."""
+def package_contents(
+    root: str, llm: Llm, provider: ProviderConfig, file_options: Iterable[str]
+) -> dict[str, bytes]:
+    """File name → the bytes the package's config and copied source files must hold, read
+    from the source folder now."""
     source = os.path.join(root, llm.source)
     with open(os.path.join(source, GENAI_CONFIG), encoding="utf-8") as f:
         config = json.load(f)
@@ -57,14 +54,36 @@ def write_package(
     for name in _companions(source, llm.files):
         with open(os.path.join(source, name), "rb") as f:
             wanted[name] = f.read()
+    return wanted
+
+
+def write_package(
+    root: str,
+    llm: Llm,
+    out_dir: str,
+    provider: ProviderConfig,
+    file_options: Iterable[str],
+) -> list[str]:
+    """Write the config and copy the source's other files into ``out_dir`` (workspace-
+    relative); returns the workspace-relative paths it replaced."""
     written = []
-    for name, data in wanted.items():
+    for name, data in package_contents(root, llm, provider, file_options).items():
         path = os.path.join(root, out_dir, name)
         if _same(path, data):
             continue
         atomic_write_bytes(path, data)
         written.append(posixpath.join(out_dir, name))
     return written
+
+
+def source_files(root: str, llm: Llm) -> list[str]:
+    """Workspace-relative paths of the source files ``package_contents`` reads (the config
+    and the companions), whether or not they exist now."""
+    try:
+        names = _companions(os.path.join(root, llm.source), llm.files)
+    except OSError:
+        names = []
+    return [posixpath.join(llm.source, n) for n in (GENAI_CONFIG, *names)]
 
 
 def package_files(root: str, llm: Llm, out_dir: str) -> list[str]:

@@ -15,6 +15,7 @@ from epbuild.errors import EpbuildError, ModelError
 from epbuild.llm.prepare import AFFINITY, STAGES, ensure_prepared, prep_dir, prep_key
 from epbuild.llm.source import DECODER
 from epbuild.manifest.model import Group, Llm, Manifest, ModelEntry
+from epbuild.planning.actions import Action
 from epbuild.planning.keys import KeyComputer
 from epbuild.providers import get_provider
 from epbuild.providers.base import ProviderConfig
@@ -133,3 +134,32 @@ def with_affinity(cfg: ProviderConfig, folder: str) -> ProviderConfig:
     if "op_affinity" not in names or "op_affinity" in cfg.options:
         return cfg
     return replace(cfg, options={**cfg.options, "op_affinity": posixpath.join(folder, AFFINITY)})
+
+
+@dataclass(frozen=True)
+class PackageTarget:
+    """One LLM × provider package: its folder and the actions that compile its graphs."""
+
+    llm: Llm
+    provider: ProviderConfig
+    out_dir: str
+    """Workspace-relative ``<out_dir>/<llm>/<provider>``."""
+    actions: tuple[Action, ...]
+
+
+def package_targets(manifest: Manifest, actions: list[Action]) -> list[PackageTarget]:
+    """The packages whose graphs are all among ``actions`` (a selection of some of an LLM's
+    graphs makes no package), sorted by LLM and provider."""
+    found: dict[tuple[str, str], list[Action]] = {}
+    for action in actions:
+        if isinstance(action.group, LlmGroup):
+            found.setdefault((action.group.name, action.provider.name), []).append(action)
+    targets = []
+    for (name, _), mine in sorted(found.items()):
+        first = mine[0]
+        if len({e.name for a in mine for e in a.entries}) < len(first.group.entries):
+            continue
+        targets.append(
+            PackageTarget(manifest.llms[name], first.provider, first.out_dir, tuple(mine))
+        )
+    return targets
