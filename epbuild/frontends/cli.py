@@ -219,7 +219,7 @@ def _add_parser(sub: _Commands) -> None:
     )
     kinds = a.add_subparsers(dest="add_command", metavar="WHAT")
     kinds.required = True
-    for add in (_add_model_parser, _add_provider_parser, _add_target_parser):
+    for add in (_add_model_parser, _add_provider_parser, _add_target_parser, _add_llm_parser):
         add(kinds)
     for kind in kinds.choices.values():
         kind.add_argument("--json", action="store_true", help=_JSON_HELP)
@@ -290,6 +290,29 @@ def _add_target_parser(kinds: _Commands) -> None:
     t.add_argument("--option", action="append", metavar="KEY=VALUE", help=_OPTION_HELP)
     t.add_argument(
         "--replace", action="store_true", help="overwrite a different provider of that name"
+    )
+
+
+def _add_llm_parser(kinds: _Commands) -> None:
+    m = kinds.add_parser("llm", help="add an onnxruntime-genai model folder as [llms.NAME]")
+    m.add_argument("name", metavar="NAME")
+    m.add_argument("source", metavar="SOURCE", help="the folder holding genai_config.json")
+    m.add_argument(
+        "-p",
+        "--provider",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="provider to build it for (repeatable; default: the only one)",
+    )
+    m.add_argument("--context-length", type=int, metavar="N", help="static KV-cache length")
+    m.add_argument("--window-size", type=int, metavar="N", help="prompt window (prefill) length")
+    m.add_argument(
+        "--no-share-weights",
+        dest="share_weights",
+        action="store_const",
+        const=False,
+        help="one binary per graph (default: one for both)",
     )
 
 
@@ -463,6 +486,7 @@ def _cmd_init(args: argparse.Namespace) -> int:
             for g in result.groups
         ]
         doc = {"path": result.path, "groups": groups, "skipped": list(result.skipped)}
+        doc["llms"] = [{"name": m.name, "source": m.folder} for m in result.llms]
         print_json(doc, command="init")
         return 0
     for line in result.lines():
@@ -509,6 +533,18 @@ def _cmd_add(args: argparse.Namespace) -> int:
             options=options,
             replace=args.replace,
             toolchain=toolchain,
+        )
+    elif args.add_command == "llm":
+        from epbuild.manifest.edit_llm import add_llm
+
+        result = add_llm(
+            *where,
+            name=args.name,
+            source=args.source,
+            providers=args.provider,
+            context_length=args.context_length,
+            window_size=args.window_size,
+            share_weights=args.share_weights,
         )
     elif args.list or args.target is None:
         return _list_targets(args.list)

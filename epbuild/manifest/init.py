@@ -12,7 +12,7 @@ from epbuild._names import MANIFEST_NAME
 from epbuild.errors import UserError
 
 if TYPE_CHECKING:
-    from epbuild.manifest.discover import FoundGroup
+    from epbuild.manifest.discover import FoundGroup, FoundLlm
 
 STARTER = """\
 # epbuild manifest (README.md documents every key).
@@ -59,13 +59,16 @@ class InitResult:
     path: str
     groups: tuple[FoundGroup, ...]
     skipped: tuple[str, ...]
+    llms: tuple[FoundLlm, ...] = ()
 
     def lines(self) -> list[str]:
-        """One line per group and per skipped file, then the file written."""
+        """One line per group, LLM and skipped file, then the file written."""
         out = []
         for g in self.groups:
             shared = f", sharing {', '.join(g.shared_data)}" if g.share_weights else ""
             out.append(f"group {g.name}: {len(g.models)} model(s){shared}")
+        for llm in self.llms:
+            out.append(f"llm {llm.name}: {llm.folder} ({llm.source.model_type}, genai model)")
         out += [f"skipped {line}" for line in self.skipped]
         return [*out, f"wrote {self.path}"]
 
@@ -81,8 +84,10 @@ def init_from(
     ``directory``, inside the manifest's directory); refuses to overwrite one.
 
     Models sharing an external-data file become one ``share_weights`` group, the others
-    one group per directory (``manifest.discover``). ``target``: a well-known SoC to build
-    for (``epbuild add target --list``), default the starter's HTP v73 provider.
+    one group per directory, and an onnxruntime-genai model folder (``genai_config.json``;
+    ``source`` itself or one below it) an ``[llms]`` entry (``manifest.discover``).
+    ``target``: a well-known SoC to build for (``epbuild add target --list``), default the
+    starter's HTP v73 provider.
     """
     from epbuild.manifest.discover import discover
     from epbuild.manifest.edit import manifest_relative, write_checked
@@ -98,18 +103,21 @@ def init_from(
     if not os.path.isdir(os.path.join(root, rel)):
         raise UserError(f"--from {source}: no such directory")
     found = discover(root, rel)
-    if not found.groups:
+    if not found.groups and not found.llms:
+        reasons = "".join(f"; skipped {line}" for line in found.skipped)
         raise UserError(
-            f"no ONNX models found under {source}",
-            hint="init --from looks for *.onnx files (not *_ctx.onnx)",
+            f"no ONNX models found under {source}{reasons}",
+            hint="init --from looks for *.onnx files (not *_ctx.onnx) and onnxruntime-genai "
+            "model folders (genai_config.json)",
         )
     provider, provider_text = _provider_block(target)
     text = "\n".join(
         [_HEADER.format(source=source), provider_text]
         + [_group_block(g, provider) for g in found.groups]
+        + [_llm_block(llm, provider) for llm in found.llms]
     )
     write_checked(path, None, text)
-    return InitResult(str(path), found.groups, found.skipped)
+    return InitResult(str(path), found.groups, found.skipped, found.llms)
 
 
 _HEADER = """\
@@ -161,4 +169,25 @@ def _group_block(group: FoundGroup, provider: str) -> str:
     lines.append(f"providers = [{render_value(provider)}]")
     if group.share_weights:
         lines.append("share_weights = true")
+    return "\n".join(lines) + "\n"
+
+
+def _llm_block(llm: FoundLlm, provider: str) -> str:
+    """One ``[llms.NAME]`` table, with the loader's defaults written out and explained."""
+    from epbuild.manifest.model import DEFAULT_CONTEXT_LENGTH, DEFAULT_WINDOW_SIZE
+    from epbuild.manifest.tomledit import render_key, render_value
+
+    context = min(DEFAULT_CONTEXT_LENGTH, llm.source.context_limit)
+    window = min(DEFAULT_WINDOW_SIZE, context)
+    lines = [
+        f"# An onnxruntime-genai model ({llm.source.model_type}): a static context + iterator",
+        "# pipeline per provider, packaged for genai (check it: epbuild verify --generate).",
+        f"[llms.{render_key(llm.name)}]",
+        f"source = {render_value(llm.folder)}",
+        f"providers = [{render_value(provider)}]",
+        f"context_length = {context}    # prompt + generated tokens "
+        f"(the model's limit: {llm.source.context_limit})",
+        f"window_size = {window}    # the prompt is read this many tokens at a time",
+        "share_weights = true    # one binary for both graphs; false: checkable on x86_64",
+    ]
     return "\n".join(lines) + "\n"
