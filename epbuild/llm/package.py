@@ -1,7 +1,8 @@
 """The genai package of a built LLM: ``<out_dir>/<llm>/<provider>/`` holds the compiled
-``context``/``iterator`` ctx models (the actions' outputs) and, written here after they are
-all built, the ``genai_config.json`` of type ``decoder-pipeline`` (relative file names) and
-the source's other files genai needs (tokenizer, chat template, ...), copied.
+``context``/``iterator`` ctx models (or a pipeline source's compiled stages: the actions'
+outputs) and, written here after they are all built, the ``genai_config.json`` of type
+``decoder-pipeline`` (relative file names) and the source's other files genai needs
+(tokenizer, chat template, a pipeline's stages that run as they are), copied.
 
 Runs on every build that plans: a file is replaced, atomically, only when its bytes differ,
 so a config-only edit of the source rewrites the config and compiles nothing. The no-op
@@ -18,8 +19,8 @@ from collections.abc import Iterable
 
 from epbuild._names import CTX_SUFFIX
 from epbuild.fs import atomic_write_bytes
-from epbuild.llm.genai_config import CONTEXT, ITERATOR, pipeline_config
-from epbuild.llm.source import GENAI_CONFIG
+from epbuild.llm.genai_config import CONTEXT, ITERATOR, pipeline_config, stages_config
+from epbuild.llm.source import GENAI_CONFIG, PIPELINE, static_stages
 from epbuild.manifest.model import Llm
 from epbuild.providers.base import ProviderConfig
 
@@ -40,21 +41,45 @@ def package_contents(
     """File name → the bytes the package's config and copied source files must hold, read
     from the source folder now."""
     source = os.path.join(root, llm.source)
-    with open(os.path.join(source, GENAI_CONFIG), encoding="utf-8") as f:
-        config = json.load(f)
-    files = {CONTEXT: CONTEXT + CTX_SUFFIX, ITERATOR: ITERATOR + CTX_SUFFIX}
-    pipeline = pipeline_config(
-        config,
-        files=files,
-        provider_options=genai_options(provider, file_options),
-        context_length=llm.context_length,
-        window_size=llm.window_size,
-    )
-    wanted: dict[str, bytes] = {GENAI_CONFIG: (json.dumps(pipeline, indent=4) + "\n").encode()}
-    for name in _companions(source, llm.files):
+    with open(os.path.join(source, GENAI_CONFIG), encoding="utf-8") as text:
+        config = json.load(text)
+    options = genai_options(provider, file_options)
+    copied: list[str] = []
+    if llm.form == PIPELINE:
+        compiled = {stage: stage + CTX_SUFFIX for stage, _ in static_stages(source, llm.stages)}
+        package = stages_config(config, compiled=compiled, provider_options=options)
+        copied = _stage_files(source, [f for s, f in llm.stages if s not in compiled])
+    else:
+        package = pipeline_config(
+            config,
+            files={CONTEXT: CONTEXT + CTX_SUFFIX, ITERATOR: ITERATOR + CTX_SUFFIX},
+            provider_options=options,
+            context_length=llm.context_length,
+            window_size=llm.window_size,
+        )
+    wanted: dict[str, bytes] = {GENAI_CONFIG: (json.dumps(package, indent=4) + "\n").encode()}
+    for name in [*_companions(source, llm.files), *copied]:
         with open(os.path.join(source, name), "rb") as f:
             wanted[name] = f.read()
     return wanted
+
+
+def _stage_files(source: str, models: list[str]) -> list[str]:
+    """The pipeline stages run as they are (CPU stages) and their external-data files."""
+    from epbuild.fs import reference_problem
+    from epbuild.onnx.proto import read_model
+
+    found: list[str] = []
+    for model in models:
+        found.append(model)
+        for ref in read_model(os.path.join(source, model)).external_refs:
+            problem = reference_problem(ref.location)
+            if problem is not None:
+                raise ValueError(f"{model}: external-data location {problem}")
+            data = posixpath.normpath(posixpath.join(posixpath.dirname(model), ref.location))
+            if data not in found:
+                found.append(data)
+    return found
 
 
 def write_package(
@@ -77,24 +102,28 @@ def write_package(
 
 
 def source_files(root: str, llm: Llm) -> list[str]:
-    """Workspace-relative paths of the source files ``package_contents`` reads (the config
-    and the companions), whether or not they exist now."""
+    """Workspace-relative paths of the source files ``package_contents`` reads (the config,
+    the companions and a pipeline's copied stages), whether or not they exist now."""
+    return [posixpath.join(llm.source, n) for n in (GENAI_CONFIG, *_copied(root, llm))]
+
+
+def _copied(root: str, llm: Llm) -> list[str]:
+    """Names of the files copied from the source folder as they are."""
+    source = os.path.join(root, llm.source)
     try:
-        names = _companions(os.path.join(root, llm.source), llm.files)
-    except OSError:
-        names = []
-    return [posixpath.join(llm.source, n) for n in (GENAI_CONFIG, *names)]
+        names = _companions(source, llm.files)
+        if llm.form == PIPELINE:
+            compiled = {stage for stage, _ in static_stages(source, llm.stages)}
+            names += _stage_files(source, [f for s, f in llm.stages if s not in compiled])
+    except (OSError, ValueError):
+        return []
+    return names
 
 
 def package_files(root: str, llm: Llm, out_dir: str) -> list[str]:
     """Workspace-relative paths of the files ``write_package`` writes (config and
     companions), whether or not they exist now."""
-    source = os.path.join(root, llm.source)
-    try:
-        names = _companions(source, llm.files)
-    except OSError:
-        names = []
-    return [posixpath.join(out_dir, n) for n in (GENAI_CONFIG, *names)]
+    return [posixpath.join(out_dir, n) for n in (GENAI_CONFIG, *_copied(root, llm))]
 
 
 def _companions(source: str, models: Iterable[str]) -> list[str]:
