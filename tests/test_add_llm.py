@@ -115,6 +115,16 @@ def test_init_from_a_genai_folder_writes_an_llm(workspace: Workspace) -> None:
     assert (llm.context_length, llm.window_size, llm.share_weights) == (128, 64, True)
 
 
+def test_init_from_a_decoder_pipeline_keeps_its_static_shapes(workspace: Workspace) -> None:
+    shutil.copytree(FIXTURES / "llama-pipeline", workspace.root / "models" / "pipe")
+    rc, _, err = run(workspace, "init", "--from", "models/pipe")
+    assert rc == 0, err
+    text = (workspace.root / "epbuild.toml").read_text()
+    assert "context_length" not in text and "window_size" not in text  # fixed by its graphs
+    llm = load_manifest(workspace.root / "epbuild.toml").llms["pipe"]
+    assert (llm.form, llm.context_length, llm.window_size) == ("decoder-pipeline", 64, 16)
+
+
 def test_init_from_a_tree_with_models_and_genai_folders(workspace: Workspace) -> None:
     workspace.model("models/vision/cnn.onnx", matmul_model(1))
     shutil.copytree(FIXTURES / "qwen2", workspace.root / "models" / "qwen")

@@ -112,6 +112,7 @@ def test_verify_generate_matches_the_source(workspace: Workspace) -> None:
     assert check["comparison"]["compared"] == 8
 
 
+@pytest.mark.slow
 @needs_genai
 def test_shared_build_is_one_action_and_not_checkable_here(workspace: Workspace) -> None:
     _ws(workspace, share=True)

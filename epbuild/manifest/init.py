@@ -174,20 +174,28 @@ def _group_block(group: FoundGroup, provider: str) -> str:
 
 def _llm_block(llm: FoundLlm, provider: str) -> str:
     """One ``[llms.NAME]`` table, with the loader's defaults written out and explained."""
+    from epbuild.llm.source import DECODER
     from epbuild.manifest.model import DEFAULT_CONTEXT_LENGTH, DEFAULT_WINDOW_SIZE
     from epbuild.manifest.tomledit import render_key, render_value
 
-    context = min(DEFAULT_CONTEXT_LENGTH, llm.source.context_limit)
-    window = min(DEFAULT_WINDOW_SIZE, context)
+    found = llm.source
     lines = [
-        f"# An onnxruntime-genai model ({llm.source.model_type}): a static context + iterator",
+        f"# An onnxruntime-genai model ({found.model_type}): a static context + iterator",
         "# pipeline per provider, packaged for genai (check it: epbuild verify --generate).",
         f"[llms.{render_key(llm.name)}]",
         f"source = {render_value(llm.folder)}",
         f"providers = [{render_value(provider)}]",
-        f"context_length = {context}    # prompt + generated tokens "
-        f"(the model's limit: {llm.source.context_limit})",
-        f"window_size = {window}    # the prompt is read this many tokens at a time",
-        "share_weights = true    # one binary for both graphs; false: checkable on x86_64",
     ]
+    if found.form == DECODER:
+        context = min(DEFAULT_CONTEXT_LENGTH, found.context_limit)
+        window = min(DEFAULT_WINDOW_SIZE, context)
+        lines += [
+            f"context_length = {context}    # prompt + generated tokens "
+            f"(the model's limit: {found.context_limit})",
+            f"window_size = {window}    # the prompt is read this many tokens at a time",
+        ]
+    else:
+        lines[0] = f"# A decoder-pipeline ({found.context_limit} tokens): its static stages"
+        lines[1] = "# compiled as they are, per provider (check it: epbuild verify --generate)."
+    lines.append("share_weights = true    # one binary for all graphs; false: checkable on x86_64")
     return "\n".join(lines) + "\n"
