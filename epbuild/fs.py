@@ -72,6 +72,26 @@ def atomic_write_bytes(path: str, data: bytes, *, mode: int | None = None) -> No
         raise
 
 
+def atomic_copy(source: str, path: str) -> None:
+    """Copy ``source`` to ``path`` via a temp file + fsync + rename, in pieces (a large
+    file is never held in memory): all or nothing."""
+    directory = os.path.dirname(path) or "."
+    os.makedirs(directory, exist_ok=True)
+    tmp = temp_name(path)
+    try:
+        with open(source, "rb") as src, open(tmp, "wb") as f:
+            shutil.copyfileobj(src, f, 1 << 20)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException as exc:
+        if os.path.lexists(tmp):
+            os.unlink(tmp)
+        if isinstance(exc, OSError) and exc.filename in (None, tmp):  # name the file meant
+            raise OSError(exc.errno, exc.strerror, path) from exc
+        raise
+
+
 def os_error_text(exc: OSError, root: str | None = None) -> str:
     """``path: reason`` of an OS error (``src → dst: reason`` for a rename), with paths
     relative to ``root`` where they are inside it; never a Python repr."""

@@ -7,18 +7,20 @@ outputs) and, written here after they are all built, the ``genai_config.json`` o
 Runs on every build that plans: a file is replaced, atomically, only when its bytes differ,
 so a config-only edit of the source rewrites the config and compiles nothing. The no-op
 fingerprint (``planning.noop``) stamps the source files and the package files and checks
-the package against ``package_contents``. Standard library only.
+the package against ``package_plan``. Standard library only.
 """
 
 from __future__ import annotations
 
+import filecmp
 import json
 import os
 import posixpath
 from collections.abc import Iterable
+from dataclasses import dataclass
 
 from epbuild._names import CTX_SUFFIX
-from epbuild.fs import atomic_write_bytes
+from epbuild.fs import atomic_copy, atomic_write_bytes
 from epbuild.llm.genai_config import CONTEXT, ITERATOR, pipeline_config, stages_config
 from epbuild.llm.source import GENAI_CONFIG, PIPELINE, static_stages
 from epbuild.manifest.model import Llm
@@ -35,14 +37,24 @@ def genai_options(cfg: ProviderConfig, file_options: Iterable[str]) -> dict[str,
     return {name: {k: v for k, v in sorted(cfg.options.items()) if k not in skip}}
 
 
-def package_contents(
+@dataclass(frozen=True)
+class PackagePlan:
+    """What a package's files must hold, read from the source folder now."""
+
+    config: bytes
+    """The package's ``genai_config.json``."""
+    copies: dict[str, str]
+    """Package file name → the workspace-relative source file it is a copy of."""
+
+
+def package_plan(
     root: str, llm: Llm, provider: ProviderConfig, file_options: Iterable[str]
-) -> dict[str, bytes]:
-    """File name → the bytes the package's config and copied source files must hold, read
-    from the source folder now."""
+) -> PackagePlan:
+    """The package's config, and the source files it copies as they are (tokenizer files,
+    templates, a pipeline's CPU stages and their external data)."""
     source = os.path.join(root, llm.source)
-    with open(os.path.join(source, GENAI_CONFIG), encoding="utf-8") as text:
-        config = json.load(text)
+    with open(os.path.join(source, GENAI_CONFIG), encoding="utf-8") as f:
+        config = json.load(f)
     options = genai_options(provider, file_options)
     copied: list[str] = []
     if llm.form == PIPELINE:
@@ -57,11 +69,11 @@ def package_contents(
             context_length=llm.context_length,
             window_size=llm.window_size,
         )
-    wanted: dict[str, bytes] = {GENAI_CONFIG: (json.dumps(package, indent=4) + "\n").encode()}
-    for name in [*_companions(source, llm.files), *copied]:
-        with open(os.path.join(source, name), "rb") as f:
-            wanted[name] = f.read()
-    return wanted
+    names = [*_companions(source, llm.files), *copied]
+    return PackagePlan(
+        (json.dumps(package, indent=4) + "\n").encode(),
+        {name: posixpath.join(llm.source, name) for name in names},
+    )
 
 
 def _stage_files(source: str, models: list[str]) -> list[str]:
@@ -91,18 +103,24 @@ def write_package(
 ) -> list[str]:
     """Write the config and copy the source's other files into ``out_dir`` (workspace-
     relative); returns the workspace-relative paths it replaced."""
+    plan = package_plan(root, llm, provider, file_options)
     written = []
-    for name, data in package_contents(root, llm, provider, file_options).items():
+    config = os.path.join(root, out_dir, GENAI_CONFIG)
+    if not _same(config, plan.config):
+        atomic_write_bytes(config, plan.config)
+        written.append(posixpath.join(out_dir, GENAI_CONFIG))
+    for name, rel in plan.copies.items():
         path = os.path.join(root, out_dir, name)
-        if _same(path, data):
+        copied = os.path.join(root, rel)
+        if os.path.isfile(path) and filecmp.cmp(copied, path, shallow=False):
             continue
-        atomic_write_bytes(path, data)
+        atomic_copy(copied, path)
         written.append(posixpath.join(out_dir, name))
     return written
 
 
 def source_files(root: str, llm: Llm) -> list[str]:
-    """Workspace-relative paths of the source files ``package_contents`` reads (the config,
+    """Workspace-relative paths of the source files ``package_plan`` reads (the config,
     the companions and a pipeline's copied stages), whether or not they exist now."""
     return [posixpath.join(llm.source, n) for n in (GENAI_CONFIG, *_copied(root, llm))]
 

@@ -214,11 +214,13 @@ def _stamp_llms(
     """Stamp each LLM package's source (its folder's listing, genai_config.json, the files
     copied from it) and then the package's own files, each of which must hold what the
     source makes now (``llm.package``): a package a killed or concurrent build left half
-    written, or one an edit of the source has not reached, is never vouched for. The ONNX
+    written, or one an edit of the source has not reached, is never vouched for (the copies
+    are compared by digest, the config by its bytes as the source makes it now). The ONNX
     sources and prepared graphs are action inputs (``_stamp_plans``)."""
     import hashlib
 
-    from epbuild.llm.package import package_contents, source_files
+    from epbuild.llm.package import package_plan, source_files
+    from epbuild.llm.source import GENAI_CONFIG
     from epbuild.planning.llms import package_targets
     from epbuild.providers import get_provider
 
@@ -226,15 +228,16 @@ def _stamp_llms(
         llm = target.llm
         dirs[llm.source] = _dir_stamp(os.path.join(ws.root, llm.source))
         try:
-            for rel in source_files(ws.root, llm):
-                if not _stamp_trusted(ws, rel, files):
-                    return False
+            sources = {rel: _stamp_trusted(ws, rel, files) for rel in source_files(ws.root, llm)}
             adapter = get_provider(target.provider.ep)
-            wanted = package_contents(ws.root, llm, target.provider, adapter.file_options)
-            for name, data in wanted.items():
+            plan = package_plan(ws.root, llm, target.provider, adapter.file_options)
+            expected: dict[str, str | None] = {
+                GENAI_CONFIG: hashlib.sha256(plan.config).hexdigest()
+            }
+            expected.update({name: sources.get(rel) for name, rel in plan.copies.items()})
+            for name, digest in expected.items():
                 rel = f"{target.out_dir}/{name}"
-                digest = _stamp_trusted(ws, rel, files)
-                if digest != hashlib.sha256(data).hexdigest():
+                if digest is None or _stamp_trusted(ws, rel, files) != digest:
                     return False
         except (OSError, ValueError):
             return False
