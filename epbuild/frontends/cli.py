@@ -344,7 +344,24 @@ def _parser() -> argparse.ArgumentParser:
     from epbuild.frontends.lock_cli import lock_parser
 
     lock_parser(sub)
+    _document(p, "epbuild")
     return p
+
+
+DOCS_PAGE = "docs/reference/cli.md"
+"""Where each command's ``--help`` sends the reader (its section, by the ``epbuild X`` title)."""
+
+
+def _document(p: argparse.ArgumentParser, title: str) -> None:
+    """Every ``--help`` says in one line what the command does and ends with its docs page."""
+    anchor = title.replace(" ", "-")
+    p.epilog = f"docs: {DOCS_PAGE}" + (f"#{anchor}" if " " in title else "")
+    for action in p._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            helps = {c.dest: c.help for c in action._choices_actions}
+            for name, child in action.choices.items():
+                child.description = child.description or helps.get(name)
+                _document(child, f"{title} {name}")
 
 
 def _build_options(args: argparse.Namespace) -> dict[str, Any]:
