@@ -9,15 +9,15 @@ from __future__ import annotations
 
 import argparse
 import functools
-import json
 import os
 import signal
 import sys
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any, TypeAlias
+from typing import TYPE_CHECKING, Any, NoReturn, TypeAlias
 
-from epbuild.errors import EpbuildError, UserError
+from epbuild.errors import UsageError, UserError
 from epbuild.frontends import args as checks
+from epbuild.frontends import failures, render
 from epbuild.frontends.render import print_json, status_lines, summary_line
 
 if TYPE_CHECKING:
@@ -293,11 +293,17 @@ def _add_target_parser(kinds: _Commands) -> None:
     )
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse's parser, whose complaints are raised (``UsageError``) rather than printed
+    with an exit, so that ``main`` reports them like any other mistake (``--json`` too)."""
+
+    def error(self, message: str) -> NoReturn:
+        raise UsageError(message, usage=self.format_usage(), prog=self.prog)
+
+
 def _parser() -> argparse.ArgumentParser:
     """Global options, then one sub-parser per command (in ``--help`` order)."""
-    p = argparse.ArgumentParser(
-        prog="epbuild", description="Build ONNX Runtime EPContext models incrementally."
-    )
+    p = _Parser(prog="epbuild", description="Build ONNX Runtime EPContext models incrementally.")
     p.add_argument("-C", dest="directory", default=".", help="run as if started in DIR")
     p.add_argument("-f", "--file", dest="manifest", help="manifest file (default epbuild.toml)")
     p.add_argument(
@@ -305,7 +311,9 @@ def _parser() -> argparse.ArgumentParser:
         action="store_true",
         help="show the traceback an error came from (also EPBUILD_DEBUG=1)",
     )
-    sub = p.add_subparsers(dest="command", metavar="COMMAND")
+    sub: _Commands = p.add_subparsers(  # type: ignore[assignment]  # its parsers are _Parser
+        dest="command", metavar="COMMAND"
+    )
     sub.required = True
     commands = (
         _init_parser,
@@ -470,11 +478,18 @@ def _cmd_init(args: argparse.Namespace) -> int:
     return 0
 
 
-def _list_targets(asked: bool) -> int:
+def _list_targets(asked: bool, as_json: bool) -> int:
     from epbuild.providers.qnn import WELL_KNOWN_TARGETS
 
     if not asked:
         raise UserError("add target needs a TARGET", hint="epbuild add target --list")
+    if as_json:
+        targets = [
+            {"name": n, "title": t.title, "htp_arch": t.htp_arch, "soc_model": t.soc_model}
+            for n, t in WELL_KNOWN_TARGETS.items()
+        ]
+        print_json({"targets": targets}, command="add target")
+        return 0
     for name, t in WELL_KNOWN_TARGETS.items():
         print(f"{name:<26} {t.title}: htp_arch {t.htp_arch}, soc_model {t.soc_model}")
     print("(part numbers work too: epbuild add target sm8650)")
@@ -511,7 +526,7 @@ def _cmd_add(args: argparse.Namespace) -> int:
             toolchain=toolchain,
         )
     elif args.list or args.target is None:
-        return _list_targets(args.list)
+        return _list_targets(args.list, args.json)
     else:
         options = checks.provider_options(args.option)
         result = edit.add_target(
@@ -653,9 +668,7 @@ def _watch_started(as_json: bool, c: Cycle) -> None:
 
 def _watch_finished(as_json: bool, c: Cycle) -> None:
     if as_json:
-        from epbuild.frontends.render import envelope
-
-        print(json.dumps(envelope("watch", c.to_json(), ok=c.ok)), flush=True)
+        render.print_json_line(c.to_json(), command="watch", ok=c.ok)
         return
     for err in (c.manifest_error, c.error):
         if err:
@@ -744,51 +757,53 @@ def _sigterm(signum: int, frame: object) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the CLI; returns the exit code (also used as the console script)."""
+    """Run the CLI; returns the exit code (also used as the console script).
+
+    A failure is one message on stderr (its traceback too with ``--debug``); under
+    ``--json`` stdout also carries one JSON document with ``ok: false`` and ``error``, unless
+    the command printed its own."""
     from epbuild import _stacks
 
     _stacks.register()
-    args = _parser().parse_args(argv)
-    if args.directory != "." and not os.path.isdir(args.directory):
-        print(f"epbuild: error: -C {args.directory}: no such directory", file=sys.stderr)
-        return 2
-    debug = args.debug or os.environ.get("EPBUILD_DEBUG", "") not in ("", "0")
+    argv = list(sys.argv[1:] if argv is None else argv)
+    as_json = failures.json_requested(argv)
+    debug = "--debug" in argv or os.environ.get("EPBUILD_DEBUG", "") not in ("", "0")
+    command, directory, printed = "epbuild", ".", render.documents_printed()
     signal.signal(signal.SIGTERM, _sigterm)
     try:
+        args = _parser().parse_args(argv)
+        command, directory = _command_name(args), args.directory
+        debug = debug or args.debug
+        if directory != "." and not os.path.isdir(directory):
+            raise UserError(f"-C {directory}: no such directory")
         return COMMANDS[args.command](args)
-    except EpbuildError as exc:
-        _traceback(debug)
-        print(f"epbuild: error: {exc}", file=sys.stderr)
-        return exc.exit_code
-    except OSError as exc:  # a write no layer below expected to fail (a full disk): no traceback
-        from epbuild.fs import os_error_hint, os_error_text
+    except (Exception, KeyboardInterrupt) as exc:
+        if command == "epbuild":
+            command = failures.command_words(argv, _NESTED)
+        if debug and not isinstance(exc, KeyboardInterrupt):
+            import traceback
 
-        _traceback(debug)
-        root = os.path.abspath(args.directory)
-        text, hint = os_error_hint(exc, root)
-        text = text or os_error_text(exc, root)
-        print(f"epbuild: error: {text}\n  hint: {hint}", file=sys.stderr)
-        return 1
-    except KeyboardInterrupt:
-        print("epbuild: interrupted", file=sys.stderr)
-        return 130
-    except (Exception, RecursionError) as exc:  # a bug: one line, and the traceback on request
-        _traceback(debug)
-        print(f"epbuild: internal error: {type(exc).__name__}: {exc}"[:2000], file=sys.stderr)
-        print(
-            "  hint: this is a bug in epbuild; run the command again with --debug "
-            "(or EPBUILD_DEBUG=1) and report the traceback it shows",
-            file=sys.stderr,
-        )
-        return 1
+            traceback.print_exc()
+        failure = failures.describe(exc, os.path.abspath(directory))
+        print(failure.text, file=sys.stderr)
+        quiet_stop = command == "watch" and isinstance(exc, KeyboardInterrupt)
+        if as_json and not quiet_stop and render.documents_printed() == printed:
+            render.print_error_json(command, failure.error)
+        return failure.exit_code
 
 
-def _traceback(debug: bool) -> None:
-    """With ``--debug``: the traceback of the exception being handled (and its causes)."""
-    if debug:
-        import traceback
+_NESTED = {
+    "build": (), "status": (), "init": (), "add": ("model", "provider", "target"),
+    "clean": (), "verify": (), "package": (), "report": (), "watch": (),
+    "cache": ("key", "export", "import", "prune", "verify"), "toolchains": (), "lock": (),
+}  # fmt: skip
+"""Each command and its sub-commands, for naming a command whose arguments did not parse."""
 
-        traceback.print_exc()
+
+def _command_name(args: argparse.Namespace) -> str:
+    """``build``, ``cache key``, ``add model``: the ``command`` of the JSON documents."""
+    sub = getattr(args, "cache_command", None) or getattr(args, "add_command", None)
+    return f"{args.command} {sub}" if sub else str(args.command)
 
 
 if __name__ == "__main__":

@@ -60,7 +60,34 @@ def envelope(command: str, data: Mapping[str, Any], *, ok: bool = True) -> dict[
     }
 
 
+_printed = [0]
+"""How many ``--json`` documents this process printed (``documents_printed``)."""
+
+
+def documents_printed() -> int:
+    """How many ``--json`` documents went to stdout so far: the CLI adds an error document
+    only to a command that printed none (stdout carries one document, never two)."""
+    return _printed[0]
+
+
 def print_json(data: Mapping[str, Any], *, command: str, ok: bool = True) -> None:
     """One indented JSON document on stdout (the ``--json`` form of a command), in the
     shared envelope."""
     sys.stdout.write(json.dumps(envelope(command, data, ok=ok), indent=2) + "\n")
+    _printed[0] += 1
+
+
+def print_json_line(data: Mapping[str, Any], *, command: str, ok: bool = True) -> None:
+    """One JSON document on one line of stdout, flushed (a stream of documents: ``watch``)."""
+    sys.stdout.write(json.dumps(envelope(command, data, ok=ok)) + "\n")
+    sys.stdout.flush()
+    _printed[0] += 1
+
+
+def print_error_json(command: str, error: Mapping[str, Any]) -> None:
+    """The ``--json`` document of a command that failed before printing its own: the
+    envelope with ``ok: false`` and ``error`` (``class``, ``kind``, ``message``, ``hint``,
+    ``exit_code``; ``file``, ``line``, ``key`` where known). One line for ``watch``, whose
+    documents are a stream of lines."""
+    show = print_json_line if command == "watch" else print_json
+    show({"error": dict(error)}, command=command, ok=False)

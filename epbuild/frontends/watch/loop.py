@@ -70,8 +70,10 @@ def watch(
     """
     from epbuild.manifest.load import find_manifest
 
-    if debounce < 0:
-        raise UserError("--debounce must not be negative")
+    if not debounce >= 0 or debounce == float("inf"):  # NaN compares false
+        raise UserError(
+            f"--debounce {debounce:g} is not a number of seconds", hint="write e.g. 0.3"
+        )
     message = on_message or (lambda text: None)
     path = str(find_manifest(directory, os.fspath(manifest) if manifest else None))
     build_kw = {"jobs": jobs, "lock_timeout": lock_timeout, "cache": cache}
