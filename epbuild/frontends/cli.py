@@ -13,323 +13,21 @@ import os
 import signal
 import sys
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any, NoReturn, TypeAlias
+from typing import TYPE_CHECKING, Any
 
-from epbuild.errors import UsageError, UserError
+from epbuild.errors import UserError
 from epbuild.frontends import args as checks
 from epbuild.frontends import failures, render
+from epbuild.frontends.parser import build_parser
 from epbuild.frontends.render import print_json, status_lines, summary_line
 
 if TYPE_CHECKING:
     from epbuild.frontends.watch import Cycle
     from epbuild.results import BuildResult
 
-    _Commands: TypeAlias = argparse._SubParsersAction[argparse.ArgumentParser]
-
-
-def _selectors(p: argparse.ArgumentParser, text: str | None = None) -> None:
-    p.add_argument("selectors", nargs="*", metavar="SELECTOR", help=text)
-
-
-def _cache_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--cache", metavar="DIR|URL", help="cache directory or fsspec URL (s3://bucket/prefix)"
-    )
-    p.add_argument("--no-cache", action="store_true", help="neither restore nor store")
-
-
-def _build_parser(sub: _Commands) -> None:
-    b = sub.add_parser("build", help="compile stale actions")
-    _selectors(b, "group, group/provider or id")
-    b.add_argument("-j", "--jobs", type=int, help="compiles at once")
-    b.add_argument("-k", "--keep-going", action="store_true", help="continue after failures")
-    b.add_argument("-n", "--dry-run", action="store_true", help="show what would be built")
-    b.add_argument("--json", action="store_true", help="print one JSON object on stdout")
-    b.add_argument("--lock-timeout", type=float, metavar="SECONDS", help="give up waiting")
-    _cache_args(b)
-    b.add_argument(
-        "--cache-only",
-        action="store_true",
-        help="restore from the cache or fail (exit 1): never compile",
-    )
-    b.add_argument(
-        "--cache-push",
-        action="store_true",
-        help="also write compiled actions to the remote cache (--cache URL)",
-    )
-    b.add_argument(
-        "--memory-budget",
-        metavar="SIZE",
-        help="memory local compiles may use at once, e.g. 8G (default: 3/4 of RAM)",
-    )
-    b.add_argument("--trace", metavar="FILE", help="write the timeline as Chrome trace JSON")
-    b.add_argument(
-        "--numerics",
-        action="store_true",
-        help="then compare each built model's outputs with its source's (verify --numerics)",
-    )
-    b.add_argument(
-        "--locked",
-        action="store_true",
-        help="refuse (exit 2) when an environment differs from epbuild.lock (EPBUILD_LOCKED=1)",
-    )
-    b.add_argument("--executor", choices=("local", "dask"), help="where actions run")
-    b.add_argument("--scheduler", metavar="ADDRESS", help="Dask scheduler, tcp://HOST:PORT")
-
-
-def _report_parser(sub: _Commands) -> None:
-    r = sub.add_parser("report", help="per-action report of the last builds (HTML page)")
-    _selectors(r)
-    r.add_argument(
-        "--html",
-        metavar="FILE",
-        required=True,
-        help="write a self-contained HTML page (timeline + table)",
-    )
-    r.add_argument("--json", action="store_true", help=_JSON_HELP)
-
-
-def _status_parser(sub: _Commands) -> None:
-    s = sub.add_parser("status", help="list actions as up to date or stale, with reasons")
-    _selectors(s)
-    s.add_argument("--json", action="store_true")
-    _cache_args(s)
-    detail = "EPContext coverage, CPU fallback, sizes, time, memory"
-    s.add_argument("--detail", action="store_true", help=detail)
-
-
-def _verify_parser(sub: _Commands) -> None:
-    v = sub.add_parser("verify", help="check built outputs (schema, paths, digests)")
-    _selectors(v)
-    v.add_argument("--json", action="store_true")
-    v.add_argument("--load", action="store_true", help="also run each model vs the CPU EP")
-    v.add_argument("-j", "--jobs", type=int, help="--load: models run at once ([workspace] jobs)")
-    v.add_argument(
-        "--numerics",
-        action="store_true",
-        help="compare each model's outputs with its source's (figures per output, tolerances "
-        "from the manifest; recorded: a second run with nothing changed runs nothing)",
-    )
-    v.add_argument(
-        "--generate",
-        action="store_true",
-        help="LLM packages: generate greedy tokens through the provider (onnxruntime-genai) "
-        "and compare them with the CPU source's, step by step",
-    )
-    v.add_argument("--tokens", type=int, default=10, help="--generate: tokens (default 10)")
-    v.add_argument("--prompt", help="--generate: the prompt (default a fixed sentence)")
-
-
-def _package_parser(sub: _Commands) -> None:
-    k = sub.add_parser("package", help="write built outputs as an ONNX Runtime model package")
-    _selectors(k)
-    k.add_argument("-o", "--out", metavar="DIR", help="package directory ([package] out_dir)")
-    k.add_argument("--build", action="store_true", help="build stale actions first")
-    k.add_argument("-j", "--jobs", type=int, help="with --build: compiles at once")
-    k.add_argument("-k", "--keep-going", action="store_true", help="with --build: as build -k")
-    _cache_args(k)
-    k.add_argument("--hash", action="store_true", help="re-hash every output first")
-    k.add_argument("--json", action="store_true", help="print the deployment manifest as JSON")
-    k.add_argument(
-        "--force",
-        action="store_true",
-        help="replace the package directory even if it holds files the package does not list "
-        "(they are deleted)",
-    )
-    k.add_argument("--lock-timeout", type=float, metavar="SECONDS", help="give up waiting")
-
-
-_JSON_HELP = "print one JSON object on stdout"
-
-
-def _clean_parser(sub: _Commands) -> None:
-    c = sub.add_parser("clean", help="remove built outputs and their records")
-    _selectors(c)
-    c.add_argument("--json", action="store_true", help=_JSON_HELP)
-
-
-def _cache_parser(sub: _Commands) -> None:
-    k = sub.add_parser("cache", help="the action cache: key, export, import, prune, verify")
-    ks = k.add_subparsers(dest="cache_command", metavar="CACHE_COMMAND")
-    ks.required = True
-    key = ks.add_parser("key", help="print a short key that changes when any action key does")
-    _selectors(key)
-    exp = ks.add_parser("export", help="write the entries this manifest needs to one archive")
-    exp.add_argument("file", metavar="FILE", help="archive to write (.tar, or .tar.gz)")
-    _selectors(exp)
-    imp = ks.add_parser("import", help="add an exported archive to the local cache")
-    imp.add_argument("file", metavar="FILE")
-    prn = ks.add_parser("prune", help="evict least-recently-used entries")
-    prn.add_argument("--max-size", required=True, metavar="SIZE", help="e.g. 10G, 500M")
-    ver = ks.add_parser("verify", help="re-hash every cached object; discard damaged entries")
-    for cmd in (exp, imp, prn, ver):
-        cmd.add_argument("--cache", metavar="DIR|URL", help="the cache (default: configured)")
-    for cmd in (key, exp, imp, prn, ver):
-        cmd.add_argument("--json", action="store_true", help=_JSON_HELP)
-
-
-def _watch_parser(sub: _Commands) -> None:
-    w = sub.add_parser("watch", help="rebuild affected actions whenever their inputs change")
-    _selectors(w)
-    w.add_argument("-j", "--jobs", type=int, help="compiles at once")
-    w.add_argument(
-        "--debounce",
-        type=float,
-        default=0.3,
-        metavar="SECONDS",
-        help="quiet time before a burst of changes is built (default 0.3)",
-    )
-    w.add_argument(
-        "--poll", action="store_true", help="poll instead of inotify (network file systems)"
-    )
-    w.add_argument("--json", action="store_true", help="one JSON object per cycle on stdout")
-    w.add_argument("--lock-timeout", type=float, metavar="SECONDS", help="give up waiting")
-    _cache_args(w)
-
-
-_OPTION_HELP = (
-    "a provider option (repeatable); VALUE is written as an integer or boolean when it reads "
-    "as one (75, true), else as a string; quote it to force a string (htp_arch='\"75\"')"
-)
-
-
-def _init_parser(sub: _Commands) -> None:
-    i = sub.add_parser("init", help="write a commented starter epbuild.toml")
-    i.add_argument(
-        "--from",
-        dest="source",
-        metavar="DIR",
-        help="list the models found under DIR; models sharing an external-data file "
-        "become one weight-sharing group, the others one group per directory",
-    )
-    i.add_argument("--json", action="store_true", help=_JSON_HELP)
-    i.add_argument(
-        "--target",
-        metavar="SOC",
-        help="the provider (default htp-v73), e.g. "
-        "snapdragon-8-gen-3 (list: 'epbuild add target --list')",
-    )
-
-
-def _add_parser(sub: _Commands) -> None:
-    a = sub.add_parser(
-        "add",
-        help="add models, providers or targets to epbuild.toml "
-        "(comments and layout kept; checked before writing)",
-    )
-    kinds = a.add_subparsers(dest="add_command", metavar="WHAT")
-    kinds.required = True
-    for add in (_add_model_parser, _add_provider_parser, _add_target_parser):
-        add(kinds)
-    for kind in kinds.choices.values():
-        kind.add_argument("--json", action="store_true", help=_JSON_HELP)
-
-
-def _add_model_parser(kinds: _Commands) -> None:
-    m = kinds.add_parser("model", help="add models to a group (created when missing)")
-    m.add_argument(
-        "paths",
-        nargs="+",
-        metavar="PATH",
-        help="model files or globs, relative to the current directory (or -C DIR)",
-    )
-    m.add_argument("-g", "--group", help="the group (default: the only one)")
-    m.add_argument(
-        "-p",
-        "--provider",
-        action="append",
-        default=[],
-        metavar="NAME",
-        help="provider to build the group for (repeatable; a new group defaults "
-        "to the only provider)",
-    )
-    m.add_argument("--share-weights", action="store_true", help="set share_weights = true")
-
-
-def _add_provider_parser(kinds: _Commands) -> None:
-    p = kinds.add_parser("provider", help="define a named provider configuration")
-    p.add_argument("name", metavar="NAME")
-    p.add_argument("--ep", required=True, help="adapter: qnn, openvino, tensorrt, plugin, ...")
-    p.add_argument("--option", action="append", metavar="KEY=VALUE", help=_OPTION_HELP)
-    p.add_argument("--replace", action="store_true", help="overwrite an existing provider")
-    tc = p.add_mutually_exclusive_group()
-    tc.add_argument(
-        "--requirement",
-        action="append",
-        metavar="REQ",
-        help="compile in a toolchain epbuild makes with these pip requirements (repeatable), "
-        "e.g. onnxruntime-openvino==1.24.1",
-    )
-    tc.add_argument("--python", metavar="PATH", help="compile in this interpreter's environment")
-
-
-def _add_target_parser(kinds: _Commands) -> None:
-    t = kinds.add_parser(
-        "target",
-        help="build groups for one more target: a known SoC, or --ep and --option",
-        description="Define a provider for TARGET and add it to groups' providers lists. "
-        "TARGET is a Qualcomm SoC epbuild knows (its htp_arch and soc_model; --list shows "
-        "them) or the name of a provider described with --ep and --option.",
-    )
-    t.add_argument(
-        "target", nargs="?", metavar="TARGET", help="a known SoC, or a new provider's name"
-    )
-    t.add_argument("--list", action="store_true", help="list the SoCs epbuild knows")
-    t.add_argument(
-        "-g",
-        "--group",
-        "--to",  # its first name, kept working
-        dest="to",
-        action="append",
-        default=[],
-        metavar="GROUP",
-        help="group to add it to (repeatable; default: every group)",
-    )
-    t.add_argument("--name", help="the provider's name (default: TARGET)")
-    t.add_argument("--ep", help="adapter, for a TARGET that is not a known SoC")
-    t.add_argument("--option", action="append", metavar="KEY=VALUE", help=_OPTION_HELP)
-    t.add_argument(
-        "--replace", action="store_true", help="overwrite a different provider of that name"
-    )
-
-
-class _Parser(argparse.ArgumentParser):
-    """argparse's parser, whose complaints are raised (``UsageError``) rather than printed
-    with an exit, so that ``main`` reports them like any other mistake (``--json`` too)."""
-
-    def error(self, message: str) -> NoReturn:
-        raise UsageError(message, usage=self.format_usage(), prog=self.prog)
-
-
-def _parser() -> argparse.ArgumentParser:
-    """Global options, then one sub-parser per command (in ``--help`` order)."""
-    p = _Parser(prog="epbuild", description="Build ONNX Runtime EPContext models incrementally.")
-    p.add_argument("-C", dest="directory", default=".", help="run as if started in DIR")
-    p.add_argument("-f", "--file", dest="manifest", help="manifest file (default epbuild.toml)")
-    p.add_argument(
-        "--debug",
-        action="store_true",
-        help="show the traceback an error came from (also EPBUILD_DEBUG=1)",
-    )
-    sub: _Commands = p.add_subparsers(  # type: ignore[assignment]  # its parsers are _Parser
-        dest="command", metavar="COMMAND"
-    )
-    sub.required = True
-    commands = (
-        _init_parser,
-        _add_parser,
-        _build_parser,
-        _report_parser,
-        _status_parser,
-        _verify_parser,
-        _clean_parser,
-    )
-    for add in (*commands, _package_parser, _cache_parser, _toolchains_parser, _watch_parser):
-        add(sub)
-    from epbuild.frontends.lock_cli import lock_parser
-
-    lock_parser(sub)
-    return p
+_parser = build_parser
+"""The parser (``epbuild.frontends.parser.build_parser``), under the name the reference
+generator and older callers use."""
 
 
 def _build_options(args: argparse.Namespace) -> dict[str, Any]:
@@ -488,7 +186,7 @@ def _list_targets(asked: bool, as_json: bool) -> int:
             {"name": n, "title": t.title, "htp_arch": t.htp_arch, "soc_model": t.soc_model}
             for n, t in WELL_KNOWN_TARGETS.items()
         ]
-        print_json({"targets": targets}, command="add target")
+        print_json({"targets": targets}, command="add")
         return 0
     for name, t in WELL_KNOWN_TARGETS.items():
         print(f"{name:<26} {t.title}: htp_arch {t.htp_arch}, soc_model {t.soc_model}")
@@ -534,8 +232,8 @@ def _cmd_add(args: argparse.Namespace) -> int:
             target=args.target,
             ep=args.ep,
             options=options,
-            to=args.to,
-            name=args.name,
+            to=args.group,
+            name=args.provider,
             replace=args.replace,
         )
     if args.json:
@@ -567,7 +265,12 @@ def _cmd_clean(args: argparse.Namespace) -> int:
 def _cmd_report(args: argparse.Namespace) -> int:
     from epbuild.inspect.html import write_html_report
 
-    html = checks.output_file(args.html, "--html")
+    if args.out is None:
+        raise UserError(
+            "report needs -o/--out FILE: the HTML page to write (formerly --html FILE)",
+            hint="epbuild report -o report.html",
+        )
+    html = checks.output_file(args.out, "-o/--out")
     count = write_html_report(args.directory, args.manifest, args.selectors, html)
     if args.json:
         print_json({"path": html, "actions": count}, command="report")
@@ -704,20 +407,6 @@ def _cmd_watch(args: argparse.Namespace) -> int:
     return 0
 
 
-def _toolchains_parser(sub: _Commands) -> None:
-    t = sub.add_parser(
-        "toolchains",
-        help="the environments made for providers' toolchains (per user); --prune",
-    )
-    t.add_argument(
-        "--prune",
-        action="store_true",
-        help="remove the environments the current manifest does not use (all, without one) "
-        "and other epbuild versions' worker copies; they are made again when needed",
-    )
-    t.add_argument("--json", action="store_true", help="print JSON")
-
-
 def _cmd_toolchains(args: argparse.Namespace) -> int:
     from epbuild.frontends.toolchain_cli import run_toolchains_command
 
@@ -769,14 +458,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     as_json = failures.json_requested(argv)
     debug = "--debug" in argv or os.environ.get("EPBUILD_DEBUG", "") not in ("", "0")
     command, directory, printed = "epbuild", ".", render.documents_printed()
+    render.command_notes([])
     signal.signal(signal.SIGTERM, _sigterm)
     try:
         args = _parser().parse_args(argv)
         command, directory = _command_name(args), args.directory
         debug = debug or args.debug
+        notes = list(getattr(args, "deprecated", None) or [])
+        render.command_notes(notes)
         if directory != "." and not os.path.isdir(directory):
             raise UserError(f"-C {directory}: no such directory")
-        return COMMANDS[args.command](args)
+        code = COMMANDS[args.command](args)
+        if code == 0 and not as_json:  # a refusal stays one message; --json: in warnings
+            for note in notes:
+                print(f"epbuild: warning: {note}", file=sys.stderr)
+        return code
     except (Exception, KeyboardInterrupt) as exc:
         if command == "epbuild":
             command = failures.command_words(argv, _NESTED)
@@ -793,7 +489,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 _NESTED = {
-    "build": (), "status": (), "init": (), "add": ("model", "provider", "target"),
+    "build": (), "status": (), "init": (), "add": (),
     "clean": (), "verify": (), "package": (), "report": (), "watch": (),
     "cache": ("key", "export", "import", "prune", "verify"), "toolchains": (), "lock": (),
 }  # fmt: skip
@@ -802,7 +498,7 @@ _NESTED = {
 
 def _command_name(args: argparse.Namespace) -> str:
     """``build``, ``cache key``, ``add model``: the ``command`` of the JSON documents."""
-    sub = getattr(args, "cache_command", None) or getattr(args, "add_command", None)
+    sub = getattr(args, "cache_command", None)
     return f"{args.command} {sub}" if sub else str(args.command)
 
 

@@ -62,6 +62,20 @@ def envelope(command: str, data: Mapping[str, Any], *, ok: bool = True) -> dict[
 
 _printed = [0]
 """How many ``--json`` documents this process printed (``documents_printed``)."""
+_notes: list[str] = []
+"""Warnings about the command line itself (a deprecated spelling), for every document."""
+
+
+def command_notes(notes: list[str]) -> None:
+    """Warnings about how the command was written (a deprecated option): they join the
+    ``warnings`` of each ``--json`` document this command prints."""
+    _notes[:] = notes
+
+
+def _with_notes(data: Mapping[str, Any]) -> Mapping[str, Any]:
+    if not _notes:
+        return data
+    return {**data, "warnings": [*data.get("warnings", ()), *_notes]}
 
 
 def documents_printed() -> int:
@@ -73,13 +87,13 @@ def documents_printed() -> int:
 def print_json(data: Mapping[str, Any], *, command: str, ok: bool = True) -> None:
     """One indented JSON document on stdout (the ``--json`` form of a command), in the
     shared envelope."""
-    sys.stdout.write(json.dumps(envelope(command, data, ok=ok), indent=2) + "\n")
+    sys.stdout.write(json.dumps(envelope(command, _with_notes(data), ok=ok), indent=2) + "\n")
     _printed[0] += 1
 
 
 def print_json_line(data: Mapping[str, Any], *, command: str, ok: bool = True) -> None:
     """One JSON document on one line of stdout, flushed (a stream of documents: ``watch``)."""
-    sys.stdout.write(json.dumps(envelope(command, data, ok=ok)) + "\n")
+    sys.stdout.write(json.dumps(envelope(command, _with_notes(data), ok=ok)) + "\n")
     sys.stdout.flush()
     _printed[0] += 1
 
