@@ -62,9 +62,9 @@ def parsers() -> Iterator[tuple[tuple[str, ...], argparse.ArgumentParser]]:
 
 def visible_options(p: argparse.ArgumentParser) -> Iterator[argparse.Action]:
     for action in p._actions:
-        if action.option_strings and action.help is not argparse.SUPPRESS:
-            if not isinstance(action, argparse._HelpAction):
-                yield action
+        hidden = action.help is argparse.SUPPRESS or isinstance(action, argparse._HelpAction)
+        if action.option_strings and not hidden:
+            yield action
 
 
 def test_every_concept_is_spelled_one_way() -> None:
