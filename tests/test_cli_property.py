@@ -37,7 +37,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from modelgen import matmul_model, save
 
-from epbuild.frontends import cli
+from epbuild.frontends import cli, render
 
 COMMAND_SECONDS = 60.0
 """The bound on one command (a real compile of a tiny model takes about a second)."""
@@ -311,14 +311,14 @@ RAN = {"commands": 0, "manifests": 0}
 @contextlib.contextmanager
 def _watch_stops_after_its_first_cycle(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     """``watch`` as ``watch --once`` would be: its first cycle, then Ctrl-C (exit 130)."""
-    original = cli._watch_finished
+    original = render.watch_finished
 
     def finished(as_json: bool, cycle: Any) -> None:
         original(as_json, cycle)
         raise KeyboardInterrupt
 
     with monkeypatch.context() as m:
-        m.setattr(cli, "_watch_finished", finished)
+        m.setattr(render, "watch_finished", finished)
         yield
 
 

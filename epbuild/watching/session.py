@@ -9,8 +9,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from epbuild.errors import EpbuildError, Interrupted
-from epbuild.frontends.watch.targets import Sig, glob_match, make_targets, signature
 from epbuild.results import Reporter
+from epbuild.watching.targets import Sig, glob_match, make_targets, signature
 
 if TYPE_CHECKING:
     from epbuild.executors.local import LocalExecutor

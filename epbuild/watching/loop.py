@@ -8,9 +8,9 @@ import time
 from collections.abc import Callable
 
 from epbuild.errors import Interrupted, UserError
-from epbuild.frontends.watch.observer import Pending, Watcher, make_handler
-from epbuild.frontends.watch.session import Cycle, Session
 from epbuild.results import Reporter
+from epbuild.watching.observer import Pending, Watcher, make_handler
+from epbuild.watching.session import Cycle, Session
 
 
 def _first_cycle(session: Session, obs: Watcher, pending: Pending) -> Cycle:
