@@ -58,6 +58,32 @@ def partial_model(seed: int = 0, n: int = 32, op: str = "Acos") -> onnx.ModelPro
     return _model(nodes, inits, [1, n], [1, n])
 
 
+def rank5_layer_norm_model(n: int = 32) -> onnx.ModelProto:
+    """A hand-written LayerNorm (ReduceMean, Sub, Pow, ReduceMean, Add, Sqrt, Div, Mul, Add)
+    over a rank-5 input. ORT's basic-level LayerNormFusion makes it one LayerNormalization,
+    which the QNN EP refuses on HTP at rank 5: at ``all`` and ``basic`` the EP compiles
+    nothing; at ``disabled`` it takes all but the Sqrt (2 EPContext nodes)."""
+    rng = np.random.default_rng(0)
+    f32 = np.float32
+    nodes = [
+        helper.make_node("ReduceMean", ["x"], ["mu"], axes=[-1]),
+        helper.make_node("Sub", ["x", "mu"], ["c"]),
+        helper.make_node("Pow", ["c", "two"], ["p"]),
+        helper.make_node("ReduceMean", ["p"], ["var"], axes=[-1]),
+        helper.make_node("Add", ["var", "eps"], ["ve"]),
+        helper.make_node("Sqrt", ["ve"], ["sd"]),
+        helper.make_node("Div", ["c", "sd"], ["nrm"]),
+        helper.make_node("Mul", ["nrm", "gamma"], ["g"]),
+        helper.make_node("Add", ["g", "beta"], ["y"]),
+    ]
+    inits = [numpy_helper.from_array(np.array(2, f32), "two"),
+             numpy_helper.from_array(np.array(1e-5, f32), "eps"),
+             numpy_helper.from_array(1 + 0.1 * rng.standard_normal(n).astype(f32), "gamma"),
+             numpy_helper.from_array(0.1 * rng.standard_normal(n).astype(f32), "beta")]  # fmt: skip
+    shape: list[int | str] = [1, 2, 2, 4, n]
+    return _model(nodes, inits, shape, shape)
+
+
 def unsupported_model() -> onnx.ModelProto:
     """Only ops the QNN EP cannot take: nothing gets compiled."""
     nodes = [helper.make_node("Acos", ["x"], ["y"])]

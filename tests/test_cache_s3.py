@@ -157,6 +157,7 @@ def _check_outage(ws: Workspace, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
     assert "Traceback" not in proc.stderr
 
 
+@pytest.mark.slow
 def test_s3_endpoint_refusing_connections_fails_nothing(
     simple_ws: Callable[..., Workspace], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:

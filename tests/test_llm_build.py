@@ -43,7 +43,7 @@ def _compiled(proc_stdout: str) -> list[str]:
     return [ln.split()[2] for ln in proc_stdout.splitlines() if " compiled " in ln]
 
 
-@pytest.mark.parametrize("family", ["llama", "qwen2"])
+@pytest.mark.parametrize("family", ["llama", pytest.param("qwen2", marks=pytest.mark.slow)])
 def test_unshared_build_noop_and_rebuilds(workspace: Workspace, family: str) -> None:
     _ws(workspace, share=False, family=family)
     first = workspace.cli("build", check=True)
@@ -89,6 +89,7 @@ def test_shared_build_is_one_action_n_plus_one(workspace: Workspace) -> None:
     assert "1 up to date" in workspace.cli("build", check=True).stdout
 
 
+@pytest.mark.slow
 def test_source_model_edit_rebuilds_through_the_noop_path(workspace: Workspace) -> None:
     _ws(workspace, share=True)
     workspace.cli("build", check=True)
@@ -109,6 +110,7 @@ def test_unpreparable_source_fails_its_action_with_the_reason(workspace: Workspa
     assert "models/tiny/model.onnx: not a valid ONNX model" in proc.stderr
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not genai_installed(), reason="pip install -e '.[genai]'")
 @pytest.mark.parametrize("family", ["llama", "qwen2"])
 def test_package_generates_the_source_tokens_and_is_relocatable(
@@ -139,6 +141,7 @@ def test_package_generates_the_source_tokens_and_is_relocatable(
     assert len(package.tokens) == 10 and package.tokens_per_second > 0
 
 
+@pytest.mark.slow
 def test_status_and_clean(workspace: Workspace) -> None:
     _ws(workspace, share=False)
     before = workspace.cli("status").stdout
@@ -153,6 +156,7 @@ def test_status_and_clean(workspace: Workspace) -> None:
     assert (workspace.root / "models" / "tiny" / "tokenizer.json").is_file()  # sources kept
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not genai_installed(), reason="pip install -e '.[genai]'")
 def test_model_package_holds_the_genai_folder(workspace: Workspace) -> None:
     _ws(workspace, share=False)
@@ -178,6 +182,7 @@ def test_model_package_holds_the_genai_folder(workspace: Workspace) -> None:
     assert compare(package, source, DEFAULT_NEAR_TIE).verdict in (Verdict.MATCH, Verdict.NEAR_TIE)
 
 
+@pytest.mark.slow
 def test_two_builds_at_once_prepare_once(workspace: Workspace) -> None:
     import subprocess
     import sys
@@ -220,6 +225,7 @@ def test_build_and_package_import_no_onnx_in_the_coordinator(workspace: Workspac
     assert proc.stdout.split("\n")[-2] == "0 0 []", proc.stdout + proc.stderr
 
 
+@pytest.mark.slow
 def test_a_killed_preparation_leaves_nothing_behind(workspace: Workspace) -> None:
     _ws(workspace, share=False)
     workspace.cli("build", check=True)

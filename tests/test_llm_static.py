@@ -121,6 +121,7 @@ for stage in ("context", "iterator"):
 """
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("family", ["llama", "qwen2"])
 def test_qnn_pipeline_generates_the_source_tokens(family: str, tmp_path: Path) -> None:
     pytest.importorskip("onnxruntime_genai", reason="pip install -e '.[genai]'")

@@ -37,6 +37,7 @@ def _built(ws: Workspace, *, share: bool, family: str = "llama") -> None:
     ws.cli("build", check=True)
 
 
+@pytest.mark.slow
 def test_unshared_package_matches_the_source(workspace: Workspace) -> None:
     _built(workspace, share=False)
     proc = workspace.cli("verify", "--generate", "--tokens", "8")
@@ -52,6 +53,7 @@ def test_unshared_package_matches_the_source(workspace: Workspace) -> None:
     assert check["prompt"] == "The quick brown fox"  # the default
 
 
+@pytest.mark.slow
 def test_prompt_from_the_manifest_and_the_command_line(workspace: Workspace) -> None:
     _built(workspace, share=False)
     manifest = workspace.root / "epbuild.toml"
@@ -70,6 +72,7 @@ def test_shared_package_is_not_checkable_here(workspace: Workspace) -> None:
     assert "crashes ONNX Runtime's x86_64 emulation" in proc.stdout
 
 
+@pytest.mark.slow
 def test_clear_divergence_fails_naming_step_tokens_and_margin(workspace: Workspace) -> None:
     _built(workspace, share=False)
     # The source now holds other weights (the Qwen2 fixture's): the package no longer
@@ -83,6 +86,7 @@ def test_clear_divergence_fails_naming_step_tokens_and_margin(workspace: Workspa
     assert "vs the source's" in line and "source top-2 margin" in line
 
 
+@pytest.mark.slow
 def test_a_broken_package_fails_with_the_reason(workspace: Workspace) -> None:
     _built(workspace, share=False)
     config = workspace.root / "build" / "chat" / "htp-v73" / "genai_config.json"

@@ -248,3 +248,18 @@ def test_schema_patterns_have_json_schema_semantics() -> None:
     for bad in ("main\n", "Main"):
         with pytest.raises(SchemaViolation):
             validate({bad: {}}, {"type": "object", "propertyNames": {"pattern": "^[a-z]+$"}})
+
+
+def test_a_table_option_reaches_the_adapter_that_takes_one(workspace: Workspace) -> None:
+    """OpenVINO's load_config is a table in its own hint; QNN refuses a table naming the key."""
+    workspace.model("models/a.onnx")
+    ov = GOOD.replace(
+        'ep = "qnn"\noptions = { htp_arch = "73", soc_model = "60" }',
+        'ep = "openvino"\noptions = { device_type = "NPU", '
+        'load_config = { NPU = { NPU_QDQ_OPTIMIZATION = "YES" } } }',
+    )
+    m = load_manifest(workspace.manifest(ov))
+    assert m.providers["htp"].options["load_config"] == '{"NPU":{"NPU_QDQ_OPTIMIZATION":"YES"}}'
+    err = _err(workspace, GOOD.replace('htp_arch = "73"', "htp_arch = { v = 73 }"))
+    assert err.key == "providers.htp.options.htp_arch" and err.line == 3
+    assert "must be a string, number or boolean" in str(err)

@@ -217,6 +217,37 @@ def test_auto_tries_lower_levels_only_where_nodes_fall_back(workspace: Workspace
     assert workspace.build().count(Outcome.UP_TO_DATE) == 2
 
 
+def test_auto_builds_at_a_lower_level_where_all_compiles_nothing(workspace: Workspace) -> None:
+    """ORT's LayerNormFusion (basic level and above) turns a rank-5 hand-written LayerNorm
+    into a LayerNormalization the QNN EP refuses: at all and basic it compiles nothing (the
+    action fails at a fixed level); auto goes on to disabled, where the EP takes all but
+    the Sqrt, and keeps that."""
+    from modelgen import rank5_layer_norm_model
+
+    from epbuild.state.journal import load_state
+
+    workspace.model("m/ln.onnx", rank5_layer_norm_model())
+    group: dict[str, object] = {"models": ["m/ln.onnx"], "providers": ["htp"]}
+    workspace.manifest({"providers": {"htp": HTP73}, "groups": {"g": group}})
+    (fixed,) = workspace.build().actions
+    assert fixed.outcome is Outcome.FAILED and "compiled nothing" in (fixed.error or "")
+    group["graph_optimization_level"] = "auto"
+    workspace.manifest({"providers": {"htp": HTP73}, "groups": {"g": group}})
+    result = workspace.build()
+    assert result.ok, [a.error for a in result.actions]
+    (rec,) = load_state(str(workspace.root / ".epbuild/state.jsonl")).records.values()
+    tried = rec.detail["optimization_tried"]
+    assert tried["all"].startswith("failed: ") and "compiled nothing" in tried["all"]
+    assert tried["basic"].startswith("failed: ") and tried["disabled"] == [1, 2]
+    assert rec.detail["optimization_level"] == "disabled"
+    (model,) = rec.detail["models"].values()
+    assert model["optimization_level"] == "disabled" and model["context_nodes"] == 2
+    out = sorted(p.name for p in (workspace.root / "build/g/htp").iterdir())
+    assert out == ["ln_ctx.onnx", "ln_ctx_qnn.bin"]
+    assert verify_outputs(workspace.root).ok
+    assert workspace.build().count(Outcome.UP_TO_DATE) == 1
+
+
 @pytest.mark.slow
 def test_auto_survives_a_level_the_ep_crashes_on(workspace: Workspace) -> None:
     """gpt2_dynamo (the exporter corpus) is split at all and basic; at disabled the QNN EP

@@ -113,6 +113,7 @@ def _chromium(args: list[str], user_data: Path) -> subprocess.CompletedProcess[s
                           timeout=waits.scaled(120))  # fmt: skip
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not os.path.exists(CHROMIUM), reason="Debian's chromium is not installed")
 def test_report_renders_in_headless_chromium(
     simple_ws: Callable[..., Workspace], tmp_path: Path

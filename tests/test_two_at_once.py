@@ -64,6 +64,7 @@ def clean_exit(proc: subprocess.CompletedProcess[str]) -> None:
     assert "Traceback" not in proc.stderr + proc.stdout
 
 
+@pytest.mark.slow
 def test_two_cleans(simple_ws: Callable[..., Workspace]) -> None:
     ws = simple_ws()
     for _ in range(3):
@@ -76,6 +77,7 @@ def test_two_cleans(simple_ws: Callable[..., Workspace]) -> None:
         assert all(a.stale for a in status(ws.root).actions)
 
 
+@pytest.mark.slow
 def test_two_cache_prunes(simple_ws: Callable[..., Workspace], tmp_path: Path) -> None:
     ws = simple_ws()
     cache = tmp_path / "cache"

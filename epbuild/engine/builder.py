@@ -490,7 +490,7 @@ class Builder:
             plan,
             f"not in the cache: {why}",
             "build without --cache-only where the toolchain is installed, and push or "
-            "export the cache",
+            "export the cache (see docs/troubleshooting.md#cache-misses-across-machines)",
         )
 
     def _store(self, action: Action, record: ActionRecord, note: str | None) -> list[str]:

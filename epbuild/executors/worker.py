@@ -97,6 +97,8 @@ NOTHING_COMPILED = "Unable to compile any nodes"
 """ONNX Runtime's message when ``ERROR_IF_NO_NODES_COMPILED`` fails a compile."""
 FALLBACK_REFUSED = "fallback to CPU EP has been explicitly disabled"
 """ONNX Runtime's message when ``session.disable_cpu_ep_fallback`` fails a compile."""
+QNN_MEM_ALLOC = "QNN_COMMON_ERROR_MEM_ALLOC"
+"""The QNN EP's error when it fails to finalize a graph it accepted (``EP_FAIL``)."""
 OPTIMIZATION_LEVELS = {
     "disabled": "ORT_DISABLE_ALL",
     "basic": "ORT_ENABLE_BASIC",
@@ -177,21 +179,32 @@ def _compile_auto(job: Job) -> dict[str, Any]:
     on the CPU EP, also at ``basic`` and ``disabled`` (each in a folder of its own and a
     process of its own: the EP crashes on some graphs at lower levels, which must cost only
     that try), and keep the result with the fewest CPU nodes, then the fewest EPContext
-    nodes (the earlier level on a tie). The detail records the choice and every try."""
+    nodes (the earlier level on a tie). Where ``all`` fails (ORT's fusions can make an op
+    the EP refuses out of ops it takes, e.g. a rank-5 LayerNormalization), the lower levels
+    are tried too; only when every level fails does the action fail, with ``all``'s error.
+    The detail records the choice and every try."""
     import shutil
     from dataclasses import replace
+
+    from epbuild.errors import EpbuildError
 
     def score(detail: dict[str, Any]) -> tuple[int, int]:
         models = detail["models"].values()
         return sum(m["cpu_nodes"] for m in models), sum(m["context_nodes"] for m in models)
 
-    best = _compile_checked(
-        replace(job, compile=replace(job.compile, graph_optimization_level="all"))
-    )
-    tried: dict[str, list[int] | str] = {"all": list(score(best))}
+    best: dict[str, Any] | None = None
+    failure: CompileFailure | EpbuildError | None = None
+    try:
+        best = _compile_checked(
+            replace(job, compile=replace(job.compile, graph_optimization_level="all"))
+        )
+        tried: dict[str, list[int] | str] = {"all": list(score(best))}
+    except (CompileFailure, EpbuildError) as exc:
+        failure = exc
+        tried = {"all": f"failed: {exc.message if isinstance(exc, EpbuildError) else exc}"}
     level = "all"
     for lower in AUTO_LEVELS[1:]:
-        if score(best)[0] == 0:
+        if best is not None and score(best)[0] == 0:
             break
         staging = posixpath.join(job.staging, f".auto-{lower}")
         outcome = _try_level(job, lower, staging)
@@ -199,8 +212,13 @@ def _compile_auto(job: Job) -> dict[str, Any]:
             tried[lower] = outcome
             continue
         tried[lower] = list(score(outcome))
-        if score(outcome) < score(best):
+        if best is None or score(outcome) < score(best):
             best, level = outcome, lower
+    if best is None:  # no level built: the action fails as it would at "all"
+        for lower in AUTO_LEVELS[1:]:
+            shutil.rmtree(posixpath.join(job.staging, f".auto-{lower}"), ignore_errors=True)
+        assert failure is not None
+        raise failure
     if level != "all":  # the chosen outputs replace those of "all"
         chosen = posixpath.join(job.staging, f".auto-{level}")
         for name in os.listdir(job.staging):
@@ -348,6 +366,11 @@ def ort_failure(job: Job, model: str, exc: Exception) -> CompileFailure:
             "disable_cpu_ep_fallback = true refuses a model with nodes the EP cannot take; "
             "set it to false to leave them on the CPU EP"
         )
+    elif QNN_MEM_ALLOC in str(exc):
+        hint = (
+            "the QNN EP could not finalize this graph (seen with torch dynamo exports); "
+            "see docs/troubleshooting.md#qnn-mem-alloc"
+        )
     return CompileFailure(f"{model}: ONNX Runtime failed: {_ort_message(exc)}", hint)
 
 
@@ -389,7 +412,8 @@ def nothing_compiled(model: str, how: str) -> CompileFailure:
     return CompileFailure(
         f"{model}: no EPContext model was written — the EP compiled nothing {how}",
         hint="check for unsupported ops or dynamic (symbolic) input dimensions, and "
-        "the provider options (an unknown soc_model or backend makes the EP fall back)",
+        "the provider options (an unknown soc_model or backend makes the EP fall back); "
+        "see docs/troubleshooting.md#the-ep-compiled-nothing",
     )
 
 

@@ -46,7 +46,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     render.command_notes([])
     signal.signal(signal.SIGTERM, _sigterm)
     try:
-        args = _parser().parse_args(argv)
+        args = build_parser(raise_usage_errors=True).parse_args(argv)
         command, directory = _command_name(args), args.directory
         debug = debug or args.debug
         notes = list(getattr(args, "deprecated", None) or [])

@@ -27,10 +27,15 @@ OPTION_HELP = (
 
 
 class Parser(argparse.ArgumentParser):
-    """argparse's parser, whose complaints are raised (``UsageError``) rather than printed
-    with an exit, so that ``main`` reports them like any other mistake (``--json`` too)."""
+    """argparse's parser; with ``raise_usage_errors`` (``main`` sets it) its complaints are
+    raised (``UsageError``) rather than printed with an exit, so that ``main`` reports them
+    like any other mistake (``--json`` too). Otherwise argparse's usual ``SystemExit(2)``."""
+
+    raise_usage_errors = False
 
     def error(self, message: str) -> NoReturn:
+        if not self.raise_usage_errors:
+            super().error(message)
         raise UsageError(message, usage=self.format_usage(), prog=self.prog)
 
 
@@ -118,8 +123,10 @@ def provider(p: argparse.ArgumentParser, text: str, *, append: bool = False) -> 
         p.add_argument("-p", "--provider", metavar="NAME", help=text)
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """Global options, then one sub-parser per command (in ``--help`` order)."""
+def build_parser(*, raise_usage_errors: bool = False) -> argparse.ArgumentParser:
+    """Global options, then one sub-parser per command (in ``--help`` order).
+    ``raise_usage_errors``: a bad command line raises ``UsageError`` (else argparse's
+    message and ``SystemExit(2)``)."""
     p = Parser(prog="epbuild", description="Build ONNX Runtime EPContext models incrementally.")
     p.add_argument(
         "-C", dest="directory", default=".", metavar="DIR", help="run as if started in DIR"
@@ -138,7 +145,27 @@ def build_parser() -> argparse.ArgumentParser:
     sub.required = True
     for add in _IN_HELP_ORDER:
         add(sub)
+    _document(p, "epbuild", raise_usage_errors)
     return p
+
+
+DOCS_PAGE = "docs/reference/cli.md"
+"""Where each command's ``--help`` sends the reader (its section, by the ``epbuild X`` title)."""
+
+
+def _document(p: argparse.ArgumentParser, title: str, raising: bool) -> None:
+    """Every ``--help`` says in one line what the command does and ends with its docs page;
+    every parser raises usage errors or not, as asked."""
+    if isinstance(p, Parser):
+        p.raise_usage_errors = raising
+    anchor = title.replace(" ", "-")
+    p.epilog = f"docs: {DOCS_PAGE}" + (f"#{anchor}" if " " in title else "")
+    for action in p._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            helps = {c.dest: c.help for c in action._choices_actions}
+            for name, child in action.choices.items():
+                child.description = child.description or helps.get(name)
+                _document(child, f"{title} {name}", raising)
 
 
 def _build(sub: _Commands) -> None:

@@ -168,7 +168,8 @@ def numerics_summary(doc: dict[str, Any]) -> str:
         return f"{doc['status']}: {doc['reason']}"
     outs = doc["outputs"]
     worst = max(outs, key=lambda o: o["max_rel"] if o["max_rel"] is not None else 1e300)
+    note = f"; {doc['reason']}" if doc.get("reason") else ""  # e.g. run without the EP
     return (
         f"ok (worst output {worst['name']}: max_abs {worst['max_abs']:.3g}, "
-        f"max_rel {worst['max_rel']:.3g}, cosine {worst['cosine']:.6f})"
+        f"max_rel {worst['max_rel']:.3g}, cosine {worst['cosine']:.6f}{note})"
     )

@@ -60,9 +60,13 @@ def load_check(
     index: int,
     toolchain: Toolchain | str | None,
     extra: dict[str, Any] | None = None,
+    *,
+    standalone: bool = False,
 ) -> LoadCheck:
     """Run the ``index``-th ctx model of ``action`` and its source on the same feeds in a
-    loader process (``extra``: more of the job, e.g. the numerics inputs)."""
+    loader process (``extra``: more of the job, e.g. the numerics inputs). ``standalone``:
+    where the EP's package cannot load the model here (a known limit), run it without the
+    EP if the adapter has a way (``verify --numerics``; ``--load`` is about the EP)."""
     adapter = get_provider(action.provider.ep)
     reason = adapter.load_problem(action.provider, action.group.share_weights)
     if isinstance(toolchain, str):
@@ -79,6 +83,9 @@ def load_check(
     why = adapter.explain_load_failure(action.provider, check.message) if failed else None
     if why:  # a known limit of the EP's package, not a bad build
         check = LoadCheck(ctx, LoadOutcome.NOT_LOADABLE, why)
+        module = adapter.standalone_loader(action.provider) if standalone else None
+        if module is not None:
+            check = _standalone(ws.root, ctx, {**job, **(extra or {})}, toolchain, module, why)
     # Where the adapter says this host is not the target (QNN on x86_64 runs contexts in
     # an emulation), a native crash of the loader is the host's limit, not a bad build;
     # a corrupt context still fails with an error or wrong numbers.
@@ -92,12 +99,32 @@ def load_check(
     return check
 
 
-def _run_loader(
-    root: str, ctx: str, job: dict[str, Any], toolchain: Toolchain | str | None
+def _standalone(
+    root: str,
+    ctx: str,
+    job: dict[str, Any],
+    toolchain: Toolchain | str | None,
+    module: str,
+    why: str,
 ) -> LoadCheck:
-    command = own_command("epbuild.inspect.loadcheck")
+    """The check of a model the EP cannot load here, run by ``module`` without the EP; when
+    that cannot run either, "not loadable here" with both reasons."""
+    check = _run_loader(root, ctx, job, toolchain, module)
+    if check.outcome is LoadOutcome.NOT_LOADABLE:
+        return LoadCheck(ctx, LoadOutcome.NOT_LOADABLE, f"{why}; {check.message}")
+    return check
+
+
+def _run_loader(
+    root: str,
+    ctx: str,
+    job: dict[str, Any],
+    toolchain: Toolchain | str | None,
+    module: str = "epbuild.inspect.loadcheck",
+) -> LoadCheck:
+    command = own_command(module)
     if isinstance(toolchain, Toolchain):
-        command = boot_command(toolchain.python, "epbuild.inspect.loadcheck")
+        command = boot_command(toolchain.python, module)
     try:
         proc = subprocess.run(
             command,

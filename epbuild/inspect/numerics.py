@@ -125,10 +125,11 @@ class NumericsCheck:
         worst = max(self.outputs, key=lambda o: o["max_rel"], default=None)
         if worst is None:
             return f"{self.model}: numerics: ok (no outputs)"
+        note = f"; {self.reason}" if self.reason else ""
         return (
             f"{self.model}: numerics: ok (worst output {worst['name']}: max_abs "
             f"{worst['max_abs']:.3g}, max_rel {worst['max_rel']:.3g}, cosine "
-            f"{worst['cosine']:.6f})"
+            f"{worst['cosine']:.6f}{note})"
         )
 
 
@@ -239,7 +240,7 @@ def check_action(
         recorded = store.get(key)
         if recorded is None:
             extra = {**settings.to_json(), "inputs": samples}
-            load = load_check(ws, action, index, toolchain, extra)
+            load = load_check(ws, action, index, toolchain, extra, standalone=True)
             recorded = {"outcome": load.outcome.value, "message": load.message,
                         "outputs": load.outputs}  # fmt: skip
             # A model this host cannot run stays so for the same key (a loader that crashes
@@ -284,7 +285,10 @@ def _judge(
         if problem:
             problems.append(f"output {figures['name']}: {problem}")
     status = NumericsStatus.FAILED if problems else NumericsStatus.OK
-    reason = "; ".join(problems)
+    # A passing loader's message says how the model ran (e.g. without the EP, whose package
+    # cannot load it here): kept with the verdict either way.
+    note = recorded.get("message", "") if recorded.get("outcome") == "passed" else ""
+    reason = "; ".join(problems + ([note] if note else []))
     return NumericsCheck(action, ctx, status, reason, judged, tol, cached)
 
 

@@ -165,8 +165,9 @@ SCHEMA: dict[str, Any] = {
                     },
                     "options": {
                         "type": "object",
-                        "additionalProperties": _SCALAR,
-                        "description": "Provider options passed to the EP.",
+                        "additionalProperties": {"type": [*_SCALAR["type"], "object"]},
+                        "description": "Provider options passed to the EP (a table only where "
+                        "the adapter takes one, e.g. OpenVINO's load_config).",
                     },
                     "session_options": {
                         "type": "object",

@@ -158,6 +158,12 @@ class BaseProvider(abc.ABC):
         check is then "not loadable here"); None by default."""
         return None
 
+    def standalone_loader(self, config: ProviderConfig) -> str | None:
+        """The module (run like ``epbuild.inspect.loadcheck``) that runs a ctx model without
+        the EP where ``explain_load_failure`` names a known limit of the EP's package, for
+        ``verify --numerics``; None (by default) when there is none."""
+        return None
+
     def check_installed(self, config: ProviderConfig, info: str) -> str | None:
         """Runtime side: why a context (its compatibility ``info``) does not fit the EP
         installed here (another SDK); None by default."""

@@ -259,6 +259,13 @@ class OpenVinoProvider(BaseProvider):
             )
         return None
 
+    def standalone_loader(self, config: ProviderConfig) -> str | None:
+        """CPU blobs are OpenVINO IR, which the standalone ``openvino`` package imports
+        (NPU and GPU blobs are device binaries that no device here imports)."""
+        if config.options.get("device_type", DEFAULT_DEVICE) == "CPU":
+            return "epbuild.inspect.ovblob"
+        return None
+
     def attach(
         self, ort: onnxruntime, so: onnxruntime.SessionOptions, config: ProviderConfig
     ) -> None:

@@ -91,7 +91,8 @@ def hold(
         return LockTimeoutError(
             f"timed out after {timeout:g}s waiting for the lock held by "
             f"{owner.get('what', what)} (pid {owner.get('pid', '?')})",
-            hint="wait for that build to finish, or raise --lock-timeout",
+            hint="wait for that build to finish, or raise --lock-timeout "
+            "(see docs/troubleshooting.md#lock-waits)",
         )
 
     local = _thread_lock(lock_path)

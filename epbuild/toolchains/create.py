@@ -184,7 +184,7 @@ def _run(
         f"provider {provider!r}: making its toolchain ({spec.label}) failed: {tool}: {why}",
         hint=f"check providers.{provider}.toolchain.requirements (package names and pins "
         f"must resolve for Python {sys.version_info[0]}.{sys.version_info[1]} on this "
-        f"platform); the full log is {log}",
+        f"platform); the full log is {log} (see docs/troubleshooting.md#toolchain-failures)",
     )
 
 

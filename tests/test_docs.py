@@ -1,0 +1,337 @@
+"""Docs that cannot rot: every snippet of the docs site, the README and the examples' READMEs
+is checked against the code.
+
+- ```toml: loaded by epbuild's manifest loader in a scratch workspace holding the models it
+  names (tiny generated ones), unless marked. Markers, an HTML comment on the line before the
+  fence: ``<!-- snippet: toml-only -->`` (TOML that is not a manifest: only parsed),
+  ``<!-- snippet: error MESSAGE -->`` (a deliberate mistake: loading must fail with MESSAGE).
+- ```sh / ```bash / ```yaml ``run:`` lines: each ``epbuild ...`` command parses with the CLI's
+  parser (no unknown command or option).
+- ```json: parses.
+- ``<!-- snippet: file PATH -->``: the block is byte for byte the repository file PATH.
+
+The getting-started and CI commands run for real in the one slow test at the end.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import modelgen
+import numpy as np
+import pytest
+
+from epbuild._names import tomllib
+from epbuild.errors import EpbuildError
+from epbuild.manifest.load import load_manifest
+
+ROOT = Path(__file__).resolve().parent.parent
+DOCS = sorted(
+    [
+        *(ROOT / "docs").rglob("*.md"),
+        ROOT / "README.md",
+        *(ROOT / "examples").glob("*/README.md"),
+    ]
+)
+LLM_FIXTURE = ROOT / "tests" / "fixtures" / "llm" / "llama"
+_FENCE = re.compile(r"^```(\w*)[^\n]*\n(.*?)^```\s*$", re.M | re.S)
+_MARK = re.compile(r"<!-- snippet: (.*?) -->\s*\Z")
+
+
+@dataclass(frozen=True)
+class Snippet:
+    file: Path
+    line: int
+    lang: str
+    text: str
+    mark: str
+
+    @property
+    def where(self) -> str:
+        return f"{self.file.relative_to(ROOT)}:{self.line}"
+
+
+def _snippets(lang: set[str]) -> list[Snippet]:
+    found = []
+    for file in DOCS:
+        text = file.read_text(encoding="utf-8")
+        for m in _FENCE.finditer(text):
+            if m.group(1) not in lang:
+                continue
+            before = text[: m.start()].rstrip("\n").rsplit("\n", 1)[-1]
+            mark = _MARK.search(before + "\n")
+            line = text.count("\n", 0, m.start()) + 1
+            found.append(Snippet(file, line, m.group(1), m.group(2), mark.group(1) if mark else ""))
+    return found
+
+
+def _ids(snippets: list[Snippet]) -> list[str]:
+    return [s.where for s in snippets]
+
+
+TOML = _snippets({"toml"})
+SHELL = _snippets({"sh", "bash", "shell", "yaml"})
+JSON = _snippets({"json"})
+FILES = [s for s in _snippets({"toml", "yaml", "sh", "text", "json", "python"}) if s.mark]
+
+
+def test_the_docs_have_snippets_of_each_kind() -> None:
+    assert len(TOML) >= 15 and len(SHELL) >= 15 and JSON
+    assert any(s.mark.startswith("error ") for s in TOML)
+
+
+# --- TOML --------------------------------------------------------------------------------
+
+
+def _model_paths(data: dict[str, object]) -> list[str]:
+    paths: list[str] = []
+    groups = data.get("groups", {})
+    assert isinstance(groups, dict)
+    for group in groups.values():
+        for entry in group.get("models", []):
+            path = entry["path"] if isinstance(entry, dict) else entry
+            paths.append(re.sub(r"[*?]", "a", path))
+    return paths
+
+
+def _workspace(root: Path, data: dict[str, object]) -> None:
+    """The files a manifest names: tiny models, an LLM folder, numerics samples."""
+    for rel in _model_paths(data):
+        path = root / rel
+        if not path.exists():
+            path.parent.mkdir(parents=True, exist_ok=True)
+            modelgen.save(modelgen.matmul_model(seed=len(rel)), path)
+    llms = data.get("llms", {})
+    assert isinstance(llms, dict)
+    for llm in llms.values():
+        if not (root / llm["source"]).exists():
+            shutil.copytree(LLM_FIXTURE, root / llm["source"])
+    samples = root / "samples"
+    samples.mkdir(exist_ok=True)
+    np.savez(samples / "a.npz", x=np.zeros((1, 32), dtype=np.float32))
+
+
+@pytest.mark.parametrize("snippet", TOML, ids=_ids(TOML))
+def test_toml_snippet_loads(snippet: Snippet, tmp_path: Path) -> None:
+    data = tomllib.loads(snippet.text)
+    if snippet.mark == "toml-only":
+        return
+    manifest = tmp_path / "epbuild.toml"
+    manifest.write_text(snippet.text, encoding="utf-8")
+    _workspace(tmp_path, data)
+    if snippet.mark.startswith("error "):
+        expected = snippet.mark.removeprefix("error ").strip('"')
+        with pytest.raises(EpbuildError) as info:
+            load_manifest(manifest)
+        assert expected in str(info.value), f"{snippet.where}: {info.value}"
+        return
+    assert not snippet.mark, f"{snippet.where}: unknown marker {snippet.mark!r}"
+    try:
+        load_manifest(manifest)
+    except EpbuildError as exc:
+        pytest.fail(f"{snippet.where}: the manifest loader refuses it: {exc} ({exc.hint})")
+
+
+# --- shell -------------------------------------------------------------------------------
+
+
+def _commands(snippet: Snippet) -> list[list[str]]:
+    """The argument lists of every ``epbuild`` command in a shell or workflow snippet."""
+    lines = snippet.text.splitlines()
+    if snippet.lang == "yaml":
+        lines = [m.group(1) for x in lines if (m := re.match(r"\s*-?\s*run:\s*(.*)", x))]
+    commands = []
+    for line in lines:
+        for inner in re.findall(r"\$\(([^)]*)\)", line):
+            commands.extend(_segments(inner))
+        commands.extend(_segments(re.sub(r"\$\([^)]*\)", "X", line)))
+    return commands
+
+
+def _segments(line: str) -> list[list[str]]:
+    try:
+        tokens = shlex.split(line, comments=True)
+    except ValueError:
+        return []
+    out, current = [], []
+    for token in [*tokens, "&&"]:
+        if token in ("&&", "||", ";", "|", ">", ">>", "2>&1"):
+            while current and re.fullmatch(r"[A-Z_]+=.*", current[0]):
+                current.pop(0)
+            if current and os.path.basename(current[0]) == "epbuild":
+                out.append(current[1:])
+            current = []
+        elif current and current[-1] in (">", ">>"):
+            continue
+        else:
+            current.append(token)
+    return out
+
+
+_PARSER_SNIPPETS = [s for s in SHELL if _commands(s)]
+
+
+def _parser():  # type: ignore[no-untyped-def]
+    sys.path.insert(0, str(ROOT / "scripts"))
+    try:
+        import gen_reference
+    finally:
+        sys.path.remove(str(ROOT / "scripts"))
+    return gen_reference.build_parser()
+
+
+@pytest.mark.parametrize("snippet", _PARSER_SNIPPETS, ids=_ids(_PARSER_SNIPPETS))
+def test_shell_snippet_commands_parse(snippet: Snippet) -> None:
+    parser = _parser()
+    for args in _commands(snippet):
+        err = io.StringIO()
+        try:
+            with contextlib.redirect_stderr(err):
+                parser.parse_args(args)
+        except SystemExit:
+            pytest.fail(f"{snippet.where}: epbuild {shlex.join(args)}: {err.getvalue().strip()}")
+
+
+def test_the_command_finder_finds_commands() -> None:
+    """The shell check sees through env prefixes, paths, $(...) and &&."""
+    snippet = Snippet(
+        ROOT,
+        0,
+        "sh",
+        'EPBUILD_LOCKED=1 .venv/bin/epbuild build -j 2 && echo "k=$(epbuild cache key)" '
+        "> out # epbuild nonsense\ncd epbuild\n",
+        "",
+    )
+    assert _commands(snippet) == [["cache", "key"], ["build", "-j", "2"]]
+    yaml = Snippet(ROOT, 0, "yaml", "  - run: epbuild verify --load\n# epbuild x\n", "")
+    assert _commands(yaml) == [["verify", "--load"]]
+
+
+def test_a_misspelt_option_in_a_snippet_fails_the_check() -> None:
+    bad = Snippet(ROOT, 0, "sh", "epbuild build --jobz 2\n", "")
+    with pytest.raises(pytest.fail.Exception, match="--jobz"):
+        test_shell_snippet_commands_parse(bad)
+
+
+# --- JSON and whole files ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("snippet", JSON, ids=_ids(JSON))
+def test_json_snippet_parses(snippet: Snippet) -> None:
+    json.loads(snippet.text)
+
+
+@pytest.mark.parametrize("snippet", FILES, ids=_ids(FILES))
+def test_file_snippet_is_the_file(snippet: Snippet) -> None:
+    kind, _, path = snippet.mark.partition(" ")
+    if kind != "file":
+        return
+    assert (ROOT / path).read_text(encoding="utf-8") == snippet.text, (
+        f"{snippet.where} differs from {path}: copy the file into the page again"
+    )
+
+
+def test_the_ci_guide_holds_the_whole_workflow() -> None:
+    files = [s.mark for s in FILES if s.file.name == "ci.md"]
+    assert "file examples/ci/github-actions.yml" in files
+
+
+# --- hints point at sections that exist ---------------------------------------------------
+
+
+def _anchors(page: Path) -> set[str]:
+    text = page.read_text(encoding="utf-8")
+    return set(re.findall(r"\{#([\w-]+)\}", text))
+
+
+def test_every_docs_link_in_a_hint_names_a_section_that_exists() -> None:
+    links = []
+    for path in (ROOT / "epbuild").rglob("*.py"):
+        links += re.findall(r"docs/([\w/-]+\.md)#([\w-]+)", path.read_text(encoding="utf-8"))
+    assert len(links) >= 5
+    for page, anchor in links:
+        assert anchor in _anchors(ROOT / "docs" / page), f"docs/{page}#{anchor}"
+
+
+def test_qnn_mem_alloc_gets_a_hint_to_the_troubleshooting_page() -> None:
+    from types import SimpleNamespace
+
+    from epbuild.executors.worker import ort_failure
+
+    job = SimpleNamespace(compile=SimpleNamespace(disable_cpu_ep_fallback=False))
+    exc = RuntimeError(
+        "[ONNXRuntimeError] : 11 : EP_FAIL : Failed to finalize QNN graph. Error: "
+        "QNN_COMMON_ERROR_MEM_ALLOC"
+    )
+    failure = ort_failure(job, "models/llm.onnx", exc)  # type: ignore[arg-type]
+    assert failure.hint is not None and "docs/troubleshooting.md#qnn-mem-alloc" in failure.hint
+    assert ort_failure(job, "m.onnx", RuntimeError("other")).hint is None  # type: ignore[arg-type]
+
+
+# --- the getting-started and CI commands, for real ----------------------------------------
+
+
+def _epbuild(cwd: Path, *args: str, env: dict[str, str]) -> str:
+    proc = subprocess.run(
+        [sys.executable, "-m", "epbuild", *args],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert proc.returncode == 0, f"epbuild {' '.join(args)}: {proc.stdout}{proc.stderr}"
+    return proc.stdout + proc.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_getting_started_and_the_ci_sequence_run(tmp_path: Path) -> None:
+    """docs/getting-started.md (first build, no-op, a second target) and the CI guide's
+    local sequence (lock, build into a cache, export, import elsewhere, --cache-only)."""
+    ws = tmp_path / "quickstart"
+    shutil.copytree(ROOT / "examples" / "quickstart", ws, ignore=shutil.ignore_patterns("build"))
+    env = {**os.environ, "EPBUILD_CACHE": str(tmp_path / "user-cache"), "PYTHONPATH": str(ROOT)}
+    env.pop("EPBUILD_LOCKED", None)
+    assert "2 compiled" in _epbuild(ws, "build", env=env)
+    assert "2 up to date" in _epbuild(ws, "build", env=env)
+    assert sorted(p.name for p in (ws / "build" / "llm" / "htp-v73").iterdir()) == [
+        "decode_ctx.onnx",
+        "prefill_ctx.onnx",
+        "prefill_ctx_qnn.bin",
+    ]
+    _epbuild(ws, "add", "target", "snapdragon-8-elite", env=env)
+    assert "never built" in _epbuild(ws, "status", env=env)
+    assert "2 compiled, 2 up to date" in _epbuild(ws, "build", env=env)
+    # The CI guide's sequence, as the workflow runs it.
+    _epbuild(ws, "lock", env=env)
+    _epbuild(ws, "lock", "--check", env=env)
+    key = _epbuild(ws, "cache", "key", env=env).strip()
+    assert key
+    _epbuild(ws, "clean", env=env)
+    _epbuild(ws, "build", "--cache", ".epbuild-ci-cache", env={**env, "EPBUILD_LOCKED": "1"})
+    _epbuild(ws, "cache", "prune", "--max-size", "5G", "--cache", ".epbuild-ci-cache", env=env)
+    _epbuild(ws, "cache", "export", "epcontext-cache.tar", "--cache", ".epbuild-ci-cache", env=env)
+    _epbuild(ws, "clean", env=env)
+    _epbuild(ws, "cache", "import", "epcontext-cache.tar", "--cache", ".ci-2", env=env)
+    out = _epbuild(ws, "build", "--cache-only", "--cache", ".ci-2", env=env)
+    assert "4 restored" in out
+    _epbuild(ws, "verify", env=env)
+    # examples/quickstart/README.md: its commands, as written (-C the copy instead).
+    readme = next(x for x in SHELL if x.file == ROOT / "examples" / "quickstart" / "README.md")
+    commands = _commands(readme)
+    assert len(commands) >= 5
+    for args in commands:
+        assert args[:2] == ["-C", "examples/quickstart"], args
+        _epbuild(ws, *args[2:], env=env)
+    assert (ws / "dist" / "epbuild-package.json").is_file()
