@@ -1,12 +1,14 @@
 """The cache operations behind ``epbuild cache``: a key for CI caches, export to and import
 from one archive, prune to a size, verify every object. Library calls (``epbuild`` exports
-them); ``frontends/cache_cli.py`` renders their results."""
+them); ``frontends/cache_cli.py`` renders their results. Keys need the providers'
+toolchain versions, so a missing toolchain is made, as ``build`` would (``say`` gets its
+progress lines)."""
 
 from __future__ import annotations
 
 import hashlib
 import os
-import sys
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING
 
@@ -46,16 +48,14 @@ def _open(
     directory: str | os.PathLike[str],
     manifest: str | os.PathLike[str] | None,
     selectors: list[str] | tuple[str, ...] = (),
+    say: Callable[[str], None] | None = None,
 ) -> Workspace:
     from epbuild.planning.workspace import open_workspace
     from epbuild.toolchains.resolve import Toolchains
 
     # Keys need the providers' toolchain versions: make a missing toolchain, as build would
     # (`cache key` on a fresh CI runner runs before any build).
-    def say(line: str) -> None:
-        print(f"epbuild: {line}", file=sys.stderr)
-
-    toolchains = Toolchains(create=True, say=say)
+    toolchains = Toolchains(create=True, say=say or (lambda _: None))
     return open_workspace(directory, manifest, selectors, toolchains=toolchains)
 
 
@@ -92,9 +92,11 @@ def cache_key(
     directory: str | os.PathLike[str] = ".",
     manifest: str | os.PathLike[str] | None = None,
     selectors: list[str] | tuple[str, ...] = (),
+    *,
+    say: Callable[[str], None] | None = None,
 ) -> str:
     """A short stable string that changes exactly when some selected action key changes."""
-    ws = _open(directory, manifest, selectors)
+    ws = _open(directory, manifest, selectors, say)
     keys = sorted({k for k, _ in _keys(ws).values()})
     return "epbuild-" + hashlib.sha256("\n".join(keys).encode()).hexdigest()[:16]
 
@@ -106,12 +108,13 @@ def export_cache(
     selectors: list[str] | tuple[str, ...] = (),
     *,
     cache: str | None = None,
+    say: Callable[[str], None] | None = None,
 ) -> ExportReport:
     """Write the entries the manifest needs to one archive; the report names the selected
     actions it could not write (``missing``: not cached, or damaged, and why)."""
     from epbuild.cache.actioncache import CacheDamagedError
 
-    ws = _open(directory, manifest, selectors)
+    ws = _open(directory, manifest, selectors, say)
     c = _cache(ws, directory, cache)
     entries, missing = [], []
     for action_id, (key, components) in _keys(ws).items():
@@ -136,9 +139,10 @@ def import_cache(
     manifest: str | os.PathLike[str] | None = None,
     *,
     cache: str | None = None,
+    say: Callable[[str], None] | None = None,
 ) -> ArchiveReport:
     """Add an archive's entries to the local cache."""
-    ws = _open(directory, manifest)
+    ws = _open(directory, manifest, (), say)
     c = _cache(ws, directory, cache)
     return import_archive(c.local, c.local_backend, os.fspath(file))
 
@@ -149,9 +153,10 @@ def prune_cache(
     manifest: str | os.PathLike[str] | None = None,
     *,
     cache: str | None = None,
+    say: Callable[[str], None] | None = None,
 ) -> PruneReport:
     """Evict least-recently-used entries of the local cache down to ``max_size`` bytes."""
-    ws = _open(directory, manifest)
+    ws = _open(directory, manifest, (), say)
     c = _cache(ws, directory, cache)
     return prune(c.local, max_size)
 
@@ -161,8 +166,9 @@ def verify_cache(
     manifest: str | os.PathLike[str] | None = None,
     *,
     cache: str | None = None,
+    say: Callable[[str], None] | None = None,
 ) -> CacheVerifyReport:
     """Re-hash every object of the local cache; discard damaged entries."""
-    ws = _open(directory, manifest)
+    ws = _open(directory, manifest, (), say)
     c = _cache(ws, directory, cache)
     return verify_all(c.local, c.local_backend)

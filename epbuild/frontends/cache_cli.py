@@ -18,8 +18,12 @@ from epbuild.cache.operations import (
 from epbuild.frontends.render import print_json
 
 
+def _say(line: str) -> None:
+    print(f"epbuild: {line}", file=sys.stderr)
+
+
 def _print_key(args: argparse.Namespace) -> int:
-    key = cache_key(args.directory, args.manifest, args.selectors)
+    key = cache_key(args.directory, args.manifest, args.selectors, say=_say)
     if args.json:
         print_json({"key": key}, command="cache key")
     else:
@@ -29,7 +33,7 @@ def _print_key(args: argparse.Namespace) -> int:
 
 def _print_export(args: argparse.Namespace) -> int:
     report = export_cache(
-        args.file, args.directory, args.manifest, args.selectors, cache=args.cache
+        args.file, args.directory, args.manifest, args.selectors, cache=args.cache, say=_say
     )
     missing = report.missing
     if args.json:
@@ -46,7 +50,7 @@ def _print_export(args: argparse.Namespace) -> int:
 
 
 def _print_import(args: argparse.Namespace) -> int:
-    report = import_cache(args.file, args.directory, args.manifest, cache=args.cache)
+    report = import_cache(args.file, args.directory, args.manifest, cache=args.cache, say=_say)
     if args.json:
         doc = {k: v for k, v in asdict(report).items() if k != "problems"}
         doc = {"path": args.file, **doc, "warnings": list(report.problems)}
@@ -62,7 +66,7 @@ def _print_import(args: argparse.Namespace) -> int:
 
 
 def _print_verify(args: argparse.Namespace) -> int:
-    checked = verify_cache(args.directory, args.manifest, cache=args.cache)
+    checked = verify_cache(args.directory, args.manifest, cache=args.cache, say=_say)
     if args.json:
         doc = {k: v for k, v in asdict(checked).items() if k != "problems"}
         doc["discarded"] = list(checked.problems)
@@ -81,7 +85,7 @@ def _print_prune(args: argparse.Namespace) -> int:
     from epbuild.frontends.args import size_option
 
     limit = size_option(args.max_size, "--max-size", "10G or 500M")
-    pruned = prune_cache(limit, args.directory, args.manifest, cache=args.cache)
+    pruned = prune_cache(limit, args.directory, args.manifest, cache=args.cache, say=_say)
     if args.json:
         print_json(asdict(pruned), command="cache prune")
         return 0
