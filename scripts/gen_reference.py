@@ -391,8 +391,8 @@ JSON_KEYS: dict[str, str] = {
     "toolchains": "`root`, `environments` (each with the providers using it); with "
     "`--prune`: `removed`, `busy`",
     "lock": "`lock` (the file), `written`; with `--check`: `current`, `reasons`",
-    "watch": "one document per cycle: `cycle`, `changed`, `manifest_error`, `summary`, "
-    "`actions` and timings",
+    "watch": "one document per cycle: `cycle`, `changed`, `manifest_error`, `build_error` "
+    "(a build that could not run), `summary`, `actions` and timings",
 }
 """What each ``--json`` document holds besides the envelope (by the ``command`` it names)."""
 

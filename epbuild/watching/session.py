@@ -53,7 +53,7 @@ class Cycle:
             "changed": self.changed,
             "manifest_reloaded": self.reloaded,
             "manifest_error": self.manifest_error,
-            "error": self.error,
+            "build_error": self.error,  # ("error" is the envelope's: a failed command)
             "first_event": self.first_event,
             "started": self.started,
             "finished": self.finished,
