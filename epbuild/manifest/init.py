@@ -42,13 +42,16 @@ def init(directory: str | os.PathLike[str] = ".", name: str | None = None) -> st
     """Create a starter manifest; refuses to overwrite one. Returns its path."""
     import tomlkit
 
+    from epbuild.manifest.edit import manifest_lock
+
     path = os.path.join(os.fspath(directory), name or MANIFEST_NAME)
-    if os.path.lexists(path):
-        raise UserError(f"{path} already exists; not overwriting it")
-    doc = tomlkit.parse(STARTER)  # round-trip through tomlkit: what we write is valid TOML
-    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-    with open(path, "x", encoding="utf-8") as f:
-        f.write(tomlkit.dumps(doc))
+    with manifest_lock(Path(path), "epbuild init"):  # as add holds it: one edit at a time
+        if os.path.lexists(path):
+            raise UserError(f"{path} already exists; not overwriting it")
+        doc = tomlkit.parse(STARTER)  # round-trip through tomlkit: what we write is valid TOML
+        os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+        with open(path, "x", encoding="utf-8") as f:
+            f.write(tomlkit.dumps(doc))
     return path
 
 
@@ -89,10 +92,19 @@ def init_from(
     ``target``: a well-known SoC to build for (``epbuild add target --list``), default the
     starter's HTP v73 provider.
     """
+    from epbuild.manifest.edit import manifest_lock
+
+    path = Path(os.fspath(directory), name or MANIFEST_NAME)
+    with manifest_lock(path, "epbuild init --from"):  # check, discover and write as one edit
+        return _init_from(directory, path, source, target)
+
+
+def _init_from(
+    directory: str | os.PathLike[str], path: Path, source: str, target: str | None
+) -> InitResult:
     from epbuild.manifest.discover import discover
     from epbuild.manifest.edit import manifest_relative, write_checked
 
-    path = Path(os.fspath(directory), name or MANIFEST_NAME)
     if os.path.lexists(path):
         raise UserError(
             f"{path} already exists; not overwriting it",

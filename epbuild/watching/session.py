@@ -10,9 +10,9 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from epbuild.errors import EpbuildError, Interrupted
-from epbuild.frontends.watch.targets import Sig, glob_match, make_targets, signature
 from epbuild.llm.source import GENAI_CONFIG
 from epbuild.results import Reporter
+from epbuild.watching.targets import Sig, glob_match, make_targets, signature
 
 if TYPE_CHECKING:
     from epbuild.executors.local import LocalExecutor
@@ -56,7 +56,7 @@ class Cycle:
             "changed": self.changed,
             "manifest_reloaded": self.reloaded,
             "manifest_error": self.manifest_error,
-            "error": self.error,
+            "build_error": self.error,  # ("error" is the envelope's: a failed command)
             "first_event": self.first_event,
             "started": self.started,
             "finished": self.finished,
