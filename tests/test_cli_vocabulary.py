@@ -149,3 +149,15 @@ def test_a_former_spelling_works_and_says_so_once(root: Path) -> None:
     assert "[providers.v79b]" in (root / "epbuild.toml").read_text()
     rc, _, err = run(root, "add", "target", "snapdragon-8-elite", "--to", "nogroup")
     assert rc == 2 and err.count("\n") <= 2 and "deprecated" not in err  # one message
+
+
+def test_version() -> None:
+    """``epbuild --version`` says the version, as every command-line tool does."""
+    import subprocess
+    import sys
+
+    import epbuild
+
+    proc = subprocess.run([sys.executable, "-m", "epbuild", "--version"],
+                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert proc.returncode == 0 and proc.stdout == f"epbuild {epbuild.__version__}\n"

@@ -14,6 +14,7 @@ import argparse
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, NoReturn, TypeAlias
 
+from epbuild._version import __version__
 from epbuild.errors import UsageError
 
 if TYPE_CHECKING:
@@ -139,6 +140,7 @@ def build_parser(*, raise_usage_errors: bool = False) -> argparse.ArgumentParser
         action="store_true",
         help="show the traceback an error came from (also EPBUILD_DEBUG=1)",
     )
+    p.add_argument("--version", action="version", version=f"epbuild {__version__}")
     sub: _Commands = p.add_subparsers(  # type: ignore[assignment]  # its parsers are Parser
         dest="command", metavar="COMMAND"
     )
