@@ -15,7 +15,6 @@ from epbuild.engine.scheduler import executor_for, schedule
 from epbuild.engine.staging import check_removable, clean_stale_staging
 from epbuild.errors import EpbuildError, LockTimeoutError, StorageError
 from epbuild.fs import os_error_text
-from epbuild.llm.source import DECODER
 from epbuild.manifest.edit import EditResult, add_models, add_provider, add_target
 from epbuild.manifest.init import InitResult, init, init_from
 from epbuild.planning.staleness import ActionPlan, make_plan
@@ -37,7 +36,6 @@ if TYPE_CHECKING:
     from epbuild.engine.trace import Tracer
     from epbuild.executors.local import Executor
     from epbuild.manifest.model import Manifest
-    from epbuild.planning.actions import Action
 
 
 __all__ = [
@@ -196,16 +194,14 @@ def _without_compiling(
 ) -> BuildResult:
     """Finish a dry run, or a build with nothing stale (recording it for the no-op path)."""
     if not dry_run:
-        _save_stats_if_possible(ws)
         _write_llm_packages(ws, done)
+    stale = any(p.stale for p in plans)
+    if not dry_run and not stale and not done.warnings and trace is None:
+        _record_noop(ws, plans, selectors, done)
+    if not dry_run:  # after the fingerprint, which may hash (and remember) more files
+        _save_stats_if_possible(ws)
     if trace is not None:
         tracer.write(trace)
-    stale = any(p.stale for p in plans)
-    # LLM packages copy files from their sources that no action key holds (genai_config,
-    # tokenizer): every build plans, so that an edit of them reaches the package.
-    quiet = not done.warnings and not ws.manifest.llms
-    if not dry_run and not stale and quiet and trace is None:
-        _record_noop(ws, plans, selectors, done)
     return done
 
 
@@ -215,29 +211,23 @@ def _write_llm_packages(ws: Workspace, done: BuildResult) -> None:
     if not ws.manifest.llms:
         return
     from epbuild.llm.package import write_package
-    from epbuild.planning.llms import LlmGroup
+    from epbuild.planning.llms import package_targets
     from epbuild.providers import get_provider
     from epbuild.results import Outcome
 
     ok = (Outcome.COMPILED, Outcome.RESTORED, Outcome.UP_TO_DATE)
     outcome = {r.id: r.outcome for r in done.actions}
-    targets: dict[tuple[str, str], list[Action]] = {}
-    for action in ws.actions:
-        if isinstance(action.group, LlmGroup):
-            targets.setdefault((action.group.name, action.provider.name), []).append(action)
-    for (name, pname), actions in sorted(targets.items()):
-        stages = {e.name for a in actions for e in a.entries}
-        if len(stages) < len(actions[0].group.entries):
-            continue  # a selection of some of its graphs
-        if any(outcome.get(a.id) not in ok for a in actions):
+    for target in package_targets(ws.manifest, ws.actions):
+        if any(outcome.get(a.id) not in ok for a in target.actions):
             continue
-        first = actions[0]
-        llm = ws.manifest.llms[name]
-        adapter = get_provider(first.provider.ep)
+        adapter = get_provider(target.provider.ep)
         try:
-            write_package(ws.root, llm, first.out_dir, first.provider, adapter.file_options)
+            write_package(
+                ws.root, target.llm, target.out_dir, target.provider, adapter.file_options
+            )
         except (OSError, ValueError) as exc:
-            done.warnings.append(f"llms.{name}/{pname}: package files not written: {exc}")
+            name = f"llms.{target.llm.name}/{target.provider.name}"
+            done.warnings.append(f"{name}: package files not written: {exc}")
 
 
 def _plan(
@@ -289,12 +279,14 @@ def _open_for_build(
         providers = {a.provider.name for a in ws.actions}
         enforce(read_lock(path), path, ws.manifest, toolchains, providers)
     warnings = list(ws.state.warnings)
-    # Not built yet: said on every build, so that no build reads as having made them.
-    warnings += [
-        f"llms.{name}: decoder-pipeline sources are not built yet"
-        for name, llm in ws.manifest.llms.items()
-        if llm.form != DECODER
-    ]
+    if not selectors:  # said on every build, so that no build reads as having made them
+        names = {a.group.name for a in ws.actions}
+        warnings += [
+            f"llms.{name}: no stage of its decoder-pipeline has static input shapes, so "
+            "nothing is compiled for it (a stage an NPU takes has fixed shapes)"
+            for name, llm in ws.manifest.llms.items()
+            if llm.stages and name not in names
+        ]
     for w in warnings:
         reporter.message(f"warning: {w}")
     return ws, warnings

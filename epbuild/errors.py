@@ -29,6 +29,16 @@ class UserError(EpbuildError):
     exit_code = 2
 
 
+class UsageError(UserError):
+    """The command line itself is wrong: an unknown option or command, a missing or
+    malformed argument (argparse's own complaints; exit code 2)."""
+
+    def __init__(self, message: str, *, usage: str = "", prog: str = "epbuild") -> None:
+        super().__init__(message)
+        self.usage = usage
+        self.prog = prog
+
+
 class ManifestError(UserError):
     """The manifest is invalid; names the file, line and key."""
 

@@ -101,7 +101,8 @@ def atomic_write_text(
 
 
 def atomic_copy(src: str, dest: str, *, mode: int | None = None, durable: bool = False) -> None:
-    """Copy ``src``'s bytes to ``dest``: all or nothing (see `atomic_output`)."""
+    """Copy ``src``'s bytes to ``dest`` (in pieces: a large file is never held in memory):
+    all or nothing (see `atomic_output`)."""
     with atomic_output(dest, mode=mode, durable=durable) as tmp:
         shutil.copyfile(src, tmp)
 

@@ -28,7 +28,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 OUT = Path("docs") / "reference"
 
-PARSER_FUNCTION = "epbuild.frontends.cli:_parser"
+PARSER_FUNCTION = "epbuild.frontends.parser:build_parser"
 """Where the CLI's argparse parser is built: the one place to change when it moves."""
 
 
@@ -298,6 +298,9 @@ def _option_rows(p: argparse.ArgumentParser) -> Iterator[str]:
             elif action.nargs == "+":
                 flags += "..."
         text = action.help or ""
+        if action.help is argparse.SUPPRESS:  # a former spelling (hidden from --help)
+            now = getattr(action, "now", "another option")
+            text = f"deprecated: the former spelling of `{now}`; still works, with a warning"
         if action.choices and not isinstance(action, argparse._SubParsersAction):
             text += f" (one of: {', '.join(map(str, action.choices))})"
         if action.required and action.option_strings:
@@ -388,8 +391,8 @@ JSON_KEYS: dict[str, str] = {
     "toolchains": "`root`, `environments` (each with the providers using it); with "
     "`--prune`: `removed`, `busy`",
     "lock": "`lock` (the file), `written`; with `--check`: `current`, `reasons`",
-    "watch": "one document per cycle: `cycle`, `changed`, `manifest_error`, `summary`, "
-    "`actions` and timings",
+    "watch": "one document per cycle: `cycle`, `changed`, `manifest_error`, `build_error` "
+    "(a build that could not run), `summary`, `actions` and timings",
 }
 """What each ``--json`` document holds besides the envelope (by the ``command`` it names)."""
 
@@ -439,8 +442,13 @@ def json_page() -> str:
     for command in commands:
         lines.append(f"| `{command}` | {_cell(JSON_KEYS[command])} |\n")
     lines.append(
-        "\n`epbuild watch --json` prints one such object per cycle (JSON lines), without the "
-        "frame.\n"
+        "\n`epbuild watch --json` prints one such object per cycle, one line each (JSON lines)."
+        "\n\nA command that fails under `--json` (a user error, a bad argument, exit 1 or 2) "
+        "still prints exactly one document: the frame with `ok: false` and `error`: `class` "
+        "(the exception, e.g. `ManifestError`, `UsageError`), `kind` (`usage`, `manifest`, "
+        "`user`, `build`, `lock_timeout`, `interrupted`, `os`, `internal`), `message`, `hint`, "
+        "`exit_code`, and `file`, `line`, `key` where known. The message also goes to stderr. "
+        "A deprecated option spelling adds a warning to `warnings`.\n"
     )
     return "".join(lines)
 

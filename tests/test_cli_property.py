@@ -6,7 +6,10 @@ spread over the file, ``[[groups.NAME.models]]``), in several encodings and line
 with a byte-order mark, duplicate keys, deep nesting and wrongly typed values. Each runs
 through every command (``main()`` in-process, plus a few real subprocesses), which must
 exit 0, 1 or 2, print no ``Traceback`` and no internal error, leave the manifest
-byte-identical when an edit is refused, and finish within a bound. ``gc.collect()`` after
+byte-identical when an edit is refused, and finish within a bound. Under ``--json`` (every
+hostile argument, and a drawn share of the commands on each manifest) stdout is exactly one
+JSON document in the shared envelope -- the command's own, or the error document of a
+failure (``ok: false``, ``error`` with the exit code) -- whatever went wrong. ``gc.collect()`` after
 each command turns a file left open into a ``ResourceWarning`` error (pytest runs with
 ``filterwarnings = error``).
 
@@ -34,7 +37,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from modelgen import matmul_model, save
 
-from epbuild.frontends import cli
+from epbuild.frontends import cli, render
 
 COMMAND_SECONDS = 60.0
 """The bound on one command (a real compile of a tiny model takes about a second)."""
@@ -266,7 +269,19 @@ HOSTILE_ARGS: list[list[str]] = [
     ["cache", "import", "does-not-exist.tar", "--cache", "localcache"],
     ["cache", "verify", "--cache", "epbuild.toml"],
     ["watch", "--debounce", "-1"],
+    ["watch", "--poll", "--debounce", "nan"],
     ["-C", "nowhere", "status"],
+    ["build", "--nope"],
+    ["build", "-j", "x"],
+    ["frobnicate"],
+    ["cache"],
+    ["cache", "nope"],
+    ["add"],
+    ["add", "target", "--list"],
+    ["report"],
+    ["verify", "--tokens", "many"],
+    ["package", "--jobs", "2"],
+    ["status", "--detail", "--cache", "c"],
     ["--file", "nowhere.toml", "status"],
     ["--file", "models", "status"],
 ]
@@ -296,14 +311,14 @@ RAN = {"commands": 0, "manifests": 0}
 @contextlib.contextmanager
 def _watch_stops_after_its_first_cycle(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     """``watch`` as ``watch --once`` would be: its first cycle, then Ctrl-C (exit 130)."""
-    original = cli._watch_finished
+    original = render.watch_finished
 
     def finished(as_json: bool, cycle: Any) -> None:
         original(as_json, cycle)
         raise KeyboardInterrupt
 
     with monkeypatch.context() as m:
-        m.setattr(cli, "_watch_finished", finished)
+        m.setattr(render, "watch_finished", finished)
         yield
 
 
@@ -320,8 +335,40 @@ def run_in_process(root: Path, argv: list[str]) -> tuple[int, str, str, float]:
     return rc, out.getvalue(), err.getvalue(), time.monotonic() - started
 
 
-def check(root: Path, argv: list[str], before: bytes | None) -> None:
+ENVELOPE = ("command", "schema_version", "ok", "warnings")
+
+
+def _json_form(argv: list[str]) -> list[str]:
+    return argv if "--json" in argv else [*argv, "--json"]
+
+
+def one_document(argv: list[str], rc: int, out: str, where: str) -> None:
+    """Under ``--json``: stdout is one JSON document in the envelope (``watch``: one per
+    cycle, one line each), ``ok`` says whether the exit code is 0, and a failure's
+    ``error`` names that exit code."""
+    import json
+
+    watch = "watch" in argv
+    texts = out.splitlines() if watch else [out]
+    assert texts and all(t.strip() for t in texts), where
+    for text in texts:
+        try:
+            doc = json.loads(text)
+        except ValueError:
+            raise AssertionError(f"stdout is not one JSON document\n{where}") from None
+        assert isinstance(doc, dict) and all(k in doc for k in ENVELOPE), where
+        assert isinstance(doc["warnings"], list) and doc["schema_version"] == 1, where
+        if not watch:
+            assert doc["ok"] is (rc == 0), where
+        if "error" in doc:  # only a failed command's document has one
+            error = doc["error"]
+            assert doc["ok"] is False and error["exit_code"] == rc, where
+            assert error["message"] and error["class"] and error["kind"], where
+
+
+def check(root: Path, argv: list[str], before: bytes | None, *, as_json: bool = False) -> None:
     """One command: a clear outcome, and a refused edit changed nothing."""
+    argv = _json_form(argv) if as_json else argv
     rc, out, err, seconds = run_in_process(root, argv)
     RAN["commands"] += 1
     allowed = {0, 1, 2, 130} if argv[0] == "watch" else {0, 1, 2}
@@ -332,6 +379,8 @@ def check(root: Path, argv: list[str], before: bytes | None) -> None:
     assert seconds < COMMAND_SECONDS, where
     if rc != 0 and before is not None and argv[0] in EDITS:
         assert (root / "epbuild.toml").read_bytes() == before, where
+    if as_json:
+        one_document(argv, rc, out, where)
 
 
 def _reset(root: Path, raw: bytes) -> None:
@@ -349,26 +398,30 @@ def _reset(root: Path, raw: bytes) -> None:
     derandomize="EPBUILD_PROPERTY_RANDOM" not in os.environ,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
 )
-@given(raw=manifests())
+@given(
+    raw=manifests(),
+    as_json=st.lists(st.booleans(), min_size=len(COMMANDS), max_size=len(COMMANDS)),
+)
 def test_every_command_on_hostile_manifests(
-    root: Path, raw: bytes, monkeypatch: pytest.MonkeyPatch
+    root: Path, raw: bytes, as_json: list[bool], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     RAN["manifests"] += 1
     _reset(root, raw)
     with _watch_stops_after_its_first_cycle(monkeypatch):
-        for argv in COMMANDS:
+        for argv, json_form in zip(COMMANDS, as_json, strict=True):
             if argv[0] in EDITS:  # each edit starts from the generated manifest
                 _reset(root, raw)
             before = (root / "epbuild.toml").read_bytes()
-            check(root, argv, before)
+            check(root, argv, before, as_json=json_form)
 
 
 def test_hostile_arguments(root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     _reset(root, _render(BASE, "tables").encode())
     with _watch_stops_after_its_first_cycle(monkeypatch):
         for argv in HOSTILE_ARGS:
-            before = (root / "epbuild.toml").read_bytes()
-            check(root, argv, before)
+            for as_json in (False, True):
+                before = (root / "epbuild.toml").read_bytes()
+                check(root, argv, before, as_json=as_json)
 
 
 @pytest.mark.parametrize(
@@ -401,4 +454,24 @@ def test_real_processes(root: Path, argv: list[str], form: str) -> None:
 def test_report_count() -> None:
     """Runs last in this module: says how much was run (``-s`` shows it)."""
     print(f"\nproperty test: {RAN['commands']} commands on {RAN['manifests']} manifests")
-    assert RAN["commands"] >= len(HOSTILE_ARGS)
+    assert RAN["commands"] >= 2 * len(HOSTILE_ARGS)
+
+
+def test_error_document_names_the_file_key_and_exit_code(root: Path) -> None:
+    """A failure under ``--json``: stdout is the error document alone (the manifest's file,
+    line and key where known), stderr keeps the human message."""
+    import json
+
+    _reset(root, b'[workspace]\nout_dir = "build"\nbogus = 1\n')
+    rc, out, err, _ = run_in_process(root, ["status", "--json"])
+    doc = json.loads(out)
+    assert rc == 2 and doc["ok"] is False and doc["command"] == "status"
+    error = doc["error"]
+    assert error["kind"] == "manifest" and error["class"] == "ManifestError"
+    assert error["file"].endswith("epbuild.toml") and error["key"] == "workspace.bogus"
+    assert error["exit_code"] == 2 and "bogus" in error["message"]
+    assert err.startswith("epbuild: error: ") and "bogus" in err and "{" not in err
+    rc, out, err, _ = run_in_process(root, ["cache", "prune", "--max-size", "--json"])
+    doc = json.loads(out)
+    assert rc == 2 and doc["command"] == "cache prune" and doc["error"]["kind"] == "usage"
+    assert "usage: epbuild cache prune" in err and "expected one argument" in err

@@ -265,7 +265,7 @@ def _job(**kw: Any) -> Job:
 def test_compile_api_worker_loop(monkeypatch: pytest.MonkeyPatch) -> None:
     log: list[Any] = []
     monkeypatch.setitem(sys.modules, "onnxruntime", _fake_ort(log))
-    monkeypatch.setattr(epbuild.providers, "get_provider", lambda kind: _Adapter())
+    monkeypatch.setitem(epbuild.providers._cache, "qnn", _Adapter())
     monkeypatch.setattr(worker, "check_outputs", lambda *a: {"models": {}})
     job = Job.from_json(_job().to_json())  # what crosses to the worker process
     result = worker._result_of(job)
@@ -291,7 +291,7 @@ def test_compile_api_bytes_with_a_data_folder(
     (tmp_path / "m").mkdir()
     (tmp_path / "m" / "a.onnx").write_bytes(b"model-bytes")
     monkeypatch.setitem(sys.modules, "onnxruntime", _fake_ort(log))
-    monkeypatch.setattr(epbuild.providers, "get_provider", lambda kind: _Adapter())
+    monkeypatch.setitem(epbuild.providers._cache, "qnn", _Adapter())
     monkeypatch.setattr(worker, "check_outputs", lambda *a: {"models": {}})
     settings = CompileSettings("compile_api", "all", False, None, "weights")
     job = _job(models=("m/a.onnx",), share_weights=False, initializer_names=(), load="bytes",
@@ -307,7 +307,7 @@ def test_compile_api_nothing_compiled_is_the_clear_failure(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setitem(sys.modules, "onnxruntime", _fake_ort([], fail="b"))
-    monkeypatch.setattr(epbuild.providers, "get_provider", lambda kind: _Adapter())
+    monkeypatch.setitem(epbuild.providers._cache, "qnn", _Adapter())
     result = worker._result_of(_job())
     assert not result["ok"] and "traceback" not in result
     assert result["error"].startswith("m/b.onnx: no EPContext model was written — the EP compiled")

@@ -128,3 +128,32 @@ def test_two_toolchain_prunes(simple_ws: Callable[..., Workspace], toolchain_dir
         left = sorted(p.name for p in toolchain_dir.iterdir() if not p.name.startswith("worker-"))
         assert left == [], left
         assert not (toolchain_dir / "worker-0.0.0-old").exists()
+
+
+@pytest.mark.parametrize(
+    "other", [("init", "--from", "models"), ("init",)], ids=["init-from", "init"]
+)
+def test_init_from_and_another_init_at_once(tmp_path: Path, other: tuple[str, ...]) -> None:
+    """``init --from`` holds the lock ``add`` holds across check and write: of two inits at
+    once on one manifest, one writes and the other is refused, never two successes with
+    one file left."""
+    from modelgen import matmul_model, save
+
+    from epbuild.manifest.load import load_manifest
+
+    root = tmp_path / "ws"
+    for name, seed in (("a", 1), ("b", 2)):
+        save(matmul_model(seed, n=8), root / "models" / f"{name}.onnx")
+    manifest = root / "epbuild.toml"
+    for _ in range(4):
+        manifest.unlink(missing_ok=True)
+        procs = together(root, ("init", "--from", "models"), other)
+        codes = sorted(p.returncode for p in procs)
+        assert codes == [0, 2], [(p.returncode, p.stdout, p.stderr) for p in procs]
+        (winner,) = [p for p in procs if p.returncode == 0]
+        (loser,) = [p for p in procs if p.returncode == 2]
+        assert "Traceback" not in loser.stderr and "already exists" in loser.stderr
+        text = manifest.read_text()
+        from_models = "--from" in winner.args
+        assert ("written by 'epbuild init --from models'" in text) is from_models, text
+        load_manifest(manifest)

@@ -20,7 +20,7 @@ import waits
 from conftest import HTP73, HTP75, Workspace, render_manifest
 from modelgen import matmul_model, save
 
-from epbuild.frontends.watch import glob_match, make_targets
+from epbuild.watching import glob_match, make_targets
 
 CYCLE_TIMEOUT = 120.0
 """Seconds (scaled by EPBUILD_TEST_TIMEOUT_SCALE) a test waits for the next cycle."""

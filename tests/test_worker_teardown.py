@@ -68,7 +68,9 @@ class _Adapter(BaseProvider):
 def _fake(monkeypatch: pytest.MonkeyPatch, fail: str | None) -> tuple[list[str], Job]:
     log: list[str] = []
     monkeypatch.setitem(sys.modules, "onnxruntime", _fake_ort(log, fail))
-    monkeypatch.setattr(epbuild.providers, "get_provider", lambda kind: _Adapter())
+    # The registry's entry, not the function: a module first imported in this window binds
+    # ``get_provider`` for good, and a patched function would outlive the test there.
+    monkeypatch.setitem(epbuild.providers._cache, "qnn", _Adapter())
 
     def check_outputs(*args: Any) -> dict[str, Any]:
         log.append("check outputs")

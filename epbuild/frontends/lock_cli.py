@@ -10,20 +10,6 @@ import sys
 from epbuild.frontends.render import print_json
 
 
-def lock_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    """The ``lock`` sub-command's arguments."""
-    k = sub.add_parser(
-        "lock",
-        help="pin the environments providers compile in to epbuild.lock (for --locked builds)",
-    )
-    k.add_argument(
-        "--check",
-        action="store_true",
-        help="write nothing; exit 1 when epbuild.lock is missing or out of date with the manifest",
-    )
-    k.add_argument("--json", action="store_true", help="print the lock's path and verdict as JSON")
-
-
 def run_lock_command(args: argparse.Namespace) -> int:
     """Write (or check) the lock; returns the exit code."""
     from epbuild.manifest.load import find_manifest, load_manifest

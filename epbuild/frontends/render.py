@@ -9,7 +9,10 @@ from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from epbuild.results import StatusResult
+    from epbuild.inspect.verify import VerifyResult
+    from epbuild.results import BuildResult, StatusResult
+    from epbuild.shipping.package import PackageResult
+    from epbuild.watching import Cycle
 
 _NOT_COUNTS = ("total", "seconds")
 
@@ -40,6 +43,83 @@ def status_lines(result: StatusResult) -> Iterator[str]:
         yield f"lock        {note} (epbuild lock writes it again)"
 
 
+def build_lines(result: BuildResult) -> Iterator[str]:
+    """``epbuild build``: what a dry run would build (with reasons), then the summary."""
+    for a in result.actions:
+        if a.outcome.value == "would_build":
+            yield f"would build {a.id}: {'; '.join(a.reasons)}"
+    yield summary_line(result.to_json()["summary"])
+
+
+def verify_lines(result: VerifyResult, *, load: bool) -> Iterator[str]:
+    """``epbuild verify``: problems, what could not be checked here, the checks that
+    passed, then one summary line."""
+    problems = result.lines()
+    yield from problems
+    for c in result.loads:
+        if c.outcome.value == "not_loadable_here":
+            yield f"{c.file}: not loadable here: {c.message}"
+    for n in result.numerics:
+        if n.status.value != "failed":
+            yield n.line()
+    for g in result.generations or ():
+        if g.status.value != "failed":
+            yield g.line()
+    passed = sum(1 for c in result.loads if c.outcome.value == "passed")
+    loads = f", {passed} loaded and matched the CPU EP" if load else ""
+    warned = sum(1 for line in problems if line.startswith("warning: "))
+    also = f", {warned} warning(s)" if warned else ""
+    yield (
+        f"epbuild: verified {len(result.checked)} model(s){loads}: "
+        f"{len(problems) - warned} problem(s){also}"
+    )
+
+
+def package_lines(result: PackageResult) -> Iterator[str]:
+    """``epbuild package``: what was deleted, written or kept, and the EP names apps
+    register to select the variants."""
+    s, files = result.stats, len(result.deployment["files"])
+    if s.removed:
+        yield f"epbuild: --force: deleted {', '.join(s.removed)} from {result.path}"
+    what = f"{len(result.components)} component(s), {files} file(s)"
+    if s.unchanged:
+        yield f"epbuild: {result.path} is up to date ({what})"
+    else:
+        how = f"{len(s.linked)} linked from the outputs, {len(s.kept)} kept, "
+        yield f"epbuild: packaged {what} into {result.path} ({how}{len(s.copied)} copied)"
+    names = ", ".join(f"{n} ({p})" for p, n in result.deployment.get("ep_names", {}).items())
+    yield (
+        f"epbuild: apps select its variants by registering the execution provider as {names} "
+        "([package] ep_names sets another name)"
+    )
+
+
+def watch_started(as_json: bool, c: Cycle) -> None:
+    """``epbuild watch``: a cycle begins (what changed)."""
+    if not as_json:
+        what = "initial build" if c.number == 1 else ", ".join(c.changed) + " changed"
+        print(f"epbuild watch: {what}", flush=True)
+
+
+def watch_finished(as_json: bool, c: Cycle) -> None:
+    """``epbuild watch``: a cycle ended (one JSON line, or its errors and summary)."""
+    if as_json:
+        print_json_line(c.to_json(), command="watch", ok=c.ok)
+        return
+    for err in (c.manifest_error, c.error):
+        if err:
+            print(f"epbuild: error: {err}", file=sys.stderr)
+    if c.manifest_error:
+        print("epbuild watch: keeping the last good manifest", file=sys.stderr, flush=True)
+    if c.result is not None:
+        print(summary_line(c.result.summary()), flush=True)
+
+
+def watch_message(text: str) -> None:
+    """``epbuild watch``: a note (a directory it cannot watch, a stop)."""
+    print(f"epbuild watch: {text}", file=sys.stderr, flush=True)
+
+
 SCHEMA_VERSION = 1
 """The version of the ``--json`` documents' shared frame (``envelope``)."""
 
@@ -60,7 +140,48 @@ def envelope(command: str, data: Mapping[str, Any], *, ok: bool = True) -> dict[
     }
 
 
+_printed = [0]
+"""How many ``--json`` documents this process printed (``documents_printed``)."""
+_notes: list[str] = []
+"""Warnings about the command line itself (a deprecated spelling), for every document."""
+
+
+def command_notes(notes: list[str]) -> None:
+    """Warnings about how the command was written (a deprecated option): they join the
+    ``warnings`` of each ``--json`` document this command prints."""
+    _notes[:] = notes
+
+
+def _with_notes(data: Mapping[str, Any]) -> Mapping[str, Any]:
+    if not _notes:
+        return data
+    return {**data, "warnings": [*data.get("warnings", ()), *_notes]}
+
+
+def documents_printed() -> int:
+    """How many ``--json`` documents went to stdout so far: the CLI adds an error document
+    only to a command that printed none (stdout carries one document, never two)."""
+    return _printed[0]
+
+
 def print_json(data: Mapping[str, Any], *, command: str, ok: bool = True) -> None:
     """One indented JSON document on stdout (the ``--json`` form of a command), in the
     shared envelope."""
-    sys.stdout.write(json.dumps(envelope(command, data, ok=ok), indent=2) + "\n")
+    sys.stdout.write(json.dumps(envelope(command, _with_notes(data), ok=ok), indent=2) + "\n")
+    _printed[0] += 1
+
+
+def print_json_line(data: Mapping[str, Any], *, command: str, ok: bool = True) -> None:
+    """One JSON document on one line of stdout, flushed (a stream of documents: ``watch``)."""
+    sys.stdout.write(json.dumps(envelope(command, _with_notes(data), ok=ok)) + "\n")
+    sys.stdout.flush()
+    _printed[0] += 1
+
+
+def print_error_json(command: str, error: Mapping[str, Any]) -> None:
+    """The ``--json`` document of a command that failed before printing its own: the
+    envelope with ``ok: false`` and ``error`` (``class``, ``kind``, ``message``, ``hint``,
+    ``exit_code``; ``file``, ``line``, ``key`` where known). One line for ``watch``, whose
+    documents are a stream of lines."""
+    show = print_json_line if command == "watch" else print_json
+    show({"error": dict(error)}, command=command, ok=False)

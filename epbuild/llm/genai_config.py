@@ -92,3 +92,30 @@ def pipeline_config(
     search["max_length"] = min(int(search.get("max_length", context_length)), context_length)
     search["past_present_share_buffer"] = True
     return config
+
+
+def stages_config(
+    source: Mapping[str, Any],
+    *,
+    compiled: Mapping[str, str],
+    provider_options: Mapping[str, Mapping[str, Any]],
+) -> dict[str, Any]:
+    """The package's config of a ``decoder-pipeline`` source: ``compiled`` maps the stages
+    compiled for the provider to their ctx model file names, which run with
+    ``provider_options``; every other stage (one meant for the CPU) is kept as it is."""
+    config = copy.deepcopy(dict(source))
+    model = config["model"]
+    for entry in model["decoder"]["pipeline"]:
+        for name, stage in entry.items():
+            if name not in compiled:
+                continue
+            options = stage.get("session_options", {})
+            stage["filename"] = compiled[name]
+            stage["session_options"] = {
+                **{k: v for k, v in options.items() if k != "provider_options"},
+                "provider_options": [{n: dict(o)} for n, o in provider_options.items()],
+            }
+    search = config.setdefault("search", {})
+    limit = int(model["context_length"])
+    search["max_length"] = min(int(search.get("max_length", limit)), limit)
+    return config

@@ -1,24 +1,28 @@
 """The genai package of a built LLM: ``<out_dir>/<llm>/<provider>/`` holds the compiled
-``context``/``iterator`` ctx models (the actions' outputs) and, written here after they are
-all built, the ``genai_config.json`` of type ``decoder-pipeline`` (relative file names) and
-the source's other files genai needs (tokenizer, chat template, ...), copied.
+``context``/``iterator`` ctx models (or a pipeline source's compiled stages: the actions'
+outputs) and, written here after they are all built, the ``genai_config.json`` of type
+``decoder-pipeline`` (relative file names) and the source's other files genai needs
+(tokenizer, chat template, a pipeline's stages that run as they are), copied.
 
-Runs on every build that plans (never on the no-op path, which LLM entries keep off): a
-file is replaced, atomically, only when its bytes differ, so a config-only edit of the
-source rewrites the config and compiles nothing. Standard library only.
+Runs on every build that plans: a file is replaced, atomically, only when its bytes differ,
+so a config-only edit of the source rewrites the config and compiles nothing. The no-op
+fingerprint (``planning.noop``) stamps the source files and the package files and checks
+the package against ``package_plan``. Standard library only.
 """
 
 from __future__ import annotations
 
+import filecmp
 import json
 import os
 import posixpath
 from collections.abc import Iterable
+from dataclasses import dataclass
 
 from epbuild._names import CTX_SUFFIX
-from epbuild.fs import atomic_write_bytes
-from epbuild.llm.genai_config import CONTEXT, ITERATOR, pipeline_config
-from epbuild.llm.source import GENAI_CONFIG
+from epbuild.fs import atomic_copy, atomic_write_bytes
+from epbuild.llm.genai_config import CONTEXT, ITERATOR, pipeline_config, stages_config
+from epbuild.llm.source import GENAI_CONFIG, PIPELINE, static_stages
 from epbuild.manifest.model import Llm
 from epbuild.providers.contract import ProviderConfig
 
@@ -33,6 +37,63 @@ def genai_options(cfg: ProviderConfig, file_options: Iterable[str]) -> dict[str,
     return {name: {k: v for k, v in sorted(cfg.options.items()) if k not in skip}}
 
 
+@dataclass(frozen=True)
+class PackagePlan:
+    """What a package's files must hold, read from the source folder now."""
+
+    config: bytes
+    """The package's ``genai_config.json``."""
+    copies: dict[str, str]
+    """Package file name → the workspace-relative source file it is a copy of."""
+
+
+def package_plan(
+    root: str, llm: Llm, provider: ProviderConfig, file_options: Iterable[str]
+) -> PackagePlan:
+    """The package's config, and the source files it copies as they are (tokenizer files,
+    templates, a pipeline's CPU stages and their external data)."""
+    source = os.path.join(root, llm.source)
+    with open(os.path.join(source, GENAI_CONFIG), encoding="utf-8") as f:
+        config = json.load(f)
+    options = genai_options(provider, file_options)
+    copied: list[str] = []
+    if llm.form == PIPELINE:
+        compiled = {stage: stage + CTX_SUFFIX for stage, _ in static_stages(source, llm.stages)}
+        package = stages_config(config, compiled=compiled, provider_options=options)
+        copied = _stage_files(source, [f for s, f in llm.stages if s not in compiled])
+    else:
+        package = pipeline_config(
+            config,
+            files={CONTEXT: CONTEXT + CTX_SUFFIX, ITERATOR: ITERATOR + CTX_SUFFIX},
+            provider_options=options,
+            context_length=llm.context_length,
+            window_size=llm.window_size,
+        )
+    names = [*_companions(source, llm.files), *copied]
+    return PackagePlan(
+        (json.dumps(package, indent=4) + "\n").encode(),
+        {name: posixpath.join(llm.source, name) for name in names},
+    )
+
+
+def _stage_files(source: str, models: list[str]) -> list[str]:
+    """The pipeline stages run as they are (CPU stages) and their external-data files."""
+    from epbuild.fs import reference_problem
+    from epbuild.onnx.proto import read_model
+
+    found: list[str] = []
+    for model in models:
+        found.append(model)
+        for ref in read_model(os.path.join(source, model)).external_refs:
+            problem = reference_problem(ref.location)
+            if problem is not None:
+                raise ValueError(f"{model}: external-data location {problem}")
+            data = posixpath.normpath(posixpath.join(posixpath.dirname(model), ref.location))
+            if data not in found:
+                found.append(data)
+    return found
+
+
 def write_package(
     root: str,
     llm: Llm,
@@ -42,40 +103,45 @@ def write_package(
 ) -> list[str]:
     """Write the config and copy the source's other files into ``out_dir`` (workspace-
     relative); returns the workspace-relative paths it replaced."""
-    source = os.path.join(root, llm.source)
-    with open(os.path.join(source, GENAI_CONFIG), encoding="utf-8") as f:
-        config = json.load(f)
-    files = {CONTEXT: CONTEXT + CTX_SUFFIX, ITERATOR: ITERATOR + CTX_SUFFIX}
-    pipeline = pipeline_config(
-        config,
-        files=files,
-        provider_options=genai_options(provider, file_options),
-        context_length=llm.context_length,
-        window_size=llm.window_size,
-    )
-    wanted: dict[str, bytes] = {GENAI_CONFIG: (json.dumps(pipeline, indent=4) + "\n").encode()}
-    for name in _companions(source, llm.files):
-        with open(os.path.join(source, name), "rb") as f:
-            wanted[name] = f.read()
+    plan = package_plan(root, llm, provider, file_options)
     written = []
-    for name, data in wanted.items():
+    config = os.path.join(root, out_dir, GENAI_CONFIG)
+    if not _same(config, plan.config):
+        atomic_write_bytes(config, plan.config)
+        written.append(posixpath.join(out_dir, GENAI_CONFIG))
+    for name, rel in plan.copies.items():
         path = os.path.join(root, out_dir, name)
-        if _same(path, data):
+        copied = os.path.join(root, rel)
+        if os.path.isfile(path) and filecmp.cmp(copied, path, shallow=False):
             continue
-        atomic_write_bytes(path, data)
+        atomic_copy(copied, path, durable=True)
         written.append(posixpath.join(out_dir, name))
     return written
+
+
+def source_files(root: str, llm: Llm) -> list[str]:
+    """Workspace-relative paths of the source files ``package_plan`` reads (the config,
+    the companions and a pipeline's copied stages), whether or not they exist now."""
+    return [posixpath.join(llm.source, n) for n in (GENAI_CONFIG, *_copied(root, llm))]
+
+
+def _copied(root: str, llm: Llm) -> list[str]:
+    """Names of the files copied from the source folder as they are."""
+    source = os.path.join(root, llm.source)
+    try:
+        names = _companions(source, llm.files)
+        if llm.form == PIPELINE:
+            compiled = {stage for stage, _ in static_stages(source, llm.stages)}
+            names += _stage_files(source, [f for s, f in llm.stages if s not in compiled])
+    except (OSError, ValueError):
+        return []
+    return names
 
 
 def package_files(root: str, llm: Llm, out_dir: str) -> list[str]:
     """Workspace-relative paths of the files ``write_package`` writes (config and
     companions), whether or not they exist now."""
-    source = os.path.join(root, llm.source)
-    try:
-        names = _companions(source, llm.files)
-    except OSError:
-        names = []
-    return [posixpath.join(out_dir, n) for n in (GENAI_CONFIG, *names)]
+    return [posixpath.join(out_dir, n) for n in (GENAI_CONFIG, *_copied(root, llm))]
 
 
 def _companions(source: str, models: Iterable[str]) -> list[str]:

@@ -102,5 +102,12 @@ def ensure_prepared(
                     f"{model}: static preparation failed: {last}",
                     hint="epbuild prepares decoders as genai's model builder writes them",
                 )
-            with open(os.path.join(tmp, AFFINITY), "w", encoding="utf-8") as f:
-                json.dump(AFFINITY_JSON, f)
+            write_affinity(os.path.join(tmp, AFFINITY))
+
+
+def write_affinity(path: str) -> None:
+    """Write the default ``op_affinity`` file at ``path`` (atomically; parents made)."""
+    from epbuild.fs import atomic_write_bytes
+
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    atomic_write_bytes(path, json.dumps(AFFINITY_JSON).encode())

@@ -1,9 +1,10 @@
 """What an onnxruntime-genai model folder holds, read from its ``genai_config.json`` alone.
 
-Standard library only: the manifest reads it on every load, and the no-op path must not
-import onnx or onnxruntime. ``read_source`` accepts the two shapes epbuild builds from (one
-dynamic-shape ``decoder``, as genai's model builder writes it, or a ``decoder-pipeline``, as
-Olive writes it) and refuses anything else with a ``LlmSourceError`` naming what it found.
+Standard library only (and epbuild's own ONNX reader for a pipeline's stage shapes): the
+manifest reads it on every load, and the no-op path must not import onnx or onnxruntime.
+``read_source`` accepts the two shapes epbuild builds from (one dynamic-shape ``decoder``,
+as genai's model builder writes it, or a ``decoder-pipeline``, as Olive writes it) and
+refuses anything else with a ``LlmSourceError`` naming what it found.
 """
 
 from __future__ import annotations
@@ -49,6 +50,10 @@ class LlmSource:
     """The ONNX files the decoder names, relative to the folder."""
     head_size: int = 0
     """``model.decoder.head_size`` (0 where the config has none)."""
+    stages: tuple[tuple[str, str], ...] = ()
+    """A pipeline's stages in order: (name, ONNX file relative to the folder)."""
+    window_size: int = 0
+    """A pipeline's ``model.decoder.sliding_window.window_size`` (0 where it has none)."""
 
 
 def read_source(folder: Path) -> LlmSource:
@@ -99,16 +104,7 @@ def _decoder_source(model: dict[str, Any]) -> LlmSource:
         )
     pipeline = decoder.get("pipeline")
     if isinstance(pipeline, list) and pipeline:
-        files = [
-            stage.get("filename")
-            for entry in pipeline
-            if isinstance(entry, dict)
-            for stage in entry.values()
-            if isinstance(stage, dict)
-        ]
-        if not files or not all(isinstance(f, str) and f for f in files):
-            raise LlmSourceError(f"{GENAI_CONFIG}: a model.decoder.pipeline stage has no filename")
-        return LlmSource(PIPELINE, model_type, limit, tuple(str(f) for f in files))
+        return _pipeline_source(model_type, limit, decoder, pipeline)
     filename = decoder.get("filename")
     if not isinstance(filename, str) or not filename:
         raise LlmSourceError(
@@ -119,3 +115,65 @@ def _decoder_source(model: dict[str, Any]) -> LlmSource:
     if not isinstance(head, int) or isinstance(head, bool) or head < 1:
         raise LlmSourceError(f"{GENAI_CONFIG} has no positive model.decoder.head_size")
     return LlmSource(DECODER, model_type, limit, (filename,), head)
+
+
+def _pipeline_source(
+    model_type: str, limit: int, decoder: dict[str, Any], pipeline: list[Any]
+) -> LlmSource:
+    """A ``decoder-pipeline``: each entry one ``{name: {filename, ...}}`` stage."""
+    stages: list[tuple[str, str]] = []
+    for entry in pipeline:
+        if not isinstance(entry, dict) or len(entry) != 1:
+            raise LlmSourceError(
+                f"{GENAI_CONFIG}: each model.decoder.pipeline entry must be one "
+                '{"STAGE": {"filename": ...}} table'
+            )
+        ((name, stage),) = entry.items()
+        filename = stage.get("filename") if isinstance(stage, dict) else None
+        if not isinstance(filename, str) or not filename:
+            raise LlmSourceError(
+                f"{GENAI_CONFIG}: the model.decoder.pipeline stage {name!r} has no filename"
+            )
+        if not _plain_name(filename):
+            raise LlmSourceError(
+                f"{GENAI_CONFIG}: the stage {name!r} names {filename!r}, not a file of the folder"
+            )
+        if not _plain_name(name) or name in (s for s, _ in stages):
+            raise LlmSourceError(f"{GENAI_CONFIG}: the stage name {name!r} is unusable or repeated")
+        stages.append((name, filename))
+    window = decoder.get("sliding_window", {})
+    size = window.get("window_size", 0) if isinstance(window, dict) else 0
+    return LlmSource(
+        PIPELINE,
+        model_type,
+        limit,
+        tuple(f for _, f in stages),
+        stages=tuple(stages),
+        window_size=size if isinstance(size, int) and not isinstance(size, bool) else 0,
+    )
+
+
+def _plain_name(name: str) -> bool:
+    """A file name in the folder itself (no directory part, not hidden)."""
+    return bool(name) and "/" not in name and "\\" not in name and not name.startswith(".")
+
+
+def static_stages(
+    folder: str | Path, stages: tuple[tuple[str, str], ...]
+) -> tuple[tuple[str, str], ...]:
+    """The pipeline stages whose graph has static input shapes (what an NPU compiler
+    takes; the others, such as a CPU ``embeddings`` or ``lm_head``, run as they are). A
+    stage that cannot be read counts as static, so that compiling it says why."""
+    from epbuild.onnx.proto import ProtoError, read_model
+
+    found = []
+    for stage, filename in stages:
+        try:
+            inputs = read_model(str(Path(folder, filename))).inputs
+        except (OSError, ProtoError):
+            found.append((stage, filename))
+            continue
+        dims = [d for i in inputs for d in (i.shape if i.shape is not None else (None,))]
+        if all(isinstance(d, int) and d >= 0 for d in dims):
+            found.append((stage, filename))
+    return tuple(found)

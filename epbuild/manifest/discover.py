@@ -3,8 +3,10 @@
 Models that reference the same external-data file (read with ``onnx.proto``, without
 importing onnx) form one weight-sharing group: they were exported together, and compiling
 them as one session group gives one shared context binary. Every other model goes into a
-group per directory. EPContext models (``*_ctx.onnx``, or any model with EPContext nodes),
-hidden directories and the output and state directories are skipped.
+group per directory. A directory holding ``genai_config.json`` is an onnxruntime-genai
+model folder: it becomes an LLM entry, and its ONNX files no group's. EPContext models
+(``*_ctx.onnx``, or any model with EPContext nodes), hidden directories and the output and
+state directories are skipped.
 """
 
 from __future__ import annotations
@@ -14,10 +16,12 @@ import posixpath
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 
 from epbuild._names import CTX_SUFFIX, DEFAULT_OUT_DIR, DEFAULT_STATE_DIR, model_stem
+from epbuild.llm.source import GENAI_CONFIG, LlmSource, LlmSourceError, read_source
 
-__all__ = ["Discovered", "FoundGroup", "discover"]
+__all__ = ["Discovered", "FoundGroup", "FoundLlm", "discover"]
 
 
 @dataclass(frozen=True)
@@ -36,11 +40,23 @@ class FoundGroup:
 
 
 @dataclass(frozen=True)
+class FoundLlm:
+    """An onnxruntime-genai model folder to write as ``[llms.NAME]``."""
+
+    name: str
+    folder: str
+    """Relative to the workspace."""
+    source: LlmSource
+
+
+@dataclass(frozen=True)
 class Discovered:
-    """What was found: the groups, and a line for each file left out and why."""
+    """What was found: the groups, the LLM folders, and a line for each file or folder
+    left out and why."""
 
     groups: tuple[FoundGroup, ...]
     skipped: tuple[str, ...]
+    llms: tuple[FoundLlm, ...] = ()
 
 
 def discover(root: str, source: str) -> Discovered:
@@ -48,7 +64,8 @@ def discover(root: str, source: str) -> Discovered:
     workspace) into sharing groups and per-directory groups, in path order."""
     data_of: dict[str, set[str]] = {}
     skipped: list[str] = []
-    for model in _onnx_files(root, source):
+    genai: list[str] = []
+    for model in _onnx_files(root, source, genai):
         refs = _external_data(root, model)
         if isinstance(refs, str):
             skipped.append(f"{model}: {refs}")
@@ -68,12 +85,22 @@ def discover(root: str, source: str) -> Discovered:
     per_dir = [
         FoundGroup(_unique(_dir_name(d), names), tuple(ms)) for d, ms in sorted(lone.items())
     ]
-    return Discovered(tuple(sorted(sharing + per_dir, key=lambda g: g.models)), tuple(skipped))
+    llms = []
+    for folder in genai:
+        try:
+            found = read_source(Path(root, folder))
+        except LlmSourceError as exc:
+            skipped.append(f"{folder}: {exc.message}")
+            continue
+        llms.append(FoundLlm(_unique(_dir_name(posixpath.basename(folder)), names), folder, found))
+    groups = tuple(sorted(sharing + per_dir, key=lambda g: g.models))
+    return Discovered(groups, tuple(skipped), tuple(llms))
 
 
-def _onnx_files(root: str, source: str) -> Iterator[str]:
+def _onnx_files(root: str, source: str, genai: list[str]) -> Iterator[str]:
     """``*.onnx`` under ``source``, workspace-relative, sorted; skipping the output and
-    state directories, hidden directories and ``*_ctx.onnx``."""
+    state directories, hidden directories and ``*_ctx.onnx``. A genai model folder is
+    appended to ``genai`` instead, and nothing under it is listed."""
     excluded = {DEFAULT_OUT_DIR, DEFAULT_STATE_DIR}
     for directory, dirs, files in os.walk(os.path.join(root, source)):
         rel_dir = posixpath.normpath(os.path.relpath(directory, root).replace(os.sep, "/"))
@@ -82,6 +109,10 @@ def _onnx_files(root: str, source: str) -> Iterator[str]:
             for d in dirs
             if not d.startswith(".") and posixpath.normpath(f"{rel_dir}/{d}") not in excluded
         )
+        if GENAI_CONFIG in files:
+            genai.append(rel_dir)
+            dirs[:] = []
+            continue
         for name in sorted(files):
             if name.endswith(".onnx") and not name.endswith(CTX_SUFFIX):
                 yield posixpath.normpath(f"{rel_dir}/{name}")

@@ -131,10 +131,8 @@ def _editing(
     turns (each reads what the other wrote), so neither is lost."""
     from tomlkit.exceptions import TOMLKitError
 
-    from epbuild.state import locks
-
     path = find_manifest(directory, os.fspath(manifest) if manifest else None)
-    with locks.hold(_lock_path(path), "epbuild add"):
+    with manifest_lock(path, "epbuild add"):
         s = _open(path)
         try:
             yield s
@@ -144,6 +142,16 @@ def _editing(
                 hint="write each provider and group as a [providers.NAME] / [groups.NAME] "
                 "table, or make this edit by hand",
             ) from exc
+
+
+@contextmanager
+def manifest_lock(path: Path, what: str) -> Iterator[None]:
+    """The lock every edit of the manifest at ``path`` holds from reading (or finding it
+    missing) to writing: ``add``, ``init`` and ``init --from`` take turns on one file."""
+    from epbuild.state import locks
+
+    with locks.hold(_lock_path(path), what):
+        yield
 
 
 def _lock_path(manifest: Path) -> str:

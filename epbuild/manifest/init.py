@@ -12,7 +12,7 @@ from epbuild._names import MANIFEST_NAME
 from epbuild.errors import UserError
 
 if TYPE_CHECKING:
-    from epbuild.manifest.discover import FoundGroup
+    from epbuild.manifest.discover import FoundGroup, FoundLlm
 
 STARTER = """\
 # epbuild manifest (README.md documents every key).
@@ -42,13 +42,16 @@ def init(directory: str | os.PathLike[str] = ".", name: str | None = None) -> st
     """Create a starter manifest; refuses to overwrite one. Returns its path."""
     import tomlkit
 
+    from epbuild.manifest.edit import manifest_lock
+
     path = os.path.join(os.fspath(directory), name or MANIFEST_NAME)
-    if os.path.lexists(path):
-        raise UserError(f"{path} already exists; not overwriting it")
-    doc = tomlkit.parse(STARTER)  # round-trip through tomlkit: what we write is valid TOML
-    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-    with open(path, "x", encoding="utf-8") as f:
-        f.write(tomlkit.dumps(doc))
+    with manifest_lock(Path(path), "epbuild init"):  # as add holds it: one edit at a time
+        if os.path.lexists(path):
+            raise UserError(f"{path} already exists; not overwriting it")
+        doc = tomlkit.parse(STARTER)  # round-trip through tomlkit: what we write is valid TOML
+        os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+        with open(path, "x", encoding="utf-8") as f:
+            f.write(tomlkit.dumps(doc))
     return path
 
 
@@ -59,13 +62,16 @@ class InitResult:
     path: str
     groups: tuple[FoundGroup, ...]
     skipped: tuple[str, ...]
+    llms: tuple[FoundLlm, ...] = ()
 
     def lines(self) -> list[str]:
-        """One line per group and per skipped file, then the file written."""
+        """One line per group, LLM and skipped file, then the file written."""
         out = []
         for g in self.groups:
             shared = f", sharing {', '.join(g.shared_data)}" if g.share_weights else ""
             out.append(f"group {g.name}: {len(g.models)} model(s){shared}")
+        for llm in self.llms:
+            out.append(f"llm {llm.name}: {llm.folder} ({llm.source.model_type}, genai model)")
         out += [f"skipped {line}" for line in self.skipped]
         return [*out, f"wrote {self.path}"]
 
@@ -81,13 +87,24 @@ def init_from(
     ``directory``, inside the manifest's directory); refuses to overwrite one.
 
     Models sharing an external-data file become one ``share_weights`` group, the others
-    one group per directory (``manifest.discover``). ``target``: a well-known SoC to build
-    for (``epbuild add target --list``), default the starter's HTP v73 provider.
+    one group per directory, and an onnxruntime-genai model folder (``genai_config.json``;
+    ``source`` itself or one below it) an ``[llms]`` entry (``manifest.discover``).
+    ``target``: a well-known SoC to build for (``epbuild add target --list``), default the
+    starter's HTP v73 provider.
     """
+    from epbuild.manifest.edit import manifest_lock
+
+    path = Path(os.fspath(directory), name or MANIFEST_NAME)
+    with manifest_lock(path, "epbuild init --from"):  # check, discover and write as one edit
+        return _init_from(directory, path, source, target)
+
+
+def _init_from(
+    directory: str | os.PathLike[str], path: Path, source: str, target: str | None
+) -> InitResult:
     from epbuild.manifest.discover import discover
     from epbuild.manifest.edit import manifest_relative, write_checked
 
-    path = Path(os.fspath(directory), name or MANIFEST_NAME)
     if os.path.lexists(path):
         raise UserError(
             f"{path} already exists; not overwriting it",
@@ -98,18 +115,21 @@ def init_from(
     if not os.path.isdir(os.path.join(root, rel)):
         raise UserError(f"--from {source}: no such directory")
     found = discover(root, rel)
-    if not found.groups:
+    if not found.groups and not found.llms:
+        reasons = "".join(f"; skipped {line}" for line in found.skipped)
         raise UserError(
-            f"no ONNX models found under {source}",
-            hint="init --from looks for *.onnx files (not *_ctx.onnx)",
+            f"no ONNX models found under {source}{reasons}",
+            hint="init --from looks for *.onnx files (not *_ctx.onnx) and onnxruntime-genai "
+            "model folders (genai_config.json)",
         )
     provider, provider_text = _provider_block(target)
     text = "\n".join(
         [_HEADER.format(source=source), provider_text]
         + [_group_block(g, provider) for g in found.groups]
+        + [_llm_block(llm, provider) for llm in found.llms]
     )
     write_checked(path, None, text)
-    return InitResult(str(path), found.groups, found.skipped)
+    return InitResult(str(path), found.groups, found.skipped, found.llms)
 
 
 _HEADER = """\
@@ -161,4 +181,33 @@ def _group_block(group: FoundGroup, provider: str) -> str:
     lines.append(f"providers = [{render_value(provider)}]")
     if group.share_weights:
         lines.append("share_weights = true")
+    return "\n".join(lines) + "\n"
+
+
+def _llm_block(llm: FoundLlm, provider: str) -> str:
+    """One ``[llms.NAME]`` table, with the loader's defaults written out and explained."""
+    from epbuild.llm.source import DECODER
+    from epbuild.manifest.model import DEFAULT_CONTEXT_LENGTH, DEFAULT_WINDOW_SIZE
+    from epbuild.manifest.tomledit import render_key, render_value
+
+    found = llm.source
+    lines = [
+        f"# An onnxruntime-genai model ({found.model_type}): a static context + iterator",
+        "# pipeline per provider, packaged for genai (check it: epbuild verify --generate).",
+        f"[llms.{render_key(llm.name)}]",
+        f"source = {render_value(llm.folder)}",
+        f"providers = [{render_value(provider)}]",
+    ]
+    if found.form == DECODER:
+        context = min(DEFAULT_CONTEXT_LENGTH, found.context_limit)
+        window = min(DEFAULT_WINDOW_SIZE, context)
+        lines += [
+            f"context_length = {context}    # prompt + generated tokens "
+            f"(the model's limit: {found.context_limit})",
+            f"window_size = {window}    # the prompt is read this many tokens at a time",
+        ]
+    else:
+        lines[0] = f"# A decoder-pipeline ({found.context_limit} tokens): its static stages"
+        lines[1] = "# compiled as they are, per provider (check it: epbuild verify --generate)."
+    lines.append("share_weights = true    # one binary for all graphs; false: checkable on x86_64")
     return "\n".join(lines) + "\n"

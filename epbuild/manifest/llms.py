@@ -9,7 +9,7 @@ from typing import Any
 
 from epbuild.errors import UnsafePathError
 from epbuild.fs import safe_relpath
-from epbuild.llm.source import LlmSourceError, read_source
+from epbuild.llm.source import PIPELINE, LlmSourceError, read_source
 from epbuild.manifest.locate import Where
 from epbuild.manifest.model import DEFAULT_CONTEXT_LENGTH, DEFAULT_WINDOW_SIZE, Llm
 from epbuild.manifest.refs import check_provider_list
@@ -56,6 +56,9 @@ def _llm(
     except LlmSourceError as exc:
         raise where.error((*base, "source"), f"{source}: {exc.message}", exc.hint) from exc
     limit = found.context_limit
+    if found.form == PIPELINE:
+        _check_static(where, base, source, table, "context_length", limit)
+        _check_static(where, base, source, table, "window_size", found.window_size)
     context = table.get("context_length", min(DEFAULT_CONTEXT_LENGTH, limit))
     if context > limit:
         raise where.error(
@@ -64,7 +67,8 @@ def _llm(
             f"({source}/genai_config.json: model.context_length)",
             f"use context_length = {limit} or less",
         )
-    window = table.get("window_size", min(DEFAULT_WINDOW_SIZE, context))
+    default_window = found.window_size or min(DEFAULT_WINDOW_SIZE, context)
+    window = table.get("window_size", default_window)
     if window > context:
         raise where.error(
             (*base, "window_size"),
@@ -83,4 +87,22 @@ def _llm(
         files=found.files,
         head_size=found.head_size,
         prompt=table.get("prompt"),
+        stages=found.stages,
+    )
+
+
+def _check_static(
+    where: Where, base: tuple[str, str], source: str, table: dict[str, Any], key: str, fixed: int
+) -> None:
+    """A ``decoder-pipeline`` source's graphs are static already: ``key`` may only repeat
+    the value they were made with."""
+    value = table.get(key)
+    if value is None or value == fixed:
+        return
+    what = f"{fixed}" if fixed else "none"
+    raise where.error(
+        (*base, key),
+        f"{source} is a decoder-pipeline whose graphs are static already ({key} {what}, "
+        f"{source}/genai_config.json); it cannot be built with {key} = {value}",
+        f"remove {key} from [llms.{base[1]}]",
     )

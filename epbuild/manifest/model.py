@@ -207,6 +207,8 @@ class Llm:
     """Provider name → how its graphs compile (the provider's settings, defaults filled)."""
     prompt: str | None = None
     """What ``verify --generate`` generates from (None: its default)."""
+    stages: tuple[tuple[str, str], ...] = ()
+    """A ``decoder-pipeline`` source's stages: (name, ONNX file relative to the folder)."""
 
 
 DEFAULT_CONTEXT_LENGTH = 1024

@@ -1,7 +1,10 @@
 """LLM entries as compile groups: each ``[llms.<name>]`` whose source is a single decoder
-becomes a group of its two prepared graphs (``context``, ``iterator``), compiled for each
-provider through the ordinary actions (keys, cache, locks, reports), shared (one action,
-N+1) or not (one action per graph). Outputs go to ``<out_dir>/<name>/<provider>/``."""
+becomes a group of its two prepared graphs (``context``, ``iterator``); one whose source is a
+``decoder-pipeline`` already, a group of the stages a provider can take (static input
+shapes: ``compiled_stages``; the others, e.g. a CPU ``embeddings`` or ``lm_head``, are
+copied into the package as they are). Each group compiles for each provider through the
+ordinary actions (keys, cache, locks, reports), shared (one action, N+1) or not (one action
+per graph). Outputs go to ``<out_dir>/<name>/<provider>/``."""
 
 from __future__ import annotations
 
@@ -12,9 +15,17 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from epbuild.errors import EpbuildError, ModelError
-from epbuild.llm.prepare import AFFINITY, STAGES, ensure_prepared, prep_dir, prep_key
-from epbuild.llm.source import DECODER
+from epbuild.llm.prepare import (
+    AFFINITY,
+    STAGES,
+    ensure_prepared,
+    prep_dir,
+    prep_key,
+    write_affinity,
+)
+from epbuild.llm.source import DECODER, static_stages
 from epbuild.manifest.model import Group, Llm, Manifest, ModelEntry
+from epbuild.planning.actions import Action
 from epbuild.planning.keys import KeyComputer
 from epbuild.providers import get_provider
 from epbuild.providers.contract import ProviderConfig
@@ -40,11 +51,48 @@ def llm_groups(
     prepared becomes a problem of the group's models (its actions fail, the others build)."""
     groups = []
     for llm in manifest.llms.values():
-        if llm.form != DECODER:
-            continue
         providers = {p: manifest.providers[p] for p in llm.providers}
-        groups.append(_group(llm, providers, keys, state_dir, prepare))
+        if llm.form == DECODER:
+            groups.append(_group(llm, providers, keys, state_dir, prepare))
+        elif compiled_stages(keys.root, llm):  # else nothing to compile: the build says so
+            groups.append(_pipeline_group(llm, providers, keys, state_dir, prepare))
     return groups
+
+
+def compiled_stages(root: str, llm: Llm) -> tuple[tuple[str, str], ...]:
+    """The stages of a ``decoder-pipeline`` source that are compiled (``static_stages``)."""
+    return static_stages(os.path.join(root, llm.source), llm.stages)
+
+
+def _pipeline_group(
+    llm: Llm,
+    providers: Mapping[str, ProviderConfig],
+    keys: KeyComputer,
+    state_dir: str,
+    prepare: bool,
+) -> LlmGroup:
+    """The group of a ``decoder-pipeline`` source's compiled stages, compiled as they are."""
+    entries = tuple(
+        ModelEntry(path=posixpath.join(llm.source, filename), name=stage)
+        for stage, filename in compiled_stages(keys.root, llm)
+    )
+    folder = posixpath.join(state_dir, "llm", llm.name)
+    affinity = os.path.join(keys.root, folder, AFFINITY)
+    if prepare and not os.path.isfile(affinity):
+        write_affinity(affinity)
+    if not os.path.isfile(affinity):
+        for entry in entries:
+            keys.problems[entry.path] = ModelError(
+                f"llms.{llm.name}: its op_affinity.json is not written yet",
+                hint="'epbuild build' writes it",
+            )
+    return _llm_group(
+        llm,
+        entries,
+        compile=dict(llm.compile),
+        llm=llm,
+        provider_configs={p: with_affinity(cfg, folder) for p, cfg in providers.items()},
+    )
 
 
 def _group(
@@ -118,13 +166,18 @@ def _llm_group(entry: Llm, entries: tuple[ModelEntry, ...], **more: Any) -> LlmG
 
 
 def llm_shapes(manifest: Manifest) -> list[LlmGroup]:
-    """The LLM groups without their prepared paths: enough for action ids (``orphaned``),
-    computed without reading or preparing anything."""
-    return [
-        _llm_group(llm, tuple(ModelEntry(path="", name=stage) for stage, _ in STAGES))
-        for llm in manifest.llms.values()
-        if llm.form == DECODER
-    ]
+    """The LLM groups without their prepared paths: enough for action ids (``orphaned``,
+    watch), computed without preparing anything (a pipeline's stage files are read for
+    their input shapes)."""
+    groups = []
+    for llm in manifest.llms.values():
+        if llm.form == DECODER:
+            stages = [stage for stage, _ in STAGES]
+        else:
+            stages = [stage for stage, _ in compiled_stages(str(manifest.root), llm)]
+        if stages:
+            groups.append(_llm_group(llm, tuple(ModelEntry(path="", name=n) for n in stages)))
+    return groups
 
 
 def with_affinity(cfg: ProviderConfig, folder: str) -> ProviderConfig:
@@ -134,3 +187,32 @@ def with_affinity(cfg: ProviderConfig, folder: str) -> ProviderConfig:
     if "op_affinity" not in names or "op_affinity" in cfg.options:
         return cfg
     return replace(cfg, options={**cfg.options, "op_affinity": posixpath.join(folder, AFFINITY)})
+
+
+@dataclass(frozen=True)
+class PackageTarget:
+    """One LLM × provider package: its folder and the actions that compile its graphs."""
+
+    llm: Llm
+    provider: ProviderConfig
+    out_dir: str
+    """Workspace-relative ``<out_dir>/<llm>/<provider>``."""
+    actions: tuple[Action, ...]
+
+
+def package_targets(manifest: Manifest, actions: list[Action]) -> list[PackageTarget]:
+    """The packages whose graphs are all among ``actions`` (a selection of some of an LLM's
+    graphs makes no package), sorted by LLM and provider."""
+    found: dict[tuple[str, str], list[Action]] = {}
+    for action in actions:
+        if isinstance(action.group, LlmGroup):
+            found.setdefault((action.group.name, action.provider.name), []).append(action)
+    targets = []
+    for (name, _), mine in sorted(found.items()):
+        first = mine[0]
+        if len({e.name for a in mine for e in a.entries}) < len(first.group.entries):
+            continue
+        targets.append(
+            PackageTarget(manifest.llms[name], first.provider, first.out_dir, tuple(mine))
+        )
+    return targets

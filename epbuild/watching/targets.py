@@ -1,5 +1,7 @@
 """What a manifest makes watch observe: the selected actions' inputs, the manifest, the
-directories its model globs could match in, and what never counts (outputs, state, cache)."""
+directories its model globs could match in, the source folders of its LLMs (any file there:
+genai_config.json, ONNX, external data, tokenizer), and what never counts (outputs, state,
+cache)."""
 
 from __future__ import annotations
 
@@ -15,6 +17,8 @@ from epbuild.errors import EpbuildError
 
 if TYPE_CHECKING:
     from epbuild.manifest.load import Manifest
+    from epbuild.planning.actions import Action
+    from epbuild.planning.workspace import Workspace
 
 GLOB_CHARS = re.compile(r"[*?\[]")
 """A path part with one of these is a glob."""
@@ -79,6 +83,14 @@ class Targets:
     links: Mapping[str, frozenset[str]] = field(default_factory=dict)
     """The real path of an input reached through a symlink -> the input paths that lead to
     it: its directory is observed too, and an event there counts as one on those paths."""
+    folders: Mapping[str, str] = field(default_factory=dict)
+    """An LLM's source folder (absolute) -> the LLM's name: a file directly in it (not a
+    hidden one) is an input of the LLM's actions, and its genai_config.json is read by the
+    manifest."""
+
+    def in_folder(self, path: str) -> bool:
+        """Is ``path`` a (non-hidden) file directly in an LLM's source folder?"""
+        return os.path.dirname(path) in self.folders and not os.path.basename(path).startswith(".")
 
     def names(self, path: str) -> frozenset[str]:
         """The watched paths an event on ``path`` is about (itself, or the symlinks to it)."""
@@ -93,7 +105,9 @@ class Targets:
         if not under(path, self.root) or any(under(path, x) for x in self.excluded):
             return False
         if not is_dir:
-            return path in self.files or any(glob_match(self.rel(path), p) for p in self.patterns)
+            if path in self.files or self.in_folder(path):
+                return True
+            return any(glob_match(self.rel(path), p) for p in self.patterns)
         # a directory created, deleted or moved: a watched one (or its parent) came or went,
         # or a recursive glob may now match inside it
         return any(under(d, path) or (rec and under(path, d)) for d, rec in self.dirs)
@@ -123,20 +137,8 @@ def make_targets(
 
     ws = open_workspace(m.root, None, selectors, loaded=m)
     root = str(m.root)
-    externals: dict[tuple[str, str | None], set[str]] = {}
-    inputs: dict[str, frozenset[str]] = {}
-    for action in ws.actions:
-        mine: set[str] = set()
-        folder = action.compile.external_data_folder
-        for model in action.models:
-            if (model, folder) not in externals:
-                try:
-                    externals[model, folder] = set(ws.keys.model_inputs(model, folder)[1])
-                except EpbuildError:  # missing or half-written: keep what we knew
-                    old = previous.inputs.get(action.id, frozenset()) if previous else set()
-                    externals[model, folder] = {p for p in old if p not in action.models}
-            mine |= {model, *externals[model, folder]}
-        inputs[action.id] = frozenset(mine)
+    folders: dict[str, str] = {}
+    inputs = _action_inputs(ws, root, folders, previous)
     manifest = os.path.abspath(m.path)
     files = {manifest} | {os.path.join(root, p) for s in inputs.values() for p in s}
     from epbuild.cache.location import resolve
@@ -147,6 +149,9 @@ def make_targets(
     if cache is not None:
         excluded.append(cache.local)
     excl = tuple(os.path.normpath(os.path.join(root, x)) for x in excluded)
+    # An LLM's prepared graphs are inputs made by the build (in the state directory): never
+    # a trigger, so not watched.
+    files = {f for f in files if f == manifest or not any(under(f, x) for x in excl)}
     dirs: set[tuple[str, bool]] = {(os.path.dirname(f), False) for f in files}
     links: dict[str, set[str]] = {}
     for f in files:
@@ -172,4 +177,39 @@ def make_targets(
         frozenset(dirs),
         inputs,
         {real: frozenset(paths) for real, paths in links.items()},
+        folders,
     )
+
+
+def _action_inputs(
+    ws: Workspace, root: str, folders: dict[str, str], previous: Targets | None
+) -> dict[str, frozenset[str]]:
+    """Each selected action's input files: its models, their external data (what
+    ``previous`` knew of a model missing or half-written now) and an LLM's sources."""
+    externals: dict[tuple[str, str | None], set[str]] = {}
+    inputs: dict[str, frozenset[str]] = {}
+    for action in ws.actions:
+        mine: set[str] = set(_llm_inputs(action, root, folders))
+        folder = action.compile.external_data_folder
+        for model in action.models:
+            if (model, folder) not in externals:
+                try:
+                    externals[model, folder] = set(ws.keys.model_inputs(model, folder)[1])
+                except EpbuildError:  # missing or half-written: keep what we knew
+                    old = previous.inputs.get(action.id, frozenset()) if previous else set()
+                    externals[model, folder] = {p for p in old if p not in action.models}
+            mine |= {model, *externals[model, folder]}
+        inputs[action.id] = frozenset(mine)
+    return inputs
+
+
+def _llm_inputs(action: Action, root: str, folders: dict[str, str]) -> set[str]:
+    """The source files of an LLM action (its folder joins ``folders``); none for others."""
+    from epbuild.llm.package import source_files
+    from epbuild.planning.llms import LlmGroup
+
+    group = action.group
+    if not isinstance(group, LlmGroup) or group.llm is None:
+        return set()
+    folders[os.path.join(root, group.llm.source)] = group.llm.name
+    return {*group.source_inputs, *source_files(root, group.llm)}

@@ -9,7 +9,7 @@ import time
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
-from epbuild.frontends.watch.targets import Targets, signature, under
+from epbuild.watching.targets import Targets, signature, under
 
 if TYPE_CHECKING:
     from watchdog.events import FileSystemEvent

@@ -16,8 +16,8 @@ no-op path, so this package may import its modules eagerly.
 
 from __future__ import annotations
 
-from epbuild.frontends.watch.loop import watch
-from epbuild.frontends.watch.session import Cycle
-from epbuild.frontends.watch.targets import Targets, glob_match, make_targets
+from epbuild.watching.loop import watch
+from epbuild.watching.session import Cycle
+from epbuild.watching.targets import Targets, glob_match, make_targets
 
 __all__ = ["Cycle", "Targets", "glob_match", "make_targets", "watch"]

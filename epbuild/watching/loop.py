@@ -8,9 +8,9 @@ import time
 from collections.abc import Callable
 
 from epbuild.errors import Interrupted, UserError
-from epbuild.frontends.watch.observer import Pending, Watcher, make_handler
-from epbuild.frontends.watch.session import Cycle, Session
 from epbuild.results import Reporter
+from epbuild.watching.observer import Pending, Watcher, make_handler
+from epbuild.watching.session import Cycle, Session
 
 
 def _first_cycle(session: Session, obs: Watcher, pending: Pending) -> Cycle:
@@ -70,8 +70,10 @@ def watch(
     """
     from epbuild.manifest.load import find_manifest
 
-    if debounce < 0:
-        raise UserError("--debounce must not be negative")
+    if not debounce >= 0 or debounce == float("inf"):  # NaN compares false
+        raise UserError(
+            f"--debounce {debounce:g} is not a number of seconds", hint="write e.g. 0.3"
+        )
     message = on_message or (lambda text: None)
     path = str(find_manifest(directory, os.fspath(manifest) if manifest else None))
     build_kw = {"jobs": jobs, "lock_timeout": lock_timeout, "cache": cache}

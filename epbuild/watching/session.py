@@ -3,18 +3,21 @@
 from __future__ import annotations
 
 import os
+import posixpath
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from epbuild.errors import EpbuildError, Interrupted
-from epbuild.frontends.watch.targets import Sig, glob_match, make_targets, signature
+from epbuild.llm.source import GENAI_CONFIG
 from epbuild.results import Reporter
+from epbuild.watching.targets import Sig, glob_match, make_targets, signature
 
 if TYPE_CHECKING:
     from epbuild.executors.local import LocalExecutor
     from epbuild.manifest.load import Manifest
+    from epbuild.planning.actions import Action
     from epbuild.results import ActionResult, BuildResult
 
 
@@ -53,7 +56,7 @@ class Cycle:
             "changed": self.changed,
             "manifest_reloaded": self.reloaded,
             "manifest_error": self.manifest_error,
-            "error": self.error,
+            "build_error": self.error,  # ("error" is the envelope's: a failed command)
             "first_event": self.first_event,
             "started": self.started,
             "finished": self.finished,
@@ -120,11 +123,10 @@ class Session:
 
     def _reload(self) -> tuple[Manifest | None, str | None]:
         from epbuild.manifest.load import load_manifest
-        from epbuild.planning.actions import make_actions, select
 
         try:
             m = load_manifest(self.manifest_path)
-            select(make_actions(m), self.selectors)
+            _selected(m, self.selectors)
         except EpbuildError as exc:
             return None, str(exc)
         return m, None
@@ -132,13 +134,20 @@ class Session:
     def evaluate(self, paths: set[str], first_event: float | None) -> Cycle | None:
         """Decide what a settled burst means; build if needed. None: nothing changed."""
         t = self.targets
-        changed = {p for p in paths if p in t.files and signature(p) != self.seen.get(p, ())}
-        candidates = {p for p in paths if p not in t.files}
+        watched = {p for p in paths if p in t.files or t.in_folder(p)}
+        changed = {p for p in watched if signature(p) != self.seen.get(p, ())}
+        candidates = {p for p in paths if p not in watched}
         gone = {p for p in changed if not os.path.exists(p)}
         if any(glob_match(t.rel(p), pat) for p in gone for pat in t.patterns):
             candidates |= gone  # a globbed model went away: it leaves its group
         manifest_changed = t.manifest in changed
-        new, error, reloaded = self._next_manifest(manifest_changed, bool(candidates))
+        # The manifest reads each LLM source's genai_config.json: an edit is one of it.
+        config_changed = any(
+            t.in_folder(p) and os.path.basename(p) == GENAI_CONFIG for p in changed
+        )
+        new, error, reloaded = self._next_manifest(
+            manifest_changed or config_changed, bool(candidates)
+        )
         self.snapshot(changed)
         old_models = {m for g in self.manifest.groups.values() for m in g.models}
         new_models = {m for g in new.groups.values() for m in g.models}
@@ -175,14 +184,16 @@ class Session:
         return self.manifest, None, False  # a glob candidate while broken: reported already
 
     def _affected(self, new: Manifest, rel: set[str]) -> list[str]:
-        """Selected actions of ``new`` that are new, changed models, or read a path in ``rel``."""
-        from epbuild.planning.actions import make_actions, select
-
-        old = {a.id: a for a in select(make_actions(self.manifest), self.selectors)}
+        """Selected actions of ``new`` that are new, changed models, or read a path in ``rel``
+        (an LLM's actions: any file of its source folder)."""
+        old = {a.id: a for a in _selected(self.manifest, self.selectors)}
+        folders = {self.targets.rel(f): name for f, name in self.targets.folders.items()}
+        touched = {folders[posixpath.dirname(r)] for r in rel if posixpath.dirname(r) in folders}
         ids = []
-        for a in select(make_actions(new), self.selectors):
+        for a in _selected(new, self.selectors):
             reads = self.targets.inputs.get(a.id, frozenset()) | set(a.models)
-            if a.id not in old or old[a.id].entries != a.entries or rel & reads:
+            llm = a.group.name in touched and a.group.name in new.llms
+            if a.id not in old or old[a.id].entries != a.entries or rel & reads or llm:
                 ids.append(a.id)
         return ids
 
@@ -233,3 +244,11 @@ class Session:
             else:
                 self.seen[p] = sig
         return late
+
+
+def _selected(m: Manifest, selectors: list[str] | tuple[str, ...]) -> list[Action]:
+    """The selected actions of ``m``, its LLMs' included (their ids, read from nothing)."""
+    from epbuild.planning.actions import make_actions, select
+    from epbuild.planning.llms import llm_shapes
+
+    return select(make_actions(m, llm_shapes(m)), selectors)

@@ -1,0 +1,174 @@
+"""The cache operations behind ``epbuild cache``: a key for CI caches, export to and import
+from one archive, prune to a size, verify every object. Library calls (``epbuild`` exports
+them); ``frontends/cache_cli.py`` renders their results. Keys need the providers'
+toolchain versions, so a missing toolchain is made, as ``build`` would (``say`` gets its
+progress lines)."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING
+
+from epbuild.cache.archive import ArchiveReport, export_entries, import_archive
+from epbuild.cache.location import open_cache
+from epbuild.cache.prune import PruneReport, prune
+from epbuild.cache.trust import CacheVerifyReport, verify_all
+from epbuild.errors import UserError
+
+
+@dataclass
+class ExportReport(ArchiveReport):
+    """What ``export_cache`` wrote, and ``missing``: each selected action it could not
+    (``ID: why``), which makes ``epbuild cache export`` exit 1."""
+
+    missing: list[str] = field(default_factory=list)
+
+
+if TYPE_CHECKING:
+    from epbuild.cache.actioncache import ActionCache
+    from epbuild.planning.workspace import Workspace
+
+__all__ = [
+    "ArchiveReport",
+    "CacheVerifyReport",
+    "ExportReport",
+    "PruneReport",
+    "cache_key",
+    "export_cache",
+    "import_cache",
+    "prune_cache",
+    "verify_cache",
+]
+
+
+def _open(
+    directory: str | os.PathLike[str],
+    manifest: str | os.PathLike[str] | None,
+    selectors: list[str] | tuple[str, ...] = (),
+    say: Callable[[str], None] | None = None,
+) -> Workspace:
+    from epbuild.planning.workspace import open_workspace
+    from epbuild.toolchains.resolve import Toolchains
+
+    # Keys need the providers' toolchain versions: make a missing toolchain, as build would
+    # (`cache key` on a fresh CI runner runs before any build).
+    toolchains = Toolchains(create=True, say=say or (lambda _: None))
+    return open_workspace(directory, manifest, selectors, toolchains=toolchains)
+
+
+def _cache(ws: Workspace, directory: str | os.PathLike[str], option: str | None) -> ActionCache:
+    base = os.path.abspath(directory)
+    configured = ws.manifest.workspace.cache
+    cache = open_cache(option, base=base, manifest_value=configured, manifest_root=ws.root)
+    if cache is None:
+        raise UserError(
+            "the cache is off (EPBUILD_CACHE or [workspace] cache)", hint="pass --cache DIR"
+        )
+    return cache
+
+
+def _keys(ws: Workspace) -> dict[str, tuple[str, dict[str, object]]]:
+    """Action id → (key, components); raises the first broken input's error."""
+    keys = {}
+    for action in ws.actions:
+        key = ws.keys.compute(action)
+        keys[action.id] = (key.key, key.components)
+    _save_stats(ws)
+    return keys
+
+
+def _save_stats(ws: Workspace) -> None:
+    from epbuild.state import locks
+
+    if ws.stats.dirty and os.path.isdir(ws.state_dir):
+        with locks.hold(ws.state_lock, "epbuild cache (saving the stat cache)"):
+            ws.stats.save()
+
+
+def cache_key(
+    directory: str | os.PathLike[str] = ".",
+    manifest: str | os.PathLike[str] | None = None,
+    selectors: list[str] | tuple[str, ...] = (),
+    *,
+    say: Callable[[str], None] | None = None,
+) -> str:
+    """A short stable string that changes exactly when some selected action key changes."""
+    ws = _open(directory, manifest, selectors, say)
+    keys = sorted({k for k, _ in _keys(ws).values()})
+    return "epbuild-" + hashlib.sha256("\n".join(keys).encode()).hexdigest()[:16]
+
+
+def export_cache(
+    file: str | os.PathLike[str],
+    directory: str | os.PathLike[str] = ".",
+    manifest: str | os.PathLike[str] | None = None,
+    selectors: list[str] | tuple[str, ...] = (),
+    *,
+    cache: str | None = None,
+    say: Callable[[str], None] | None = None,
+) -> ExportReport:
+    """Write the entries the manifest needs to one archive; the report names the selected
+    actions it could not write (``missing``: not cached, or damaged, and why)."""
+    from epbuild.cache.actioncache import CacheDamagedError
+
+    ws = _open(directory, manifest, selectors, say)
+    c = _cache(ws, directory, cache)
+    entries, missing = [], []
+    for action_id, (key, components) in _keys(ws).items():
+        try:
+            entry = c.local.get_entry(key)
+            if entry is None and c.remote is not None:
+                entry = c._pull(key)
+        except (CacheDamagedError, OSError, ValueError) as exc:
+            missing.append(f"{action_id}: {exc}")
+            continue
+        if entry is None:
+            missing.append(f"{action_id}: {c.explain_miss(action_id, components)}")
+        elif entry not in entries:
+            entries.append(entry)
+    report = export_entries(c.local, c.local_backend, entries, os.fspath(file))
+    return ExportReport(**asdict(report), missing=missing)
+
+
+def import_cache(
+    file: str | os.PathLike[str],
+    directory: str | os.PathLike[str] = ".",
+    manifest: str | os.PathLike[str] | None = None,
+    *,
+    cache: str | None = None,
+    say: Callable[[str], None] | None = None,
+) -> ArchiveReport:
+    """Add an archive's entries to the local cache."""
+    ws = _open(directory, manifest, (), say)
+    c = _cache(ws, directory, cache)
+    return import_archive(c.local, c.local_backend, os.fspath(file))
+
+
+def prune_cache(
+    max_size: int,
+    directory: str | os.PathLike[str] = ".",
+    manifest: str | os.PathLike[str] | None = None,
+    *,
+    cache: str | None = None,
+    say: Callable[[str], None] | None = None,
+) -> PruneReport:
+    """Evict least-recently-used entries of the local cache down to ``max_size`` bytes."""
+    ws = _open(directory, manifest, (), say)
+    c = _cache(ws, directory, cache)
+    return prune(c.local, max_size)
+
+
+def verify_cache(
+    directory: str | os.PathLike[str] = ".",
+    manifest: str | os.PathLike[str] | None = None,
+    *,
+    cache: str | None = None,
+    say: Callable[[str], None] | None = None,
+) -> CacheVerifyReport:
+    """Re-hash every object of the local cache; discard damaged entries."""
+    ws = _open(directory, manifest, (), say)
+    c = _cache(ws, directory, cache)
+    return verify_all(c.local, c.local_backend)

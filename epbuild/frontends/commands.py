@@ -1,0 +1,163 @@
+"""Each ``epbuild`` command as a function of its parsed arguments that returns the exit
+code (:data:`COMMANDS`): the library called thinly, its result rendered (``render``).
+
+``build``/``watch`` live in ``build_cli``, ``init``/``add`` in ``edit_cli``, ``cache``,
+``lock`` and ``toolchains`` in their own modules. Imported on the no-op fast path:
+everything beyond the standard library loads inside the command that needs it.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable
+
+from epbuild.errors import UserError
+from epbuild.frontends import args as checks
+from epbuild.frontends import render
+from epbuild.frontends.build_cli import run_build, run_watch
+from epbuild.frontends.edit_cli import run_add, run_init
+from epbuild.frontends.render import print_json, status_lines
+
+
+def _status(args: argparse.Namespace) -> int:
+    if args.detail and (args.cache or args.no_cache):
+        raise UserError(
+            "status --detail reads the built outputs, not the cache: --cache and --no-cache "
+            "do not apply",
+            hint="drop the cache option, or leave out --detail",
+        )
+    if args.detail:
+        from epbuild.inspect.detail import render as detail_lines
+        from epbuild.inspect.detail import status_detail
+
+        details = status_detail(args.directory, args.manifest, args.selectors)
+        if args.json:
+            print_json({"actions": [d.to_json() for d in details]}, command="status")
+        else:
+            print("\n".join(detail_lines(details)))
+        return 0
+    from epbuild.api import status
+
+    cache = checks.cache_option(args)
+    result = status(args.directory, args.manifest, args.selectors, cache=cache)
+    if args.json:
+        print_json(result.to_json(), command="status")
+    else:
+        for line in status_lines(result):
+            print(line)
+    return 0
+
+
+def _clean(args: argparse.Namespace) -> int:
+    from epbuild.api import clean
+
+    removed = clean(args.directory, args.manifest, args.selectors)
+    if args.json:
+        print_json({"removed": list(removed)}, command="clean")
+    else:
+        print(f"epbuild: removed {len(removed)} file(s)")
+    return 0
+
+
+def _report(args: argparse.Namespace) -> int:
+    from epbuild.inspect.html import write_html_report
+
+    if args.out is None:
+        raise UserError(
+            "report needs -o/--out FILE: the HTML page to write (formerly --html FILE)",
+            hint="epbuild report -o report.html",
+        )
+    html = checks.output_file(args.out, "-o/--out")
+    count = write_html_report(args.directory, args.manifest, args.selectors, html)
+    if args.json:
+        print_json({"path": html, "actions": count}, command="report")
+    else:
+        print(f"epbuild: wrote {html} ({count} action(s))")
+    return 0
+
+
+def _verify(args: argparse.Namespace) -> int:
+    from epbuild.inspect.verify import verify_outputs
+
+    result = verify_outputs(
+        args.directory,
+        args.manifest,
+        args.selectors,
+        load=args.load,
+        numerics=args.numerics,
+        jobs=args.jobs,
+        generate=args.tokens if args.generate else None,
+        prompt=args.prompt,
+    )
+    if args.json:
+        print_json(result.to_json(), command="verify", ok=result.ok)
+    else:
+        print("\n".join(render.verify_lines(result, load=args.load)))
+    return 0 if result.ok else 1
+
+
+def _package(args: argparse.Namespace) -> int:
+    from epbuild.frontends.progress import ConsoleReporter
+    from epbuild.shipping.package import package
+
+    # With --json, only notes (a lock waited for) reach stderr.
+    reporter = ConsoleReporter(quiet=args.json)
+    build_options = {
+        "jobs": checks.check_jobs(args.jobs),
+        "keep_going": args.keep_going,
+        "cache": checks.cache_option(args),
+    }
+    if not args.build and (args.jobs or args.keep_going or args.cache or args.no_cache):
+        raise UserError("-j, -k and the cache flags apply to package --build only")
+    result = package(
+        args.directory,
+        args.manifest,
+        args.selectors,
+        args.out,
+        build=args.build,
+        check="hash" if args.hash else "stat",
+        reporter=reporter,
+        build_options=build_options,
+        lock_timeout=checks.seconds(args.lock_timeout, "--lock-timeout"),
+        force=args.force,
+    )
+    if args.json:
+        print_json(result.to_json(), command="package")
+    else:
+        print("\n".join(render.package_lines(result)))
+    return 0
+
+
+def _toolchains(args: argparse.Namespace) -> int:
+    from epbuild.frontends.toolchain_cli import run_toolchains_command
+
+    return run_toolchains_command(args)
+
+
+def _lock(args: argparse.Namespace) -> int:
+    from epbuild.frontends.lock_cli import run_lock_command
+
+    return run_lock_command(args)
+
+
+def _cache(args: argparse.Namespace) -> int:
+    from epbuild.frontends.cache_cli import run_cache_command
+
+    return run_cache_command(args)
+
+
+COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
+    "build": run_build,
+    "status": _status,
+    "init": run_init,
+    "add": run_add,
+    "clean": _clean,
+    "verify": _verify,
+    "package": _package,
+    "report": _report,
+    "watch": run_watch,
+    "cache": _cache,
+    "toolchains": _toolchains,
+    "lock": _lock,
+}
+"""Command name → its function (``main`` looks the parsed command up here)."""

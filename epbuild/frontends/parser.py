@@ -1,0 +1,464 @@
+"""The ``epbuild`` command line's grammar: :func:`build_parser` and one function per command.
+
+One vocabulary: a concept is spelled the same way in every command that takes it (the
+target group ``-g/--group GROUP``, a provider's name ``-p/--provider NAME``, where a
+command writes ``-o/--out``, ``-j/--jobs N``, the cache flags, ``--lock-timeout SECONDS``,
+``--json``); ``tests/test_cli_vocabulary.py`` holds the table. A former spelling stays
+working, hidden from ``--help``, and leaves a one-line deprecation note (:class:`Renamed`).
+Standard library only: imported on the no-op fast path.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, NoReturn, TypeAlias
+
+from epbuild._version import __version__
+from epbuild.errors import UsageError
+
+if TYPE_CHECKING:
+    _Commands: TypeAlias = argparse._SubParsersAction[argparse.ArgumentParser]
+
+JSON_HELP = "print one JSON document on stdout (a failure too: ok false, error)"
+OPTION_HELP = (
+    "a provider option (repeatable); VALUE is written as an integer or boolean when it reads "
+    "as one (75, true), else as a string; quote it to force a string (htp_arch='\"75\"')"
+)
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse's parser; with ``raise_usage_errors`` (``main`` sets it) its complaints are
+    raised (``UsageError``) rather than printed with an exit, so that ``main`` reports them
+    like any other mistake (``--json`` too). Otherwise argparse's usual ``SystemExit(2)``."""
+
+    raise_usage_errors = False
+
+    def error(self, message: str) -> NoReturn:
+        if not self.raise_usage_errors:
+            super().error(message)
+        raise UsageError(message, usage=self.format_usage(), prog=self.prog)
+
+
+class Renamed(argparse.Action):
+    """A former spelling of an option (hidden from ``--help``): stores, or appends, like
+    the option it became, and leaves a note in ``namespace.deprecated``."""
+
+    def __init__(
+        self,
+        option_strings: Sequence[str],
+        dest: str,
+        *,
+        now: str,
+        append: bool = False,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(option_strings, dest, help=argparse.SUPPRESS, **kwargs)
+        self.now = now
+        self.append = append
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: str | Sequence[Any] | None,
+        option_string: str | None = None,
+    ) -> None:
+        note = f"{option_string} is deprecated: write {self.now} (it does the same)"
+        notes = list(getattr(namespace, "deprecated", None) or [])
+        namespace.deprecated = [*notes, note] if note not in notes else notes
+        if self.append:
+            values = [*(getattr(namespace, self.dest, None) or []), values]
+        setattr(namespace, self.dest, values)
+
+
+def selectors(p: argparse.ArgumentParser, text: str | None = None) -> None:
+    p.add_argument("selectors", nargs="*", metavar="SELECTOR", help=text)
+
+
+def json_flag(p: argparse.ArgumentParser, text: str = JSON_HELP) -> None:
+    p.add_argument("--json", action="store_true", help=text)
+
+
+def jobs(p: argparse.ArgumentParser, text: str = "compiles at once") -> None:
+    p.add_argument("-j", "--jobs", type=int, metavar="N", help=text)
+
+
+def lock_timeout(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--lock-timeout",
+        type=float,
+        metavar="SECONDS",
+        help="give up (exit 3) after waiting this long for another epbuild's lock",
+    )
+
+
+def cache_location(p: argparse.ArgumentParser, text: str | None = None) -> None:
+    p.add_argument(
+        "--cache",
+        metavar="DIR|URL",
+        help=text or "the cache: a directory or an fsspec URL (s3://bucket/prefix)",
+    )
+
+
+def cache_flags(p: argparse.ArgumentParser) -> None:
+    cache_location(p)
+    p.add_argument("--no-cache", action="store_true", help="neither restore nor store")
+
+
+def out(p: argparse.ArgumentParser, metavar: str, text: str, *, required: bool = False) -> None:
+    p.add_argument("-o", "--out", metavar=metavar, help=text, required=required)
+
+
+def group(p: argparse.ArgumentParser, text: str, *, append: bool = False) -> None:
+    if append:
+        p.add_argument("-g", "--group", metavar="GROUP", help=text, action="append", default=[])
+    else:
+        p.add_argument("-g", "--group", metavar="GROUP", help=text)
+
+
+def provider(p: argparse.ArgumentParser, text: str, *, append: bool = False) -> None:
+    if append:
+        p.add_argument("-p", "--provider", metavar="NAME", help=text, action="append", default=[])
+    else:
+        p.add_argument("-p", "--provider", metavar="NAME", help=text)
+
+
+def build_parser(*, raise_usage_errors: bool = False) -> argparse.ArgumentParser:
+    """Global options, then one sub-parser per command (in ``--help`` order).
+    ``raise_usage_errors``: a bad command line raises ``UsageError`` (else argparse's
+    message and ``SystemExit(2)``)."""
+    p = Parser(prog="epbuild", description="Build ONNX Runtime EPContext models incrementally.")
+    p.add_argument(
+        "-C", dest="directory", default=".", metavar="DIR", help="run as if started in DIR"
+    )
+    p.add_argument(
+        "-f", "--file", dest="manifest", metavar="FILE", help="manifest file (default epbuild.toml)"
+    )
+    p.add_argument(
+        "--debug",
+        action="store_true",
+        help="show the traceback an error came from (also EPBUILD_DEBUG=1)",
+    )
+    p.add_argument("--version", action="version", version=f"epbuild {__version__}")
+    sub: _Commands = p.add_subparsers(  # type: ignore[assignment]  # its parsers are Parser
+        dest="command", metavar="COMMAND"
+    )
+    sub.required = True
+    for add in _IN_HELP_ORDER:
+        add(sub)
+    _document(p, "epbuild", raise_usage_errors)
+    return p
+
+
+DOCS_PAGE = "docs/reference/cli.md"
+"""Where each command's ``--help`` sends the reader (its section, by the ``epbuild X`` title)."""
+
+
+def _document(p: argparse.ArgumentParser, title: str, raising: bool) -> None:
+    """Every ``--help`` says in one line what the command does and ends with its docs page;
+    every parser raises usage errors or not, as asked."""
+    if isinstance(p, Parser):
+        p.raise_usage_errors = raising
+    anchor = title.replace(" ", "-")
+    p.epilog = f"docs: {DOCS_PAGE}" + (f"#{anchor}" if " " in title else "")
+    for action in p._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            helps = {c.dest: c.help for c in action._choices_actions}
+            for name, child in action.choices.items():
+                child.description = child.description or helps.get(name)
+                _document(child, f"{title} {name}", raising)
+
+
+def _build(sub: _Commands) -> None:
+    b = sub.add_parser("build", help="compile stale actions")
+    selectors(b, "group, group/provider or id")
+    jobs(b)
+    b.add_argument("-k", "--keep-going", action="store_true", help="continue after failures")
+    b.add_argument("-n", "--dry-run", action="store_true", help="show what would be built")
+    json_flag(b)
+    lock_timeout(b)
+    cache_flags(b)
+    b.add_argument(
+        "--cache-only",
+        action="store_true",
+        help="restore from the cache or fail (exit 1): never compile",
+    )
+    b.add_argument(
+        "--cache-push",
+        action="store_true",
+        help="also write compiled actions to the remote cache (--cache URL)",
+    )
+    b.add_argument(
+        "--memory-budget",
+        metavar="SIZE",
+        help="memory local compiles may use at once, e.g. 8G (default: 3/4 of RAM)",
+    )
+    b.add_argument("--trace", metavar="FILE", help="also write the timeline as Chrome trace JSON")
+    b.add_argument(
+        "--numerics",
+        action="store_true",
+        help="then compare each built model's outputs with its source's (verify --numerics)",
+    )
+    b.add_argument(
+        "--locked",
+        action="store_true",
+        help="refuse (exit 2) when an environment differs from epbuild.lock (EPBUILD_LOCKED=1)",
+    )
+    b.add_argument("--executor", choices=("local", "dask"), help="where actions run")
+    b.add_argument("--scheduler", metavar="ADDRESS", help="Dask scheduler, tcp://HOST:PORT")
+
+
+def _report(sub: _Commands) -> None:
+    r = sub.add_parser("report", help="per-action report of the last builds (HTML page)")
+    selectors(r)
+    out(r, "FILE", "the HTML page to write (self-contained: timeline + table); required")
+    r.add_argument("--html", dest="out", action=Renamed, now="-o/--out", metavar="FILE")
+    json_flag(r)
+
+
+def _status(sub: _Commands) -> None:
+    s = sub.add_parser("status", help="list actions as up to date or stale, with reasons")
+    selectors(s)
+    json_flag(s)
+    cache_flags(s)
+    detail = "EPContext coverage, CPU fallback, sizes, time, memory (takes no cache flags)"
+    s.add_argument("--detail", action="store_true", help=detail)
+
+
+def _verify(sub: _Commands) -> None:
+    v = sub.add_parser("verify", help="check built outputs (schema, paths, digests)")
+    selectors(v)
+    json_flag(v)
+    v.add_argument("--load", action="store_true", help="also run each model vs the CPU EP")
+    jobs(v, "--load: models run at once ([workspace] jobs)")
+    v.add_argument(
+        "--numerics",
+        action="store_true",
+        help="compare each model's outputs with its source's (figures per output, tolerances "
+        "from the manifest; recorded: a second run with nothing changed runs nothing)",
+    )
+    v.add_argument(
+        "--generate",
+        action="store_true",
+        help="LLM packages: generate greedy tokens through the provider (onnxruntime-genai) "
+        "and compare them with the CPU source's, step by step",
+    )
+    v.add_argument(
+        "--tokens", type=int, default=10, metavar="N", help="--generate: tokens (default 10)"
+    )
+    v.add_argument("--prompt", metavar="TEXT", help="--generate: the prompt (default fixed)")
+
+
+def _package(sub: _Commands) -> None:
+    k = sub.add_parser("package", help="write built outputs as an ONNX Runtime model package")
+    selectors(k)
+    out(k, "DIR", "package directory ([package] out_dir)")
+    k.add_argument("--build", action="store_true", help="build stale actions first")
+    jobs(k, "with --build: compiles at once")
+    k.add_argument("-k", "--keep-going", action="store_true", help="with --build: as build -k")
+    cache_flags(k)
+    k.add_argument("--hash", action="store_true", help="re-hash every output first")
+    json_flag(k)
+    k.add_argument(
+        "--force",
+        action="store_true",
+        help="replace the package directory even if it holds files the package does not list "
+        "(they are deleted)",
+    )
+    lock_timeout(k)
+
+
+def _clean(sub: _Commands) -> None:
+    c = sub.add_parser("clean", help="remove built outputs and their records")
+    selectors(c)
+    json_flag(c)
+
+
+def _cache(sub: _Commands) -> None:
+    k = sub.add_parser("cache", help="the action cache: key, export, import, prune, verify")
+    ks = k.add_subparsers(dest="cache_command", metavar="CACHE_COMMAND")
+    ks.required = True
+    key = ks.add_parser("key", help="print a short key that changes when any action key does")
+    selectors(key)
+    exp = ks.add_parser("export", help="write the entries this manifest needs to one archive")
+    exp.add_argument("file", metavar="ARCHIVE", help="archive to write (.tar, or .tar.gz)")
+    selectors(exp)
+    imp = ks.add_parser("import", help="add an exported archive to the local cache")
+    imp.add_argument("file", metavar="ARCHIVE", help="archive to read")
+    prn = ks.add_parser("prune", help="evict least-recently-used entries")
+    prn.add_argument("--max-size", required=True, metavar="SIZE", help="e.g. 10G, 500M")
+    ver = ks.add_parser("verify", help="re-hash every cached object; discard damaged entries")
+    for cmd in (exp, imp, prn, ver):
+        cache_location(cmd, "the cache: a directory or an fsspec URL (default: configured)")
+    for cmd in (key, exp, imp, prn, ver):
+        json_flag(cmd)
+
+
+def _watch(sub: _Commands) -> None:
+    w = sub.add_parser("watch", help="rebuild affected actions whenever their inputs change")
+    selectors(w)
+    jobs(w)
+    w.add_argument(
+        "--debounce",
+        type=float,
+        default=0.3,
+        metavar="SECONDS",
+        help="quiet time before a burst of changes is built (default 0.3)",
+    )
+    w.add_argument(
+        "--poll", action="store_true", help="poll instead of inotify (network file systems)"
+    )
+    json_flag(w, "one JSON document per cycle, one line each, on stdout")
+    lock_timeout(w)
+    cache_flags(w)
+
+
+def _init(sub: _Commands) -> None:
+    i = sub.add_parser("init", help="write a commented starter epbuild.toml")
+    i.add_argument(
+        "--from",
+        dest="source",
+        metavar="DIR",
+        help="list the models found under DIR; models sharing an external-data file "
+        "become one weight-sharing group, the others one group per directory",
+    )
+    json_flag(i)
+    i.add_argument(
+        "--target",
+        metavar="TARGET",
+        help="the provider (default htp-v73), e.g. "
+        "snapdragon-8-gen-3 (list: 'epbuild add target --list')",
+    )
+
+
+def _add(sub: _Commands) -> None:
+    a = sub.add_parser(
+        "add",
+        help="add models, providers, targets or LLMs to epbuild.toml "
+        "(comments and layout kept; checked before writing)",
+    )
+    kinds = a.add_subparsers(dest="add_command", metavar="WHAT")
+    kinds.required = True
+    for add in (_add_model, _add_provider, _add_target, _add_llm):
+        add(kinds)
+    for kind in kinds.choices.values():
+        json_flag(kind)
+
+
+def _add_model(kinds: _Commands) -> None:
+    m = kinds.add_parser("model", help="add models to a group (created when missing)")
+    m.add_argument(
+        "paths",
+        nargs="+",
+        metavar="PATH",
+        help="model files or globs, relative to the current directory (or -C DIR)",
+    )
+    group(m, "the group (default: the only one)")
+    provider(
+        m,
+        "provider to build the group for (repeatable; a new group defaults to the only provider)",
+        append=True,
+    )
+    m.add_argument(
+        "--share-weights",
+        action=argparse.BooleanOptionalAction,
+        help="set share_weights = true for a new group or the group given",
+    )
+
+
+def _add_provider(kinds: _Commands) -> None:
+    p = kinds.add_parser("provider", help="define a named provider configuration")
+    p.add_argument("name", metavar="NAME", help="the provider's name")
+    p.add_argument("--ep", required=True, help="adapter: qnn, openvino, tensorrt, plugin, ...")
+    p.add_argument("--option", action="append", metavar="KEY=VALUE", help=OPTION_HELP)
+    p.add_argument("--replace", action="store_true", help="overwrite an existing provider")
+    tc = p.add_mutually_exclusive_group()
+    tc.add_argument(
+        "--requirement",
+        action="append",
+        metavar="REQ",
+        help="compile in a toolchain epbuild makes with these pip requirements (repeatable), "
+        "e.g. onnxruntime-openvino==1.24.1",
+    )
+    tc.add_argument("--python", metavar="PATH", help="compile in this interpreter's environment")
+
+
+def _add_target(kinds: _Commands) -> None:
+    t = kinds.add_parser(
+        "target",
+        help="build groups for one more target: a known SoC, or --ep and --option",
+        description="Define a provider for TARGET and add it to groups' providers lists. "
+        "TARGET is a Qualcomm SoC epbuild knows (its htp_arch and soc_model; --list shows "
+        "them) or the name of a provider described with --ep and --option.",
+    )
+    t.add_argument(
+        "target", nargs="?", metavar="TARGET", help="a known SoC, or a new provider's name"
+    )
+    t.add_argument("--list", action="store_true", help="list the SoCs epbuild knows")
+    group(t, "group to add it to (repeatable; default: every group)", append=True)
+    t.add_argument("--to", dest="group", action=Renamed, now="-g/--group", append=True)
+    provider(t, "the provider's name (default: TARGET)")
+    t.add_argument("--name", dest="provider", action=Renamed, now="-p/--provider")
+    t.add_argument("--ep", help="adapter, for a TARGET that is not a known SoC")
+    t.add_argument("--option", action="append", metavar="KEY=VALUE", help=OPTION_HELP)
+    t.add_argument(
+        "--replace", action="store_true", help="overwrite a different provider of that name"
+    )
+
+
+def _add_llm(kinds: _Commands) -> None:
+    m = kinds.add_parser("llm", help="add an onnxruntime-genai model folder as [llms.NAME]")
+    m.add_argument("name", metavar="NAME", help="the LLM's name")
+    m.add_argument("source", metavar="SOURCE", help="the folder holding genai_config.json")
+    provider(m, "provider to build it for (repeatable; default: the only one)", append=True)
+    m.add_argument("--context-length", type=int, metavar="N", help="static KV-cache length")
+    m.add_argument("--window-size", type=int, metavar="N", help="prompt window (prefill) length")
+    m.add_argument(
+        "--share-weights",
+        action=argparse.BooleanOptionalAction,
+        help="one binary for both graphs (the default), or one per graph (--no-share-weights)",
+    )
+
+
+def _toolchains(sub: _Commands) -> None:
+    t = sub.add_parser(
+        "toolchains",
+        help="the environments made for providers' toolchains (per user); --prune",
+    )
+    t.add_argument(
+        "--prune",
+        action="store_true",
+        help="remove the environments the current manifest does not use (all, without one) "
+        "and other epbuild versions' worker copies; they are made again when needed",
+    )
+    json_flag(t)
+
+
+def _lock(sub: _Commands) -> None:
+    k = sub.add_parser(
+        "lock",
+        help="pin the environments providers compile in to epbuild.lock (for --locked builds)",
+    )
+    k.add_argument(
+        "--check",
+        action="store_true",
+        help="write nothing; exit 1 when epbuild.lock is missing or out of date with the manifest",
+    )
+    json_flag(k)
+
+
+_IN_HELP_ORDER = (
+    _init,
+    _add,
+    _build,
+    _report,
+    _status,
+    _verify,
+    _clean,
+    _package,
+    _cache,
+    _toolchains,
+    _watch,
+    _lock,
+)

@@ -1,0 +1,76 @@
+"""``epbuild watch`` follows LLM sources: an edit of genai_config.json rewrites the package
+(and compiles nothing), a new file in the source folder is copied into it, a changed source
+decoder recompiles the LLM's graphs, and a broken genai_config.json is a manifest error."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+
+import onnx
+import pytest
+from conftest import Workspace
+from test_watch import Watcher, built
+
+FIXTURES = Path(__file__).resolve().parent / "fixtures" / "llm"
+MANIFEST = """\
+[providers.htp-v73]
+ep = "qnn"
+options = { htp_arch = "73", soc_model = "60" }
+
+[llms.chat]
+source = "models/tiny"
+providers = ["htp-v73"]
+context_length = 64
+window_size = 16
+share_weights = false
+"""
+
+
+@pytest.fixture
+def llm_watch(workspace: Workspace) -> Iterator[tuple[Workspace, Watcher]]:
+    shutil.copytree(FIXTURES / "llama", workspace.root / "models" / "tiny")
+    workspace.manifest(MANIFEST)
+    w = Watcher(workspace.root)
+    try:
+        first = w.next()
+        assert sorted(built(first)) == ["chat/htp-v73/context", "chat/htp-v73/iterator"], first
+        yield workspace, w
+    finally:
+        w.close()
+
+
+def test_watch_follows_llm_sources(llm_watch: tuple[Workspace, Watcher]) -> None:
+    ws, w = llm_watch
+    source = ws.root / "models" / "tiny"
+    package = ws.root / "build" / "chat" / "htp-v73"
+
+    config = json.loads((source / "genai_config.json").read_text())
+    config["search"]["top_k"] = 3
+    (source / "genai_config.json").write_text(json.dumps(config))
+    cycle = w.next()
+    assert cycle["changed"] == ["models/tiny/genai_config.json"], cycle
+    assert built(cycle) == {} and cycle["summary"]["up_to_date"] == 2  # nothing compiled
+    assert json.loads((package / "genai_config.json").read_text())["search"]["top_k"] == 3
+
+    (source / "chat_template.jinja").write_text("{{ messages }}")
+    cycle = w.next()
+    assert cycle["changed"] == ["models/tiny/chat_template.jinja"], cycle
+    assert (package / "chat_template.jinja").read_text() == "{{ messages }}"
+
+    (source / "genai_config.json").write_text("{ not json")
+    cycle = w.next()
+    assert "genai_config.json is not valid JSON" in (cycle["manifest_error"] or ""), cycle
+    (source / "genai_config.json").write_text(json.dumps(config))
+    cycle = w.next()
+    assert cycle["manifest_error"] is None and cycle["summary"] is not None, cycle
+
+    model = onnx.load(source / "model.onnx", load_external_data=False)
+    model.doc_string = "edited"
+    onnx.save(model, source / "model.onnx")
+    cycle = w.next()
+    assert cycle["changed"] == ["models/tiny/model.onnx"], cycle
+    assert sorted(built(cycle)) == ["chat/htp-v73/context", "chat/htp-v73/iterator"], cycle
+    w.quiet(1.0)
