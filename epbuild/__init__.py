@@ -7,10 +7,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from epbuild import _renamed
 from epbuild._version import __version__ as __version__
-
-_renamed.install()
 
 if TYPE_CHECKING:
     from epbuild.api import (
