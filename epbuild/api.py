@@ -135,9 +135,8 @@ def build(
     """
     t0 = time.perf_counter()
     reporter = reporter or Reporter()
-    ws, plans, warnings, tracer = _plan(
-        directory, manifest, selectors, loaded, reporter, dry_run, locked, lock_timeout
-    )
+    opening = (directory, manifest, selectors, loaded, reporter, dry_run, locked, lock_timeout)
+    ws, plans, warnings, tracer = _plan(functools.partial(_open_for_build, *opening))
     try:
         results = {p.action.id: _planned(ws, p) for p in plans}
         stale = [p for p in plans if p.stale]
@@ -231,26 +230,16 @@ def _write_llm_packages(ws: Workspace, done: BuildResult) -> None:
 
 
 def _plan(
-    directory: str | os.PathLike[str],
-    manifest: str | os.PathLike[str] | None,
-    selectors: list[str] | tuple[str, ...],
-    loaded: Manifest | None,
-    reporter: Reporter,
-    dry_run: bool,
-    locked: bool = False,
-    lock_timeout: float | None = None,
+    open_ws: Callable[[], tuple[Workspace, list[str]]],
 ) -> tuple[Workspace, list[ActionPlan], list[str], Tracer]:
-    """Open the workspace and plan every action (making missing toolchains, unless a dry
-    run); also what loading its state warned about, and the build's tracer (its first span
-    is this one). ``locked``: first refuse (``LockError``) environments that differ from
-    ``epbuild.lock``."""
+    """Open the workspace (``open_ws``: ``_open_for_build`` with the build's arguments) and
+    plan every action; also what loading its state warned about, and the build's tracer
+    (its first span is this one)."""
     from epbuild.engine.trace import Tracer
 
     tracer = Tracer()
     with tracer.span("plan"):
-        ws, warnings = _open_for_build(
-            directory, manifest, selectors, loaded, reporter, dry_run, locked, lock_timeout
-        )
+        ws, warnings = open_ws()
         plans = make_plan(ws.actions, ws.state, ws.keys, ws.stats, ws.root)
     return ws, plans, warnings, tracer
 
