@@ -250,6 +250,16 @@ Provider = BaseProvider
 """The adapter contract's name in annotations."""
 
 
+def refuse_options(
+    options: Mapping[str, Any], refused: Mapping[str, tuple[str, str | None]], *, key: str
+) -> None:
+    """Refuse the first of ``options`` that ``refused`` names (option → message, hint)."""
+    for name in options:
+        if name in refused:
+            message, hint = refused[name]
+            raise ManifestError(message, key=f"{key}.{name}", hint=hint)
+
+
 def stringify_options(
     options: Mapping[str, Any], *, key: str, allowed: frozenset[str] | None = None
 ) -> dict[str, str]:
