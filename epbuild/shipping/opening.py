@@ -137,13 +137,9 @@ def name_mismatch(what: str, provider: str, declared: str, registered: str) -> U
 
 def provider_config(action: dict[str, Any]) -> ProviderConfig:
     """The provider configuration an action of the deployment manifest was built with."""
-    return ProviderConfig(
-        name=str(action["provider"]),
-        ep=str(action["ep"]),
-        options=dict(action.get("provider_options", {})),
-        session_options=dict(action.get("session_options", {})),
-        settings=dict(action.get("settings", {})),
-    )
+    # The action's own ``to_json`` form, but for the names of two keys.
+    renamed = {"name": action["provider"], "options": action.get("provider_options", {})}
+    return ProviderConfig.from_json({**action, **renamed})
 
 
 def select_variant(package_dir: str | os.PathLike[str], actions: list[dict[str, Any]]) -> str:
