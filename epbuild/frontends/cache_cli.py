@@ -7,7 +7,6 @@ import argparse
 import sys
 from collections.abc import Callable
 from dataclasses import asdict
-from typing import Any
 
 from epbuild.cache.operations import (
     cache_key,
@@ -40,8 +39,10 @@ def _print_export(args: argparse.Namespace) -> int:
         f"epbuild: wrote {args.file}: {report.entries} entr(ies), {report.objects} object(s), "
         f"{report.bytes} bytes"
     )
-    doc = {"path": args.file, **asdict(report)}
-    return _render(args, "cache export", doc, summary, report.missing, "missing ")
+    if args.json:
+        doc = {"path": args.file, **asdict(report)}
+        print_json(doc, command="cache export", ok=not report.missing)
+    return _summary(args, summary, report.missing, "missing ")
 
 
 def _print_import(args: argparse.Namespace) -> int:
@@ -50,9 +51,11 @@ def _print_import(args: argparse.Namespace) -> int:
         f"epbuild: imported {report.entries} entr(ies), {report.objects} object(s), "
         f"{report.bytes} bytes from {args.file}"
     )
-    doc = {k: v for k, v in asdict(report).items() if k != "problems"}
-    doc = {"path": args.file, **doc, "warnings": list(report.problems)}
-    return _render(args, "cache import", doc, summary, report.problems, "warning: ")
+    if args.json:
+        doc = {k: v for k, v in asdict(report).items() if k != "problems"}
+        doc = {"path": args.file, **doc, "warnings": list(report.problems)}
+        print_json(doc, command="cache import", ok=not report.problems)
+    return _summary(args, summary, report.problems, "warning: ")
 
 
 def _print_verify(args: argparse.Namespace) -> int:
@@ -61,24 +64,17 @@ def _print_verify(args: argparse.Namespace) -> int:
         f"epbuild: checked {checked.objects} object(s), {checked.bytes} bytes, of "
         f"{checked.entries} entr(ies); {len(checked.problems)} discarded"
     )
-    doc = {k: v for k, v in asdict(checked).items() if k != "problems"}
-    doc["discarded"] = list(checked.problems)
-    return _render(args, "cache verify", doc, summary, checked.problems, "")
-
-
-def _render(
-    args: argparse.Namespace,
-    command: str,
-    doc: dict[str, Any],
-    summary: str,
-    problems: list[str],
-    prefix: str,
-) -> int:
-    """The JSON document (``--json``), else ``summary`` and each of ``problems`` on stderr
-    (after ``prefix``); exit 1 when there are problems."""
     if args.json:
-        print_json(doc, command=command, ok=not problems)
-    else:
+        doc = {k: v for k, v in asdict(checked).items() if k != "problems"}
+        doc["discarded"] = list(checked.problems)
+        print_json(doc, command="cache verify", ok=not checked.problems)
+    return _summary(args, summary, checked.problems, "")
+
+
+def _summary(args: argparse.Namespace, summary: str, problems: list[str], prefix: str) -> int:
+    """Unless ``--json``: ``summary``, then each of ``problems`` on stderr (after
+    ``prefix``); exit 1 when there are problems."""
+    if not args.json:
         print(summary)
         for line in problems:
             print(f"epbuild: {prefix}{line}", file=sys.stderr)
