@@ -83,6 +83,32 @@ def waiting_message(lock_path: str, what: str) -> str:
     return f"waiting for {owner.get('what', what)}{pid} to release its lock"
 
 
+@dataclass
+class _Waiting:
+    """How a hold waits when its caller says nothing (``waiting``): one command's
+    ``--lock-timeout`` and where its waiting message goes."""
+
+    timeout: float | None = None
+    on_wait: Callable[[str], None] | None = None
+
+
+_waiting = _Waiting()
+
+
+@contextmanager
+def waiting(timeout: float | None, on_wait: Callable[[str], None] | None) -> Iterator[None]:
+    """Within this block, every ``hold`` that names no timeout (or no ``on_wait``) waits at
+    most ``timeout`` seconds and tells ``on_wait`` whom it waits for: how a command's
+    ``--lock-timeout`` reaches the locks of every layer below it (the manifest lock of
+    ``add``, the state lock of ``clean``, the cache's prune lock, ...)."""
+    before = _Waiting(_waiting.timeout, _waiting.on_wait)
+    _waiting.timeout, _waiting.on_wait = timeout, on_wait
+    try:
+        yield
+    finally:
+        _waiting.timeout, _waiting.on_wait = before.timeout, before.on_wait
+
+
 @contextmanager
 def hold(
     lock_path: str,
@@ -98,7 +124,10 @@ def hold(
 
     Waits at most ``timeout`` seconds (None: as long as it takes; the ``--lock-timeout``
     value where a command has one), telling ``on_wait`` once whom it waits for; raises
-    `LockTimeoutError` naming the holder when the time is up."""
+    `LockTimeoutError` naming the holder when the time is up. A hold that names neither
+    takes them from the enclosing ``waiting`` block."""
+    timeout = _waiting.timeout if timeout is None else timeout
+    on_wait = _waiting.on_wait if on_wait is None else on_wait
     deadline = None if timeout is None else time.monotonic() + timeout
     told = False
 
@@ -133,10 +162,16 @@ def try_hold(lock_path: str, what: str, *, note: bool = True) -> Iterator[Held |
     """Hold the lock at ``lock_path`` if it is free now (yields None if it is not)."""
     with ExitStack() as stack:
         try:
-            held: Held | None = stack.enter_context(hold(lock_path, what, timeout=0, note=note))
+            held: Held | None = stack.enter_context(
+                hold(lock_path, what, timeout=0, on_wait=_silent, note=note)
+            )
         except LockTimeoutError:
             held = None
         yield held
+
+
+def _silent(message: str) -> None:
+    """``try_hold`` does not wait, so it has nothing to say."""
 
 
 def _file_lock(
