@@ -85,12 +85,12 @@ _NESTED = {
 
 def _waiting(args: argparse.Namespace) -> AbstractContextManager[None]:
     """The command's ``--lock-timeout`` for every lock it takes, and its waiting message on
-    stderr (``state.locks.waiting``)."""
+    stderr (``state.waiting``)."""
     from epbuild.frontends import args as checks
-    from epbuild.state import locks
+    from epbuild.state import waiting
 
     timeout = checks.seconds(getattr(args, "lock_timeout", None), "--lock-timeout")
-    return locks.waiting(timeout, lambda msg: print(f"epbuild: {msg}", file=sys.stderr))
+    return waiting.bounded(timeout, lambda msg: print(f"epbuild: {msg}", file=sys.stderr))
 
 
 def _command_name(args: argparse.Namespace) -> str:

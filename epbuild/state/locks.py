@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from epbuild.errors import LockTimeoutError
+from epbuild.state import waiting
 
 if TYPE_CHECKING:
     from filelock import BaseFileLock
@@ -83,32 +84,6 @@ def waiting_message(lock_path: str, what: str) -> str:
     return f"waiting for {owner.get('what', what)}{pid} to release its lock"
 
 
-@dataclass
-class _Waiting:
-    """How a hold waits when its caller says nothing (``waiting``): one command's
-    ``--lock-timeout`` and where its waiting message goes."""
-
-    timeout: float | None = None
-    on_wait: Callable[[str], None] | None = None
-
-
-_waiting = _Waiting()
-
-
-@contextmanager
-def waiting(timeout: float | None, on_wait: Callable[[str], None] | None) -> Iterator[None]:
-    """Within this block, every ``hold`` that names no timeout (or no ``on_wait``) waits at
-    most ``timeout`` seconds and tells ``on_wait`` whom it waits for: how a command's
-    ``--lock-timeout`` reaches the locks of every layer below it (the manifest lock of
-    ``add``, the state lock of ``clean``, the cache's prune lock, ...)."""
-    before = _Waiting(_waiting.timeout, _waiting.on_wait)
-    _waiting.timeout, _waiting.on_wait = timeout, on_wait
-    try:
-        yield
-    finally:
-        _waiting.timeout, _waiting.on_wait = before.timeout, before.on_wait
-
-
 @contextmanager
 def hold(
     lock_path: str,
@@ -125,9 +100,10 @@ def hold(
     Waits at most ``timeout`` seconds (None: as long as it takes; the ``--lock-timeout``
     value where a command has one), telling ``on_wait`` once whom it waits for; raises
     `LockTimeoutError` naming the holder when the time is up. A hold that names neither
-    takes them from the enclosing ``waiting`` block."""
-    timeout = _waiting.timeout if timeout is None else timeout
-    on_wait = _waiting.on_wait if on_wait is None else on_wait
+    takes them from the enclosing ``state.waiting.bounded`` block."""
+    own_message = on_wait is not None
+    timeout = waiting.policy.timeout if timeout is None else timeout
+    on_wait = waiting.policy.on_wait if on_wait is None else on_wait
     deadline = None if timeout is None else time.monotonic() + timeout
     told = False
 
@@ -142,7 +118,8 @@ def hold(
 
     local = _thread_lock(lock_path)
     if not local.acquire(blocking=False):
-        tell()
+        if own_message:  # another thread of this build: the command's message is for others
+            tell()
         if not local.acquire(timeout=left()):
             raise _timed_out(lock_path, what, timeout)
     try:
