@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from epbuild.errors import LockTimeoutError
+from epbuild.state import waiting
 
 if TYPE_CHECKING:
     from filelock import BaseFileLock
@@ -98,7 +99,11 @@ def hold(
 
     Waits at most ``timeout`` seconds (None: as long as it takes; the ``--lock-timeout``
     value where a command has one), telling ``on_wait`` once whom it waits for; raises
-    `LockTimeoutError` naming the holder when the time is up."""
+    `LockTimeoutError` naming the holder when the time is up. A hold that names neither
+    takes them from the enclosing ``state.waiting.bounded`` block."""
+    own_message = on_wait is not None
+    timeout = waiting.policy.timeout if timeout is None else timeout
+    on_wait = waiting.policy.on_wait if on_wait is None else on_wait
     deadline = None if timeout is None else time.monotonic() + timeout
     told = False
 
@@ -113,7 +118,8 @@ def hold(
 
     local = _thread_lock(lock_path)
     if not local.acquire(blocking=False):
-        tell()
+        if own_message:  # another thread of this build: the command's message is for others
+            tell()
         if not local.acquire(timeout=left()):
             raise _timed_out(lock_path, what, timeout)
     try:
@@ -133,10 +139,16 @@ def try_hold(lock_path: str, what: str, *, note: bool = True) -> Iterator[Held |
     """Hold the lock at ``lock_path`` if it is free now (yields None if it is not)."""
     with ExitStack() as stack:
         try:
-            held: Held | None = stack.enter_context(hold(lock_path, what, timeout=0, note=note))
+            held: Held | None = stack.enter_context(
+                hold(lock_path, what, timeout=0, on_wait=_silent, note=note)
+            )
         except LockTimeoutError:
             held = None
         yield held
+
+
+def _silent(message: str) -> None:
+    """``try_hold`` does not wait, so it has nothing to say."""
 
 
 def _file_lock(
