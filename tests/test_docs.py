@@ -379,3 +379,11 @@ def _run_python_snippets(ws: Path, page: Path, env: dict[str, str], setup: str =
         proc = subprocess.run([sys.executable, "-c", code], cwd=ws, env=env,
                               capture_output=True, text=True, timeout=240)  # fmt: skip
         assert proc.returncode == 0, f"{snippet.where}:\n{proc.stderr[-3000:]}"
+
+
+def test_every_docs_page_is_in_the_site_nav() -> None:
+    """``mkdocs build --strict`` refuses a page outside the nav; say so in the inner loop."""
+    nav = set(re.findall(r":\s*(\S+\.md)\s*$", (ROOT / "mkdocs.yml").read_text(), re.M))
+    pages = {p.relative_to(ROOT / "docs").as_posix() for p in (ROOT / "docs").rglob("*.md")}
+    assert pages - nav == set(), "add these pages to mkdocs.yml's nav"
+    assert nav - pages == set(), "the nav names pages that do not exist"
