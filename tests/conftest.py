@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
@@ -155,6 +156,16 @@ def _session_env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
         mp.setenv("XDG_CACHE_HOME", str(tmp_path_factory.mktemp("xdg-cache")))
         mp.setenv("EPBUILD_CACHE", "off")
         yield
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Ctrl-C reaches the processes the tests start. A shell starts a background job (``cmd &``
+    without job control: CI runners, ``nohup``, scripts) with SIGINT ignored, its children
+    inherit that, and a Python started with SIGINT ignored never raises KeyboardInterrupt:
+    every test that stops a build or a watcher with SIGINT then waited out its deadline. A
+    handler (unlike "ignored") is reset to the default in a child, which restores it."""
+    if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
