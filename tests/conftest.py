@@ -235,8 +235,11 @@ def built_once(
 
 
 def _build_simple(ws: Workspace) -> None:
+    from epbuild.results import Outcome
+
     result = write_simple(ws).build()
     assert result.ok, [(a.id, a.error) for a in result.actions if a.error]
+    assert result.count(Outcome.COMPILED) == 2  # the pair (one action) and the single
 
 
 @pytest.fixture
