@@ -38,8 +38,8 @@ if TYPE_CHECKING:
         prune_cache,
         verify_cache,
     )
-    from epbuild.inspect.detail import ActionDetail, status_detail
-    from epbuild.inspect.verify import VerifyResult, verify_outputs
+    from epbuild.inspection.detail import ActionDetail, status_detail
+    from epbuild.inspection.verify import VerifyResult, verify_outputs
     from epbuild.runtime import BuiltAction, open_action, open_models
     from epbuild.shipping.opening import open_package
     from epbuild.shipping.package import PackageResult, package
@@ -86,11 +86,11 @@ __all__ = [
 # Functions that live outside api.py (their names differ from their modules' names, so
 # importing a submodule never shadows a function).
 _MODULES = {
-    "ActionDetail": "inspect.detail",
+    "ActionDetail": "inspection.detail",
     "BuiltAction": "runtime",
-    "VerifyResult": "inspect.verify",
-    "status_detail": "inspect.detail",
-    "verify_outputs": "inspect.verify",
+    "VerifyResult": "inspection.verify",
+    "status_detail": "inspection.detail",
+    "verify_outputs": "inspection.verify",
     "open_action": "runtime",
     "open_models": "runtime",
     "open_package": "shipping.opening",

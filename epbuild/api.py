@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import time
 from collections.abc import Callable
@@ -12,7 +13,7 @@ from typing import TYPE_CHECKING
 from epbuild.engine.builder import Builder, open_action_cache, recorded_outputs, save_stats
 from epbuild.engine.scheduler import executor_for, schedule
 from epbuild.engine.staging import check_removable, clean_stale_staging
-from epbuild.errors import EpbuildError, StorageError
+from epbuild.errors import EpbuildError, LockTimeoutError, StorageError
 from epbuild.fs import os_error_text
 from epbuild.manifest.edit import EditResult, add_models, add_provider, add_target
 from epbuild.manifest.init import InitResult, init, init_from
@@ -30,6 +31,8 @@ from epbuild.results import (
 from epbuild.state import locks
 
 if TYPE_CHECKING:
+    from epbuild.cache.actioncache import ActionCache
+    from epbuild.engine.scheduler import Execution
     from epbuild.engine.trace import Tracer
     from epbuild.executors.local import Executor
     from epbuild.manifest.model import Manifest
@@ -130,48 +133,53 @@ def build(
     ``locked`` refuses (``LockError``, exit 2) to compile or restore when an environment
     differs from ``epbuild.lock`` (``build --locked``).
     """
-    from epbuild.engine.trace import Tracer
-
     t0 = time.perf_counter()
-    tracer = Tracer()
     reporter = reporter or Reporter()
-    with tracer.span("plan"):
-        ws, plans, warnings = _plan(
-            directory, manifest, selectors, loaded, reporter, dry_run, locked
-        )
+    opening = (directory, manifest, selectors, loaded, reporter, dry_run, locked, lock_timeout)
+    ws, plans, warnings, tracer = _plan(functools.partial(_open_for_build, *opening))
     try:
         results = {p.action.id: _planned(ws, p) for p in plans}
         stale = [p for p in plans if p.stale]
-        if dry_run or not stale:
-            done = BuildResult(
-                [results[p.action.id] for p in plans], time.perf_counter() - t0, warnings
-            )
-            return _without_compiling(ws, plans, selectors, done, dry_run, tracer, trace)
-        run = executor_for(ws, stale, executor, scheduler, jobs, memory_budget)
-        try:
-            _prepare(ws, lock_timeout)
-            reporter.start(len(plans), len(stale))
-            builder = Builder(
-                ws,
-                run,
-                keep_going=keep_going or cache_only,  # --cache-only: list everything missing
+        if not dry_run and stale:
+            run = executor_for(ws, stale, executor, scheduler, jobs, memory_budget)
+            builder = functools.partial(
+                Builder,
+                keep_going=keep_going or cache_only,  # --cache-only: list all missing
                 reporter=reporter,
                 lock_timeout=lock_timeout,
                 tracer=tracer,
-                cache=open_action_cache(ws, directory, cache, cache_push),
                 cache_only=cache_only,
             )
-            results.update(_run(builder, stale, trace, warnings))
-        finally:
-            if run.owned:  # an executor passed in belongs to the caller, who may reuse it
-                run.executor.close()
-        done = BuildResult(
-            [results[p.action.id] for p in plans], time.perf_counter() - t0, warnings
-        )
+            opened = functools.partial(open_action_cache, ws, directory, cache, cache_push)
+            results.update(_compile(ws, run, builder, opened, len(plans), stale, trace, warnings))
+        done = BuildResult(list(results.values()), time.perf_counter() - t0, warnings)
+        if dry_run or not stale:
+            return _without_compiling(ws, plans, selectors, done, dry_run, tracer, trace)
         _write_llm_packages(ws, done)
         return done
     finally:
         ws.keys.toolchains.release()  # its environments may be pruned from now on
+
+
+def _compile(
+    ws: Workspace,
+    run: Execution,
+    make_builder: Callable[..., Builder],
+    open_cache: Callable[[], ActionCache | None],
+    total: int,
+    stale: list[ActionPlan],
+    trace: str | os.PathLike[str] | None,
+    warnings: list[str],
+) -> dict[str, ActionResult]:
+    """Prepare the state directory, run the stale actions, close an executor we opened."""
+    try:
+        _prepare(ws, ws.lock_timeout)
+        builder = make_builder(ws, run, cache=open_cache())
+        builder.reporter.start(total, len(stale))
+        return _run(builder, stale, trace, warnings)
+    finally:
+        if run.owned:  # an executor passed in belongs to the caller, who may reuse it
+            run.executor.close()
 
 
 def _without_compiling(
@@ -222,20 +230,35 @@ def _write_llm_packages(ws: Workspace, done: BuildResult) -> None:
 
 
 def _plan(
+    open_ws: Callable[[], tuple[Workspace, list[str]]],
+) -> tuple[Workspace, list[ActionPlan], list[str], Tracer]:
+    """Open the workspace (``open_ws``: ``_open_for_build`` with the build's arguments) and
+    plan every action; also what loading its state warned about, and the build's tracer
+    (its first span is this one)."""
+    from epbuild.engine.trace import Tracer
+
+    tracer = Tracer()
+    with tracer.span("plan"):
+        ws, warnings = open_ws()
+        plans = make_plan(ws.actions, ws.state, ws.keys, ws.stats, ws.root)
+    return ws, plans, warnings, tracer
+
+
+def _open_for_build(
     directory: str | os.PathLike[str],
     manifest: str | os.PathLike[str] | None,
     selectors: list[str] | tuple[str, ...],
     loaded: Manifest | None,
     reporter: Reporter,
     dry_run: bool,
-    locked: bool = False,
-) -> tuple[Workspace, list[ActionPlan], list[str]]:
-    """Open the workspace and plan every action (making missing toolchains, unless a dry
-    run); also what loading its state warned about. ``locked``: first refuse (``LockError``)
-    environments that differ from ``epbuild.lock``."""
+    locked: bool,
+    lock_timeout: float | None,
+) -> tuple[Workspace, list[str]]:
+    """The workspace (toolchains made unless a dry run, checked against ``epbuild.lock``
+    when ``locked``) and the warnings loading it gave, each said once."""
     from epbuild.toolchains.resolve import Toolchains
 
-    toolchains = Toolchains(create=not dry_run, say=reporter.message)
+    toolchains = Toolchains(create=not dry_run, say=reporter.message, lock_timeout=lock_timeout)
     ws = open_workspace(directory, manifest, selectors, loaded=loaded, toolchains=toolchains)
     if locked:
         from epbuild.planning.lock import enforce
@@ -255,7 +278,7 @@ def _plan(
         ]
     for w in warnings:
         reporter.message(f"warning: {w}")
-    return ws, make_plan(ws.actions, ws.state, ws.keys, ws.stats, ws.root), warnings
+    return ws, warnings
 
 
 def _planned(ws: Workspace, plan: ActionPlan) -> ActionResult:
@@ -308,8 +331,9 @@ def _run(
         for what, step in steps:
             try:
                 step()
-            except OSError as exc:
-                warnings.append(f"{what}: {os_error_text(exc, ws.root)}")
+            except (OSError, LockTimeoutError) as exc:
+                why = os_error_text(exc, ws.root) if isinstance(exc, OSError) else str(exc)
+                warnings.append(f"{what}: {why}")
                 builder.reporter.message(f"warning: {warnings[-1]}")
 
 
@@ -317,12 +341,12 @@ def _save_stats_if_possible(ws: Workspace) -> None:
     """The stat cache only saves re-hashing: a disk that cannot take it fails nothing."""
     try:
         save_stats(ws)
-    except OSError:
+    except (OSError, LockTimeoutError):
         pass
 
 
 def _finish_journal(ws: Workspace) -> None:
-    with locks.hold(ws.state_lock, "epbuild build (finish)"):
+    with locks.hold(ws.state_lock, "epbuild build (finish)", timeout=ws.lock_timeout):
         ws.journal.sync()  # restores' done records
         ws.journal.compact_if_needed(ws.reload_state())
 

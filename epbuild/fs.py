@@ -4,15 +4,17 @@ writes or deletes through a symlink that leads out of its own directories; write
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import hashlib
 import os
 import posixpath
 import shutil
 import uuid
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
-from epbuild.errors import UnsafePathError
+from epbuild.errors import StorageError, UnsafePathError
 
 CHUNK = 1 << 20
 """Files are read in pieces of this size: memory stays flat whatever the model size."""
@@ -49,17 +51,26 @@ def temp_name(path: str) -> str:
     return f"{path}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
 
 
-def atomic_write_bytes(path: str, data: bytes, *, mode: int | None = None) -> None:
-    """Write ``data`` to ``path`` via a temp file + fsync + rename: all or nothing (with
-    ``mode``, the file gets it before it appears)."""
+# -- writing files: the one API ----------------------------------------------------------
+#
+# Every file epbuild writes appears whole or not at all: it is written under a sibling temp
+# name and renamed over the target. ``durable=True`` also fsyncs the file before the rename
+# and its directory after it, so the new name survives a power cut; ``durable=False`` is
+# for what is cheap to lose (a hint, a result read at once, a copy that is re-checked).
+
+
+@contextlib.contextmanager
+def atomic_output(path: str, *, mode: int | None = None, durable: bool) -> Iterator[str]:
+    """Yield a sibling temp path to write; on a clean exit it replaces ``path`` (with
+    ``mode``, the file gets it before it appears). On an error ``path`` is as it was and
+    no temp is left behind; an OS error about the temp names ``path``."""
     directory = os.path.dirname(path) or "."
     os.makedirs(directory, exist_ok=True)
     tmp = temp_name(path)
     try:
-        with open(tmp, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
+        yield tmp
+        if durable:
+            _fsync_path(tmp)
         if mode is not None:
             os.chmod(tmp, mode)
         os.replace(tmp, path)
@@ -67,29 +78,120 @@ def atomic_write_bytes(path: str, data: bytes, *, mode: int | None = None) -> No
         # A full disk or a file-size limit: leave the old file as it was and no temp behind.
         if os.path.lexists(tmp):
             os.unlink(tmp)
-        if isinstance(exc, OSError) and exc.filename in (None, tmp):  # name the file meant
-            raise OSError(exc.errno, exc.strerror, path) from exc
+        if isinstance(exc, OSError) and exc.errno is not None and exc.filename in (None, tmp):
+            raise OSError(exc.errno, exc.strerror, path) from exc  # name the file meant
         raise
+    if durable:
+        fsync_dir(directory)
 
 
-def atomic_copy(source: str, path: str) -> None:
-    """Copy ``source`` to ``path`` via a temp file + fsync + rename, in pieces (a large
-    file is never held in memory): all or nothing."""
-    directory = os.path.dirname(path) or "."
-    os.makedirs(directory, exist_ok=True)
-    tmp = temp_name(path)
+def atomic_write_bytes(
+    path: str, data: bytes, *, mode: int | None = None, durable: bool = True
+) -> None:
+    """Write ``data`` to ``path``: all or nothing (see `atomic_output`)."""
+    with atomic_output(path, mode=mode, durable=durable) as tmp, open(tmp, "wb") as f:
+        f.write(data)
+
+
+def atomic_write_text(
+    path: str, text: str, *, mode: int | None = None, durable: bool = True
+) -> None:
+    """Write ``text`` (UTF-8) to ``path``: all or nothing (see `atomic_output`)."""
+    atomic_write_bytes(path, text.encode("utf-8"), mode=mode, durable=durable)
+
+
+def atomic_copy(src: str, dest: str, *, mode: int | None = None, durable: bool = False) -> None:
+    """Copy ``src``'s bytes to ``dest`` (in pieces: a large file is never held in memory):
+    all or nothing (see `atomic_output`)."""
+    with atomic_output(dest, mode=mode, durable=durable) as tmp:
+        shutil.copyfile(src, tmp)
+
+
+def fsync_dir(directory: str) -> None:
+    """Make the names in ``directory`` durable (a no-op where the platform cannot)."""
     try:
-        with open(source, "rb") as src, open(tmp, "wb") as f:
-            shutil.copyfileobj(src, f, 1 << 20)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException as exc:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return  # Windows cannot open a directory; its renames are journaled by NTFS
+    try:
+        os.fsync(fd)
+    except OSError as exc:
+        if exc.errno not in (errno.EINVAL, errno.ENOTSUP, errno.EBADF):
+            raise
+    finally:
+        os.close(fd)
+
+
+def _fsync_path(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+@contextlib.contextmanager
+def new_directory(final: str, *, temp: str | None = None) -> Iterator[str]:
+    """Yield a sibling temp directory (``temp``, by default `temp_name`) to fill; on a clean
+    exit it is renamed to ``final``, or dropped when another process made ``final`` first.
+    On an error it is removed."""
+    tmp = temp if temp is not None else temp_name(final)
+    os.makedirs(tmp)
+    try:
+        yield tmp
+        try:
+            os.rename(tmp, final)
+        except OSError:  # another process made it first
+            if not os.path.isdir(final):
+                raise
+    finally:
         if os.path.lexists(tmp):
-            os.unlink(tmp)
-        if isinstance(exc, OSError) and exc.filename in (None, tmp):  # name the file meant
-            raise OSError(exc.errno, exc.strerror, path) from exc
+            remove_tree(tmp)
+
+
+def replace_directory(
+    new: str, dest: str, *, aside: str, exchange: bool = True, what: str = "directory"
+) -> None:
+    """Put directory ``new`` at ``dest`` in one step where the platform allows (Linux
+    ``renameat2``), else by moving the old one to ``aside`` first; whatever was at
+    ``dest`` is removed. On failure ``dest`` holds what it held before."""
+    if not os.path.lexists(dest):
+        os.rename(new, dest)
+        return
+    if exchange and _exchange(new, dest):
+        remove_tree(new)
+        return
+    os.rename(dest, aside)
+    try:
+        os.rename(new, dest)
+    except OSError as exc:
+        try:
+            os.rename(aside, dest)
+        except OSError:
+            raise StorageError(
+                f"cannot write the {what}: {os_error_text(exc)}; the old {what} could not be "
+                f"put back either and is at {aside}",
+                hint=f"rename {aside} back to {dest}",
+            ) from exc
         raise
+    remove_tree(aside)
+
+
+def _exchange(a: str, b: str) -> bool:
+    """Atomically exchange two paths (Linux ``renameat2``); False where unsupported."""
+    import ctypes
+
+    try:
+        fn = ctypes.CDLL(None, use_errno=True).renameat2
+    except (AttributeError, OSError):
+        return False
+    at_fdcwd, rename_exchange = -100, 2
+    if fn(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), rename_exchange) == 0:
+        return True
+    err = ctypes.get_errno()
+    if err in (errno.EINVAL, errno.ENOSYS, errno.ENOTSUP):
+        return False
+    raise OSError(err, os.strerror(err), b, a)
 
 
 def os_error_text(exc: OSError, root: str | None = None) -> str:
@@ -105,8 +207,6 @@ def os_error_text(exc: OSError, root: str | None = None) -> str:
 def os_error_hint(exc: OSError, root: str | None = None) -> tuple[str | None, str]:
     """What to say about an OS error no layer expected: a clearer reason where the error's
     own misleads (``File exists`` for a path through a file), and a hint fitting its errno."""
-    import errno
-
     name = os.fsdecode(exc.filename) if exc.filename is not None else None
     if exc.errno in (errno.EEXIST, errno.ENOTDIR) and name:
         while name and not os.path.isfile(name) and os.path.dirname(name) != name:

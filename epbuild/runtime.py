@@ -6,11 +6,11 @@ manifest order; ``open_models`` does the same for ctx models named directly.
 ``open_action`` opens only what a build fully committed: an action never built, one whose
 last commit was interrupted (a journal ``begin`` without its ``done``), or one whose
 recorded outputs are missing or changed raises ``NotBuiltError`` ("run epbuild build").
-The check is cheap: sizes against the journal, and a file's digest is trusted from the stat
-cache while its (inode, size, mtime) still match; only a file whose stat changed is
-re-hashed (``check="hash"`` re-hashes every output). The outputs' stats are taken again
-after the sessions exist: a build that replaced them meanwhile makes the open fail instead of
-handing out sessions of a half-old, half-new group.
+The check (``planning.committed``) is cheap: sizes against the journal, and a file's digest
+is trusted from the stat cache while its (inode, size, mtime) still match; only a file whose
+stat changed is re-hashed (``check="hash"`` re-hashes every output). The outputs' stats are
+taken again after the sessions exist: a build that replaced them meanwhile makes the open
+fail instead of handing out sessions of a half-old, half-new group.
 
 Sessions of a weight-sharing group get ``ep.share_ep_contexts=1``. At load time the EP's
 share state is a process-wide table of graphs: a group's first session loads the shared
@@ -46,7 +46,7 @@ if TYPE_CHECKING:
 
     from epbuild.planning.actions import Action
     from epbuild.planning.workspace import Workspace
-    from epbuild.providers.base import ProviderConfig
+    from epbuild.providers.contract import ProviderConfig
 
 ModelSource = str | os.PathLike[str] | tuple[str | os.PathLike[str], bytes]
 """A ctx model path, or ``(path, bytes)``: an in-memory model and the path it was built at
@@ -170,7 +170,7 @@ def check_context(label: str, data: bytes | None, path: str, provider: ProviderC
             else "rebuild it for this target and SDK ('epbuild build'), or install the EP "
             "version it was built with",
         )
-    from epbuild.inspect.ortcompat import ort_compatibility
+    from epbuild.inspection.ortcompat import ort_compatibility
     from epbuild.onnx.context import Severity
 
     judged = ort_compatibility(label, path, provider, data).problem()
@@ -189,10 +189,10 @@ def open_models(
     session_factory: SessionFactory | None = None,
 ) -> BuiltAction:
     """Create one session per ctx model, in order; see the module docstring."""
-    return _open(models, provider, share_weights, lock_timeout, session_factory, None)
+    return open_sources(models, provider, share_weights, lock_timeout, session_factory, None)
 
 
-def _open(
+def open_sources(
     models: Sequence[ModelSource],
     provider: ProviderConfig,
     share_weights: bool,
@@ -285,6 +285,7 @@ def open_action(
 ) -> BuiltAction:
     """Open a built action (``group/provider`` or an action id) of a workspace; only what a
     build fully committed (``check``: see the module docstring)."""
+    from epbuild.planning.committed import committed_outputs, stat_of
     from epbuild.planning.workspace import open_workspace
 
     if load not in ("path", "bytes"):
@@ -313,7 +314,7 @@ def open_action(
     first = actions[0]
     what = f"{first.group.name}/{first.provider.name}"
     share = first.group.share_weights
-    built = _open(sources, first.provider, share, lock_timeout, session_factory, what)
+    built = open_sources(sources, first.provider, share, lock_timeout, session_factory, what)
     changed = [rel for rel, st in before.items() if stat_of(ws.root, rel) != st]
     if changed:
         built.close()
@@ -341,81 +342,3 @@ def _check_environment(ws: Workspace, action: Action) -> None:
         hint=f"open it from a program run by {toolchain.python} (with epbuild importable "
         "there), or check it with 'epbuild verify --load', which loads it in the toolchain",
     )
-
-
-_Stat = tuple[int, int, int]
-"""(inode, size, mtime_ns) of a file; None when it is not a regular file."""
-
-
-def stat_of(root: str, rel: str) -> _Stat | None:
-    """(inode, size, mtime_ns) of a workspace-relative file; None unless a regular file."""
-    import stat
-
-    try:
-        st = os.lstat(os.path.join(root, rel))
-    except OSError:
-        return None
-    if not stat.S_ISREG(st.st_mode):
-        return None
-    return (st.st_ino, st.st_size, st.st_mtime_ns)
-
-
-def committed_outputs(
-    ws: Workspace, actions: Sequence[Action], *, rehash: bool = False
-) -> dict[str, _Stat | None]:
-    """The stats of every recorded output of ``actions``, once they are checked to be what
-    the journal says a build committed; otherwise ``NotBuiltError`` naming the action.
-
-    Sizes come from the journal and digests from the stat cache while a file's stat still
-    matches it; a file whose stat changed is re-hashed (every file with ``rehash``)."""
-    from epbuild.planning.damage import record_damage
-    from epbuild.planning.staleness import outputs_intact
-    from epbuild.state.statcache import hash_file
-
-    state = ws.state
-    snapshot: dict[str, _Stat | None] = {}
-    for a in actions:
-        build = f"run 'epbuild build {a.group.name}/{a.provider.name}'"
-        if a.id in state.damaged:
-            raise NotBuiltError(f"{a.id}: {state.damaged[a.id].reason()}", hint=build)
-        if a.id in state.interrupted:
-            raise NotBuiltError(
-                f"{a.id}: its last build was interrupted while committing its outputs",
-                hint=build,
-            )
-        rec = state.records.get(a.id)
-        if rec is None:
-            raise NotBuiltError(f"{a.id} has not been built", hint=build + " first")
-        absent = [rel for rel in a.ctx_paths if rel not in rec.outputs]
-        if absent:
-            raise NotBuiltError(
-                f"{a.id}: {absent[0]} is not among the outputs of its last build "
-                "(the group changed since)",
-                hint=build,
-            )
-        problems: list[str] = []
-        for rel in rec.outputs:
-            snapshot[rel] = stat_of(ws.root, rel)
-            if snapshot[rel] is None:
-                gone = not os.path.lexists(os.path.join(ws.root, rel))
-                problems.append(f"output {rel} is {'missing' if gone else 'not a file'}")
-        recorded = {rel: (o.size, o.digest) for rel, o in rec.outputs.items()}
-        try:
-            problems = problems or outputs_intact(ws.root, ws.stats, recorded)
-            if not problems and rehash:
-                changed = {
-                    rel: digest
-                    for rel, (_, digest) in recorded.items()
-                    if hash_file(os.path.join(ws.root, rel)) != digest
-                }
-                problems = [f"output {rel} was modified" for rel in changed]
-                # The stat cache vouched for these files (same inode, size and mtime): only
-                # a recorded damage makes the next build rebuild them.
-                record_damage(ws, a.id, changed, 'open_action(check="hash")')
-        except OSError as exc:
-            problems = [f"cannot read output {exc.filename}: {exc.strerror}"]
-        if problems:
-            raise NotBuiltError(
-                f"{a.id} is not as its last build left it: {problems[0]}", hint=build
-            )
-    return snapshot

@@ -82,7 +82,7 @@ def test_restore_after_clean_is_byte_identical(simple_ws: Callable[..., Workspac
 @pytest.mark.slow
 def test_export_clone_import_cache_only(simple_ws: Callable[..., Workspace],
                                         tmp_path: Path) -> None:  # fmt: skip
-    from epbuild.inspect.verify import verify_outputs
+    from epbuild.inspection.verify import verify_outputs
 
     ws = simple_ws()
     ws.build(cache=str(tmp_path / "cache-a"))

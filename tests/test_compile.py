@@ -22,9 +22,9 @@ from epbuild.api import Outcome, status
 from epbuild.errors import ManifestError
 from epbuild.executors import worker
 from epbuild.executors.job import Job
-from epbuild.inspect.detail import render, status_detail
-from epbuild.inspect.verify import verify_outputs
-from epbuild.manifest import load as load_module
+from epbuild.inspection.detail import render, status_detail
+from epbuild.inspection.verify import verify_outputs
+from epbuild.manifest import defaults as defaults_module
 from epbuild.manifest.load import load_manifest
 from epbuild.manifest.model import SESSION_SETTINGS, CompileSettings
 from epbuild.onnx.proto import read_model
@@ -86,8 +86,8 @@ def test_group_settings_win_over_the_provider(workspace: Workspace) -> None:
 def test_old_onnxruntime_resolves_to_sessions(
     workspace: Workspace, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(load_module, "has_compile_api", lambda: False)
-    monkeypatch.setattr(load_module, "onnxruntime_version", lambda: "1.22.1")
+    monkeypatch.setattr(defaults_module, "has_compile_api", lambda: False)
+    monkeypatch.setattr(defaults_module, "onnxruntime_version", lambda: "1.22.1")
     workspace.model("m/a.onnx")
     one_group(workspace, {"models": ["m/a.onnx"]})
     assert settings(workspace).compiler == "session"

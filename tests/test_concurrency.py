@@ -257,3 +257,33 @@ def test_input_rewritten_during_compile_is_not_recorded(workspace: Workspace) ->
     assert {a.id: a.outcome for a in again.actions} == {
         "g/htp/a": Outcome.COMPILED, "g/htp/b": Outcome.UP_TO_DATE}  # fmt: skip
     verify_outputs(workspace.root)
+
+
+@pytest.mark.parametrize(
+    ("args", "lock"),
+    [
+        (("clean",), ".epbuild/state.lock"),
+        (("add", "model", "m/m0.onnx", "-g", "other"), ".epbuild/locks/manifest.lock"),
+        (("init", "--from", "m"), ".epbuild/locks/manifest.lock"),
+    ],
+    ids=["clean", "add", "init"],
+)
+def test_every_command_honours_lock_timeout(
+    workspace: Workspace, args: tuple[str, ...], lock: str
+) -> None:
+    """``--lock-timeout`` bounds the wait of commands besides build (their locks are taken
+    deep in the library: the state lock of clean, the manifest lock of add and init)."""
+    ws, _ = _lock_ws(workspace)
+    if args[0] == "init":
+        (ws.root / "epbuild.toml").unlink()
+    before = {p: p.read_bytes() for p in ws.root.glob("*.toml")}
+    holder = _hold(ws.root / lock)
+    try:
+        proc = ws.cli(*args, "--lock-timeout", "0.5")
+    finally:
+        holder.kill()
+        holder.communicate()
+    assert proc.returncode == 3, proc.stderr
+    assert f"pid {holder.pid}" in proc.stderr and "Traceback" not in proc.stderr
+    assert proc.stderr.count("epbuild: waiting for") == 1, proc.stderr  # said once
+    assert {p: p.read_bytes() for p in ws.root.glob("*.toml")} == before  # nothing written

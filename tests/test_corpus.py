@@ -17,7 +17,7 @@ import onnx
 import pytest
 from conftest import HTP73, Workspace
 
-from epbuild.inspect.verify import verify_outputs
+from epbuild.inspection.verify import verify_outputs
 
 CORPUS = Path(__file__).parent / "corpus"
 LEVELS = ("disabled", "basic", "extended", "all")

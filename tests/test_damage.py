@@ -13,7 +13,7 @@ from test_runtime import _flip_middle_byte
 from epbuild import status
 from epbuild._names import NOOP_NAME, STATCACHE_NAME
 from epbuild.errors import NotBuiltError
-from epbuild.inspect.verify import verify_outputs
+from epbuild.inspection.verify import verify_outputs
 from epbuild.results import Outcome
 from epbuild.runtime import open_action
 from epbuild.state.statcache import StatCache, hash_file

@@ -82,7 +82,7 @@ def test_an_ort_derived_name_is_not_a_leak(workspace: Workspace) -> None:
     names = [(n.op_type, n.name) for n in ctx.graph.node]
     assert ("Gemm", "/MatMulAddFusion") in names  # the case is really there
     assert not [w for a in result.actions for w in a.warnings]
-    from epbuild.inspect.verify import verify_outputs
+    from epbuild.inspection.verify import verify_outputs
 
     checked = verify_outputs(workspace.root)
     assert checked.ok, checked.lines()

@@ -12,7 +12,7 @@ import pytest
 from conftest import Workspace
 
 from epbuild.errors import UserError
-from epbuild.inspect.verify import verify_outputs
+from epbuild.inspection.verify import verify_outputs
 from epbuild.llm.generate import genai_installed
 
 pytestmark = pytest.mark.skipif(not genai_installed(), reason="pip install -e '.[genai]'")
@@ -102,7 +102,7 @@ def test_without_genai_says_how_to_install(
     workspace: Workspace, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     _built(workspace, share=False)
-    monkeypatch.setattr("epbuild.inspect.generation.genai_installed", lambda: False)
+    monkeypatch.setattr("epbuild.inspection.generation.genai_installed", lambda: False)
     with pytest.raises(UserError) as info:
         verify_outputs(workspace.root, generate=4)
     assert "needs onnxruntime-genai" in str(info.value)

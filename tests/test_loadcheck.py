@@ -9,8 +9,8 @@ import onnx
 import pytest
 from test_verify import copy, good  # noqa: F401  (fixtures)
 
-from epbuild.inspect.loadcheck import compare
-from epbuild.inspect.verify import LoadOutcome, verify_outputs
+from epbuild.inspection.loadcheck import compare
+from epbuild.inspection.verify import LoadOutcome, verify_outputs
 
 
 def test_a_folder_in_the_workspace_does_not_shadow_a_package(copy: Path) -> None:  # noqa: F811

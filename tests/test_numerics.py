@@ -13,8 +13,8 @@ from modelgen import _model, matmul_model
 from onnx import helper, numpy_helper
 
 from epbuild.errors import ManifestError
-from epbuild.inspect.numerics import NumericsStatus
-from epbuild.inspect.verify import verify_outputs
+from epbuild.inspection.numerics import NumericsStatus
+from epbuild.inspection.verify import verify_outputs
 from epbuild.manifest.load import load_manifest
 from epbuild.results import Outcome
 
@@ -191,7 +191,7 @@ def test_a_split_graph_is_a_warning_naming_the_ops(workspace: Workspace) -> None
 def test_auto_tries_lower_levels_only_where_nodes_fall_back(workspace: Workspace) -> None:
     from modelgen import partial_model
 
-    from epbuild.inspect.detail import status_detail
+    from epbuild.inspection.detail import status_detail
 
     workspace.model("m/p.onnx", partial_model(1))
     workspace.model("m/c.onnx", matmul_model(3))
@@ -273,7 +273,7 @@ def test_auto_survives_a_level_the_ep_crashes_on(workspace: Workspace) -> None:
 
 
 def test_the_html_report_shows_the_last_figures(workspace: Workspace, tmp_path: Path) -> None:
-    from epbuild.inspect.html import write_html_report
+    from epbuild.inspection.html import write_html_report
 
     workspace.model("m/c.onnx", matmul_model(3))
     group = {"models": ["m/c.onnx"], "providers": ["htp"]}

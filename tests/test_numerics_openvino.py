@@ -17,9 +17,9 @@ from conftest import Workspace
 from modelgen import matmul_model
 
 from epbuild.cache.location import default_cache_dir
-from epbuild.inspect.numerics import NumericsStatus
-from epbuild.inspect.ovblob import MAGIC, BlobError, bson, unwrap
-from epbuild.inspect.verify import verify_outputs
+from epbuild.inspection.numerics import NumericsStatus
+from epbuild.inspection.ovblob import MAGIC, BlobError, bson, unwrap
+from epbuild.inspection.verify import verify_outputs
 
 CORPUS = Path(__file__).parent / "corpus"
 OPENVINO_PIN = "onnxruntime-openvino==1.24.1"
@@ -115,7 +115,7 @@ def test_openvino_cpu_blobs_are_checked_with_the_openvino_package(
     assert "numerics: ok (worst output" in detail and "standalone openvino 2025.4.1" in detail
     # The blob is what runs: this model's blob against the other mlp's source (same names
     # and shapes, other weights) gives figures far beyond any tolerance.
-    from epbuild.inspect.loading import LoadOutcome, _run_loader
+    from epbuild.inspection.loading import LoadOutcome, _run_loader
     from epbuild.toolchains import create
     from epbuild.toolchains.spec import ToolchainSpec
 
@@ -123,7 +123,7 @@ def test_openvino_cpu_blobs_are_checked_with_the_openvino_package(
     toolchain = create.ensure(spec, "intel-cpu")
     ctx = "build/g/intel-cpu/mlp_ctx.onnx"
     job = {"ctx": ctx, "source": "other/mlp.onnx", "provider": {"name": "intel-cpu"}}
-    wrong = _run_loader(str(workspace.root), ctx, job, toolchain, "epbuild.inspect.ovblob")
+    wrong = _run_loader(str(workspace.root), ctx, job, toolchain, "epbuild.inspection.ovblob")
     assert wrong.outcome is LoadOutcome.PASSED and wrong.outputs, wrong
     (out,) = wrong.outputs
     assert out["name"] == "y" and out["max_rel"] > 0.1 and out["cosine"] < 0.9, out

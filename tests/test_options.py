@@ -13,7 +13,7 @@ from modelgen import _model, matmul_model
 from onnx import helper, numpy_helper
 
 from epbuild.api import Outcome
-from epbuild.inspect.verify import verify_outputs
+from epbuild.inspection.verify import verify_outputs
 from epbuild.onnx.proto import read_model
 
 MULTI = {"ep": "qnn", "options": {"htp_arch": "73,75", "soc_model": "60,69"}}
@@ -89,7 +89,7 @@ def test_sharing_group_embed0_verifies(simple_ws: Any) -> None:
 @pytest.mark.slow
 @pytest.mark.parametrize("ext", [None, "weights.bin"])
 def test_partial_model(workspace: Workspace, ext: str | None) -> None:
-    from epbuild.inspect.detail import status_detail
+    from epbuild.inspection.detail import status_detail
     from epbuild.runtime import open_action
 
     src = workspace.model("m/p.onnx", mod_model(1))

@@ -9,7 +9,7 @@ import pytest
 from conftest import HTP73, Workspace
 from modelgen import matmul_model
 
-from epbuild.inspect.ortcompat import OrtVerdict, ort_compatibility
+from epbuild.inspection.ortcompat import OrtVerdict, ort_compatibility
 from epbuild.onnx.context import Severity
 from epbuild.providers.base import ProviderConfig
 

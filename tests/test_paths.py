@@ -23,7 +23,7 @@ from test_options import mod_model
 
 from epbuild.engine.staging import check_staged, hash_staged
 from epbuild.errors import VerificationError
-from epbuild.inspect.verify import verify_outputs
+from epbuild.inspection.verify import verify_outputs
 from epbuild.onnx.context import LONG_PATH_MIN, Severity, absolute_paths, scan_needles
 
 

@@ -325,7 +325,7 @@ def test_symbolic_dimensions_are_fine_where_the_ep_is_not_an_npu(tmp_path: Path)
 
 
 def test_verify_load_runs_the_source_at_the_compiled_shapes(workspace: Workspace) -> None:
-    from epbuild.inspect.verify import verify_outputs
+    from epbuild.inspection.verify import verify_outputs
 
     llm_workspace(workspace, models=[PREFILL_DECODE[0]])
     assert workspace.build().ok

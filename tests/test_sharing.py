@@ -15,7 +15,7 @@ from conftest import HTP73, Workspace
 from modelgen import matmul_model
 
 from epbuild.api import Outcome
-from epbuild.inspect.verify import verify_outputs
+from epbuild.inspection.verify import verify_outputs
 from epbuild.onnx.context import sharing_problems
 from epbuild.onnx.proto import read_model
 from epbuild.providers import get_provider

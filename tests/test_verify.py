@@ -18,7 +18,7 @@ from conftest import HTP73, Workspace
 from test_options import mod_model
 
 from epbuild.errors import UserError
-from epbuild.inspect.verify import LoadOutcome, verify_outputs
+from epbuild.inspection.verify import LoadOutcome, verify_outputs
 from epbuild.onnx.context import Problem
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
@@ -250,7 +250,7 @@ def test_loads_run_jobs_at_once_in_action_order(
     on two cores) and still reports them in action order."""
     import threading
 
-    from epbuild.inspect import loading as v
+    from epbuild.inspection import loading as v
 
     def alone(root: str, ctx: str, job: dict[str, Any], toolchain: Any) -> Any:
         return v.LoadCheck(ctx, LoadOutcome.PASSED, "one by one")
@@ -399,7 +399,7 @@ def test_load_refuses_a_model_the_ep_would_compile(
     # A plain model the QNN EP would compile at load: the runtime's EPContext checks
     # refuse it first, so they are switched off to reach ORT's own refusal.
     from epbuild import runtime
-    from epbuild.inspect import loadcheck
+    from epbuild.inspection import loadcheck
 
     monkeypatch.setattr(runtime, "check_context", lambda *args: None)
     plain = str(good / "m/c.onnx")

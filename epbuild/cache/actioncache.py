@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from epbuild.cache import trust
-from epbuild.cache.local import LocalBackend, temp_name
+from epbuild.cache.local import LocalBackend
 from epbuild.cache.store import (
     LOCKS,
     CachedOutput,
@@ -177,10 +177,7 @@ class ActionCache:
         for name, out in entry.outputs.items():
             if self.local.has_object(out.digest):
                 continue
-            final = self.local_backend.full(object_path(out.digest))
-            os.makedirs(os.path.dirname(final), exist_ok=True)
-            tmp = temp_name(final)
-            try:
+            with trust.sealed_object(self.local_backend, out.digest) as tmp:
                 try:
                     self.remote.backend.download(object_path(out.digest), tmp, out.size)
                 except FileNotFoundError:
@@ -188,15 +185,10 @@ class ActionCache:
                         f"entry {key[:12]} in {self.remote.url}: the object of {name} is "
                         "missing; not used"
                     ) from None
-                digest = hash_file(tmp)
-                if digest != out.digest:
+                if hash_file(tmp) != out.digest:
                     raise CacheDamagedError(
                         f"entry {key[:12]} in {self.remote.url}: {name} is damaged; not used"
                     )
-                trust.seal(self.local_backend, out.digest, tmp, final)
-            finally:
-                if os.path.exists(tmp):
-                    os.unlink(tmp)
         self.local.put_entry(entry)
         return entry
 
@@ -248,20 +240,14 @@ class ActionCache:
         if os.path.isfile(final) and os.path.getsize(final) == out.size:
             self.local_backend.touch(path)  # keeps it out of a concurrent prune's reach
             return
-        os.makedirs(os.path.dirname(final), exist_ok=True)
-        tmp = temp_name(final)
         h = hashlib.sha256()
-        try:
+        with trust.sealed_object(self.local_backend, out.digest) as tmp:
             with open(src, "rb") as s, open(tmp, "wb") as d:
                 while chunk := s.read(CHUNK):
                     h.update(chunk)
                     d.write(chunk)
             if h.hexdigest() != out.digest:
                 raise OSError(f"{os.path.basename(src)} changed while it was being cached")
-            trust.seal(self.local_backend, out.digest, tmp, final)
-        finally:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
 
     # -- explain -------------------------------------------------------------------------
 

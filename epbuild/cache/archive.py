@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import IO
 
 from epbuild.cache import trust
-from epbuild.cache.local import LocalBackend, temp_name
+from epbuild.cache.local import LocalBackend
 from epbuild.cache.store import (
     ENTRIES,
     OBJECTS,
@@ -28,7 +28,7 @@ from epbuild.cache.store import (
     object_path,
 )
 from epbuild.errors import UserError
-from epbuild.fs import CHUNK, digest_file, os_error_text
+from epbuild.fs import CHUNK, atomic_output, digest_file, os_error_text
 
 _OBJECT = re.compile(rf"{OBJECTS}/[0-9a-f]{{2}}/([0-9a-f]{{64}})")
 _ENTRY = re.compile(rf"{ENTRIES}/[0-9a-f]{{2}}/([0-9a-f]{{64}})\.json")
@@ -49,8 +49,7 @@ def export_entries(
 ) -> ArchiveReport:
     """Write ``entries`` and their objects (each verified) to an archive at ``path``."""
     report = ArchiveReport()
-    tmp = temp_name(os.path.abspath(path))
-    try:
+    with atomic_output(os.path.abspath(path), durable=False) as tmp:
         gz = path.endswith((".gz", ".tgz"))
         with tarfile.open(tmp, "w:gz") if gz else tarfile.open(tmp, "w") as tar:
             digests = sorted({o.digest for e in entries for o in e.outputs.values()})
@@ -76,10 +75,6 @@ def export_entries(
                 info.mode = 0o644
                 tar.addfile(info, io.BytesIO(raw))
                 report.entries += 1
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
     return report
 
 
@@ -132,19 +127,19 @@ def import_archive(store: Store, backend: LocalBackend, path: str) -> ArchiveRep
 
 
 def _import_object(backend: LocalBackend, digest: str, src: IO[bytes]) -> bool:
-    final = backend.full(object_path(digest))
-    os.makedirs(os.path.dirname(final), exist_ok=True)
-    tmp = temp_name(final)
     h = hashlib.sha256()
     try:
-        with open(tmp, "wb") as f:
-            while chunk := src.read(CHUNK):
-                h.update(chunk)
-                f.write(chunk)
-        if h.hexdigest() != digest:
-            return False
-        trust.seal(backend, digest, tmp, final)
-        return True
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+        with trust.sealed_object(backend, digest) as tmp:
+            with open(tmp, "wb") as f:
+                while chunk := src.read(CHUNK):
+                    h.update(chunk)
+                    f.write(chunk)
+            if h.hexdigest() != digest:
+                raise _Mismatch
+    except _Mismatch:
+        return False
+    return True
+
+
+class _Mismatch(Exception):
+    """An archived object's bytes are not its digest (it is dropped)."""

@@ -9,9 +9,7 @@ import shutil
 from collections.abc import Iterator
 
 from epbuild.cache.backend import StoredFile
-from epbuild.fs import atomic_write_bytes, temp_name
-
-__all__ = ["LocalBackend", "temp_name"]
+from epbuild.fs import atomic_copy, atomic_write_bytes
 
 _FICLONE = 0x40049409  # Linux ioctl: share the source's extents (btrfs, XFS, ...)
 
@@ -44,16 +42,7 @@ class LocalBackend:
         shutil.copyfile(self.full(path), dest)
 
     def upload(self, src: str, path: str) -> None:
-        full = self.full(path)
-        os.makedirs(os.path.dirname(full), exist_ok=True)
-        tmp = temp_name(full)
-        try:
-            shutil.copyfile(src, tmp)
-            os.chmod(tmp, 0o444)
-            os.replace(tmp, full)
-        except BaseException:
-            _unlink(tmp)
-            raise
+        atomic_copy(src, self.full(path), mode=0o444, durable=False)
 
     def listdir(self, path: str) -> list[str]:
         try:

@@ -103,7 +103,7 @@ def _prune_key_locks(backend: LocalBackend, before: float) -> None:
     """Remove the key locks (``actioncache.key_lock``) of keys without an entry, last taken
     before ``before`` and free now. A build that opened one just before it goes can at worst
     compile a key a second time: a lock file is never a correctness matter for the cache."""
-    from filelock import FileLock, Timeout
+    from epbuild.state import locks
 
     for f in backend.walk(LOCKS):
         name = f.path.rsplit("/", 1)[-1]
@@ -117,13 +117,8 @@ def _prune_key_locks(backend: LocalBackend, before: float) -> None:
         except OSError:
             if f.mtime > before:
                 continue
-        lock = FileLock(full)
-        try:
-            lock.acquire(timeout=0)
-        except Timeout:
-            continue  # a build holds it
-        try:
+        with locks.try_hold(full, "epbuild cache prune") as held:
+            if held is None:
+                continue  # a build holds it
             backend.delete(f.path + ".owner")
             backend.delete(f.path)
-        finally:
-            lock.release()

@@ -17,12 +17,15 @@ A record is only a hint: missing, unreadable or stale, it costs one re-hash.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-from epbuild.cache.local import LocalBackend, temp_name
+from epbuild.cache.local import LocalBackend
 from epbuild.cache.store import LAYOUT, CorruptEntryError, Store, object_path
+from epbuild.fs import atomic_output, atomic_write_bytes
 
 VERIFIED = f"{LAYOUT}/verified"
 _RACY_NS = 20_000_000  # as in the stat cache: a write in the same tick may keep the mtime
@@ -55,18 +58,8 @@ def record(backend: LocalBackend, digest: str, st: os.stat_result) -> None:
     """
     if time.time_ns() - st.st_mtime_ns < _RACY_NS:
         return
-    full = backend.full(verified_path(digest))
-    tmp = temp_name(full)
-    try:
-        os.makedirs(os.path.dirname(full), exist_ok=True)
-        with open(tmp, "wb") as f:
-            f.write(_stat_key(st))
-        os.replace(tmp, full)
-    except OSError:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
+    with contextlib.suppress(OSError):
+        atomic_write_bytes(backend.full(verified_path(digest)), _stat_key(st), durable=False)
 
 
 def forget(backend: LocalBackend, digest: str) -> None:
@@ -74,13 +67,18 @@ def forget(backend: LocalBackend, digest: str) -> None:
     backend.delete(verified_path(digest))
 
 
-def seal(backend: LocalBackend, digest: str, tmp: str, final: str) -> None:
-    """Move a just-written, just-hashed object into place, read-only, and record it."""
-    os.chmod(tmp, 0o444)
-    then = time.time_ns() - _BACKDATE_NS
-    os.utime(tmp, ns=(then, then))
-    st = os.stat(tmp)  # a rename keeps inode, size and mtime
-    os.replace(tmp, final)
+@contextlib.contextmanager
+def sealed_object(backend: LocalBackend, digest: str) -> Iterator[str]:
+    """Yield a temp path to write the object ``digest`` to (and hash it on the way); on a
+    clean exit it moves into place read-only and is recorded as verified. Raise inside to
+    drop it (a hash mismatch)."""
+    final = backend.full(object_path(digest))
+    with atomic_output(final, durable=False) as tmp:
+        yield tmp
+        os.chmod(tmp, 0o444)
+        then = time.time_ns() - _BACKDATE_NS
+        os.utime(tmp, ns=(then, then))
+        st = os.stat(tmp)  # a rename keeps inode, size and mtime
     record(backend, digest, st)
 
 

@@ -31,7 +31,7 @@ if TYPE_CHECKING:
     from epbuild.engine.trace import Tracer
     from epbuild.executors.local import Executor, WorkerOutcome
     from epbuild.onnx.context import MachinePaths, Problem
-    from epbuild.providers.base import ProviderConfig
+    from epbuild.providers.contract import ProviderConfig
 
 
 def open_action_cache(
@@ -54,7 +54,7 @@ def save_stats(ws: Workspace) -> None:
     """Persist new stat-cache entries (under the state lock)."""
     if not ws.stats.dirty or not os.path.isdir(ws.state_dir):
         return
-    with locks.hold(ws.state_lock, "epbuild (saving the stat cache)"):
+    with locks.hold(ws.state_lock, "epbuild (saving the stat cache)", timeout=ws.lock_timeout):
         ws.stats.save()
 
 
@@ -351,7 +351,8 @@ class Builder:
         re-restore; a compile's record is made durable at once."""
         ws = self.ws
         old = list(state.records[action.id].outputs) if action.id in state.records else []
-        with locks.hold(ws.state_lock, f"epbuild commit {action.id}"):
+        what = f"epbuild commit {action.id}"
+        with locks.hold(ws.state_lock, what, timeout=self.lock_timeout):
             try:
                 ws.journal.begin(action.id, record.key)
             except OSError as exc:  # nothing touched yet: the old outputs and record stand

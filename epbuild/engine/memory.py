@@ -29,12 +29,12 @@ if TYPE_CHECKING:
 BASE_PEAK = 150 << 20
 """What a worker process holds before it compiles anything (ORT + EP libraries)."""
 INPUT_FACTOR = 3.5
-"""Peak memory per byte of source model, measured for QNN HTP compiles."""
+"""Peak memory per byte of source model (QNN HTP compiles: docs/research/qnn-plugin.md)."""
 SAFE_SHARE = 0.75
 """Share of the available memory the default budget takes."""
 SPARE_RSS = 64 << 20
-"""What a warm spare worker holds while it waits (onnxruntime imported, no EP loaded yet):
-about 50 MB measured with onnxruntime 1.32 on x86_64."""
+"""What a warm spare worker holds while it waits (onnxruntime imported, no EP loaded yet;
+measured: docs/research/qnn-plugin.md)."""
 _NO_LIMIT = 1 << 60
 """cgroup v1 writes "no limit" as a number near 2**63."""
 

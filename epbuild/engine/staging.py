@@ -22,7 +22,7 @@ from epbuild.state.journal import OutputRecord
 if TYPE_CHECKING:
     from epbuild.onnx.context import MachinePaths, Problem
     from epbuild.onnx.proto import ModelInfo
-    from epbuild.providers.base import ProviderConfig
+    from epbuild.providers.contract import ProviderConfig
 
 
 def staging_root(root: str, out_dir: str) -> str:
@@ -110,15 +110,7 @@ def check_staged(
     weight-sharing group, whose ctx models must all reference one shared context binary
     (``sharing_problems``).
     """
-    from epbuild.onnx.context import (
-        LazySourceText,
-        RefFault,
-        Severity,
-        check_reference,
-        machine_paths,
-        path_problems,
-        stored_references,
-    )
+    from epbuild.onnx.context import LazySourceText, Severity, machine_paths, path_problems
     from epbuild.onnx.proto import ProtoError, read_model
 
     full = os.path.join(root, staging)
@@ -139,14 +131,7 @@ def check_staged(
         except ProtoError as exc:
             raise VerificationError(f"{ctx}: unreadable ctx model ({exc})") from exc
         infos.append(info)
-        for ref in stored_references(info):
-            check = check_reference(root, posixpath.join(staging, ctx), ref, staging)
-            if check.fault is RefFault.UNSAFE:
-                raise VerificationError(
-                    f"{ctx}: references {ref!r}, which is absolute or climbs out with '..'"
-                )
-            if check.path is None or posixpath.basename(check.path) not in names:
-                raise VerificationError(f"{ctx}: references {ref!r}, which was not written")
+        _check_references(root, staging, ctx, info, names)
         for problem in path_problems(ctx, info, text, machine):
             if problem.severity is Severity.ERROR:
                 raise VerificationError(problem.line())
@@ -154,6 +139,20 @@ def check_staged(
     if shared_by is not None:
         _check_sharing(list(ctx_names), infos, shared_by)
     return names, warnings
+
+
+def _check_references(root: str, staging: str, ctx: str, info: ModelInfo, names: list[str]) -> None:
+    """Every file a staged ctx model references was written beside it, inside staging."""
+    from epbuild.onnx.context import RefFault, check_reference, stored_references
+
+    for ref in stored_references(info):
+        check = check_reference(root, posixpath.join(staging, ctx), ref, staging)
+        if check.fault is RefFault.UNSAFE:
+            raise VerificationError(
+                f"{ctx}: references {ref!r}, which is absolute or climbs out with '..'"
+            )
+        if check.path is None or posixpath.basename(check.path) not in names:
+            raise VerificationError(f"{ctx}: references {ref!r}, which was not written")
 
 
 def _check_sharing(ctx_names: list[str], infos: list[ModelInfo], config: ProviderConfig) -> None:

@@ -13,7 +13,7 @@ from typing import Any
 
 from epbuild._names import CTX_SUFFIX, model_stem
 from epbuild.manifest.model import SESSION_SETTINGS, CompileSettings
-from epbuild.providers.base import ProviderConfig
+from epbuild.providers.contract import ProviderConfig
 
 
 @dataclass(frozen=True)

@@ -127,7 +127,7 @@ def send_job(proc: subprocess.Popen[bytes], job: Job) -> None:
 def outcome_of(result: Any, code: int, log_path: str) -> WorkerOutcome:
     """How a worker ended, from its result document (None if it wrote none) and exit code."""
     if not isinstance(result, dict):
-        from epbuild.executors.worker import write_trouble
+        from epbuild.executors.hostinfo import write_trouble
 
         trouble = write_trouble(os.path.dirname(log_path))  # a full disk explains it
         if trouble is not None:

@@ -19,11 +19,14 @@ import traceback
 from typing import TYPE_CHECKING, Any
 
 from epbuild._names import RESULT_NAME, ctx_name, ctx_stem, model_label
+from epbuild.executors.hostinfo import peak_rss, write_trouble
 from epbuild.executors.job import Job
+from epbuild.executors.testhooks import hook_for, run_test_hook
+from epbuild.fs import atomic_write_text
 
 if TYPE_CHECKING:
     from epbuild.onnx.proto import ModelInfo
-    from epbuild.providers.base import Provider, ProviderConfig
+    from epbuild.providers.contract import Provider, ProviderConfig
 
 
 class CompileFailure(Exception):
@@ -48,49 +51,6 @@ worker that dies inside the EP (a native crash) then still names the model it wa
 def say_compiling(model: str) -> None:
     """Log the model about to be compiled (read back by ``executors.local.outcome_of``)."""
     print(COMPILING + model, file=sys.stderr, flush=True)
-
-
-def _test_hook(model: str) -> None:
-    """A narrow seam for crash tests: ``EPBUILD_TEST_HOOK=KIND:SUBSTRING[:ARGUMENT]``.
-
-    Before the session of a model whose path contains SUBSTRING: ``segv`` kills the worker
-    with SIGSEGV, ``abort`` aborts it (what a crashing native SDK does), ``sleep`` waits
-    SECONDS (a slow compile), ``wait`` waits until the file named by the argument exists (a
-    compile a test holds open until it says go; ``wait:SUBSTRING:PATH``). ``noshare``
-    leaves out the weight-sharing session entries (as if the EP ignored
-    ``ep.share_ep_contexts``; see ``_session_entries``): match every model of the group, or
-    only the first, since a group whose last session lacks the stop entry never writes its
-    binary. Unset in normal use.
-    """
-    hook = _hook_for(model)
-    if hook is None or hook[0] == "noshare":
-        return
-    kind, arg = hook
-    print(f"epbuild test hook: {kind} before compiling {model}", file=sys.stderr, flush=True)
-    if kind == "segv":
-        import signal
-
-        os.kill(os.getpid(), signal.SIGSEGV)
-    elif kind == "abort":
-        os.abort()
-    elif kind == "sleep":
-        time.sleep(float(arg or 1))
-    elif kind == "wait":
-        deadline = time.monotonic() + 600
-        while not os.path.exists(arg) and time.monotonic() < deadline:
-            time.sleep(0.05)
-
-
-def _hook_for(model: str) -> tuple[str, str] | None:
-    """(KIND, argument) of ``EPBUILD_TEST_HOOK`` when it applies to ``model``."""
-    hook = os.environ.get("EPBUILD_TEST_HOOK")
-    if not hook:
-        return None
-    kind, _, rest = hook.partition(":")
-    needle, _, arg = rest.partition(":")
-    if not needle or needle not in model:
-        return None
-    return kind, arg
 
 
 NOTHING_COMPILED = "Unable to compile any nodes"
@@ -138,7 +98,7 @@ def compiled_with(config: ProviderConfig) -> dict[str, str]:
     toolchain's — never taken from the coordinator."""
     from epbuild.planning.keys import ORT_KEY, with_library
     from epbuild.providers import get_provider
-    from epbuild.providers.base import onnxruntime_version
+    from epbuild.providers.distributions import onnxruntime_version
 
     adapter = get_provider(config.ep)
     found = with_library(adapter, config, dict(adapter.versions(config)))
@@ -272,7 +232,7 @@ def _compile_with_sessions(ort: Any, job: Job, adapter: Provider) -> None:
         for index, model in enumerate(job.models):
             so = session_options(ort, job, index, adapter)
             say_compiling(model)
-            _test_hook(model)
+            run_test_hook(model)
             # No local name for a session: it would outlive the reverse teardown below (and,
             # through a traceback, the failure of the next one). tests/test_worker_teardown.
             sessions.append(_open_session(ort, job, job.repeat_prefix(index) + model, so))
@@ -288,7 +248,7 @@ def _compile_with_api(ort: Any, job: Job, adapter: Provider) -> None:
     for index, model in enumerate(job.models):
         so = session_options(ort, job, index, adapter)
         say_compiling(model)
-        _test_hook(model)
+        run_test_hook(model)
         _compile_model(ort, job, index, so)
 
 
@@ -332,7 +292,7 @@ def _session_entries(job: Job, index: int, ctx_path: str) -> dict[str, str]:
             entries["ep.context_model_external_initializers_file_name"] = name
     if job.node_name_prefix:
         entries["ep.context_node_name_prefix"] = job.node_name_prefix
-    if job.share_weights and (_hook_for(model) or ("",))[0] != "noshare":
+    if job.share_weights and (hook_for(model) or ("",))[0] != "noshare":
         entries["ep.share_ep_contexts"] = "1"
         if index == len(job.models) - 1:
             entries["ep.stop_share_ep_contexts"] = "1"
@@ -415,49 +375,6 @@ def nothing_compiled(model: str, how: str) -> CompileFailure:
         "the provider options (an unknown soc_model or backend makes the EP fall back); "
         "see docs/troubleshooting.md#the-ep-compiled-nothing",
     )
-
-
-def peak_rss() -> int:
-    """This process's peak resident memory in bytes (0 where the platform does not say)."""
-    if sys.platform == "win32":
-        return _peak_working_set()
-    try:
-        import resource
-    except ImportError:
-        return 0
-    peak = int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
-    return peak if sys.platform == "darwin" else peak * 1024  # macOS: bytes; else KiB
-
-
-def _peak_working_set() -> int:
-    """Windows: ``GetProcessMemoryInfo(...).PeakWorkingSetSize``."""
-    import ctypes
-    from ctypes import wintypes
-
-    class Counters(ctypes.Structure):
-        _fields_ = [
-            ("cb", wintypes.DWORD),
-            ("PageFaultCount", wintypes.DWORD),
-            ("PeakWorkingSetSize", ctypes.c_size_t),
-            ("WorkingSetSize", ctypes.c_size_t),
-            ("QuotaPeakPagedPoolUsage", ctypes.c_size_t),
-            ("QuotaPagedPoolUsage", ctypes.c_size_t),
-            ("QuotaPeakNonPagedPoolUsage", ctypes.c_size_t),
-            ("QuotaNonPagedPoolUsage", ctypes.c_size_t),
-            ("PagefileUsage", ctypes.c_size_t),
-            ("PeakPagefileUsage", ctypes.c_size_t),
-        ]
-
-    try:
-        counters = Counters()
-        counters.cb = ctypes.sizeof(counters)
-        windll: Any = getattr(ctypes, "windll")  # noqa: B009  (absent off Windows: mypy)
-        process = windll.kernel32.GetCurrentProcess()
-        if not windll.psapi.GetProcessMemoryInfo(process, ctypes.byref(counters), counters.cb):
-            return 0
-        return int(counters.PeakWorkingSetSize)
-    except (OSError, AttributeError):
-        return 0
 
 
 def _ort_message(exc: BaseException) -> str:
@@ -554,9 +471,7 @@ def main() -> None:
     result = _result_of(job)
     result_path = posixpath.join(job.staging, RESULT_NAME)
     try:
-        with open(result_path + ".tmp", "w", encoding="utf-8") as f:
-            json.dump(result, f)
-        os.replace(result_path + ".tmp", result_path)
+        atomic_write_text(result_path, json.dumps(result), durable=False)
         sys.stdout.flush()
         sys.stderr.flush()
     except OSError as exc:  # a full disk: the coordinator finds why (``write_trouble``)
@@ -593,41 +508,6 @@ def _failure(job: Job, error: str, hint: str | None) -> dict[str, Any]:
     if trouble is not None:
         error, hint = f"{error} ({trouble[0]})", trouble[1]
     return {"ok": False, "error": error, "hint": hint}
-
-
-LOW_SPACE = 1 << 20
-"""Free bytes under which a failed compile is blamed on a full disk."""
-
-
-def write_trouble(directory: str) -> tuple[str, str] | None:
-    """(what, hint) when ``directory`` cannot take more bytes: a staged file stopped at the
-    process's file-size limit (``ulimit -f``), or the filesystem is (nearly) full."""
-    try:
-        import resource
-
-        limit = resource.getrlimit(resource.RLIMIT_FSIZE)[0]
-    except (ImportError, OSError, ValueError):
-        limit = -1
-    try:
-        names = os.listdir(directory)
-        if limit >= 0 and limit != getattr(resource, "RLIM_INFINITY", -1):
-            for name in sorted(names):
-                if os.path.getsize(os.path.join(directory, name)) >= limit:
-                    return (
-                        f"File too large: {name} reached the file-size limit of {limit} bytes",
-                        "raise the limit (ulimit -f) for the build; context binaries are "
-                        "about half the size of the model's weights",
-                    )
-        st = os.statvfs(directory)
-    except (OSError, AttributeError):  # no statvfs on Windows
-        return None
-    free = st.f_bavail * st.f_frsize
-    if free < LOW_SPACE:
-        return (
-            f"No space left on device: {free} bytes free for {directory}",
-            "free disk space on the output directory's filesystem",
-        )
-    return None
 
 
 if __name__ == "__main__":

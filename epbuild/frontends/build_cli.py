@@ -81,7 +81,7 @@ def run_build(args: argparse.Namespace) -> int:
         else:
             print("\n".join(render.build_lines(result)))
         return result.exit_code
-    from epbuild.inspect.numerics import NumericsStatus, check_numerics
+    from epbuild.inspection.numerics import NumericsStatus, check_numerics
     from epbuild.results import Outcome
 
     built = [a.id for a in result.actions if a.outcome in (Outcome.COMPILED, Outcome.RESTORED)]

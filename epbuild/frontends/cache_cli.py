@@ -35,50 +35,50 @@ def _print_export(args: argparse.Namespace) -> int:
     report = export_cache(
         args.file, args.directory, args.manifest, args.selectors, cache=args.cache, say=_say
     )
-    missing = report.missing
-    if args.json:
-        doc = {"path": args.file, **asdict(report)}
-        print_json(doc, command="cache export", ok=not missing)
-        return 1 if missing else 0
-    print(
+    summary = (
         f"epbuild: wrote {args.file}: {report.entries} entr(ies), {report.objects} object(s), "
         f"{report.bytes} bytes"
     )
-    for line in missing:
-        print(f"epbuild: missing {line}", file=sys.stderr)
-    return 1 if missing else 0
+    if args.json:
+        doc = {"path": args.file, **asdict(report)}
+        print_json(doc, command="cache export", ok=not report.missing)
+    return _summary(args, summary, report.missing, "missing ")
 
 
 def _print_import(args: argparse.Namespace) -> int:
     report = import_cache(args.file, args.directory, args.manifest, cache=args.cache, say=_say)
+    summary = (
+        f"epbuild: imported {report.entries} entr(ies), {report.objects} object(s), "
+        f"{report.bytes} bytes from {args.file}"
+    )
     if args.json:
         doc = {k: v for k, v in asdict(report).items() if k != "problems"}
         doc = {"path": args.file, **doc, "warnings": list(report.problems)}
         print_json(doc, command="cache import", ok=not report.problems)
-        return 1 if report.problems else 0
-    print(
-        f"epbuild: imported {report.entries} entr(ies), {report.objects} object(s), "
-        f"{report.bytes} bytes from {args.file}"
-    )
-    for line in report.problems:
-        print(f"epbuild: warning: {line}", file=sys.stderr)
-    return 1 if report.problems else 0
+    return _summary(args, summary, report.problems, "warning: ")
 
 
 def _print_verify(args: argparse.Namespace) -> int:
     checked = verify_cache(args.directory, args.manifest, cache=args.cache, say=_say)
+    summary = (
+        f"epbuild: checked {checked.objects} object(s), {checked.bytes} bytes, of "
+        f"{checked.entries} entr(ies); {len(checked.problems)} discarded"
+    )
     if args.json:
         doc = {k: v for k, v in asdict(checked).items() if k != "problems"}
         doc["discarded"] = list(checked.problems)
         print_json(doc, command="cache verify", ok=not checked.problems)
-        return 1 if checked.problems else 0
-    print(
-        f"epbuild: checked {checked.objects} object(s), {checked.bytes} bytes, of "
-        f"{checked.entries} entr(ies); {len(checked.problems)} discarded"
-    )
-    for line in checked.problems:
-        print(f"epbuild: {line}", file=sys.stderr)
-    return 1 if checked.problems else 0
+    return _summary(args, summary, checked.problems, "")
+
+
+def _summary(args: argparse.Namespace, summary: str, problems: list[str], prefix: str) -> int:
+    """Unless ``--json``: ``summary``, then each of ``problems`` on stderr (after
+    ``prefix``); exit 1 when there are problems."""
+    if not args.json:
+        print(summary)
+        for line in problems:
+            print(f"epbuild: {prefix}{line}", file=sys.stderr)
+    return 1 if problems else 0
 
 
 def _print_prune(args: argparse.Namespace) -> int:

@@ -13,6 +13,7 @@ import os
 import signal
 import sys
 from collections.abc import Sequence
+from contextlib import AbstractContextManager
 
 from epbuild.errors import UserError
 from epbuild.frontends import failures, render
@@ -53,7 +54,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         render.command_notes(notes)
         if directory != "." and not os.path.isdir(directory):
             raise UserError(f"-C {directory}: no such directory")
-        code = COMMANDS[args.command](args)
+        with _waiting(args):
+            code = COMMANDS[args.command](args)
         if code == 0 and not as_json:  # a refusal stays one message; --json: in warnings
             for note in notes:
                 print(f"epbuild: warning: {note}", file=sys.stderr)
@@ -79,6 +81,16 @@ _NESTED = {
     "cache": ("key", "export", "import", "prune", "verify"), "toolchains": (), "lock": (),
 }  # fmt: skip
 """Each command and its sub-commands, for naming a command whose arguments did not parse."""
+
+
+def _waiting(args: argparse.Namespace) -> AbstractContextManager[None]:
+    """The command's ``--lock-timeout`` for every lock it takes, and its waiting message on
+    stderr (``state.waiting``)."""
+    from epbuild.frontends import args as checks
+    from epbuild.state import waiting
+
+    timeout = checks.seconds(getattr(args, "lock_timeout", None), "--lock-timeout")
+    return waiting.bounded(timeout, lambda msg: print(f"epbuild: {msg}", file=sys.stderr))
 
 
 def _command_name(args: argparse.Namespace) -> str:

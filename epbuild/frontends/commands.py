@@ -27,8 +27,8 @@ def _status(args: argparse.Namespace) -> int:
             hint="drop the cache option, or leave out --detail",
         )
     if args.detail:
-        from epbuild.inspect.detail import render as detail_lines
-        from epbuild.inspect.detail import status_detail
+        from epbuild.inspection.detail import render as detail_lines
+        from epbuild.inspection.detail import status_detail
 
         details = status_detail(args.directory, args.manifest, args.selectors)
         if args.json:
@@ -60,7 +60,7 @@ def _clean(args: argparse.Namespace) -> int:
 
 
 def _report(args: argparse.Namespace) -> int:
-    from epbuild.inspect.html import write_html_report
+    from epbuild.inspection.html import write_html_report
 
     if args.out is None:
         raise UserError(
@@ -77,7 +77,7 @@ def _report(args: argparse.Namespace) -> int:
 
 
 def _verify(args: argparse.Namespace) -> int:
-    from epbuild.inspect.verify import verify_outputs
+    from epbuild.inspection.verify import verify_outputs
 
     result = verify_outputs(
         args.directory,

@@ -221,6 +221,7 @@ def _status(sub: _Commands) -> None:
     s = sub.add_parser("status", help="list actions as up to date or stale, with reasons")
     selectors(s)
     json_flag(s)
+    lock_timeout(s)
     cache_flags(s)
     detail = "EPContext coverage, CPU fallback, sizes, time, memory (takes no cache flags)"
     s.add_argument("--detail", action="store_true", help=detail)
@@ -230,6 +231,7 @@ def _verify(sub: _Commands) -> None:
     v = sub.add_parser("verify", help="check built outputs (schema, paths, digests)")
     selectors(v)
     json_flag(v)
+    lock_timeout(v)
     v.add_argument("--load", action="store_true", help="also run each model vs the CPU EP")
     jobs(v, "--load: models run at once ([workspace] jobs)")
     v.add_argument(
@@ -273,6 +275,7 @@ def _clean(sub: _Commands) -> None:
     c = sub.add_parser("clean", help="remove built outputs and their records")
     selectors(c)
     json_flag(c)
+    lock_timeout(c)
 
 
 def _cache(sub: _Commands) -> None:
@@ -293,6 +296,7 @@ def _cache(sub: _Commands) -> None:
         cache_location(cmd, "the cache: a directory or an fsspec URL (default: configured)")
     for cmd in (key, exp, imp, prn, ver):
         json_flag(cmd)
+        lock_timeout(cmd)
 
 
 def _watch(sub: _Commands) -> None:
@@ -324,6 +328,7 @@ def _init(sub: _Commands) -> None:
         "become one weight-sharing group, the others one group per directory",
     )
     json_flag(i)
+    lock_timeout(i)
     i.add_argument(
         "--target",
         metavar="TARGET",
@@ -344,6 +349,7 @@ def _add(sub: _Commands) -> None:
         add(kinds)
     for kind in kinds.choices.values():
         json_flag(kind)
+        lock_timeout(kind)
 
 
 def _add_model(kinds: _Commands) -> None:
@@ -446,6 +452,7 @@ def _lock(sub: _Commands) -> None:
         help="write nothing; exit 1 when epbuild.lock is missing or out of date with the manifest",
     )
     json_flag(k)
+    lock_timeout(k)
 
 
 _IN_HELP_ORDER = (

@@ -9,7 +9,7 @@ from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from epbuild.inspect.verify import VerifyResult
+    from epbuild.inspection.verify import VerifyResult
     from epbuild.results import BuildResult, StatusResult
     from epbuild.shipping.package import PackageResult
     from epbuild.watching import Cycle

@@ -4,8 +4,8 @@ comparison of a package's tokens with its source's (the core of ``verify --gener
 The coordinator never imports onnxruntime_genai: a child process generates and prints one
 JSON line, so a crash of ORT, genai or the EP (a signal) becomes a reason, never a crash of
 epbuild. HTP computes in fp16: a flip where the source's top two logits are within
-``near_tie`` of each other is a near tie, not a failure (measured: flips at margins
-0.011-0.028 on builder-made models).
+``near_tie`` of each other is a near tie, not a failure (measured margins:
+docs/research/qnn-plugin.md).
 """
 
 from __future__ import annotations

@@ -24,7 +24,7 @@ from epbuild.fs import atomic_copy, atomic_write_bytes
 from epbuild.llm.genai_config import CONTEXT, ITERATOR, pipeline_config, stages_config
 from epbuild.llm.source import GENAI_CONFIG, PIPELINE, static_stages
 from epbuild.manifest.model import Llm
-from epbuild.providers.base import ProviderConfig
+from epbuild.providers.contract import ProviderConfig
 
 GENAI_PROVIDER = {"qnn": "qnn"}
 """Adapter → the ``provider_options`` key genai selects its EP by."""
@@ -114,7 +114,7 @@ def write_package(
         copied = os.path.join(root, rel)
         if os.path.isfile(path) and filecmp.cmp(copied, path, shallow=False):
             continue
-        atomic_copy(copied, path)
+        atomic_copy(copied, path, durable=True)
         written.append(posixpath.join(out_dir, name))
     return written
 

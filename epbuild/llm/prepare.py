@@ -20,10 +20,10 @@ import posixpath
 import shutil
 import subprocess
 import sys
-import tempfile
 from collections.abc import Mapping
 
 from epbuild.errors import ModelError
+from epbuild.fs import new_directory
 from epbuild.state import locks
 
 PREP_FORMAT = 1
@@ -63,6 +63,7 @@ def ensure_prepared(
     window: int,
     context: int,
     head_size: int,
+    lock_timeout: float | None = None,
 ) -> None:
     """Make ``folder`` (workspace-relative) from the source decoder ``model`` unless it
     exists; two builds at once make it once. Raises ``ModelError`` with the reason."""
@@ -71,15 +72,16 @@ def ensure_prepared(
         return
     parent = os.path.dirname(final)
     os.makedirs(parent, exist_ok=True)
-    with locks.hold(final + ".lock", "epbuild build (preparing an LLM)", timeout=600):
+    what = "epbuild build (preparing an LLM)"
+    with locks.hold(final + ".lock", what, timeout=lock_timeout or 600.0):
         if os.path.isdir(final):
             return
         prefix = f".prep-{os.path.basename(final)}-"
         for name in os.listdir(parent):  # a killed run's (this key's lock is ours)
             if name.startswith(prefix):
                 shutil.rmtree(os.path.join(parent, name), ignore_errors=True)
-        tmp = tempfile.mkdtemp(prefix=prefix, dir=parent)
-        try:
+        temp = os.path.join(parent, f"{prefix}{os.getpid()}")
+        with new_directory(final, temp=temp) as tmp:
             args = {
                 "model": os.path.join(root, model),
                 "out": tmp,
@@ -101,10 +103,6 @@ def ensure_prepared(
                     hint="epbuild prepares decoders as genai's model builder writes them",
                 )
             write_affinity(os.path.join(tmp, AFFINITY))
-            os.rename(tmp, final)
-        finally:
-            if os.path.isdir(tmp):
-                shutil.rmtree(tmp, ignore_errors=True)
 
 
 def write_affinity(path: str) -> None:

@@ -13,7 +13,7 @@ from epbuild.llm.source import PIPELINE, LlmSourceError, read_source
 from epbuild.manifest.locate import Where
 from epbuild.manifest.model import DEFAULT_CONTEXT_LENGTH, DEFAULT_WINDOW_SIZE, Llm
 from epbuild.manifest.refs import check_provider_list
-from epbuild.providers.base import ProviderConfig
+from epbuild.providers.contract import ProviderConfig
 
 
 def load_llms(

@@ -9,24 +9,24 @@ behind them, the state directory) are computed here once and carried on the mode
 from __future__ import annotations
 
 import os
-import posixpath
 import re
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from epbuild._names import (
-    CACHE_LAYOUT,
     CTX_SUFFIX,
     DEFAULT_OUT_DIR,
     MANIFEST_NAME,
-    PACKAGE_MANIFEST,
     model_stem,
     state_dir_setting,
     tomllib,
 )
 from epbuild.errors import ManifestError, UnsafePathError
 from epbuild.fs import safe_relpath
+from epbuild.manifest.defaults import compile_api_missing, default_compiler, default_jobs
+from epbuild.manifest.expand import check_model, expand_entry, is_pattern
 from epbuild.manifest.llms import load_llms
 from epbuild.manifest.locate import Where
 from epbuild.manifest.model import (
@@ -42,7 +42,7 @@ from epbuild.manifest.model import (
 from epbuild.manifest.refs import check_provider_list
 from epbuild.manifest.schema import EP_NAME_PATTERN, SchemaViolation, validate
 from epbuild.providers import get_provider
-from epbuild.providers.base import ProviderConfig, has_compile_api, onnxruntime_version
+from epbuild.providers.contract import ProviderConfig
 from epbuild.toolchains.spec import ToolchainSpec, normalise
 
 __all__ = [
@@ -58,7 +58,6 @@ __all__ = [
 
 BOM = "\ufeff"
 """A UTF-8 byte-order mark, as the first character of decoded text."""
-_GLOB_CHARS = re.compile(r"[*?\[]")
 _DRIVE = re.compile(r"[A-Za-z]:[\\/]")
 # Session options epbuild derives from the group settings; a manifest may not set them.
 _RESERVED_SESSION_PREFIXES = ("ep.context_", "ep.share_ep_contexts")
@@ -234,7 +233,7 @@ def _workspace(where: Where, data: dict[str, Any]) -> WorkspaceSettings:
     return WorkspaceSettings(
         out_dir=out_dir,
         state_dir=state_dir,
-        jobs=ws.get("jobs") or os.cpu_count() or 1,
+        jobs=ws.get("jobs") or default_jobs(),
         memory_budget=budget,
         cache=cache,
         executor=ws.get("executor", "local"),
@@ -456,8 +455,29 @@ def _resolve_compile(
         return ("providers", provider.name, name)
 
     merged = own.over(provider_own)
-    adapter = get_provider(provider.ep)
-    api_ok = adapter.compile_api
+    api_ok = get_provider(provider.ep).compile_api
+    _check_compile(where, at, group, merged, provider, api_ok)
+    compiler: str | None = merged.compiler or default_compiler(api_ok)
+    if provider.toolchain is not None:  # unset: its ONNX Runtime decides (planning.keys)
+        compiler = merged.compiler
+    return replace(
+        merged,
+        compiler=compiler,
+        graph_optimization_level=merged.graph_optimization_level or DEFAULT_OPTIMIZATION_LEVEL,
+        disable_cpu_ep_fallback=bool(merged.disable_cpu_ep_fallback),
+    )
+
+
+def _check_compile(
+    where: Where,
+    at: Callable[[str], tuple[str, ...]],
+    group: Group,
+    merged: CompileSettings,
+    provider: ProviderConfig,
+    api_ok: bool,
+) -> None:
+    """Refuse merged compile settings that cannot work together (``at`` says where each
+    setting was set)."""
     if merged.compiler == "compile_api":
         if not api_ok:
             raise where.error(
@@ -465,12 +485,10 @@ def _resolve_compile(
                 f"the {provider.ep} adapter cannot compile through the compile API",
                 'use compiler = "session"',
             )
-        if provider.toolchain is None and not has_compile_api():
+        missing = compile_api_missing() if provider.toolchain is None else None
+        if missing is not None:
             raise where.error(
-                at("compiler"),
-                f"onnxruntime {onnxruntime_version()} has no compile API with the options "
-                "epbuild needs (onnxruntime 1.23 or newer)",
-                'upgrade onnxruntime, or use compiler = "session"',
+                at("compiler"), missing, 'upgrade onnxruntime, or use compiler = "session"'
             )
     if merged.external_data_folder is not None and group.load != "bytes":
         raise where.error(
@@ -485,17 +503,6 @@ def _resolve_compile(
             f"is also set as session_options {FALLBACK_ENTRY!r} of provider {provider.name!r}",
             "keep one of the two (disable_cpu_ep_fallback is checked and keyed)",
         )
-    compiler: str | None = merged.compiler or (
-        "compile_api" if api_ok and has_compile_api() else "session"
-    )
-    if provider.toolchain is not None:  # unset: its ONNX Runtime decides (planning.keys)
-        compiler = merged.compiler
-    return replace(
-        merged,
-        compiler=compiler,
-        graph_optimization_level=merged.graph_optimization_level or DEFAULT_OPTIMIZATION_LEVEL,
-        disable_cpu_ep_fallback=bool(merged.disable_cpu_ep_fallback),
-    )
 
 
 def _group_models(
@@ -521,7 +528,7 @@ def _group_models(
         raw = table["path"] if table is not None else entry
         assert isinstance(raw, str)  # the schema says so
         pattern = _rel(where, raw, at, "model")
-        glob = bool(_GLOB_CHARS.search(pattern))
+        glob = is_pattern(pattern)
         if glob:
             patterns.append(pattern)
         name = table.get("name") if table is not None else None
@@ -534,39 +541,9 @@ def _group_models(
         own = table.get("numerics", {}) if table is not None else {}
         settings = _numerics(where, (*at, "numerics") if own else (*base, "numerics"),
                              {**numerics, **own})  # fmt: skip
-        inside = [
-            (what, d)
-            for what, d in zip(("output", "state", "cache"), excluded, strict=False)
-            if pattern == d or pattern.startswith(d + "/")
-        ]
-        if inside and not glob:
-            raise where.error(
-                at,
-                f"model {raw!r} is inside the {inside[0][0]} directory {inside[0][1]!r}, "
-                "where epbuild writes and removes files",
-                "give out_dir (and state_dir) directories of their own, e.g. "
-                'out_dir = "build", and keep the models elsewhere',
-            )
-        expanded = _expand(root, pattern, excluded)
-        if not expanded:
-            hidden = _expand(root, pattern, ())
-            raise where.error(
-                at,
-                f"pattern {raw!r} matches no files"
-                + (
-                    f" outside epbuild's own directories ({', '.join(sorted(set(excluded)))}): "
-                    f"it matches only {hidden[0]!r}"
-                    + (f" and {len(hidden) - 1} more there" if len(hidden) > 1 else "")
-                    if hidden
-                    else ""
-                ),
-                "give out_dir (and state_dir) directories of their own, e.g. "
-                'out_dir = "build", and keep the models elsewhere'
-                if hidden
-                else "add the models, or fix the pattern (relative to the manifest's directory)",
-            )
+        expanded = expand_entry(where, root, at, raw, pattern, glob, excluded)
         for model in expanded:
-            problem = _check_model(where, root, model, at)
+            problem = check_model(where, root, model, at)
             if problem is not None:
                 problems.setdefault(model, problem)
             models.append(
@@ -671,78 +648,3 @@ def _strip_where(exc: ManifestError) -> str:
 
 def _nested(a: str, b: str) -> bool:
     return a.startswith(b + "/") or b.startswith(a + "/")
-
-
-def _expand(root: Path, pattern: str, excluded: tuple[str, ...]) -> list[str]:
-    if not _GLOB_CHARS.search(pattern):
-        return [pattern]
-    import glob
-
-    # root_dir: the workspace path itself may contain glob characters ("proj[1]").
-    base = str(root)
-    found = sorted(
-        posixpath.normpath(p.replace(os.sep, "/"))
-        for p in glob.glob(pattern, root_dir=base, recursive=True)
-        if os.path.isfile(os.path.join(base, p))
-    )
-    found = [p for p in found if not any(p == d or p.startswith(d + "/") for d in excluded)]
-    return _not_outputs(base, found)
-
-
-def _not_outputs(base: str, found: list[str]) -> list[str]:
-    """``found`` less epbuild's own outputs, wherever they are: anything inside a model
-    package (a folder holding ``PACKAGE_MANIFEST``) or a directory cache, and ctx models
-    (``*_ctx.onnx`` with EPContext nodes). Costs a few stats per folder, and reads only the
-    ctx-named files a pattern matched."""
-    verdicts: dict[str, bool] = {}
-
-    def epbuild_folder(folder: str) -> bool:
-        if folder in ("", "."):
-            return False
-        if folder not in verdicts:
-            here = os.path.join(base, folder)
-            verdicts[folder] = (
-                os.path.isfile(os.path.join(here, PACKAGE_MANIFEST))
-                or (
-                    os.path.isdir(os.path.join(here, CACHE_LAYOUT, "objects"))
-                    and os.path.isdir(os.path.join(here, CACHE_LAYOUT, "entries"))
-                )
-                or epbuild_folder(posixpath.dirname(folder))
-            )
-        return verdicts[folder]
-
-    return [
-        p
-        for p in found
-        if not epbuild_folder(posixpath.dirname(p))
-        and not (p.endswith(CTX_SUFFIX) and _has_context_nodes(os.path.join(base, p)))
-    ]
-
-
-def _has_context_nodes(path: str) -> bool:
-    """Whether the model at ``path`` holds EPContext nodes (a compiled output, not a source);
-    an unreadable one is left to the model checks."""
-    from epbuild.onnx.proto import ProtoError, read_model
-
-    try:
-        return bool(read_model(path).context_nodes)
-    except (OSError, ProtoError):
-        return False
-
-
-def _check_model(
-    where: Where, root: Path, model: str, path: tuple[str, ...]
-) -> ManifestError | None:
-    import stat
-
-    try:
-        mode = os.stat(os.path.join(root, model)).st_mode
-    except OSError:
-        return where.error(
-            path,
-            f"model file {model!r} does not exist",
-            "check the path (it is relative to the manifest's directory)",
-        )
-    if not stat.S_ISREG(mode):
-        return where.error(path, f"{model!r} is not a file")
-    return None

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from epbuild.errors import ManifestError
-from epbuild.providers.base import ProviderConfig
+from epbuild.providers.contract import ProviderConfig
 
 
 @dataclass(frozen=True)

@@ -102,6 +102,31 @@ COMPILE_PROPERTIES: dict[str, Any] = {
     },
 }
 
+_PROVIDER_NAMES = {
+    "type": "array",
+    "minItems": 1,
+    "items": {"type": "string", "minLength": 1},
+    "description": "Names of [providers.*] tables to compile for.",
+}
+
+
+def _named_tables(
+    description: str, required: list[str], properties: dict[str, Any]
+) -> dict[str, Any]:
+    """A table of named tables (``[providers.<name>]``, ...), each closed to other keys."""
+    return {
+        "type": "object",
+        "description": description,
+        "propertyNames": {"pattern": NAME_PATTERN},
+        "additionalProperties": {
+            "type": "object",
+            "additionalProperties": False,
+            "required": required,
+            "properties": properties,
+        },
+    }
+
+
 SCHEMA: dict[str, Any] = {
     "$schema": "https://json-schema.org/draft/2020-12/schema",
     "title": "epbuild manifest (epbuild.toml)",
@@ -149,202 +174,173 @@ SCHEMA: dict[str, Any] = {
                 },
             },
         },
-        "providers": {
-            "type": "object",
-            "description": "Named provider configurations.",
-            "propertyNames": {"pattern": NAME_PATTERN},
-            "additionalProperties": {
-                "type": "object",
-                "additionalProperties": False,
-                "required": ["ep"],
-                "properties": {
-                    "ep": {
-                        "type": "string",
-                        "description": "Adapter: qnn, openvino, tensorrt, plugin or a "
-                        "third-party adapter.",
+        "providers": _named_tables(
+            "Named provider configurations.",
+            ["ep"],
+            {
+                "ep": {
+                    "type": "string",
+                    "description": "Adapter: qnn, openvino, tensorrt, plugin or a "
+                    "third-party adapter.",
+                },
+                "options": {
+                    "type": "object",
+                    "additionalProperties": {"type": [*_SCALAR["type"], "object"]},
+                    "description": "Provider options passed to the EP (a table only where "
+                    "the adapter takes one, e.g. OpenVINO's load_config).",
+                },
+                "session_options": {
+                    "type": "object",
+                    "additionalProperties": _SCALAR,
+                    "description": "Extra ONNX Runtime session config entries.",
+                },
+                "library": {
+                    "type": "string",
+                    "description": "plugin: path of the EP shared library.",
+                },
+                "ep_name": {
+                    "type": "string",
+                    "description": "plugin: the name the EP registers.",
+                },
+                "device_type": {
+                    "type": "string",
+                    "enum": ["cpu", "gpu", "npu"],
+                    "description": "plugin: which device type to compile for.",
+                },
+                "source": {
+                    "type": "string",
+                    "description": "plugin: the EPContext 'source' value expected.",
+                },
+                "toolchain": {
+                    "type": "object",
+                    "additionalProperties": False,
+                    "description": "The Python environment its workers run in (default: "
+                    "epbuild's own): requirements epbuild installs into an environment it "
+                    "makes and keeps, or the python of one you provide.",
+                    "properties": {
+                        "requirements": {
+                            "type": "array",
+                            "minItems": 1,
+                            "items": {"type": "string", "minLength": 1},
+                            "description": "pip requirements, e.g. "
+                            '["onnxruntime-openvino==1.24.1"].',
+                        },
+                        "python": {
+                            "type": "string",
+                            "minLength": 1,
+                            "description": "An interpreter path (relative to the manifest) "
+                            "or command name.",
+                        },
                     },
-                    "options": {
-                        "type": "object",
-                        "additionalProperties": {"type": [*_SCALAR["type"], "object"]},
-                        "description": "Provider options passed to the EP (a table only where "
-                        "the adapter takes one, e.g. OpenVINO's load_config).",
-                    },
-                    "session_options": {
-                        "type": "object",
-                        "additionalProperties": _SCALAR,
-                        "description": "Extra ONNX Runtime session config entries.",
-                    },
-                    "library": {
-                        "type": "string",
-                        "description": "plugin: path of the EP shared library.",
-                    },
-                    "ep_name": {
-                        "type": "string",
-                        "description": "plugin: the name the EP registers.",
-                    },
-                    "device_type": {
-                        "type": "string",
-                        "enum": ["cpu", "gpu", "npu"],
-                        "description": "plugin: which device type to compile for.",
-                    },
-                    "source": {
-                        "type": "string",
-                        "description": "plugin: the EPContext 'source' value expected.",
-                    },
-                    "toolchain": {
-                        "type": "object",
+                },
+                **COMPILE_PROPERTIES,
+            },
+        ),
+        "groups": _named_tables(
+            "Model groups.",
+            ["models", "providers"],
+            {
+                "models": {
+                    "type": "array",
+                    "minItems": 1,
+                    "items": {
+                        "type": ["string", "object"],
+                        "minLength": 1,
                         "additionalProperties": False,
-                        "description": "The Python environment its workers run in (default: "
-                        "epbuild's own): requirements epbuild installs into an environment it "
-                        "makes and keeps, or the python of one you provide.",
+                        "required": ["path"],
                         "properties": {
-                            "requirements": {
-                                "type": "array",
-                                "minItems": 1,
-                                "items": {"type": "string", "minLength": 1},
-                                "description": "pip requirements, e.g. "
-                                '["onnxruntime-openvino==1.24.1"].',
-                            },
-                            "python": {
+                            "path": {
                                 "type": "string",
                                 "minLength": 1,
-                                "description": "An interpreter path (relative to the manifest) "
-                                "or command name.",
+                                "description": "Model path relative to the manifest; "
+                                "a glob only without a name.",
+                            },
+                            "name": {
+                                "type": "string",
+                                "pattern": NAME_PATTERN,
+                                "description": "Output stem (<name>_ctx.onnx), default "
+                                "the file's stem: the same model can be listed twice.",
+                            },
+                            "free_dimensions": {
+                                **_FREE_DIMENSIONS,
+                                "description": "This model's free dimension values, "
+                                "over the group's.",
+                            },
+                            "numerics": {
+                                **NUMERICS,
+                                "description": "This model's numerics settings, over the group's.",
                             },
                         },
                     },
-                    **COMPILE_PROPERTIES,
+                    "description": "Model paths relative to the manifest (globs "
+                    "allowed), or tables { path, name, free_dimensions }.",
                 },
-            },
-        },
-        "groups": {
-            "type": "object",
-            "description": "Model groups.",
-            "propertyNames": {"pattern": NAME_PATTERN},
-            "additionalProperties": {
-                "type": "object",
-                "additionalProperties": False,
-                "required": ["models", "providers"],
-                "properties": {
-                    "models": {
-                        "type": "array",
-                        "minItems": 1,
-                        "items": {
-                            "type": ["string", "object"],
-                            "minLength": 1,
-                            "additionalProperties": False,
-                            "required": ["path"],
-                            "properties": {
-                                "path": {
-                                    "type": "string",
-                                    "minLength": 1,
-                                    "description": "Model path relative to the manifest; "
-                                    "a glob only without a name.",
-                                },
-                                "name": {
-                                    "type": "string",
-                                    "pattern": NAME_PATTERN,
-                                    "description": "Output stem (<name>_ctx.onnx), default "
-                                    "the file's stem: the same model can be listed twice.",
-                                },
-                                "free_dimensions": {
-                                    **_FREE_DIMENSIONS,
-                                    "description": "This model's free dimension values, "
-                                    "over the group's.",
-                                },
-                                "numerics": {
-                                    **NUMERICS,
-                                    "description": "This model's numerics settings, over "
-                                    "the group's.",
-                                },
-                            },
-                        },
-                        "description": "Model paths relative to the manifest (globs "
-                        "allowed), or tables { path, name, free_dimensions }.",
-                    },
-                    "providers": {
-                        "type": "array",
-                        "minItems": 1,
-                        "items": {"type": "string", "minLength": 1},
-                        "description": "Names of [providers.*] tables to compile for.",
-                    },
-                    "share_weights": {
-                        "type": "boolean",
-                        "description": "One weight-sharing session group per provider.",
-                    },
-                    "embed_mode": {
-                        "type": "integer",
-                        "enum": [0, 1],
-                        "description": "0: separate context binary (default); 1: embedded.",
-                    },
-                    "node_name_prefix": {
-                        "type": "string",
-                        "description": "ep.context_node_name_prefix for EPContext node names.",
-                    },
-                    "external_initializers": {
-                        "type": "string",
-                        "minLength": 1,
-                        "description": "File name for CPU-side initializers of ctx models.",
-                    },
-                    "load": {
-                        "type": "string",
-                        "enum": ["path", "bytes"],
-                        "description": "Give models to ONNX Runtime by path (default) or bytes.",
-                    },
-                    "free_dimensions": _FREE_DIMENSIONS,
-                    "numerics": NUMERICS,
-                    **COMPILE_PROPERTIES,
+                "providers": _PROVIDER_NAMES,
+                "share_weights": {
+                    "type": "boolean",
+                    "description": "One weight-sharing session group per provider.",
                 },
+                "embed_mode": {
+                    "type": "integer",
+                    "enum": [0, 1],
+                    "description": "0: separate context binary (default); 1: embedded.",
+                },
+                "node_name_prefix": {
+                    "type": "string",
+                    "description": "ep.context_node_name_prefix for EPContext node names.",
+                },
+                "external_initializers": {
+                    "type": "string",
+                    "minLength": 1,
+                    "description": "File name for CPU-side initializers of ctx models.",
+                },
+                "load": {
+                    "type": "string",
+                    "enum": ["path", "bytes"],
+                    "description": "Give models to ONNX Runtime by path (default) or bytes.",
+                },
+                "free_dimensions": _FREE_DIMENSIONS,
+                "numerics": NUMERICS,
+                **COMPILE_PROPERTIES,
             },
-        },
-        "llms": {
-            "type": "object",
-            "description": "LLM pipelines: an onnxruntime-genai model folder built into a "
+        ),
+        "llms": _named_tables(
+            "LLM pipelines: an onnxruntime-genai model folder built into a "
             "static context + iterator pair per provider, packaged for genai.",
-            "propertyNames": {"pattern": NAME_PATTERN},
-            "additionalProperties": {
-                "type": "object",
-                "additionalProperties": False,
-                "required": ["source", "providers"],
-                "properties": {
-                    "source": {
-                        "type": "string",
-                        "minLength": 1,
-                        "description": "A genai model folder, relative to the manifest: "
-                        "genai_config.json + ONNX (+ external data) + tokenizer files.",
-                    },
-                    "providers": {
-                        "type": "array",
-                        "minItems": 1,
-                        "items": {"type": "string", "minLength": 1},
-                        "description": "Names of [providers.*] tables to compile for.",
-                    },
-                    "context_length": {
-                        "type": "integer",
-                        "minimum": 1,
-                        "description": "Static KV-cache length = the longest sequence "
-                        "(default 1024, or the model's limit where lower).",
-                    },
-                    "window_size": {
-                        "type": "integer",
-                        "minimum": 1,
-                        "description": "Prefill chunk length: the context graph's sequence "
-                        "(default 64, or context_length where lower).",
-                    },
-                    "share_weights": {
-                        "type": "boolean",
-                        "description": "One context binary for both graphs (N+1), as "
-                        "devices want (default true).",
-                    },
-                    "prompt": {
-                        "type": "string",
-                        "minLength": 1,
-                        "description": "The prompt 'verify --generate' generates from "
-                        "(default a fixed sentence; --prompt wins).",
-                    },
+            ["source", "providers"],
+            {
+                "source": {
+                    "type": "string",
+                    "minLength": 1,
+                    "description": "A genai model folder, relative to the manifest: "
+                    "genai_config.json + ONNX (+ external data) + tokenizer files.",
+                },
+                "providers": _PROVIDER_NAMES,
+                "context_length": {
+                    "type": "integer",
+                    "minimum": 1,
+                    "description": "Static KV-cache length = the longest sequence "
+                    "(default 1024, or the model's limit where lower).",
+                },
+                "window_size": {
+                    "type": "integer",
+                    "minimum": 1,
+                    "description": "Prefill chunk length: the context graph's sequence "
+                    "(default 64, or context_length where lower).",
+                },
+                "share_weights": {
+                    "type": "boolean",
+                    "description": "One context binary for both graphs (N+1), as "
+                    "devices want (default true).",
+                },
+                "prompt": {
+                    "type": "string",
+                    "minLength": 1,
+                    "description": "The prompt 'verify --generate' generates from "
+                    "(default a fixed sentence; --prompt wins).",
                 },
             },
-        },
+        ),
         "package": {
             "type": "object",
             "description": "Settings of 'epbuild package' (an ONNX Runtime model package).",

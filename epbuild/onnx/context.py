@@ -32,7 +32,7 @@ from epbuild.fs import CHUNK, reference_problem
 
 if TYPE_CHECKING:
     from epbuild.onnx.proto import ContextNode, ExternalRef, ModelInfo, StringField
-    from epbuild.providers.base import Provider, ProviderConfig
+    from epbuild.providers.contract import Provider, ProviderConfig
     from epbuild.toolchains.env import Toolchain
 
 # EPContext attribute types from the EPContext design: int64 or string.

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from epbuild._names import CTX_SUFFIX
 from epbuild.errors import UserError
 from epbuild.manifest.model import CompileSettings, Group, Manifest, ModelEntry
-from epbuild.providers.base import ProviderConfig
+from epbuild.providers.contract import ProviderConfig
 
 
 @dataclass(frozen=True)

@@ -20,9 +20,8 @@ from epbuild.fs import is_safe_reference
 from epbuild.manifest.model import SESSION_SETTINGS, CompileSettings, ModelEntry
 from epbuild.planning.actions import Action
 from epbuild.providers import get_provider, library
-from epbuild.providers.base import (
-    Provider,
-    ProviderConfig,
+from epbuild.providers.contract import Provider, ProviderConfig
+from epbuild.providers.distributions import (
     dist_version,
     has_compile_api,
     onnxruntime_version,
@@ -341,8 +340,18 @@ def _explain(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
         reasons.append(_initializer_reason(old.get("initializer_names"), new["initializer_names"]))
     if old.get("ep") != new.get("ep"):
         reasons.append(f"provider adapter {old.get('ep')} → {new.get('ep')}")
-    old_models = {_model_label(m): m for m in old.get("models", [])}
-    new_models = {_model_label(m): m for m in new.get("models", [])}
+    reasons += _model_reasons(old.get("models", []), new.get("models", []), bool(reasons))
+    return reasons or ["key changed"]
+
+
+def _model_reasons(
+    old_list: list[dict[str, Any]], new_list: list[dict[str, Any]], earlier: bool
+) -> list[str]:
+    """Why the models of two key component sets differ (``earlier``: other reasons were
+    found, so a mere reordering goes unsaid)."""
+    reasons: list[str] = []
+    old_models = {_model_label(m): m for m in old_list}
+    new_models = {_model_label(m): m for m in new_list}
     for label, m in new_models.items():
         before = old_models.get(label)
         if before is None:
@@ -365,9 +374,9 @@ def _explain(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
     for label in old_models:
         if label not in new_models:
             reasons.append(f"model {label} removed")
-    if not reasons and list(old_models) != list(new_models):
+    if not earlier and not reasons and list(old_models) != list(new_models):
         reasons.append("model order changed")
-    return reasons or ["key changed"]
+    return reasons
 
 
 def _model_label(component: dict[str, Any]) -> str:

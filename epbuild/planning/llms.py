@@ -12,7 +12,7 @@ import os
 import posixpath
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, NamedTuple
 
 from epbuild.errors import EpbuildError, ModelError
 from epbuild.llm.prepare import (
@@ -28,7 +28,7 @@ from epbuild.manifest.model import Group, Llm, Manifest, ModelEntry
 from epbuild.planning.actions import Action
 from epbuild.planning.keys import KeyComputer
 from epbuild.providers import get_provider
-from epbuild.providers.base import ProviderConfig
+from epbuild.providers.contract import ProviderConfig
 
 
 @dataclass(frozen=True)
@@ -52,10 +52,9 @@ def llm_groups(
     groups = []
     for llm in manifest.llms.values():
         providers = {p: manifest.providers[p] for p in llm.providers}
-        if llm.form == DECODER:
+        # A pipeline with no compiled stage has nothing to compile: the build says so.
+        if llm.form == DECODER or compiled_stages(keys.root, llm):
             groups.append(_group(llm, providers, keys, state_dir, prepare))
-        elif compiled_stages(keys.root, llm):  # else nothing to compile: the build says so
-            groups.append(_pipeline_group(llm, providers, keys, state_dir, prepare))
     return groups
 
 
@@ -64,35 +63,14 @@ def compiled_stages(root: str, llm: Llm) -> tuple[tuple[str, str], ...]:
     return static_stages(os.path.join(root, llm.source), llm.stages)
 
 
-def _pipeline_group(
-    llm: Llm,
-    providers: Mapping[str, ProviderConfig],
-    keys: KeyComputer,
-    state_dir: str,
-    prepare: bool,
-) -> LlmGroup:
-    """The group of a ``decoder-pipeline`` source's compiled stages, compiled as they are."""
-    entries = tuple(
-        ModelEntry(path=posixpath.join(llm.source, filename), name=stage)
-        for stage, filename in compiled_stages(keys.root, llm)
-    )
-    folder = posixpath.join(state_dir, "llm", llm.name)
-    affinity = os.path.join(keys.root, folder, AFFINITY)
-    if prepare and not os.path.isfile(affinity):
-        write_affinity(affinity)
-    if not os.path.isfile(affinity):
-        for entry in entries:
-            keys.problems[entry.path] = ModelError(
-                f"llms.{llm.name}: its op_affinity.json is not written yet",
-                hint="'epbuild build' writes it",
-            )
-    return _llm_group(
-        llm,
-        entries,
-        compile=dict(llm.compile),
-        llm=llm,
-        provider_configs={p: with_affinity(cfg, folder) for p, cfg in providers.items()},
-    )
+class _Graphs(NamedTuple):
+    """What an LLM entry compiles: its graphs, the folder of their ``op_affinity.json``,
+    why they cannot be compiled (None: they can), the source's inputs."""
+
+    entries: tuple[ModelEntry, ...]
+    folder: str
+    problem: Exception | None
+    source_inputs: dict[str, str]
 
 
 def _group(
@@ -102,6 +80,48 @@ def _group(
     state_dir: str,
     prepare: bool,
 ) -> LlmGroup:
+    """The group of an LLM entry's graphs; a problem becomes each graph's (its actions
+    fail), and each provider gets the graphs' ``op_affinity`` (``with_affinity``)."""
+    graphs = (_decoder_graphs if llm.form == DECODER else _pipeline_graphs)(
+        llm, keys, state_dir, prepare
+    )
+    if graphs.problem is not None:
+        hint = getattr(graphs.problem, "hint", None)
+        message = getattr(graphs.problem, "message", None) or str(graphs.problem)
+        for entry in graphs.entries:
+            keys.problems[entry.path] = ModelError(message, hint=hint)
+    return _llm_group(
+        llm,
+        graphs.entries,
+        compile=dict(llm.compile),
+        llm=llm,
+        source_inputs=graphs.source_inputs,
+        provider_configs={p: with_affinity(cfg, graphs.folder) for p, cfg in providers.items()},
+    )
+
+
+def _pipeline_graphs(llm: Llm, keys: KeyComputer, state_dir: str, prepare: bool) -> _Graphs:
+    """A ``decoder-pipeline`` source's compiled stages, compiled as they are."""
+    entries = tuple(
+        ModelEntry(path=posixpath.join(llm.source, filename), name=stage)
+        for stage, filename in compiled_stages(keys.root, llm)
+    )
+    folder = posixpath.join(state_dir, "llm", llm.name)
+    affinity = os.path.join(keys.root, folder, AFFINITY)
+    if prepare and not os.path.isfile(affinity):
+        write_affinity(affinity)
+    problem = None
+    if not os.path.isfile(affinity):
+        problem = ModelError(
+            f"llms.{llm.name}: its op_affinity.json is not written yet",
+            hint="'epbuild build' writes it",
+        )
+    return _Graphs(entries, folder, problem, {})
+
+
+def _decoder_graphs(llm: Llm, keys: KeyComputer, state_dir: str, prepare: bool) -> _Graphs:
+    """A single decoder's two static graphs (``context``, ``iterator``), prepared first
+    when ``prepare``."""
     model = posixpath.join(llm.source, llm.files[0])
     inputs: dict[str, str] = {}
     problem: Exception | None = None
@@ -121,6 +141,7 @@ def _group(
                 window=llm.window_size,
                 context=llm.context_length,
                 head_size=llm.head_size,
+                lock_timeout=keys.toolchains.lock_timeout,
             )
         except (EpbuildError, OSError) as exc:
             problem = exc
@@ -132,19 +153,7 @@ def _group(
     entries = tuple(
         ModelEntry(path=posixpath.join(folder, f"{stage}.onnx"), name=stage) for stage, _ in STAGES
     )
-    if problem is not None:
-        hint = getattr(problem, "hint", None)
-        message = getattr(problem, "message", None) or str(problem)
-        for entry in entries:
-            keys.problems[entry.path] = ModelError(message, hint=hint)
-    return _llm_group(
-        llm,
-        entries,
-        compile=dict(llm.compile),
-        llm=llm,
-        source_inputs=inputs,
-        provider_configs={p: with_affinity(cfg, folder) for p, cfg in providers.items()},
-    )
+    return _Graphs(entries, folder, problem, inputs)
 
 
 def _llm_group(entry: Llm, entries: tuple[ModelEntry, ...], **more: Any) -> LlmGroup:

@@ -19,12 +19,8 @@ from collections.abc import Iterable
 from epbuild.errors import ToolchainError
 from epbuild.manifest.model import Manifest
 from epbuild.providers import get_provider
-from epbuild.providers.base import (
-    ProviderConfig,
-    canonical_name,
-    installed_distributions,
-    scanning,
-)
+from epbuild.providers.contract import ProviderConfig
+from epbuild.providers.distributions import canonical_name, installed_distributions, scanning
 from epbuild.providers.library import KEY as LIBRARY_KEY
 from epbuild.providers.library import library_sha256
 from epbuild.toolchains.env import Toolchain

@@ -152,7 +152,7 @@ def _stamp_sources(
 ) -> bool:
     """Stamp what versions and glob expansions depend on; False if stat cannot vouch."""
     from epbuild.providers import get_provider
-    from epbuild.providers.base import scanning
+    from epbuild.providers.distributions import scanning
 
     # Site directories: a package install or upgrade changes their listing.
     for site in sys.path:

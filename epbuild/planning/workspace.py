@@ -26,6 +26,9 @@ class Workspace:
     stats: StatCache
     keys: KeyComputer
     actions: list[Action]
+    lock_timeout: float | None = None
+    """How long this command waits for a lock (``--lock-timeout``; None: as long as it
+    takes)."""
 
     @property
     def journal(self) -> Journal:
@@ -80,4 +83,5 @@ def open_workspace(
         prepare = toolchains is not None and toolchains.create
         extra = llm_groups(m, keys, m.workspace.state_dir, prepare=prepare)
     actions = select(make_actions(m, extra), selectors)
-    return Workspace(m, root, state_dir, state, stats, keys, actions)
+    lock_timeout = toolchains.lock_timeout if toolchains is not None else None
+    return Workspace(m, root, state_dir, state, stats, keys, actions, lock_timeout)

@@ -12,7 +12,7 @@ import threading
 from typing import Any
 
 from epbuild.errors import ManifestError
-from epbuild.providers.base import BaseProvider, Provider
+from epbuild.providers.contract import BaseProvider, Provider
 
 ENTRY_POINT_GROUP = "epbuild.providers"
 BUILTIN: dict[str, tuple[str, str]] = {

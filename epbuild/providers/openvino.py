@@ -25,16 +25,14 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from epbuild.errors import ManifestError, ProviderUnavailableError
-from epbuild.providers.base import (
+from epbuild.providers.base import install_hint, register_plugin
+from epbuild.providers.contract import (
     BaseProvider,
     ProviderConfig,
-    dist_location,
-    dist_version,
-    install_hint,
-    register_plugin,
-    shared_library,
+    refuse_options,
     stringify_options,
 )
+from epbuild.providers.distributions import dist_location, dist_version, shared_library
 
 if TYPE_CHECKING:
     import onnxruntime
@@ -72,6 +70,18 @@ REFUSED = {
     "context": "a remote context pointer cannot be given in a manifest",
     "disable_dynamic_shapes": "give static shapes with reshape_input instead",
 }
+
+_REFUSALS = {
+    **{n: (f"{n!r} cannot be used for an EPContext build", hint) for n, hint in REFUSED.items()},
+    **{
+        n: (
+            f"the OpenVINO EP ignores {n!r} as a provider option",
+            f"set it through load_config instead, e.g. load_config = '{equivalent}'",
+        )
+        for n, equivalent in LOAD_CONFIG_EQUIVALENT.items()
+    },
+}
+"""Option → message and hint of its refusal."""
 
 
 def normalise_device(value: str, *, key: str) -> str:
@@ -159,20 +169,7 @@ class OpenVinoProvider(BaseProvider):
 
     def check_options(self, options: Mapping[str, Any], *, key: str) -> dict[str, str]:
         """Refuse what the plugin ignores; normalise device, load_config and booleans."""
-        for name in options:
-            if name in LOAD_CONFIG_EQUIVALENT:
-                raise ManifestError(
-                    f"the OpenVINO EP ignores {name!r} as a provider option",
-                    key=f"{key}.{name}",
-                    hint=f"set it through load_config instead, e.g. load_config = "
-                    f"'{LOAD_CONFIG_EQUIVALENT[name]}'",
-                )
-            if name in REFUSED:
-                raise ManifestError(
-                    f"{name!r} cannot be used for an EPContext build",
-                    key=f"{key}.{name}",
-                    hint=REFUSED[name],
-                )
+        refuse_options(options, _REFUSALS, key=key)
         rest = {k: v for k, v in options.items() if k != "load_config" and k not in BOOL_OPTIONS}
         opts = stringify_options(rest, key=key, allowed=KNOWN_OPTIONS)
         opts["device_type"] = normalise_device(
@@ -220,10 +217,9 @@ class OpenVinoProvider(BaseProvider):
         return device.split(".")[0] == "NPU" and "reshape_input" not in config.options
 
     def sharing_refusal(self, config: ProviderConfig) -> str | None:
-        """On CPU the EP ignores ``ep.share_ep_contexts``: it writes one context binary per
-        model, no error (measured with onnxruntime-openvino 1.24.1). NPU weight sharing is
-        the EP's documented case; GPU is unmeasured (the post-compile check catches an EP
-        that did not share)."""
+        """On CPU the EP ignores ``ep.share_ep_contexts`` (docs/research/openvino-ep.md);
+        NPU sharing is the EP's documented case, GPU unmeasured (the post-compile check
+        catches an EP that did not share)."""
         if config.options.get("device_type", DEFAULT_DEVICE).split(".")[0] == "CPU":
             return (
                 f"provider {config.name!r}: the OpenVINO EP does not share weights on CPU "
@@ -263,7 +259,7 @@ class OpenVinoProvider(BaseProvider):
         """CPU blobs are OpenVINO IR, which the standalone ``openvino`` package imports
         (NPU and GPU blobs are device binaries that no device here imports)."""
         if config.options.get("device_type", DEFAULT_DEVICE) == "CPU":
-            return "epbuild.inspect.ovblob"
+            return "epbuild.inspection.ovblob"
         return None
 
     def attach(

@@ -17,14 +17,9 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from epbuild.errors import ManifestError, ProviderUnavailableError
-from epbuild.providers.base import (
-    BaseProvider,
-    ProviderConfig,
-    dist_version,
-    install_hint,
-    register_plugin,
-    require_devices,
-)
+from epbuild.providers.base import install_hint, register_plugin, require_devices
+from epbuild.providers.contract import BaseProvider, ProviderConfig
+from epbuild.providers.distributions import dist_version
 
 if TYPE_CHECKING:
     import onnxruntime

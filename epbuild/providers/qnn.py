@@ -10,36 +10,24 @@ from typing import TYPE_CHECKING, Any
 
 from epbuild.errors import ManifestError, ProviderUnavailableError, UnsafePathError
 from epbuild.fs import atomic_write_bytes, safe_relpath
-from epbuild.providers.base import (
-    BaseProvider,
-    ProviderConfig,
-    dist_location,
-    dist_version,
-    register_plugin,
-    require_devices,
-    shared_library,
-)
+from epbuild.providers.base import register_plugin, require_devices
+from epbuild.providers.contract import BaseProvider, ProviderConfig
+from epbuild.providers.distributions import dist_location, dist_version, shared_library
 
 if TYPE_CHECKING:
     import onnxruntime
 
 EP_NAME = "QNNExecutionProvider"
-"""The name epbuild registers the plugin library under (compiles, loads, packages): the QNN
-EP's conventional name, ``kQNNExecutionProvider`` in ONNX Runtime's and onnxruntime-genai's
-EP name constants, the only name onnxruntime-genai accepts the plugin under (measured with
-genai 0.18.0: any other gives "QNN execution provider is not supported in this build"), and
-the name in Windows ML's provider catalog. The plugin takes the registration name as its
-EP's name: its devices, its EPContext nodes' ``source`` and node names, and its
-``ep_compatibility_info.<name>`` metadata all carry it (measured with onnxruntime-qnn 2.7.0).
+"""The name epbuild registers the plugin library under (compiles, loads, packages), which
+its outputs then carry; the only one onnxruntime-genai accepts (docs/research/qnn-plugin.md).
 It is not part of any action key (the key names the adapter, ``qnn``)."""
 LEGACY_NAME = "qnn"
 """The name epbuild registered the plugin under before: outputs built then carry
 ``source = "qnn"`` and ``ep_compatibility_info.qnn``, and stay valid (the EP loads both)."""
 DIST = "onnxruntime-qnn"
 SOURCE_ALIASES = frozenset({"qnn", "qnnexecutionprovider"})
-"""EPContext ``source`` values the QNN EP loads, compared case-insensitively (measured with
-onnxruntime-qnn 2.7.0: ``qnn``, ``QNN``, ``QnnExecutionProvider``, ``QNNEXECUTIONPROVIDER``
-load; ``qnn `` with a space, ``QNN_EP`` and ``""`` are refused)."""
+"""EPContext ``source`` values the QNN EP loads, compared case-insensitively (measured:
+docs/research/qnn-plugin.md)."""
 
 # HTP architectures and SoC models the QNN SDK accepts. Anything else compiles silently for
 # a default target or falls back to the CPU EP (ORT-QNN-FACTS.md), so we refuse it first.
@@ -134,10 +122,8 @@ class QnnProvider(BaseProvider):
     known_options = KNOWN_OPTIONS
     file_options = FILE_OPTIONS
     compatibility_device_types = frozenset({"NPU"})
-    """Device types the EP judges compiled models for (``epbuild.inspect.ortcompat``). On
-    x86_64 the plugin lists a CPU-typed device and answers ``only supports
-    OrtHardwareDeviceType_NPU``; asking it after a QNN session existed in the process
-    segfaults (onnxruntime-qnn 2.7.0, ORT 1.32), so it is never asked without an NPU."""
+    """Device types the EP judges compiled models for (``epbuild.inspection.ortcompat``):
+    asked without an NPU it can crash the process (docs/research/qnn-plugin.md)."""
 
     def check_options(self, options: Mapping[str, Any], *, key: str) -> dict[str, str]:
         """Backend HTP only; known architectures and SoCs, as many of each."""

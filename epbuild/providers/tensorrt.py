@@ -20,7 +20,9 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from epbuild.errors import ManifestError, ProviderUnavailableError
-from epbuild.providers.base import BaseProvider, ProviderConfig, dist_version, install_hint
+from epbuild.providers.base import install_hint
+from epbuild.providers.contract import BaseProvider, ProviderConfig, refuse_options
+from epbuild.providers.distributions import dist_version
 
 if TYPE_CHECKING:
     import onnxruntime
@@ -103,6 +105,20 @@ POINTER_OPTIONS = (
     "trt_external_data_bytestream",
     "trt_external_data_bytestream_size",
 )
+_REFUSALS: dict[str, tuple[str, str | None]] = {
+    **{
+        n: (f"{n!r} takes a memory address and cannot be set in a manifest", None)
+        for n in POINTER_OPTIONS
+    },
+    **{
+        n: (
+            f"{n!r} is set by epbuild",
+            "use the group's embed_mode; epbuild chooses the ctx file path",
+        )
+        for n in CONTEXT_OPTIONS
+    },
+}
+"""Option → message and hint of its refusal."""
 SHAPES_RE = re.compile(r"[^:,]+:\d+(x\d+)*(,[^:,]+:\d+(x\d+)*)*")
 
 
@@ -162,18 +178,7 @@ class TensorRtProvider(BaseProvider):
 
     def check_options(self, options: Mapping[str, Any], *, key: str) -> dict[str, str]:
         """Refuse what epbuild sets or a manifest cannot; type-check the rest."""
-        for name in options:
-            if name in CONTEXT_OPTIONS:
-                raise ManifestError(
-                    f"{name!r} is set by epbuild",
-                    key=f"{key}.{name}",
-                    hint="use the group's embed_mode; epbuild chooses the ctx file path",
-                )
-            if name in POINTER_OPTIONS:
-                raise ManifestError(
-                    f"{name!r} takes a memory address and cannot be set in a manifest",
-                    key=f"{key}.{name}",
-                )
+        refuse_options(options, _REFUSALS, key=key)
         opts = super().check_options(options, key=key)
         for name, value in opts.items():
             if name in BOOL_OPTIONS:

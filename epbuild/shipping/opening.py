@@ -15,8 +15,8 @@ from typing import Any, Literal
 
 from epbuild.errors import EpNameMismatchError, UserError, VerificationError
 from epbuild.fs import digest_file, is_safe_reference
-from epbuild.providers.base import ProviderConfig
-from epbuild.runtime import BuiltAction, SessionFactory, _open
+from epbuild.providers.contract import ProviderConfig
+from epbuild.runtime import BuiltAction, SessionFactory, open_sources
 from epbuild.shipping.contents import DEPLOY_FORMAT, DEPLOY_NAME, ORT_MANIFEST_NAME
 
 
@@ -113,7 +113,7 @@ def open_package(
     models = [os.path.join(os.fspath(package_dir), m["ctx"]) for a in mine for m in a["models"]]
     share = bool(mine[0]["share_weights"])
     what = f"{group}/{provider}"
-    return _open(models, config, share, lock_timeout, session_factory, what, declared)
+    return open_sources(models, config, share, lock_timeout, session_factory, what, declared)
 
 
 def declared_name(action: dict[str, Any]) -> str:
@@ -137,13 +137,9 @@ def name_mismatch(what: str, provider: str, declared: str, registered: str) -> U
 
 def provider_config(action: dict[str, Any]) -> ProviderConfig:
     """The provider configuration an action of the deployment manifest was built with."""
-    return ProviderConfig(
-        name=str(action["provider"]),
-        ep=str(action["ep"]),
-        options=dict(action.get("provider_options", {})),
-        session_options=dict(action.get("session_options", {})),
-        settings=dict(action.get("settings", {})),
-    )
+    # The action's own ``to_json`` form, but for the names of two keys.
+    renamed = {"name": action["provider"], "options": action.get("provider_options", {})}
+    return ProviderConfig.from_json({**action, **renamed})
 
 
 def select_variant(package_dir: str | os.PathLike[str], actions: list[dict[str, Any]]) -> str:

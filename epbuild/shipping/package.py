@@ -67,9 +67,8 @@ def package(
     list (they are deleted; without it, ``UnsafePathError`` names them). ``build_options``:
     further keyword arguments of ``build`` (``jobs``, ``keep_going``, ``cache``...).
     """
-    from epbuild.planning.staleness import make_plan
+    from epbuild.planning.committed import committed_outputs
     from epbuild.planning.workspace import open_workspace
-    from epbuild.runtime import committed_outputs
 
     ws = open_workspace(directory, manifest, selectors)
     dest = _destination(ws.root, ws.manifest, directory, out)
@@ -80,15 +79,7 @@ def package(
         options = {"lock_timeout": lock_timeout, **(build_options or {})}
         built = _build_first(directory, manifest, selectors, reporter, options)
         ws = open_workspace(directory, manifest, selectors)
-    stale = [p for p in make_plan(ws.actions, ws.state, ws.keys, ws.stats, ws.root) if p.stale]
-    if stale:
-        listed = "; ".join(
-            f"{p.action.id} ({p.reasons[0] if p.reasons else 'stale'})" for p in stale
-        )
-        raise OutOfDateError(
-            f"{len(stale)} action(s) to package are not up to date: {listed}",
-            hint="run 'epbuild build' first, or 'epbuild package --build'",
-        )
+    _refuse_stale(ws)
     snapshot = committed_outputs(ws, ws.actions, rehash=check == "hash")
     committed = [(a, ws.state.records[a.id]) for a in ws.actions]
     contents = package_contents(
@@ -110,6 +101,21 @@ def package(
     shown = os.fspath(out) if out is not None else str(ws.manifest.package.out_dir)
     names = list(contents.ort_manifest["components"])
     return PackageResult(shown, json.loads(generated[DEPLOY_NAME]), stats, built, names)
+
+
+def _refuse_stale(ws: Workspace) -> None:
+    """``OutOfDateError`` naming every selected action that is not up to date."""
+    from epbuild.planning.staleness import make_plan
+
+    stale = [p for p in make_plan(ws.actions, ws.state, ws.keys, ws.stats, ws.root) if p.stale]
+    if stale:
+        listed = "; ".join(
+            f"{p.action.id} ({p.reasons[0] if p.reasons else 'stale'})" for p in stale
+        )
+        raise OutOfDateError(
+            f"{len(stale)} action(s) to package are not up to date: {listed}",
+            hint="run 'epbuild build' first, or 'epbuild package --build'",
+        )
 
 
 def _add_llm_packages(ws: Workspace, contents: Contents) -> None:
@@ -210,7 +216,7 @@ def _unreplaced(root: str, snapshot: dict[str, Any]) -> Callable[[], None]:
     """A check, run before the new package is swapped in, that no output it took was
     replaced (by a concurrent build) since it was verified."""
     from epbuild.errors import VerificationError
-    from epbuild.runtime import stat_of
+    from epbuild.planning.committed import stat_of
 
     def check() -> None:
         for rel, st in snapshot.items():
@@ -226,7 +232,7 @@ def _unreplaced(root: str, snapshot: dict[str, Any]) -> Callable[[], None]:
 def _figures(ws: Workspace) -> dict[tuple[str, int], dict[str, Any]]:
     """Each model's last recorded ``verify --numerics`` (as its outputs are now), for the
     deployment manifest; models never checked are left out."""
-    from epbuild.inspect.numerics import Store, last_check
+    from epbuild.inspection.numerics import Store, last_check
 
     store = Store(ws.state_dir)
     found: dict[tuple[str, int], dict[str, Any]] = {}

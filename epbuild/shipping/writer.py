@@ -22,7 +22,6 @@ an empty one) is ever replaced, and only when it holds nothing but what that man
 
 from __future__ import annotations
 
-import ctypes
 import errno
 import hashlib
 import json
@@ -35,7 +34,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from epbuild.errors import StorageError, UnsafePathError, VerificationError
-from epbuild.fs import digest_file, os_error_hint, os_error_text, remove_tree
+from epbuild.fs import digest_file, os_error_hint, os_error_text, remove_tree, replace_directory
 from epbuild.shipping.contents import DEPLOY_NAME, ORT_MANIFEST_NAME, PackagedFile
 from epbuild.state import locks
 
@@ -64,6 +63,20 @@ class WriteStats:
     """The package was already exactly this: nothing was written."""
     removed: list[str] = field(default_factory=list)
     """Files the old package held that its deployment manifest did not list (``force``)."""
+
+
+@dataclass(frozen=True)
+class _Wanted:
+    """What a package directory is to hold: ``files`` (from the workspace at ``root``) and
+    the ``generated`` manifests."""
+
+    root: str
+    files: list[PackagedFile]
+    generated: dict[str, bytes]
+
+    def source(self, f: PackagedFile) -> str:
+        """Where ``f`` comes from: its output in the workspace."""
+        return os.path.join(self.root, f.source)
 
 
 def old_package(dest: str) -> dict[str, tuple[int, str]] | None:
@@ -137,7 +150,7 @@ def write_package(
     try:
         os.makedirs(parent, exist_ok=True)
         with locks.hold(lock_path(dest), what, timeout=lock_timeout, on_wait=on_wait):
-            return _write_locked(dest, root, files, generated, before_swap, force)
+            return _write_locked(dest, _Wanted(root, files, generated), before_swap, force)
     except OSError as exc:  # the lock, the old package or a leftover could not be read
         through_file, _ = os_error_hint(exc, root)  # "-o epbuild.toml/x": not "File exists"
         raise StorageError(
@@ -149,12 +162,7 @@ def write_package(
 
 
 def _write_locked(
-    dest: str,
-    root: str,
-    files: list[PackagedFile],
-    generated: dict[str, bytes],
-    before_swap: Callable[[], None],
-    force: bool,
+    dest: str, wanted: _Wanted, before_swap: Callable[[], None], force: bool
 ) -> WriteStats:
     parent, name = os.path.split(os.path.abspath(dest).rstrip(os.sep))
     _remove_leftovers(parent, name)
@@ -169,17 +177,17 @@ def _write_locked(
             hint="move them out of the package directory (keep your own files beside it), "
             "or pass --force to delete them",
         )
-    if old is not None and not extra and _unchanged(dest, root, files, generated, old):
-        return WriteStats(kept=[f.path for f in files], unchanged=True)
+    if old is not None and not extra and _unchanged(dest, wanted, old):
+        return WriteStats(kept=[f.path for f in wanted.files], unchanged=True)
     new = os.path.join(parent, f".{name}{_TEMP_MARK}new-{_owner_tag()}")
     try:
-        stats = _assemble(new, dest, root, files, generated, old or {})
+        stats = _assemble(new, dest, wanted, old or {})
         stats.removed = extra
         before_swap()
         _swap(new, dest)
     finally:
         remove_tree(new)
-    _check_written(dest, files, generated)
+    _check_written(dest, wanted)
     return stats
 
 
@@ -234,14 +242,15 @@ def _size(path: str) -> int | None:
         return None
 
 
-def _check_written(dest: str, files: list[PackagedFile], generated: dict[str, bytes]) -> None:
+def _check_written(dest: str, wanted: _Wanted) -> None:
     """Refuse to report a package written when ``dest`` does not hold it (a writer that
     ignores the lock replaced or emptied it meanwhile)."""
     try:
         with open(os.path.join(dest, DEPLOY_NAME), "rb") as fh:
-            same = fh.read() == generated[DEPLOY_NAME]
+            same = fh.read() == wanted.generated[DEPLOY_NAME]
     except OSError:
         same = False
+    files = wanted.files
     missing = next((f.path for f in files if _size(os.path.join(dest, f.path)) != f.size), None)
     if not same or missing is not None:
         raise StorageError(
@@ -262,44 +271,31 @@ def _keeps(dest: str, f: PackagedFile, old: dict[str, tuple[int, str]], source: 
     return os.path.getsize(there) == f.size and digest_file(there).sha256 == f.sha256
 
 
-def _unchanged(
-    dest: str,
-    root: str,
-    files: list[PackagedFile],
-    generated: dict[str, bytes],
-    old: dict[str, tuple[int, str]],
-) -> bool:
-    for path, data in generated.items():
+def _unchanged(dest: str, wanted: _Wanted, old: dict[str, tuple[int, str]]) -> bool:
+    for path, data in wanted.generated.items():
         try:
             with open(os.path.join(dest, path), "rb") as fh:
                 if fh.read() != data:
                     return False
         except OSError:
             return False
-    if not all(_keeps(dest, f, old, os.path.join(root, f.source)) for f in files):
+    if not all(_keeps(dest, f, old, wanted.source(f)) for f in wanted.files):
         return False
     present = {
         os.path.relpath(os.path.join(d, n), dest).replace(os.sep, "/")
         for d, _, names in os.walk(dest)
         for n in names
     }
-    return present == {f.path for f in files} | set(generated)
+    return present == {f.path for f in wanted.files} | set(wanted.generated)
 
 
-def _assemble(
-    new: str,
-    dest: str,
-    root: str,
-    files: list[PackagedFile],
-    generated: dict[str, bytes],
-    old: dict[str, tuple[int, str]],
-) -> WriteStats:
+def _assemble(new: str, dest: str, wanted: _Wanted, old: dict[str, tuple[int, str]]) -> WriteStats:
     stats = WriteStats()
     os.mkdir(new)
-    for f in files:
+    for f in wanted.files:
         target = os.path.join(new, f.path)
         os.makedirs(os.path.dirname(target), exist_ok=True)
-        source = os.path.join(root, f.source)
+        source = wanted.source(f)
         if _keeps(dest, f, old, source):
             os.link(os.path.join(dest, f.path), target)
             stats.kept.append(f.path)
@@ -308,7 +304,7 @@ def _assemble(
         else:
             _copy_checked(source, target, f)
             stats.copied.append(f.path)
-    for path, data in generated.items():
+    for path, data in wanted.generated.items():
         with open(os.path.join(new, path), "wb") as fh:
             fh.write(data)
             fh.flush()
@@ -338,40 +334,8 @@ def _copy_checked(source: str, target: str, f: PackagedFile) -> None:
 
 
 def _swap(new: str, dest: str) -> None:
-    """Put ``new`` at ``dest``; whatever was at ``dest`` ends up at ``new`` (or is gone).
-    On failure ``dest`` holds the old package, as before."""
-    if not os.path.lexists(dest):
-        os.rename(new, dest)
-        return
-    if os.environ.get(NO_EXCHANGE_ENV) != "1" and _exchange(new, dest):
-        return
+    """Put ``new`` at ``dest`` (the old package set aside under a name `_remove_leftovers`
+    knows, should this process die half-way)."""
     aside = new.replace(f"{_TEMP_MARK}new-", f"{_TEMP_MARK}old-")
-    os.rename(dest, aside)
-    try:
-        os.rename(new, dest)
-    except OSError as exc:
-        try:
-            os.rename(aside, dest)
-        except OSError:
-            raise StorageError(
-                f"cannot write the package: {os_error_text(exc)}; the old package could not "
-                f"be put back either and is at {aside}",
-                hint=f"rename {aside} back to {dest}",
-            ) from exc
-        raise
-    remove_tree(aside)
-
-
-def _exchange(a: str, b: str) -> bool:
-    """Atomically exchange two paths (Linux ``renameat2``); False where unsupported."""
-    try:
-        fn = ctypes.CDLL(None, use_errno=True).renameat2
-    except (AttributeError, OSError):
-        return False
-    at_fdcwd, rename_exchange = -100, 2
-    if fn(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), rename_exchange) == 0:
-        return True
-    err = ctypes.get_errno()
-    if err in (errno.EINVAL, errno.ENOSYS, errno.ENOTSUP):
-        return False
-    raise OSError(err, os.strerror(err), b, a)
+    exchange = os.environ.get(NO_EXCHANGE_ENV) != "1"
+    replace_directory(new, dest, aside=aside, exchange=exchange, what="package")

@@ -162,24 +162,7 @@ def load_state(path: str, previous: State | None = None) -> State:
         if not line:
             continue
         try:
-            data = _want(json.loads(line), dict)
-            op = data["op"]
-            if op == "begin":
-                action_id = _want(data["id"], str)
-                state.interrupted.add(action_id)
-                if "damaged" in data:
-                    state.damaged[action_id] = _damage(data)
-            elif op == "done":
-                rec = _record(data)
-                state.records[rec.id] = rec
-                state.interrupted.discard(rec.id)
-                state.damaged.pop(rec.id, None)
-            elif op == "forget":
-                state.records.pop(_want(data["id"], str), None)
-                state.interrupted.discard(data["id"])
-                state.damaged.pop(data["id"], None)
-            else:
-                raise _Damaged(f"unknown op {op!r}")
+            _apply(state, _want(json.loads(line), dict))
         except (ValueError, KeyError, TypeError, AttributeError, RecursionError):
             rest = sum(1 for x in lines[number - first :] if x)
             state.warnings.append(
@@ -190,6 +173,27 @@ def load_state(path: str, previous: State | None = None) -> State:
     if not state.warnings and raw.endswith(b"\n"):
         state.replayed = raw
     return state
+
+
+def _apply(state: State, data: dict[str, Any]) -> None:
+    """Replay one journal record onto ``state`` (raises on a damaged one)."""
+    op = data["op"]
+    if op == "begin":
+        action_id = _want(data["id"], str)
+        state.interrupted.add(action_id)
+        if "damaged" in data:
+            state.damaged[action_id] = _damage(data)
+    elif op == "done":
+        rec = _record(data)
+        state.records[rec.id] = rec
+        state.interrupted.discard(rec.id)
+        state.damaged.pop(rec.id, None)
+    elif op == "forget":
+        state.records.pop(_want(data["id"], str), None)
+        state.interrupted.discard(data["id"])
+        state.damaged.pop(data["id"], None)
+    else:
+        raise _Damaged(f"unknown op {op!r}")
 
 
 def _line(data: dict[str, Any]) -> bytes:

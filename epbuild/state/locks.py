@@ -11,9 +11,15 @@ import os
 import threading
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from epbuild.errors import LockTimeoutError
+from epbuild.state import waiting
+
+if TYPE_CHECKING:
+    from filelock import BaseFileLock
 
 _POLL = 0.05
 
@@ -62,6 +68,22 @@ def read_owner(lock_path: str) -> dict[str, object]:
         return {}
 
 
+@dataclass(frozen=True)
+class Held:
+    """A lock this process holds."""
+
+    fd: int | None
+    """The lock file's descriptor: a child process that inherits it keeps the lock held
+    should this process die (None where the platform's lock has none)."""
+
+
+def waiting_message(lock_path: str, what: str) -> str:
+    """The one line a waiter shows: whom it waits for."""
+    owner = read_owner(lock_path)
+    pid = f" (pid {owner['pid']})" if "pid" in owner else ""
+    return f"waiting for {owner.get('what', what)}{pid} to release its lock"
+
+
 @contextmanager
 def hold(
     lock_path: str,
@@ -69,54 +91,98 @@ def hold(
     *,
     timeout: float | None = None,
     on_wait: Callable[[str], None] | None = None,
-) -> Iterator[None]:
-    """Hold the lock at ``lock_path``; ``what`` names the holder for waiters' messages."""
-    from filelock import FileLock, Timeout
+    note: bool = True,
+) -> Iterator[Held]:
+    """Hold the lock at ``lock_path``; ``what`` names the holder for waiters' messages.
+    ``note=False`` writes no owner note beside the lock (for a directory whose listing
+    epbuild owns exactly, such as the toolchain root).
 
+    Waits at most ``timeout`` seconds (None: as long as it takes; the ``--lock-timeout``
+    value where a command has one), telling ``on_wait`` once whom it waits for; raises
+    `LockTimeoutError` naming the holder when the time is up. A hold that names neither
+    takes them from the enclosing ``state.waiting.bounded`` block."""
+    own_message = on_wait is not None
+    timeout = waiting.policy.timeout if timeout is None else timeout
+    on_wait = waiting.policy.on_wait if on_wait is None else on_wait
     deadline = None if timeout is None else time.monotonic() + timeout
     told = False
 
     def tell() -> None:
         nonlocal told
         if on_wait is not None and not told:
-            owner = read_owner(lock_path)
-            on_wait(
-                f"waiting for {owner.get('what', what)} (pid {owner.get('pid', '?')}) "
-                "to release its lock"
-            )
+            on_wait(waiting_message(lock_path, what))
             told = True
 
-    def timed_out() -> LockTimeoutError:
-        owner = read_owner(lock_path)
-        return LockTimeoutError(
-            f"timed out after {timeout:g}s waiting for the lock held by "
-            f"{owner.get('what', what)} (pid {owner.get('pid', '?')})",
-            hint="wait for that build to finish, or raise --lock-timeout "
-            "(see docs/troubleshooting.md#lock-waits)",
-        )
+    def left() -> float:
+        return -1 if deadline is None else max(0.0, deadline - time.monotonic())
 
     local = _thread_lock(lock_path)
     if not local.acquire(blocking=False):
-        tell()
-        left = -1 if deadline is None else max(0.0, deadline - time.monotonic())
-        if not local.acquire(timeout=left):
-            raise timed_out()
-    try:
-        os.makedirs(os.path.dirname(lock_path), exist_ok=True)
-        lock = FileLock(lock_path)
-        try:
-            lock.acquire(timeout=0)
-        except Timeout:
+        if own_message:  # another thread of this build: the command's message is for others
             tell()
-            left = -1 if deadline is None else max(0.0, deadline - time.monotonic())
-            try:
-                lock.acquire(timeout=left, poll_interval=_POLL)
-            except Timeout:
-                raise timed_out() from None
+        if not local.acquire(timeout=left()):
+            raise _timed_out(lock_path, what, timeout)
+    try:
+        lock = _file_lock(lock_path, tell, left, what, timeout)
         try:
-            _write_owner(lock_path, what)
-            yield
+            if note:
+                _write_owner(lock_path, what)
+            yield Held(_lock_fd(lock))
         finally:
             lock.release()
     finally:
         local.release()
+
+
+@contextmanager
+def try_hold(lock_path: str, what: str, *, note: bool = True) -> Iterator[Held | None]:
+    """Hold the lock at ``lock_path`` if it is free now (yields None if it is not)."""
+    with ExitStack() as stack:
+        try:
+            held: Held | None = stack.enter_context(
+                hold(lock_path, what, timeout=0, on_wait=_silent, note=note)
+            )
+        except LockTimeoutError:
+            held = None
+        yield held
+
+
+def _silent(message: str) -> None:
+    """``try_hold`` does not wait, so it has nothing to say."""
+
+
+def _file_lock(
+    lock_path: str,
+    tell: Callable[[], None],
+    left: Callable[[], float],
+    what: str,
+    timeout: float | None,
+) -> BaseFileLock:
+    from filelock import FileLock, Timeout  # lazily: a no-op build takes no lock
+
+    os.makedirs(os.path.dirname(lock_path) or ".", exist_ok=True)
+    lock = FileLock(lock_path)
+    try:
+        lock.acquire(timeout=0)
+    except Timeout:
+        tell()
+        try:
+            lock.acquire(timeout=left(), poll_interval=_POLL)
+        except Timeout:
+            raise _timed_out(lock_path, what, timeout) from None
+    return lock
+
+
+def _lock_fd(lock: BaseFileLock) -> int | None:
+    fd = getattr(getattr(lock, "_context", None), "lock_file_fd", None)
+    return fd if isinstance(fd, int) else None
+
+
+def _timed_out(lock_path: str, what: str, timeout: float | None) -> LockTimeoutError:
+    owner = read_owner(lock_path)
+    return LockTimeoutError(
+        f"timed out after {timeout or 0:g}s waiting for the lock held by "
+        f"{owner.get('what', what)} (pid {owner.get('pid', '?')})",
+        hint="wait for that build to finish, or raise --lock-timeout "
+        "(see docs/troubleshooting.md#lock-waits)",
+    )

@@ -15,6 +15,7 @@ import os
 import shutil
 import threading
 
+from epbuild.fs import new_directory
 from epbuild.toolchains.env import toolchain_root
 
 _lock = threading.Lock()
@@ -55,18 +56,11 @@ def worker_path() -> str:
 
 
 def _copy(package: str, files: list[str], final: str) -> None:
-    temp = f"{final}.tmp-{os.getpid()}-{threading.get_ident()}"
-    shutil.rmtree(temp, ignore_errors=True)
-    for rel in files:
-        target = os.path.join(temp, "epbuild", rel)
-        os.makedirs(os.path.dirname(target), exist_ok=True)
-        shutil.copyfile(os.path.join(package, rel), target)
-    try:
-        os.rename(temp, final)
-    except OSError:  # another build made it first
-        shutil.rmtree(temp, ignore_errors=True)
-        if not os.path.isdir(final):
-            raise
+    with new_directory(final) as temp:
+        for rel in files:
+            target = os.path.join(temp, "epbuild", rel)
+            os.makedirs(os.path.dirname(target), exist_ok=True)
+            shutil.copyfile(os.path.join(package, rel), target)
 
 
 def boot_command(python: str, module: str = "epbuild.executors.worker") -> list[str]:

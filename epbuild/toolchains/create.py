@@ -21,7 +21,8 @@ from collections.abc import Callable
 
 from epbuild.errors import ToolchainError
 from epbuild.fs import atomic_write_bytes
-from epbuild.providers.base import onnxruntime_version, scanning
+from epbuild.providers.distributions import onnxruntime_version, scanning
+from epbuild.state import locks
 from epbuild.toolchains.env import MARKER, Toolchain, ask, env_dir, read_marker, toolchain_root
 from epbuild.toolchains.lockfile import EnvironmentLock
 from epbuild.toolchains.spec import FORMAT, ToolchainSpec
@@ -36,24 +37,21 @@ def ensure(
     *,
     say: Callable[[str], None] = lambda _: None,
     locked: EnvironmentLock | None = None,
+    lock_timeout: float | None = None,
 ) -> Toolchain:
     """The environment of a ``requirements`` spec, made now if it is not ready. With
     ``locked`` (its ``epbuild.lock`` entry), exactly the locked distributions, their hashes
-    checked, in the directory named by the entry's digest."""
-    from filelock import FileLock, Timeout
-
+    checked, in the directory named by the entry's digest. Waits at most ``lock_timeout``
+    seconds for another process making the same environment."""
     directory = env_dir(spec, locked)
     ready = read_marker(spec, directory)
     if ready is not None:
         return ready
     os.makedirs(toolchain_root(), exist_ok=True)
-    lock = FileLock(directory + ".lock")
-    try:
-        lock.acquire(timeout=2)
-    except Timeout:
-        say(f"waiting for another epbuild making the toolchain of {provider} ({spec.label})")
-        lock.acquire()
-    try:
+    what = f"epbuild making the toolchain of {provider} ({spec.label})"
+    with locks.hold(
+        directory + ".lock", what, timeout=lock_timeout, on_wait=say, note=False
+    ) as held:
         ready = read_marker(spec, directory)  # another build may have made it meanwhile
         if ready is not None:
             return ready
@@ -61,16 +59,14 @@ def ensure(
         started = time.monotonic()
         # Installers keep the lock's descriptor: should this process die, the lock stays
         # held until they end, so the next build waits instead of using a half-made one.
-        keep = getattr(getattr(lock, "_context", None), "lock_file_fd", None)
+        keep = () if held.fd is None else (held.fd,)
         try:
-            made = _make(spec, directory, provider, locked, () if keep is None else (keep,))
+            made = _make(spec, directory, provider, locked, keep)
         except BaseException:
             shutil.rmtree(directory, ignore_errors=True)
             raise
         say(f"toolchain for provider {provider} ready in {time.monotonic() - started:.1f} s")
         return made
-    finally:
-        lock.release()
 
 
 def _make(
@@ -87,21 +83,7 @@ def _make(
     with open(log, "w", encoding="utf-8"):
         pass  # this attempt's log only
     uv = shutil.which("uv") if os.environ.get("EPBUILD_INSTALLER", "") != "pip" else None
-    python = os.path.join(
-        directory, *(("Scripts", "python.exe") if os.name == "nt" else ("bin", "python"))
-    )
-    if uv:
-        _run(
-            [uv, "venv", "--quiet", "--python", sys.executable, directory],
-            log,
-            spec,
-            provider,
-            keep,
-        )
-        install = [uv, "pip", "install", "--python", python, *_uv_index_flags()]
-    else:
-        _run([sys.executable, "-m", "venv", directory], log, spec, provider, keep)
-        install = [python, "-m", "pip", "install", "--disable-pip-version-check"]
+    python, install = _make_venv(uv, directory, log, spec, provider, keep)
     if locked is None:
         _run([*install, *spec.requirements], log, spec, provider, keep)
     else:
@@ -134,6 +116,27 @@ def _make(
     made = read_marker(spec, directory)
     assert made is not None
     return made
+
+
+def _make_venv(
+    uv: str | None,
+    directory: str,
+    log: str,
+    spec: ToolchainSpec,
+    provider: str,
+    keep: tuple[int, ...],
+) -> tuple[str, list[str]]:
+    """Make an empty virtual environment (with ``uv`` where found); its interpreter and
+    the command that installs into it."""
+    python = os.path.join(
+        directory, *(("Scripts", "python.exe") if os.name == "nt" else ("bin", "python"))
+    )
+    if uv:
+        command = [uv, "venv", "--quiet", "--python", sys.executable, directory]
+        _run(command, log, spec, provider, keep)
+        return python, [uv, "pip", "install", "--python", python, *_uv_index_flags()]
+    _run([sys.executable, "-m", "venv", directory], log, spec, provider, keep)
+    return python, [python, "-m", "pip", "install", "--disable-pip-version-check"]
 
 
 def locked_requirements(locked: EnvironmentLock) -> str:

@@ -75,7 +75,7 @@ def find(
 
 def _holds(toolchain: Toolchain, locked: EnvironmentLock) -> bool:
     """Whether a toolchain has exactly the locked distributions at their locked versions."""
-    from epbuild.providers.base import installed_distributions, scanning
+    from epbuild.providers.distributions import installed_distributions, scanning
 
     with scanning(toolchain.sites):
         found = {n: v for n, (v, _site) in installed_distributions().items()}

@@ -85,12 +85,13 @@ class Pruned:
     """Environments left alone: a running build uses one, or one is being made."""
 
 
+_PRUNING = "epbuild toolchains --prune"
+
+
 def prune(keep: Iterable[str]) -> Pruned:
     """Remove every environment whose digest is not in ``keep`` — unless a build uses it or
     is making it — and the worker copies of other epbuild versions."""
-    from filelock import FileLock, Timeout
-
-    from epbuild.state import sharedlock
+    from epbuild.state import locks, sharedlock
     from epbuild.toolchains.boot import worker_path
     from epbuild.toolchains.resolve import USE_SUFFIX
 
@@ -103,17 +104,12 @@ def prune(keep: Iterable[str]) -> Pruned:
             busy.append(env.path)  # a running build uses it
             continue
         try:
-            lock = FileLock(env.path + ".lock")
-            try:
-                lock.acquire(timeout=0)
-            except Timeout:
-                busy.append(env.path)  # another epbuild is making it right now
-                continue
-            try:
+            with locks.try_hold(env.path + ".lock", _PRUNING, note=False) as held:
+                if held is None:
+                    busy.append(env.path)  # another epbuild is making it right now
+                    continue
                 shutil.rmtree(env.path, ignore_errors=True)
                 removed.append(env.path)
-            finally:
-                lock.release()
         finally:
             use.release()
     current, root = worker_path(), toolchain_root()
@@ -134,7 +130,7 @@ def prune(keep: Iterable[str]) -> Pruned:
 
 def _maker_alive(name: str) -> bool:
     """Whether the process named in a worker copy's temporary name
-    (``worker-<digest>.tmp-<pid>-<thread>``) still runs on this host."""
+    (``worker-<digest>.tmp-<pid>-<random>``) still runs on this host."""
     pid = name.rpartition(".tmp-")[2].partition("-")[0]
     if not pid.isdigit():
         return False
@@ -150,9 +146,7 @@ def _maker_alive(name: str) -> bool:
 def _remove_stray(env: str) -> None:
     """The log and lock files of an environment that is gone (a failed attempt, a pruned
     one), unless it is being made or a build is about to use it right now."""
-    from filelock import FileLock, Timeout
-
-    from epbuild.state import sharedlock
+    from epbuild.state import locks, sharedlock
     from epbuild.toolchains.resolve import USE_SUFFIX
 
     if os.path.isdir(env):
@@ -161,18 +155,13 @@ def _remove_stray(env: str) -> None:
     if use is None:
         return
     try:
-        lock = FileLock(env + ".lock")
-        try:
-            lock.acquire(timeout=0)
-        except Timeout:
-            return
-        try:
+        with locks.try_hold(env + ".lock", _PRUNING, note=False) as held:
+            if held is None:
+                return
             for path in (env + ".log", env + ".lock", env + USE_SUFFIX):
                 try:
                     os.unlink(path)
                 except FileNotFoundError:
                     pass  # another prune took it
-        finally:
-            lock.release()
     finally:
         use.release()

@@ -12,7 +12,7 @@ from epbuild.toolchains.env import Toolchain, env_dir, find
 from epbuild.toolchains.spec import ToolchainSpec
 
 if TYPE_CHECKING:
-    from epbuild.providers.base import ProviderConfig
+    from epbuild.providers.contract import ProviderConfig
     from epbuild.state.sharedlock import Held
     from epbuild.toolchains.lockfile import EnvironmentLock, Lock
 
@@ -39,6 +39,7 @@ class Toolchains:
         create: bool,
         say: Callable[[str], None] = lambda _: None,
         keys_from_lock: bool = True,
+        lock_timeout: float | None = None,
     ) -> None:
         self.create = create
         """Make missing environments (a build) or report them pending (status)."""
@@ -46,6 +47,9 @@ class Toolchains:
         self.keys_from_lock = keys_from_lock
         """Take the key versions of a toolchain not made yet from ``epbuild.lock``
         (``locked_versions``): restoring from the cache never makes it."""
+        self.lock_timeout = lock_timeout
+        """How long to wait for another process making the same thing (``--lock-timeout``;
+        None: as long as it takes)."""
         self._lock = threading.Lock()
         self._done: dict[tuple[ToolchainSpec, str], Toolchain | ToolchainError] = {}
         self._locks: dict[str, Lock | None] = {}
@@ -94,7 +98,7 @@ class Toolchains:
         """A provider in epbuild's own environment whose EP package is not installed here
         (a machine that only restores): the key versions the lock pins for it, if any."""
         from epbuild.providers import get_provider
-        from epbuild.providers.base import dist_version
+        from epbuild.providers.distributions import dist_version
         from epbuild.toolchains.lockfile import DEFAULT_ENV
 
         ep_dists = get_provider(config.ep).ep_dists
@@ -162,7 +166,9 @@ class Toolchains:
                 )
             from epbuild.toolchains.create import ensure
 
-            return ensure(spec, config.name, say=self.say, locked=locked)
+            return ensure(
+                spec, config.name, say=self.say, locked=locked, lock_timeout=self.lock_timeout
+            )
         except ToolchainError as exc:
             return exc
         except OSError as exc:

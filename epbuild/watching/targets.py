@@ -18,6 +18,7 @@ from epbuild.errors import EpbuildError
 if TYPE_CHECKING:
     from epbuild.manifest.load import Manifest
     from epbuild.planning.actions import Action
+    from epbuild.planning.workspace import Workspace
 
 GLOB_CHARS = re.compile(r"[*?\[]")
 """A path part with one of these is a glob."""
@@ -136,21 +137,8 @@ def make_targets(
 
     ws = open_workspace(m.root, None, selectors, loaded=m)
     root = str(m.root)
-    externals: dict[tuple[str, str | None], set[str]] = {}
-    inputs: dict[str, frozenset[str]] = {}
     folders: dict[str, str] = {}
-    for action in ws.actions:
-        mine: set[str] = set(_llm_inputs(action, root, folders))
-        folder = action.compile.external_data_folder
-        for model in action.models:
-            if (model, folder) not in externals:
-                try:
-                    externals[model, folder] = set(ws.keys.model_inputs(model, folder)[1])
-                except EpbuildError:  # missing or half-written: keep what we knew
-                    old = previous.inputs.get(action.id, frozenset()) if previous else set()
-                    externals[model, folder] = {p for p in old if p not in action.models}
-            mine |= {model, *externals[model, folder]}
-        inputs[action.id] = frozenset(mine)
+    inputs = _action_inputs(ws, root, folders, previous)
     manifest = os.path.abspath(m.path)
     files = {manifest} | {os.path.join(root, p) for s in inputs.values() for p in s}
     from epbuild.cache.location import resolve
@@ -191,6 +179,28 @@ def make_targets(
         {real: frozenset(paths) for real, paths in links.items()},
         folders,
     )
+
+
+def _action_inputs(
+    ws: Workspace, root: str, folders: dict[str, str], previous: Targets | None
+) -> dict[str, frozenset[str]]:
+    """Each selected action's input files: its models, their external data (what
+    ``previous`` knew of a model missing or half-written now) and an LLM's sources."""
+    externals: dict[tuple[str, str | None], set[str]] = {}
+    inputs: dict[str, frozenset[str]] = {}
+    for action in ws.actions:
+        mine: set[str] = set(_llm_inputs(action, root, folders))
+        folder = action.compile.external_data_folder
+        for model in action.models:
+            if (model, folder) not in externals:
+                try:
+                    externals[model, folder] = set(ws.keys.model_inputs(model, folder)[1])
+                except EpbuildError:  # missing or half-written: keep what we knew
+                    old = previous.inputs.get(action.id, frozenset()) if previous else set()
+                    externals[model, folder] = {p for p in old if p not in action.models}
+            mine |= {model, *externals[model, folder]}
+        inputs[action.id] = frozenset(mine)
+    return inputs
 
 
 def _llm_inputs(action: Action, root: str, folders: dict[str, str]) -> set[str]:

@@ -72,7 +72,7 @@ def status_detail(
     selectors: list[str] | tuple[str, ...] = (),
 ) -> list[ActionDetail]:
     """Per action and model: EPContext coverage, CPU fallback, sizes, time and memory."""
-    from epbuild.inspect.numerics import Store, last_check
+    from epbuild.inspection.numerics import Store, last_check
     from epbuild.planning.keys import ORT_KEY
     from epbuild.planning.staleness import make_plan
     from epbuild.planning.workspace import open_workspace

@@ -2,9 +2,9 @@
 rules, the manifest and the state journal; optionally load and run them (``--load``).
 
 The static checks are ``epbuild.onnx.context``'s rules (no onnx/onnxruntime import), then ONNX
-Runtime's own verdict on each ctx model for the EP's devices here (``epbuild.inspect.ortcompat``,
+Runtime's own verdict on each ctx model for the EP's devices here (``epbuild.inspection.ortcompat``,
 where onnxruntime and the EP can give one). ``--load`` runs each ctx model in a fresh subprocess
-(``epbuild.inspect.loading``).
+(``epbuild.inspection.loading``).
 """
 
 from __future__ import annotations
@@ -18,15 +18,15 @@ from typing import Any
 
 from epbuild.errors import ToolchainError, UserError
 from epbuild.fs import digest_file
-from epbuild.inspect.generation import (
+from epbuild.inspection.generation import (
     GenerationCheck,
     GenerationStatus,
     check_generation,
     require_genai,
 )
-from epbuild.inspect.loading import LoadCheck, LoadOutcome, load_check
-from epbuild.inspect.numerics import NumericsCheck, NumericsStatus, Store, check_action
-from epbuild.inspect.ortcompat import OrtCompatibility, ort_compatibility
+from epbuild.inspection.loading import LoadCheck, LoadOutcome, load_check
+from epbuild.inspection.numerics import NumericsCheck, NumericsStatus, Store, check_action
+from epbuild.inspection.ortcompat import OrtCompatibility, ort_compatibility
 from epbuild.onnx.context import (
     COMPAT_PREFIX,
     LazySourceText,
@@ -45,7 +45,7 @@ from epbuild.planning.actions import Action
 from epbuild.planning.damage import record_damage
 from epbuild.planning.workspace import Workspace, open_workspace
 from epbuild.providers import get_provider
-from epbuild.providers.base import scanning
+from epbuild.providers.distributions import scanning
 from epbuild.toolchains.env import Toolchain
 
 __all__ = ["LoadCheck", "LoadOutcome", "VerifyResult", "verify_outputs"]
@@ -131,7 +131,7 @@ def verify_outputs(
 ) -> VerifyResult:
     """Check every selected action's built outputs; with ``load``, also run them, ``jobs``
     loader processes at once (default: the workspace's ``jobs``); with ``numerics``, compare
-    each one's outputs with its source's (``epbuild.inspect.numerics``)."""
+    each one's outputs with its source's (``epbuild.inspection.numerics``)."""
     from concurrent.futures import ThreadPoolExecutor
 
     if jobs is not None and jobs < 1:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
@@ -156,7 +157,7 @@ def check(job: dict[str, Any]) -> dict[str, Any]:
     import onnxruntime as ort
 
     from epbuild.errors import EpbuildError, ProviderUnavailableError
-    from epbuild.providers.base import ProviderConfig
+    from epbuild.providers.contract import ProviderConfig
     from epbuild.runtime import open_models
 
     config = ProviderConfig.from_json(job["provider"])
@@ -206,15 +207,26 @@ def _explain(message: str) -> str:
     return message
 
 
-def main() -> None:
-    """Entry point."""
+def answer(
+    check: Callable[[dict[str, Any]], dict[str, Any]], plain: tuple[type[Exception], ...] = ()
+) -> None:
+    """A loader subprocess's entry point: one JSON job on stdin, ``check``'s result as one
+    JSON line on stdout. An exception is a failure: its type and first line, or (``plain``
+    exceptions) its text alone."""
     job = json.loads(sys.stdin.read())
     try:
         result = check(job)
+    except plain as exc:
+        result = {"outcome": "failed", "message": f"{exc}"}
     except Exception as exc:
         result = {"outcome": "failed", "message": f"{type(exc).__name__}: {exc}".splitlines()[0]}
     sys.stdout.write(json.dumps(result) + "\n")
     sys.stdout.flush()
+
+
+def main() -> None:
+    """Entry point."""
+    answer(check)
 
 
 if __name__ == "__main__":

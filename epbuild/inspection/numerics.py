@@ -222,7 +222,7 @@ def check_action(
 ) -> list[NumericsCheck]:
     """The numerical checks of one committed action's ctx models (recorded figures where
     there are some for the same key, else a loader run)."""
-    from epbuild.inspect.loading import load_check
+    from epbuild.inspection.loading import load_check
 
     checks = []
     for index, ctx in enumerate(action.ctx_paths):

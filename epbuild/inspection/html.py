@@ -17,7 +17,7 @@ from typing import Any
 from epbuild._names import CTX_SUFFIX, TRACE_NAME
 from epbuild.engine.memory import format_bytes
 from epbuild.engine.trace import KINDS, load_trace
-from epbuild.inspect.detail import COMPILER_NAMES, ActionDetail, numerics_summary, status_detail
+from epbuild.inspection.detail import COMPILER_NAMES, ActionDetail, numerics_summary, status_detail
 
 _CSS = """
 body{font:14px/1.4 system-ui,sans-serif;margin:24px;color:#222}

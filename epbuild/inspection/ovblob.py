@@ -16,10 +16,8 @@ loads first breaks the other in that process.
 
 from __future__ import annotations
 
-import json
 import os
 import struct
-import sys
 from typing import Any
 
 MAGIC = b"OVEP_BIN"
@@ -127,7 +125,7 @@ def check(job: dict[str, Any]) -> dict[str, Any]:
     """Run the source on ORT's CPU EP and the blob through openvino; compare each output."""
     import onnxruntime as ort
 
-    from epbuild.inspect.loadcheck import _worst, figures_of, samples
+    from epbuild.inspection.loadcheck import _worst, figures_of, samples
 
     provider = job["provider"]["name"]
     try:
@@ -183,15 +181,9 @@ def check(job: dict[str, Any]) -> dict[str, Any]:
 def main() -> None:
     """Entry point: one JSON job on stdin (``ctx``, ``source``, ``provider``, the numerics
     inputs), one JSON line on stdout."""
-    job = json.loads(sys.stdin.read())
-    try:
-        result = check(job)
-    except BlobError as exc:
-        result = {"outcome": "failed", "message": f"{exc}"}
-    except Exception as exc:
-        result = {"outcome": "failed", "message": f"{type(exc).__name__}: {exc}".splitlines()[0]}
-    sys.stdout.write(json.dumps(result) + "\n")
-    sys.stdout.flush()
+    from epbuild.inspection.loadcheck import answer
+
+    answer(check, plain=(BlobError,))
 
 
 if __name__ == "__main__":

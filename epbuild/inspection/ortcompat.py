@@ -9,25 +9,23 @@ machine (``get_model_compatibility_for_ep_devices``), answering with an
 
 Where there is no verdict (no onnxruntime, an older one, no device of the EP, or an EP that
 declines to judge) the result says why and nothing fails. An adapter may name the device
-types its EP judges (``compatibility_device_types``); ORT is then asked only with those. The
-onnxruntime-qnn 2.7.0 plugin judges only NPU devices and on x86_64 lists a CPU-typed one;
-asked anyway it refuses, and if a QNN session existed in the process before, the refusal
-segfaults it (measured with ORT 1.32), so on a build host the QNN verdict is "not available"
-without asking. onnxruntime is imported here, lazily: only ``verify`` and the runtime call
-this, never the build's coordinator.
+types its EP judges (``compatibility_device_types``); ORT is then asked only with those (why
+QNN names only NPU devices: docs/research/qnn-plugin.md). onnxruntime is imported here,
+lazily: only ``verify`` and the runtime call this, never the build's coordinator.
 """
 
 from __future__ import annotations
 
 import enum
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from epbuild.errors import EpbuildError
 from epbuild.onnx.context import Problem, Severity
 from epbuild.providers import get_provider
-from epbuild.providers.base import ProviderConfig
+from epbuild.providers.contract import ProviderConfig
 
 
 class OrtVerdict(enum.Enum):
@@ -80,6 +78,16 @@ class OrtCompatibility:
         }
 
 
+def _stored_info(read: Any, keys: Sequence[str], source: str | bytes) -> Any:
+    """The compatibility info a model stored under the EP's name, else under an older name
+    its outputs carried (``compatibility_keys``); None when it stored none."""
+    for key in keys:
+        info = read(source, key)
+        if info is not None:
+            return info
+    return None
+
+
 def ort_compatibility(
     file: str, path: str | os.PathLike[str], config: ProviderConfig, data: bytes | None = None
 ) -> OrtCompatibility:
@@ -104,12 +112,9 @@ def ort_compatibility(
     if read is None or judge is None:
         note = f"onnxruntime {ort.__version__} has no compatibility API (1.23 or later has)"
         return OrtCompatibility(file, None, ep=ep, note=note)
-    info = None
-    try:  # under the EP's name, else an older name its outputs carried (compatibility_keys)
-        for key in adapter.compatibility_keys(config) or (ep,):
-            info = read(data if data is not None else os.fspath(path), key)
-            if info is not None:
-                break
+    keys = adapter.compatibility_keys(config) or (ep,)
+    try:
+        info = _stored_info(read, keys, data if data is not None else os.fspath(path))
     except Exception as exc:  # ORT raises its own pybind classes
         return OrtCompatibility(
             file, None, ep=ep, note=f"ONNX Runtime cannot read it: {_first(exc)}"

@@ -1,5 +1,5 @@
 """Running a built ctx model beside its source: the loader process ``verify --load`` and
-``verify --numerics`` share (``epbuild.inspect.loadcheck`` runs in it).
+``verify --numerics`` share (``epbuild.inspection.loadcheck`` runs in it).
 
 Each ctx model runs in a fresh subprocess (in the action's toolchain where it has one) with
 ``session.disable_model_compile=1``: some built contexts crash the process that loads them on
@@ -78,14 +78,17 @@ def load_check(
     dims = action.free_dimensions[index]
     if dims:  # the source runs at the shapes the ctx model was compiled for
         job["free_dimensions"] = dims
-    check = _run_loader(ws.root, ctx, {**job, **(extra or {})}, toolchain)
+    job.update(extra or {})
+    check = _run_loader(ws.root, ctx, job, toolchain)
     failed = check.outcome is LoadOutcome.FAILED
     why = adapter.explain_load_failure(action.provider, check.message) if failed else None
     if why:  # a known limit of the EP's package, not a bad build
         check = LoadCheck(ctx, LoadOutcome.NOT_LOADABLE, why)
         module = adapter.standalone_loader(action.provider) if standalone else None
-        if module is not None:
-            check = _standalone(ws.root, ctx, {**job, **(extra or {})}, toolchain, module, why)
+        if module is not None:  # without the EP; where that cannot run either, both reasons
+            check = _run_loader(ws.root, ctx, job, toolchain, module)
+            if check.outcome is LoadOutcome.NOT_LOADABLE:
+                check = LoadCheck(ctx, LoadOutcome.NOT_LOADABLE, f"{why}; {check.message}")
     # Where the adapter says this host is not the target (QNN on x86_64 runs contexts in
     # an emulation), a native crash of the loader is the host's limit, not a bad build;
     # a corrupt context still fails with an error or wrong numbers.
@@ -99,28 +102,12 @@ def load_check(
     return check
 
 
-def _standalone(
-    root: str,
-    ctx: str,
-    job: dict[str, Any],
-    toolchain: Toolchain | str | None,
-    module: str,
-    why: str,
-) -> LoadCheck:
-    """The check of a model the EP cannot load here, run by ``module`` without the EP; when
-    that cannot run either, "not loadable here" with both reasons."""
-    check = _run_loader(root, ctx, job, toolchain, module)
-    if check.outcome is LoadOutcome.NOT_LOADABLE:
-        return LoadCheck(ctx, LoadOutcome.NOT_LOADABLE, f"{why}; {check.message}")
-    return check
-
-
 def _run_loader(
     root: str,
     ctx: str,
     job: dict[str, Any],
     toolchain: Toolchain | str | None,
-    module: str = "epbuild.inspect.loadcheck",
+    module: str = "epbuild.inspection.loadcheck",
 ) -> LoadCheck:
     command = own_command(module)
     if isinstance(toolchain, Toolchain):

@@ -1,0 +1,143 @@
+"""Which files a group's model entries name: globs expanded inside the workspace, never into
+epbuild's own directories or outputs (packages, a directory cache, ctx models)."""
+
+from __future__ import annotations
+
+import os
+import posixpath
+import re
+from pathlib import Path
+
+from epbuild._names import CACHE_LAYOUT, CTX_SUFFIX, PACKAGE_MANIFEST
+from epbuild.errors import ManifestError
+from epbuild.manifest.locate import Where
+
+_GLOB_CHARS = re.compile(r"[*?\[]")
+
+
+def is_pattern(entry: str) -> bool:
+    """Whether a model entry is a glob pattern."""
+    return bool(_GLOB_CHARS.search(entry))
+
+
+def expand_entry(
+    where: Where,
+    root: Path,
+    at: tuple[str, ...],
+    raw: str,
+    pattern: str,
+    glob: bool,
+    excluded: tuple[str, ...],
+) -> list[str]:
+    """The models one entry names: refuses a path inside epbuild's own directories and a
+    pattern that matches nothing (saying when it matches only there)."""
+    inside = [
+        (what, d)
+        for what, d in zip(("output", "state", "cache"), excluded, strict=False)
+        if pattern == d or pattern.startswith(d + "/")
+    ]
+    if inside and not glob:
+        raise where.error(
+            at,
+            f"model {raw!r} is inside the {inside[0][0]} directory {inside[0][1]!r}, "
+            "where epbuild writes and removes files",
+            "give out_dir (and state_dir) directories of their own, e.g. "
+            'out_dir = "build", and keep the models elsewhere',
+        )
+    expanded = expand(root, pattern, excluded)
+    if not expanded:
+        hidden = expand(root, pattern, ())
+        raise where.error(
+            at,
+            f"pattern {raw!r} matches no files"
+            + (
+                f" outside epbuild's own directories ({', '.join(sorted(set(excluded)))}): "
+                f"it matches only {hidden[0]!r}"
+                + (f" and {len(hidden) - 1} more there" if len(hidden) > 1 else "")
+                if hidden
+                else ""
+            ),
+            "give out_dir (and state_dir) directories of their own, e.g. "
+            'out_dir = "build", and keep the models elsewhere'
+            if hidden
+            else "add the models, or fix the pattern (relative to the manifest's directory)",
+        )
+    return expanded
+
+
+def expand(root: Path, pattern: str, excluded: tuple[str, ...]) -> list[str]:
+    """The files ``pattern`` names (itself when it is no pattern), outside the ``excluded``
+    directories and less epbuild's own outputs."""
+    if not _GLOB_CHARS.search(pattern):
+        return [pattern]
+    import glob
+
+    # root_dir: the workspace path itself may contain glob characters ("proj[1]").
+    base = str(root)
+    found = sorted(
+        posixpath.normpath(p.replace(os.sep, "/"))
+        for p in glob.glob(pattern, root_dir=base, recursive=True)
+        if os.path.isfile(os.path.join(base, p))
+    )
+    found = [p for p in found if not any(p == d or p.startswith(d + "/") for d in excluded)]
+    return _not_outputs(base, found)
+
+
+def _not_outputs(base: str, found: list[str]) -> list[str]:
+    """``found`` less epbuild's own outputs, wherever they are: anything inside a model
+    package (a folder holding ``PACKAGE_MANIFEST``) or a directory cache, and ctx models
+    (``*_ctx.onnx`` with EPContext nodes). Costs a few stats per folder, and reads only the
+    ctx-named files a pattern matched."""
+    verdicts: dict[str, bool] = {}
+
+    def epbuild_folder(folder: str) -> bool:
+        if folder in ("", "."):
+            return False
+        if folder not in verdicts:
+            here = os.path.join(base, folder)
+            verdicts[folder] = (
+                os.path.isfile(os.path.join(here, PACKAGE_MANIFEST))
+                or (
+                    os.path.isdir(os.path.join(here, CACHE_LAYOUT, "objects"))
+                    and os.path.isdir(os.path.join(here, CACHE_LAYOUT, "entries"))
+                )
+                or epbuild_folder(posixpath.dirname(folder))
+            )
+        return verdicts[folder]
+
+    return [
+        p
+        for p in found
+        if not epbuild_folder(posixpath.dirname(p))
+        and not (p.endswith(CTX_SUFFIX) and _has_context_nodes(os.path.join(base, p)))
+    ]
+
+
+def _has_context_nodes(path: str) -> bool:
+    """Whether the model at ``path`` holds EPContext nodes (a compiled output, not a source);
+    an unreadable one is left to the model checks."""
+    from epbuild.onnx.proto import ProtoError, read_model
+
+    try:
+        return bool(read_model(path).context_nodes)
+    except (OSError, ProtoError):
+        return False
+
+
+def check_model(
+    where: Where, root: Path, model: str, path: tuple[str, ...]
+) -> ManifestError | None:
+    """Why the listed ``model`` cannot be used (it is missing or not a file); None if it can."""
+    import stat
+
+    try:
+        mode = os.stat(os.path.join(root, model)).st_mode
+    except OSError:
+        return where.error(
+            path,
+            f"model file {model!r} does not exist",
+            "check the path (it is relative to the manifest's directory)",
+        )
+    if not stat.S_ISREG(mode):
+        return where.error(path, f"{model!r} is not a file")
+    return None

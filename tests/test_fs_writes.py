@@ -1,0 +1,107 @@
+"""The one file-writing API (``epbuild.fs``) and the one lock helper (``state.locks``)."""
+
+from __future__ import annotations
+
+import os
+import stat
+from pathlib import Path
+
+import pytest
+
+from epbuild import fs
+from epbuild.errors import LockTimeoutError
+from epbuild.state import locks
+
+
+def _fsynced(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Record what each fsync made durable: 'dir' or 'file'."""
+    seen: list[str] = []
+    real = os.fsync
+
+    def spy(fd: int) -> None:
+        seen.append("dir" if stat.S_ISDIR(os.fstat(fd).st_mode) else "file")
+        real(fd)
+
+    monkeypatch.setattr(os, "fsync", spy)
+    return seen
+
+
+def test_a_durable_write_fsyncs_the_file_and_its_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    seen = _fsynced(monkeypatch)
+    fs.atomic_write_bytes(str(tmp_path / "a" / "f"), b"one", mode=0o600)
+    assert seen == ["file", "dir"]
+    assert (tmp_path / "a" / "f").read_bytes() == b"one"
+    assert stat.S_IMODE((tmp_path / "a" / "f").stat().st_mode) == 0o600
+
+
+def test_a_cheap_write_fsyncs_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    seen = _fsynced(monkeypatch)
+    fs.atomic_write_text(str(tmp_path / "f"), "é", durable=False)
+    fs.atomic_copy(str(tmp_path / "f"), str(tmp_path / "g"))
+    assert seen == []
+    assert (tmp_path / "g").read_text(encoding="utf-8") == "é"
+
+
+def test_a_failed_write_keeps_the_old_file_and_leaves_no_temp(tmp_path: Path) -> None:
+    target = tmp_path / "f"
+    target.write_bytes(b"old")
+    with pytest.raises(RuntimeError), fs.atomic_output(str(target), durable=True) as tmp:
+        Path(tmp).write_bytes(b"half")
+        raise RuntimeError("killed half-way")
+    assert target.read_bytes() == b"old"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["f"]
+
+
+def test_a_new_directory_made_twice_keeps_the_first(tmp_path: Path) -> None:
+    final = tmp_path / "d"
+    with fs.new_directory(str(final)) as first:
+        Path(first, "x").write_text("1")
+    with fs.new_directory(str(final)) as second:
+        Path(second, "x").write_text("2")  # another process got there first
+    assert (final / "x").read_text() == "1"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["d"]
+
+
+@pytest.mark.parametrize("exchange", [True, False])
+def test_replace_directory_swaps_whole_directories(tmp_path: Path, exchange: bool) -> None:
+    dest, new = tmp_path / "dest", tmp_path / "new"
+    dest.mkdir()
+    (dest / "old").write_text("old")
+    new.mkdir()
+    (new / "fresh").write_text("new")
+    fs.replace_directory(str(new), str(dest), aside=str(tmp_path / "aside"), exchange=exchange)
+    assert [p.name for p in dest.iterdir()] == ["fresh"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["dest"]
+
+
+def test_try_hold_yields_none_while_the_lock_is_taken(tmp_path: Path) -> None:
+    lock = str(tmp_path / "x.lock")
+    with locks.hold(lock, "a test"):
+        with locks.try_hold(lock, "a second taker") as held:
+            assert held is None
+        third = locks.hold(lock, "a third taker", timeout=0.1)
+        with pytest.raises(LockTimeoutError, match="held by a test"), third:
+            pass
+    with locks.try_hold(lock, "a second taker") as held:
+        assert held is not None
+
+
+def test_making_a_toolchain_honours_the_lock_timeout(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A build with ``--lock-timeout`` does not wait for ever on another build making the
+    same toolchain (it used to wait without a bound)."""
+    from epbuild.toolchains import create
+    from epbuild.toolchains.env import env_dir
+    from epbuild.toolchains.spec import ToolchainSpec
+
+    monkeypatch.setenv("EPBUILD_TOOLCHAINS", str(tmp_path / "toolchains"))
+    spec = ToolchainSpec(requirements=("onnxruntime==1.0.0",))
+    said: list[str] = []
+    held = locks.hold(env_dir(spec, None) + ".lock", "another build", note=False)
+    with held, pytest.raises(LockTimeoutError):
+        create.ensure(spec, "p", say=said.append, lock_timeout=0.2)
+    assert said == ["waiting for epbuild making the toolchain of p (onnxruntime==1.0.0) to "
+                    "release its lock"]  # fmt: skip
