@@ -110,28 +110,33 @@ def workspace(tmp_path: Path) -> Workspace:
     return Workspace(tmp_path / "ws")
 
 
+def write_simple(workspace: Workspace, **group_overrides: Any) -> Workspace:
+    """A sharing pair (a, b) and a single model (c) for one HTP target, unbuilt."""
+    import numpy as np
+
+    w = np.random.default_rng(7).standard_normal((32, 32), dtype=np.float32) * 0.1
+    workspace.model("models/a.onnx", matmul_model(1, shared=w))
+    workspace.model("models/b.onnx", matmul_model(2, shared=w, batch=4))
+    workspace.model("models/c.onnx", matmul_model(3))
+    workspace.manifest(
+        {
+            "providers": {"htp": HTP73},
+            "groups": {
+                "pair": {"models": ["models/a.onnx", "models/b.onnx"], "providers": ["htp"],
+                         "share_weights": True, **group_overrides},
+                "single": {"models": ["models/c.onnx"], "providers": ["htp"]},
+            },
+        }
+    )  # fmt: skip
+    return workspace
+
+
 @pytest.fixture
 def simple_ws(workspace: Workspace) -> Callable[..., Workspace]:
     """A workspace with a sharing pair and a single model for one HTP target."""
 
     def make(**group_overrides: Any) -> Workspace:
-        import numpy as np
-
-        w = np.random.default_rng(7).standard_normal((32, 32), dtype=np.float32) * 0.1
-        workspace.model("models/a.onnx", matmul_model(1, shared=w))
-        workspace.model("models/b.onnx", matmul_model(2, shared=w, batch=4))
-        workspace.model("models/c.onnx", matmul_model(3))
-        workspace.manifest(
-            {
-                "providers": {"htp": HTP73},
-                "groups": {
-                    "pair": {"models": ["models/a.onnx", "models/b.onnx"], "providers": ["htp"],
-                             "share_weights": True, **group_overrides},
-                    "single": {"models": ["models/c.onnx"], "providers": ["htp"]},
-                },
-            }
-        )  # fmt: skip
-        return workspace
+        return write_simple(workspace, **group_overrides)
 
     return make
 
@@ -227,3 +232,22 @@ def built_once(
         return workspace
 
     return copy
+
+
+def _build_simple(ws: Workspace) -> None:
+    from epbuild.results import Outcome
+
+    result = write_simple(ws).build()
+    assert result.ok, [(a.id, a.error) for a in result.actions if a.error]
+    assert result.count(Outcome.COMPILED) == 2  # the pair (one action) and the single
+
+
+@pytest.fixture
+def simple_built(
+    built_once: Callable[[str, Callable[[Workspace], None], Workspace], Workspace],
+    workspace: Workspace,
+) -> Workspace:
+    """``simple_ws()`` built: the test's own copy of a build made once per session (three
+    compiles saved per test). Its first status or build re-hashes (new inodes) and finds
+    everything up to date."""
+    return built_once("simple", _build_simple, workspace)

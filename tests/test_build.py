@@ -30,9 +30,8 @@ def test_first_build_then_noop(simple_ws: Callable[..., Workspace]) -> None:
     assert second.count(Outcome.UP_TO_DATE) == 2 and second.count(Outcome.COMPILED) == 0
 
 
-def test_sharing_group_references_one_bin(simple_ws: Callable[..., Workspace]) -> None:
-    ws = simple_ws()
-    ws.build()
+def test_sharing_group_references_one_bin(simple_built: Workspace) -> None:
+    ws = simple_built
     d = ws.root / "build" / "pair" / "htp"
     refs = set()
     for ctx in ("a_ctx.onnx", "b_ctx.onnx"):
@@ -58,12 +57,11 @@ def test_three_model_sharing_group(workspace: Workspace) -> None:
     assert files == ["x_ctx.onnx", "x_ctx_qnn.bin", "y_ctx.onnx", "z_ctx.onnx"]
 
 
-def test_touch_rebuilds_nothing_and_rehashes_once(simple_ws: Callable[..., Workspace]) -> None:
+def test_touch_rebuilds_nothing_and_rehashes_once(simple_built: Workspace) -> None:
     from epbuild.planning.staleness import make_plan
     from epbuild.planning.workspace import open_workspace
 
-    ws = simple_ws()
-    ws.build()
+    ws = simple_built
     for p in (ws.root / "models").iterdir():
         st = p.stat()
         os.utime(p, ns=(st.st_atime_ns, st.st_mtime_ns - 5_000_000_000))
@@ -75,9 +73,8 @@ def test_touch_rebuilds_nothing_and_rehashes_once(simple_ws: Callable[..., Works
     assert w.stats.hashed == 0, "an untouched-since-last-run input was re-hashed"
 
 
-def test_changed_model_rebuilds_exactly_its_actions(simple_ws: Callable[..., Workspace]) -> None:
-    ws = simple_ws()
-    ws.build()
+def test_changed_model_rebuilds_exactly_its_actions(simple_built: Workspace) -> None:
+    ws = simple_built
     ws.model("models/b.onnx", matmul_model(99, batch=4))  # b is in the sharing group
     status = {a.id: a for a in ws.build(dry_run=True).actions}
     assert status["pair/htp"].outcome is Outcome.WOULD_BUILD
@@ -100,13 +97,12 @@ def test_changed_option_rebuilds_that_provider(workspace: Workspace) -> None:
     assert result.actions[1].reasons == ['provider option vtcm_mb: unset → "4"']
 
 
-def test_version_change_stales_everything(simple_ws: Callable[..., Workspace],
+def test_version_change_stales_everything(simple_built: Workspace,
                                           monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
     from epbuild import api
     from epbuild.providers import qnn
 
-    ws = simple_ws()
-    ws.build()
+    ws = simple_built
     real = qnn.dist_version
     monkeypatch.setattr(qnn, "dist_version",
                         lambda d: "9.9.9" if d == "onnxruntime-qnn" else real(d))  # fmt: skip
@@ -140,9 +136,8 @@ def test_outputs_identical_across_workspace_paths(simple_ws: Callable[..., Works
 
 
 @pytest.mark.slow
-def test_moved_output_dir_stays_valid(simple_ws: Callable[..., Workspace], tmp_path: Path) -> None:
-    ws = simple_ws()
-    ws.build()
+def test_moved_output_dir_stays_valid(simple_built: Workspace, tmp_path: Path) -> None:
+    ws = simple_built
     moved = tmp_path / "moved"
     shutil.move(str(ws.root / "build"), moved)
     for ctx in moved.rglob("*_ctx.onnx"):
@@ -155,9 +150,8 @@ def test_moved_output_dir_stays_valid(simple_ws: Callable[..., Workspace], tmp_p
     assert ws.build().count(Outcome.COMPILED) == 2
 
 
-def test_modified_output_is_rebuilt(simple_ws: Callable[..., Workspace]) -> None:
-    ws = simple_ws()
-    ws.build()
+def test_modified_output_is_rebuilt(simple_built: Workspace) -> None:
+    ws = simple_built
     bin_path = ws.root / "build" / "single" / "htp" / "c_ctx_qnn.bin"
     data = bytearray(bin_path.read_bytes())
     data[100] ^= 0xFF
@@ -199,9 +193,8 @@ def test_cli_json_and_exit_codes(simple_ws: Callable[..., Workspace]) -> None:
 
 
 @pytest.mark.slow
-def test_clean_removes_outputs(simple_ws: Callable[..., Workspace]) -> None:
-    ws = simple_ws()
-    ws.build()
+def test_clean_removes_outputs(simple_built: Workspace) -> None:
+    ws = simple_built
     assert ws.cli("clean").returncode == 0
     assert not list((ws.root / "build").rglob("*.onnx"))
     assert (ws.root / "models" / "a.onnx").exists()
@@ -210,10 +203,9 @@ def test_clean_removes_outputs(simple_ws: Callable[..., Workspace]) -> None:
 
 @pytest.mark.slow
 def test_outputs_of_removed_actions_are_reported_and_cleaned(
-    simple_ws: Callable[..., Workspace],
+    simple_built: Workspace,
 ) -> None:
-    ws = simple_ws()
-    ws.build()
+    ws = simple_built
     text = (ws.root / "epbuild.toml").read_text()
     single = text.index("[groups.single]")
     (ws.root / "epbuild.toml").write_text(text[:single])
@@ -227,9 +219,8 @@ def test_outputs_of_removed_actions_are_reported_and_cleaned(
 
 
 @pytest.mark.slow
-def test_status_json_lists_orphaned_actions(simple_ws: Callable[..., Workspace]) -> None:
-    ws = simple_ws()
-    ws.build()
+def test_status_json_lists_orphaned_actions(simple_built: Workspace) -> None:
+    ws = simple_built
     text = (ws.root / "epbuild.toml").read_text()
     (ws.root / "epbuild.toml").write_text(text[: text.index("[groups.single]")])
     doc = ws.cli_json("status")

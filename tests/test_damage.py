@@ -4,7 +4,6 @@ within one timestamp tick is never trusted (real QNN builds)."""
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -39,9 +38,8 @@ def stale_reasons(ws: Workspace) -> dict[str, str]:
 
 
 @pytest.fixture
-def built(simple_ws: Callable[..., Workspace]) -> Workspace:
-    ws = simple_ws()
-    assert ws.build().count(Outcome.COMPILED) == 2
+def built(simple_built: Workspace) -> Workspace:
+    ws = simple_built  # compiled once per session (two actions), copied
     assert ws.build().count(Outcome.UP_TO_DATE) == 2  # writes the no-op fingerprint
     return ws
 

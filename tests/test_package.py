@@ -94,11 +94,9 @@ def tree(root: Path) -> dict[str, bytes]:
 
 
 @pytest.fixture
-def built(simple_ws: Any) -> Workspace:
-    """The sharing pair + single model, built."""
-    ws: Workspace = simple_ws()
-    assert ws.build().ok
-    return ws
+def built(simple_built: Workspace) -> Workspace:
+    """The sharing pair + single model, built (a copy of one build per session)."""
+    return simple_built
 
 
 def test_quickstart_package_opens_and_runs_in_onnxruntime(tmp_path: Path) -> None:

@@ -89,9 +89,8 @@ def test_a_model_without_a_reference_is_refused(tmp_path: Path, model: onnx.Mode
 # The rule in a real build, in the coordinator's staging check, and in verify
 
 
-def test_real_sharing_group_passes(simple_ws: Callable[..., Workspace]) -> None:
-    ws = simple_ws()
-    assert ws.build().ok
+def test_real_sharing_group_passes(simple_built: Workspace) -> None:
+    ws = simple_built
     out = ws.root / "build" / "pair" / "htp"
     files = [f"build/pair/htp/{n}" for n in ("a_ctx.onnx", "b_ctx.onnx")]
     infos = [read_model(ws.root / f) for f in files]
@@ -116,15 +115,12 @@ def test_ep_ignoring_share_ep_contexts_fails_the_action(
     assert not (ws.root / "build" / "pair").exists()
 
 
-def test_staging_check_refuses_two_binaries(
-    simple_ws: Callable[..., Workspace], tmp_path: Path
-) -> None:
+def test_staging_check_refuses_two_binaries(simple_built: Workspace, tmp_path: Path) -> None:
     """The coordinator holds the rule whatever the worker said (a farm worker, a cache)."""
     from epbuild.engine.staging import check_staged
     from epbuild.errors import VerificationError
 
-    ws = simple_ws()
-    assert ws.build().ok
+    ws = simple_built
     staging = ws.root / "build" / ".staging" / "pair-1"
     shutil.copytree(ws.root / "build" / "pair" / "htp", staging)
     shutil.copyfile(staging / "a_ctx_qnn.bin", staging / "b_ctx_qnn.bin")
