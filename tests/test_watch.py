@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import queue
@@ -104,9 +105,20 @@ class Watcher:
         return self.proc.wait()
 
     def close(self) -> None:
+        """Kill the watcher and everything it started (a worker left compiling after a
+        failed test would outlive the run)."""
+        import psutil
+
         if self.proc.poll() is None:
+            try:
+                family = psutil.Process(self.proc.pid).children(recursive=True)
+            except psutil.Error:
+                family = []
             self.proc.kill()
             self.proc.wait()
+            for child in family:
+                with contextlib.suppress(psutil.Error):
+                    child.kill()
         for t in self.threads:
             t.join(timeout=5)
         for pipe in (self.proc.stdout, self.proc.stderr):
