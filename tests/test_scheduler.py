@@ -6,6 +6,7 @@ import json
 import os
 import threading
 from collections.abc import Callable
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import onnx
@@ -141,3 +142,32 @@ def test_peak_memory_and_liveness_are_portable_helpers() -> None:
     child = subprocess.Popen([sys.executable, "-c", "pass"])
     child.wait()
     assert not _alive(child.pid)
+
+
+class _FakeProc:
+    """Enough of a Popen for ``LocalExecutor._take``: alive until reaped."""
+
+    def poll(self) -> None:
+        return None
+
+
+@pytest.mark.parametrize(("jobs", "started"), [(1, 1), (2, 2), (3, 3), (None, 4)])
+def test_spares_are_started_only_for_jobs_still_to_come(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, jobs: int | None, started: int
+) -> None:
+    """A build that knows its job count starts one worker per job (a spare nobody takes
+    costs a whole ``import onnxruntime`` beside the compiles); without a count (a watch
+    session) one spare always stays warm for the next job."""
+    from epbuild.executors.local import LocalExecutor
+
+    executor = LocalExecutor(str(tmp_path), prewarm=True, jobs=jobs)
+    spawned: list[tuple[str, ...]] = []
+
+    def spawn(boot: tuple[str, ...]) -> _FakeProc:
+        spawned.append(boot)
+        return _FakeProc()
+
+    monkeypatch.setattr(executor, "_spawn", spawn)
+    for _ in range(jobs or 3):
+        assert executor._take(()) is not None
+    assert len(spawned) == started

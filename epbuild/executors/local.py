@@ -148,9 +148,13 @@ def outcome_of(result: Any, code: int, log_path: str) -> WorkerOutcome:
 class LocalExecutor:
     """Fresh subprocess per action on this machine."""
 
-    def __init__(self, root: str, *, prewarm: bool = True) -> None:
+    def __init__(self, root: str, *, prewarm: bool = True, jobs: int | None = None) -> None:
         self.root = root
         self.prewarm = prewarm
+        self._upcoming = jobs
+        """Jobs still to come (None: unknown, as in a watch session): a spare is started only
+        for one of them. A spare nobody takes costs a whole ``import onnxruntime`` of CPU,
+        taken from the compiles beside it."""
         self._lock = threading.Lock()
         self._running: set[subprocess.Popen[bytes]] = set()
         self._spares: list[tuple[tuple[str, ...], subprocess.Popen[bytes]]] = []
@@ -171,8 +175,9 @@ class LocalExecutor:
 
     def _take(self, boot: tuple[str, ...]) -> subprocess.Popen[bytes] | None:
         """A warm worker started with ``boot`` (else a new one); leaves a spare of the same
-        kind behind for the next job. None once cancelled: a job whose thread reaches here
-        after Ctrl-C must not start a compile that the interrupted build then waits for."""
+        kind behind for the next job, if one is still to come. None once cancelled: a job whose
+        thread reaches here after Ctrl-C must not start a compile that the interrupted build
+        then waits for."""
         with self._lock:
             if self._cancelled:
                 return None
@@ -185,7 +190,9 @@ class LocalExecutor:
                 _reap(item[1])
             if proc is None:
                 proc = self._spawn(boot)
-            if self.prewarm and not self._cancelled:
+            if self._upcoming is not None:
+                self._upcoming = max(0, self._upcoming - 1)
+            if self.prewarm and (self._upcoming is None or self._upcoming > len(self._spares)):
                 self._spares.append((boot, self._spawn(boot)))
             self._running.add(proc)
             return proc
