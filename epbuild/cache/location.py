@@ -67,21 +67,12 @@ def resolve(
     return CacheConfig(os.path.abspath(os.path.join(rel_to, os.path.expanduser(value))), None, push)
 
 
-def open_cache(
-    option: str | bool | None,
-    *,
-    base: str,
-    manifest_value: str | None = None,
-    manifest_root: str | None = None,
-    push: bool = False,
-) -> ActionCache | None:
-    """The action cache to use (see ``resolve``); None when caching is off."""
+def open_cache(cfg: CacheConfig | None, *, push: bool = False) -> ActionCache | None:
+    """The action cache at ``cfg`` (``resolve``'s answer; None when caching is off), checked:
+    ``push`` (``--cache-push``) needs a remote tier, and the local tier must be a directory."""
     from epbuild.cache.actioncache import ActionCache
     from epbuild.errors import UserError
 
-    cfg = resolve(
-        option, base=base, manifest_value=manifest_value, manifest_root=manifest_root, push=push
-    )
     if cfg is None:
         if push:
             raise UserError("--cache-push needs a cache", hint="drop --no-cache")

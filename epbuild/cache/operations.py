@@ -13,7 +13,6 @@ from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING
 
 from epbuild.cache.archive import ArchiveReport, export_entries, import_archive
-from epbuild.cache.location import open_cache
 from epbuild.cache.prune import PruneReport, prune
 from epbuild.cache.trust import CacheVerifyReport, verify_all
 from epbuild.errors import UserError
@@ -60,9 +59,9 @@ def _open(
 
 
 def _cache(ws: Workspace, directory: str | os.PathLike[str], option: str | None) -> ActionCache:
-    base = os.path.abspath(directory)
-    configured = ws.manifest.workspace.cache
-    cache = open_cache(option, base=base, manifest_value=configured, manifest_root=ws.root)
+    from epbuild.engine.builder import open_action_cache
+
+    cache = open_action_cache(ws, directory, option)
     if cache is None:
         raise UserError(
             "the cache is off (EPBUILD_CACHE or [workspace] cache)", hint="pass --cache DIR"

@@ -39,15 +39,16 @@ def open_action_cache(
 ) -> ActionCache | None:
     """The build's action cache: ``option`` (a directory or URL, False for none, None for the
     configured one), else the manifest's; ``push`` also writes compiles to a remote tier."""
-    from epbuild.cache.location import open_cache
+    from epbuild.cache.location import open_cache, resolve
 
-    return open_cache(
+    cfg = resolve(
         option,
         base=os.path.abspath(directory),
         manifest_value=ws.manifest.workspace.cache,
         manifest_root=ws.root,
         push=push,
     )
+    return open_cache(cfg, push=push)
 
 
 def save_stats(ws: Workspace) -> None:
