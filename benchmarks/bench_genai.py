@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import shutil
 import statistics
 import subprocess
 import sys
@@ -27,19 +26,8 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-FIXTURES = ROOT / "tests" / "fixtures" / "llm"
-MANIFEST = """\
-[providers.htp-v73]
-ep = "qnn"
-options = { htp_arch = "73", soc_model = "60" }
-
-[llms.chat]
-source = "models/tiny"
-providers = ["htp-v73"]
-context_length = 64
-window_size = 16
-share_weights = false
-"""
+sys.path.insert(0, str(ROOT / "tests"))
+from llmfixture import chat_manifest, place_source  # noqa: E402  (the tests' fixtures)
 
 
 def _epbuild(ws: Path, *args: str) -> float:
@@ -63,8 +51,8 @@ def main() -> None:
 
     with tempfile.TemporaryDirectory() as tmp:
         ws = Path(tmp)
-        shutil.copytree(FIXTURES / args.family, ws / "models" / "tiny")
-        (ws / "epbuild.toml").write_text(MANIFEST)
+        place_source(ws, args.family)
+        (ws / "epbuild.toml").write_text(chat_manifest())
         cold = _epbuild(ws, "build")
         warm = _epbuild(ws, "build")
         noop = statistics.median(_epbuild(ws, "build") for _ in range(max(args.runs, 1)))

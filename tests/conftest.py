@@ -15,6 +15,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent))
 
 import waits
+from llmfixture import chat_manifest, place_source
 from modelgen import matmul_model, save
 
 HTP73 = {"ep": "qnn", "options": {"htp_arch": "73", "soc_model": "60"}}
@@ -64,6 +65,13 @@ class Workspace:
         path = self.root / "epbuild.toml"
         path.write_text(data if isinstance(data, str) else render_manifest(data))
         return path
+
+    def llm(self, family: str = "llama", **manifest: Any) -> Workspace:
+        """``models/tiny`` from the LLM fixture ``family`` (kept when already there) and a
+        manifest that builds it (``llmfixture.chat_manifest(**manifest)``)."""
+        place_source(self.root, family)
+        self.manifest(chat_manifest(**manifest))
+        return self
 
     def build(self, *selectors: str, **kw: Any) -> Any:
         from epbuild import build

@@ -11,28 +11,15 @@ from pathlib import Path
 import onnx
 import pytest
 from conftest import Workspace
+from llmfixture import LLM_FIXTURES
 
 from epbuild.llm.generate import DEFAULT_NEAR_TIE, Verdict, compare, genai_installed, generate
 
-FIXTURES = Path(__file__).resolve().parent / "fixtures" / "llm"
-MANIFEST = """\
-[providers.htp-v73]
-ep = "qnn"
-options = {{ htp_arch = "73", soc_model = "60" }}
-
-[llms.chat]
-source = "models/tiny"
-providers = ["htp-v73"]
-context_length = {context}
-window_size = 16
-share_weights = {share}
-"""
+FIXTURES = LLM_FIXTURES
 
 
 def _ws(ws: Workspace, *, share: bool, context: int = 64, family: str = "llama") -> None:
-    if not (ws.root / "models" / "tiny").exists():
-        shutil.copytree(FIXTURES / family, ws.root / "models" / "tiny")
-    ws.manifest(MANIFEST.format(context=context, share=str(share).lower()))
+    ws.llm(family, share=share, context=context)
 
 
 def _ops(path: Path) -> list[str]:

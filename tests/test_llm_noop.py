@@ -9,33 +9,19 @@ import os
 import shutil
 import sys
 from collections.abc import Callable
-from pathlib import Path
 
 import pytest
 import waits
 from conftest import Workspace
+from llmfixture import LLM_FIXTURES
 
 from epbuild.planning.noop import fast_noop
 
-FIXTURES = Path(__file__).resolve().parent / "fixtures" / "llm"
-MANIFEST = """\
-[providers.htp-v73]
-ep = "qnn"
-options = { htp_arch = "73", soc_model = "60" }
-
-[llms.chat]
-source = "models/tiny"
-providers = ["htp-v73"]
-context_length = 64
-window_size = 16
-share_weights = false
-"""
 BuiltOnce = Callable[[str, Callable[[Workspace], None], Workspace], Workspace]
 
 
 def _make(ws: Workspace) -> None:
-    shutil.copytree(FIXTURES / "llama", ws.root / "models" / "tiny")
-    ws.manifest(MANIFEST)
+    ws.llm()
     ws.cli("build", check=True)
 
 
@@ -92,7 +78,7 @@ def test_deleted_package_file_misses_and_is_written_again(llm_ws: Workspace) -> 
     copied = llm_ws.root / "build" / "chat" / "htp-v73" / "tokenizer.json"
     copied.unlink()
     _compiled_or_written(llm_ws)
-    assert copied.read_bytes() == (FIXTURES / "llama" / "tokenizer.json").read_bytes()
+    assert copied.read_bytes() == (LLM_FIXTURES / "llama" / "tokenizer.json").read_bytes()
 
 
 def test_touched_source_onnx_misses(llm_ws: Workspace) -> None:

@@ -6,37 +6,25 @@ left on the CPU), packaged with a config that points at the compiled stages, and
 from __future__ import annotations
 
 import json
-import shutil
-from pathlib import Path
 
 import onnx
 import pytest
 from conftest import Workspace
+from llmfixture import LLM_FIXTURES
 
 from epbuild.errors import ManifestError
 from epbuild.llm.generate import genai_installed
 from epbuild.manifest.load import load_manifest
 from epbuild.planning.noop import fast_noop
 
-FIXTURES = Path(__file__).resolve().parent / "fixtures" / "llm"
+FIXTURES = LLM_FIXTURES
 PIPELINE = FIXTURES / "llama-pipeline"
-MANIFEST = """\
-[providers.htp-v73]
-ep = "qnn"
-options = {{ htp_arch = "73", soc_model = "60" }}
-
-[llms.chat]
-source = "models/tiny"
-providers = ["htp-v73"]
-share_weights = {share}
-"""
 needs_genai = pytest.mark.skipif(not genai_installed(), reason="pip install -e '.[genai]'")
 
 
 def _ws(ws: Workspace, *, share: bool, extra: str = "") -> None:
-    if not (ws.root / "models" / "tiny").exists():
-        shutil.copytree(PIPELINE, ws.root / "models" / "tiny")
-    ws.manifest(MANIFEST.format(share=str(share).lower()) + extra)
+    ws.llm(PIPELINE.name, share=share, context=None, window=None)
+    ws.manifest((ws.root / "epbuild.toml").read_text() + extra)
 
 
 def _compiled(stderr: str) -> list[str]:

@@ -6,34 +6,21 @@ from __future__ import annotations
 
 import json
 import shutil
-from pathlib import Path
 
 import pytest
 from conftest import Workspace
+from llmfixture import LLM_FIXTURES
 
 from epbuild.errors import UserError
 from epbuild.inspection.verify import verify_outputs
 from epbuild.llm.generate import genai_installed
 
 pytestmark = pytest.mark.skipif(not genai_installed(), reason="pip install -e '.[genai]'")
-FIXTURES = Path(__file__).resolve().parent / "fixtures" / "llm"
-MANIFEST = """\
-[providers.htp-v73]
-ep = "qnn"
-options = {{ htp_arch = "73", soc_model = "60" }}
-
-[llms.chat]
-source = "models/tiny"
-providers = ["htp-v73"]
-context_length = 64
-window_size = 16
-share_weights = {share}
-"""
+FIXTURES = LLM_FIXTURES
 
 
 def _built(ws: Workspace, *, share: bool, family: str = "llama") -> None:
-    shutil.copytree(FIXTURES / family, ws.root / "models" / "tiny")
-    ws.manifest(MANIFEST.format(share=str(share).lower()))
+    ws.llm(family, share=share)
     ws.cli("build", check=True)
 
 

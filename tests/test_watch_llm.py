@@ -5,34 +5,17 @@ decoder recompiles the LLM's graphs, and a broken genai_config.json is a manifes
 from __future__ import annotations
 
 import json
-import shutil
 from collections.abc import Iterator
-from pathlib import Path
 
 import onnx
 import pytest
 from conftest import Workspace
 from test_watch import Watcher, built
 
-FIXTURES = Path(__file__).resolve().parent / "fixtures" / "llm"
-MANIFEST = """\
-[providers.htp-v73]
-ep = "qnn"
-options = { htp_arch = "73", soc_model = "60" }
-
-[llms.chat]
-source = "models/tiny"
-providers = ["htp-v73"]
-context_length = 64
-window_size = 16
-share_weights = false
-"""
-
 
 @pytest.fixture
 def llm_watch(workspace: Workspace) -> Iterator[tuple[Workspace, Watcher]]:
-    shutil.copytree(FIXTURES / "llama", workspace.root / "models" / "tiny")
-    workspace.manifest(MANIFEST)
+    workspace.llm()
     w = Watcher(workspace.root)
     try:
         first = w.next()
