@@ -42,6 +42,31 @@ def epbuild(ws: Path, *args: str) -> tuple[subprocess.CompletedProcess[str], flo
     return proc, time.perf_counter() - t0
 
 
+def print_checks(ws: Path, compile_s: dict[str, float]) -> float:
+    """Check each action of ``compile_s`` alone (``verify --numerics --json ACTION``) and print
+    a row per model: its worst output's figures, the compile's and the check's seconds, the
+    status; returns the checks' seconds in all."""
+    print(f"{'model':<22}{'worst output':<14}{'max_abs':>10}{'max_rel':>10}{'cosine':>11}"
+          f"{'argmax':>8}{'compile s':>11}{'check s':>9}")  # fmt: skip
+    total = 0.0
+    for action_id in sorted(compile_s):
+        proc, seconds = epbuild(ws, "verify", "--numerics", "--json", action_id)
+        total += seconds
+        (check,) = json.loads(proc.stdout)["numerics"]
+        name = action_id.rsplit("/", 1)[-1]
+        if not check["outputs"]:
+            print(f"{name:<22}{check['status']}: {check['reason']}")
+            continue
+        worst = max(check["outputs"], key=lambda o: o["max_rel"] or float("inf"))
+        argmax = "-" if worst["argmax"] is None else f"{worst['argmax']:.2f}"
+        print(
+            f"{name:<22}{worst['name'][:13]:<14}{worst['max_abs']:>10.3g}"
+            f"{worst['max_rel']:>10.3g}{worst['cosine']:>11.6f}{argmax:>8}"
+            f"{compile_s[action_id]:>11.2f}{seconds:>9.2f}  {check['status']}"
+        )
+    return total
+
+
 def main() -> None:
     """Entry point."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -58,23 +83,7 @@ def main() -> None:
             sys.exit(f"build failed:\n{proc.stdout}\n{proc.stderr}")
         detail = json.loads(epbuild(ws, "status", "--detail", "--json", selector)[0].stdout)
         compile_s = {a["id"]: a["seconds"] for a in detail["actions"]}
-        print(f"{'model':<22}{'max_abs':>10}{'max_rel':>10}{'cosine':>11}{'argmax':>8}"
-              f"{'compile s':>11}{'check s':>9}")  # fmt: skip
-        total_check = 0.0
-        for action_id in sorted(compile_s):
-            proc, seconds = epbuild(ws, "verify", "--numerics", "--json", action_id)
-            total_check += seconds
-            (check,) = json.loads(proc.stdout)["numerics"]
-            if check["status"] != "ok" and not check["outputs"]:
-                print(f"{action_id.rsplit('/', 1)[-1]:<22}{check['status']}: {check['reason']}")
-                continue
-            worst = max(check["outputs"], key=lambda o: o["max_rel"] or float("inf"))
-            argmax = "-" if worst["argmax"] is None else f"{worst['argmax']:.2f}"
-            print(
-                f"{action_id.rsplit('/', 1)[-1]:<22}{worst['max_abs']:>10.3g}"
-                f"{worst['max_rel']:>10.3g}{worst['cosine']:>11.6f}{argmax:>8}"
-                f"{compile_s[action_id]:>11.2f}{seconds:>9.2f}"
-            )
+        total_check = print_checks(ws, compile_s)
         _, again = epbuild(ws, "verify", "--numerics", selector)
         print(f"all checks: {total_check:.1f}s; again with nothing changed: {again:.2f}s")
 

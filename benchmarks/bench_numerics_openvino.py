@@ -13,13 +13,11 @@ each model alone with ``verify --numerics --json <action>`` and prints a table.
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import subprocess
-import sys
 import tempfile
-import time
 from pathlib import Path
+
+from bench_numerics import epbuild, print_checks
 
 ROOT = Path(__file__).resolve().parent.parent
 CORPUS = ROOT / "tests" / "corpus"
@@ -48,20 +46,6 @@ numerics = { int_range = [0, 128] }
 """
 
 
-def epbuild(ws: Path, *args: str) -> tuple[subprocess.CompletedProcess[str], float]:
-    """Run the CLI in ``ws``; the process and its wall time."""
-    env = {**os.environ, "EPBUILD_CACHE": "off"}
-    t0 = time.perf_counter()
-    proc = subprocess.run(
-        [sys.executable, "-m", "epbuild", "-C", str(ws), *args],
-        capture_output=True,
-        text=True,
-        env=env,
-        check=False,
-    )
-    return proc, time.perf_counter() - t0
-
-
 def main() -> None:
     """Entry point."""
     with tempfile.TemporaryDirectory() as tmp:
@@ -78,22 +62,7 @@ def main() -> None:
             print(f"build: some actions failed:\n{proc.stdout}{proc.stderr}")
         detail = json.loads(epbuild(ws, "status", "--detail", "--json")[0].stdout)
         compile_s = {a["id"]: a["seconds"] for a in detail["actions"] if a["seconds"]}
-        print(f"{'model':<20}{'worst output':<14}{'max_abs':>10}{'max_rel':>10}{'cosine':>11}"
-              f"{'argmax':>8}{'compile s':>11}{'check s':>9}")  # fmt: skip
-        for action_id in sorted(compile_s):
-            proc, seconds = epbuild(ws, "verify", "--numerics", "--json", action_id)
-            (check,) = json.loads(proc.stdout)["numerics"]
-            name = action_id.rsplit("/", 1)[-1]
-            if not check["outputs"]:
-                print(f"{name:<20}{check['status']}: {check['reason']}")
-                continue
-            worst = max(check["outputs"], key=lambda o: o["max_rel"] or float("inf"))
-            argmax = "-" if worst["argmax"] is None else f"{worst['argmax']:.2f}"
-            print(
-                f"{name:<20}{worst['name'][:13]:<14}{worst['max_abs']:>10.3g}"
-                f"{worst['max_rel']:>10.3g}{worst['cosine']:>11.6f}{argmax:>8}"
-                f"{compile_s[action_id]:>11.2f}{seconds:>9.2f}  {check['status']}"
-            )
+        print_checks(ws, compile_s)
 
 
 if __name__ == "__main__":

@@ -22,8 +22,14 @@ HTP73 = {"ep": "qnn", "options": {"htp_arch": "73", "soc_model": "60"}}
 HTP75 = {"ep": "qnn", "options": {"htp_arch": "75", "soc_model": "69"}}
 
 
-def toml_value(value: Any) -> str:
-    """Render a Python value as TOML (enough for manifests)."""
+def toml_key(key: str) -> str:
+    """``key`` bare where TOML allows it, else quoted."""
+    return key if key and all(c.isalnum() or c in "_-" for c in key) else json.dumps(key)
+
+
+def toml_value(value: Any, key: Callable[[str], str] = json.dumps) -> str:
+    """Render a Python value as TOML (enough for manifests, and for the odd values the
+    property tests try: nan, inf, huge integers); ``key`` renders an inline table's keys."""
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, (int, float)):
@@ -31,12 +37,23 @@ def toml_value(value: Any) -> str:
     if isinstance(value, str):
         return json.dumps(value)
     if isinstance(value, list):
-        return "[" + ", ".join(toml_value(v) for v in value) + "]"
+        return "[" + ", ".join(toml_value(v, key) for v in value) + "]"
     if isinstance(value, dict):
-        return (
-            "{ " + ", ".join(f"{json.dumps(k)} = {toml_value(v)}" for k, v in value.items()) + " }"
-        )
+        return "{ " + ", ".join(f"{key(k)} = {toml_value(v, key)}" for k, v in value.items()) + " }"
     raise TypeError(value)
+
+
+def value_paths(data: Any, prefix: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+    """Every path into nested dicts and lists, the root's (``()``) first: what the manifest
+    fuzzers pick a value to replace, delete or add beside from."""
+    out = [prefix]
+    if isinstance(data, dict):
+        for k, v in data.items():
+            out += value_paths(v, (*prefix, k))
+    elif isinstance(data, list):
+        for i, v in enumerate(data):
+            out += value_paths(v, (*prefix, i))
+    return out
 
 
 def render_manifest(data: dict[str, Any]) -> str:

@@ -33,6 +33,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import toml_key as _key
+from conftest import toml_value, value_paths
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from modelgen import matmul_model, save
@@ -71,17 +73,6 @@ _keys = st.sampled_from(
 )  # fmt: skip
 
 
-def _paths(data: Any, prefix: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
-    out = [prefix]
-    if isinstance(data, dict):
-        for k, v in data.items():
-            out += _paths(v, (*prefix, k))
-    elif isinstance(data, list):
-        for i, v in enumerate(data):
-            out += _paths(v, (*prefix, i))
-    return out
-
-
 @st.composite
 def _data(draw: st.DrawFn) -> dict[str, Any]:
     """BASE with up to three values replaced, removed or added."""
@@ -89,7 +80,7 @@ def _data(draw: st.DrawFn) -> dict[str, Any]:
 
     data = copy.deepcopy(BASE)
     for _ in range(draw(st.integers(0, 3))):
-        path = draw(st.sampled_from([p for p in _paths(data) if p]))
+        path = draw(st.sampled_from([p for p in value_paths(data) if p]))
         parent: Any = data
         for k in path[:-1]:
             parent = parent[k]
@@ -105,27 +96,7 @@ def _data(draw: st.DrawFn) -> dict[str, Any]:
 
 
 def _value(v: Any) -> str:
-    import json
-
-    if isinstance(v, bool):
-        return "true" if v else "false"
-    if isinstance(v, float):
-        return (
-            "nan" if v != v else ("inf" if v > 0 else "-inf") if v in (1e999, -1e999) else repr(v)
-        )
-    if isinstance(v, int):
-        return str(v)
-    if isinstance(v, str):
-        return json.dumps(v)
-    if isinstance(v, list):
-        return "[" + ", ".join(_value(x) for x in v) + "]"
-    return "{ " + ", ".join(f"{_key(k)} = {_value(x)}" for k, x in v.items()) + " }"
-
-
-def _key(k: str) -> str:
-    import json
-
-    return k if k and all(c.isalnum() or c in "_-" for c in k) else json.dumps(k)
+    return toml_value(v, _key)  # inline tables with bare keys where TOML allows
 
 
 def _render(data: dict[str, Any], form: str) -> str:

@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 import waits
-from conftest import HTP73, Workspace, render_manifest
+from conftest import HTP73, Workspace, render_manifest, toml_value, value_paths
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from modelgen import matmul_model, save
@@ -76,22 +76,11 @@ _values = st.one_of(
 )
 
 
-def _paths(data: Any, prefix: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
-    out = [prefix]
-    if isinstance(data, dict):
-        for k, v in data.items():
-            out += _paths(v, (*prefix, k))
-    elif isinstance(data, list):
-        for i, v in enumerate(data):
-            out += _paths(v, (*prefix, i))
-    return out
-
-
 @st.composite
 def _structural(draw: st.DrawFn) -> str:
     data = copy.deepcopy(VALID)
     for _ in range(draw(st.integers(1, 3))):
-        paths = [p for p in _paths(data) if p]
+        paths = [p for p in value_paths(data) if p]
         if not paths:
             break
         path = draw(st.sampled_from(paths))
@@ -112,27 +101,9 @@ def _structural(draw: st.DrawFn) -> str:
     return _render_any(data)
 
 
-def _toml_value(value: Any) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, float):
-        if value != value:
-            return "nan"
-        if value in (float("inf"), float("-inf")):
-            return "inf" if value > 0 else "-inf"
-        return repr(value)
-    if isinstance(value, int):
-        return str(value)
-    if isinstance(value, str):
-        return json.dumps(value)
-    if isinstance(value, list):
-        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
-    return "{ " + ", ".join(f"{json.dumps(k)} = {_toml_value(v)}" for k, v in value.items()) + " }"
-
-
 def _render_any(data: Any) -> str:
     if not isinstance(data, dict):
-        return f"x = {_toml_value(data)}\n"
+        return f"x = {toml_value(data)}\n"
     lines: list[str] = []
     for section, table in data.items():
         if (
@@ -142,12 +113,12 @@ def _render_any(data: Any) -> str:
         ):
             for name, sub in table.items():
                 lines.append(f"[{section}.{json.dumps(name)}]")
-                lines += [f"{json.dumps(k)} = {_toml_value(v)}" for k, v in sub.items()]
+                lines += [f"{json.dumps(k)} = {toml_value(v)}" for k, v in sub.items()]
         elif isinstance(table, dict):
             lines.append(f"[{json.dumps(section)}]")
-            lines += [f"{json.dumps(k)} = {_toml_value(v)}" for k, v in table.items()]
+            lines += [f"{json.dumps(k)} = {toml_value(v)}" for k, v in table.items()]
         else:
-            lines.insert(0, f"{json.dumps(section)} = {_toml_value(table)}")
+            lines.insert(0, f"{json.dumps(section)} = {toml_value(table)}")
     return "\n".join(lines) + "\n"
 
 
