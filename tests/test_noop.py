@@ -32,8 +32,8 @@ def test_fast_path_answers_after_a_noop(simple_ws: Callable[..., Workspace]) -> 
     assert proc.returncode == 0 and json.loads(proc.stdout)["summary"]["up_to_date"] == 2
 
 
-def test_fast_path_imports_nothing_heavy(simple_ws: Callable[..., Workspace]) -> None:
-    ws = simple_ws()
+def test_fast_path_imports_nothing_heavy(simple_built: Workspace) -> None:
+    ws = simple_built
     _noop_ready(ws)
     code = (
         "import sys; from epbuild.frontends.cli import main; "
@@ -86,8 +86,8 @@ def test_new_glob_match_and_deleted_output_miss(workspace: Workspace) -> None:
     assert summary["compiled"] + summary.get("restored", 0) == 1
 
 
-def test_manifest_edit_and_clean_miss(simple_ws: Callable[..., Workspace]) -> None:
-    ws = simple_ws()
+def test_manifest_edit_and_clean_miss(simple_built: Workspace) -> None:
+    ws = simple_built
     _noop_ready(ws)
     manifest = ws.root / "epbuild.toml"
     manifest.write_text(manifest.read_text() + "\n# a comment\n")
@@ -97,8 +97,8 @@ def test_manifest_edit_and_clean_miss(simple_ws: Callable[..., Workspace]) -> No
     assert fast_noop(str(ws.root), None, []) is None
 
 
-def test_bad_arguments_fail_before_the_fast_path(simple_ws: Callable[..., Workspace]) -> None:
-    ws = simple_ws()
+def test_bad_arguments_fail_before_the_fast_path(simple_built: Workspace) -> None:
+    ws = simple_built
     _noop_ready(ws)
     for args in (["-j", "0"], ["--memory-budget", "lots"], ["--cache", "c", "--no-cache"]):
         proc = ws.cli("build", *args)
