@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -151,6 +151,39 @@ def samples(session: Any, job: dict[str, Any]) -> list[dict[str, Any]]:
     return feeds
 
 
+def reference(ort: Any, job: dict[str, Any]) -> tuple[Any, list[str]]:
+    """The source model in ORT's CPU EP (with the job's free-dimension overrides) and its
+    output names: what a compiled model is compared with."""
+    so = ort.SessionOptions()
+    for dim, value in job.get("free_dimensions", {}).items():
+        so.add_free_dimension_override_by_name(dim, value)
+    cpu = ort.InferenceSession(job["source"], so, providers=["CPUExecutionProvider"])
+    return cpu, [o.name for o in cpu.get_outputs()]
+
+
+class Figures:
+    """Each output's worst figures over the samples compared so far."""
+
+    def __init__(self, names: list[str]) -> None:
+        self.names = names
+        self.samples = 0
+        self._worst: dict[str, dict[str, Any]] = {}
+
+    def add(self, got: Sequence[Any], want: Sequence[Any]) -> None:
+        """One sample: the compiled model's outputs and the source's, both in ``names``
+        order."""
+        self.samples += 1
+        for name, a, b in zip(self.names, got, want, strict=True):
+            self._worst[name] = _worst(self._worst.get(name, {}), figures_of(a, b))
+
+    def result(self) -> dict[str, Any]:
+        """``outputs`` (each output's figures), ``max_error`` (the largest relative error of
+        any) and ``samples``."""
+        outputs = [{"name": n, **self._worst[n]} for n in self.names]
+        err = max((o["max_rel"] for o in outputs), default=0.0)
+        return {"max_error": err, "outputs": outputs, "samples": self.samples}
+
+
 def check(job: dict[str, Any]) -> dict[str, Any]:
     """Load the ctx model, run it and the source on the CPU EP on the same feeds, compare
     each output."""
@@ -162,16 +195,11 @@ def check(job: dict[str, Any]) -> dict[str, Any]:
 
     config = ProviderConfig.from_json(job["provider"])
     config = replace(config, session_options={**config.session_options, **NO_COMPILE})
-    so = ort.SessionOptions()
-    for dim, value in job.get("free_dimensions", {}).items():
-        so.add_free_dimension_override_by_name(dim, value)
-    cpu = ort.InferenceSession(job["source"], so, providers=["CPUExecutionProvider"])
-    names = [o.name for o in cpu.get_outputs()]
-    feeds = samples(cpu, job)
-    figures: dict[str, dict[str, Any]] = {}
+    cpu, names = reference(ort, job)
+    figures = Figures(names)
     try:
         with open_models([job["ctx"]], config) as built:
-            for feed in feeds:
+            for feed in samples(cpu, job):
                 want = cpu.run(None, feed)
                 got = built.run(built.names[0], feed)
                 if len(got) != len(want):
@@ -180,15 +208,13 @@ def check(job: dict[str, Any]) -> dict[str, Any]:
                         "message": f"the ctx model has {len(got)} output(s), its source "
                         f"model {len(want)}",
                     }
-                for name, a, b in zip(names, got, want, strict=True):
-                    figures[name] = _worst(figures.get(name, {}), figures_of(a, b))
+                figures.add(got, want)
     except ProviderUnavailableError as exc:
         return {"outcome": "not_loadable_here", "message": exc.message}
     except EpbuildError as exc:
         return {"outcome": "failed", "message": _explain(exc.message)}
-    outputs = [{"name": n, **figures[n]} for n in names]
-    err = max((o["max_rel"] for o in outputs), default=0.0)
-    result = {"max_error": err, "outputs": outputs, "samples": len(feeds)}
+    result = figures.result()
+    err = result["max_error"]
     if err > RTOL:
         return {
             **result,

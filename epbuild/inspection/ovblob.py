@@ -125,7 +125,7 @@ def check(job: dict[str, Any]) -> dict[str, Any]:
     """Run the source on ORT's CPU EP and the blob through openvino; compare each output."""
     import onnxruntime as ort
 
-    from epbuild.inspection.loadcheck import _worst, figures_of, samples
+    from epbuild.inspection.loadcheck import Figures, reference, samples
 
     provider = job["provider"]["name"]
     try:
@@ -154,28 +154,18 @@ def check(job: dict[str, Any]) -> dict[str, Any]:
     partition = partition.decode() if isinstance(partition, bytes) else str(partition)
     blob = unwrap(data, partition)
 
-    so = ort.SessionOptions()
-    for dim, value in job.get("free_dimensions", {}).items():
-        so.add_free_dimension_override_by_name(dim, value)
-    cpu = ort.InferenceSession(job["source"], so, providers=["CPUExecutionProvider"])
-    names = [o.name for o in cpu.get_outputs()]
+    cpu, names = reference(ort, job)
     compiled = ov.Core().import_model(blob, "CPU", IMPORT_CONFIG)
     by_name = {n: port for port in compiled.outputs for n in port.get_names()}
     missing = [n for n in names if n not in by_name]
     if missing:
         return {"outcome": "failed", "message": f"the blob has no output named {missing[0]!r}"}
-    figures: dict[str, dict[str, Any]] = {}
-    feeds = samples(cpu, job)
-    for feed in feeds:
-        want = cpu.run(None, feed)
+    figures = Figures(names)
+    for feed in samples(cpu, job):
         got = compiled(feed)
-        for name, ref in zip(names, want, strict=True):
-            figures[name] = _worst(figures.get(name, {}), figures_of(got[by_name[name]], ref))
-    outputs = [{"name": n, **figures[n]} for n in names]
-    err = max((o["max_rel"] for o in outputs), default=0.0)
+        figures.add([got[by_name[n]] for n in names], cpu.run(None, feed))
     note = f"run with the standalone openvino {version} (import_model on CPU, fp32)"
-    return {"outcome": "passed", "message": note, "max_error": err, "outputs": outputs,
-            "samples": len(feeds)}  # fmt: skip
+    return {"outcome": "passed", "message": note, **figures.result()}
 
 
 def main() -> None:
