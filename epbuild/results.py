@@ -22,6 +22,15 @@ class Outcome(enum.Enum):
     WOULD_BUILD = "would_build"
 
 
+class CheckStatus(enum.Enum):
+    """How one of ``verify``'s checks of built outputs ended (``--numerics``, ``--generate``)."""
+
+    OK = "ok"
+    FAILED = "failed"
+    NOT_CHECKABLE = "not_checkable"
+    """It cannot run on this machine; the reason says why. Never reported as ``ok``."""
+
+
 @dataclass
 class ActionResult:
     """One action's result."""

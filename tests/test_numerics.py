@@ -13,10 +13,9 @@ from modelgen import _model, matmul_model
 from onnx import helper, numpy_helper
 
 from epbuild.errors import ManifestError
-from epbuild.inspection.numerics import NumericsStatus
 from epbuild.inspection.verify import verify_outputs
 from epbuild.manifest.load import load_manifest
-from epbuild.results import Outcome
+from epbuild.results import CheckStatus, Outcome
 
 
 def overflow_model(n: int = 32) -> object:
@@ -62,17 +61,17 @@ def test_figures_failures_and_limits(built: Callable[..., Workspace]) -> None:
     result = verify_outputs(ws.root, numerics=True)
     checks = by_model(result)
     good = checks["c_ctx.onnx"]
-    assert good.status is NumericsStatus.OK and not good.cached
+    assert good.status is CheckStatus.OK and not good.cached
     (out,) = good.outputs
     assert out["name"] == "y" and 0 < out["max_rel"] < 1e-2 and out["cosine"] > 0.9999
     assert out["argmax"] == 1.0  # [1, 32]: logits-like, the argmax agrees
     # an fp16 overflow: the check fails naming the output
     bad = checks["big_ctx.onnx"]
-    assert bad.status is NumericsStatus.FAILED and bad.reason.startswith("output y: ")
+    assert bad.status is CheckStatus.FAILED and bad.reason.startswith("output y: ")
     assert not result.ok
     # a sharing group cannot run here: not checkable, with the reason, never ok
     for name in ("a_ctx.onnx", "b_ctx.onnx"):
-        assert checks[name].status is NumericsStatus.NOT_CHECKABLE
+        assert checks[name].status is CheckStatus.NOT_CHECKABLE
         assert "weight-shared" in checks[name].reason
     # the CLI: exit 1, the failing output named; JSON per the shape
     proc = ws.cli("verify", "--numerics")
@@ -98,7 +97,7 @@ def test_a_second_run_runs_nothing_and_tolerances_rejudge(
                         "[groups.big]")  # fmt: skip
     (ws.root / "epbuild.toml").write_text(text)
     strict = by_model(verify_outputs(ws.root, selectors=["single"], numerics=True))["c_ctx.onnx"]
-    assert strict.cached and strict.status is NumericsStatus.FAILED
+    assert strict.cached and strict.status is CheckStatus.FAILED
     assert "allowed 1e-09" in strict.reason
 
 
@@ -110,13 +109,13 @@ def test_sample_inputs_are_part_of_the_key(built: Callable[..., Workspace]) -> N
     rng = np.random.default_rng(1)
     np.savez(samples / "one.npz", x=rng.standard_normal((1, 32)).astype(np.float32))
     first = by_model(verify_outputs(ws.root, selectors=["single"], numerics=True))["c_ctx.onnx"]
-    assert first.status is NumericsStatus.OK and not first.cached
+    assert first.status is CheckStatus.OK and not first.cached
     np.savez(samples / "one.npz", x=(rng.standard_normal((1, 32)) * 3).astype(np.float32))
     second = by_model(verify_outputs(ws.root, selectors=["single"], numerics=True))["c_ctx.onnx"]
     assert not second.cached and second.outputs != first.outputs
     np.savez(samples / "two.npz", y=np.zeros((1, 32), np.float32))
     third = by_model(verify_outputs(ws.root, selectors=["single"], numerics=True))["c_ctx.onnx"]
-    assert third.status is NumericsStatus.FAILED
+    assert third.status is CheckStatus.FAILED
     assert "two.npz has no array named 'x'" in third.reason
 
 

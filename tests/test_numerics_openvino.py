@@ -17,9 +17,9 @@ from conftest import Workspace
 from modelgen import matmul_model
 
 from epbuild.cache.location import default_cache_dir
-from epbuild.inspection.numerics import NumericsStatus
 from epbuild.inspection.ovblob import MAGIC, BlobError, bson, unwrap
 from epbuild.inspection.verify import verify_outputs
+from epbuild.results import CheckStatus
 
 CORPUS = Path(__file__).parent / "corpus"
 OPENVINO_PIN = "onnxruntime-openvino==1.24.1"
@@ -104,7 +104,7 @@ def test_openvino_cpu_blobs_are_checked_with_the_openvino_package(
     assert len(checks) == 2 and result.ok
     for stem in ("mlp", "cnn"):
         check = checks[f"build/g/intel-cpu/{stem}_ctx.onnx"]
-        assert check.status is NumericsStatus.OK, check.reason
+        assert check.status is CheckStatus.OK, check.reason
         assert "standalone openvino 2025.4.1" in check.reason
         # OpenVINO's CPU plugin at fp32 against ORT's CPU EP: rounding only
         assert check.tolerance is not None and check.tolerance.rtol == 1e-3
@@ -137,7 +137,7 @@ def test_without_the_openvino_package_it_says_how_to_enable_the_check(
     result = verify_outputs(workspace.root, numerics=True)
     assert result.numerics
     for check in result.numerics:
-        assert check.status is NumericsStatus.NOT_CHECKABLE
+        assert check.status is CheckStatus.NOT_CHECKABLE
         assert "IR frontend" in check.reason
         assert (
             'add "openvino==2025.4.*" to the toolchain requirements of provider '

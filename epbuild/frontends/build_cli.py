@@ -81,12 +81,12 @@ def run_build(args: argparse.Namespace) -> int:
         else:
             print("\n".join(render.build_lines(result)))
         return result.exit_code
-    from epbuild.inspection.numerics import NumericsStatus, check_numerics
-    from epbuild.results import Outcome
+    from epbuild.inspection.numerics import check_numerics
+    from epbuild.results import CheckStatus, Outcome
 
     built = [a.id for a in result.actions if a.outcome in (Outcome.COMPILED, Outcome.RESTORED)]
     numerics = check_numerics(args.directory, args.manifest, built) if built else []
-    failed = any(c.status is NumericsStatus.FAILED for c in numerics)
+    failed = any(c.status is CheckStatus.FAILED for c in numerics)
     code = result.exit_code or (1 if failed else 0)
     if args.json:
         doc = {**result.to_json(), "numerics": [c.to_json() for c in numerics]}

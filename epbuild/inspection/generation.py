@@ -10,7 +10,6 @@ crashes ONNX Runtime's emulation; the source could not generate).
 
 from __future__ import annotations
 
-import enum
 import os
 import platform
 from dataclasses import dataclass
@@ -29,6 +28,7 @@ from epbuild.llm.generate import (
     generate,
 )
 from epbuild.llm.source import GENAI_CONFIG
+from epbuild.results import CheckStatus
 
 if TYPE_CHECKING:
     from epbuild.planning.actions import Action
@@ -41,12 +41,6 @@ SHARED_ON_X86 = (
 )
 
 
-class GenerationStatus(enum.Enum):
-    OK = "ok"
-    FAILED = "failed"
-    NOT_CHECKABLE = "not_checkable"
-
-
 @dataclass
 class GenerationCheck:
     """One LLM package's generation check."""
@@ -55,7 +49,7 @@ class GenerationCheck:
     """``<llm>/<provider>``."""
     folder: str
     """The package folder, workspace-relative."""
-    status: GenerationStatus
+    status: CheckStatus
     reason: str = ""
     comparison: Comparison | None = None
     tokens_per_second: float | None = None
@@ -66,7 +60,7 @@ class GenerationCheck:
         """One line for the report."""
         head = f"{self.package}: generate: "
         if self.comparison is None:
-            word = "not checkable" if self.status is GenerationStatus.NOT_CHECKABLE else "failed"
+            word = "not checkable" if self.status is CheckStatus.NOT_CHECKABLE else "failed"
             return f"{head}{word}: {self.reason}"
         rate = (
             f" ({self.tokens_per_second:.1f} tokens/s; "
@@ -114,15 +108,15 @@ def _check(
     first = actions[0]
     package = f"{name}/{first.provider.name}"
 
-    def verdict(status: GenerationStatus, reason: str) -> GenerationCheck:
+    def verdict(status: CheckStatus, reason: str) -> GenerationCheck:
         return GenerationCheck(package, first.out_dir, status, reason)
 
     folder = os.path.join(ws.root, first.out_dir)
     built = all(a.id in ws.state.records for a in actions)
     if not built or not os.path.isfile(os.path.join(folder, GENAI_CONFIG)):
-        return verdict(GenerationStatus.FAILED, "not built: run 'epbuild build'")
+        return verdict(CheckStatus.FAILED, "not built: run 'epbuild build'")
     if llm.share_weights and first.provider.ep == "qnn" and _x86():
-        return verdict(GenerationStatus.NOT_CHECKABLE, SHARED_ON_X86)
+        return verdict(CheckStatus.NOT_CHECKABLE, SHARED_ON_X86)
     qnn = first.provider.ep == "qnn"
     try:
         source = generate(
@@ -133,17 +127,17 @@ def _check(
             max_length=llm.context_length,
         )
     except GenerationError as exc:
-        return verdict(GenerationStatus.NOT_CHECKABLE, f"the CPU source: {exc.reason}")
+        return verdict(CheckStatus.NOT_CHECKABLE, f"the CPU source: {exc.reason}")
     try:
         built_gen = generate(
             folder, qnn=qnn, tokens=tokens, prompt=prompt, max_length=llm.context_length
         )
     except GenerationError as exc:
-        return verdict(GenerationStatus.FAILED, exc.reason)
+        return verdict(CheckStatus.FAILED, exc.reason)
     result = compare(built_gen, source, DEFAULT_NEAR_TIE)
     if result.compared == 0:
-        return verdict(GenerationStatus.FAILED, "no token was generated")
-    status = GenerationStatus.FAILED if result.verdict is Verdict.DIVERGED else GenerationStatus.OK
+        return verdict(CheckStatus.FAILED, "no token was generated")
+    status = CheckStatus.FAILED if result.verdict is Verdict.DIVERGED else CheckStatus.OK
     return GenerationCheck(
         package,
         first.out_dir,

@@ -18,7 +18,6 @@ EP without its hardware) the status is ``not_checkable`` with the reason, never 
 
 from __future__ import annotations
 
-import enum
 import glob
 import hashlib
 import json
@@ -31,6 +30,7 @@ from epbuild.errors import UserError
 from epbuild.manifest.model import NumericsSettings
 from epbuild.planning.actions import Action
 from epbuild.planning.workspace import Workspace
+from epbuild.results import CheckStatus
 
 STORE_NAME = "numerics.json"
 """The recorded figures, in the state directory."""
@@ -80,14 +80,6 @@ def tolerance(ep: str, settings: NumericsSettings) -> Tolerance:
     )
 
 
-class NumericsStatus(enum.Enum):
-    """How one model's check ended."""
-
-    OK = "ok"
-    FAILED = "failed"
-    NOT_CHECKABLE = "not_checkable"
-
-
 @dataclass
 class NumericsCheck:
     """The numerical check of one ctx model."""
@@ -95,7 +87,7 @@ class NumericsCheck:
     action: str
     model: str
     """The ctx model, workspace-relative."""
-    status: NumericsStatus
+    status: CheckStatus
     reason: str = ""
     outputs: list[dict[str, Any]] = field(default_factory=list)
     """Per output: ``name``, ``max_abs``, ``max_rel``, ``cosine``, ``argmax`` (None where it
@@ -118,9 +110,9 @@ class NumericsCheck:
 
     def line(self) -> str:
         """One line for the terminal."""
-        if self.status is NumericsStatus.NOT_CHECKABLE:
+        if self.status is CheckStatus.NOT_CHECKABLE:
             return f"{self.model}: numerics: not checkable here: {self.reason}"
-        if self.status is NumericsStatus.FAILED:
+        if self.status is CheckStatus.FAILED:
             return f"{self.model}: numerics: {self.reason}"
         worst = max(self.outputs, key=lambda o: o["max_rel"], default=None)
         if worst is None:
@@ -228,13 +220,13 @@ def check_action(
     for index, ctx in enumerate(action.ctx_paths):
         if isinstance(toolchain, str):  # may be usable next time: nothing is recorded
             reason = f"its toolchain is not usable here: {toolchain}"
-            checks.append(NumericsCheck(action.id, ctx, NumericsStatus.NOT_CHECKABLE, reason))
+            checks.append(NumericsCheck(action.id, ctx, CheckStatus.NOT_CHECKABLE, reason))
             continue
         settings = action.entries[index].numerics
         try:
             samples = _sample_files(ws.root, settings.inputs)
         except UserError as exc:
-            checks.append(NumericsCheck(action.id, ctx, NumericsStatus.FAILED, exc.message))
+            checks.append(NumericsCheck(action.id, ctx, CheckStatus.FAILED, exc.message))
             continue
         key = check_key(ws, action, index, samples, settings)
         recorded = store.get(key)
@@ -274,17 +266,17 @@ def _judge(
     outputs = recorded.get("outputs")
     if recorded.get("outcome") == "not_loadable_here":
         reason = recorded["message"]
-        return NumericsCheck(action, ctx, NumericsStatus.NOT_CHECKABLE, reason, cached=cached)
+        return NumericsCheck(action, ctx, CheckStatus.NOT_CHECKABLE, reason, cached=cached)
     if not outputs:  # the loader failed before comparing anything
         reason = recorded.get("message") or "the check produced no figures"
-        return NumericsCheck(action, ctx, NumericsStatus.FAILED, reason, cached=cached)
+        return NumericsCheck(action, ctx, CheckStatus.FAILED, reason, cached=cached)
     judged, problems = [], []
     for figures in outputs:
         problem = tol.problem(figures)
         judged.append({**figures, **({"problem": problem} if problem else {})})
         if problem:
             problems.append(f"output {figures['name']}: {problem}")
-    status = NumericsStatus.FAILED if problems else NumericsStatus.OK
+    status = CheckStatus.FAILED if problems else CheckStatus.OK
     # A passing loader's message says how the model ran (e.g. without the EP, whose package
     # cannot load it here): kept with the verdict either way.
     note = recorded.get("message", "") if recorded.get("outcome") == "passed" else ""

@@ -20,12 +20,11 @@ from epbuild.errors import ToolchainError, UserError
 from epbuild.fs import digest_file
 from epbuild.inspection.generation import (
     GenerationCheck,
-    GenerationStatus,
     check_generation,
     require_genai,
 )
 from epbuild.inspection.loading import LoadCheck, LoadOutcome, load_check
-from epbuild.inspection.numerics import NumericsCheck, NumericsStatus, Store, check_action
+from epbuild.inspection.numerics import NumericsCheck, Store, check_action
 from epbuild.inspection.ortcompat import OrtCompatibility, ort_compatibility
 from epbuild.onnx.context import (
     COMPAT_PREFIX,
@@ -46,6 +45,7 @@ from epbuild.planning.damage import record_damage
 from epbuild.planning.workspace import Workspace, open_workspace
 from epbuild.providers import get_provider
 from epbuild.providers.distributions import scanning
+from epbuild.results import CheckStatus
 from epbuild.toolchains.env import Toolchain
 
 __all__ = ["LoadCheck", "LoadOutcome", "VerifyResult", "verify_outputs"]
@@ -70,8 +70,8 @@ class VerifyResult:
     def ok(self) -> bool:
         """No error (warnings are fine), and no load or numerical check failed."""
         errors = [p for p in self.problems if p.severity is Severity.ERROR]
-        failed = any(c.status is NumericsStatus.FAILED for c in self.numerics) or any(
-            g.status is GenerationStatus.FAILED for g in self.generations or ()
+        failed = any(c.status is CheckStatus.FAILED for c in self.numerics) or any(
+            g.status is CheckStatus.FAILED for g in self.generations or ()
         )
         return (
             not errors
@@ -88,8 +88,8 @@ class VerifyResult:
         out += [
             f"{c.file}: load: {c.message}" for c in self.loads if c.outcome is LoadOutcome.FAILED
         ]
-        out += [c.line() for c in self.numerics if c.status is NumericsStatus.FAILED]
-        out += [g.line() for g in self.generations or () if g.status is GenerationStatus.FAILED]
+        out += [c.line() for c in self.numerics if c.status is CheckStatus.FAILED]
+        out += [g.line() for g in self.generations or () if g.status is CheckStatus.FAILED]
         return out
 
     def to_json(self) -> dict[str, Any]:
