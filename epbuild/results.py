@@ -122,13 +122,19 @@ class ActionStatus:
     """Why it is stale; a stale action's last reason says what the cache could restore."""
     key: str | None
     """Its action key; None when an input is broken."""
+    kind: str = "compile"
+    """What sort of work the action is (``epbuild.kinds``)."""
+    deps: tuple[str, ...] = ()
+    """Ids of the actions whose outputs it reads."""
 
     @classmethod
     def from_plan(cls, plan: ActionPlan) -> ActionStatus:
         """The status of a planned action."""
         a = plan.action
         key = plan.key.key if plan.key else None
-        return cls(a.id, a.group.name, a.provider.name, plan.stale, list(plan.reasons), key)
+        return cls(
+            a.id, a.group.name, a.provider.name, plan.stale, list(plan.reasons), key, a.kind, a.deps
+        )
 
     def to_json(self) -> dict[str, Any]:
         """One entry of ``status --json``."""
@@ -139,6 +145,8 @@ class ActionStatus:
             "stale": self.stale,
             "reasons": self.reasons,
             "key": self.key,
+            "kind": self.kind,
+            "deps": list(self.deps),
         }
 
 

@@ -366,7 +366,8 @@ JSON_KEYS: dict[str, str] = {
     '"seconds"}`), `actions` (`[{"id", "group", "provider", "outcome", "seconds", "outputs", '
     '"reasons", ...}]`): the `to_json()` of `epbuild.build(...)`\'s `BuildResult`; with '
     "`--numerics` also `numerics`",
-    "status": '`actions` (`[{"id", "group", "provider", "stale", "reasons", "key", ...}]`), '
+    "status": '`actions` (`[{"id", "group", "provider", "stale", "reasons", "key", "kind", '
+    '"deps", ...}]`), '
     "`orphaned` (ids no longer in the manifest): `epbuild.status(...)`'s `StatusResult`; "
     "with `--detail`, `actions` holds each action's coverage, sizes, time and memory",
     "init": "`path` (the manifest written), `groups`, `skipped`",

@@ -7,7 +7,7 @@ import os
 import threading
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import onnx
 import pytest
@@ -171,3 +171,146 @@ def test_spares_are_started_only_for_jobs_still_to_come(
     for _ in range(jobs or 3):
         assert executor._take(()) is not None
     assert len(spawned) == started
+
+
+# ---------------------------------------------------------------------------------------
+# The graph: edges between actions
+
+
+class GraphRunner:
+    """What ``schedule`` needs from ``Builder``: records the order actions start in; the
+    ``failing`` ones fail."""
+
+    def __init__(self, jobs: int, keep_going: bool, failing: set[str]) -> None:
+        from types import SimpleNamespace
+
+        from epbuild.engine.memory import MemoryPlan
+        from epbuild.results import Reporter
+
+        self.jobs = jobs
+        self.keep_going = keep_going
+        self.reporter = Reporter()
+        self.memory = MemoryPlan(None, {})
+        self.executor = SimpleNamespace(cancel=lambda: None)
+        self.failing = failing
+        self.started: list[str] = []
+        self.finished: set[str] = set()
+        self.deps_done_at_start: dict[str, bool] = {}
+        self._lock = threading.Lock()
+
+    def run_one(self, plan: Any) -> Any:
+        from epbuild.results import ActionResult
+
+        a = plan.action
+        with self._lock:
+            self.started.append(a.id)
+            self.deps_done_at_start[a.id] = all(d in self.finished for d in a.deps)
+        outcome = Outcome.FAILED if a.id in self.failing else Outcome.COMPILED
+        with self._lock:
+            self.finished.add(a.id)
+        return ActionResult(a.id, "g", "p", outcome)
+
+
+def _node(action_id: str, *deps: str) -> Any:
+    from types import SimpleNamespace
+
+    group, provider = SimpleNamespace(name="g"), SimpleNamespace(name="p")
+    action = SimpleNamespace(id=action_id, deps=deps, group=group, provider=provider)
+    return SimpleNamespace(action=action, reasons=[], stale=True)
+
+
+def _graph() -> list[Any]:
+    """prep → (c1, c2) → pkg; an independent x."""
+    return [
+        _node("pkg", "c1", "c2"),
+        _node("c1", "prep"),
+        _node("x"),
+        _node("c2", "prep"),
+        _node("prep"),
+    ]
+
+
+@pytest.mark.parametrize("jobs", [1, 3])
+def test_an_action_starts_only_after_the_actions_it_depends_on(jobs: int) -> None:
+    from epbuild.engine.scheduler import schedule
+
+    runner = GraphRunner(jobs, keep_going=False, failing=set())
+    results = schedule(runner, _graph())  # type: ignore[arg-type]
+    assert {r.outcome for r in results.values()} == {Outcome.COMPILED}
+    assert sorted(runner.started) == ["c1", "c2", "pkg", "prep", "x"]
+    assert all(runner.deps_done_at_start.values())
+    assert runner.started.index("prep") < runner.started.index("c1") < runner.started.index("pkg")
+
+
+def test_a_failed_action_skips_its_dependents_naming_it_and_k_builds_the_rest() -> None:
+    from epbuild.engine.scheduler import schedule
+
+    runner = GraphRunner(1, keep_going=True, failing={"c1"})
+    results = schedule(runner, _graph())  # type: ignore[arg-type]
+    assert results["c1"].outcome is Outcome.FAILED
+    assert results["c2"].outcome is Outcome.COMPILED and results["x"].outcome is Outcome.COMPILED
+    assert results["pkg"].outcome is Outcome.SKIPPED
+    assert results["pkg"].error == "not started because c1, which it depends on, failed"
+    assert "pkg" not in runner.started
+
+
+def test_a_skip_reaches_every_action_downstream() -> None:
+    from epbuild.engine.scheduler import schedule
+
+    runner = GraphRunner(2, keep_going=True, failing={"prep"})
+    results = schedule(runner, _graph())  # type: ignore[arg-type]
+    assert runner.started == ["x", "prep"] or sorted(runner.started) == ["prep", "x"]
+    assert results["c1"].error == "not started because prep, which it depends on, failed"
+    assert results["pkg"].outcome is Outcome.SKIPPED
+    assert "which it depends on, was not built" in (results["pkg"].error or "")
+
+
+def test_an_up_to_date_dependency_is_not_waited_for() -> None:
+    from epbuild.engine.scheduler import schedule
+
+    runner = GraphRunner(1, keep_going=False, failing=set())
+    results = schedule(runner, [_node("c1", "prep")])  # type: ignore[arg-type]
+    assert results["c1"].outcome is Outcome.COMPILED
+
+
+def test_without_k_a_failure_stops_what_has_not_started() -> None:
+    from epbuild.engine.scheduler import schedule
+
+    runner = GraphRunner(1, keep_going=False, failing={"prep"})
+    results = schedule(runner, [_node("prep"), _node("x"), _node("c1", "prep")])  # type: ignore[arg-type]
+    assert runner.started == ["prep"]
+    assert results["x"].outcome is Outcome.SKIPPED
+    assert "earlier action failed" in (results["x"].error or "")
+    assert results["c1"].error == "not started because prep, which it depends on, failed"
+
+
+def test_status_shows_kinds_and_deps_and_draws_the_graph(
+    simple_ws: Callable[..., Workspace],
+) -> None:
+    ws = simple_ws()
+    doc = ws.cli_json("status")
+    assert [(a["id"], a["kind"], a["deps"]) for a in doc["actions"]] == [
+        ("pair/htp", "compile", []),
+        ("single/htp/c", "compile", []),
+    ]
+    mermaid = ws.cli("status", "--graph", "mermaid", check=True).stdout
+    assert mermaid.startswith("flowchart LR\n") and '["pair/htp<br/>compile, stale"]' in mermaid
+    dot = ws.cli("status", "--graph", "dot", check=True).stdout
+    assert dot.startswith("digraph epbuild {") and dot.rstrip().endswith("}")
+    assert 'label="single/htp/c\\ncompile, stale"' in dot
+    refused = ws.cli("status", "--graph", "dot", "--json")
+    assert refused.returncode == 2 and "--graph" in refused.stdout
+
+
+def test_graph_text_draws_an_edge_per_dependency() -> None:
+    from epbuild.frontends.render import graph_text
+    from epbuild.results import ActionStatus, StatusResult
+
+    result = StatusResult(
+        [
+            ActionStatus("llm/prepare", "llm", "", False, [], "k1", "prepare"),
+            ActionStatus("llm/htp", "llm", "htp", True, ["x"], "k2", "compile", ("llm/prepare",)),
+        ]
+    )
+    assert "  a0 --> a1" in graph_text(result, "mermaid").splitlines()
+    assert "  a0 -> a1;" in graph_text(result, "dot").splitlines()

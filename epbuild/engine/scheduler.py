@@ -82,17 +82,43 @@ def executor_for(
 
 
 def schedule(runner: ActionRunner, stale: list[ActionPlan]) -> dict[str, ActionResult]:
-    """One loop: start ready actions up to -j while their predicted memory fits the budget,
-    wait for the first to finish, repeat."""
+    """One loop over the graph: start ready actions (every stale action they depend on
+    done) up to -j while their predicted memory fits the budget, wait for the first to
+    finish, repeat. A failed action skips the actions that depend on it, naming it; without
+    -k it also stops the others from starting."""
     from collections import deque
     from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 
     results: dict[str, ActionResult] = {}
-    pending = deque(stale)
+    waiting = {p.action.id: _stale_deps(p, stale) for p in stale}
+    order = list(stale)
+    pending: deque[ActionPlan] = deque()
     running: dict[Future[ActionResult], ActionPlan] = {}
     stop = False
+
+    def release_ready() -> None:
+        """Move the actions whose stale dependencies all finished well into ``pending``,
+        and skip those one of whose dependencies did not."""
+        moved = True
+        while moved:  # a skip may skip what depends on the skipped action in turn
+            moved = False
+            for plan in list(order):
+                deps = waiting[plan.action.id]
+                broken = [d for d in deps if d in results and not _usable(results[d])]
+                if broken:
+                    res = _skipped(plan, broken[0], results[broken[0]])
+                    results[plan.action.id] = res
+                    runner.reporter.action_finished(res)
+                elif all(d in results for d in deps):
+                    pending.append(plan)
+                else:
+                    continue
+                order.remove(plan)
+                moved = True
+
     pool = ThreadPoolExecutor(max_workers=runner.jobs, thread_name_prefix="epbuild-slot")
     try:
+        release_ready()
         while pending or running:
             while pending and len(running) < runner.jobs and not stop:
                 taken = runner.memory.take(pending, idle=not running)
@@ -110,13 +136,14 @@ def schedule(runner: ActionRunner, stale: list[ActionPlan]) -> dict[str, ActionR
                 runner.reporter.action_finished(res)
                 if res.outcome is Outcome.FAILED and not runner.keep_going:
                     stop = True
+            release_ready()
     except KeyboardInterrupt:
         runner.executor.cancel()
         wait(running)
         pool.shutdown(wait=True)
         raise Interrupted("interrupted; workers stopped, nothing half-written was kept") from None
     pool.shutdown(wait=True)
-    for plan in pending:
+    for plan in [*pending, *order]:
         results[plan.action.id] = action_result(
             plan.action,
             Outcome.SKIPPED,
@@ -124,3 +151,27 @@ def schedule(runner: ActionRunner, stale: list[ActionPlan]) -> dict[str, ActionR
             error="not started because an earlier action failed (use -k to keep going)",
         )
     return results
+
+
+def _stale_deps(plan: ActionPlan, stale: list[ActionPlan]) -> tuple[str, ...]:
+    """The actions ``plan`` waits for: those it depends on that run in this build (one that
+    is up to date, or not selected, has its outputs already)."""
+    ids = {p.action.id for p in stale}
+    return tuple(d for d in getattr(plan.action, "deps", ()) if d in ids)
+
+
+def _usable(result: ActionResult) -> bool:
+    """Its outputs are there for the actions that depend on it."""
+    return result.outcome in (Outcome.COMPILED, Outcome.RESTORED, Outcome.UP_TO_DATE)
+
+
+def _skipped(plan: ActionPlan, dep: str, why: ActionResult) -> ActionResult:
+    """The result of an action not started because ``dep``, which it depends on, did not
+    finish."""
+    what = "failed" if why.outcome is Outcome.FAILED else "was not built"
+    return action_result(
+        plan.action,
+        Outcome.SKIPPED,
+        reasons=plan.reasons,
+        error=f"not started because {dep}, which it depends on, {what}",
+    )

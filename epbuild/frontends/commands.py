@@ -20,6 +20,11 @@ from epbuild.frontends.render import print_json, status_lines
 
 
 def _status(args: argparse.Namespace) -> int:
+    if args.graph and (args.detail or args.json):
+        raise UserError(
+            f"status --graph prints a {args.graph} graph: it takes neither --detail nor --json",
+            hint="'status --json' has each action's kind and deps",
+        )
     if args.detail and (args.cache or args.no_cache):
         raise UserError(
             "status --detail reads the built outputs, not the cache: --cache and --no-cache "
@@ -42,6 +47,8 @@ def _status(args: argparse.Namespace) -> int:
     result = status(args.directory, args.manifest, args.selectors, cache=cache)
     if args.json:
         print_json(result.to_json(), command="status")
+    elif args.graph:
+        print(render.graph_text(result, args.graph))
     else:
         for line in status_lines(result):
             print(line)

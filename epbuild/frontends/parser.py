@@ -225,6 +225,12 @@ def _status(sub: _Commands) -> None:
     cache_flags(s)
     detail = "EPContext coverage, CPU fallback, sizes, time, memory (takes no cache flags)"
     s.add_argument("--detail", action="store_true", help=detail)
+    s.add_argument(
+        "--graph",
+        choices=("mermaid", "dot"),
+        help="print the build graph (actions, what each depends on, up to date or stale) "
+        "as a Mermaid flowchart or a Graphviz DOT digraph",
+    )
 
 
 def _verify(sub: _Commands) -> None:

@@ -43,6 +43,40 @@ def status_lines(result: StatusResult) -> Iterator[str]:
         yield f"lock        {note} (epbuild lock writes it again)"
 
 
+def graph_text(result: StatusResult, fmt: str) -> str:
+    """The build graph of ``status --graph``: each action a node (its id, kind and state),
+    an edge from each action to every action that reads its outputs; ``fmt`` is
+    ``mermaid`` or ``dot``."""
+    ids = {a.id: f"a{i}" for i, a in enumerate(result.actions)}
+    mermaid = fmt == "mermaid"
+    lines = ["flowchart LR"] if mermaid else ["digraph epbuild {", "  rankdir=LR;"]
+    for a in result.actions:
+        state = "stale" if a.stale else "up to date"
+        label = f"{a.id}\\n{a.kind}, {state}" if not mermaid else f"{a.id}<br/>{a.kind}, {state}"
+        if mermaid:
+            lines.append(f'  {ids[a.id]}["{_quoted(label)}"]')
+        else:
+            style = ', style=filled, fillcolor="#fde2e1"' if a.stale else ""
+            lines.append(f'  {ids[a.id]} [label="{_quoted(label)}", shape=box{style}];')
+    for a in result.actions:
+        for dep in a.deps:
+            if dep in ids:
+                lines.append(f"  {ids[dep]} --> {ids[a.id]}" if mermaid else
+                             f"  {ids[dep]} -> {ids[a.id]};")  # fmt: skip
+    if mermaid:
+        stale = [ids[a.id] for a in result.actions if a.stale]
+        if stale:
+            lines += ["  classDef stale fill:#fde2e1", f"  class {','.join(stale)} stale"]
+    else:
+        lines.append("}")
+    return "\n".join(lines)
+
+
+def _quoted(text: str) -> str:
+    """``text`` inside a double-quoted label of either format."""
+    return text.replace('"', "'")
+
+
 def build_lines(result: BuildResult) -> Iterator[str]:
     """``epbuild build``: what a dry run would build (with reasons), then the summary."""
     for a in result.actions:

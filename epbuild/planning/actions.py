@@ -6,6 +6,7 @@ import hashlib
 import posixpath
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import ClassVar
 
 from epbuild._names import CTX_SUFFIX
 from epbuild.errors import UserError
@@ -25,6 +26,10 @@ class Action:
     """The models, in session order."""
     out_dir: str
     """Workspace-relative directory the outputs go to: ``<out_dir>/<group>/<provider>``."""
+    deps: tuple[str, ...] = ()
+    """Ids of the actions whose outputs it reads: it runs after them."""
+    kind: ClassVar[str] = "compile"
+    """What sort of work it is (``epbuild.kinds``)."""
 
     @property
     def models(self) -> tuple[str, ...]:
