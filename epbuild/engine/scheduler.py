@@ -86,42 +86,18 @@ def schedule(runner: ActionRunner, stale: list[ActionPlan]) -> dict[str, ActionR
     done) up to -j while their predicted memory fits the budget, wait for the first to
     finish, repeat. A failed action skips the actions that depend on it, naming it; without
     -k it also stops the others from starting."""
-    from collections import deque
     from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 
-    results: dict[str, ActionResult] = {}
-    waiting = {p.action.id: _stale_deps(p, stale) for p in stale}
-    order = list(stale)
-    pending: deque[ActionPlan] = deque()
+    graph = _Ready(runner.reporter, stale)
+    results = graph.results
     running: dict[Future[ActionResult], ActionPlan] = {}
     stop = False
-
-    def release_ready() -> None:
-        """Move the actions whose stale dependencies all finished well into ``pending``,
-        and skip those one of whose dependencies did not."""
-        moved = True
-        while moved:  # a skip may skip what depends on the skipped action in turn
-            moved = False
-            for plan in list(order):
-                deps = waiting[plan.action.id]
-                broken = [d for d in deps if d in results and not _usable(results[d])]
-                if broken:
-                    res = _skipped(plan, broken[0], results[broken[0]])
-                    results[plan.action.id] = res
-                    runner.reporter.action_finished(res)
-                elif all(d in results for d in deps):
-                    pending.append(plan)
-                else:
-                    continue
-                order.remove(plan)
-                moved = True
-
     pool = ThreadPoolExecutor(max_workers=runner.jobs, thread_name_prefix="epbuild-slot")
     try:
-        release_ready()
-        while pending or running:
-            while pending and len(running) < runner.jobs and not stop:
-                taken = runner.memory.take(pending, idle=not running)
+        graph.release()
+        while graph.pending or running:
+            while graph.pending and len(running) < runner.jobs and not stop:
+                taken = runner.memory.take(graph.pending, idle=not running)
                 if taken is None:
                     break
                 running[pool.submit(runner.run_one, taken)] = taken
@@ -136,14 +112,14 @@ def schedule(runner: ActionRunner, stale: list[ActionPlan]) -> dict[str, ActionR
                 runner.reporter.action_finished(res)
                 if res.outcome is Outcome.FAILED and not runner.keep_going:
                     stop = True
-            release_ready()
+            graph.release()
     except KeyboardInterrupt:
         runner.executor.cancel()
         wait(running)
         pool.shutdown(wait=True)
         raise Interrupted("interrupted; workers stopped, nothing half-written was kept") from None
     pool.shutdown(wait=True)
-    for plan in [*pending, *order]:
+    for plan in [*graph.pending, *graph.waiting]:
         results[plan.action.id] = action_result(
             plan.action,
             Outcome.SKIPPED,
@@ -151,6 +127,40 @@ def schedule(runner: ActionRunner, stale: list[ActionPlan]) -> dict[str, ActionR
             error="not started because an earlier action failed (use -k to keep going)",
         )
     return results
+
+
+class _Ready:
+    """The ready set of one build: actions wait until every stale action they depend on has
+    a result, then move to ``pending`` (a dependency that did not succeed skips them)."""
+
+    def __init__(self, reporter: Reporter, stale: list[ActionPlan]) -> None:
+        from collections import deque
+
+        self.reporter = reporter
+        self.results: dict[str, ActionResult] = {}
+        self.pending: deque[ActionPlan] = deque()
+        self.waiting = list(stale)
+        self._deps = {p.action.id: _stale_deps(p, stale) for p in stale}
+
+    def release(self) -> None:
+        """Move what is ready to ``pending``; skip what a dependency left unbuilt (and, in
+        turn, what depends on that)."""
+        moved = True
+        while moved:
+            moved = False
+            for plan in list(self.waiting):
+                deps = self._deps[plan.action.id]
+                broken = [d for d in deps if d in self.results and not _usable(self.results[d])]
+                if broken:
+                    res = _skipped(plan, broken[0], self.results[broken[0]])
+                    self.results[plan.action.id] = res
+                    self.reporter.action_finished(res)
+                elif all(d in self.results for d in deps):
+                    self.pending.append(plan)
+                else:
+                    continue
+                self.waiting.remove(plan)
+                moved = True
 
 
 def _stale_deps(plan: ActionPlan, stale: list[ActionPlan]) -> tuple[str, ...]:
