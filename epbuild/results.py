@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from epbuild.planning.actions import Action
+    from epbuild.kinds.contract import GraphAction
     from epbuild.planning.staleness import ActionPlan
 
 
@@ -133,7 +133,7 @@ class ActionStatus:
         a = plan.action
         key = plan.key.key if plan.key else None
         return cls(
-            a.id, a.group.name, a.provider.name, plan.stale, list(plan.reasons), key, a.kind, a.deps
+            a.id, a.group_name, a.provider_name, plan.stale, list(plan.reasons), key, a.kind, a.deps
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -185,6 +185,6 @@ class Reporter:
         """A one-off note (waiting on a lock, a warning)."""
 
 
-def action_result(action: Action, outcome: Outcome, **kw: Any) -> ActionResult:
+def action_result(action: GraphAction, outcome: Outcome, **kw: Any) -> ActionResult:
     """A result for ``action`` with its group and provider filled in."""
-    return ActionResult(action.id, action.group.name, action.provider.name, outcome, **kw)
+    return ActionResult(action.id, action.group_name, action.provider_name, outcome, **kw)

@@ -455,8 +455,8 @@ def _ctx_model(ref: str | None = None, location: str | None = None) -> Any:
 def test_built_models_with_escaping_references_are_refused(
     tmp_path: Path, ref: str, location: str | None, message: str
 ) -> None:
-    from epbuild.engine.staging import check_staged
     from epbuild.errors import VerificationError
+    from epbuild.onnx.staged import check_staged
 
     staging = tmp_path / "build" / ".staging" / "x-1"
     staging.mkdir(parents=True)
@@ -471,8 +471,8 @@ def test_built_models_with_escaping_references_are_refused(
 def test_staged_file_replaced_by_a_symlink_is_refused(tmp_path: Path) -> None:
     import onnx
 
-    from epbuild.engine.staging import check_staged
     from epbuild.errors import UnsafePathError
+    from epbuild.onnx.staged import check_staged
 
     staging = tmp_path / "build" / ".staging" / "x-1"
     staging.mkdir(parents=True)

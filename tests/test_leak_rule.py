@@ -15,7 +15,6 @@ from conftest import HTP73, Workspace
 from onnx import TensorProto, helper, numpy_helper
 
 from epbuild.cache.location import default_cache_dir
-from epbuild.engine.staging import check_staged
 from epbuild.errors import VerificationError
 from epbuild.onnx.context import (
     SHARED_ROOTS,
@@ -28,6 +27,7 @@ from epbuild.onnx.context import (
     toolchain_dirs,
 )
 from epbuild.onnx.proto import parse_model
+from epbuild.onnx.staged import check_staged
 
 
 def fused_gemm_on_cpu_model() -> onnx.ModelProto:

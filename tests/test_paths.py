@@ -21,10 +21,11 @@ from conftest import HTP73, Workspace
 from onnx import helper, numpy_helper
 from test_options import mod_model
 
-from epbuild.engine.staging import check_staged, hash_staged
+from epbuild.engine.staging import hash_staged
 from epbuild.errors import VerificationError
 from epbuild.inspection.verify import verify_outputs
 from epbuild.onnx.context import LONG_PATH_MIN, Severity, absolute_paths, scan_needles
+from epbuild.onnx.staged import check_staged
 
 
 @pytest.mark.parametrize(

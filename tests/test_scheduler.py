@@ -214,8 +214,7 @@ class GraphRunner:
 def _node(action_id: str, *deps: str) -> Any:
     from types import SimpleNamespace
 
-    group, provider = SimpleNamespace(name="g"), SimpleNamespace(name="p")
-    action = SimpleNamespace(id=action_id, deps=deps, group=group, provider=provider)
+    action = SimpleNamespace(id=action_id, deps=deps, group_name="g", provider_name="p")
     return SimpleNamespace(action=action, reasons=[], stale=True)
 
 

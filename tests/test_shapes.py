@@ -307,7 +307,7 @@ def test_a_misspelt_override_still_fails_for_the_npu(workspace: Workspace) -> No
 
 
 def test_symbolic_dimensions_are_fine_where_the_ep_is_not_an_npu(tmp_path: Path) -> None:
-    from epbuild.engine.shapes import check_shapes
+    from epbuild.kinds.shapes import check_shapes
     from epbuild.planning.actions import make_actions
 
     ws = Workspace(tmp_path)
@@ -334,7 +334,7 @@ def test_verify_load_runs_the_source_at_the_compiled_shapes(workspace: Workspace
 
 
 def test_an_entry_override_the_model_lacks_is_a_warning(tmp_path: Path) -> None:
-    from epbuild.engine.shapes import check_shapes
+    from epbuild.kinds.shapes import check_shapes
     from epbuild.planning.actions import make_actions
 
     ws = Workspace(tmp_path)

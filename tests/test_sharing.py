@@ -117,8 +117,8 @@ def test_ep_ignoring_share_ep_contexts_fails_the_action(
 
 def test_staging_check_refuses_two_binaries(simple_built: Workspace, tmp_path: Path) -> None:
     """The coordinator holds the rule whatever the worker said (a farm worker, a cache)."""
-    from epbuild.engine.staging import check_staged
     from epbuild.errors import VerificationError
+    from epbuild.onnx.staged import check_staged
 
     ws = simple_built
     staging = ws.root / "build" / ".staging" / "pair-1"

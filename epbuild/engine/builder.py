@@ -9,16 +9,13 @@ import time
 from contextlib import ExitStack
 from typing import TYPE_CHECKING, Any
 
-from epbuild.engine.staging import check_staged, commit, hash_staged, make_staging
+from epbuild.engine.staging import commit, hash_staged, make_staging
 from epbuild.errors import EpbuildError, StorageError
-from epbuild.executors.job import Job
 from epbuild.fs import os_error_text, remove_tree
-from epbuild.manifest.model import CompileSettings
-from epbuild.planning.actions import Action
+from epbuild.kinds.contract import GraphAction, RunContext, kind_of
 from epbuild.planning.keys import ActionKey
 from epbuild.planning.staleness import ActionPlan, plan_action
 from epbuild.planning.workspace import Workspace
-from epbuild.providers import get_provider
 from epbuild.results import ActionResult, Outcome, Reporter, action_result
 from epbuild.state import locks
 from epbuild.state.journal import ActionRecord, OutputRecord, State
@@ -31,7 +28,6 @@ if TYPE_CHECKING:
     from epbuild.engine.trace import Tracer
     from epbuild.executors.local import Executor, WorkerOutcome
     from epbuild.onnx.context import MachinePaths, Problem
-    from epbuild.providers.contract import ProviderConfig
 
 
 def open_action_cache(
@@ -97,7 +93,7 @@ class Builder:
     def run_one(self, plan: ActionPlan) -> ActionResult:
         """Bring one action up to date under its lock; any failure comes back as a result."""
         action = plan.action
-        if plan.error is not None:
+        if plan.error is not None and not action.deps:  # with deps: planned again below
             return _failed(plan, plan.error.message, plan.error.hint)
         waited = self.tracer.now()
         try:
@@ -212,14 +208,17 @@ class Builder:
     def _compile(
         self, plan: ActionPlan, key: ActionKey, state: State, cache_note: str | None
     ) -> ActionResult:
-        """Compile in a fresh worker, verify what it staged, commit it, store it in the cache."""
-        ws, action, tracer = self.ws, plan.action, self.tracer
-        shape_warnings = [self._warn(w) for w in self._shape_warnings(action)]
-        self.reporter.action_started(action.id)
+        """Run the action's job in a fresh worker, verify what it staged, commit it, store it
+        in the cache."""
+        ws, action, tracer, kind = self.ws, plan.action, self.tracer, kind_of(plan.action)
+        ctx = self._context(action)
         staging = self._staging(action)
         try:
+            job, found_early = kind.job(action, key, staging, ctx)
+            early_warnings = [self._warn(w) for w in self._new(found_early)]
+            self.reporter.action_started(action.id)
             started = tracer.now()
-            outcome = self.executor.run(self._job(action, key, staging))
+            outcome = self.executor.run(job)
             peak = outcome.result.get("peak_rss")
             tracer.add("compile", started, action.id, ok=outcome.ok, peak_rss=peak)
             if not outcome.ok:
@@ -228,18 +227,9 @@ class Builder:
             if mismatch is not None:
                 return _failed(plan, mismatch, VERSIONS_HINT)
             started = tracer.now()
-            names, found = check_staged(
-                ws.root,
-                staging,
-                action.ctx_names,
-                action.models,
-                _shared_by(action),
-                self._machine_paths(action),
-            )
+            names, found = kind.check(action, staging, ctx)
             record = self._compiled_record(action, key, staging, names, outcome)
-            warnings = shape_warnings + self._verdict(
-                found + self._detail_problems(action, record.detail)
-            )
+            warnings = early_warnings + self._verdict(found + kind.problems(action, outcome.result))
             changed = [
                 rel for rel, d in key.inputs.items() if ws.stats.digest(ws.root, rel).digest != d
             ]
@@ -266,7 +256,7 @@ class Builder:
         finally:
             remove_tree(os.path.join(ws.root, staging))
 
-    def _staging(self, action: Action) -> str:
+    def _staging(self, action: GraphAction) -> str:
         """A fresh staging directory for the action (StorageError when none can be made)."""
         out_dir = self.ws.manifest.workspace.out_dir
         try:
@@ -278,49 +268,22 @@ class Builder:
                 hint=WRITE_HINT,
             ) from exc
 
-    def _job(self, action: Action, key: ActionKey, staging: str) -> Job:
-        """The complete job of one compile (inputs go along for executors that ship them)."""
-        g = action.group
-        return Job(
-            action_id=action.id,
-            provider=action.provider,
-            models=action.models,
-            staging=staging,
-            share_weights=g.share_weights,
-            embed_mode=g.embed_mode,
-            node_name_prefix=g.node_name_prefix,
-            initializer_names=action.initializer_names,
-            load=g.load,
-            compile=CompileSettings.from_json(key.components["compile"]),
-            inputs=dict(key.inputs),
-            predicted_peak=self.memory.peaks.get(action.id, 0),
-            names=action.names,
-            free_dimensions=action.free_dimensions if any(action.free_dimensions) else (),
-            boot=self._boot(action),
-        )
-
-    def _machine_paths(self, action: Action) -> MachinePaths:
-        """The build machine's directories that the action's outputs must not name: the
-        command's (computed once) and its toolchain's."""
-        from epbuild.onnx.context import machine_paths, toolchain_dirs
+    def _context(self, action: GraphAction) -> RunContext:
+        """What the action's kind needs to make its job and check its outputs."""
+        from epbuild.onnx.context import machine_paths
 
         if self._machine is None:
             self._machine = machine_paths(self.ws.root)
-        # lookup, not get: restoring never makes a toolchain (one not made names no path)
-        made = self.ws.keys.toolchains.lookup(action.provider)
-        return self._machine.with_dirs(toolchain_dirs(made))
-
-    def _boot(self, action: Action) -> tuple[str, ...]:
-        """How a worker for the action starts: in its provider's toolchain, if it has one."""
-        toolchain = self.ws.keys.toolchains.get(action.provider)
-        if toolchain is None:
-            return ()
-        from epbuild.toolchains.boot import boot_command
-
-        return tuple(boot_command(toolchain.python))
+        peak = self.memory.peaks.get(action.id, 0)
+        return RunContext(self.ws.root, self.ws.keys, self._machine, peak)
 
     def _compiled_record(
-        self, action: Action, key: ActionKey, staging: str, names: list[str], outcome: WorkerOutcome
+        self,
+        action: GraphAction,
+        key: ActionKey,
+        staging: str,
+        names: list[str],
+        outcome: WorkerOutcome,
     ) -> ActionRecord:
         """The journal record of a compile whose staged outputs passed ``check_staged``."""
         result = outcome.result
@@ -337,7 +300,7 @@ class Builder:
 
     def _commit_journaled(
         self,
-        action: Action,
+        action: GraphAction,
         staging: str,
         names: list[str],
         record: ActionRecord,
@@ -406,7 +369,7 @@ class Builder:
             remove_tree(os.path.join(ws.root, staging))
 
     def _fetch(
-        self, action: Action, key: ActionKey, staging: str
+        self, action: GraphAction, key: ActionKey, staging: str
     ) -> tuple[ActionRecord | None, list[str], str | None]:
         """Restore ``key`` into ``staging`` and check it: (record, names, None), or
         (None, [], why) on a miss (why: None) or an entry that cannot be used."""
@@ -418,14 +381,7 @@ class Builder:
             hit = self.cache.restore(key.key, os.path.join(self.ws.root, staging))
             if hit is None:
                 return None, [], None
-            names, _ = check_staged(
-                self.ws.root,
-                staging,
-                action.ctx_names,
-                action.models,
-                _shared_by(action),
-                self._machine_paths(action),
-            )
+            names, _ = kind_of(action).check(action, staging, self._context(action))
             if set(names) != set(hit.entry.outputs):
                 raise VerificationError("outputs do not match the entry")
         except (CacheDamagedError, VerificationError) as exc:
@@ -452,13 +408,11 @@ class Builder:
         )
         return record, names, None
 
-    def _shape_warnings(self, action: Action) -> list[str]:
-        """Check the inputs' shapes against the provider before a worker starts: raises
-        ``ModelError`` for a dimension an NPU cannot compile; returns new warnings."""
-        from epbuild.engine.shapes import check_shapes
-
-        found = [w for w in check_shapes(self.ws.root, action).warnings if w not in self.warned]
-        self.warned.update(found)
+    def _new(self, warnings: list[str]) -> list[str]:
+        """Those of ``warnings`` not said yet in this build (each is said once)."""
+        with self._warn_lock:
+            found = [w for w in warnings if w not in self.warned]
+            self.warned.update(found)
         return found
 
     def _warn(self, note: str) -> str:
@@ -495,7 +449,7 @@ class Builder:
             "export the cache (see docs/troubleshooting.md#cache-misses-across-machines)",
         )
 
-    def _store(self, action: Action, record: ActionRecord, note: str | None) -> list[str]:
+    def _store(self, action: GraphAction, record: ActionRecord, note: str | None) -> list[str]:
         """Put a compiled action into the cache; returns warnings (never fails the build)."""
         warnings = [note] if note else []
         if self.cache is None:
@@ -522,18 +476,6 @@ class Builder:
             warnings.append(self._warn(f"{action.id} not stored in the cache {where}: {why}"))
         outage = self._outage_warning()  # --cache-push to a remote that went down
         return warnings + ([outage] if outage else [])
-
-    def _detail_problems(self, action: Action, detail: dict[str, Any]) -> list[Problem]:
-        """The worker's report about each model, against the rules."""
-        from epbuild.onnx.context import report_problems
-
-        adapter = get_provider(action.provider.ep)
-        prefix = action.group.node_name_prefix
-        return [
-            p
-            for model, report in detail.get("models", {}).items()
-            for p in report_problems(model, report, adapter, action.provider, prefix)
-        ]
 
     def _verdict(self, problems: list[Problem]) -> list[str]:
         """An error fails the action; a warning is said once per build and returned."""
@@ -592,12 +534,7 @@ WRITE_HINT = (
 )
 
 
-def _shared_by(action: Action) -> ProviderConfig | None:
-    """The provider whose ctx models must share one binary (a weight-sharing action's)."""
-    return action.provider if action.group.share_weights else None
-
-
-def recorded_outputs(ws: Workspace, action: Action) -> list[str]:
+def recorded_outputs(ws: Workspace, action: GraphAction) -> list[str]:
     rec = ws.state.records.get(action.id)
     return sorted(rec.outputs) if rec else []
 

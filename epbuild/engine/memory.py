@@ -152,7 +152,7 @@ def predict_from_inputs(input_bytes: int) -> int:
 def predict_peak(plan: ActionPlan, state: State, stats: StatCache, root: str) -> int:
     """An action's predicted peak memory: the larger of its last measured peak and the
     prediction from its current input sizes (a recorded peak is stale once inputs grew)."""
-    inputs: Iterable[str] = plan.key.inputs if plan.key is not None else plan.action.models
+    inputs: Iterable[str] = plan.key.inputs if plan.key is not None else ()
     total = 0
     for rel in inputs:
         entry = stats.entries.get(rel)

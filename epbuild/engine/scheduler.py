@@ -75,7 +75,7 @@ def executor_for(
     if isinstance(kind, str):
         # The warm spares (one per worker command: epbuild's own, or a toolchain's) hold
         # memory the compiles cannot have.
-        budget = max(0, budget - spare_cost(repr(p.action.provider.toolchain) for p in stale))
+        budget = max(0, budget - spare_cost(repr(p.action.toolchain) for p in stale))
         local = LocalExecutor(ws.root, prewarm=True, jobs=len(stale))
         return Execution(local, slots, MemoryPlan(budget, peaks), owned=True)
     return Execution(kind, slots, MemoryPlan(budget, peaks), owned=False)

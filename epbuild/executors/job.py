@@ -110,3 +110,60 @@ class Job:
                 {str(k): int(v) for k, v in d.items()} for d in data.get("free_dimensions", ())
             ),
         )
+
+
+@dataclass(frozen=True)
+class KindJob:
+    """The job of an action of another kind than compile (``epbuild.kinds``): the worker
+    imports ``runner`` (``module:function``) and calls it with the job; the function stages
+    the outputs into ``staging`` and returns the result document's ``seconds``,
+    ``peak_rss``, ``detail`` and ``versions`` (the worker adds ``ok`` and ``epbuild``)."""
+
+    action_id: str
+    kind: str
+    runner: str
+    staging: str
+    payload: Mapping[str, Any] = field(default_factory=dict)
+    """The kind's settings for this action (JSON values)."""
+    inputs: Mapping[str, str] = field(default_factory=dict)
+    """Input path → digest the action's key was computed from (for executors that ship them)."""
+    predicted_peak: int = 0
+    token: str = ""
+    boot: tuple[str, ...] = ()
+
+    def to_json(self) -> dict[str, Any]:
+        """The JSON form a worker reads from its job line (``kind`` tells it from a
+        compile's)."""
+        return {
+            "action_id": self.action_id,
+            "kind": self.kind,
+            "runner": self.runner,
+            "staging": self.staging,
+            "payload": dict(self.payload),
+            "inputs": dict(self.inputs),
+            "predicted_peak": self.predicted_peak,
+            "token": self.token,
+        }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> KindJob:
+        """Rebuild a job written by ``to_json``."""
+        return cls(
+            action_id=str(data["action_id"]),
+            kind=str(data["kind"]),
+            runner=str(data["runner"]),
+            staging=str(data["staging"]),
+            payload=dict(data.get("payload", {})),
+            inputs=dict(data.get("inputs", {})),
+            predicted_peak=int(data.get("predicted_peak", 0)),
+            token=str(data.get("token", "")),
+        )
+
+
+AnyJob = Job | KindJob
+"""What crosses to a worker: a compile's job, or another kind's."""
+
+
+def job_from_json(data: Mapping[str, Any]) -> AnyJob:
+    """A job line read back: a compile's (no ``kind``) or another kind's."""
+    return KindJob.from_json(data) if "kind" in data else Job.from_json(data)

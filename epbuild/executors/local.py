@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from epbuild._names import LOG_NAME, RESULT_NAME
 
 if TYPE_CHECKING:
-    from epbuild.executors.job import Job
+    from epbuild.executors.job import AnyJob
 
 
 @dataclass
@@ -36,7 +36,7 @@ class WorkerOutcome:
 class Executor(Protocol):
     """Runs jobs; ``cancel`` stops everything running."""
 
-    def run(self, job: Job) -> WorkerOutcome:
+    def run(self, job: AnyJob) -> WorkerOutcome:
         """Run one job to completion (blocking); its outputs land in ``job.staging``."""
         ...
 
@@ -114,7 +114,7 @@ def _reap(proc: subprocess.Popen[bytes]) -> None:
                 pass
 
 
-def send_job(proc: subprocess.Popen[bytes], job: Job) -> None:
+def send_job(proc: subprocess.Popen[bytes], job: AnyJob) -> None:
     """Hand a worker its job line; its stdin then stays open until the coordinator goes."""
     assert proc.stdin is not None
     try:
@@ -197,7 +197,7 @@ class LocalExecutor:
             self._running.add(proc)
             return proc
 
-    def run(self, job: Job) -> WorkerOutcome:
+    def run(self, job: AnyJob) -> WorkerOutcome:
         """Run one job in a fresh worker subprocess (a warm spare when there is one)."""
         staging = os.path.join(self.root, job.staging)
         log_path = os.path.join(staging, LOG_NAME)

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from epbuild._names import RESULT_NAME, ctx_name, ctx_stem, model_label
 from epbuild.executors.hostinfo import peak_rss, write_trouble
-from epbuild.executors.job import Job
+from epbuild.executors.job import Job, KindJob, job_from_json
 from epbuild.executors.testhooks import hook_for, run_test_hook
 from epbuild.fs import atomic_write_text
 
@@ -467,8 +467,8 @@ def main() -> None:
 
     line = sys.stdin.buffer.readline()
     threading.Thread(target=_watch_parent, daemon=True).start()
-    job = Job.from_json(json.loads(line))
-    result = _result_of(job)
+    job = job_from_json(json.loads(line))
+    result = _result_of(job) if isinstance(job, Job) else _kind_result(job)
     result_path = posixpath.join(job.staging, RESULT_NAME)
     try:
         atomic_write_text(result_path, json.dumps(result), durable=False)
@@ -501,7 +501,26 @@ def _result_of(job: Job) -> dict[str, Any]:
         return {**failed, "traceback": traceback.format_exc()}
 
 
-def _failure(job: Job, error: str, hint: str | None) -> dict[str, Any]:
+def _kind_result(job: KindJob) -> dict[str, Any]:
+    """The result document of another kind's job: what its runner reports, or why it
+    failed (``UserError``: the message and hint; anything else: a bug, with its
+    traceback)."""
+    import importlib
+
+    from epbuild.errors import EpbuildError
+
+    module, _, name = job.runner.partition(":")
+    try:
+        report = getattr(importlib.import_module(module), name)(job)
+    except EpbuildError as exc:
+        return _failure(job, exc.message, exc.hint)
+    except Exception as exc:
+        failed = _failure(job, f"{type(exc).__name__}: {exc}", None)
+        return {**failed, "traceback": traceback.format_exc()}
+    return {"ok": True, "peak_rss": peak_rss(), **report, "epbuild": _epbuild_version()}
+
+
+def _failure(job: Job | KindJob, error: str, hint: str | None) -> dict[str, Any]:
     """A failed result; says so when a write limit explains it (an EP's own message, such
     as ONNX Runtime's "Failed to write context cache file", often does not)."""
     trouble = write_trouble(job.staging)

@@ -82,8 +82,7 @@ def status_detail(
     store = Store(ws.state_dir)
     state = ws.state
     details: list[ActionDetail] = []
-    for plan in plans:
-        a = plan.action
+    for plan, a in zip(plans, ws.actions, strict=True):
         rec = state.records.get(a.id)
         d = ActionDetail(a.id, a.group.name, a.provider.name, plan.stale, rec is not None)
         details.append(d)

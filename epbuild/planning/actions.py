@@ -6,12 +6,15 @@ import hashlib
 import posixpath
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import TYPE_CHECKING
 
 from epbuild._names import CTX_SUFFIX
 from epbuild.errors import UserError
 from epbuild.manifest.model import CompileSettings, Group, Manifest, ModelEntry
 from epbuild.providers.contract import ProviderConfig
+
+if TYPE_CHECKING:
+    from epbuild.toolchains.spec import ToolchainSpec
 
 
 @dataclass(frozen=True)
@@ -27,9 +30,25 @@ class Action:
     out_dir: str
     """Workspace-relative directory the outputs go to: ``<out_dir>/<group>/<provider>``."""
     deps: tuple[str, ...] = ()
-    """Ids of the actions whose outputs it reads: it runs after them."""
-    kind: ClassVar[str] = "compile"
-    """What sort of work it is (``epbuild.kinds``)."""
+    """Ids of the actions whose outputs it reads (an LLM's preparation): it runs after
+    them."""
+
+    @property
+    def kind(self) -> str:
+        """What sort of work it is (``epbuild.kinds``)."""
+        return "compile"
+
+    @property
+    def group_name(self) -> str:
+        return self.group.name
+
+    @property
+    def provider_name(self) -> str:
+        return self.provider.name
+
+    @property
+    def toolchain(self) -> ToolchainSpec | None:
+        return self.provider.toolchain
 
     @property
     def models(self) -> tuple[str, ...]:
@@ -92,13 +111,14 @@ def make_actions(manifest: Manifest, extra: Sequence[Group] = ()) -> list[Action
         for pname in group.providers:
             provider = own.get(pname) or manifest.providers[pname]
             out_dir = posixpath.join(manifest.workspace.out_dir, group.name, pname)
+            deps: tuple[str, ...] = getattr(group, "deps", ())
             if group.share_weights:
                 action_id = f"{group.name}/{pname}"
-                actions.append(Action(action_id, group, provider, group.entries, out_dir))
+                actions.append(Action(action_id, group, provider, group.entries, out_dir, deps))
             else:
                 for entry in group.entries:
                     action_id = f"{group.name}/{pname}/{entry.name}"
-                    actions.append(Action(action_id, group, provider, (entry,), out_dir))
+                    actions.append(Action(action_id, group, provider, (entry,), out_dir, deps))
     return actions
 
 

@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from epbuild.errors import ModelError, ToolchainError, UserError
-from epbuild.planning.actions import Action
+from epbuild.kinds.contract import GraphAction, kind_of
 from epbuild.planning.keys import ActionKey, KeyComputer, explain_difference
 from epbuild.state.journal import State
 from epbuild.state.statcache import StatCache
@@ -19,7 +20,7 @@ from epbuild.toolchains.resolve import ToolchainPending
 class ActionPlan:
     """One action's planned fate."""
 
-    action: Action
+    action: GraphAction
     key: ActionKey | None
     stale: bool
     reasons: list[str] = field(default_factory=list)
@@ -49,7 +50,7 @@ def outputs_intact(root: str, stats: StatCache, outputs: dict[str, tuple[int, st
 
 
 def plan_action(
-    action: Action,
+    action: GraphAction,
     state: State,
     keys: KeyComputer,
     stats: StatCache,
@@ -59,15 +60,16 @@ def plan_action(
 ) -> ActionPlan:
     """Decide whether one action is stale; ``fresh`` re-checks the inputs' digests instead
     of taking those memoised earlier in the run (``KeyComputer.compute``)."""
+    kind = kind_of(action)
     try:
-        key = keys.compute(action, fresh=fresh)
+        key = kind.key(action, keys, fresh=fresh)
     except ToolchainPending as exc:  # status: the build will make it
         return ActionPlan(action, None, True, _pending(action, state, exc))
     except (ModelError, ToolchainError) as exc:
         return ActionPlan(action, None, True, [exc.message], error=exc)
-    too_big = _embed_too_big(action, key, stats, root)
-    if too_big is not None:
-        return ActionPlan(action, key, True, [too_big.message], error=too_big)
+    refused = kind.refuse(action, key, keys)
+    if refused is not None:
+        return ActionPlan(action, key, True, [refused.message], error=refused)
     rec = state.records.get(action.id)
     if action.id in state.damaged:
         return ActionPlan(action, key, True, [state.damaged[action.id].reason()])
@@ -81,11 +83,11 @@ def plan_action(
     return ActionPlan(action, key, bool(problems), problems)
 
 
-def _pending(action: Action, state: State, exc: ToolchainPending) -> list[str]:
+def _pending(action: GraphAction, state: State, exc: ToolchainPending) -> list[str]:
     """Why an action whose toolchain is not made yet is stale: what changed in its
     toolchain when it was built before with another one."""
     rec = state.records.get(action.id)
-    spec = action.provider.toolchain
+    spec = action.toolchain
     if rec is None or spec is None:
         return [exc.message]
     before = rec.components.get("toolchain")
@@ -99,25 +101,20 @@ EMBED_LIMIT = 2 << 30
 """Protobuf's 2 GB message limit: a ctx model with the context embedded cannot exceed it."""
 
 
-def _embed_too_big(
-    action: Action, key: ActionKey, stats: StatCache, root: str
-) -> ModelError | None:
-    if action.group.embed_mode != 1:
-        return None
-    for m in key.components["models"]:
-        size = sum(stats.digest(root, rel).size for rel in (m["path"], *m["external"]))
-        if size >= EMBED_LIMIT:
-            return ModelError(
-                f"{m['path']}: {size / (1 << 30):.1f} GB with its external data; with "
-                "embed_mode = 1 its ctx model would pass protobuf's 2 GB limit",
-                hint=f"set embed_mode = 0 for group {action.group.name!r} (and "
-                "external_initializers for weights that stay on the CPU EP)",
-            )
-    return None
-
-
 def make_plan(
-    actions: list[Action], state: State, keys: KeyComputer, stats: StatCache, root: str
+    actions: Sequence[GraphAction], state: State, keys: KeyComputer, stats: StatCache, root: str
 ) -> list[ActionPlan]:
-    """Plan every action, in order."""
-    return [plan_action(a, state, keys, stats, root) for a in actions]
+    """Plan every action, in order (each after those it depends on). An action that depends
+    on a stale one is stale too, whatever its inputs say now: the build plans it again once
+    that one has run (early cutoff: outputs that come out the same leave it up to date)."""
+    plans: dict[str, ActionPlan] = {}
+    for action in actions:
+        plan = plan_action(action, state, keys, stats, root)
+        waits = [d for d in action.deps if d in plans and plans[d].stale]
+        if waits:
+            now = plan.reasons if plan.error is None else []
+            reasons = [f"{waits[0]} is stale: planned again once it has run", *now]
+            key = plan.key if plan.error is None else None
+            plan = ActionPlan(action, key, True, reasons)
+        plans[action.id] = plan
+    return list(plans.values())

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 from epbuild._names import JOURNAL_NAME, LOCKS_DIR, STATCACHE_NAME, STATE_LOCK_NAME
 from epbuild.fs import ensure_dir_inside, refuse_outward
+from epbuild.kinds.contract import GraphAction
 from epbuild.manifest.load import Manifest, find_manifest, load_manifest
 from epbuild.planning.actions import Action, make_actions, select
 from epbuild.planning.keys import KeyComputer
@@ -40,7 +41,7 @@ class Workspace:
         """Path of the workspace-state lock."""
         return os.path.join(self.state_dir, STATE_LOCK_NAME)
 
-    def action_lock(self, action: Action) -> str:
+    def action_lock(self, action: GraphAction) -> str:
         """Path of an action's lock."""
         return os.path.join(self.state_dir, LOCKS_DIR, f"{action.slug}.lock")
 

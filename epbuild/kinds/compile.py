@@ -1,0 +1,120 @@
+"""The compile kind: a sharing group × provider, or one model × provider, compiled through
+ONNX Runtime and its EP into ctx models (and context binaries) in a worker process."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from epbuild.errors import ModelError, UserError
+from epbuild.executors.job import Job
+from epbuild.kinds.contract import RunContext
+from epbuild.manifest.model import CompileSettings
+from epbuild.planning.actions import Action
+from epbuild.planning.keys import ActionKey, KeyComputer
+from epbuild.providers import get_provider
+
+if TYPE_CHECKING:
+    from epbuild.onnx.context import Problem
+    from epbuild.providers.contract import ProviderConfig
+
+
+class CompileKind:
+    """``Kind`` of the compile actions (``planning.actions.Action``)."""
+
+    name = "compile"
+
+    def key(self, action: Action, keys: KeyComputer, *, fresh: bool) -> ActionKey:
+        return keys.compute(action, fresh=fresh)
+
+    def refuse(self, action: Action, key: ActionKey, keys: KeyComputer) -> UserError | None:
+        """A ctx model that would embed a context past protobuf's 2 GB limit."""
+        from epbuild.planning import staleness
+
+        if action.group.embed_mode != 1:
+            return None
+        for m in key.components["models"]:
+            size = sum(
+                keys.stats.digest(keys.root, rel).size for rel in (m["path"], *m["external"])
+            )
+            if size >= staleness.EMBED_LIMIT:
+                return ModelError(
+                    f"{m['path']}: {size / (1 << 30):.1f} GB with its external data; with "
+                    "embed_mode = 1 its ctx model would pass protobuf's 2 GB limit",
+                    hint=f"set embed_mode = 0 for group {action.group.name!r} (and "
+                    "external_initializers for weights that stay on the CPU EP)",
+                )
+        return None
+
+    def job(
+        self, action: Action, key: ActionKey, staging: str, ctx: RunContext
+    ) -> tuple[Job, list[str]]:
+        """The complete job of one compile (inputs go along for executors that ship them),
+        after the inputs' shapes were checked against the provider (``check_shapes``)."""
+        from epbuild.kinds.shapes import check_shapes
+
+        warnings = check_shapes(ctx.root, action).warnings
+        g = action.group
+        job = Job(
+            action_id=action.id,
+            provider=action.provider,
+            models=action.models,
+            staging=staging,
+            share_weights=g.share_weights,
+            embed_mode=g.embed_mode,
+            node_name_prefix=g.node_name_prefix,
+            initializer_names=action.initializer_names,
+            load=g.load,
+            compile=CompileSettings.from_json(key.components["compile"]),
+            inputs=dict(key.inputs),
+            predicted_peak=ctx.predicted_peak,
+            names=action.names,
+            free_dimensions=action.free_dimensions if any(action.free_dimensions) else (),
+            boot=_boot(action, ctx),
+        )
+        return job, warnings
+
+    def check(
+        self, action: Action, staging: str, ctx: RunContext
+    ) -> tuple[list[str], list[Problem]]:
+        """The staged ctx models (``onnx.staged.check_staged``), against the build
+        machine's paths and the action's toolchain's."""
+        from epbuild.onnx.context import toolchain_dirs
+        from epbuild.onnx.staged import check_staged
+
+        # lookup, not get: restoring never makes a toolchain (one not made names no path)
+        made = ctx.keys.toolchains.lookup(action.provider)
+        machine = ctx.machine.with_dirs(toolchain_dirs(made))
+        return check_staged(
+            ctx.root, staging, action.ctx_names, action.models, _shared_by(action), machine
+        )
+
+    def problems(self, action: Action, result: Mapping[str, Any]) -> list[Problem]:
+        """The worker's report about each model, against the rules."""
+        from epbuild.onnx.context import report_problems
+
+        adapter = get_provider(action.provider.ep)
+        prefix = action.group.node_name_prefix
+        return [
+            p
+            for model, report in result.get("detail", {}).get("models", {}).items()
+            for p in report_problems(model, report, adapter, action.provider, prefix)
+        ]
+
+
+def _boot(action: Action, ctx: RunContext) -> tuple[str, ...]:
+    """How a worker for the action starts: in its provider's toolchain, if it has one."""
+    toolchain = ctx.keys.toolchains.get(action.provider)
+    if toolchain is None:
+        return ()
+    from epbuild.toolchains.boot import boot_command
+
+    return tuple(boot_command(toolchain.python))
+
+
+def _shared_by(action: Action) -> ProviderConfig | None:
+    """The provider whose ctx models must share one binary (a weight-sharing action's)."""
+    return action.provider if action.group.share_weights else None
+
+
+COMPILE = CompileKind()

@@ -1,0 +1,154 @@
+"""The kinds of action: what each sort of work in the build graph supplies to the engine.
+
+An action is a kind plus its inputs (source files, or the outputs of the actions it depends
+on). A kind supplies, through ``Kind``: the action's key (a digest of a canonical
+description: kind, the kind's settings, its inputs' digests and the tool versions it
+declares), the job a worker runs, the check of what the worker staged, and what the worker
+reported against the rules. The engine knows only this interface: restore, commit, the
+cache, the journal, the farm and ``status`` work the same for every kind. Adding a kind is
+a module with a ``Kind`` and its actions, registered here (``register``).
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    from epbuild.errors import UserError
+    from epbuild.executors.job import AnyJob
+    from epbuild.manifest.model import Manifest
+    from epbuild.onnx.context import MachinePaths, Problem
+    from epbuild.planning.keys import ActionKey, KeyComputer
+    from epbuild.toolchains.spec import ToolchainSpec
+
+
+class GraphAction(Protocol):
+    """One action of the build graph, of any kind."""
+
+    @property
+    def id(self) -> str:
+        """Unique in the graph; what selectors, the journal and the cache name it by."""
+        ...
+
+    @property
+    def kind(self) -> str:
+        """The name of its ``Kind``."""
+        ...
+
+    @property
+    def deps(self) -> tuple[str, ...]:
+        """Ids of the actions whose outputs it reads: it runs after them."""
+        ...
+
+    @property
+    def out_dir(self) -> str:
+        """Workspace-relative directory its outputs are committed to (three levels deep:
+        ``<top>/<group>/<leaf>``; commits never reach above ``<top>``)."""
+        ...
+
+    @property
+    def slug(self) -> str:
+        """A short, file-name-safe, stable token for locks and staging directories."""
+        ...
+
+    @property
+    def group_name(self) -> str:
+        """The manifest entry it comes from (results and reports)."""
+        ...
+
+    @property
+    def provider_name(self) -> str:
+        """The provider it builds for (empty: none)."""
+        ...
+
+    @property
+    def toolchain(self) -> ToolchainSpec | None:
+        """The environment its worker runs in (None: epbuild's own)."""
+        ...
+
+
+@dataclass(frozen=True)
+class RunContext:
+    """What the engine gives a kind to run and check one action."""
+
+    root: str
+    keys: KeyComputer
+    machine: MachinePaths
+    """The build machine's directories that no output may name (per build)."""
+    predicted_peak: int
+    """The action's predicted peak memory in bytes (0: unknown)."""
+
+
+class Kind(Protocol):
+    """One sort of action."""
+
+    name: str
+
+    def key(self, action: Any, keys: KeyComputer, *, fresh: bool) -> ActionKey:
+        """The action's key and its components; raises ``ModelError`` (or another
+        ``UserError``) for a broken input. ``fresh``: look at the inputs again instead of
+        taking this run's memoised digests."""
+        ...
+
+    def refuse(self, action: Any, key: ActionKey, keys: KeyComputer) -> UserError | None:
+        """Why an action with this key cannot be built at all (None: it can)."""
+        ...
+
+    def job(
+        self, action: Any, key: ActionKey, staging: str, ctx: RunContext
+    ) -> tuple[AnyJob, list[str]]:
+        """The job a worker runs to stage the action's outputs into ``staging``, and
+        warnings found making it (raises ``UserError`` for what cannot be built)."""
+        ...
+
+    def check(self, action: Any, staging: str, ctx: RunContext) -> tuple[list[str], list[Problem]]:
+        """Check what was staged (by a worker, or restored from the cache): the output file
+        names and the warnings; raises ``VerificationError`` for an output it must refuse."""
+        ...
+
+    def problems(self, action: Any, result: Mapping[str, Any]) -> list[Problem]:
+        """What the worker's result document reports, against the kind's rules."""
+        ...
+
+
+_BUILT_IN = {
+    "compile": "epbuild.kinds.compile:COMPILE",
+    "prepare": "epbuild.kinds.prepare:PREPARE",
+}
+_KINDS: dict[str, Kind] = {}
+_SOURCES: dict[str, Callable[[Manifest], list[GraphAction]]] = {}
+
+
+def kind_of(action: GraphAction) -> Kind:
+    """The ``Kind`` of an action."""
+    return kind_named(action.kind)
+
+
+def kind_named(name: str) -> Kind:
+    """The registered kind ``name`` (built-in kinds are imported on first use)."""
+    if name not in _KINDS:
+        module, _, attr = _BUILT_IN[name].partition(":")
+        _KINDS[name] = getattr(importlib.import_module(module), attr)
+    return _KINDS[name]
+
+
+def register(kind: Kind, actions: Callable[[Manifest], list[GraphAction]] | None = None) -> None:
+    """Add a kind; ``actions`` gives the actions of that kind a manifest has (they join
+    every workspace's graph after the built-in kinds' actions)."""
+    _KINDS[kind.name] = kind
+    if actions is not None:
+        _SOURCES[kind.name] = actions
+
+
+def unregister(name: str) -> None:
+    """Remove a kind added by ``register``."""
+    _KINDS.pop(name, None)
+    _SOURCES.pop(name, None)
+
+
+def registered_actions(manifest: Manifest) -> list[GraphAction]:
+    """The actions of the kinds added by ``register``."""
+    return [a for source in _SOURCES.values() for a in source(manifest)]
