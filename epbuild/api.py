@@ -73,7 +73,7 @@ def status(
     selectors it also lists the orphaned actions (built, but no longer in the manifest).
     """
     ws = open_workspace(directory, manifest, selectors)
-    plans = make_plan(ws.actions, ws.state, ws.keys, ws.stats, ws.root)
+    plans = make_plan(ws.graph, ws.state, ws.keys, ws.stats, ws.root)
     lock_notes = _lock_notes(ws)
     if any(p.stale and p.key for p in plans):
         cached = open_action_cache(ws, directory, cache)
@@ -240,7 +240,7 @@ def _plan(
     tracer = Tracer()
     with tracer.span("plan"):
         ws, warnings = open_ws()
-        plans = make_plan(ws.actions, ws.state, ws.keys, ws.stats, ws.root)
+        plans = make_plan(ws.graph, ws.state, ws.keys, ws.stats, ws.root)
     return ws, plans, warnings, tracer
 
 
@@ -369,9 +369,11 @@ def _record_noop(
 def orphaned_actions(ws: Workspace) -> list[str]:
     """Recorded actions the manifest no longer has (their outputs are still on disk)."""
     from epbuild.planning.actions import make_actions
+    from epbuild.planning.graph import make_graph
     from epbuild.planning.llms import llm_shapes
 
-    current = {a.id for a in make_actions(ws.manifest, llm_shapes(ws.manifest))}
+    compiles = make_actions(ws.manifest, llm_shapes(ws.manifest))
+    current = {a.id for a in make_graph(ws.manifest, compiles)}
     return sorted(i for i in ws.state.records if i not in current)
 
 
@@ -394,13 +396,14 @@ def clean(
         return removed
     with locks.hold(ws.state_lock, "epbuild clean"):
         state = ws.reload_state()
-        ids = [a.id for a in ws.actions]
+        ids = [a.id for a in ws.graph]
         if not selectors:  # also what earlier manifests built and this one no longer has
             ids += orphaned_actions(ws)
         outputs = {i: list(state.records[i].outputs) if i in state.records else [] for i in ids}
         outputs["llm packages"] = _llm_package_files(ws)
         for paths in outputs.values():  # refuse before deleting anything
-            check_removable(ws.root, ws.manifest.workspace.out_dir, paths)
+            for rel in paths:
+                check_removable(ws.root, _owning_dir(ws, rel), [rel])
         for action_id, paths in outputs.items():
             removed += _unlink_existing(ws.root, paths)
             if action_id in state.records or action_id in state.interrupted:
@@ -408,6 +411,15 @@ def clean(
         clean_stale_staging(ws.root, ws.manifest.workspace.out_dir)
     _remove_emptied_dirs(ws.root, ws.manifest.workspace.out_dir, removed)
     return removed
+
+
+def _owning_dir(ws: Workspace, rel: str) -> str:
+    """The directory epbuild owns that a recorded output is in: the state directory (an
+    LLM's prepared graphs), else the output directory."""
+    state_dir = ws.manifest.workspace.state_dir
+    return (
+        state_dir if rel.startswith(state_dir.rstrip("/") + "/") else ws.manifest.workspace.out_dir
+    )
 
 
 def _llm_package_files(ws: Workspace) -> list[str]:

@@ -48,11 +48,14 @@ class ActionResult:
     warnings: list[str] = field(default_factory=list)
     exit_code: int = 1
     """The exit code a failure of this action maps to (3: a lock wait timed out)."""
+    kind: str = "compile"
+    """What sort of work the action is (``epbuild.kinds``)."""
 
     def to_json(self) -> dict[str, Any]:
         """The ``--json`` form."""
         data: dict[str, Any] = {
             "id": self.id,
+            "kind": self.kind,
             "group": self.group,
             "provider": self.provider,
             "outcome": self.outcome.value,
@@ -187,4 +190,5 @@ class Reporter:
 
 def action_result(action: GraphAction, outcome: Outcome, **kw: Any) -> ActionResult:
     """A result for ``action`` with its group and provider filled in."""
+    kw.setdefault("kind", action.kind)
     return ActionResult(action.id, action.group_name, action.provider_name, outcome, **kw)

@@ -363,8 +363,8 @@ def _command_section(
 
 JSON_KEYS: dict[str, str] = {
     "build": '`summary` (`{"compiled", "restored", "up_to_date", "failed", ..., "total", '
-    '"seconds"}`), `actions` (`[{"id", "group", "provider", "outcome", "seconds", "outputs", '
-    '"reasons", ...}]`): the `to_json()` of `epbuild.build(...)`\'s `BuildResult`; with '
+    '"seconds"}`), `actions` (`[{"id", "kind", "group", "provider", "outcome", "seconds", '
+    '"outputs", "reasons", ...}]`): the `to_json()` of `epbuild.build(...)`\'s `BuildResult`; with '
     "`--numerics` also `numerics`",
     "status": '`actions` (`[{"id", "group", "provider", "stale", "reasons", "key", "kind", '
     '"deps", ...}]`), '

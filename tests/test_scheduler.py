@@ -214,7 +214,9 @@ class GraphRunner:
 def _node(action_id: str, *deps: str) -> Any:
     from types import SimpleNamespace
 
-    action = SimpleNamespace(id=action_id, deps=deps, group_name="g", provider_name="p")
+    action = SimpleNamespace(
+        id=action_id, deps=deps, group_name="g", provider_name="p", kind="compile"
+    )
     return SimpleNamespace(action=action, reasons=[], stale=True)
 
 

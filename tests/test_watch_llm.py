@@ -19,7 +19,11 @@ def llm_watch(workspace: Workspace) -> Iterator[tuple[Workspace, Watcher]]:
     w = Watcher(workspace.root)
     try:
         first = w.next()
-        assert sorted(built(first)) == ["chat/htp-v73/context", "chat/htp-v73/iterator"], first
+        assert sorted(built(first)) == [
+            "chat/htp-v73/context",
+            "chat/htp-v73/iterator",
+            "chat/prepare",
+        ], first
         yield workspace, w
     finally:
         w.close()
@@ -35,7 +39,7 @@ def test_watch_follows_llm_sources(llm_watch: tuple[Workspace, Watcher]) -> None
     (source / "genai_config.json").write_text(json.dumps(config))
     cycle = w.next()
     assert cycle["changed"] == ["models/tiny/genai_config.json"], cycle
-    assert built(cycle) == {} and cycle["summary"]["up_to_date"] == 2  # nothing compiled
+    assert built(cycle) == {} and cycle["summary"]["up_to_date"] == 3  # nothing compiled
     assert json.loads((package / "genai_config.json").read_text())["search"]["top_k"] == 3
 
     (source / "chat_template.jinja").write_text("{{ messages }}")
@@ -55,5 +59,9 @@ def test_watch_follows_llm_sources(llm_watch: tuple[Workspace, Watcher]) -> None
     onnx.save(model, source / "model.onnx")
     cycle = w.next()
     assert cycle["changed"] == ["models/tiny/model.onnx"], cycle
-    assert sorted(built(cycle)) == ["chat/htp-v73/context", "chat/htp-v73/iterator"], cycle
+    assert sorted(built(cycle)) == [
+        "chat/htp-v73/context",
+        "chat/htp-v73/iterator",
+        "chat/prepare",
+    ], cycle
     w.quiet(1.0)

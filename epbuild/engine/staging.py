@@ -129,6 +129,7 @@ def commit(root: str, staging: str, out_dir: str, names: list[str], old: list[st
     """Replace an action's old outputs with the staged ones (caller journals begin/done)."""
     target = os.path.join(root, out_dir)
     top = posixpath.dirname(posixpath.dirname(out_dir))  # <out_dir>/<group>/<provider>
+    ensure_dir_inside(os.path.join(root, top), root, what="output directory")
     ensure_dir_inside(target, os.path.join(root, top), what="output directory")
     check_removable(root, top, old)
     for rel in old:

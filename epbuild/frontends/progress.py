@@ -66,7 +66,12 @@ class ConsoleReporter(Reporter):
             self.done += 1
             if result.outcome is Outcome.FAILED or not self.quiet:
                 extra = f" ({result.seconds:.1f}s)" if result.outcome is Outcome.COMPILED else ""
-                self._line(f"[{self.done}/{self.total}] {_MARK[result.outcome]} {result.id}{extra}")
+                mark = _MARK[result.outcome]
+                if result.outcome is Outcome.COMPILED and result.kind != "compile":
+                    from epbuild.kinds.contract import kind_named
+
+                    mark = kind_named(result.kind).past
+                self._line(f"[{self.done}/{self.total}] {mark} {result.id}{extra}")
             if result.outcome is Outcome.FAILED:
                 self._line(f"  error: {result.error}")
                 if result.hint:

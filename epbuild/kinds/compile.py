@@ -23,6 +23,7 @@ class CompileKind:
     """``Kind`` of the compile actions (``planning.actions.Action``)."""
 
     name = "compile"
+    past = "compiled"
 
     def key(self, action: Action, keys: KeyComputer, *, fresh: bool) -> ActionKey:
         return keys.compute(action, fresh=fresh)
@@ -100,6 +101,9 @@ class CompileKind:
             for model, report in result.get("detail", {}).get("models", {}).items()
             for p in report_problems(model, report, adapter, action.provider, prefix)
         ]
+
+    def waits_note(self, action: Action) -> str:
+        return f"{action.id} is stale: planned again once it has run"
 
 
 def _boot(action: Action, ctx: RunContext) -> tuple[str, ...]:

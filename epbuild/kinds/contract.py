@@ -86,6 +86,8 @@ class Kind(Protocol):
     """One sort of action."""
 
     name: str
+    past: str
+    """What progress says of an action of this kind that ran (``compiled``)."""
 
     def key(self, action: Any, keys: KeyComputer, *, fresh: bool) -> ActionKey:
         """The action's key and its components; raises ``ModelError`` (or another
@@ -111,6 +113,10 @@ class Kind(Protocol):
 
     def problems(self, action: Any, result: Mapping[str, Any]) -> list[Problem]:
         """What the worker's result document reports, against the kind's rules."""
+        ...
+
+    def waits_note(self, action: Any) -> str:
+        """What ``status`` says of an action that reads the outputs of this stale one."""
         ...
 
 

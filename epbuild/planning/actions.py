@@ -6,7 +6,7 @@ import hashlib
 import posixpath
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 from epbuild._names import CTX_SUFFIX
 from epbuild.errors import UserError
@@ -14,7 +14,10 @@ from epbuild.manifest.model import CompileSettings, Group, Manifest, ModelEntry
 from epbuild.providers.contract import ProviderConfig
 
 if TYPE_CHECKING:
+    from epbuild.kinds.contract import GraphAction
     from epbuild.toolchains.spec import ToolchainSpec
+
+A = TypeVar("A", bound="GraphAction")
 
 
 @dataclass(frozen=True)
@@ -122,20 +125,20 @@ def make_actions(manifest: Manifest, extra: Sequence[Group] = ()) -> list[Action
     return actions
 
 
-def select(actions: list[Action], selectors: list[str] | tuple[str, ...]) -> list[Action]:
+def select(actions: list[A], selectors: list[str] | tuple[str, ...]) -> list[A]:
     """Actions matching any selector (a group, ``group/provider`` or an action id)."""
     if not selectors:
         return actions
-    chosen: list[Action] = []
+    chosen: list[A] = []
     for sel in selectors:
         sel = sel.strip("/")
         matched = [
             a
             for a in actions
-            if a.id == sel or a.group.name == sel or f"{a.group.name}/{a.provider.name}" == sel
+            if a.id == sel or a.group_name == sel or f"{a.group_name}/{a.provider_name}" == sel
         ]
         if not matched:
-            known = ", ".join(sorted({a.group.name for a in actions})) or "none"
+            known = ", ".join(sorted({a.group_name for a in actions})) or "none"
             raise UserError(
                 f"no action matches {sel!r}",
                 hint=f"give a group ({known}), group/provider or an action id "

@@ -14,15 +14,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, NamedTuple
 
-from epbuild.errors import EpbuildError, ModelError
-from epbuild.llm.prepare import (
-    AFFINITY,
-    STAGES,
-    ensure_prepared,
-    prep_dir,
-    prep_key,
-    write_affinity,
-)
+from epbuild.errors import ModelError
+from epbuild.kinds.prepare import PrepareAction, prepare_action
+from epbuild.llm.prepare import AFFINITY, STAGES, write_affinity
 from epbuild.llm.source import DECODER, static_stages
 from epbuild.manifest.model import Group, Llm, Manifest, ModelEntry
 from epbuild.planning.actions import Action
@@ -41,14 +35,18 @@ class LlmGroup(Group):
     no-op path stamps them)."""
     provider_configs: Mapping[str, ProviderConfig] = field(default_factory=dict)
     """Provider name → its configuration for this LLM (``op_affinity`` defaulted)."""
+    deps: tuple[str, ...] = ()
+    """The actions whose outputs its graphs are (a single decoder's preparation)."""
 
 
 def llm_groups(
     manifest: Manifest, keys: KeyComputer, state_dir: str, *, prepare: bool
 ) -> list[LlmGroup]:
-    """The groups of every buildable LLM entry; ``prepare`` makes missing prepared graphs
-    (a build), else they are reported as not prepared yet. A source that cannot be read or
-    prepared becomes a problem of the group's models (its actions fail, the others build)."""
+    """The groups of every buildable LLM entry. A single decoder's graphs are the outputs
+    of its preparation (``llm_preparations``), which its compile actions depend on; a
+    pipeline's stages compile as they are, with the default ``op_affinity.json``, which
+    ``prepare`` writes (a build) where it is missing. A pipeline source that cannot be read
+    becomes a problem of the group's models (its actions fail, the others build)."""
     groups = []
     for llm in manifest.llms.values():
         providers = {p: manifest.providers[p] for p in llm.providers}
@@ -56,6 +54,12 @@ def llm_groups(
         if llm.form == DECODER or compiled_stages(keys.root, llm):
             groups.append(_group(llm, providers, keys, state_dir, prepare))
     return groups
+
+
+def llm_preparations(manifest: Manifest) -> list[PrepareAction]:
+    """The preparation action of each single-decoder LLM entry."""
+    state_dir = manifest.workspace.state_dir
+    return [prepare_action(llm, state_dir) for llm in manifest.llms.values() if llm.form == DECODER]
 
 
 def compiled_stages(root: str, llm: Llm) -> tuple[tuple[str, str], ...]:
@@ -71,6 +75,7 @@ class _Graphs(NamedTuple):
     folder: str
     problem: Exception | None
     source_inputs: dict[str, str]
+    deps: tuple[str, ...] = ()
 
 
 def _group(
@@ -97,6 +102,7 @@ def _group(
         llm=llm,
         source_inputs=graphs.source_inputs,
         provider_configs={p: with_affinity(cfg, graphs.folder) for p, cfg in providers.items()},
+        deps=graphs.deps,
     )
 
 
@@ -120,40 +126,14 @@ def _pipeline_graphs(llm: Llm, keys: KeyComputer, state_dir: str, prepare: bool)
 
 
 def _decoder_graphs(llm: Llm, keys: KeyComputer, state_dir: str, prepare: bool) -> _Graphs:
-    """A single decoder's two static graphs (``context``, ``iterator``), prepared first
-    when ``prepare``."""
-    model = posixpath.join(llm.source, llm.files[0])
-    inputs: dict[str, str] = {}
-    problem: Exception | None = None
-    try:
-        digest, external = keys.model_inputs(model)
-        inputs = {model: digest, **external}
-    except EpbuildError as exc:
-        problem = exc
-    key = prep_key(inputs, llm.window_size, llm.context_length, llm.head_size)
-    folder = prep_dir(state_dir, llm.name, key)
-    if problem is None and prepare:
-        try:
-            ensure_prepared(
-                keys.root,
-                folder,
-                model=model,
-                window=llm.window_size,
-                context=llm.context_length,
-                head_size=llm.head_size,
-                lock_timeout=keys.toolchains.lock_timeout,
-            )
-        except (EpbuildError, OSError) as exc:
-            problem = exc
-    elif problem is None and not os.path.isdir(os.path.join(keys.root, folder)):
-        problem = ModelError(
-            f"llms.{llm.name}: its static graphs are not prepared yet",
-            hint="'epbuild build' prepares them",
-        )
+    """A single decoder's two static graphs (``context``, ``iterator``): the outputs of
+    its preparation, which the compile actions depend on."""
+    prep = prepare_action(llm, state_dir)
     entries = tuple(
-        ModelEntry(path=posixpath.join(folder, f"{stage}.onnx"), name=stage) for stage, _ in STAGES
+        ModelEntry(path=path, name=stage)
+        for path, (stage, _) in zip(prep.graphs, STAGES, strict=True)
     )
-    return _Graphs(entries, folder, problem, inputs)
+    return _Graphs(entries, prep.out_dir, None, {}, (prep.id,))
 
 
 def _llm_group(entry: Llm, entries: tuple[ModelEntry, ...], **more: Any) -> LlmGroup:
@@ -179,12 +159,15 @@ def llm_shapes(manifest: Manifest) -> list[LlmGroup]:
     their input shapes)."""
     groups = []
     for llm in manifest.llms.values():
+        deps: tuple[str, ...] = ()
         if llm.form == DECODER:
             stages = [stage for stage, _ in STAGES]
+            deps = (prepare_action(llm, manifest.workspace.state_dir).id,)
         else:
             stages = [stage for stage, _ in compiled_stages(str(manifest.root), llm)]
         if stages:
-            groups.append(_llm_group(llm, tuple(ModelEntry(path="", name=n) for n in stages)))
+            entries = tuple(ModelEntry(path="", name=n) for n in stages)
+            groups.append(_llm_group(llm, entries, deps=deps))
     return groups
 
 

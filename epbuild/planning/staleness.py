@@ -110,10 +110,10 @@ def make_plan(
     plans: dict[str, ActionPlan] = {}
     for action in actions:
         plan = plan_action(action, state, keys, stats, root)
-        waits = [d for d in action.deps if d in plans and plans[d].stale]
+        waits = [plans[d].action for d in action.deps if d in plans and plans[d].stale]
         if waits:
             now = plan.reasons if plan.error is None else []
-            reasons = [f"{waits[0]} is stale: planned again once it has run", *now]
+            reasons = [kind_of(waits[0]).waits_note(waits[0]), *now]
             key = plan.key if plan.error is None else None
             plan = ActionPlan(action, key, True, reasons)
         plans[action.id] = plan

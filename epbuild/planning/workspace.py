@@ -9,7 +9,8 @@ from epbuild._names import JOURNAL_NAME, LOCKS_DIR, STATCACHE_NAME, STATE_LOCK_N
 from epbuild.fs import ensure_dir_inside, refuse_outward
 from epbuild.kinds.contract import GraphAction
 from epbuild.manifest.load import Manifest, find_manifest, load_manifest
-from epbuild.planning.actions import Action, make_actions, select
+from epbuild.planning.actions import Action, make_actions
+from epbuild.planning.graph import make_graph, select_graph
 from epbuild.planning.keys import KeyComputer
 from epbuild.state.journal import Journal, State, load_state
 from epbuild.state.statcache import StatCache
@@ -27,6 +28,10 @@ class Workspace:
     stats: StatCache
     keys: KeyComputer
     actions: list[Action]
+    """The selected compile actions."""
+    graph: list[GraphAction]
+    """Every selected action of every kind (the compiles among them), each after the
+    actions it depends on (which a selection takes along)."""
     lock_timeout: float | None = None
     """How long this command waits for a lock (``--lock-timeout``; None: as long as it
     takes)."""
@@ -83,6 +88,7 @@ def open_workspace(
 
         prepare = toolchains is not None and toolchains.create
         extra = llm_groups(m, keys, m.workspace.state_dir, prepare=prepare)
-    actions = select(make_actions(m, extra), selectors)
+    graph = select_graph(make_graph(m, make_actions(m, extra)), selectors)
+    actions = [a for a in graph if isinstance(a, Action)]
     lock_timeout = toolchains.lock_timeout if toolchains is not None else None
-    return Workspace(m, root, state_dir, state, stats, keys, actions, lock_timeout)
+    return Workspace(m, root, state_dir, state, stats, keys, actions, graph, lock_timeout)

@@ -1,0 +1,249 @@
+"""The prepare kind: an ``[llms]`` entry's single decoder made into its two static graphs
+(``context``, ``iterator``) and the default ``op_affinity.json``, in a worker, as an action
+of the graph like any other (keyed, cached, journaled, restorable, farmed out).
+
+Its outputs go to ``<state_dir>/llm/<name>/prepared/``; the LLM's compile actions read them
+and depend on it. Its key holds the source decoder's digests (and its external data's),
+``window_size``, ``context_length``, ``head_size``, the preparation's format and the onnx
+version that writes the graphs: an edit of the source's ``genai_config.json`` that does not
+change ``head_size`` (search options, token ids) keys nothing, and a preparation that comes
+out byte-identical leaves the compiles up to date (their keys hash the prepared bytes).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import posixpath
+import re
+import shutil
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from epbuild.errors import ModelError, UserError, VerificationError
+from epbuild.executors.job import KindJob
+from epbuild.kinds.contract import RunContext
+from epbuild.llm.prepare import AFFINITY, AFFINITY_JSON, PREP_FORMAT, STAGES
+from epbuild.manifest.model import Llm
+from epbuild.planning.keys import ActionKey, KeyComputer
+
+if TYPE_CHECKING:
+    from epbuild.executors.job import AnyJob
+    from epbuild.onnx.context import Problem
+    from epbuild.toolchains.spec import ToolchainSpec
+
+PREPARED = "prepared"
+"""The folder of the prepared graphs inside ``<state_dir>/llm/<name>/``."""
+GRAPHS = tuple(f"{stage}.onnx" for stage, _ in STAGES)
+"""The graphs it writes, in session order."""
+
+
+@dataclass(frozen=True)
+class PrepareAction:
+    """One LLM's static preparation."""
+
+    id: str
+    llm: Llm
+    model: str
+    """Workspace-relative source decoder."""
+    out_dir: str
+    """``<state_dir>/llm/<name>/prepared``."""
+    deps: tuple[str, ...] = ()
+
+    @property
+    def kind(self) -> str:
+        return "prepare"
+
+    @property
+    def slug(self) -> str:
+        return hashlib.sha256(self.id.encode()).hexdigest()[:16]
+
+    @property
+    def group_name(self) -> str:
+        return self.llm.name
+
+    @property
+    def provider_name(self) -> str:
+        return ""
+
+    @property
+    def toolchain(self) -> ToolchainSpec | None:
+        return None
+
+    @property
+    def graphs(self) -> tuple[str, ...]:
+        """Workspace-relative paths of the prepared graphs, in session order."""
+        return tuple(posixpath.join(self.out_dir, g) for g in GRAPHS)
+
+    @property
+    def affinity(self) -> str:
+        """Workspace-relative path of the prepared ``op_affinity.json``."""
+        return posixpath.join(self.out_dir, AFFINITY)
+
+
+def prepare_action(llm: Llm, state_dir: str) -> PrepareAction:
+    """The preparation of a single-decoder LLM entry."""
+    model = posixpath.join(llm.source, llm.files[0])
+    out_dir = posixpath.join(state_dir, "llm", llm.name, PREPARED)
+    return PrepareAction(f"{llm.name}/prepare", llm, model, out_dir)
+
+
+class PrepareKind:
+    """``Kind`` of the LLM preparations (``PrepareAction``)."""
+
+    name = "prepare"
+    past = "prepared"
+
+    def key(self, action: PrepareAction, keys: KeyComputer, *, fresh: bool) -> ActionKey:
+        from epbuild.providers.distributions import dist_version
+
+        digest, external = keys.model_inputs(action.model, fresh=fresh)
+        inputs = {action.model: digest, **external}
+        llm = action.llm
+        components: dict[str, Any] = {
+            "kind": self.name,
+            "format": PREP_FORMAT,
+            "inputs": inputs,
+            "window_size": llm.window_size,
+            "context_length": llm.context_length,
+            "head_size": llm.head_size,
+            "versions": {"onnx": dist_version("onnx")},
+        }
+        return ActionKey(_digest(components), components, inputs)
+
+    def refuse(self, action: PrepareAction, key: ActionKey, keys: KeyComputer) -> UserError | None:
+        return None
+
+    def job(
+        self, action: PrepareAction, key: ActionKey, staging: str, ctx: RunContext
+    ) -> tuple[AnyJob, list[str]]:
+        llm = action.llm
+        payload = {
+            "model": action.model,
+            "window": llm.window_size,
+            "context": llm.context_length,
+            "head_size": llm.head_size,
+        }
+        job = KindJob(
+            action_id=action.id,
+            kind=self.name,
+            runner="epbuild.kinds.prepare:run",
+            staging=staging,
+            payload=payload,
+            inputs=dict(key.inputs),
+            predicted_peak=ctx.predicted_peak,
+        )
+        return job, []
+
+    def check(
+        self, action: PrepareAction, staging: str, ctx: RunContext
+    ) -> tuple[list[str], list[Problem]]:
+        """The graphs and the affinity file were staged, each graph is readable and its
+        external data are files staged beside it; nothing else was staged. Also removes
+        what older epbuild versions left beside the prepared folder (a keyed folder per
+        preparation, a killed preparation's temporary), under the action's lock."""
+        from epbuild.fs import is_safe_reference
+        from epbuild.onnx.proto import ProtoError, read_model
+        from epbuild.onnx.staged import staged_names
+
+        names = staged_names(ctx.root, staging)
+        for required in (*GRAPHS, AFFINITY):
+            if required not in names:
+                raise VerificationError(f"expected output {required} was not written")
+        data: set[str] = set()
+        for graph in GRAPHS:
+            try:
+                info = read_model(os.path.join(ctx.root, staging, graph))
+            except ProtoError as exc:
+                raise VerificationError(f"{graph}: unreadable prepared graph ({exc})") from exc
+            for ref in info.external_refs:
+                if not is_safe_reference(ref.location) or ref.location not in names:
+                    raise VerificationError(
+                        f"{graph}: external data {ref.location!r} was not written beside it"
+                    )
+                data.add(ref.location)
+        extra = sorted(set(names) - {*GRAPHS, AFFINITY} - data)
+        if extra:
+            raise VerificationError(f"unexpected output {extra[0]} staged by the preparation")
+        _remove_legacy(os.path.join(ctx.root, posixpath.dirname(action.out_dir)))
+        return names, []
+
+    def problems(self, action: PrepareAction, result: Mapping[str, Any]) -> list[Problem]:
+        return []
+
+    def waits_note(self, action: PrepareAction) -> str:
+        return (
+            f"llms.{action.llm.name}: its static graphs are not prepared yet for its current "
+            f"source ({action.id} runs first)"
+        )
+
+
+_LEGACY = re.compile(r"[0-9a-f]{24}(\.lock)?|\.prep-.*")
+"""Names older epbuild versions used in ``<state_dir>/llm/<name>/``."""
+
+
+def _remove_legacy(folder: str) -> None:
+    try:
+        names = os.listdir(folder)
+    except OSError:
+        return
+    for name in names:
+        if _LEGACY.fullmatch(name):
+            path = os.path.join(folder, name)
+            if os.path.isdir(path) and not os.path.islink(path):
+                shutil.rmtree(path, ignore_errors=True)
+            else:
+                try:
+                    os.unlink(path)
+                except OSError:
+                    pass
+
+
+def _digest(components: Mapping[str, Any]) -> str:
+    import json
+
+    blob = json.dumps(components, sort_keys=True, separators=(",", ":")).encode()
+    return hashlib.sha256(blob).hexdigest()
+
+
+def run(job: KindJob) -> dict[str, Any]:
+    """In the worker: write the static graphs and ``op_affinity.json`` into the staging
+    directory (``ModelError`` with the reason when the decoder cannot be prepared)."""
+    import importlib.metadata
+    import json
+
+    import onnx
+
+    from epbuild.llm.static import StaticPrepError, StaticShape, make_static
+
+    t0 = time.perf_counter()
+    args = job.payload
+    model = onnx.load(str(args["model"]))
+    for stage, sequence in STAGES:
+        shape = StaticShape(sequence or int(args["window"]), int(args["context"]),
+                            int(args["head_size"]))  # fmt: skip
+        try:
+            static = make_static(model, shape)
+        except StaticPrepError as exc:
+            raise ModelError(
+                f"{args['model']}: static preparation failed: {exc}",
+                hint="epbuild prepares decoders as genai's model builder writes them",
+            ) from exc
+        onnx.save(
+            static,
+            os.path.join(job.staging, f"{stage}.onnx"),
+            save_as_external_data=True,
+            location=f"{stage}.onnx.data",
+        )
+    with open(os.path.join(job.staging, AFFINITY), "w", encoding="utf-8") as f:
+        json.dump(AFFINITY_JSON, f)
+    return {
+        "seconds": time.perf_counter() - t0,
+        "detail": {},
+        "versions": {"onnx": importlib.metadata.version("onnx")},
+    }
+
+
+PREPARE = PrepareKind()

@@ -1,0 +1,70 @@
+"""The build graph of a manifest: every action of every kind, each after the actions it
+depends on, checked (unique ids, dependencies that exist, no cycle) and selected."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from epbuild.errors import UserError
+from epbuild.kinds.contract import GraphAction, registered_actions
+from epbuild.manifest.model import Manifest
+from epbuild.planning.actions import Action, select
+
+
+def make_graph(manifest: Manifest, compiles: Sequence[Action]) -> list[GraphAction]:
+    """The actions of every kind: LLM preparations, the compiles, then those of kinds
+    added by ``kinds.contract.register``; in an order where each follows its dependencies."""
+    from epbuild.planning.llms import llm_preparations
+
+    return ordered([*llm_preparations(manifest), *compiles, *registered_actions(manifest)])
+
+
+def ordered(actions: Sequence[GraphAction]) -> list[GraphAction]:
+    """``actions`` in their order, except that each comes after the actions it depends on
+    (Kahn's algorithm, stable); a duplicate id, a dependency that is not an action or a
+    cycle is a ``UserError`` naming the actions."""
+    by_id: dict[str, GraphAction] = {}
+    for a in actions:
+        if a.id in by_id:
+            raise UserError(
+                f"two actions are named {a.id!r} ({by_id[a.id].kind} and {a.kind})",
+                hint="rename one of the manifest entries they come from",
+            )
+        by_id[a.id] = a
+    for a in actions:
+        for dep in a.deps:
+            if dep not in by_id:
+                raise UserError(
+                    f"action {a.id} depends on {dep}, which is not an action of this manifest",
+                    hint="this is a bug in the kind that made the action",
+                )
+    done: dict[str, GraphAction] = {}
+    left = list(actions)
+    while left:
+        ready = [a for a in left if all(d in done for d in a.deps)]
+        if not ready:
+            cycle = " → ".join(a.id for a in left)
+            raise UserError(
+                f"the actions {cycle} depend on each other in a circle",
+                hint="this is a bug in the kinds that made them",
+            )
+        for a in ready:
+            done[a.id] = a
+        left = [a for a in left if a.id not in done]
+    return list(done.values())
+
+
+def select_graph(actions: Sequence[GraphAction], selectors: Sequence[str]) -> list[GraphAction]:
+    """The actions ``selectors`` match (``actions.select``) and every action they depend
+    on, directly or not, in graph order."""
+    if not selectors:
+        return list(actions)
+    by_id = {a.id: a for a in actions}
+    chosen: set[str] = set()
+    todo = [a.id for a in select(list(actions), tuple(selectors))]
+    while todo:
+        action_id = todo.pop()
+        if action_id not in chosen:
+            chosen.add(action_id)
+            todo.extend(by_id[action_id].deps)
+    return [a for a in actions if a.id in chosen]
