@@ -98,8 +98,18 @@ class BuildResult:
         return 0 if not codes else 3 if 3 in codes else 1
 
     def summary(self) -> dict[str, Any]:
-        """Counts per outcome plus the wall time."""
-        data: dict[str, Any] = {o.value: self.count(o) for o in Outcome}
+        """Counts per outcome plus the wall time; an action of another kind than compile
+        that ran counts under its kind's word (``prepared``), not as ``compiled``."""
+        from epbuild.kinds.contract import kind_named
+
+        data: dict[str, Any] = {}
+        for o in Outcome:
+            data[o.value] = self.count(o)
+            if o is Outcome.COMPILED:
+                ran = sorted(a.kind for a in self.actions if a.outcome is o)
+                for kind in dict.fromkeys(k for k in ran if k != "compile"):
+                    data[kind_named(kind).past] = ran.count(kind)
+                data[o.value] = ran.count("compile")
         data["total"] = len(self.actions)
         data["seconds"] = round(self.seconds, 3)
         return data

@@ -69,14 +69,39 @@ def _cache(ws: Workspace, directory: str | os.PathLike[str], option: str | None)
     return cache
 
 
-def _keys(ws: Workspace) -> dict[str, tuple[str, dict[str, object]]]:
-    """Action id → (key, components); raises the first broken input's error."""
-    keys = {}
-    for action in ws.actions:
-        key = ws.keys.compute(action)
+def _keys(
+    ws: Workspace, *, by_upstream: bool
+) -> tuple[dict[str, tuple[str, dict[str, object]]], list[str]]:
+    """Action id → (key, components) of every selected action, and why the keys of some
+    cannot be known here; raises the first broken source input's error. An action that
+    reads another's outputs is keyed by their bytes; where they are not on this machine
+    (nothing built or restored yet), ``by_upstream`` keys it by the upstream action's key
+    instead (the outputs follow from it), else it is listed as unknown."""
+    from epbuild.errors import ModelError
+    from epbuild.kinds.contract import kind_of
+
+    keys: dict[str, tuple[str, dict[str, object]]] = {}
+    unknown: list[str] = []
+    by_id = {a.id: a for a in ws.graph}
+    for action in ws.graph:
+        if by_upstream:
+            for dep in action.deps:
+                ws.keys.upstream[by_id[dep].out_dir] = keys[dep][0]
+        try:
+            key = kind_of(action).key(action, ws.keys, fresh=False)
+        except ModelError as exc:
+            if not action.deps:
+                raise
+            unknown.append(
+                f"{action.id}: its key is not known here ({exc.message}): it reads the "
+                f"outputs of {', '.join(action.deps)}; build or restore those first"
+            )
+            continue
+        finally:
+            ws.keys.upstream.clear()
         keys[action.id] = (key.key, key.components)
     _save_stats(ws)
-    return keys
+    return keys, unknown
 
 
 def _save_stats(ws: Workspace) -> None:
@@ -96,7 +121,7 @@ def cache_key(
 ) -> str:
     """A short stable string that changes exactly when some selected action key changes."""
     ws = _open(directory, manifest, selectors, say)
-    keys = sorted({k for k, _ in _keys(ws).values()})
+    keys = sorted({k for k, _ in _keys(ws, by_upstream=True)[0].values()})
     return "epbuild-" + hashlib.sha256("\n".join(keys).encode()).hexdigest()[:16]
 
 
@@ -115,8 +140,9 @@ def export_cache(
 
     ws = _open(directory, manifest, selectors, say)
     c = _cache(ws, directory, cache)
-    entries, missing = [], []
-    for action_id, (key, components) in _keys(ws).items():
+    keyed, missing = _keys(ws, by_upstream=False)
+    entries = []
+    for action_id, (key, components) in keyed.items():
         try:
             entry = c.local.get_entry(key)
             if entry is None and c.remote is not None:

@@ -61,6 +61,10 @@ class KeyComputer:
         self.problems: dict[str, UserError] = dict(problems or {})
         self.toolchains = toolchains or Toolchains(create=False)
         """Finds (a build: makes) the providers' toolchains."""
+        self.upstream: dict[str, str] = {}
+        """Output directory of an upstream action → its key: an input in that directory
+        is identified by that key and its name instead of its bytes (``cache key`` before
+        anything is built; see ``cache.operations``)."""
         self._versions: dict[tuple[object, ...], dict[str, str]] = {}
         self._models: dict[tuple[str, str | None], tuple[str, dict[str, str]]] = {}
 
@@ -71,6 +75,9 @@ class KeyComputer:
         looked up in ``folder`` when given (``external_data_folder``), else beside it.
         Memoised for the run unless ``fresh``: then the files are stat'ed again (and
         re-hashed where the stat cache no longer vouches for them)."""
+        stand_in = self._upstream_digest(model)
+        if stand_in is not None:
+            return stand_in, {}
         memo = (model, folder)
         if memo in self._models and not fresh:
             return self._models[memo]
@@ -106,6 +113,13 @@ class KeyComputer:
                 ) from exc
         self._models[memo] = (entry.digest, external)
         return self._models[memo]
+
+    def _upstream_digest(self, rel: str) -> str | None:
+        """The stand-in digest of an upstream action's output (``upstream``), else None."""
+        for out_dir, key in self.upstream.items():
+            if rel.startswith(out_dir + "/"):
+                return f"{key}:{rel[len(out_dir) + 1 :]}"
+        return None
 
     def _parse_refs(self, model: str, full: str, base: str, folder: bool) -> tuple[str, ...]:
         """The external-data files ``model`` references, found in ``base`` (its own folder,
@@ -187,6 +201,10 @@ class KeyComputer:
         found: dict[str, str] = {}
         for name in sorted(names & action.provider.options.keys()):
             rel = action.provider.options[name]
+            stand_in = self._upstream_digest(rel)
+            if stand_in is not None:
+                found[rel] = stand_in
+                continue
             try:
                 found[rel] = self.stats.digest(self.root, rel).digest
             except OSError as exc:

@@ -1,0 +1,206 @@
+"""The build graph: a kind added through the kind interface alone builds, caches, restores
+and shows in status; early cutoff; dependencies that fail or are missing; an LLM's
+preparation on the graph (restored, never re-run, by a checkout that has a cache)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import Workspace, write_simple
+
+from epbuild.results import Outcome
+
+TESTS = Path(__file__).parent
+
+
+@pytest.fixture
+def toy(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """The toy kinds registered (tests/toykind.py), and importable by workers."""
+    import toykind
+
+    from epbuild.kinds.contract import register, unregister
+
+    monkeypatch.setenv("PYTHONPATH", str(TESTS))
+    register(toykind.LOWER, toykind.toy_actions)
+    register(toykind.COUNT)
+    try:
+        yield
+    finally:
+        unregister("lower")
+        unregister("count")
+
+
+def _outcomes(result: Any) -> dict[str, Outcome]:
+    return {a.id: a.outcome for a in result.actions}
+
+
+def test_a_toy_kind_builds_caches_restores_and_shows_in_status(
+    toy: None, workspace: Workspace, tmp_path: Path
+) -> None:
+    from epbuild import status
+
+    write_simple(workspace)
+    (workspace.root / "notes.txt").write_text("Hello World")
+    cache = tmp_path / "cache"
+    first = workspace.build(cache=str(cache))
+    assert first.ok, [a.error for a in first.actions]
+    assert _outcomes(first)["notes/lower"] is Outcome.COMPILED
+    assert first.summary()["lowered"] == 1 and first.summary()["counted"] == 1
+    out = workspace.root / "build" / "notes" / "text"
+    assert (out / "lower.txt").read_text() == "hello world"
+    assert (out / "count.txt").read_text() == "11"
+
+    found = {a.id: a for a in status(workspace.root, cache=False).actions}
+    assert found["notes/count"].kind == "count" and found["notes/count"].deps == ("notes/lower",)
+    assert not found["notes/count"].stale and not found["notes/lower"].stale
+    assert [a.outcome for a in workspace.build().actions] == [Outcome.UP_TO_DATE] * 4
+
+    # Another checkout with the same sources restores every kind from the cache.
+    other = Workspace(tmp_path / "other")
+    write_simple(other)
+    (other.root / "notes.txt").write_text("Hello World")
+    restored = other.build(cache=str(cache), cache_only=True)
+    assert set(_outcomes(restored).values()) == {Outcome.RESTORED}
+    assert (other.root / "build" / "notes" / "text" / "count.txt").read_text() == "11"
+
+
+def test_early_cutoff_an_upstream_rerun_with_the_same_bytes_rebuilds_nothing_downstream(
+    toy: None, workspace: Workspace
+) -> None:
+    write_simple(workspace)
+    (workspace.root / "notes.txt").write_text("Hello World")
+    assert workspace.build().ok
+    (workspace.root / "notes.txt").write_text("HELLO WORLD")  # the same lower-cased copy
+    again = _outcomes(workspace.build())
+    assert again["notes/lower"] is Outcome.COMPILED
+    assert again["notes/count"] is Outcome.UP_TO_DATE
+    (workspace.root / "notes.txt").write_text("Hello, World")  # another copy: count runs
+    third = _outcomes(workspace.build())
+    assert third["notes/count"] is Outcome.COMPILED
+    assert (workspace.root / "build/notes/text/count.txt").read_text() == "12"
+
+
+def test_a_failed_action_skips_its_dependents_and_k_builds_the_rest(
+    toy: None, workspace: Workspace
+) -> None:
+    write_simple(workspace)
+    (workspace.root / "notes.txt").write_text("FAIL")
+    result = workspace.build(keep_going=True)
+    by_id = {a.id: a for a in result.actions}
+    assert by_id["notes/lower"].outcome is Outcome.FAILED
+    assert "the toy refuses FAIL" in (by_id["notes/lower"].error or "")
+    assert by_id["notes/count"].outcome is Outcome.SKIPPED
+    assert by_id["notes/count"].error == (
+        "not started because notes/lower, which it depends on, failed"
+    )
+    assert by_id["pair/htp"].outcome is Outcome.COMPILED  # an independent branch
+    assert result.exit_code == 1
+
+
+def test_selecting_an_action_takes_along_what_it_depends_on(
+    toy: None, workspace: Workspace
+) -> None:
+    write_simple(workspace)
+    (workspace.root / "notes.txt").write_text("abc")
+    result = workspace.build("notes/count")
+    assert sorted(_outcomes(result)) == ["notes/count", "notes/lower"]
+
+
+@pytest.mark.parametrize(
+    ("deps", "message"),
+    [
+        ({"notes/lower": ("notes/count",)}, "depend on each other in a circle"),
+        ({"notes/lower": ("notes/nowhere",)}, "depends on notes/nowhere, which is not an action"),
+    ],
+)
+def test_a_cycle_or_a_missing_dependency_is_a_planning_error(
+    toy: None,
+    workspace: Workspace,
+    monkeypatch: pytest.MonkeyPatch,
+    deps: dict[str, tuple[str, ...]],
+    message: str,
+) -> None:
+    import dataclasses
+
+    import toykind
+
+    from epbuild.errors import UserError
+
+    made = toykind.toy_actions
+
+    def broken(manifest: Any) -> list[Any]:
+        return [dataclasses.replace(a, deps=deps.get(a.id, a.deps)) for a in made(manifest)]
+
+    monkeypatch.setattr(toykind, "toy_actions", broken)
+    from epbuild.kinds.contract import register
+
+    register(toykind.LOWER, toykind.toy_actions)
+    write_simple(workspace)
+    (workspace.root / "notes.txt").write_text("abc")
+    with pytest.raises(UserError, match=message):
+        workspace.build()
+
+
+# ---------------------------------------------------------------------------------------
+# An LLM's preparation on the graph
+
+
+def _summary(proc: Any) -> dict[str, Any]:
+    return json.loads(proc.stdout)["summary"]  # type: ignore[no-any-return]
+
+
+def test_a_checkout_with_a_cache_restores_the_preparation_and_never_runs_it(
+    workspace: Workspace, tmp_path: Path
+) -> None:
+    workspace.llm()
+    cache = str(tmp_path / "cache")
+    built = workspace.cli("build", "--cache", cache, "--json")
+    assert _summary(built)["prepared"] == 1 and _summary(built)["compiled"] == 2, built.stderr
+
+    other = Workspace(tmp_path / "checkout")
+    shutil.copytree(workspace.root / "models", other.root / "models")
+    shutil.copy(workspace.root / "epbuild.toml", other.root / "epbuild.toml")
+    # The CI cache key is known before anything is built, and is the built workspace's.
+    key = other.cli("cache", "key").stdout
+    assert key.startswith("epbuild-") and key == workspace.cli("cache", "key").stdout
+    # Commands that only read: nothing prepared, nothing written for the LLM.
+    for args in (["status"], ["cache", "prune", "--max-size", "10G", "--cache", cache],
+                 ["cache", "verify", "--cache", cache], ["cache", "key"]):  # fmt: skip
+        proc = other.cli(*args)
+        assert proc.returncode == 0, (args, proc.stderr)
+        assert not (other.root / ".epbuild" / "llm").exists(), args
+    restored = other.cli("build", "--cache", cache, "--cache-only", "--json")
+    assert restored.returncode == 0, restored.stderr
+    actions = {a["id"]: a["outcome"] for a in json.loads(restored.stdout)["actions"]}
+    assert actions == {
+        "chat/prepare": "restored",
+        "chat/htp-v73/context": "restored",
+        "chat/htp-v73/iterator": "restored",
+    }
+    assert "prepared" not in restored.stderr  # no preparation ran
+    prepared = other.root / ".epbuild" / "llm" / "chat" / "prepared"
+    assert (prepared / "context.onnx").read_bytes() == (
+        workspace.root / ".epbuild" / "llm" / "chat" / "prepared" / "context.onnx"
+    ).read_bytes()
+
+
+def test_a_preparation_with_the_same_graphs_compiles_nothing(workspace: Workspace) -> None:
+    """Early cutoff on a real preparation: a node the static graphs drop (dead code in the
+    source) prepares again, and the compiles stay up to date."""
+    import onnx
+    from onnx import helper
+
+    workspace.llm()
+    assert workspace.cli("build").returncode == 0
+    source = workspace.root / "models" / "tiny" / "model.onnx"
+    model = onnx.load(source, load_external_data=False)
+    model.graph.node.append(helper.make_node("Identity", [model.graph.input[0].name], ["dead"]))
+    onnx.save(model, source)
+    again = workspace.cli("build", "--json")
+    summary = _summary(again)
+    assert summary["prepared"] == 1 and summary["compiled"] == 0 and summary["up_to_date"] == 2

@@ -1,0 +1,107 @@
+"""A toy kind of action, added to epbuild through its kind interface alone
+(``epbuild.kinds.contract``): ``lower`` writes a lower-cased copy of a text file,
+``count`` (which depends on it) writes how many characters that copy has. A source text
+holding ``FAIL`` makes ``lower`` fail. The worker imports this module (``runner``)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import posixpath
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from epbuild.errors import ModelError, UserError, VerificationError
+from epbuild.executors.job import KindJob
+from epbuild.kinds.contract import RunContext
+from epbuild.planning.keys import ActionKey, KeyComputer
+
+SOURCE = "notes.txt"
+
+
+@dataclass(frozen=True)
+class TextAction:
+    id: str
+    kind: str
+    source: str
+    """Workspace-relative input."""
+    output: str
+    out_dir: str
+    deps: tuple[str, ...] = ()
+    group_name: str = "notes"
+    provider_name: str = ""
+    toolchain: None = None
+
+    @property
+    def slug(self) -> str:
+        return hashlib.sha256(self.id.encode()).hexdigest()[:16]
+
+
+def toy_actions(manifest: Any) -> list[Any]:
+    """A workspace with ``notes.txt`` has both actions."""
+    if not os.path.isfile(os.path.join(str(manifest.root), SOURCE)):
+        return []
+    out = posixpath.join(manifest.workspace.out_dir, "notes", "text")
+    lower = TextAction("notes/lower", "lower", SOURCE, "lower.txt", out)
+    count = TextAction("notes/count", "count", posixpath.join(out, "lower.txt"), "count.txt",
+                       out, deps=(lower.id,))  # fmt: skip
+    return [count, lower]  # out of order on purpose: the graph orders them
+
+
+class TextKind:
+    def __init__(self, name: str, past: str) -> None:
+        self.name = name
+        self.past = past
+
+    def key(self, action: TextAction, keys: KeyComputer, *, fresh: bool) -> ActionKey:
+        try:
+            digest = keys.stats.digest(keys.root, action.source).digest
+        except OSError as exc:
+            raise ModelError(f"{action.source}: cannot read ({exc.strerror})") from exc
+        components = {"kind": self.name, "inputs": {action.source: digest}, "versions": {}}
+        blob = json.dumps(components, sort_keys=True).encode()
+        return ActionKey(hashlib.sha256(blob).hexdigest(), components, {action.source: digest})
+
+    def refuse(self, action: TextAction, key: ActionKey, keys: KeyComputer) -> UserError | None:
+        return None
+
+    def job(
+        self, action: TextAction, key: ActionKey, staging: str, ctx: RunContext
+    ) -> tuple[KindJob, list[str]]:
+        payload = {"source": action.source, "output": action.output, "op": self.name}
+        return KindJob(action.id, self.name, "toykind:run", staging, payload,
+                       dict(key.inputs)), []  # fmt: skip
+
+    def check(
+        self, action: TextAction, staging: str, ctx: RunContext
+    ) -> tuple[list[str], list[Any]]:
+        from epbuild.onnx.staged import staged_names
+
+        names = staged_names(ctx.root, staging)
+        if names != [action.output]:
+            raise VerificationError(f"staged {names}, expected {action.output}")
+        return names, []
+
+    def problems(self, action: TextAction, result: Mapping[str, Any]) -> list[Any]:
+        return []
+
+    def waits_note(self, action: TextAction) -> str:
+        return f"{action.id} runs first"
+
+
+LOWER = TextKind("lower", "lowered")
+COUNT = TextKind("count", "counted")
+
+
+def run(job: KindJob) -> dict[str, Any]:
+    """In the worker."""
+    with open(str(job.payload["source"]), encoding="utf-8") as f:
+        text = f.read()
+    if "FAIL" in text:
+        raise ModelError(f"{job.payload['source']}: the toy refuses FAIL", hint="remove it")
+    out = text.lower() if job.payload["op"] == "lower" else str(len(text))
+    with open(os.path.join(job.staging, str(job.payload["output"])), "w", encoding="utf-8") as f:
+        f.write(out)
+    return {"seconds": 0.0, "detail": {}, "versions": {}}
