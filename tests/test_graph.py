@@ -204,3 +204,26 @@ def test_a_preparation_with_the_same_graphs_compiles_nothing(workspace: Workspac
     again = workspace.cli("build", "--json")
     summary = _summary(again)
     assert summary["prepared"] == 1 and summary["compiled"] == 0 and summary["up_to_date"] == 2
+
+
+# ---------------------------------------------------------------------------------------
+# One record type for the journal and the cache
+
+
+def test_cache_entries_and_journal_records_share_one_record_and_codec() -> None:
+    from epbuild.cache.store import entry_bytes, parse_entry
+    from epbuild.state.journal import ActionRecord, OutputRecord
+
+    digest = "ab" * 32
+    record = ActionRecord(
+        "g/p/m", "k" * 64, {"ep": "qnn"}, {"build/g/p/m_ctx.onnx": OutputRecord(3, digest)},
+        1.5, 7, 100.0, {"models": {}},
+    )  # fmt: skip
+    assert ActionRecord.from_json(record.to_json()) == record  # the journal's round trip
+    entry = parse_entry(entry_bytes(record.named()), record.key)  # the cache's
+    assert entry == record.named() and entry.placed("build/g/p") == record
+    # An entry written before the fold (no "at", "restored") still reads.
+    old = {"epbuild_cache_entry": 1, "key": record.key, "id": "g/p/m", "components": {},
+           "outputs": {"m_ctx.onnx": {"size": 3, "digest": digest}}, "seconds": 1.0,
+           "peak_rss": 0, "detail": {}, "created": 50.0}  # fmt: skip
+    assert parse_entry(json.dumps(old).encode(), record.key).at == 50.0

@@ -19,7 +19,7 @@ import os
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
 from epbuild.cache import trust
@@ -36,6 +36,7 @@ from epbuild.cache.store import (
 from epbuild.errors import CacheUnavailableError
 from epbuild.fs import CHUNK
 from epbuild.planning.keys import explain_difference
+from epbuild.state.journal import ActionRecord
 from epbuild.state.statcache import hash_file
 
 T = TypeVar("T")
@@ -194,31 +195,12 @@ class ActionCache:
 
     # -- store ---------------------------------------------------------------------------
 
-    def save(
-        self,
-        *,
-        key: str,
-        action_id: str,
-        components: dict[str, Any],
-        src_dir: str,
-        outputs: dict[str, CachedOutput],
-        seconds: float = 0.0,
-        peak_rss: int = 0,
-        detail: dict[str, Any] | None = None,
-    ) -> CacheEntry:
-        """Store an action's committed outputs (objects first, entry last); push if asked."""
-        for name, out in outputs.items():
+    def save(self, record: ActionRecord, src_dir: str) -> CacheEntry:
+        """Store an action's committed outputs (``record``: its journal record, outputs in
+        ``src_dir``; objects first, entry last); push if asked."""
+        entry = replace(record.named(), at=time.time(), restored=False)
+        for name, out in entry.outputs.items():
             self._ingest(os.path.join(src_dir, name), out)
-        entry = CacheEntry(
-            key=key,
-            action_id=action_id,
-            components=components,
-            outputs=outputs,
-            seconds=seconds,
-            peak_rss=peak_rss,
-            detail=detail or {},
-            created=time.time(),
-        )
         self.local.put_entry(entry)
         if self.push and self.remote is not None:
             self._remote(lambda _: self.push_entry(entry), None)
@@ -280,4 +262,4 @@ class ActionCache:
 
 def entries_by_age(entries: list[Any]) -> list[Any]:
     """Cache entries, the newest first."""
-    return sorted(entries, key=lambda e: e.created, reverse=True)
+    return sorted(entries, key=lambda e: e.at, reverse=True)

@@ -24,8 +24,10 @@ from epbuild.cache.store import (
     CacheEntry,
     CorruptEntryError,
     Store,
+    entry_bytes,
     entry_path,
     object_path,
+    parse_entry,
 )
 from epbuild.errors import UserError
 from epbuild.fs import CHUNK, atomic_output, digest_file, os_error_text
@@ -69,7 +71,7 @@ def export_entries(
                 report.objects += 1
                 report.bytes += info.size
             for entry in entries:
-                raw = entry.to_bytes()
+                raw = entry_bytes(entry)
                 info = tarfile.TarInfo(entry_path(entry.key))
                 info.size = len(raw)
                 info.mode = 0o644
@@ -106,7 +108,7 @@ def import_archive(store: Store, backend: LocalBackend, path: str) -> ArchiveRep
                             report.problems.append(f"object {m.group(1)[:12]} is damaged; skipped")
                     elif m := _ENTRY.fullmatch(member.name):
                         try:
-                            entries.append(CacheEntry.from_bytes(src.read(), m.group(1)))
+                            entries.append(parse_entry(src.read(), m.group(1)))
                         except CorruptEntryError as exc:
                             report.problems.append(str(exc))
                     else:
@@ -117,9 +119,7 @@ def import_archive(store: Store, backend: LocalBackend, path: str) -> ArchiveRep
     for entry in entries:
         missing = [o for o in entry.outputs.values() if not store.has_object(o.digest)]
         if missing:
-            report.problems.append(
-                f"entry {entry.key[:12]} ({entry.action_id}) lacks objects; skipped"
-            )
+            report.problems.append(f"entry {entry.key[:12]} ({entry.id}) lacks objects; skipped")
             continue
         store.put_entry(entry)
         report.entries += 1

@@ -18,12 +18,11 @@ import hashlib
 import json
 import re
 import time
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import replace
 
 from epbuild._names import CACHE_LAYOUT
 from epbuild.cache.backend import Backend
-from epbuild.state.journal import OutputRecord
+from epbuild.state.journal import ActionRecord, OutputRecord
 
 CachedOutput = OutputRecord
 """One output file of an entry: the same record the state keeps."""
@@ -42,68 +41,35 @@ class CorruptEntryError(Exception):
     """An entry that cannot be used (unreadable, or an object is missing or damaged)."""
 
 
-@dataclass(frozen=True)
-class CacheEntry:
-    """What one action key produced."""
+CacheEntry = ActionRecord
+"""What one action key produced: the record of the run that stored it (the journal's record
+type), its outputs named by file inside the action's output directory; ``at`` is when it
+was stored."""
 
-    key: str
-    action_id: str
-    components: dict[str, Any]
-    outputs: dict[str, CachedOutput]
-    """Output file name (inside the action's output directory) → size and digest."""
-    seconds: float = 0.0
-    peak_rss: int = 0
-    detail: dict[str, Any] = field(default_factory=dict)
-    created: float = 0.0
 
-    @property
-    def size(self) -> int:
-        """Bytes of all outputs."""
-        return sum(o.size for o in self.outputs.values())
+def entry_bytes(entry: CacheEntry) -> bytes:
+    """The stored JSON form of an entry: the record's (``ActionRecord.to_json``), marked,
+    with ``created`` kept for readers of the earlier form."""
+    data = {"epbuild_cache_entry": 1, **entry.to_json(), "created": entry.at or time.time()}
+    return json.dumps(data, sort_keys=True, separators=(",", ":")).encode()
 
-    def to_bytes(self) -> bytes:
-        """The stored JSON form."""
-        data = {
-            "epbuild_cache_entry": 1,
-            "key": self.key,
-            "id": self.action_id,
-            "components": self.components,
-            "outputs": {n: {"size": o.size, "digest": o.digest} for n, o in self.outputs.items()},
-            "seconds": round(self.seconds, 4),
-            "peak_rss": self.peak_rss,
-            "detail": self.detail,
-            "created": self.created or time.time(),
-        }
-        return json.dumps(data, sort_keys=True, separators=(",", ":")).encode()
 
-    @classmethod
-    def from_bytes(cls, raw: bytes, key: str) -> CacheEntry:
-        """Parse and validate a stored entry (raises CorruptEntryError)."""
-        try:
-            data = json.loads(raw)
-            if data.get("epbuild_cache_entry") != 1 or data["key"] != key:
-                raise ValueError("not an entry for this key")
-            outputs = {
-                str(name): CachedOutput(int(o["size"]), str(o["digest"]))
-                for name, o in data["outputs"].items()
-            }
-            for name, o in outputs.items():
-                if not _NAME.fullmatch(name) or not _HEX64.fullmatch(o.digest) or o.size < 0:
-                    raise ValueError(f"bad output record {name!r}")
-            if not isinstance(data["components"], dict) or not outputs:
-                raise ValueError("no components or outputs")
-            return cls(
-                key=key,
-                action_id=str(data["id"]),
-                components=data["components"],
-                outputs=outputs,
-                seconds=float(data.get("seconds", 0.0)),
-                peak_rss=int(data.get("peak_rss", 0)),
-                detail=dict(data.get("detail", {})),
-                created=float(data.get("created", 0.0)),
-            )
-        except (ValueError, KeyError, TypeError, AttributeError) as exc:
-            raise CorruptEntryError(f"entry {key[:12]} is unreadable ({exc})") from exc
+def parse_entry(raw: bytes, key: str) -> CacheEntry:
+    """Parse and validate a stored entry (raises CorruptEntryError)."""
+    try:
+        data = json.loads(raw)
+        if data.get("epbuild_cache_entry") != 1 or data["key"] != key:
+            raise ValueError("not an entry for this key")
+        data.setdefault("at", data.get("created", 0.0))
+        entry = ActionRecord.from_json(data)
+        for name, o in entry.outputs.items():
+            if not _NAME.fullmatch(name) or not _HEX64.fullmatch(o.digest):
+                raise ValueError(f"bad output record {name!r}")
+        if not entry.outputs:
+            raise ValueError("no outputs")
+        return replace(entry, restored=False)
+    except (ValueError, KeyError, TypeError, AttributeError, RecursionError) as exc:
+        raise CorruptEntryError(f"entry {key[:12]} is unreadable ({exc})") from exc
 
 
 def object_path(digest: str) -> str:
@@ -140,7 +106,7 @@ class Store:
     def get_entry(self, key: str) -> CacheEntry | None:
         """The entry for ``key``; None when absent (raises CorruptEntryError)."""
         raw = self.backend.read_bytes(entry_path(key))
-        return None if raw is None else CacheEntry.from_bytes(raw, key)
+        return None if raw is None else parse_entry(raw, key)
 
     def has_object(self, digest: str) -> bool:
         """Whether an object is present (not whether it is intact)."""
@@ -148,8 +114,8 @@ class Store:
 
     def put_entry(self, entry: CacheEntry) -> None:
         """Write an entry (after its objects) and its id marker."""
-        self.backend.write_bytes(entry_path(entry.key), entry.to_bytes())
-        self.backend.write_bytes(f"{id_dir(entry.action_id)}/{entry.key}", b"")
+        self.backend.write_bytes(entry_path(entry.key), entry_bytes(entry))
+        self.backend.write_bytes(f"{id_dir(entry.id)}/{entry.key}", b"")
 
     def discard(self, entry: CacheEntry | str, damaged: tuple[str, ...] = ()) -> None:
         """Remove an entry (and objects known to be damaged)."""
@@ -158,7 +124,7 @@ class Store:
             self.backend.delete(object_path(digest))
         self.backend.delete(entry_path(key))
         if not isinstance(entry, str):
-            self.backend.delete(f"{id_dir(entry.action_id)}/{key}")
+            self.backend.delete(f"{id_dir(entry.id)}/{key}")
 
     def entries_for(self, action_id: str) -> list[CacheEntry]:
         """Readable entries of one action id, newest first."""
@@ -170,9 +136,9 @@ class Store:
                 entry = self.get_entry(key)
             except CorruptEntryError:
                 continue
-            if entry is not None and entry.action_id == action_id:
+            if entry is not None and entry.id == action_id:
                 found.append(entry)
-        return sorted(found, key=lambda e: e.created, reverse=True)
+        return sorted(found, key=lambda e: e.at, reverse=True)
 
     def entry_keys(self) -> list[str]:
         """Every entry key in the store."""

@@ -133,7 +133,6 @@ def verify_all(store: Store, backend: LocalBackend) -> CacheVerifyReport:
             damaged = tuple(o.digest for n, o in entry.outputs.items() if n in bad)
             store.discard(entry, damaged=damaged)
             problems.append(
-                f"entry {key[:12]} ({entry.action_id}): {', '.join(bad)} missing or "
-                "damaged; discarded"
+                f"entry {key[:12]} ({entry.id}): {', '.join(bad)} missing or damaged; discarded"
             )
     return CacheVerifyReport(entries, objects, size, problems)

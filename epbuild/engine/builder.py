@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import os
-import posixpath
 import threading
 import time
 from contextlib import ExitStack
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from epbuild.engine.staging import commit, hash_staged, make_staging
@@ -18,7 +18,7 @@ from epbuild.planning.staleness import ActionPlan, plan_action
 from epbuild.planning.workspace import Workspace
 from epbuild.results import ActionResult, Outcome, Reporter, action_result
 from epbuild.state import locks
-from epbuild.state.journal import ActionRecord, OutputRecord, State
+from epbuild.state.journal import ActionRecord, State
 from epbuild.state.statcache import Entry
 
 if TYPE_CHECKING:
@@ -390,22 +390,8 @@ class Builder:
             return None, [], self._warn(f"cache entry of {action.id} not restored: {exc}")
         except OSError as exc:
             return None, [], self._warn(f"cache unusable for {action.id}: {os_error_text(exc)}")
-        e = hit.entry
-        outputs = {
-            posixpath.join(action.out_dir, n): OutputRecord(o.size, o.digest)
-            for n, o in e.outputs.items()
-        }
-        record = ActionRecord(
-            id=action.id,
-            key=key.key,
-            components=key.components,
-            outputs=outputs,
-            seconds=e.seconds,
-            peak_rss=e.peak_rss,
-            at=time.time(),
-            detail=e.detail,
-            restored=True,
-        )
+        placed = hit.entry.placed(action.out_dir)
+        record = replace(placed, components=key.components, at=time.time(), restored=True)
         return record, names, None
 
     def _new(self, warnings: list[str]) -> list[str]:
@@ -454,22 +440,8 @@ class Builder:
         warnings = [note] if note else []
         if self.cache is None:
             return warnings
-        from epbuild.cache.store import CachedOutput
-
-        outputs = {
-            posixpath.basename(p): CachedOutput(o.size, o.digest) for p, o in record.outputs.items()
-        }
         try:
-            self.cache.save(
-                key=record.key,
-                action_id=action.id,
-                components=record.components,
-                src_dir=os.path.join(self.ws.root, action.out_dir),
-                outputs=outputs,
-                seconds=record.seconds,
-                peak_rss=record.peak_rss,
-                detail=record.detail,
-            )
+            self.cache.save(record, os.path.join(self.ws.root, action.out_dir))
         except Exception as exc:  # a cache that cannot be written must not fail a build
             where = self.cache.describe()
             why = os_error_text(exc) if isinstance(exc, OSError) else str(exc)

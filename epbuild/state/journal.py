@@ -13,8 +13,9 @@ from __future__ import annotations
 import errno
 import json
 import os
+import posixpath
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from epbuild.fs import atomic_write_bytes, is_safe_reference
@@ -46,6 +47,62 @@ class ActionRecord:
     detail: dict[str, Any] = field(default_factory=dict)
     """Per-model coverage and sizes, for reports."""
     restored: bool = False
+
+    @property
+    def size(self) -> int:
+        """Bytes of all outputs."""
+        return sum(o.size for o in self.outputs.values())
+
+    def to_json(self) -> dict[str, Any]:
+        """The one JSON form of a record: a journal ``done`` line holds it, and so does a
+        cache entry (``cache.store``), whose outputs are named by file."""
+        return {
+            "id": self.id,
+            "key": self.key,
+            "components": self.components,
+            "outputs": {p: {"size": o.size, "digest": o.digest} for p, o in self.outputs.items()},
+            "seconds": round(self.seconds, 4),
+            "peak_rss": self.peak_rss,
+            "at": self.at or time.time(),
+            "detail": self.detail,
+            "restored": self.restored,
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> ActionRecord:
+        """A record written by ``to_json`` (raises ``ValueError`` for one of another shape:
+        wrong types, a negative size, an output path that is absolute or climbs out)."""
+        outputs: dict[str, OutputRecord] = {}
+        for path, out in _want(data["outputs"], dict).items():
+            _want(out, dict)
+            size = _want(out["size"], int)
+            if size < 0:
+                raise _Damaged("negative size")
+            if not is_safe_reference(path):  # never let a damaged record point clean elsewhere
+                raise _Damaged(f"unsafe output path {path!r}")
+            outputs[path] = OutputRecord(size, _want(out["digest"], str))
+        return cls(
+            id=_want(data["id"], str),
+            key=_want(data["key"], str),
+            components=_want(data["components"], dict),
+            outputs=outputs,
+            seconds=float(_want(data["seconds"], (int, float))),
+            peak_rss=int(_want(data.get("peak_rss", 0), int)),
+            at=float(_want(data.get("at", 0), (int, float))),
+            detail=_want(data.get("detail", {}), dict),
+            restored=bool(data.get("restored", False)),
+        )
+
+    def named(self) -> ActionRecord:
+        """This record with its outputs named by file (a cache entry's form)."""
+        outputs = {posixpath.basename(p): o for p, o in self.outputs.items()}
+        return replace(self, outputs=outputs)
+
+    def placed(self, out_dir: str) -> ActionRecord:
+        """This record (outputs named by file) with its outputs in ``out_dir``."""
+        return replace(
+            self, outputs={posixpath.join(out_dir, n): o for n, o in self.outputs.items()}
+        )
 
 
 @dataclass(frozen=True)
@@ -88,26 +145,7 @@ def _want(value: Any, kind: type | tuple[type, ...]) -> Any:
 
 
 def _record(data: dict[str, Any]) -> ActionRecord:
-    outputs: dict[str, OutputRecord] = {}
-    for path, out in _want(data["outputs"], dict).items():
-        _want(out, dict)
-        size = _want(out["size"], int)
-        if size < 0:
-            raise _Damaged("negative size")
-        if not is_safe_reference(path):  # never let a damaged record point clean elsewhere
-            raise _Damaged(f"unsafe output path {path!r}")
-        outputs[path] = OutputRecord(size, _want(out["digest"], str))
-    return ActionRecord(
-        id=_want(data["id"], str),
-        key=_want(data["key"], str),
-        components=_want(data["components"], dict),
-        outputs=outputs,
-        seconds=float(_want(data["seconds"], (int, float))),
-        peak_rss=int(_want(data.get("peak_rss", 0), int)),
-        at=float(_want(data.get("at", 0), (int, float))),
-        detail=_want(data.get("detail", {}), dict),
-        restored=bool(data.get("restored", False)),
-    )
+    return ActionRecord.from_json(data)
 
 
 def _damage(data: dict[str, Any]) -> Damage:
@@ -201,18 +239,7 @@ def _line(data: dict[str, Any]) -> bytes:
 
 
 def _done_dict(rec: ActionRecord) -> dict[str, Any]:
-    return {
-        "op": "done",
-        "id": rec.id,
-        "key": rec.key,
-        "components": rec.components,
-        "outputs": {p: {"size": o.size, "digest": o.digest} for p, o in rec.outputs.items()},
-        "seconds": round(rec.seconds, 4),
-        "peak_rss": rec.peak_rss,
-        "at": rec.at or time.time(),
-        "detail": rec.detail,
-        "restored": rec.restored,
-    }
+    return {"op": "done", **rec.to_json()}
 
 
 def _write_all(fd: int, data: bytes) -> None:
