@@ -313,7 +313,7 @@ def open_action(
                 sources.append(full)
     first = actions[0]
     what = f"{first.group.name}/{first.provider.name}"
-    share = first.group.share_weights
+    share = first.group.context.share_weights
     built = open_sources(sources, first.provider, share, lock_timeout, session_factory, what)
     changed = [rel for rel, st in before.items() if stat_of(ws.root, rel) != st]
     if changed:

@@ -26,7 +26,7 @@ from epbuild.inspection.detail import render, status_detail
 from epbuild.inspection.verify import verify_outputs
 from epbuild.manifest import defaults as defaults_module
 from epbuild.manifest.load import load_manifest
-from epbuild.manifest.model import SESSION_SETTINGS, CompileSettings
+from epbuild.manifest.model import SESSION_SETTINGS, CompileSettings, ContextSettings
 from epbuild.onnx.proto import read_model
 from epbuild.providers.base import BaseProvider, ProviderConfig, has_compile_api
 
@@ -252,11 +252,8 @@ def _job(**kw: Any) -> Job:
         "provider": ProviderConfig("htp", "qnn", {}, {"user.entry": "x"}, {}),
         "models": ("m/a.onnx", "m/b.onnx"),
         "staging": "build/.staging/x",
-        "share_weights": True,
-        "embed_mode": 0,
-        "node_name_prefix": None,
+        "context": ContextSettings(share_weights=True),
         "initializer_names": ("a_w.bin", "b_w.bin"),
-        "load": "path",
         "compile": CompileSettings("compile_api", "disabled", True, 3, None),
     }
     return Job(**{**fields, **kw})
@@ -294,7 +291,7 @@ def test_compile_api_bytes_with_a_data_folder(
     monkeypatch.setitem(epbuild.providers._cache, "qnn", _Adapter())
     monkeypatch.setattr(worker, "check_outputs", lambda *a: {"models": {}})
     settings = CompileSettings("compile_api", "all", False, None, "weights")
-    job = _job(models=("m/a.onnx",), share_weights=False, initializer_names=(), load="bytes",
+    job = _job(models=("m/a.onnx",), context=ContextSettings(load="bytes"), initializer_names=(),
                compile=settings)  # fmt: skip
     assert worker._result_of(job)["ok"]
     ((model, _, entries, threads, kw),) = log

@@ -253,6 +253,7 @@ def test_no_worker_starts_once_interrupted(tmp_path: Path, monkeypatch: pytest.M
     thread often starts late)."""
     from epbuild.executors.job import Job
     from epbuild.executors.local import LocalExecutor
+    from epbuild.manifest.model import ContextSettings
     from epbuild.providers.base import ProviderConfig
 
     executor = LocalExecutor(str(tmp_path), prewarm=True)
@@ -260,8 +261,8 @@ def test_no_worker_starts_once_interrupted(tmp_path: Path, monkeypatch: pytest.M
     monkeypatch.setattr(executor, "_spawn", spawned.append)
     executor.cancel()
     job = Job(action_id="g/qnn/a", provider=ProviderConfig("qnn", "qnn", {}, {}, {}),
-              models=("m/a.onnx",), staging="build/.staging/x", share_weights=False,
-              embed_mode=0, node_name_prefix=None, initializer_names=(), load="path")  # fmt: skip
+              models=("m/a.onnx",), staging="build/.staging/x", context=ContextSettings(),
+              initializer_names=())  # fmt: skip
     outcome = executor.run(job)
     assert not outcome.ok and outcome.error == "interrupted before its worker started"
     assert spawned == []

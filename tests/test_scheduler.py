@@ -63,7 +63,7 @@ class FakeExecutor:
             raise self.raising[job.action_id]
         staging = os.path.join(self.root, job.staging)
         shared = None
-        if job.share_weights:
+        if job.context.share_weights:
             shared = ctx_name(job.models[0]).removesuffix(".onnx") + "_qnn.bin"
             with open(os.path.join(staging, shared), "wb") as f:
                 f.write(b"context-binary")

@@ -17,6 +17,7 @@ import pytest
 import epbuild.providers
 from epbuild.executors import worker
 from epbuild.executors.job import Job
+from epbuild.manifest.model import ContextSettings
 from epbuild.providers.base import BaseProvider, ProviderConfig
 
 
@@ -82,11 +83,8 @@ def _fake(monkeypatch: pytest.MonkeyPatch, fail: str | None) -> tuple[list[str],
         provider=ProviderConfig("qnn", "qnn", {}, {}, {}),
         models=("m/a.onnx", "m/b.onnx", "m/c.onnx"),
         staging="build/.staging/x",
-        share_weights=True,
-        embed_mode=0,
-        node_name_prefix=None,
+        context=ContextSettings(share_weights=True),
         initializer_names=(),
-        load="path",
     )
     return log, job
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from epbuild._names import CTX_SUFFIX, model_stem
-from epbuild.manifest.model import SESSION_SETTINGS, CompileSettings
+from epbuild.manifest.model import SESSION_SETTINGS, CompileSettings, ContextSettings
 from epbuild.providers.contract import ProviderConfig
 
 
@@ -26,13 +26,12 @@ class Job:
     """Workspace-relative source models, in session order."""
     staging: str
     """Workspace-relative directory the worker writes its outputs and result file into."""
-    share_weights: bool
-    embed_mode: int
-    node_name_prefix: str | None
+    context: ContextSettings
+    """How the EPContext models are written (sharing, embedding, node-name prefix, how a
+    model is handed to ONNX Runtime); its ``external_initializers`` is resolved per model
+    in ``initializer_names``."""
     initializer_names: tuple[str, ...]
     """Per model, the external-initializer file name (empty: initializers stay inline)."""
-    load: str
-    """How the worker hands a model to ONNX Runtime: ``path`` or ``bytes``."""
     compile: CompileSettings = SESSION_SETTINGS
     """Compiler, graph optimisation level and session settings (``Action.compile``)."""
     inputs: Mapping[str, str] = field(default_factory=dict)
@@ -75,11 +74,8 @@ class Job:
             "provider": self.provider.to_json(),
             "models": list(self.models),
             "staging": self.staging,
-            "share_weights": self.share_weights,
-            "embed_mode": self.embed_mode,
-            "node_name_prefix": self.node_name_prefix,
+            "context": self.context.to_json(),
             "initializer_names": list(self.initializer_names),
-            "load": self.load,
             "compile": self.compile.to_json(),
             "inputs": dict(self.inputs),
             "predicted_peak": self.predicted_peak,
@@ -96,11 +92,8 @@ class Job:
             provider=ProviderConfig.from_json(data["provider"]),
             models=tuple(data["models"]),
             staging=str(data["staging"]),
-            share_weights=bool(data["share_weights"]),
-            embed_mode=int(data["embed_mode"]),
-            node_name_prefix=data.get("node_name_prefix"),
+            context=ContextSettings.from_json(data["context"]),
             initializer_names=tuple(data.get("initializer_names", ())),
-            load=str(data["load"]),
             compile=CompileSettings.from_json(data.get("compile", SESSION_SETTINGS.to_json())),
             inputs=dict(data.get("inputs", {})),
             predicted_peak=int(data.get("predicted_peak", 0)),

@@ -125,12 +125,17 @@ def _compile_checked(job: Job) -> dict[str, Any]:
         _compile_with_api(ort, job, adapter)
     else:
         _compile_with_sessions(ort, job, adapter)
-    if job.share_weights:
+    if job.context.share_weights:
         adapter.finish_sharing_group(
             config, [posixpath.join(job.staging, n) for n in job.ctx_names]
         )
     return check_outputs(
-        job.staging, list(job.models), adapter, config, job.share_weights, list(job.ctx_names)
+        job.staging,
+        list(job.models),
+        adapter,
+        config,
+        job.context.share_weights,
+        list(job.ctx_names),
     )
 
 
@@ -268,7 +273,7 @@ def session_options(ort: Any, job: Job, index: int, adapter: Provider) -> Any:
     config = job.provider
     extra = {}
     if settings.compiler == "session":  # the compile API sets the ctx output itself
-        extra = adapter.context_options(config, ctx_path, job.embed_mode)
+        extra = adapter.context_options(config, ctx_path, job.context.embed_mode)
     adapter.attach(ort, so, _with_options(config, extra) if extra else config)
     return so
 
@@ -286,17 +291,17 @@ def _session_entries(job: Job, index: int, ctx_path: str) -> dict[str, str]:
     if settings.compiler == "session":
         entries["ep.context_enable"] = "1"
         entries["ep.context_file_path"] = ctx_path
-        entries["ep.context_embed_mode"] = str(job.embed_mode)
+        entries["ep.context_embed_mode"] = str(job.context.embed_mode)
         if job.initializer_names:
             name = job.initializer_names[index]
             entries["ep.context_model_external_initializers_file_name"] = name
-    if job.node_name_prefix:
-        entries["ep.context_node_name_prefix"] = job.node_name_prefix
-    if job.share_weights and (hook_for(model) or ("",))[0] != "noshare":
+    if job.context.node_name_prefix:
+        entries["ep.context_node_name_prefix"] = job.context.node_name_prefix
+    if job.context.share_weights and (hook_for(model) or ("",))[0] != "noshare":
         entries["ep.share_ep_contexts"] = "1"
         if index == len(job.models) - 1:
             entries["ep.stop_share_ep_contexts"] = "1"
-    if job.load == "bytes":
+    if job.context.load == "bytes":
         folder = job.repeat_prefix(index) + (
             settings.external_data_folder or posixpath.dirname(model) or "."
         )
@@ -310,7 +315,7 @@ def _session_entries(job: Job, index: int, ctx_path: str) -> dict[str, str]:
 def _open_session(ort: Any, job: Job, model: str, so: Any) -> Any:
     """One session (the compile happens here); an ONNX Runtime error is a CompileFailure."""
     try:
-        if job.load == "bytes":
+        if job.context.load == "bytes":
             with open(model, "rb") as f:
                 return ort.InferenceSession(f.read(), so)
         return ort.InferenceSession(model, so)
@@ -347,7 +352,7 @@ def _compile_model(ort: Any, job: Job, index: int, so: Any) -> None:
         options["external_initializers_file_path"] = job.initializer_names[index]
         options["external_initializers_size_threshold"] = 0
     try:
-        if job.load == "bytes":
+        if job.context.load == "bytes":
             with open(model, "rb") as f:
                 source: str | bytes = f.read()
         else:
@@ -355,7 +360,7 @@ def _compile_model(ort: Any, job: Job, index: int, so: Any) -> None:
         compiler = ort.ModelCompiler(
             so,
             source,
-            embed_compiled_data_into_model=job.embed_mode == 1,
+            embed_compiled_data_into_model=job.context.embed_mode == 1,
             flags=ort.OrtCompileApiFlags.ERROR_IF_NO_NODES_COMPILED,
             graph_optimization_level=_optimization_level(ort, job.compile.graph_optimization_level),
             **options,

@@ -68,7 +68,7 @@ def load_check(
     where the EP's package cannot load the model here (a known limit), run it without the
     EP if the adapter has a way (``verify --numerics``; ``--load`` is about the EP)."""
     adapter = get_provider(action.provider.ep)
-    reason = adapter.load_problem(action.provider, action.group.share_weights)
+    reason = adapter.load_problem(action.provider, action.group.context.share_weights)
     if isinstance(toolchain, str):
         reason = f"its toolchain is not usable here: {toolchain}"
     ctx = action.ctx_paths[index]

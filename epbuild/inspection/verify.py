@@ -188,7 +188,7 @@ def _check_actions(
             for ctx in action.ctx_paths:
                 result.checked.append(ctx)
                 infos.append(_check_ctx(ws, action, ctx, (text, paths), result))
-            if action.group.share_weights:
+            if action.group.context.share_weights:
                 _check_sharing(action, infos, result)
             if pool is not None:
                 loads += _load_checks(ws, action, toolchain, pool)
@@ -255,7 +255,7 @@ def _check_ctx(
         return None
     out_dir = ws.manifest.workspace.out_dir
     result.problems += context_problems(
-        ws.root, ctx, info, action.provider, action.group.embed_mode, out_dir
+        ws.root, ctx, info, action.provider, action.group.context.embed_mode, out_dir
     )
     result.problems += path_problems(ctx, info, *text)
     verdict = ort_compatibility(ctx, full, action.provider)

@@ -32,7 +32,7 @@ class CompileKind:
         """A ctx model that would embed a context past protobuf's 2 GB limit."""
         from epbuild.planning import staleness
 
-        if action.group.embed_mode != 1:
+        if action.group.context.embed_mode != 1:
             return None
         for m in key.components["models"]:
             size = sum(
@@ -61,11 +61,8 @@ class CompileKind:
             provider=action.provider,
             models=action.models,
             staging=staging,
-            share_weights=g.share_weights,
-            embed_mode=g.embed_mode,
-            node_name_prefix=g.node_name_prefix,
+            context=g.context,
             initializer_names=action.initializer_names,
-            load=g.load,
             compile=CompileSettings.from_json(key.components["compile"]),
             inputs=dict(key.inputs),
             predicted_peak=ctx.predicted_peak,
@@ -95,7 +92,7 @@ class CompileKind:
         from epbuild.onnx.context import report_problems
 
         adapter = get_provider(action.provider.ep)
-        prefix = action.group.node_name_prefix
+        prefix = action.group.context.node_name_prefix
         return [
             p
             for model, report in result.get("detail", {}).get("models", {}).items()
@@ -118,7 +115,7 @@ def _boot(action: Action, ctx: RunContext) -> tuple[str, ...]:
 
 def _shared_by(action: Action) -> ProviderConfig | None:
     """The provider whose ctx models must share one binary (a weight-sharing action's)."""
-    return action.provider if action.group.share_weights else None
+    return action.provider if action.group.context.share_weights else None
 
 
 COMPILE = CompileKind()

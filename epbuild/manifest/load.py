@@ -32,6 +32,7 @@ from epbuild.manifest.locate import Where
 from epbuild.manifest.model import (
     DEFAULT_OPTIMIZATION_LEVEL,
     CompileSettings,
+    ContextSettings,
     Group,
     Manifest,
     ModelEntry,
@@ -139,7 +140,7 @@ def load_manifest(path: str | os.PathLike[str], *, text: str | None = None) -> M
     package = _package(where, data, providers)
     llms = load_llms(where, root, data.get("llms", {}), providers, set(groups))
     for name, llm in llms.items():
-        shape = Group(name, (), llm.providers, llm.share_weights, 0, None, None, "path", ())
+        shape = Group(name, (), llm.providers, ContextSettings(llm.share_weights), ())
         resolved = {
             p: _resolve_compile(where, shape, CompileSettings(), providers[p], compile_settings[p])
             for p in llm.providers
@@ -407,11 +408,13 @@ def _group(
         name=name,
         entries=entries,
         providers=tuple(table["providers"]),
-        share_weights=share,
-        embed_mode=embed,
-        node_name_prefix=table.get("node_name_prefix"),
-        external_initializers=ext,
-        load=table.get("load", "path"),
+        context=ContextSettings(
+            share_weights=share,
+            embed_mode=embed,
+            node_name_prefix=table.get("node_name_prefix"),
+            external_initializers=ext,
+            load=table.get("load", "path"),
+        ),
         patterns=patterns,
         free_dimensions=dict(table.get("free_dimensions", {})),
     )
@@ -490,7 +493,7 @@ def _check_compile(
             raise where.error(
                 at("compiler"), missing, 'upgrade onnxruntime, or use compiler = "session"'
             )
-    if merged.external_data_folder is not None and group.load != "bytes":
+    if merged.external_data_folder is not None and group.context.load != "bytes":
         raise where.error(
             at("external_data_folder"),
             "applies only to models handed over as bytes",

@@ -128,6 +128,41 @@ class ModelEntry:
 
 
 @dataclass(frozen=True)
+class ContextSettings:
+    """How a group's EPContext models are written, one value from the manifest to the
+    worker: the group's sessions share one context (``share_weights``), whether the context
+    is embedded (``embed_mode``), the EPContext node-name prefix, the external-initializer
+    file name, and whether the worker hands ONNX Runtime a path or bytes (``load``)."""
+
+    share_weights: bool = False
+    embed_mode: int = 0
+    node_name_prefix: str | None = None
+    external_initializers: str | None = None
+    load: str = "path"
+
+    def to_json(self) -> dict[str, Any]:
+        """Its JSON form: the ``group`` component of a compile key, and a job's."""
+        return {
+            "share_weights": self.share_weights,
+            "embed_mode": self.embed_mode,
+            "node_name_prefix": self.node_name_prefix,
+            "external_initializers": self.external_initializers,
+            "load": self.load,
+        }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> ContextSettings:
+        """Rebuild what ``to_json`` wrote."""
+        return cls(
+            share_weights=bool(data["share_weights"]),
+            embed_mode=int(data["embed_mode"]),
+            node_name_prefix=data.get("node_name_prefix"),
+            external_initializers=data.get("external_initializers"),
+            load=str(data["load"]),
+        )
+
+
+@dataclass(frozen=True)
 class Group:
     """A model group: models compiled for each of its providers."""
 
@@ -136,11 +171,7 @@ class Group:
     """The models in manifest order (globs expanded, sorted); a source file appears more
     than once only under different names."""
     providers: tuple[str, ...]
-    share_weights: bool
-    embed_mode: int
-    node_name_prefix: str | None
-    external_initializers: str | None
-    load: str
+    context: ContextSettings
     patterns: tuple[str, ...]
     """The ``models`` entries that are globs, normalised, in manifest order: what a new
     matching file would change (the no-op fingerprint and ``watch`` follow them)."""

@@ -86,10 +86,10 @@ class Action:
         The configured name as is when it can only ever be one action's one model; otherwise
         prefixed with the model's name, so models sharing an output directory never collide.
         """
-        name, g = self.group.external_initializers, self.group
+        name, g = self.group.context.external_initializers, self.group
         if not name:
             return ()
-        if len(self.models) == 1 and not g.share_weights and len(g.models) == 1:
+        if len(self.models) == 1 and not g.context.share_weights and len(g.models) == 1:
             return (name,)
         return tuple(f"{n}_{name}" for n in self.names)
 
@@ -115,7 +115,7 @@ def make_actions(manifest: Manifest, extra: Sequence[Group] = ()) -> list[Action
             provider = own.get(pname) or manifest.providers[pname]
             out_dir = posixpath.join(manifest.workspace.out_dir, group.name, pname)
             deps: tuple[str, ...] = getattr(group, "deps", ())
-            if group.share_weights:
+            if group.context.share_weights:
                 action_id = f"{group.name}/{pname}"
                 actions.append(Action(action_id, group, provider, group.entries, out_dir, deps))
             else:

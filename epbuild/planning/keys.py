@@ -240,20 +240,14 @@ class KeyComputer:
             "session_options": dict(action.provider.session_options),
             "settings": dict(action.provider.settings),
             "versions": versions,
-            "group": {
-                "share_weights": g.share_weights,
-                "embed_mode": g.embed_mode,
-                "node_name_prefix": g.node_name_prefix,
-                "external_initializers": g.external_initializers,
-                "load": g.load,
-            },
+            "group": g.context.to_json(),
             "models": models,
             "compile": settings.to_json(),
         }
         if action.provider.toolchain is not None:  # only then, so other keys stay as they were
             components["toolchain"] = action.provider.toolchain.key()
         rewrite = get_provider(action.provider.ep).sharing_rewrite
-        if g.share_weights and (done := rewrite(action.provider)):
+        if g.context.share_weights and (done := rewrite(action.provider)):
             # Present only where a rewrite applies, so other keys stay as they were.
             components["group"]["rewrite"] = done
         inputs.update(getattr(g, "source_inputs", {}))  # an LLM's source decoder

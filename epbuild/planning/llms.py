@@ -18,7 +18,7 @@ from epbuild.errors import ModelError
 from epbuild.kinds.prepare import PrepareAction, prepare_action
 from epbuild.llm.prepare import AFFINITY, STAGES, write_affinity
 from epbuild.llm.source import DECODER, static_stages
-from epbuild.manifest.model import Group, Llm, Manifest, ModelEntry
+from epbuild.manifest.model import ContextSettings, Group, Llm, Manifest, ModelEntry
 from epbuild.planning.actions import Action
 from epbuild.planning.keys import KeyComputer
 from epbuild.providers import get_provider
@@ -143,11 +143,7 @@ def _llm_group(entry: Llm, entries: tuple[ModelEntry, ...], **more: Any) -> LlmG
         name=entry.name,
         entries=entries,
         providers=entry.providers,
-        share_weights=entry.share_weights,
-        embed_mode=0,
-        node_name_prefix=None,
-        external_initializers=None,
-        load="path",
+        context=ContextSettings(share_weights=entry.share_weights),
         patterns=(),
         **more,
     )

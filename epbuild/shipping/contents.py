@@ -143,8 +143,8 @@ def describe_action(
         "versions": dict(rec.components.get("versions", {})),
         "compile": dict(rec.components.get("compile", {})),
         "compiler": rec.detail.get("compiler"),
-        "share_weights": action.group.share_weights,
-        "embed_mode": action.group.embed_mode,
+        "share_weights": action.group.context.share_weights,
+        "embed_mode": action.group.context.embed_mode,
         "models": models,
         "files": sorted(
             posixpath.join(variant_dir, posixpath.relpath(r, action.out_dir)) for r in rec.outputs
@@ -192,7 +192,7 @@ def _component(action: Action, name: str) -> dict[str, Any]:
                 "model": name,
                 "position": [e.name for e in group.entries].index(name),
                 "group_size": len(group.entries),
-                "share_weights": group.share_weights,
+                "share_weights": group.context.share_weights,
             }
         },
     }
