@@ -155,7 +155,6 @@ def build(
         done = BuildResult(list(results.values()), time.perf_counter() - t0, warnings)
         if dry_run or not stale:
             return _without_compiling(ws, plans, selectors, done, dry_run, tracer, trace)
-        _write_llm_packages(ws, done)
         return done
     finally:
         ws.keys.toolchains.release()  # its environments may be pruned from now on
@@ -192,8 +191,6 @@ def _without_compiling(
     trace: str | os.PathLike[str] | None,
 ) -> BuildResult:
     """Finish a dry run, or a build with nothing stale (recording it for the no-op path)."""
-    if not dry_run:
-        _write_llm_packages(ws, done)
     stale = any(p.stale for p in plans)
     if not dry_run and not stale and not done.warnings and trace is None:
         _record_noop(ws, plans, selectors, done)
@@ -202,31 +199,6 @@ def _without_compiling(
     if trace is not None:
         tracer.write(trace)
     return done
-
-
-def _write_llm_packages(ws: Workspace, done: BuildResult) -> None:
-    """Write each LLM × provider package whose graphs are all built (``llm.package``); a
-    write that fails is a warning."""
-    if not ws.manifest.llms:
-        return
-    from epbuild.llm.package import write_package
-    from epbuild.planning.llms import package_targets
-    from epbuild.providers import get_provider
-    from epbuild.results import Outcome
-
-    ok = (Outcome.COMPILED, Outcome.RESTORED, Outcome.UP_TO_DATE)
-    outcome = {r.id: r.outcome for r in done.actions}
-    for target in package_targets(ws.manifest, ws.actions):
-        if any(outcome.get(a.id) not in ok for a in target.actions):
-            continue
-        adapter = get_provider(target.provider.ep)
-        try:
-            write_package(
-                ws.root, target.llm, target.out_dir, target.provider, adapter.file_options
-            )
-        except (OSError, ValueError) as exc:
-            name = f"llms.{target.llm.name}/{target.provider.name}"
-            done.warnings.append(f"{name}: package files not written: {exc}")
 
 
 def _plan(

@@ -39,7 +39,7 @@ def test_unshared_build_noop_and_rebuilds(workspace: Workspace, family: str) -> 
     for stage in ("context", "iterator"):
         assert _ops(out / f"{stage}_ctx.onnx") == ["EPContext"]  # attention on the HTP too
         assert (out / f"{stage}_ctx_qnn.bin").is_file()
-    assert "3 up to date" in workspace.cli("build", check=True).stdout
+    assert "4 up to date" in workspace.cli("build", check=True).stdout
 
     # A config-only edit of the source (search options) compiles nothing.
     config_path = workspace.root / "models" / "tiny" / "genai_config.json"
@@ -47,7 +47,7 @@ def test_unshared_build_noop_and_rebuilds(workspace: Workspace, family: str) -> 
     config["search"]["top_k"] = 5
     config_path.write_text(json.dumps(config))
     again = workspace.cli("build", check=True)
-    assert "3 up to date" in again.stdout and _compiled(again.stderr) == []
+    assert "3 up to date" in again.stdout and _compiled(again.stderr) == []  # + 1 packaged
     written = json.loads((out / "genai_config.json").read_text())
     assert written["search"]["top_k"] == 5  # the package's config follows the source's
 
@@ -73,7 +73,7 @@ def test_shared_build_is_one_action_n_plus_one(workspace: Workspace) -> None:
         "tokenizer.json",
         "tokenizer_config.json",
     ]
-    assert "2 up to date" in workspace.cli("build", check=True).stdout
+    assert "3 up to date" in workspace.cli("build", check=True).stdout
 
 
 @pytest.mark.slow
@@ -193,7 +193,7 @@ def test_two_builds_at_once_prepare_once(workspace: Workspace) -> None:
         "iterator.onnx.data",
         "op_affinity.json",
     ]
-    assert "3 up to date" in workspace.cli("build", check=True).stdout
+    assert "4 up to date" in workspace.cli("build", check=True).stdout
 
 
 def test_build_and_package_import_no_onnx_in_the_coordinator(workspace: Workspace) -> None:

@@ -9,6 +9,7 @@ import os
 import shutil
 import sys
 from collections.abc import Callable
+from typing import Any
 
 import pytest
 import waits
@@ -57,11 +58,11 @@ def test_second_build_imports_neither_onnx_nor_onnxruntime(
     )
     second = waits.run([sys.executable, "-c", code, str(ws.root)], "the second build")
     assert second.returncode == 0, second.stderr
-    assert "HEAVY [] True" in second.stdout and "3 up to date" in second.stdout  # prepare + 2
+    assert "HEAVY [] True" in second.stdout and "4 up to date" in second.stdout  # 2 + prep, pkg
     assert fast_noop(str(ws.root), None, []) is not None  # recorded by it
     third = waits.run([sys.executable, "-c", code, str(ws.root)], "the no-op build")
     assert third.returncode == 0, third.stderr
-    assert "HEAVY [] False" in third.stdout and "3 up to date" in third.stdout
+    assert "HEAVY [] False" in third.stdout and "4 up to date" in third.stdout
 
 
 def test_source_search_options_edit_misses_and_reaches_the_package(llm_ws: Workspace) -> None:
@@ -100,16 +101,21 @@ def test_new_source_file_and_deleted_prepared_graph_miss(llm_ws: Workspace) -> N
 def test_a_package_unlike_its_source_is_never_vouched_for(
     llm_ws: Workspace, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """What a killed build leaves (a package file not yet rewritten from the edited source)
-    gets no fingerprint, even from a build that finds every action up to date."""
+    """A package file not rewritten from the edited source (its write failed: a full disk)
+    is a failed action, never vouched for by the no-op path."""
     from epbuild import api
-    from epbuild.llm import package
+    from epbuild.kinds import package
 
     path = llm_ws.root / "models" / "tiny" / "genai_config.json"
     config = json.loads(path.read_text())
     config["search"]["top_k"] = 9
     path.write_text(json.dumps(config))
-    monkeypatch.setattr(package, "write_package", lambda *a, **k: [])  # killed before it
+
+    def full_disk(job: Any, root: str) -> Any:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(package, "run", full_disk)
     result = api.build(llm_ws.root)
-    assert result.ok and not result.warnings
+    (failed,) = [a for a in result.actions if a.outcome.value == "failed"]
+    assert failed.id == "chat/htp-v73/package" and "No space left" in (failed.error or "")
     assert fast_noop(str(llm_ws.root), None, []) is None

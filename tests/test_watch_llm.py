@@ -22,6 +22,7 @@ def llm_watch(workspace: Workspace) -> Iterator[tuple[Workspace, Watcher]]:
         assert sorted(built(first)) == [
             "chat/htp-v73/context",
             "chat/htp-v73/iterator",
+            "chat/htp-v73/package",
             "chat/prepare",
         ], first
         yield workspace, w
@@ -39,7 +40,8 @@ def test_watch_follows_llm_sources(llm_watch: tuple[Workspace, Watcher]) -> None
     (source / "genai_config.json").write_text(json.dumps(config))
     cycle = w.next()
     assert cycle["changed"] == ["models/tiny/genai_config.json"], cycle
-    assert built(cycle) == {} and cycle["summary"]["up_to_date"] == 3  # nothing compiled
+    assert built(cycle) == {"chat/htp-v73/package": "compiled"}  # nothing compiled
+    assert cycle["summary"]["up_to_date"] == 3 and cycle["summary"]["packaged"] == 1
     assert json.loads((package / "genai_config.json").read_text())["search"]["top_k"] == 3
 
     (source / "chat_template.jinja").write_text("{{ messages }}")

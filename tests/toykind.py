@@ -54,6 +54,7 @@ class TextKind:
     def __init__(self, name: str, past: str) -> None:
         self.name = name
         self.past = past
+        self.follows = False
 
     def key(self, action: TextAction, keys: KeyComputer, *, fresh: bool) -> ActionKey:
         try:
@@ -95,13 +96,13 @@ LOWER = TextKind("lower", "lowered")
 COUNT = TextKind("count", "counted")
 
 
-def run(job: KindJob) -> dict[str, Any]:
-    """In the worker."""
-    with open(str(job.payload["source"]), encoding="utf-8") as f:
+def run(job: KindJob, root: str) -> dict[str, Any]:
+    """In the worker (``root``: its working directory, the workspace)."""
+    with open(os.path.join(root, str(job.payload["source"])), encoding="utf-8") as f:
         text = f.read()
     if "FAIL" in text:
         raise ModelError(f"{job.payload['source']}: the toy refuses FAIL", hint="remove it")
     out = text.lower() if job.payload["op"] == "lower" else str(len(text))
-    with open(os.path.join(job.staging, str(job.payload["output"])), "w", encoding="utf-8") as f:
+    with open(os.path.join(root, job.staging, str(job.payload["output"])), "w") as f:
         f.write(out)
     return {"seconds": 0.0, "detail": {}, "versions": {}}

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from epbuild.engine.staging import commit, hash_staged, make_staging
 from epbuild.errors import EpbuildError, StorageError
+from epbuild.executors.job import AnyJob, KindJob
 from epbuild.fs import os_error_text, remove_tree
 from epbuild.kinds.contract import GraphAction, RunContext, kind_of
 from epbuild.planning.keys import ActionKey
@@ -218,7 +219,7 @@ class Builder:
             early_warnings = [self._warn(w) for w in self._new(found_early)]
             self.reporter.action_started(action.id)
             started = tracer.now()
-            outcome = self.executor.run(job)
+            outcome = self._execute(job)
             peak = outcome.result.get("peak_rss")
             tracer.add("compile", started, action.id, ok=outcome.ok, peak_rss=peak)
             if not outcome.ok:
@@ -267,6 +268,14 @@ class Builder:
                 f"{os_error_text(exc, self.ws.root)}",
                 hint=WRITE_HINT,
             ) from exc
+
+    def _execute(self, job: AnyJob) -> WorkerOutcome:
+        """Run a job: in a worker of the executor, or here when it is ``inline``."""
+        if isinstance(job, KindJob) and job.inline:
+            from epbuild.executors.worker import run_inline
+
+            return run_inline(job, self.ws.root)
+        return self.executor.run(job)
 
     def _context(self, action: GraphAction) -> RunContext:
         """What the action's kind needs to make its job and check its outputs."""

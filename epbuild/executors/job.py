@@ -108,9 +108,11 @@ class Job:
 @dataclass(frozen=True)
 class KindJob:
     """The job of an action of another kind than compile (``epbuild.kinds``): the worker
-    imports ``runner`` (``module:function``) and calls it with the job; the function stages
-    the outputs into ``staging`` and returns the result document's ``seconds``,
-    ``peak_rss``, ``detail`` and ``versions`` (the worker adds ``ok`` and ``epbuild``)."""
+    imports ``runner`` (``module:function``) and calls it with the job and the workspace
+    root (its working directory); the function stages the outputs into ``staging`` and
+    returns the result document's ``seconds``, ``detail`` and ``versions`` (the worker adds
+    ``ok``, ``peak_rss`` and ``epbuild``). An ``inline`` job (a few small files) runs in the
+    building process instead (``worker.run_inline``)."""
 
     action_id: str
     kind: str
@@ -123,6 +125,8 @@ class KindJob:
     predicted_peak: int = 0
     token: str = ""
     boot: tuple[str, ...] = ()
+    inline: bool = False
+    """Run in the building process, not in a worker."""
 
     def to_json(self) -> dict[str, Any]:
         """The JSON form a worker reads from its job line (``kind`` tells it from a

@@ -25,6 +25,7 @@ from epbuild.executors.testhooks import hook_for, run_test_hook
 from epbuild.fs import atomic_write_text
 
 if TYPE_CHECKING:
+    from epbuild.executors.local import WorkerOutcome
     from epbuild.onnx.proto import ModelInfo
     from epbuild.providers.contract import Provider, ProviderConfig
 
@@ -473,7 +474,7 @@ def main() -> None:
     line = sys.stdin.buffer.readline()
     threading.Thread(target=_watch_parent, daemon=True).start()
     job = job_from_json(json.loads(line))
-    result = _result_of(job) if isinstance(job, Job) else _kind_result(job)
+    result = _result_of(job) if isinstance(job, Job) else _kind_result(job, ".")
     result_path = posixpath.join(job.staging, RESULT_NAME)
     try:
         atomic_write_text(result_path, json.dumps(result), durable=False)
@@ -506,7 +507,14 @@ def _result_of(job: Job) -> dict[str, Any]:
         return {**failed, "traceback": traceback.format_exc()}
 
 
-def _kind_result(job: KindJob) -> dict[str, Any]:
+def run_inline(job: KindJob, root: str) -> WorkerOutcome:
+    """Run an ``inline`` job in this process (the coordinator's: no onnxruntime here)."""
+    from epbuild.executors.local import outcome_of
+
+    return outcome_of(_kind_result(job, root), 0, os.path.join(root, job.staging, "none"))
+
+
+def _kind_result(job: KindJob, root: str) -> dict[str, Any]:
     """The result document of another kind's job: what its runner reports, or why it
     failed (``UserError``: the message and hint; anything else: a bug, with its
     traceback)."""
@@ -516,7 +524,7 @@ def _kind_result(job: KindJob) -> dict[str, Any]:
 
     module, _, name = job.runner.partition(":")
     try:
-        report = getattr(importlib.import_module(module), name)(job)
+        report = getattr(importlib.import_module(module), name)(job, root)
     except EpbuildError as exc:
         return _failure(job, exc.message, exc.hint)
     except Exception as exc:

@@ -24,6 +24,7 @@ class CompileKind:
 
     name = "compile"
     past = "compiled"
+    follows = False
 
     def key(self, action: Action, keys: KeyComputer, *, fresh: bool) -> ActionKey:
         return keys.compute(action, fresh=fresh)

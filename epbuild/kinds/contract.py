@@ -88,6 +88,9 @@ class Kind(Protocol):
     name: str
     past: str
     """What progress says of an action of this kind that ran (``compiled``)."""
+    follows: bool
+    """A selection that takes every action it depends on takes it too (an LLM's package
+    follows its graphs' compiles)."""
 
     def key(self, action: Any, keys: KeyComputer, *, fresh: bool) -> ActionKey:
         """The action's key and its components; raises ``ModelError`` (or another
@@ -123,6 +126,7 @@ class Kind(Protocol):
 _BUILT_IN = {
     "compile": "epbuild.kinds.compile:COMPILE",
     "prepare": "epbuild.kinds.prepare:PREPARE",
+    "package": "epbuild.kinds.package:PACKAGE",
 }
 _KINDS: dict[str, Kind] = {}
 _SOURCES: dict[str, Callable[[Manifest], list[GraphAction]]] = {}

@@ -95,6 +95,7 @@ class PrepareKind:
 
     name = "prepare"
     past = "prepared"
+    follows = False
 
     def key(self, action: PrepareAction, keys: KeyComputer, *, fresh: bool) -> ActionKey:
         from epbuild.providers.distributions import dist_version
@@ -208,7 +209,7 @@ def _digest(components: Mapping[str, Any]) -> str:
     return hashlib.sha256(blob).hexdigest()
 
 
-def run(job: KindJob) -> dict[str, Any]:
+def run(job: KindJob, root: str) -> dict[str, Any]:
     """In the worker: write the static graphs and ``op_affinity.json`` into the staging
     directory (``ModelError`` with the reason when the decoder cannot be prepared)."""
     import importlib.metadata
@@ -220,7 +221,7 @@ def run(job: KindJob) -> dict[str, Any]:
 
     t0 = time.perf_counter()
     args = job.payload
-    model = onnx.load(str(args["model"]))
+    model = onnx.load(os.path.join(root, str(args["model"])))
     for stage, sequence in STAGES:
         shape = StaticShape(sequence or int(args["window"]), int(args["context"]),
                             int(args["head_size"]))  # fmt: skip
@@ -233,11 +234,11 @@ def run(job: KindJob) -> dict[str, Any]:
             ) from exc
         onnx.save(
             static,
-            os.path.join(job.staging, f"{stage}.onnx"),
+            os.path.join(root, job.staging, f"{stage}.onnx"),
             save_as_external_data=True,
             location=f"{stage}.onnx.data",
         )
-    with open(os.path.join(job.staging, AFFINITY), "w", encoding="utf-8") as f:
+    with open(os.path.join(root, job.staging, AFFINITY), "w", encoding="utf-8") as f:
         json.dump(AFFINITY_JSON, f)
     return {
         "seconds": time.perf_counter() - t0,

@@ -1,18 +1,13 @@
 """The genai package of a built LLM: ``<out_dir>/<llm>/<provider>/`` holds the compiled
-``context``/``iterator`` ctx models (or a pipeline source's compiled stages: the actions'
-outputs) and, written here after they are all built, the ``genai_config.json`` of type
-``decoder-pipeline`` (relative file names) and the source's other files genai needs
-(tokenizer, chat template, a pipeline's stages that run as they are), copied.
-
-Runs on every build that plans: a file is replaced, atomically, only when its bytes differ,
-so a config-only edit of the source rewrites the config and compiles nothing. The no-op
-fingerprint (``planning.noop``) stamps the source files and the package files and checks
-the package against ``package_plan``. Standard library only.
+``context``/``iterator`` ctx models (or a pipeline source's compiled stages: the compile
+actions' outputs) and the package action's (``kinds.package``): the ``genai_config.json``
+of type ``decoder-pipeline`` (relative file names) made here from the source's, and the
+source's other files genai needs (tokenizer, chat template, a pipeline's stages that run as
+they are), copied. Standard library only.
 """
 
 from __future__ import annotations
 
-import filecmp
 import json
 import os
 import posixpath
@@ -20,7 +15,6 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from epbuild._names import CTX_SUFFIX
-from epbuild.fs import atomic_copy, atomic_write_bytes
 from epbuild.llm.genai_config import CONTEXT, ITERATOR, pipeline_config, stages_config
 from epbuild.llm.source import GENAI_CONFIG, PIPELINE, static_stages
 from epbuild.manifest.model import Llm
@@ -94,31 +88,6 @@ def _stage_files(source: str, models: list[str]) -> list[str]:
     return found
 
 
-def write_package(
-    root: str,
-    llm: Llm,
-    out_dir: str,
-    provider: ProviderConfig,
-    file_options: Iterable[str],
-) -> list[str]:
-    """Write the config and copy the source's other files into ``out_dir`` (workspace-
-    relative); returns the workspace-relative paths it replaced."""
-    plan = package_plan(root, llm, provider, file_options)
-    written = []
-    config = os.path.join(root, out_dir, GENAI_CONFIG)
-    if not _same(config, plan.config):
-        atomic_write_bytes(config, plan.config)
-        written.append(posixpath.join(out_dir, GENAI_CONFIG))
-    for name, rel in plan.copies.items():
-        path = os.path.join(root, out_dir, name)
-        copied = os.path.join(root, rel)
-        if os.path.isfile(path) and filecmp.cmp(copied, path, shallow=False):
-            continue
-        atomic_copy(copied, path, durable=True)
-        written.append(posixpath.join(out_dir, name))
-    return written
-
-
 def source_files(root: str, llm: Llm) -> list[str]:
     """Workspace-relative paths of the source files ``package_plan`` reads (the config,
     the companions and a pipeline's copied stages), whether or not they exist now."""
@@ -156,11 +125,3 @@ def _companions(source: str, models: Iterable[str]) -> list[str]:
         and not name.endswith((".onnx", ".onnx.data", ".data"))
         and os.path.isfile(os.path.join(source, name))
     )
-
-
-def _same(path: str, data: bytes) -> bool:
-    try:
-        with open(path, "rb") as f:
-            return f.read() == data
-    except OSError:
-        return False

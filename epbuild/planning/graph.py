@@ -6,17 +6,24 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from epbuild.errors import UserError
-from epbuild.kinds.contract import GraphAction, registered_actions
+from epbuild.kinds.contract import GraphAction, kind_of, registered_actions
 from epbuild.manifest.model import Manifest
 from epbuild.planning.actions import Action, select
 
 
 def make_graph(manifest: Manifest, compiles: Sequence[Action]) -> list[GraphAction]:
-    """The actions of every kind: LLM preparations, the compiles, then those of kinds
-    added by ``kinds.contract.register``; in an order where each follows its dependencies."""
-    from epbuild.planning.llms import llm_preparations
+    """The actions of every kind: LLM preparations, the compiles, LLM packages, then
+    those of kinds added by ``kinds.contract.register``; each after its dependencies."""
+    from epbuild.planning.llms import llm_packages, llm_preparations
 
-    return ordered([*llm_preparations(manifest), *compiles, *registered_actions(manifest)])
+    return ordered(
+        [
+            *llm_preparations(manifest),
+            *compiles,
+            *llm_packages(manifest, compiles),
+            *registered_actions(manifest),
+        ]
+    )
 
 
 def ordered(actions: Sequence[GraphAction]) -> list[GraphAction]:
@@ -55,8 +62,9 @@ def ordered(actions: Sequence[GraphAction]) -> list[GraphAction]:
 
 
 def select_graph(actions: Sequence[GraphAction], selectors: Sequence[str]) -> list[GraphAction]:
-    """The actions ``selectors`` match (``actions.select``) and every action they depend
-    on, directly or not, in graph order."""
+    """The actions ``selectors`` match (``actions.select``), every action they depend on,
+    directly or not, and each action of a kind that ``follows`` whose dependencies are all
+    among them; in graph order."""
     if not selectors:
         return list(actions)
     by_id = {a.id: a for a in actions}
@@ -67,4 +75,7 @@ def select_graph(actions: Sequence[GraphAction], selectors: Sequence[str]) -> li
         if action_id not in chosen:
             chosen.add(action_id)
             todo.extend(by_id[action_id].deps)
+    for a in actions:  # graph order: what follows comes after what it follows
+        if a.deps and kind_of(a).follows and all(d in chosen for d in a.deps):
+            chosen.add(a.id)
     return [a for a in actions if a.id in chosen]

@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import os
 import posixpath
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, NamedTuple
 
 from epbuild.errors import ModelError
+from epbuild.kinds.package import PackageAction
 from epbuild.kinds.prepare import PrepareAction, prepare_action
 from epbuild.llm.prepare import AFFINITY, STAGES, write_affinity
 from epbuild.llm.source import DECODER, static_stages
@@ -187,7 +188,22 @@ class PackageTarget:
     actions: tuple[Action, ...]
 
 
-def package_targets(manifest: Manifest, actions: list[Action]) -> list[PackageTarget]:
+def llm_packages(manifest: Manifest, compiles: Sequence[Action]) -> list[PackageAction]:
+    """The package action of each LLM × provider whose graphs all compile (``compiles``:
+    every compile action of the manifest), after them."""
+    return [
+        PackageAction(
+            f"{t.llm.name}/{t.provider.name}/package",
+            t.llm,
+            t.provider,
+            t.out_dir,
+            tuple(a.id for a in t.actions),
+        )
+        for t in package_targets(manifest, compiles)
+    ]
+
+
+def package_targets(manifest: Manifest, actions: Sequence[Action]) -> list[PackageTarget]:
     """The packages whose graphs are all among ``actions`` (a selection of some of an LLM's
     graphs makes no package), sorted by LLM and provider."""
     found: dict[tuple[str, str], list[Action]] = {}

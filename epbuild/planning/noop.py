@@ -211,47 +211,12 @@ def _stamp_toolchain(
 def _stamp_llms(
     ws: Workspace, files: dict[str, list[int] | None], dirs: dict[str, list[int] | None]
 ) -> bool:
-    """Stamp each LLM package's source (its folder's listing, genai_config.json, the files
-    copied from it) and then the package's own files, each of which must hold what the
-    source makes now (``llm.package``): a package a killed or concurrent build left half
-    written, or one an edit of the source has not reached, is never vouched for (the copies
-    are compared by digest, the config by its bytes as the source makes it now). The ONNX
-    sources and prepared graphs are action inputs (``_stamp_plans``)."""
-    import hashlib
-
-    from epbuild.llm.package import package_plan, source_files
-    from epbuild.llm.source import GENAI_CONFIG
-    from epbuild.planning.llms import package_targets
-    from epbuild.providers import get_provider
-
-    for target in package_targets(ws.manifest, ws.actions):
-        llm = target.llm
+    """Stamp each LLM's source folder (its listing: a new tokenizer or template file joins
+    the package). The source files, prepared graphs and package files are the inputs and
+    outputs of the graph's actions (``_stamp_plans``)."""
+    for llm in ws.manifest.llms.values():
         dirs[llm.source] = _dir_stamp(os.path.join(ws.root, llm.source))
-        try:
-            sources = {rel: _stamp_trusted(ws, rel, files) for rel in source_files(ws.root, llm)}
-            adapter = get_provider(target.provider.ep)
-            plan = package_plan(ws.root, llm, target.provider, adapter.file_options)
-            expected: dict[str, str | None] = {
-                GENAI_CONFIG: hashlib.sha256(plan.config).hexdigest()
-            }
-            expected.update({name: sources.get(rel) for name, rel in plan.copies.items()})
-            for name, digest in expected.items():
-                rel = f"{target.out_dir}/{name}"
-                if digest is None or _stamp_trusted(ws, rel, files) != digest:
-                    return False
-        except (OSError, ValueError):
-            return False
     return True
-
-
-def _stamp_trusted(ws: Workspace, rel: str, files: dict[str, list[int] | None]) -> str | None:
-    """Stamp ``rel`` with the stat its digest was taken at and return the digest; None when
-    the stat cache does not trust it (too fresh: a racy mtime)."""
-    entry = ws.stats.digest(ws.root, rel)
-    if entry not in (ws.stats.dirty.get(rel), ws.stats.entries.get(rel)):
-        return None
-    files[rel] = [entry.ino, entry.size, entry.mtime_ns]
-    return entry.digest
 
 
 def _still_current(ws: Workspace) -> bool:

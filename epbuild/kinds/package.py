@@ -1,0 +1,178 @@
+"""The package kind: an ``[llms]`` entry's genai package for one provider, written as an
+action of the graph after the LLM's compiles (which it depends on). Its outputs are the
+``genai_config.json`` made from the source's (``decoder-pipeline``, relative file names)
+and the source files genai needs beside the ctx models (tokenizer, chat template, a
+pipeline's CPU stages), each recorded by digest like a compile's outputs: ``status`` names
+an edited or missing package file, ``build`` writes it again, a package that cannot be
+written is a failed action. Its key is the digest of the config it writes and of each file
+it copies, so an edit of the source config rewrites the package and compiles nothing.
+
+It runs inline (in the building process: it only writes a small file and copies others),
+not in a worker.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import posixpath
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from epbuild.errors import ModelError, UserError, VerificationError
+from epbuild.executors.job import KindJob
+from epbuild.kinds.contract import RunContext
+from epbuild.manifest.model import Llm
+from epbuild.planning.keys import ActionKey, KeyComputer
+from epbuild.providers.contract import ProviderConfig
+
+if TYPE_CHECKING:
+    from epbuild.executors.job import AnyJob
+    from epbuild.onnx.context import Problem
+    from epbuild.toolchains.spec import ToolchainSpec
+
+PACKAGE_FORMAT = 1
+"""Bump when the same source makes another package."""
+
+
+@dataclass(frozen=True)
+class PackageAction:
+    """One LLM × provider genai package."""
+
+    id: str
+    llm: Llm
+    provider: ProviderConfig
+    out_dir: str
+    """``<out_dir>/<llm>/<provider>``: beside the ctx models."""
+    deps: tuple[str, ...] = ()
+
+    @property
+    def kind(self) -> str:
+        return "package"
+
+    @property
+    def slug(self) -> str:
+        return hashlib.sha256(self.id.encode()).hexdigest()[:16]
+
+    @property
+    def group_name(self) -> str:
+        return self.llm.name
+
+    @property
+    def provider_name(self) -> str:
+        return self.provider.name
+
+    @property
+    def toolchain(self) -> ToolchainSpec | None:
+        return None
+
+
+class PackageKind:
+    """``Kind`` of the LLM packages (``PackageAction``)."""
+
+    name = "package"
+    past = "packaged"
+    follows = True
+
+    def key(self, action: PackageAction, keys: KeyComputer, *, fresh: bool) -> ActionKey:
+        plan = _plan(keys.root, action)
+        copies: dict[str, str] = {}
+        for name, rel in plan.copies.items():
+            try:
+                copies[name] = keys.stats.digest(keys.root, rel).digest
+            except OSError as exc:
+                raise ModelError(
+                    f"{rel}: cannot read the file the package copies ({exc.strerror})",
+                    hint=f"restore it, or remove it from {action.llm.source}",
+                ) from exc
+        components: dict[str, Any] = {
+            "kind": self.name,
+            "format": PACKAGE_FORMAT,
+            "config": hashlib.sha256(plan.config).hexdigest(),
+            "copies": copies,
+        }
+        from epbuild.llm.source import GENAI_CONFIG
+
+        config = posixpath.join(action.llm.source, GENAI_CONFIG)
+        try:  # an input too: the no-op path stamps it (read just now by ``_plan``)
+            inputs = {config: keys.stats.digest(keys.root, config).digest}
+        except OSError as exc:
+            raise ModelError(f"{config}: cannot read ({exc.strerror})") from exc
+        inputs.update({plan.copies[n]: d for n, d in copies.items()})
+        blob = json.dumps(components, sort_keys=True, separators=(",", ":")).encode()
+        return ActionKey(hashlib.sha256(blob).hexdigest(), components, inputs)
+
+    def refuse(self, action: PackageAction, key: ActionKey, keys: KeyComputer) -> UserError | None:
+        return None
+
+    def job(
+        self, action: PackageAction, key: ActionKey, staging: str, ctx: RunContext
+    ) -> tuple[AnyJob, list[str]]:
+        plan = _plan(ctx.root, action)
+        payload = {"config": plan.config.decode(), "copies": plan.copies}
+        job = KindJob(action.id, self.name, "epbuild.kinds.package:run", staging, payload,
+                      dict(key.inputs), inline=True)  # fmt: skip
+        return job, []
+
+    def check(
+        self, action: PackageAction, staging: str, ctx: RunContext
+    ) -> tuple[list[str], list[Problem]]:
+        """Exactly the config and the copies were staged."""
+        from epbuild.llm.source import GENAI_CONFIG
+        from epbuild.onnx.staged import staged_names
+
+        names = staged_names(ctx.root, staging)
+        wanted = sorted({GENAI_CONFIG, *_plan(ctx.root, action).copies})
+        if names != wanted:
+            missing = sorted(set(wanted) - set(names))
+            what = f"{missing[0]} was not written" if missing else f"{names} were staged"
+            raise VerificationError(f"package of {action.id}: {what}")
+        return names, []
+
+    def problems(self, action: PackageAction, result: Mapping[str, Any]) -> list[Problem]:
+        return []
+
+    def waits_note(self, action: PackageAction) -> str:
+        return f"{action.id} is stale: planned again once it has run"
+
+
+def _plan(root: str, action: PackageAction) -> Any:
+    """``package_plan`` of the action; a source config it cannot use is a ``ModelError``
+    naming the file."""
+    from epbuild.llm.package import package_plan
+    from epbuild.llm.source import GENAI_CONFIG
+    from epbuild.providers import get_provider
+
+    adapter = get_provider(action.provider.ep)
+    try:
+        return package_plan(root, action.llm, action.provider, adapter.file_options)
+    except OSError as exc:
+        raise ModelError(
+            f"{action.llm.source}/{GENAI_CONFIG}: cannot read ({exc.strerror})",
+            hint="restore the LLM's source folder",
+        ) from exc
+    except (ValueError, KeyError, TypeError, AttributeError, RecursionError) as exc:
+        raise ModelError(
+            f"{action.llm.source}/{GENAI_CONFIG}: the package cannot be made from it ({exc})",
+            hint="fix the source's genai_config.json (as genai's model builder writes it)",
+        ) from exc
+
+
+def run(job: KindJob, root: str) -> dict[str, Any]:
+    """Write the config and copy the source files into the staging directory."""
+    from epbuild.fs import atomic_copy, atomic_write_bytes
+    from epbuild.llm.source import GENAI_CONFIG
+
+    t0 = time.perf_counter()
+    staging = os.path.join(root, job.staging)
+    atomic_write_bytes(os.path.join(staging, GENAI_CONFIG), str(job.payload["config"]).encode())
+    copies: Mapping[str, str] = job.payload["copies"]
+    for name, rel in copies.items():
+        atomic_copy(os.path.join(root, rel), os.path.join(staging, name), durable=False)
+    return {"seconds": time.perf_counter() - t0, "detail": {}, "versions": {}}
+
+
+PACKAGE = PackageKind()
