@@ -228,3 +228,27 @@ def test_cache_entries_and_journal_records_share_one_record_and_codec() -> None:
            "outputs": {"m_ctx.onnx": {"size": 3, "digest": digest}}, "seconds": 1.0,
            "peak_rss": 0, "detail": {}, "created": 50.0}  # fmt: skip
     assert parse_entry(json.dumps(old).encode(), record.key).at == 50.0
+
+
+def test_an_edited_or_missing_package_file_is_named_refused_and_repaired(
+    workspace: Workspace,
+) -> None:
+    workspace.llm()
+    assert workspace.cli("build").returncode == 0
+    out = workspace.root / "build" / "chat" / "htp-v73"
+    good = (out / "genai_config.json").read_bytes()
+    (out / "genai_config.json").write_text(good.decode().replace('"top_k"', '"top_p"'))
+    (out / "tokenizer.json").unlink()
+    status = workspace.cli("status").stdout
+    assert "stale       chat/htp-v73/package" in status
+    assert "output build/chat/htp-v73/genai_config.json was modified" in status
+    assert "output build/chat/htp-v73/tokenizer.json is missing" in status
+    verify = workspace.cli("verify")
+    assert verify.returncode == 1
+    assert "genai_config.json: content does not match the digest" in verify.stdout
+    package = workspace.cli("package", "-o", "dist")
+    assert package.returncode != 0 and "chat/htp-v73/package" in package.stderr
+    assert not (workspace.root / "dist").exists()
+    repaired = workspace.cli("build", "--json")
+    assert _summary(repaired)["packaged"] == 1 and _summary(repaired)["compiled"] == 0
+    assert (out / "genai_config.json").read_bytes() == good and (out / "tokenizer.json").is_file()

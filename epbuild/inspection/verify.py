@@ -26,6 +26,7 @@ from epbuild.inspection.generation import (
 from epbuild.inspection.loading import LoadCheck, LoadOutcome, load_check
 from epbuild.inspection.numerics import NumericsCheck, Store, check_action
 from epbuild.inspection.ortcompat import OrtCompatibility, ort_compatibility
+from epbuild.kinds.contract import GraphAction
 from epbuild.onnx.context import (
     COMPAT_PREFIX,
     LazySourceText,
@@ -161,22 +162,13 @@ def _check_actions(
     the loads of its ctx models there."""
     machine = machine_paths(ws.root)
     loads: list[Future[LoadCheck]] = []
+    for other in ws.graph:  # an LLM's preparation and package: their outputs' digests
+        if not isinstance(other, Action):
+            _check_record(ws, other, result)
     for action in ws.actions:
-        rec = ws.state.records.get(action.id)
-        if rec is None or action.id in ws.state.interrupted:
-            damage = ws.state.damaged.get(action.id)
-            what = "was interrupted" if rec else "has not been built"
-            what = f"is stale: {damage.reason()}" if damage else what
-            result.problems.append(
-                Problem(action.out_dir, f"action {action.id} {what}; run 'epbuild build'")
-            )
+        changed = _check_record(ws, action, result)
+        if changed is None:
             continue
-        changed = _check_outputs(
-            ws, {p: (o.size, o.digest) for p, o in rec.outputs.items()}, result
-        )
-        warning = record_damage(ws, action.id, changed, "verify")
-        if warning is not None:
-            result.problems.append(Problem(action.out_dir, warning, severity=Severity.WARNING))
         toolchain = _toolchain(ws, action)
         # The adapter's view of the EP (its package, the metadata it writes) is the
         # toolchain's, for a provider that has one.
@@ -195,6 +187,27 @@ def _check_actions(
             if store is not None and not changed:
                 result.numerics.extend(check_action(ws, action, toolchain, store))
     return loads
+
+
+def _check_record(
+    ws: Workspace, action: GraphAction, result: VerifyResult
+) -> dict[str, str] | None:
+    """Check an action's recorded outputs against their digests into ``result``: the
+    outputs found changed (recorded as damaged), or None when it has no complete record."""
+    rec = ws.state.records.get(action.id)
+    if rec is None or action.id in ws.state.interrupted:
+        damage = ws.state.damaged.get(action.id)
+        what = "was interrupted" if rec else "has not been built"
+        what = f"is stale: {damage.reason()}" if damage else what
+        result.problems.append(
+            Problem(action.out_dir, f"action {action.id} {what}; run 'epbuild build'")
+        )
+        return None
+    changed = _check_outputs(ws, {p: (o.size, o.digest) for p, o in rec.outputs.items()}, result)
+    warning = record_damage(ws, action.id, changed, "verify")
+    if warning is not None:
+        result.problems.append(Problem(action.out_dir, warning, severity=Severity.WARNING))
+    return changed
 
 
 def _toolchain(ws: Workspace, action: Action) -> Toolchain | str | None:

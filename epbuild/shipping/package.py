@@ -18,6 +18,7 @@ from epbuild.shipping.contents import DEPLOY_NAME, Contents, PackagedFile, packa
 from epbuild.shipping.writer import WriteStats, write_package
 
 if TYPE_CHECKING:
+    from epbuild.manifest.model import Llm
     from epbuild.planning.workspace import Workspace
 
 
@@ -107,7 +108,8 @@ def _refuse_stale(ws: Workspace) -> None:
     """``OutOfDateError`` naming every selected action that is not up to date."""
     from epbuild.planning.staleness import make_plan
 
-    stale = [p for p in make_plan(ws.actions, ws.state, ws.keys, ws.stats, ws.root) if p.stale]
+    plans = make_plan(ws.graph, ws.state, ws.keys, ws.stats, ws.root)  # packages' too
+    stale = [p for p in plans if p.stale]
     if stale:
         listed = "; ".join(
             f"{p.action.id} ({p.reasons[0] if p.reasons else 'stale'})" for p in stale
@@ -118,12 +120,33 @@ def _refuse_stale(ws: Workspace) -> None:
         )
 
 
+def _package_files(ws: Workspace, llm: Llm, folder: str) -> dict[str, tuple[int, str]]:
+    """The files of an LLM package: as its package action recorded them (size, digest),
+    else (a selection without every graph of the LLM) as they are now."""
+    from epbuild.fs import digest_file
+    from epbuild.llm.package import package_files
+
+    ids = [a.id for a in ws.graph if a.kind == "package" and a.out_dir == folder]
+    rec = ws.state.records.get(ids[0]) if ids else None
+    if rec is not None:
+        return {rel: (o.size, o.digest) for rel, o in sorted(rec.outputs.items())}
+    found: dict[str, tuple[int, str]] = {}
+    for rel in package_files(ws.root, llm, folder):
+        try:
+            digest = digest_file(os.path.join(ws.root, rel))
+        except OSError as exc:
+            raise OutOfDateError(
+                f"{rel}: the LLM package file is missing ({exc.strerror})",
+                hint="run 'epbuild build' first, or 'epbuild package --build'",
+            ) from exc
+        found[rel] = (digest.size, digest.sha256)
+    return found
+
+
 def _add_llm_packages(ws: Workspace, contents: Contents) -> None:
     """Each selected LLM × provider's genai files (config, tokenizer: written by the build,
     outputs of no action) join the package beside its ctx models, and the deployment
     manifest lists the genai folders under ``llms``."""
-    from epbuild.fs import digest_file
-    from epbuild.llm.package import package_files
     from epbuild.planning.llms import LlmGroup
 
     out_dir = ws.manifest.workspace.out_dir
@@ -132,16 +155,9 @@ def _add_llm_packages(ws: Workspace, contents: Contents) -> None:
         if not isinstance(action.group, LlmGroup) or action.out_dir in seen:
             continue
         llm = ws.manifest.llms[action.group.name]
-        for rel in package_files(ws.root, llm, action.out_dir):
-            try:
-                digest = digest_file(os.path.join(ws.root, rel))
-            except OSError as exc:
-                raise OutOfDateError(
-                    f"{rel}: the LLM package file is missing ({exc.strerror})",
-                    hint="run 'epbuild build' first, or 'epbuild package --build'",
-                ) from exc
+        for rel, (size, sha256) in _package_files(ws, llm, action.out_dir).items():
             path = posixpath.relpath(rel, out_dir)
-            contents.files.append(PackagedFile(path, rel, digest.size, digest.sha256))
+            contents.files.append(PackagedFile(path, rel, size, sha256))
         folder = posixpath.relpath(action.out_dir, out_dir)
         seen[action.out_dir] = {
             "name": llm.name,
