@@ -36,6 +36,7 @@ if TYPE_CHECKING:
     from epbuild.engine.trace import Tracer
     from epbuild.executors.local import Executor
     from epbuild.manifest.model import Manifest
+    from epbuild.state.journal import State
 
 
 __all__ = [
@@ -83,7 +84,8 @@ def status(
             explain_plans(cached, plans)
     _save_stats_if_possible(ws)
     orphans = [] if selectors else orphaned_actions(ws)
-    return StatusResult([ActionStatus.from_plan(p) for p in plans], orphans, lock_notes)
+    held = sum(orphaned_files(ws, ws.state).values()) if orphans else 0
+    return StatusResult([ActionStatus.from_plan(p) for p in plans], orphans, lock_notes, held)
 
 
 def _lock_notes(ws: Workspace) -> list[str]:
@@ -356,32 +358,83 @@ def orphaned(
     return orphaned_actions(open_workspace(directory, manifest))
 
 
+def orphaned_files(ws: Workspace, state: State) -> dict[str, int]:
+    """The outputs of orphaned actions that no action of the manifest owns (its record
+    does not list them), with their sizes: what ``clean --orphaned`` removes."""
+    orphans = set(orphaned_actions(ws))
+    live = {p for i, rec in state.records.items() if i not in orphans for p in rec.outputs}
+    found: dict[str, int] = {}
+    for action_id in sorted(orphans):
+        for rel in state.records[action_id].outputs:
+            if rel not in live and rel not in found:
+                try:
+                    found[rel] = os.lstat(os.path.join(ws.root, rel)).st_size
+                except OSError:
+                    continue
+    return found
+
+
 def clean(
     directory: str | os.PathLike[str] = ".",
     manifest: str | os.PathLike[str] | None = None,
     selectors: list[str] | tuple[str, ...] = (),
+    *,
+    orphaned: bool = False,
 ) -> list[str]:
-    """Remove the selected actions' outputs and records; returns the removed paths."""
+    """Remove the selected actions' outputs and records; returns the removed paths.
+    ``orphaned``: remove only what actions no longer in the manifest left, and no action of
+    the manifest owns (ninja's ``cleandead``), and forget those actions."""
+    from epbuild.errors import UserError
+
+    if orphaned and selectors:
+        raise UserError(
+            "clean --orphaned takes no selectors: it removes what no action of the manifest owns",
+            hint="run 'epbuild clean --orphaned', or 'epbuild clean SELECTOR'",
+        )
     ws = open_workspace(directory, manifest, selectors)
     removed: list[str] = []
     if not os.path.isdir(ws.state_dir):
         return removed
     with locks.hold(ws.state_lock, "epbuild clean"):
         state = ws.reload_state()
-        ids = [a.id for a in ws.graph]
-        if not selectors:  # also what earlier manifests built and this one no longer has
-            ids += orphaned_actions(ws)
-        outputs = {i: list(state.records[i].outputs) if i in state.records else [] for i in ids}
-        outputs["llm packages"] = _llm_package_files(ws)
-        for paths in outputs.values():  # refuse before deleting anything
-            for rel in paths:
-                check_removable(ws.root, _owning_dir(ws, rel), [rel])
-        for action_id, paths in outputs.items():
-            removed += _unlink_existing(ws.root, paths)
-            if action_id in state.records or action_id in state.interrupted:
-                ws.journal.forget(action_id)
-        clean_stale_staging(ws.root, ws.manifest.workspace.out_dir)
+        clean_one = (
+            _clean_orphaned if orphaned else functools.partial(_clean_actions, selectors=selectors)
+        )
+        removed = clean_one(ws, state)
     _remove_emptied_dirs(ws.root, ws.manifest.workspace.out_dir, removed)
+    return removed
+
+
+def _clean_orphaned(ws: Workspace, state: State) -> list[str]:
+    """Under the state lock: remove the orphaned outputs nothing owns, forget the orphans."""
+    files = sorted(orphaned_files(ws, state))
+    for rel in files:  # refuse before deleting anything
+        check_removable(ws.root, _owning_dir(ws, rel), [rel])
+    removed = _unlink_existing(ws.root, files)
+    for action_id in orphaned_actions(ws):
+        ws.journal.forget(action_id)
+    return removed
+
+
+def _clean_actions(
+    ws: Workspace, state: State, selectors: list[str] | tuple[str, ...]
+) -> list[str]:
+    """Under the state lock: remove the selected actions' outputs (all, and the orphans',
+    without selectors) and forget them."""
+    removed: list[str] = []
+    ids = [a.id for a in ws.graph]
+    if not selectors:  # also what earlier manifests built and this one no longer has
+        ids += orphaned_actions(ws)
+    outputs = {i: list(state.records[i].outputs) if i in state.records else [] for i in ids}
+    outputs["llm packages"] = _llm_package_files(ws)
+    for paths in outputs.values():  # refuse before deleting anything
+        for rel in paths:
+            check_removable(ws.root, _owning_dir(ws, rel), [rel])
+    for action_id, paths in outputs.items():
+        removed += _unlink_existing(ws.root, paths)
+        if action_id in state.records or action_id in state.interrupted:
+            ws.journal.forget(action_id)
+    clean_stale_staging(ws.root, ws.manifest.workspace.out_dir)
     return removed
 
 

@@ -172,12 +172,16 @@ class StatusResult:
     """Ids of built actions no longer in the manifest (only listed without selectors)."""
     lock: list[str] = field(default_factory=list)
     """Why ``epbuild.lock`` is out of date with the manifest (empty: current, or none)."""
+    orphaned_bytes: int = 0
+    """Bytes of the orphaned actions' outputs that no action of the manifest owns (what
+    ``clean --orphaned`` removes)."""
 
     def to_json(self) -> dict[str, Any]:
         """The ``status --json`` document."""
         return {
             "actions": [a.to_json() for a in self.actions],
             "orphaned": self.orphaned,
+            "orphaned_bytes": self.orphaned_bytes,
             "lock": self.lock,
         }
 

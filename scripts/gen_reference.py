@@ -368,11 +368,13 @@ JSON_KEYS: dict[str, str] = {
     "`--numerics` also `numerics`",
     "status": '`actions` (`[{"id", "group", "provider", "stale", "reasons", "key", "kind", '
     '"deps", ...}]`), '
-    "`orphaned` (ids no longer in the manifest): `epbuild.status(...)`'s `StatusResult`; "
+    "`orphaned` (ids no longer in the manifest), `orphaned_bytes` (what their outputs that "
+    "no action owns hold: `clean --orphaned` removes them): `epbuild.status(...)`'s "
+    "`StatusResult`; "
     "with `--detail`, `actions` holds each action's coverage, sizes, time and memory",
     "init": "`path` (the manifest written), `groups`, `skipped`",
     "add": "`path`, `written` (false when nothing changed), `changes`, `notes`",
-    "clean": "`removed` (the action ids whose outputs were removed)",
+    "clean": "`removed` (the workspace-relative files removed)",
     "report": "`path` (the HTML page), `actions` (how many it shows)",
     "verify": '`checked`, `problems` (`[{"file", "message", "node", "attribute", '
     '"severity"}]`), '

@@ -252,3 +252,26 @@ def test_an_edited_or_missing_package_file_is_named_refused_and_repaired(
     repaired = workspace.cli("build", "--json")
     assert _summary(repaired)["packaged"] == 1 and _summary(repaired)["compiled"] == 0
     assert (out / "genai_config.json").read_bytes() == good and (out / "tokenizer.json").is_file()
+
+
+def test_clean_orphaned_removes_only_what_no_action_owns(workspace: Workspace) -> None:
+    """Switching an LLM to share_weights leaves the iterator's binary behind, referenced by
+    nothing: status says how much it holds, clean --orphaned removes it and nothing else."""
+    workspace.llm(share=False)
+    assert workspace.cli("build").returncode == 0
+    out = workspace.root / "build" / "chat" / "htp-v73"
+    left = out / "iterator_ctx_qnn.bin"
+    workspace.llm(share=True)
+    assert workspace.cli("build").returncode == 0
+    before = sorted(p.name for p in out.iterdir())
+    doc = workspace.cli_json("status")
+    assert doc["orphaned"] == ["chat/htp-v73/context", "chat/htp-v73/iterator"]
+    assert doc["orphaned_bytes"] == left.stat().st_size > 0
+    assert "'epbuild clean --orphaned' removes them" in workspace.cli("status").stdout
+    assert workspace.cli("clean", "--orphaned", "chat").returncode == 2  # no selectors
+    removed = workspace.cli_json("clean", "--orphaned")["removed"]
+    assert removed == ["build/chat/htp-v73/iterator_ctx_qnn.bin"]
+    assert sorted(p.name for p in out.iterdir()) == sorted(set(before) - {left.name})
+    after = workspace.cli_json("status")
+    assert after["orphaned"] == [] and after["orphaned_bytes"] == 0
+    assert all(not a["stale"] for a in after["actions"])

@@ -58,7 +58,7 @@ def _status(args: argparse.Namespace) -> int:
 def _clean(args: argparse.Namespace) -> int:
     from epbuild.api import clean
 
-    removed = clean(args.directory, args.manifest, args.selectors)
+    removed = clean(args.directory, args.manifest, args.selectors, orphaned=args.orphaned)
     if args.json:
         print_json({"removed": list(removed)}, command="clean")
     else:

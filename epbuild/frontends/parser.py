@@ -282,6 +282,12 @@ def _clean(sub: _Commands) -> None:
     selectors(c)
     json_flag(c)
     lock_timeout(c)
+    c.add_argument(
+        "--orphaned",
+        action="store_true",
+        help="remove only the outputs of actions no longer in the manifest that no current "
+        "action owns (a binary left by switching share_weights), and forget those actions",
+    )
 
 
 def _cache(sub: _Commands) -> None:

@@ -39,6 +39,13 @@ def status_lines(result: StatusResult) -> Iterator[str]:
     for action_id in result.orphaned:
         yield f"orphaned    {action_id}"
         yield "              - no longer in the manifest; 'epbuild clean' removes its outputs"
+    if result.orphaned_bytes:
+        from epbuild.engine.memory import format_bytes
+
+        yield (
+            f"orphaned    {format_bytes(result.orphaned_bytes)} of outputs no action of the "
+            "manifest owns; 'epbuild clean --orphaned' removes them and nothing else"
+        )
     for note in result.lock:
         yield f"lock        {note} (epbuild lock writes it again)"
 
