@@ -33,7 +33,9 @@ import pytest
 
 from epbuild._names import tomllib
 from epbuild.errors import EpbuildError
+from epbuild.manifest.init import STARTER
 from epbuild.manifest.load import load_manifest
+from epbuild.providers.qnn import WELL_KNOWN_TARGETS, chip_of, pairing_problem
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = sorted(
@@ -221,6 +223,150 @@ def test_a_misspelt_option_in_a_snippet_fails_the_check() -> None:
     bad = Snippet(ROOT, 0, "sh", "epbuild build --jobz 2\n", "")
     with pytest.raises(pytest.fail.Exception, match="--jobz"):
         test_shell_snippet_commands_parse(bad)
+
+
+# --- QNN targets agree with the chip table ------------------------------------------------
+
+_MANIFESTS = sorted((ROOT / "examples").rglob("*.toml"))
+_HEADER = re.compile(r"^\s*\[")
+_CHIPS = {
+    t.title.split(" (")[0].removeprefix("Snapdragon "): t for t in WELL_KNOWN_TARGETS.values()
+}
+_PARTS = {t.title.split("(")[-1].rstrip(")").lower(): t for t in WELL_KNOWN_TARGETS.values()}
+_CHIP = re.compile(
+    r"(?<![\w+])("
+    + "|".join(re.escape(n) for n in sorted([*_CHIPS, *_PARTS], key=len, reverse=True))
+    + r")(?![\w+])",
+    re.I,
+)
+_OPTION_PAIR = re.compile(r"htp_arch=\D?(\d+)\D?\s+--option\s+soc_model=\D?(\d+)")
+
+
+def _chips_named(comment: str) -> set[str]:
+    """The soc_model of every chip of the table a comment names (marketing or part name)."""
+    found = set()
+    for name in _CHIP.findall(comment):
+        chip = _PARTS.get(name.lower()) or next(
+            t for n, t in _CHIPS.items() if n.lower() == name.lower()
+        )
+        found.add(chip.soc_model)
+    return found
+
+
+def _comment(line: str) -> str:
+    """The comment of a TOML line (a ``#`` inside a string is not one)."""
+    code = re.sub(r'"[^"]*"', '""', line)
+    return code.split("#", 1)[1] if "#" in code else ""
+
+
+def _targets(body: str, key: str) -> list[str]:
+    m = re.search(key + r'\s*=\s*"([\d, ]+)"', body)
+    return [x.strip() for x in m.group(1).split(",")] if m else []
+
+
+def target_problems(text: str) -> list[str]:
+    """What in a manifest's text the chip table contradicts: an htp_arch paired with another
+    chip's soc_model; a comment in a table naming a chip whose soc_model is not the
+    table's, or outside any table naming a chip no table of the text targets; an "HTP vNN"
+    comment on a table with another htp_arch."""
+    sections: list[list[str]] = [[]]
+    for line in text.splitlines():
+        if _HEADER.match(line) and sections[-1]:
+            sections.append([])
+        sections[-1].append(line)
+    problems: list[str] = []
+    every_soc: set[str] = set()
+    loose: list[tuple[str, set[str]]] = []
+    for lines in sections:
+        where, body = lines[0].strip(), "\n".join(lines)
+        comments = " ".join(_comment(x) for x in lines)
+        archs, socs = _targets(body, "htp_arch"), _targets(body, "soc_model")
+        for arch, soc in zip(archs, socs, strict=False):
+            if problem := pairing_problem(arch, soc):
+                problems.append(f"{where}: {problem}")
+        named = _chips_named(comments)
+        if not socs:
+            loose += [(where, named)] if named else []
+            continue
+        every_soc |= set(socs)
+        for soc in sorted(named - set(socs), key=int):
+            problems.append(f"{where}: a comment names the {_title(soc)} (soc_model {soc}); "
+                            f"the table sets soc_model {','.join(socs)}")  # fmt: skip
+        for arch in sorted(set(re.findall(r"HTP v(\d+)", comments)) - set(archs or [])):
+            problems.append(f"{where}: a comment says HTP v{arch}, htp_arch is {archs}")
+    for where, named in loose:
+        for soc in sorted(named - every_soc, key=int) if every_soc else []:
+            problems.append(f"{where}: a comment names the {_title(soc)} (soc_model {soc}), "
+                            "which no table here targets")  # fmt: skip
+    return problems
+
+
+def _title(soc: str) -> str:
+    chip = chip_of(soc)
+    assert chip is not None
+    return chip.title
+
+
+@pytest.mark.parametrize(
+    "source",
+    [*TOML, *_MANIFESTS],
+    ids=[*_ids(TOML), *(str(p.relative_to(ROOT)) for p in _MANIFESTS)],
+)
+def test_targets_agree_with_the_chip_table(source: Snippet | Path) -> None:
+    if isinstance(source, Path):
+        text, where = source.read_text(encoding="utf-8"), str(source.relative_to(ROOT))
+    else:
+        text, where = source.text, source.where
+        if source.mark.startswith("error "):
+            return  # a deliberate mistake, which the loader must refuse (above)
+    assert target_problems(text) == [], where
+
+
+def test_the_starter_manifest_and_every_option_pair_agree_with_the_chip_table() -> None:
+    """init's starter manifest, and each ``--option htp_arch=N --option soc_model=M`` in the
+    docs, the examples and epbuild's own hints."""
+    assert target_problems(STARTER) == []
+    files = [*DOCS, *(ROOT / "epbuild").rglob("*.py"), *(ROOT / "examples").rglob("*.md")]
+    pairs = [
+        (f.relative_to(ROOT), arch, soc)
+        for f in files
+        for arch, soc in _OPTION_PAIR.findall(f.read_text(encoding="utf-8"))
+    ]
+    assert len(pairs) >= 3
+    for where, arch, soc in pairs:
+        assert pairing_problem(arch, soc) is None, (where, pairing_problem(arch, soc))
+
+
+def test_the_target_page_lists_every_chip_epbuild_knows() -> None:
+    page = (ROOT / "docs" / "guides" / "targets.md").read_text(encoding="utf-8")
+    rows = set(re.findall(r"^\| `([\w-]+)` \| (.+?) \| (\d+) \| (\d+) \|$", page, re.M))
+    table = {(n, t.title, t.htp_arch, t.soc_model) for n, t in WELL_KNOWN_TARGETS.items()}
+    assert rows == table, "docs/guides/targets.md: the chip table differs from WELL_KNOWN_TARGETS"
+
+
+def test_the_target_check_finds_what_the_examples_once_said() -> None:
+    """The pairings and comments this check was written for, as they were."""
+    wrong_pair = (
+        "[providers.htp-v75]                    # e.g. Snapdragon 8 Gen 3\n"
+        'ep = "qnn"\noptions = { htp_arch = "75", soc_model = "69" }\n'
+    )
+    pairing, comment = target_problems(wrong_pair)
+    assert "Snapdragon 8 Elite" in pairing and "HTP v79" in pairing
+    assert "Snapdragon 8 Gen 3" in comment and "soc_model 57" in comment
+    wrong_comment = (
+        "[providers.htp-v73]  # a compile target: Snapdragon 8 Gen 2 / X Elite class\n"
+        'ep = "qnn"\noptions = { htp_arch = "73", soc_model = "60" }\n'
+    )
+    (problem,) = target_problems(wrong_comment)
+    assert "Snapdragon 8 Gen 2" in problem and "soc_model 43" in problem
+    assert target_problems(wrong_comment.replace("8 Gen 2 / ", "")) == []
+    part = '[providers.x]  # SM8650\noptions = { htp_arch = "73", soc_model = "60" }\n'
+    assert len(target_problems(part)) == 1
+    arch = '[providers.x]  # HTP v75\noptions = { htp_arch = "73", soc_model = "60" }\n'
+    assert len(target_problems(arch)) == 1
+    loose = '# for the 8 Elite\n[providers.x]\noptions = { htp_arch = "73", soc_model = "60" }\n'
+    assert len(target_problems(loose)) == 1
+    assert _OPTION_PAIR.findall("--option htp_arch=75 --option soc_model=69") == [("75", "69")]
 
 
 # --- JSON and whole files ----------------------------------------------------------------

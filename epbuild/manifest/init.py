@@ -22,8 +22,8 @@ STARTER = """\
 out_dir = "build"        # outputs, relative to this file
 # jobs = 2               # compiles at once (default: number of CPUs)
 
-# A named provider configuration: which EP, which target.
-[providers.htp-v73]
+# A named provider configuration: which EP, which target ('epbuild add target --list').
+[providers.htp-v73]      # Snapdragon X Elite (SC8380XP): HTP v73
 ep = "qnn"
 options = { htp_arch = "73", soc_model = "60" }
 # compiler = "session"   # default "compile_api" (onnxruntime >= 1.23): ModelCompiler
