@@ -15,6 +15,7 @@ The getting-started and CI commands run for real in the one slow test at the end
 
 from __future__ import annotations
 
+import ast
 import contextlib
 import io
 import json
@@ -202,6 +203,19 @@ def test_shell_snippet_commands_parse(snippet: Snippet) -> None:
                 parser.parse_args(args)
         except SystemExit:
             pytest.fail(f"{snippet.where}: epbuild {shlex.join(args)}: {err.getvalue().strip()}")
+
+
+def test_no_install_command_puts_flavours_that_clash_in_one_environment() -> None:
+    """``onnxruntime-gpu`` (the ``tensorrt`` extra) replaces the ``onnxruntime`` module that
+    ``onnxruntime-qnn`` plugs into: no command installs both."""
+    installs = [
+        (s.where, set(m.group(1).split(",")))
+        for s in SHELL
+        for m in re.finditer(r"pip install[^\n]*?\.\[([\w,-]+)\]", s.text)
+    ]
+    assert len(installs) >= 3
+    for where, extras in installs:
+        assert not {"qnn", "tensorrt"} <= extras, where
 
 
 def test_the_command_finder_finds_commands() -> None:
@@ -400,13 +414,44 @@ def _anchors(page: Path) -> set[str]:
     return set(re.findall(r"\{#([\w-]+)\}", text))
 
 
+_PAGE_URL = re.compile(r"""page_url\(\s*['"]([\w/-]+\.md)['"](?:,\s*['"]([\w-]+)['"])?\)""")
+
+
 def test_every_docs_link_in_a_hint_names_a_section_that_exists() -> None:
-    links = []
+    """Hints and --help name the site's pages (``page_url``), never a path in the
+    repository (a pip user has none): each page and anchor exists."""
+    links, repo_paths = [], []
     for path in (ROOT / "epbuild").rglob("*.py"):
-        links += re.findall(r"docs/([\w/-]+\.md)#([\w-]+)", path.read_text(encoding="utf-8"))
-    assert len(links) >= 5
+        text = path.read_text(encoding="utf-8")
+        links += _PAGE_URL.findall(text)
+        tree = ast.parse(text)
+        docs = {id(n.value) for n in ast.walk(tree) if isinstance(n, ast.Expr)}  # docstrings
+        for node in ast.walk(tree):  # the other string literals: what a user may read
+            if isinstance(node, ast.Constant) and isinstance(node.value, str):
+                if id(node) in docs:
+                    continue
+                if re.search(r"(?<![\w.])(docs|schemas)/[\w/-]+\.(md|json)", node.value):
+                    repo_paths.append((path.name, node.value[:80]))
+    assert len(links) >= 8
     for page, anchor in links:
-        assert anchor in _anchors(ROOT / "docs" / page), f"docs/{page}#{anchor}"
+        assert (ROOT / "docs" / page).is_file(), page
+        if anchor:
+            headings = _anchors(ROOT / "docs" / page)
+            headings |= set(
+                re.findall(r"^#+ `(epbuild[^`]*)`", (ROOT / "docs" / page).read_text(), re.M)
+            )
+            assert anchor in {h.replace(" ", "-") for h in headings}, f"{page}#{anchor}"
+    assert repo_paths == []
+
+
+def test_the_site_address_is_the_one_hints_use() -> None:
+    from epbuild.docsite import SITE_URL, page_url
+
+    config = (ROOT / "mkdocs.yml").read_text(encoding="utf-8")
+    assert re.search(r"^site_url: (\S+)$", config, re.M).group(1) == SITE_URL  # type: ignore[union-attr]
+    assert page_url("troubleshooting.md", "lock-waits") == SITE_URL + "troubleshooting/#lock-waits"
+    assert page_url("reference/cli.md") == SITE_URL + "reference/cli/"
+    assert page_url("index.md") == SITE_URL
 
 
 def test_qnn_mem_alloc_gets_a_hint_to_the_troubleshooting_page() -> None:
@@ -420,7 +465,7 @@ def test_qnn_mem_alloc_gets_a_hint_to_the_troubleshooting_page() -> None:
         "QNN_COMMON_ERROR_MEM_ALLOC"
     )
     failure = ort_failure(job, "models/llm.onnx", exc)  # type: ignore[arg-type]
-    assert failure.hint is not None and "docs/troubleshooting.md#qnn-mem-alloc" in failure.hint
+    assert failure.hint is not None and "troubleshooting/#qnn-mem-alloc" in failure.hint
     assert ort_failure(job, "m.onnx", RuntimeError("other")).hint is None  # type: ignore[arg-type]
 
 
@@ -515,6 +560,81 @@ def test_python_snippet_parses_and_names_what_exists(snippet: Snippet) -> None:
             and node.value.id == "epbuild"
         ):
             assert hasattr(epbuild, node.attr), (snippet.where, f"epbuild.{node.attr}")
+
+
+_SIGNATURE = re.compile(r"`epbuild\.(\w+)\(([^`]*)\)`")
+
+
+def test_a_signature_in_the_docs_gives_the_real_defaults() -> None:
+    """``epbuild.NAME(a, b, k=None, c="x")`` in a page: each keyword exists, and where the
+    mention is a signature (some keyword ``=None``) each literal is the real default."""
+    import ast
+    import inspect
+
+    import epbuild
+
+    seen = 0
+    for page in DOCS:
+        for name, args in _SIGNATURE.findall(page.read_text(encoding="utf-8")):
+            params = inspect.signature(getattr(epbuild, name)).parameters
+            pairs = [a.strip().split("=", 1) for a in args.split(",") if "=" in a]
+            signature = any(v.strip() == "None" for _, v in pairs)
+            for key, value in pairs:
+                assert key.strip() in params, (page.name, name, key)
+                if signature and value.strip() != "...":
+                    default = params[key.strip()].default
+                    assert ast.literal_eval(value.strip()) == default, (page.name, name, key)
+                    seen += 1
+    assert seen >= 3
+
+
+def _reason_heads() -> set[str]:
+    """The fixed words each stale reason of ``planning/keys.py`` and
+    ``planning/staleness.py`` starts with (up to its first value): the strings appended to
+    ``reasons``/``problems``, in list literals and comprehensions, returned by a
+    ``*_reason`` function, and the labels of the option and setting sections."""
+    heads: set[str] = set()
+    for module in ("keys.py", "staleness.py"):
+        tree = ast.parse((ROOT / "epbuild" / "planning" / module).read_text(encoding="utf-8"))
+        texts: list[ast.expr] = []
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+                owner = node.func.value
+                if node.func.attr == "append" and getattr(owner, "id", "") in (
+                    "reasons",
+                    "problems",
+                ):
+                    texts += node.args
+            elif isinstance(node, ast.List):
+                texts += node.elts
+            elif isinstance(node, ast.ListComp):
+                texts.append(node.elt)
+            elif isinstance(node, ast.FunctionDef) and "reason" in node.name:
+                texts += [r.value for r in ast.walk(node) if isinstance(r, ast.Return) and r.value]
+            elif isinstance(node, ast.Tuple) and len(node.elts) == 2:
+                key, label = node.elts
+                if isinstance(key, ast.Constant) and str(key.value).endswith(
+                    ("_options", "settings", "group", "toolchain")
+                ):
+                    texts.append(label)
+        for text in texts:
+            first = text.values[0] if isinstance(text, ast.JoinedStr) else text
+            if isinstance(first, ast.Constant) and isinstance(first.value, str):
+                heads.add(first.value.strip())
+    return {h for h in heads if h and not h.startswith("(")}
+
+
+def test_the_reasons_table_has_every_reason_the_code_gives() -> None:
+    """docs/guides/manifest.md "Why is an action stale?": a reason added to the code
+    without a row (as key changed, model order changed and option file changed once
+    were) fails here."""
+    page = (ROOT / "docs" / "guides" / "manifest.md").read_text(encoding="utf-8")
+    table = page.split("The reasons you will meet:", 1)[1].split("\n\n", 2)[1]
+    shown = [c for row in table.splitlines() for c in re.findall(r"`([^`]+)`", row.split("|")[1])]
+    heads = _reason_heads()
+    assert {"key changed", "model order changed", "option file", "never built"} <= heads
+    missing = [h for h in sorted(heads) if not any(c.startswith(h) for c in shown)]
+    assert missing == [], "add a row for these reasons"
 
 
 def _run_python_snippets(ws: Path, page: Path, env: dict[str, str], setup: str = "") -> None:

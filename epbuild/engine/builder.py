@@ -9,6 +9,7 @@ import time
 from contextlib import ExitStack
 from typing import TYPE_CHECKING, Any
 
+from epbuild.docsite import page_url
 from epbuild.engine.staging import check_staged, commit, hash_staged, make_staging
 from epbuild.errors import EpbuildError, StorageError
 from epbuild.executors.job import Job
@@ -491,8 +492,8 @@ class Builder:
         return _failed(
             plan,
             f"not in the cache: {why}",
-            "build without --cache-only where the toolchain is installed, and push or "
-            "export the cache (see docs/troubleshooting.md#cache-misses-across-machines)",
+            "build without --cache-only where the toolchain is installed, and push or export "
+            f"the cache (see {page_url('troubleshooting.md', 'cache-misses-across-machines')})",
         )
 
     def _store(self, action: Action, record: ActionRecord, note: str | None) -> list[str]:
