@@ -28,6 +28,7 @@ class ExportReport(ArchiveReport):
 
 if TYPE_CHECKING:
     from epbuild.cache.actioncache import ActionCache
+    from epbuild.planning.staleness import ActionPlan
     from epbuild.planning.workspace import Workspace
 
 __all__ = [
@@ -39,6 +40,7 @@ __all__ = [
     "export_cache",
     "import_cache",
     "prune_cache",
+    "store_up_to_date",
     "verify_cache",
 ]
 
@@ -171,3 +173,44 @@ def verify_cache(
     ws = _open(directory, manifest, (), say)
     c = _cache(ws, directory, cache)
     return verify_all(c.local, c.local_backend)
+
+
+def store_up_to_date(
+    ws: Workspace, plans: list[ActionPlan], directory: str | os.PathLike[str], cache: str
+) -> list[str]:
+    """Put each up-to-date action of ``plans`` that the local tier of ``cache`` (a
+    directory or URL the caller named: ``build --cache DIR``) lacks into it, from its
+    committed outputs: a new cache is seeded without a clean build. Returns warnings (a
+    cache that cannot be written never fails the build)."""
+    import posixpath
+
+    from epbuild.cache.store import CachedOutput, entry_path
+    from epbuild.engine.builder import open_action_cache
+    from epbuild.fs import os_error_text
+
+    c = open_action_cache(ws, directory, cache)
+    if c is None:
+        return []
+    warnings: list[str] = []
+    for plan in plans:
+        record = ws.state.records.get(plan.action.id)
+        if plan.stale or record is None or c.local.backend.exists(entry_path(record.key)):
+            continue
+        outputs = {
+            posixpath.basename(p): CachedOutput(o.size, o.digest) for p, o in record.outputs.items()
+        }
+        try:  # the objects are hashed as they are copied: a changed output is refused
+            c.save(
+                key=record.key,
+                action_id=plan.action.id,
+                components=record.components,
+                src_dir=os.path.join(ws.root, plan.action.out_dir),
+                outputs=outputs,
+                seconds=record.seconds,
+                peak_rss=record.peak_rss,
+                detail=record.detail,
+            )
+        except Exception as exc:
+            why = os_error_text(exc) if isinstance(exc, OSError) else str(exc)
+            warnings.append(f"{plan.action.id} not stored in the cache {c.describe()}: {why}")
+    return warnings
