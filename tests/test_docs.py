@@ -647,6 +647,28 @@ def _run_python_snippets(ws: Path, page: Path, env: dict[str, str], setup: str =
         assert proc.returncode == 0, f"{snippet.where}:\n{proc.stderr[-3000:]}"
 
 
+_NOT_FOR_READERS = re.compile(
+    r"(?<![\w.<])/(opt|work|home|root|mnt)/\w"  # a path of the machine the page was written on
+    r"|\bissues? #?\d+|\(#\d+\)"  # an issue number of the team's tracker
+    r"|\bdev box\b|<scratch>",
+    re.I,
+)
+
+
+def test_no_page_names_a_machine_path_or_an_issue_number() -> None:
+    """The docs are for readers outside the team: no build machine's paths, no tracker
+    numbers, no "dev box"."""
+    found = [
+        f"{page.relative_to(ROOT)}:{n}: {m.group(0)}"
+        for page in DOCS
+        for n, line in enumerate(page.read_text(encoding="utf-8").splitlines(), 1)
+        if (m := _NOT_FOR_READERS.search(line))
+    ]
+    assert found == []
+    assert _NOT_FOR_READERS.search("extra-index-url = file:///opt/pypi/simple")
+    assert _NOT_FOR_READERS.search("Research for issue #13") and _NOT_FOR_READERS.search("(#13)")
+
+
 def test_every_docs_page_is_in_the_site_nav() -> None:
     """``mkdocs build --strict`` refuses a page outside the nav; say so in the inner loop."""
     nav = set(re.findall(r":\s*(\S+\.md)\s*$", (ROOT / "mkdocs.yml").read_text(), re.M))
