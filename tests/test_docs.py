@@ -669,6 +669,26 @@ def test_no_page_names_a_machine_path_or_an_issue_number() -> None:
     assert _NOT_FOR_READERS.search("Research for issue #13") and _NOT_FOR_READERS.search("(#13)")
 
 
+def test_the_python_api_page_documents_every_exported_name() -> None:
+    """docs/reference/python.md renders (mkdocstrings) each name ``epbuild`` exports."""
+    import epbuild
+
+    page = (ROOT / "docs" / "reference" / "python.md").read_text(encoding="utf-8")
+    shown = {line.rsplit(".", 1)[-1] for line in re.findall(r"^::: (\S+)$", page, re.M)}
+    assert set(epbuild.__all__) - {"__version__"} == shown
+
+
+def test_the_changelog_has_the_current_version_and_the_format_versions() -> None:
+    from epbuild._version import __version__
+    from epbuild.frontends.render import SCHEMA_VERSION
+    from epbuild.planning.keys import FORMAT_VERSION
+
+    log = (ROOT / "CHANGELOG.md").read_text(encoding="utf-8")
+    assert "## [Unreleased]" in log and f"## [{__version__}]" in log
+    assert f"output format ({FORMAT_VERSION})" in log
+    assert f"JSON `schema_version` ({SCHEMA_VERSION})" in log
+
+
 def test_every_docs_page_is_in_the_site_nav() -> None:
     """``mkdocs build --strict`` refuses a page outside the nav; say so in the inner loop."""
     nav = set(re.findall(r":\s*(\S+\.md)\s*$", (ROOT / "mkdocs.yml").read_text(), re.M))
