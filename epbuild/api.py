@@ -10,6 +10,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from epbuild.cache.operations import store_up_to_date
 from epbuild.engine.builder import Builder, open_action_cache, recorded_outputs, save_stats
 from epbuild.engine.scheduler import executor_for, schedule
 from epbuild.engine.staging import check_removable, clean_stale_staging
@@ -154,6 +155,8 @@ def build(
             )
             opened = functools.partial(open_action_cache, ws, directory, cache, cache_push)
             results.update(_compile(ws, run, builder, opened, len(plans), stale, trace, warnings))
+        if isinstance(cache, str) and not dry_run:  # --cache DIR: seeded with what is built
+            warnings += store_up_to_date(ws, plans, directory, cache)
         done = BuildResult(list(results.values()), time.perf_counter() - t0, warnings)
         if dry_run or not stale:
             return _without_compiling(ws, plans, selectors, done, dry_run, tracer, trace)

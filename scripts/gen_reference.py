@@ -221,9 +221,11 @@ def manifest_page(schema: dict[str, Any]) -> str:
     lines = [
         "# Manifest reference (`epbuild.toml`)\n",
         GENERATED,
-        "Every key epbuild reads, from the manifest's JSON Schema, "
-        "`schemas/epbuild.schema.json` in the repository "
-        "(point a TOML editor at it for completion). `<name>` is a name you choose: letters, "
+        "Every key epbuild reads, from the manifest's JSON Schema. `epbuild schema` prints "
+        "that schema: save it beside the manifest (`epbuild schema > epbuild.schema.json`) "
+        "and make the manifest's first line `#:schema ./epbuild.schema.json`, and a TOML "
+        "editor built on taplo (Even Better TOML) or tombi checks and completes every key "
+        "as you type. `<name>` is a name you choose: letters, "
         "digits, `_`, `.` and `-`, starting with a letter or digit. `[]` marks the entries of "
         "an array (a `models` entry may be a plain path string or a table). Paths are "
         "relative to the manifest and stay inside its directory. A key not listed here is an "
@@ -364,16 +366,20 @@ def _command_section(
 JSON_KEYS: dict[str, str] = {
     "build": '`summary` (`{"compiled", "restored", "up_to_date", "failed", ..., "total", '
     '"seconds"}`), `actions` (`[{"id", "kind", "group", "provider", "outcome", "seconds", '
-    '"outputs", "reasons", ...}]`): the `to_json()` of `epbuild.build(...)`\'s `BuildResult`; with '
-    "`--numerics` also `numerics`",
+    '"outputs", "reasons", ...}]`): the `to_json()` of `epbuild.build(...)`\'s `BuildResult` '
+    "(an action of another kind than compile that ran counts under its kind's word: "
+    "`prepared`, `packaged`); with `--numerics` also `numerics`",
     "status": '`actions` (`[{"id", "group", "provider", "stale", "reasons", "key", "kind", '
     '"deps", ...}]`), '
     "`orphaned` (ids no longer in the manifest), `orphaned_bytes` (what their outputs that "
     "no action owns hold: `clean --orphaned` removes them): `epbuild.status(...)`'s "
     "`StatusResult`; "
     "with `--detail`, `actions` holds each action's coverage, sizes, time and memory",
-    "init": "`path` (the manifest written), `groups`, `skipped`",
-    "add": "`path`, `written` (false when nothing changed), `changes`, `notes`",
+    "init": '`path` (the manifest written), `groups` (`[{"name", "models", "share_weights"}]`), '
+    '`skipped`, `llms` (`[{"name", "source"}]`: the LLM folders found); without `--from` '
+    "the three lists are empty",
+    "add": "`path`, `written` (false when nothing changed), `changes`, `notes`; "
+    '`add target --list`: `targets` (`[{"name", "title", "htp_arch", "soc_model"}]`)',
     "clean": "`removed` (the workspace-relative files removed)",
     "report": "`path` (the HTML page), `actions` (how many it shows)",
     "verify": '`checked`, `problems` (`[{"file", "message", "node", "attribute", '
@@ -388,12 +394,17 @@ JSON_KEYS: dict[str, str] = {
     "cache key": "`key` (the short key for CI caches)",
     "cache export": "`path` (the archive), `entries`, `objects`, `bytes`, `problems`, "
     "`missing` (actions the cache lacks, with why)",
-    "cache import": "`path`, `entries`, `objects`, `bytes`; problems go to `warnings`",
+    "cache import": "`path`, `entries`, `objects`, `bytes`; what was skipped (a damaged "
+    "object, a file that is not the cache's, a truncated archive) is listed in `warnings`, "
+    "and then `ok` is false and the exit status 1",
     "cache verify": "`entries`, `objects`, `bytes`, `discarded` (damaged entries removed)",
     "cache prune": "`entries_removed`, `entries_kept`, `bytes_removed`, `bytes_kept`",
     "toolchains": "`root`, `environments` (each with the providers using it); with "
     "`--prune`: `removed`, `busy`",
     "lock": "`lock` (the file), `written`; with `--check`: `current`, `reasons`",
+    "version": "`version` (`epbuild --version --json`: epbuild's version)",
+    "schema": "`schema` (the manifest's JSON Schema), `editor_line` (the first line that "
+    "makes a TOML editor use it, once saved as `epbuild.schema.json` beside the manifest)",
     "watch": "one document per cycle: `cycle`, `changed`, `manifest_error`, `build_error` "
     "(a build that could not run), `summary`, `actions` and timings",
 }

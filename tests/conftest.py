@@ -19,7 +19,7 @@ from llmfixture import chat_manifest, place_source
 from modelgen import matmul_model, save
 
 HTP73 = {"ep": "qnn", "options": {"htp_arch": "73", "soc_model": "60"}}
-HTP75 = {"ep": "qnn", "options": {"htp_arch": "75", "soc_model": "69"}}
+HTP75 = {"ep": "qnn", "options": {"htp_arch": "75", "soc_model": "57"}}
 
 
 def toml_key(key: str) -> str:

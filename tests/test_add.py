@@ -242,6 +242,8 @@ BAD_EDITS = [
      "embed_mode = 1 cannot be combined with share_weights"),
     (["add", "model", "models/d.onnx"], "pass --group"),
     (["add", "target", "nowhere"], "'nowhere' is not a target epbuild knows"),
+    (["add", "target", "v75", "--ep", "qnn", "--option", "htp_arch=75", "--option",
+      "soc_model=69"], "soc_model '69' is the Snapdragon 8 Elite (SM8750), an HTP v79 chip"),
     (["add", "target", "snapdragon-8-elite", "--to", "nogroup"], "group 'nogroup' is not defined"),
     (["add", "target", "snapdragon-8-elite", "--ep", "openvino"], "its provider is qnn"),
     (["add", "target", "snapdragon-8-elite", "--name", "htp"], "provider 'htp' already exists"),

@@ -89,7 +89,7 @@ def test_changed_option_rebuilds_that_provider(workspace: Workspace) -> None:
             "groups": {"g": {"models": ["m/a.onnx"], "providers": ["v73", "v75"]}}}  # fmt: skip
     workspace.manifest(data)
     assert workspace.build().count(Outcome.COMPILED) == 2
-    data["providers"]["v75"] = {"ep": "qnn", "options": {"htp_arch": "75", "soc_model": "69",
+    data["providers"]["v75"] = {"ep": "qnn", "options": {"htp_arch": "75", "soc_model": "57",
                                                          "vtcm_mb": 4}}  # fmt: skip
     workspace.manifest(data)
     result = workspace.build()

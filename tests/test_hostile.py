@@ -43,7 +43,7 @@ VALID: dict[str, Any] = {
     "providers": {
         "htp": {"ep": "qnn", "options": {"htp_arch": "73", "soc_model": "60"},
                 "session_options": {"session.intra_op.allow_spinning": "0"}},
-        "htp75": {"ep": "qnn", "options": {"htp_arch": "75", "soc_model": "69"}},
+        "htp75": {"ep": "qnn", "options": {"htp_arch": "75", "soc_model": "57"}},
     },
     "groups": {
         "pair": {"models": ["models/a.onnx", "models/b.onnx"], "providers": ["htp", "htp75"],

@@ -126,7 +126,7 @@ def test_embed_1_with_sharing_refused(workspace: Workspace) -> None:
 
 def test_multi_soc_with_sharing_refused(workspace: Workspace) -> None:
     text = GOOD.replace(
-        'htp_arch = "73", soc_model = "60"', 'htp_arch = "73,75", soc_model = "60,69"'
+        'htp_arch = "73", soc_model = "60"', 'htp_arch = "73,75", soc_model = "60,57"'
     )
     err = _err(workspace, text + "share_weights = true\n")
     assert err.key == "groups.g.share_weights"

@@ -6,6 +6,7 @@ import json
 import os
 import sys
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 import waits
@@ -30,6 +31,24 @@ def test_fast_path_answers_after_a_noop(simple_ws: Callable[..., Workspace]) -> 
     assert fast_noop(str(ws.root), None, ["pair"]) is None  # other selectors: full path
     proc = ws.cli("build", "--json")
     assert proc.returncode == 0 and json.loads(proc.stdout)["summary"]["up_to_date"] == 2
+
+
+def test_build_cache_new_after_a_noop_seeds_it(simple_built: Workspace, tmp_path: Path) -> None:
+    """``build --cache NEW`` on an up-to-date workspace (the fast path would answer) stores
+    every up-to-date action in NEW, which then restores them all after a clean."""
+    from test_cache import check_consistent
+
+    ws = simple_built
+    _noop_ready(ws)
+    assert fast_noop(str(ws.root), None, []) is not None
+    new = tmp_path / "new-cache"
+    doc = ws.cli_json("build", "--cache", str(new))
+    assert doc["summary"]["up_to_date"] == 2 and doc["summary"]["compiled"] == 0, doc
+    assert doc["warnings"] == []
+    assert sorted(e.id for e in check_consistent(new)) == ["pair/htp", "single/htp/c"]
+    ws.cli("clean", check=True)
+    doc = ws.cli_json("build", "--cache-only", "--cache", str(new))
+    assert doc["summary"]["restored"] == 2 and doc["summary"]["compiled"] == 0, doc
 
 
 def test_fast_path_imports_nothing_heavy(simple_built: Workspace) -> None:

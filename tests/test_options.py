@@ -16,7 +16,7 @@ from epbuild.api import Outcome
 from epbuild.inspection.verify import verify_outputs
 from epbuild.onnx.proto import read_model
 
-MULTI = {"ep": "qnn", "options": {"htp_arch": "73,75", "soc_model": "60,69"}}
+MULTI = {"ep": "qnn", "options": {"htp_arch": "73,75", "soc_model": "60,57"}}
 
 
 def mod_model(seed: int = 0, n: int = 32) -> onnx.ModelProto:
@@ -195,7 +195,7 @@ def test_multi_soc_target(workspace: Workspace) -> None:
     info = read_model(built(workspace, "g/multi") / "a_ctx.onnx")
     assert info.metadata["ep_compatibility_info.QNNExecutionProvider"].split(":")[4:6] == [
         "73,75",
-        "60,69",
+        "60,57",
     ]
     assert info.context_nodes[0].attributes["is_multi_soc_ep_context"] == 1
     checked = verify_outputs(workspace.root, load=True)
@@ -211,6 +211,20 @@ def test_multi_soc_with_sharing_is_refused(workspace: Workspace) -> None:
     proc = workspace.cli("build")
     assert proc.returncode == 2 and "several SoCs" in proc.stderr
     assert "groups.g.share_weights" in proc.stderr
+
+
+def test_a_known_chip_with_another_architecture_exits_2(workspace: Workspace) -> None:
+    """The pair the examples once had: the 8 Elite's soc_model with the 8 Gen 3's arch."""
+    workspace.model("m/a.onnx")
+    v75 = {"ep": "qnn", "options": {"htp_arch": "75", "soc_model": "69"}}
+    workspace.manifest({"providers": {"v75": v75}, "groups": {"g": {
+        "models": ["m/a.onnx"], "providers": ["v75"]}}})  # fmt: skip
+    proc = workspace.cli("build")
+    assert proc.returncode == 2, proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert "providers.v75.options.soc_model" in proc.stderr
+    assert "Snapdragon 8 Elite (SM8750), an HTP v79 chip" in proc.stderr
+    assert not (workspace.root / "build").exists()
 
 
 def test_node_name_prefix_ignored_warns_once(workspace: Workspace) -> None:

@@ -19,7 +19,7 @@ from epbuild.providers import base, get_provider, known_kinds
 from epbuild.providers.base import Provider, ProviderConfig
 from epbuild.providers.openvino import OpenVinoProvider
 from epbuild.providers.plugin import PluginProvider
-from epbuild.providers.qnn import QnnProvider
+from epbuild.providers.qnn import HTP_ARCHS, SOC_MODELS, WELL_KNOWN_TARGETS, QnnProvider
 from epbuild.providers.tensorrt import TensorRtProvider
 
 KEY = "providers.x"
@@ -127,13 +127,40 @@ def test_qnn_refuses_other_backends_and_unknown_options() -> None:
 
 def test_qnn_multi_soc_lists_are_normalised() -> None:
     adapter = QnnProvider()
-    cfg = config(adapter, {"htp_arch": " 73, 75", "soc_model": "60 ,69 "})
+    cfg = config(adapter, {"htp_arch": " 73, 75", "soc_model": "60 ,57 "})
     assert cfg.options["htp_arch"] == "73,75"
-    assert cfg.options["soc_model"] == "60,69"
+    assert cfg.options["soc_model"] == "60,57"
     assert adapter.is_multi_soc(cfg)
     assert adapter.check_compatibility(cfg, "anything") is None  # per-SoC info is not checked
     err = manifest_error(adapter, {"htp_arch": "73,75", "soc_model": "60"})
     assert err.key == "providers.x.options.soc_model"
+
+
+@pytest.mark.parametrize("name", sorted(WELL_KNOWN_TARGETS))
+def test_qnn_a_known_chip_with_another_architecture_is_refused(name: str) -> None:
+    """Each chip of the table: its own htp_arch passes, every other one names the chip."""
+    chip = WELL_KNOWN_TARGETS[name]
+    config(QnnProvider(), {"htp_arch": chip.htp_arch, "soc_model": chip.soc_model})
+    for arch in sorted(HTP_ARCHS - {chip.htp_arch}):
+        err = manifest_error(QnnProvider(), {"htp_arch": arch, "soc_model": chip.soc_model})
+        assert err.key == "providers.x.options.soc_model"
+        assert chip.title in err.message and f"HTP v{chip.htp_arch}" in err.message
+        assert err.hint and f'htp_arch = "{chip.htp_arch}"' in err.hint
+
+
+def test_qnn_a_chip_pairing_is_checked_per_target_of_a_multi_soc_list() -> None:
+    config(QnnProvider(), {"htp_arch": "73,79", "soc_model": "60,69"})
+    err = manifest_error(QnnProvider(), {"htp_arch": "73,75", "soc_model": "60,69"})
+    assert "Snapdragon 8 Elite" in err.message and "HTP v79" in err.message
+    assert err.hint and 'soc_model = "57"' in err.hint  # the v75 chip the table knows
+
+
+def test_qnn_a_soc_model_the_sdk_knows_and_the_table_does_not_is_accepted() -> None:
+    unnamed = sorted(SOC_MODELS - {t.soc_model for t in WELL_KNOWN_TARGETS.values()}, key=int)
+    assert unnamed
+    for soc in unnamed:
+        for arch in HTP_ARCHS:
+            config(QnnProvider(), {"htp_arch": arch, "soc_model": soc})
 
 
 def test_qnn_refuses_settings_and_nested_values() -> None:

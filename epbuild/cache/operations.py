@@ -28,6 +28,7 @@ class ExportReport(ArchiveReport):
 
 if TYPE_CHECKING:
     from epbuild.cache.actioncache import ActionCache
+    from epbuild.planning.staleness import ActionPlan
     from epbuild.planning.workspace import Workspace
 
 __all__ = [
@@ -39,6 +40,7 @@ __all__ = [
     "export_cache",
     "import_cache",
     "prune_cache",
+    "store_up_to_date",
     "verify_cache",
 ]
 
@@ -197,3 +199,30 @@ def verify_cache(
     ws = _open(directory, manifest, (), say)
     c = _cache(ws, directory, cache)
     return verify_all(c.local, c.local_backend)
+
+
+def store_up_to_date(
+    ws: Workspace, plans: list[ActionPlan], directory: str | os.PathLike[str], cache: str
+) -> list[str]:
+    """Put each up-to-date action of ``plans`` that the local tier of ``cache`` (a
+    directory or URL the caller named: ``build --cache DIR``) lacks into it, from its
+    committed outputs: a new cache is seeded without a clean build. Returns warnings (a
+    cache that cannot be written never fails the build)."""
+    from epbuild.cache.store import entry_path
+    from epbuild.engine.builder import open_action_cache
+    from epbuild.fs import os_error_text
+
+    c = open_action_cache(ws, directory, cache)
+    if c is None:
+        return []
+    warnings: list[str] = []
+    for plan in plans:
+        record = ws.state.records.get(plan.action.id)
+        if plan.stale or record is None or c.local.backend.exists(entry_path(record.key)):
+            continue
+        try:  # the objects are hashed as they are copied: a changed output is refused
+            c.save(record, os.path.join(ws.root, plan.action.out_dir))
+        except Exception as exc:
+            why = os_error_text(exc) if isinstance(exc, OSError) else str(exc)
+            warnings.append(f"{plan.action.id} not stored in the cache {c.describe()}: {why}")
+    return warnings

@@ -9,6 +9,7 @@ from contextlib import ExitStack
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
+from epbuild.docsite import page_url
 from epbuild.engine.staging import commit, hash_staged, make_staging
 from epbuild.errors import EpbuildError, StorageError
 from epbuild.executors.job import AnyJob, KindJob
@@ -440,8 +441,8 @@ class Builder:
         return _failed(
             plan,
             f"not in the cache: {why}",
-            "build without --cache-only where the toolchain is installed, and push or "
-            "export the cache (see docs/troubleshooting.md#cache-misses-across-machines)",
+            "build without --cache-only where the toolchain is installed, and push or export "
+            f"the cache (see {page_url('troubleshooting.md', 'cache-misses-across-machines')})",
         )
 
     def _store(self, action: GraphAction, record: ActionRecord, note: str | None) -> list[str]:

@@ -19,6 +19,7 @@ import traceback
 from typing import TYPE_CHECKING, Any
 
 from epbuild._names import RESULT_NAME, ctx_name, ctx_stem, model_label
+from epbuild.docsite import page_url
 from epbuild.executors.hostinfo import peak_rss, write_trouble
 from epbuild.executors.job import Job, KindJob, job_from_json
 from epbuild.executors.testhooks import hook_for, run_test_hook
@@ -335,7 +336,7 @@ def ort_failure(job: Job, model: str, exc: Exception) -> CompileFailure:
     elif QNN_MEM_ALLOC in str(exc):
         hint = (
             "the QNN EP could not finalize this graph (seen with torch dynamo exports); "
-            "see docs/troubleshooting.md#qnn-mem-alloc"
+            f"see {page_url('troubleshooting.md', 'qnn-mem-alloc')}"
         )
     return CompileFailure(f"{model}: ONNX Runtime failed: {_ort_message(exc)}", hint)
 
@@ -379,7 +380,7 @@ def nothing_compiled(model: str, how: str) -> CompileFailure:
         f"{model}: no EPContext model was written — the EP compiled nothing {how}",
         hint="check for unsupported ops or dynamic (symbolic) input dimensions, and "
         "the provider options (an unknown soc_model or backend makes the EP fall back); "
-        "see docs/troubleshooting.md#the-ep-compiled-nothing",
+        f"see {page_url('troubleshooting.md', 'the-ep-compiled-nothing')}",
     )
 
 

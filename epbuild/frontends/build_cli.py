@@ -43,8 +43,9 @@ def _locked(args: argparse.Namespace) -> bool:
 
 
 def _answered_by_noop(args: argparse.Namespace) -> bool:
-    """Print the recorded result if nothing changed since an all-up-to-date build (``noop``)."""
-    if args.dry_run or args.trace or _locked(args):
+    """Print the recorded result if nothing changed since an all-up-to-date build (``noop``).
+    Not with ``--cache DIR``: the full path stores the up-to-date actions that DIR lacks."""
+    if args.dry_run or args.trace or _locked(args) or args.cache is not None:
         return False  # --locked compares the environments with the lock: the full path
     import time
 

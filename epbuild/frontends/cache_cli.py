@@ -55,7 +55,7 @@ def _print_import(args: argparse.Namespace) -> int:
         doc = {k: v for k, v in asdict(report).items() if k != "problems"}
         doc = {"path": args.file, **doc, "warnings": list(report.problems)}
         print_json(doc, command="cache import", ok=not report.problems)
-    return _summary(args, summary, report.problems, "warning: ")
+    return _summary(args, summary, report.problems, "not imported: ")
 
 
 def _print_verify(args: argparse.Namespace) -> int:

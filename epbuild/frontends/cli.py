@@ -46,6 +46,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     command, directory, printed = "epbuild", ".", render.documents_printed()
     render.command_notes([])
     signal.signal(signal.SIGTERM, _sigterm)
+    if as_json and "--version" in argv[: argv.index("--") if "--" in argv else len(argv)]:
+        from epbuild._version import __version__
+
+        render.print_json({"version": __version__}, command="version")
+        return 0
     try:
         args = build_parser(raise_usage_errors=True).parse_args(argv)
         command, directory = _command_name(args), args.directory
@@ -79,6 +84,7 @@ _NESTED = {
     "build": (), "status": (), "init": (), "add": (),
     "clean": (), "verify": (), "package": (), "report": (), "watch": (),
     "cache": ("key", "export", "import", "prune", "verify"), "toolchains": (), "lock": (),
+    "schema": (),
 }  # fmt: skip
 """Each command and its sub-commands, for naming a command whose arguments did not parse."""
 

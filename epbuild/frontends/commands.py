@@ -153,6 +153,28 @@ def _cache(args: argparse.Namespace) -> int:
     return run_cache_command(args)
 
 
+def _schema(args: argparse.Namespace) -> int:
+    """The manifest's JSON Schema on stdout (the file the wheel ships, which is the one in
+    ``schemas/``); how to use it on stderr, or both in one document under ``--json``."""
+    import json
+    import sys
+
+    from epbuild.frontends.parser import SCHEMA_LINE
+    from epbuild.manifest.schema import shipped_schema
+
+    text = shipped_schema()
+    if args.json:
+        print_json({"schema": json.loads(text), "editor_line": SCHEMA_LINE}, command="schema")
+        return 0
+    sys.stdout.write(text)
+    print(
+        "epbuild: save it beside the manifest (epbuild schema > epbuild.schema.json) and make "
+        f"this the manifest's first line: {SCHEMA_LINE}",
+        file=sys.stderr,
+    )
+    return 0
+
+
 COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "build": run_build,
     "status": _status,
@@ -166,5 +188,6 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "cache": _cache,
     "toolchains": _toolchains,
     "lock": _lock,
+    "schema": _schema,
 }
 """Command name → its function (``main`` looks the parsed command up here)."""

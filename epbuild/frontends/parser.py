@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, NoReturn, TypeAlias
 
 from epbuild._version import __version__
+from epbuild.docsite import page_url
 from epbuild.errors import UsageError
 
 if TYPE_CHECKING:
@@ -22,9 +23,13 @@ if TYPE_CHECKING:
 
 JSON_HELP = "print one JSON document on stdout (a failure too: ok false, error)"
 OPTION_HELP = (
-    "a provider option (repeatable); VALUE is written as an integer or boolean when it reads "
-    "as one (75, true), else as a string; quote it to force a string (htp_arch='\"75\"')"
+    "a provider option (repeatable; default: none); VALUE is written as an integer or boolean "
+    "when it reads as one (75, true), else as a string; quote it to force a string "
+    "(htp_arch='\"75\"')"
 )
+DEFAULT_PROMPT = "The quick brown fox"
+"""``verify --generate``'s prompt (``epbuild.llm.generate.DEFAULT_PROMPT``, which the
+standard-library-only parser cannot import; a test holds them equal)."""
 
 
 class Parser(argparse.ArgumentParser):
@@ -38,6 +43,16 @@ class Parser(argparse.ArgumentParser):
         if not self.raise_usage_errors:
             super().error(message)
         raise UsageError(message, usage=self.format_usage(), prog=self.prog)
+
+
+class _Formatter(argparse.HelpFormatter):
+    """argparse's help layout, but the closing ``docs: URL`` line is never wrapped (a URL
+    broken over two lines cannot be followed)."""
+
+    def _fill_text(self, text: str, width: int, indent: str) -> str:
+        if text.startswith("docs: "):
+            return indent + text
+        return super()._fill_text(text, width, indent)
 
 
 class Renamed(argparse.Action):
@@ -72,7 +87,10 @@ class Renamed(argparse.Action):
         setattr(namespace, self.dest, values)
 
 
-def selectors(p: argparse.ArgumentParser, text: str | None = None) -> None:
+SELECTOR_HELP = "a group, group/provider or action id (default: every action)"
+
+
+def selectors(p: argparse.ArgumentParser, text: str = SELECTOR_HELP) -> None:
     p.add_argument("selectors", nargs="*", metavar="SELECTOR", help=text)
 
 
@@ -80,7 +98,10 @@ def json_flag(p: argparse.ArgumentParser, text: str = JSON_HELP) -> None:
     p.add_argument("--json", action="store_true", help=text)
 
 
-def jobs(p: argparse.ArgumentParser, text: str = "compiles at once") -> None:
+JOBS_DEFAULT = "default: [workspace] jobs, else the number of CPUs"
+
+
+def jobs(p: argparse.ArgumentParser, text: str = f"compiles at once ({JOBS_DEFAULT})") -> None:
     p.add_argument("-j", "--jobs", type=int, metavar="N", help=text)
 
 
@@ -89,7 +110,8 @@ def lock_timeout(p: argparse.ArgumentParser) -> None:
         "--lock-timeout",
         type=float,
         metavar="SECONDS",
-        help="give up (exit 3) after waiting this long for another epbuild's lock",
+        help="give up (exit 3) after waiting this long for another epbuild's lock (default: "
+        "wait as long as it takes, saying whom it waits for)",
     )
 
 
@@ -97,8 +119,22 @@ def cache_location(p: argparse.ArgumentParser, text: str | None = None) -> None:
     p.add_argument(
         "--cache",
         metavar="DIR|URL",
-        help=text or "the cache: a directory or an fsspec URL (s3://bucket/prefix)",
+        help=text or CACHE_HELP,
     )
+
+
+CACHE_HELP = (
+    "the cache: a directory or an fsspec URL (s3://bucket/prefix) (default: EPBUILD_CACHE, "
+    "else [workspace] cache, else the per-user cache directory)"
+)
+OPTION_ENV = {
+    "--cache": "EPBUILD_CACHE",
+    "--no-cache": "EPBUILD_CACHE=off",
+    "--locked": "EPBUILD_LOCKED=1",
+    "--debug": "EPBUILD_DEBUG=1",
+}
+"""The environment variable each option has (the option wins): every ``--help`` and the
+command reference say it (``_document``)."""
 
 
 def cache_flags(p: argparse.ArgumentParser) -> None:
@@ -138,7 +174,7 @@ def build_parser(*, raise_usage_errors: bool = False) -> argparse.ArgumentParser
     p.add_argument(
         "--debug",
         action="store_true",
-        help="show the traceback an error came from (also EPBUILD_DEBUG=1)",
+        help="show the traceback an error came from",
     )
     p.add_argument("--version", action="version", version=f"epbuild {__version__}")
     sub: _Commands = p.add_subparsers(  # type: ignore[assignment]  # its parsers are Parser
@@ -151,8 +187,9 @@ def build_parser(*, raise_usage_errors: bool = False) -> argparse.ArgumentParser
     return p
 
 
-DOCS_PAGE = "docs/reference/cli.md"
-"""Where each command's ``--help`` sends the reader (its section, by the ``epbuild X`` title)."""
+DOCS_PAGE = "reference/cli.md"
+"""The docs page each command's ``--help`` sends the reader to (its section, by the
+``epbuild X`` title), on the site (``epbuild.docsite``)."""
 
 
 def _document(p: argparse.ArgumentParser, title: str, raising: bool) -> None:
@@ -160,9 +197,13 @@ def _document(p: argparse.ArgumentParser, title: str, raising: bool) -> None:
     every parser raises usage errors or not, as asked."""
     if isinstance(p, Parser):
         p.raise_usage_errors = raising
-    anchor = title.replace(" ", "-")
-    p.epilog = f"docs: {DOCS_PAGE}" + (f"#{anchor}" if " " in title else "")
+    anchor = title.replace(" ", "-") if " " in title else ""
+    p.epilog = f"docs: {page_url(DOCS_PAGE, anchor)}"
+    p.formatter_class = _Formatter
     for action in p._actions:
+        env = next((OPTION_ENV[o] for o in action.option_strings if o in OPTION_ENV), None)
+        if env and action.help and env.split("=")[0] not in action.help:
+            action.help += f" (environment: {env})"
         if isinstance(action, argparse._SubParsersAction):
             helps = {c.dest: c.help for c in action._choices_actions}
             for name, child in action.choices.items():
@@ -172,7 +213,7 @@ def _document(p: argparse.ArgumentParser, title: str, raising: bool) -> None:
 
 def _build(sub: _Commands) -> None:
     b = sub.add_parser("build", help="compile stale actions")
-    selectors(b, "group, group/provider or id")
+    selectors(b)
     jobs(b)
     b.add_argument("-k", "--keep-going", action="store_true", help="continue after failures")
     b.add_argument("-n", "--dry-run", action="store_true", help="show what would be built")
@@ -192,9 +233,14 @@ def _build(sub: _Commands) -> None:
     b.add_argument(
         "--memory-budget",
         metavar="SIZE",
-        help="memory local compiles may use at once, e.g. 8G (default: 3/4 of RAM)",
+        help="memory local compiles may use at once, e.g. 8G (default: [workspace] "
+        "memory_budget, else 3/4 of the memory available when the build starts)",
     )
-    b.add_argument("--trace", metavar="FILE", help="also write the timeline as Chrome trace JSON")
+    b.add_argument(
+        "--trace",
+        metavar="FILE",
+        help="also write the timeline as Chrome trace JSON (default: no trace file)",
+    )
     b.add_argument(
         "--numerics",
         action="store_true",
@@ -203,10 +249,19 @@ def _build(sub: _Commands) -> None:
     b.add_argument(
         "--locked",
         action="store_true",
-        help="refuse (exit 2) when an environment differs from epbuild.lock (EPBUILD_LOCKED=1)",
+        help="refuse (exit 2) when an environment differs from epbuild.lock",
     )
-    b.add_argument("--executor", choices=("local", "dask"), help="where actions run")
-    b.add_argument("--scheduler", metavar="ADDRESS", help="Dask scheduler, tcp://HOST:PORT")
+    b.add_argument(
+        "--executor",
+        choices=("local", "dask"),
+        help="where actions run (default: [workspace] executor, else local)",
+    )
+    b.add_argument(
+        "--scheduler",
+        metavar="ADDRESS",
+        help="Dask scheduler, tcp://HOST:PORT (default: [workspace] scheduler; "
+        "--executor dask needs one)",
+    )
 
 
 def _report(sub: _Commands) -> None:
@@ -229,7 +284,7 @@ def _status(sub: _Commands) -> None:
         "--graph",
         choices=("mermaid", "dot"),
         help="print the build graph (actions, what each depends on, up to date or stale) "
-        "as a Mermaid flowchart or a Graphviz DOT digraph",
+        "as a Mermaid flowchart or a Graphviz DOT digraph (default: the list, no graph)",
     )
 
 
@@ -239,7 +294,7 @@ def _verify(sub: _Commands) -> None:
     json_flag(v)
     lock_timeout(v)
     v.add_argument("--load", action="store_true", help="also run each model vs the CPU EP")
-    jobs(v, "--load: models run at once ([workspace] jobs)")
+    jobs(v, f"--load: models run at once ({JOBS_DEFAULT})")
     v.add_argument(
         "--numerics",
         action="store_true",
@@ -255,15 +310,19 @@ def _verify(sub: _Commands) -> None:
     v.add_argument(
         "--tokens", type=int, default=10, metavar="N", help="--generate: tokens (default 10)"
     )
-    v.add_argument("--prompt", metavar="TEXT", help="--generate: the prompt (default fixed)")
+    v.add_argument(
+        "--prompt",
+        metavar="TEXT",
+        help=f"--generate: the prompt (default {DEFAULT_PROMPT!r})",
+    )
 
 
 def _package(sub: _Commands) -> None:
     k = sub.add_parser("package", help="write built outputs as an ONNX Runtime model package")
     selectors(k)
-    out(k, "DIR", "package directory ([package] out_dir)")
+    out(k, "DIR", "package directory (default: [package] out_dir; one of the two is needed)")
     k.add_argument("--build", action="store_true", help="build stale actions first")
-    jobs(k, "with --build: compiles at once")
+    jobs(k, f"with --build: compiles at once ({JOBS_DEFAULT})")
     k.add_argument("-k", "--keep-going", action="store_true", help="with --build: as build -k")
     cache_flags(k)
     k.add_argument("--hash", action="store_true", help="re-hash every output first")
@@ -302,10 +361,12 @@ def _cache(sub: _Commands) -> None:
     imp = ks.add_parser("import", help="add an exported archive to the local cache")
     imp.add_argument("file", metavar="ARCHIVE", help="archive to read")
     prn = ks.add_parser("prune", help="evict least-recently-used entries")
-    prn.add_argument("--max-size", required=True, metavar="SIZE", help="e.g. 10G, 500M")
+    prn.add_argument(
+        "--max-size", required=True, metavar="SIZE", help="the size to prune to, e.g. 10G, 500M"
+    )
     ver = ks.add_parser("verify", help="re-hash every cached object; discard damaged entries")
     for cmd in (exp, imp, prn, ver):
-        cache_location(cmd, "the cache: a directory or an fsspec URL (default: configured)")
+        cache_location(cmd)
     for cmd in (key, exp, imp, prn, ver):
         json_flag(cmd)
         lock_timeout(cmd)
@@ -337,15 +398,16 @@ def _init(sub: _Commands) -> None:
         dest="source",
         metavar="DIR",
         help="list the models found under DIR; models sharing an external-data file "
-        "become one weight-sharing group, the others one group per directory",
+        "become one weight-sharing group, the others one group per directory (default: "
+        "the commented starter manifest, listing models/*.onnx)",
     )
     json_flag(i)
     lock_timeout(i)
     i.add_argument(
         "--target",
         metavar="TARGET",
-        help="the provider (default htp-v73), e.g. "
-        "snapdragon-8-gen-3 (list: 'epbuild add target --list')",
+        help="with --from: the first target, a SoC epbuild knows, e.g. snapdragon-8-gen-3 "
+        "(list: 'epbuild add target --list'; default: htp-v73, the Snapdragon X Elite)",
     )
 
 
@@ -397,9 +459,13 @@ def _add_provider(kinds: _Commands) -> None:
         action="append",
         metavar="REQ",
         help="compile in a toolchain epbuild makes with these pip requirements (repeatable), "
-        "e.g. onnxruntime-openvino==1.24.1",
+        "e.g. onnxruntime-openvino==1.24.1 (default: compile in epbuild's own environment)",
     )
-    tc.add_argument("--python", metavar="PATH", help="compile in this interpreter's environment")
+    tc.add_argument(
+        "--python",
+        metavar="PATH",
+        help="compile in this interpreter's environment (default: epbuild's own)",
+    )
 
 
 def _add_target(kinds: _Commands) -> None:
@@ -418,7 +484,10 @@ def _add_target(kinds: _Commands) -> None:
     t.add_argument("--to", dest="group", action=Renamed, now="-g/--group", append=True)
     provider(t, "the provider's name (default: TARGET)")
     t.add_argument("--name", dest="provider", action=Renamed, now="-p/--provider")
-    t.add_argument("--ep", help="adapter, for a TARGET that is not a known SoC")
+    t.add_argument(
+        "--ep",
+        help="adapter (default: qnn for a known SoC; needed for any other TARGET)",
+    )
     t.add_argument("--option", action="append", metavar="KEY=VALUE", help=OPTION_HELP)
     t.add_argument(
         "--replace", action="store_true", help="overwrite a different provider of that name"
@@ -430,8 +499,18 @@ def _add_llm(kinds: _Commands) -> None:
     m.add_argument("name", metavar="NAME", help="the LLM's name")
     m.add_argument("source", metavar="SOURCE", help="the folder holding genai_config.json")
     provider(m, "provider to build it for (repeatable; default: the only one)", append=True)
-    m.add_argument("--context-length", type=int, metavar="N", help="static KV-cache length")
-    m.add_argument("--window-size", type=int, metavar="N", help="prompt window (prefill) length")
+    m.add_argument(
+        "--context-length",
+        type=int,
+        metavar="N",
+        help="static KV-cache length (default 1024, or the model's limit where lower)",
+    )
+    m.add_argument(
+        "--window-size",
+        type=int,
+        metavar="N",
+        help="prompt window (prefill) length (default 64, or the context length where lower)",
+    )
     m.add_argument(
         "--share-weights",
         action=argparse.BooleanOptionalAction,
@@ -467,6 +546,23 @@ def _lock(sub: _Commands) -> None:
     lock_timeout(k)
 
 
+SCHEMA_LINE = "#:schema ./epbuild.schema.json"
+"""The first line of an ``epbuild.toml`` that makes a TOML editor (taplo: Even Better TOML,
+tombi) check it against ``epbuild schema``'s output saved beside it."""
+
+
+def _schema(sub: _Commands) -> None:
+    s = sub.add_parser(
+        "schema",
+        help="print the manifest's JSON Schema, for a TOML editor's checks and completion",
+        description="Print the JSON Schema of epbuild.toml (this version's) on stdout. Save it "
+        "beside the manifest (epbuild schema > epbuild.schema.json) and make the manifest's "
+        f"first line '{SCHEMA_LINE}': editors built on taplo (Even Better TOML) or tombi "
+        "then check every key as you type.",
+    )
+    json_flag(s, "print one JSON document: the schema under 'schema', the editor line")
+
+
 _IN_HELP_ORDER = (
     _init,
     _add,
@@ -480,4 +576,5 @@ _IN_HELP_ORDER = (
     _toolchains,
     _watch,
     _lock,
+    _schema,
 )

@@ -9,21 +9,30 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from epbuild._names import MANIFEST_NAME
+from epbuild.docsite import page_url
 from epbuild.errors import UserError
 
 if TYPE_CHECKING:
     from epbuild.manifest.discover import FoundGroup, FoundLlm
 
-STARTER = """\
-# epbuild manifest (README.md documents every key).
-# Validate in your editor with schemas/epbuild.schema.json.
+_GUIDE = (
+    f"# Every key: {page_url('reference/manifest.md')}\n"
+    "# Checks in your editor: epbuild schema > epbuild.schema.json, then make this line 1:\n"
+    "#   #:schema ./epbuild.schema.json\n"
+)
+"""Where a starter manifest's reader finds every key, and how their editor checks them."""
+
+STARTER = (
+    "# epbuild manifest.\n"
+    + _GUIDE
+    + """\
 
 [workspace]
 out_dir = "build"        # outputs, relative to this file
 # jobs = 2               # compiles at once (default: number of CPUs)
 
-# A named provider configuration: which EP, which target.
-[providers.htp-v73]
+# A named provider configuration: which EP, which target ('epbuild add target --list').
+[providers.htp-v73]      # Snapdragon X Elite (SC8380XP): HTP v73
 ep = "qnn"
 options = { htp_arch = "73", soc_model = "60" }
 # compiler = "session"   # default "compile_api" (onnxruntime >= 1.23): ModelCompiler
@@ -36,6 +45,7 @@ providers = ["htp-v73"]
 share_weights = false    # true: one weight-sharing session group (N ctx + 1 bin)
 embed_mode = 0           # 0: separate context binary; 1: embedded in the ctx model
 """
+)
 
 
 def init(directory: str | os.PathLike[str] = ".", name: str | None = None) -> str:
@@ -132,14 +142,16 @@ def _init_from(
     return InitResult(str(path), found.groups, found.skipped, found.llms)
 
 
-_HEADER = """\
-# epbuild manifest (README.md documents every key), written by 'epbuild init --from {source}'.
-# Validate in your editor with schemas/epbuild.schema.json.
+_HEADER = (
+    "# epbuild manifest, written by 'epbuild init --from {source}'.\n"
+    + _GUIDE
+    + """\
 
 [workspace]
 out_dir = "build"        # outputs, relative to this file
 # jobs = 2               # compiles at once (default: number of CPUs)
 """
+)
 
 
 def _provider_block(target: str | None) -> tuple[str, str]:

@@ -489,12 +489,26 @@ def schema_text() -> str:
     return json.dumps(SCHEMA, indent=2) + "\n"
 
 
+SCHEMA_FILE = "epbuild.schema.json"
+"""The schema's file name: in the repository's ``schemas/`` and, for a pip install, beside
+this module (package data: ``epbuild schema`` prints it)."""
+
+
+def shipped_schema() -> str:
+    """The schema file installed with epbuild (``epbuild/manifest/epbuild.schema.json``)."""
+    return (Path(__file__).resolve().parent / SCHEMA_FILE).read_text(encoding="utf-8")
+
+
 def main() -> None:
-    """Write (or with --check, compare) ``schemas/epbuild.schema.json``."""
-    target = Path(__file__).resolve().parents[2] / "schemas" / "epbuild.schema.json"
+    """Write (or with --check, compare) ``schemas/epbuild.schema.json`` and the copy the
+    wheel ships (``epbuild/manifest/epbuild.schema.json``)."""
+    here = Path(__file__).resolve()
+    targets = [here.parents[2] / "schemas" / SCHEMA_FILE, here.parent / SCHEMA_FILE]
     if "--check" in sys.argv:
-        sys.exit(0 if target.read_text() == schema_text() else 1)
-    target.write_text(schema_text())
+        fresh = all(t.is_file() and t.read_text() == schema_text() for t in targets)
+        sys.exit(0 if fresh else 1)
+    for target in targets:
+        target.write_text(schema_text())
 
 
 if __name__ == "__main__":

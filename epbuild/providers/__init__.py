@@ -11,6 +11,7 @@ import importlib
 import threading
 from typing import Any
 
+from epbuild.docsite import page_url
 from epbuild.errors import ManifestError
 from epbuild.providers.contract import BaseProvider, Provider
 
@@ -95,8 +96,8 @@ def _third_party(kind: str, ep: Any) -> Provider:  # an importlib.metadata.Entry
         raise ManifestError(
             f"provider adapter {kind!r} lacks the adapter contract: "
             f"{type(adapter).__name__} is not a subclass of epbuild.providers.base.BaseProvider",
-            hint=f"{where} must name a subclass of BaseProvider (docs/providers.md, "
-            '"Writing an adapter")',
+            hint=f"{where} must name a subclass of BaseProvider (see "
+            f"{page_url('providers.md', 'writing-an-adapter')})",
         )
     if adapter.kind != kind:
         raise ManifestError(

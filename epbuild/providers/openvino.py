@@ -24,6 +24,7 @@ import sys
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+from epbuild.docsite import page_url
 from epbuild.errors import ManifestError, ProviderUnavailableError
 from epbuild.providers.base import install_hint, register_plugin
 from epbuild.providers.contract import (
@@ -251,7 +252,7 @@ class OpenVinoProvider(BaseProvider):
                 "OpenVINO EPContext blobs: its bundled OpenVINO lacks the IR frontend, so "
                 "import_model fails (EP_FAIL 'Unhandled exception type: 1' = import_model); "
                 "the blob itself imports with the standalone openvino package "
-                "(docs/providers.md)"
+                f"({page_url('providers.md', 'openvino')})"
             )
         return None
 

@@ -98,6 +98,35 @@ WELL_KNOWN_TARGETS: dict[str, QnnTarget] = {
 part numbers (``sm8650``) are accepted too (``well_known_target``)."""
 
 
+def chip_of(soc_model: str) -> QnnTarget | None:
+    """The SoC in ``WELL_KNOWN_TARGETS`` whose ``soc_model`` is ``soc_model``, else None."""
+    return next((t for t in WELL_KNOWN_TARGETS.values() if t.soc_model == soc_model), None)
+
+
+def pairing_problem(htp_arch: str, soc_model: str) -> str | None:
+    """Why ``htp_arch`` and ``soc_model`` cannot go together, or None: a chip epbuild knows
+    has one architecture. A ``soc_model`` the table does not name is not judged."""
+    chip = chip_of(soc_model)
+    if chip is None or chip.htp_arch == htp_arch:
+        return None
+    return (
+        f"soc_model {soc_model!r} is the {chip.title}, an HTP v{chip.htp_arch} chip, "
+        f"but htp_arch is {htp_arch!r}"
+    )
+
+
+def _pairing_hint(htp_arch: str, soc_model: str) -> str:
+    chip = chip_of(soc_model)
+    assert chip is not None
+    others = [t for t in WELL_KNOWN_TARGETS.values() if t.htp_arch == htp_arch]
+    same_arch = " or ".join(f'soc_model = "{t.soc_model}" for the {t.title}' for t in others)
+    return (
+        f'for the {chip.title} set htp_arch = "{chip.htp_arch}"'
+        + (f"; for a v{htp_arch} chip set {same_arch}" if same_arch else "")
+        + "; epbuild add target --list shows every chip epbuild knows"
+    )
+
+
 def well_known_target(name: str) -> QnnTarget | None:
     """The SoC called ``name`` (``snapdragon-8-gen-3`` or ``sm8650``, any case), else None."""
     key = name.lower()
@@ -126,7 +155,9 @@ class QnnProvider(BaseProvider):
     asked without an NPU it can crash the process (docs/research/qnn-plugin.md)."""
 
     def check_options(self, options: Mapping[str, Any], *, key: str) -> dict[str, str]:
-        """Backend HTP only; known architectures and SoCs, as many of each."""
+        """Backend HTP only; known architectures and SoCs, as many of each, and each chip
+        ``WELL_KNOWN_TARGETS`` names with its own architecture (the EP takes any pair without
+        a word, and the context is then for no chip the user meant)."""
         opts = super().check_options(options, key=key)
         for name in FILE_OPTIONS & opts.keys():
             try:
@@ -167,6 +198,13 @@ class QnnProvider(BaseProvider):
                 key=f"{key}.soc_model",
                 hint="give one soc_model per htp_arch (multi-SoC targets are comma lists)",
             )
+        if "htp_arch" in opts and "soc_model" in opts:
+            for arch, soc in zip(archs, socs, strict=True):
+                problem = pairing_problem(arch, soc)
+                if problem:
+                    raise ManifestError(
+                        problem, key=f"{key}.soc_model", hint=_pairing_hint(arch, soc)
+                    )
         return opts
 
     def is_multi_soc(self, config: ProviderConfig) -> bool:

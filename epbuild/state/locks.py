@@ -15,6 +15,7 @@ from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from epbuild.docsite import page_url
 from epbuild.errors import LockTimeoutError
 from epbuild.state import waiting
 
@@ -184,5 +185,5 @@ def _timed_out(lock_path: str, what: str, timeout: float | None) -> LockTimeoutE
         f"timed out after {timeout or 0:g}s waiting for the lock held by "
         f"{owner.get('what', what)} (pid {owner.get('pid', '?')})",
         hint="wait for that build to finish, or raise --lock-timeout "
-        "(see docs/troubleshooting.md#lock-waits)",
+        f"(see {page_url('troubleshooting.md', 'lock-waits')})",
     )

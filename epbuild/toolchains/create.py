@@ -19,6 +19,7 @@ import sys
 import time
 from collections.abc import Callable
 
+from epbuild.docsite import page_url
 from epbuild.errors import ToolchainError
 from epbuild.fs import atomic_write_bytes
 from epbuild.providers.distributions import onnxruntime_version, scanning
@@ -187,7 +188,8 @@ def _run(
         f"provider {provider!r}: making its toolchain ({spec.label}) failed: {tool}: {why}",
         hint=f"check providers.{provider}.toolchain.requirements (package names and pins "
         f"must resolve for Python {sys.version_info[0]}.{sys.version_info[1]} on this "
-        f"platform); the full log is {log} (see docs/troubleshooting.md#toolchain-failures)",
+        f"platform); the full log is {log} (see "
+        f"{page_url('troubleshooting.md', 'toolchain-failures')})",
     )
 
 
