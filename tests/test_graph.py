@@ -275,3 +275,23 @@ def test_clean_orphaned_removes_only_what_no_action_owns(workspace: Workspace) -
     after = workspace.cli_json("status")
     assert after["orphaned"] == [] and after["orphaned_bytes"] == 0
     assert all(not a["stale"] for a in after["actions"])
+
+
+def test_the_html_report_draws_the_graph_with_states_and_times(
+    toy: None, workspace: Workspace, tmp_path: Path
+) -> None:
+    from epbuild.inspection.html import write_html_report
+
+    write_simple(workspace)
+    (workspace.root / "notes.txt").write_text("Hello")
+    assert workspace.build().ok
+    (workspace.root / "notes.txt").write_text("Hello again")  # both toy actions go stale
+    page = tmp_path / "report.html"
+    write_html_report(workspace.root, None, [], page)
+    text = page.read_text()
+    svg = text[text.index('<div id="graph">') : text.index("<h2>Last build</h2>")]
+    ids = ["pair/htp", "single/htp/c", "notes/lower", "notes/count"]
+    assert all(f'data-id="{i}"' in svg for i in ids)
+    assert svg.count("<line ") == 1  # notes/lower → notes/count
+    assert "lower · stale" in svg and "compile · up to date" in svg
+    assert "lowered in " in svg and "compiled in " in svg

@@ -1,23 +1,27 @@
-"""``epbuild report --html FILE``: one self-contained page (no network) showing the last
-build's timeline and a table per action: outcome, compile seconds, peak memory, binary
-sizes, nodes compiled vs. left on the CPU EP, cache hit or miss, and each model's last
-numerical check.
+"""``epbuild report --html FILE``: one self-contained page (no network) showing the build
+graph (every action of every kind, its dependencies, state, how it was last made and how
+long that took), the last build's timeline and a table per compile action: outcome,
+compile seconds, peak memory, binary sizes, nodes compiled vs. left on the CPU EP, cache
+hit or miss, and each model's last numerical check.
 
-The table is rendered here (readable without JavaScript); the timeline is drawn by a small
-inline script from the trace the last build left in the state directory.
-"""
+The graph and the table are rendered here (readable without JavaScript); the timeline is
+drawn by a small inline script from the trace the last build left in the state directory."""
 
 from __future__ import annotations
 
 import html
 import json
 import os
-from typing import Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 from epbuild._names import CTX_SUFFIX, TRACE_NAME
 from epbuild.engine.memory import format_bytes
 from epbuild.engine.trace import KINDS, load_trace
 from epbuild.inspection.detail import COMPILER_NAMES, ActionDetail, numerics_summary, status_detail
+
+if TYPE_CHECKING:
+    from epbuild.planning.workspace import Workspace
 
 _CSS = """
 body{font:14px/1.4 system-ui,sans-serif;margin:24px;color:#222}
@@ -150,7 +154,80 @@ def _row(d: ActionDetail) -> str:
     )
 
 
-def render_html(details: list[ActionDetail], trace: dict[str, Any] | None, title: str) -> str:
+@dataclass(frozen=True)
+class GraphNode:
+    """One action in the page's drawing of the build graph."""
+
+    id: str
+    kind: str
+    deps: tuple[str, ...]
+    state: str
+    """``up to date``, ``stale`` or ``never built``."""
+    made: str
+    """How its outputs were last made: ``compiled`` (or the kind's word), ``restored``, or
+    empty when never built."""
+    seconds: float
+
+
+_STATE_FILL = {"up to date": "#e3f4e8", "stale": "#fdebd3", "never built": "#eeeeee"}
+
+
+def graph_svg(nodes: list[GraphNode]) -> str:
+    """The build graph as an inline SVG: one column per depth (an action right of what it
+    depends on), an arrow per dependency, each box holding the action's id, kind, state and
+    last time. Rendered here: readable without JavaScript."""
+    e = html.escape
+    if not nodes:
+        return "<p>No actions.</p>"
+    depth: dict[str, int] = {}
+    for n in nodes:  # graph order: dependencies first
+        depth[n.id] = 1 + max((depth.get(d, -1) for d in n.deps), default=-1)
+    rows: dict[int, int] = {}
+    place: dict[str, tuple[int, int]] = {}
+    w, h, gap_x, gap_y = 230, 54, 60, 14
+    for n in nodes:
+        col = depth[n.id]
+        row = rows.get(col, 0)
+        rows[col] = row + 1
+        place[n.id] = (10 + col * (w + gap_x), 10 + row * (h + gap_y))
+    width = 20 + (max(depth.values()) + 1) * (w + gap_x) - gap_x
+    height = 20 + max(rows.values()) * (h + gap_y) - gap_y
+    parts = [
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
+        'font-size="12" font-family="system-ui,sans-serif">',
+        '<defs><marker id="arrow" viewBox="0 0 8 8" refX="8" refY="4" markerWidth="8" '
+        'markerHeight="8" orient="auto"><path d="M0,0 L8,4 L0,8 z" fill="#888"/></marker></defs>',
+    ]
+    for n in nodes:
+        x, y = place[n.id]
+        for d in n.deps:
+            if d in place:
+                dx, dy = place[d]
+                parts.append(
+                    f'<line x1="{dx + w}" y1="{dy + h // 2}" x2="{x}" y2="{y + h // 2}" '
+                    'stroke="#888" marker-end="url(#arrow)"/>'
+                )
+    for n in nodes:
+        x, y = place[n.id]
+        made = f"{n.made} in {n.seconds:.2f} s" if n.made else ""
+        parts.append(
+            f'<g class="node" data-id="{e(n.id)}"><rect x="{x}" y="{y}" width="{w}" '
+            f'height="{h}" rx="4" fill="{_STATE_FILL.get(n.state, "#fff")}" stroke="#999"/>'
+            f'<text x="{x + 6}" y="{y + 16}" font-weight="600">{e(n.id)}</text>'
+            f'<text x="{x + 6}" y="{y + 32}">{e(n.kind)} · {e(n.state)}</text>'
+            f'<text x="{x + 6}" y="{y + 47}" fill="#555">{e(made)}</text>'
+            f"<title>{e(n.id)}</title></g>"
+        )
+    parts.append("</svg>")
+    return "".join(parts)
+
+
+def render_html(
+    details: list[ActionDetail],
+    trace: dict[str, Any] | None,
+    title: str,
+    graph: list[GraphNode] | None = None,
+) -> str:
     """The page, as one string with its CSS, data and script inline."""
     trace = trace or {"traceEvents": []}
     legend = "".join(f'<span><i style="background:{_COLORS[k]}"></i>{k}</span>' for k in KINDS)
@@ -168,6 +245,8 @@ style-src 'unsafe-inline'; script-src 'unsafe-inline'; img-src data:">
 <h1>epbuild report</h1>
 <div class="sub">{html.escape(title)} · {len(details)} action(s), {built} built, \
 {hits} from the cache</div>
+<h2>Build graph</h2>
+<div id="graph">{graph_svg(graph or [])}</div>
 <h2>Last build</h2>
 <div class="legend">{legend}</div>
 <div id="timeline"></div>
@@ -199,6 +278,22 @@ def write_html_report(
     ws = open_workspace(directory, manifest, selectors)
     details = status_detail(directory, manifest, selectors)
     trace = load_trace(os.path.join(ws.state_dir, TRACE_NAME))
-    page = render_html(details, trace, os.path.basename(ws.root))
+    page = render_html(details, trace, os.path.basename(ws.root), _graph_nodes(ws))
     atomic_write_bytes(os.fspath(path), page.encode("utf-8"))
     return len(details)
+
+
+def _graph_nodes(ws: Workspace) -> list[GraphNode]:
+    """Every selected action of the graph as the page draws it."""
+    from epbuild.kinds.contract import kind_of
+    from epbuild.planning.staleness import make_plan
+
+    nodes = []
+    for plan in make_plan(ws.graph, ws.state, ws.keys, ws.stats, ws.root):
+        a = plan.action
+        rec = ws.state.records.get(a.id)
+        state = "never built" if rec is None else "stale" if plan.stale else "up to date"
+        made = "" if rec is None else "restored" if rec.restored else kind_of(a).past
+        seconds = rec.seconds if rec is not None else 0.0
+        nodes.append(GraphNode(a.id, a.kind, a.deps, state, made, seconds))
+    return nodes
