@@ -15,14 +15,14 @@ from typing import Any
 
 from epbuild.errors import ModelError, UserError, VerificationError
 from epbuild.executors.job import KindJob
-from epbuild.kinds.contract import RunContext
+from epbuild.kinds.contract import ActionIdentity, RunContext
 from epbuild.planning.keys import ActionKey, KeyComputer
 
 SOURCE = "notes.txt"
 
 
 @dataclass(frozen=True)
-class TextAction:
+class TextAction(ActionIdentity):
     id: str
     kind: str
     source: str
@@ -33,10 +33,6 @@ class TextAction:
     group_name: str = "notes"
     provider_name: str = ""
     toolchain: None = None
-
-    @property
-    def slug(self) -> str:
-        return hashlib.sha256(self.id.encode()).hexdigest()[:16]
 
 
 def toy_actions(manifest: Any) -> list[Any]:

@@ -60,6 +60,16 @@ def _open(
     return open_workspace(directory, manifest, selectors, toolchains=toolchains)
 
 
+def _named_cache(
+    directory: str | os.PathLike[str], manifest: str | os.PathLike[str] | None, option: str | None
+) -> ActionCache:
+    """The cache a command names (``option``) or the manifest configures; the workspace is
+    only read for that: nothing is made, keyed or prepared."""
+    from epbuild.planning.workspace import open_workspace
+
+    return _cache(open_workspace(directory, manifest), directory, option)
+
+
 def _cache(ws: Workspace, directory: str | os.PathLike[str], option: str | None) -> ActionCache:
     from epbuild.engine.builder import open_action_cache
 
@@ -166,11 +176,9 @@ def import_cache(
     manifest: str | os.PathLike[str] | None = None,
     *,
     cache: str | None = None,
-    say: Callable[[str], None] | None = None,
 ) -> ArchiveReport:
     """Add an archive's entries to the local cache."""
-    ws = _open(directory, manifest, (), say)
-    c = _cache(ws, directory, cache)
+    c = _named_cache(directory, manifest, cache)
     return import_archive(c.local, c.local_backend, os.fspath(file))
 
 
@@ -180,12 +188,9 @@ def prune_cache(
     manifest: str | os.PathLike[str] | None = None,
     *,
     cache: str | None = None,
-    say: Callable[[str], None] | None = None,
 ) -> PruneReport:
     """Evict least-recently-used entries of the local cache down to ``max_size`` bytes."""
-    ws = _open(directory, manifest, (), say)
-    c = _cache(ws, directory, cache)
-    return prune(c.local, max_size)
+    return prune(_named_cache(directory, manifest, cache).local, max_size)
 
 
 def verify_cache(
@@ -193,11 +198,9 @@ def verify_cache(
     manifest: str | os.PathLike[str] | None = None,
     *,
     cache: str | None = None,
-    say: Callable[[str], None] | None = None,
 ) -> CacheVerifyReport:
     """Re-hash every object of the local cache; discard damaged entries."""
-    ws = _open(directory, manifest, (), say)
-    c = _cache(ws, directory, cache)
+    c = _named_cache(directory, manifest, cache)
     return verify_all(c.local, c.local_backend)
 
 

@@ -46,7 +46,7 @@ def _print_export(args: argparse.Namespace) -> int:
 
 
 def _print_import(args: argparse.Namespace) -> int:
-    report = import_cache(args.file, args.directory, args.manifest, cache=args.cache, say=_say)
+    report = import_cache(args.file, args.directory, args.manifest, cache=args.cache)
     summary = (
         f"epbuild: imported {report.entries} entr(ies), {report.objects} object(s), "
         f"{report.bytes} bytes from {args.file}"
@@ -59,7 +59,7 @@ def _print_import(args: argparse.Namespace) -> int:
 
 
 def _print_verify(args: argparse.Namespace) -> int:
-    checked = verify_cache(args.directory, args.manifest, cache=args.cache, say=_say)
+    checked = verify_cache(args.directory, args.manifest, cache=args.cache)
     summary = (
         f"epbuild: checked {checked.objects} object(s), {checked.bytes} bytes, of "
         f"{checked.entries} entr(ies); {len(checked.problems)} discarded"
@@ -85,7 +85,7 @@ def _print_prune(args: argparse.Namespace) -> int:
     from epbuild.frontends.args import size_option
 
     limit = size_option(args.max_size, "--max-size", "10G or 500M")
-    pruned = prune_cache(limit, args.directory, args.manifest, cache=args.cache, say=_say)
+    pruned = prune_cache(limit, args.directory, args.manifest, cache=args.cache)
     if args.json:
         print_json(asdict(pruned), command="cache prune")
         return 0

@@ -11,6 +11,7 @@ a module with a ``Kind`` and its actions, registered here (``register``).
 
 from __future__ import annotations
 
+import hashlib
 import importlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -68,6 +69,17 @@ class GraphAction(Protocol):
     def toolchain(self) -> ToolchainSpec | None:
         """The environment its worker runs in (None: epbuild's own)."""
         ...
+
+
+class ActionIdentity:
+    """What every kind's action derives from its id alike (a base of the action types)."""
+
+    id: str
+
+    @property
+    def slug(self) -> str:
+        """A short, file-name-safe, stable token for locks and staging directories."""
+        return hashlib.sha256(self.id.encode()).hexdigest()[:16]
 
 
 @dataclass(frozen=True)

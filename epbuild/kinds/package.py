@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 from epbuild.errors import ModelError, UserError, VerificationError
 from epbuild.executors.job import KindJob
 from epbuild.kinds.contract import RunContext
+from epbuild.kinds.prepare import LlmStep
 from epbuild.manifest.model import Llm
 from epbuild.planning.keys import ActionKey, KeyComputer
 from epbuild.providers.contract import ProviderConfig
@@ -32,16 +33,16 @@ from epbuild.providers.contract import ProviderConfig
 if TYPE_CHECKING:
     from epbuild.executors.job import AnyJob
     from epbuild.onnx.context import Problem
-    from epbuild.toolchains.spec import ToolchainSpec
 
 PACKAGE_FORMAT = 1
 """Bump when the same source makes another package."""
 
 
 @dataclass(frozen=True)
-class PackageAction:
+class PackageAction(LlmStep):
     """One LLM × provider genai package."""
 
+    KIND = "package"
     id: str
     llm: Llm
     provider: ProviderConfig
@@ -50,24 +51,8 @@ class PackageAction:
     deps: tuple[str, ...] = ()
 
     @property
-    def kind(self) -> str:
-        return "package"
-
-    @property
-    def slug(self) -> str:
-        return hashlib.sha256(self.id.encode()).hexdigest()[:16]
-
-    @property
-    def group_name(self) -> str:
-        return self.llm.name
-
-    @property
     def provider_name(self) -> str:
         return self.provider.name
-
-    @property
-    def toolchain(self) -> ToolchainSpec | None:
-        return None
 
 
 class PackageKind:

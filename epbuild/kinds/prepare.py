@@ -20,11 +20,11 @@ import shutil
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from epbuild.errors import ModelError, UserError, VerificationError
 from epbuild.executors.job import KindJob
-from epbuild.kinds.contract import RunContext
+from epbuild.kinds.contract import ActionIdentity, RunContext
 from epbuild.llm.prepare import AFFINITY, AFFINITY_JSON, PREP_FORMAT, STAGES
 from epbuild.manifest.model import Llm
 from epbuild.planning.keys import ActionKey, KeyComputer
@@ -40,25 +40,16 @@ GRAPHS = tuple(f"{stage}.onnx" for stage, _ in STAGES)
 """The graphs it writes, in session order."""
 
 
-@dataclass(frozen=True)
-class PrepareAction:
-    """One LLM's static preparation."""
+class LlmStep(ActionIdentity):
+    """What the actions an ``[llms]`` entry adds around its compiles have alike: they are
+    named after the entry, run in epbuild's own environment, and their kind is ``KIND``."""
 
-    id: str
+    KIND: ClassVar[str]
     llm: Llm
-    model: str
-    """Workspace-relative source decoder."""
-    out_dir: str
-    """``<state_dir>/llm/<name>/prepared``."""
-    deps: tuple[str, ...] = ()
 
     @property
     def kind(self) -> str:
-        return "prepare"
-
-    @property
-    def slug(self) -> str:
-        return hashlib.sha256(self.id.encode()).hexdigest()[:16]
+        return self.KIND
 
     @property
     def group_name(self) -> str:
@@ -71,6 +62,20 @@ class PrepareAction:
     @property
     def toolchain(self) -> ToolchainSpec | None:
         return None
+
+
+@dataclass(frozen=True)
+class PrepareAction(LlmStep):
+    """One LLM's static preparation."""
+
+    KIND = "prepare"
+    id: str
+    llm: Llm
+    model: str
+    """Workspace-relative source decoder."""
+    out_dir: str
+    """``<state_dir>/llm/<name>/prepared``."""
+    deps: tuple[str, ...] = ()
 
     @property
     def graphs(self) -> tuple[str, ...]:

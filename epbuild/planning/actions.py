@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import posixpath
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -10,6 +9,7 @@ from typing import TYPE_CHECKING, TypeVar
 
 from epbuild._names import CTX_SUFFIX
 from epbuild.errors import UserError
+from epbuild.kinds.contract import ActionIdentity
 from epbuild.manifest.model import CompileSettings, Group, Manifest, ModelEntry
 from epbuild.providers.contract import ProviderConfig
 
@@ -21,7 +21,7 @@ A = TypeVar("A", bound="GraphAction")
 
 
 @dataclass(frozen=True)
-class Action:
+class Action(ActionIdentity):
     """One unit of compile work: a sharing group × provider, or one model × provider."""
 
     id: str
@@ -97,11 +97,6 @@ class Action:
     def ctx_paths(self) -> tuple[str, ...]:
         """Workspace-relative paths of the ctx models."""
         return tuple(posixpath.join(self.out_dir, n) for n in self.ctx_names)
-
-    @property
-    def slug(self) -> str:
-        """A short, file-name-safe, stable token for locks and staging directories."""
-        return hashlib.sha256(self.id.encode()).hexdigest()[:16]
 
 
 def make_actions(manifest: Manifest, extra: Sequence[Group] = ()) -> list[Action]:
