@@ -318,3 +318,11 @@ def refuse_outward(path: str, root: str, *, what: str) -> None:
             ", outside the workspace",
             hint="remove the symlink or point it inside the workspace",
         )
+
+
+def format_bytes(n: float) -> str:
+    """1.5 GB, 300 MB, 12 kB."""
+    for unit, scale in (("GB", 1 << 30), ("MB", 1 << 20), ("kB", 1 << 10)):
+        if n >= scale:
+            return f"{n / scale:.1f} {unit}"
+    return f"{int(n)} B"

@@ -207,11 +207,3 @@ class MemoryPlan:
         """An admitted action finished."""
         with self._lock:
             self.in_use = max(0, self.in_use - self.peaks.get(plan.action.id, 0))
-
-
-def format_bytes(n: float) -> str:
-    """1.5 GB, 300 MB, 12 kB."""
-    for unit, scale in (("GB", 1 << 30), ("MB", 1 << 20), ("kB", 1 << 10)):
-        if n >= scale:
-            return f"{n / scale:.1f} {unit}"
-    return f"{int(n)} B"

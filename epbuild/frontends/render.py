@@ -40,7 +40,7 @@ def status_lines(result: StatusResult) -> Iterator[str]:
         yield f"orphaned    {action_id}"
         yield "              - no longer in the manifest; 'epbuild clean' removes its outputs"
     if result.orphaned_bytes:
-        from epbuild.engine.memory import format_bytes
+        from epbuild.fs import format_bytes
 
         yield (
             f"orphaned    {format_bytes(result.orphaned_bytes)} of outputs no action of the "

@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from epbuild._names import CTX_SUFFIX, TRACE_NAME
-from epbuild.engine.memory import format_bytes
 from epbuild.engine.trace import KINDS, load_trace
+from epbuild.fs import format_bytes
 from epbuild.inspection.detail import COMPILER_NAMES, ActionDetail, numerics_summary, status_detail
 
 if TYPE_CHECKING:

@@ -54,6 +54,11 @@ class LlmSource:
     """A pipeline's stages in order: (name, ONNX file relative to the folder)."""
     window_size: int = 0
     """A pipeline's ``model.decoder.sliding_window.window_size`` (0 where it has none)."""
+    layers: int = 0
+    """A decoder's ``model.decoder.num_hidden_layers`` (0 for a pipeline)."""
+    kv_heads: int = 0
+    """A decoder's key/value heads (``num_key_value_heads``, else ``num_attention_heads``;
+    0 where the config has neither)."""
 
 
 def read_source(folder: Path) -> LlmSource:
@@ -78,10 +83,31 @@ def read_source(folder: Path) -> LlmSource:
         config = json.loads(text)
     except json.JSONDecodeError as exc:
         raise LlmSourceError(f"{GENAI_CONFIG} is not valid JSON: {exc}") from exc
-    model = config.get("model") if isinstance(config, dict) else None
-    if not isinstance(model, dict):
-        raise LlmSourceError(f"{GENAI_CONFIG} has no 'model' table")
-    return _decoder_source(model)
+    except RecursionError:
+        raise LlmSourceError(f"{GENAI_CONFIG} nests tables or lists too deeply") from None
+    from epbuild.llm.genai_schema import check_config
+
+    check_config(config)
+    _refuse_outward_links(folder)
+    return _decoder_source(config["model"])
+
+
+def _refuse_outward_links(folder: Path) -> None:
+    """Every link in the folder resolves inside it: a file the package would copy (a
+    tokenizer, a template) or a graph it compiles is never one from elsewhere."""
+    import os
+
+    base = os.path.realpath(folder)
+    for entry in sorted(os.scandir(folder), key=lambda e: e.name):
+        if not entry.is_symlink():
+            continue
+        target = os.path.realpath(entry.path)
+        if not (target + os.sep).startswith(base + os.sep):
+            raise LlmSourceError(
+                f"{entry.name} is a link to {target}, outside the folder",
+                "copy the file into the folder (or remove the link): epbuild reads and ships "
+                "only files of the source folder",
+            )
 
 
 def _decoder_source(model: dict[str, Any]) -> LlmSource:
@@ -111,10 +137,22 @@ def _decoder_source(model: dict[str, Any]) -> LlmSource:
             f"{GENAI_CONFIG}: model.decoder has neither a filename nor a pipeline",
             "epbuild builds a single decoder (model builder) or a decoder-pipeline (Olive)",
         )
+    if not _plain_name(filename):
+        raise LlmSourceError(
+            f"{GENAI_CONFIG}: model.decoder.filename names {filename!r}, not a file of the folder"
+        )
     head = decoder.get("head_size")
     if not isinstance(head, int) or isinstance(head, bool) or head < 1:
         raise LlmSourceError(f"{GENAI_CONFIG} has no positive model.decoder.head_size")
-    return LlmSource(DECODER, model_type, limit, (filename,), head)
+    layers = decoder.get("num_hidden_layers")
+    if not isinstance(layers, int) or isinstance(layers, bool):
+        raise LlmSourceError(
+            f"{GENAI_CONFIG} has no model.decoder.num_hidden_layers",
+            "genai needs it to name each layer's KV-cache inputs and outputs",
+        )
+    heads = decoder.get("num_key_value_heads") or decoder.get("num_attention_heads")
+    kv = heads if isinstance(heads, int) else 0
+    return LlmSource(DECODER, model_type, limit, (filename,), head, layers=layers, kv_heads=kv)
 
 
 def _pipeline_source(
@@ -155,7 +193,11 @@ def _pipeline_source(
 
 def _plain_name(name: str) -> bool:
     """A file name in the folder itself (no directory part, not hidden)."""
-    return bool(name) and "/" not in name and "\\" not in name and not name.startswith(".")
+    return (
+        bool(name)
+        and not any(c in name for c in "/\\:")  # no directory part, drive or stream
+        and not name.startswith(".")
+    )
 
 
 def static_stages(

@@ -22,12 +22,58 @@ def load_llms(
     tables: dict[str, Any],
     providers: dict[str, ProviderConfig],
     group_names: set[str],
+    budget: int | None = None,
 ) -> dict[str, Llm]:
-    """Every ``[llms.*]`` table, validated against the schema already."""
-    return {
+    """Every ``[llms.*]`` table, validated against the schema already. ``budget``: the
+    workspace's memory budget (None: this machine's memory), which one graph's KV cache
+    must fit."""
+    found = {
         name: _llm(where, root, name, table, providers, group_names)
         for name, table in tables.items()
     }
+    for name, (llm, kv) in found.items():
+        _check_kv(where, name, llm, kv, budget)
+    return {name: llm for name, (llm, _) in found.items()}
+
+
+KV_BYTES = 4
+"""Bytes of one KV-cache element in the prepared graphs (float32)."""
+
+
+def kv_cache_bytes(llm: Llm, layers: int, kv_heads: int) -> int:
+    """One static graph's KV cache: keys and values of every layer, ``kv_heads × context_length
+    × head_size`` each, in float32. A compile holds it (as input and output) several times
+    over."""
+    return 2 * layers * kv_heads * llm.context_length * llm.head_size * KV_BYTES
+
+
+def _check_kv(
+    where: Where, name: str, llm: Llm, shape: tuple[int, int], budget: int | None
+) -> None:
+    """Refuse an entry whose KV cache alone exceeds the memory a build may use."""
+    import os
+
+    from epbuild.fs import format_bytes
+
+    if not shape[0] or not shape[1]:
+        return
+    need = kv_cache_bytes(llm, *shape)
+    try:
+        limit = budget or os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, ValueError, OSError):  # no sysconf (Windows): the budget only
+        limit = budget or 0
+    if not limit:
+        return
+    if need > limit:
+        what = "the workspace's memory_budget" if budget else "this machine's memory"
+        raise where.error(
+            ("llms", name, "context_length"),
+            f"{llm.context_length} makes one graph's KV cache {format_bytes(need)} "
+            f"(2 × {shape[0]} layers × {shape[1]} KV heads × {llm.context_length} × head size "
+            f"{llm.head_size} × {KV_BYTES} bytes), more than {what} ({format_bytes(limit)}); "
+            "the build would be killed for memory",
+            "lower context_length",
+        )
 
 
 def _llm(
@@ -37,7 +83,7 @@ def _llm(
     table: dict[str, Any],
     providers: dict[str, ProviderConfig],
     group_names: set[str],
-) -> Llm:
+) -> tuple[Llm, tuple[int, int]]:
     base = ("llms", name)
     if name in group_names:
         raise where.error(
@@ -75,7 +121,7 @@ def _llm(
             f"{window} is above context_length ({context}): a prompt window must fit the KV cache",
             f"use window_size = {context} or less",
         )
-    return Llm(
+    llm = Llm(
         name=name,
         source=source,
         providers=tuple(names),
@@ -89,6 +135,7 @@ def _llm(
         prompt=table.get("prompt"),
         stages=found.stages,
     )
+    return llm, (found.layers, found.kv_heads)
 
 
 def _check_static(

@@ -138,7 +138,8 @@ def load_manifest(path: str | os.PathLike[str], *, text: str | None = None) -> M
         }
         groups[name] = replace(group, compile=resolved)
     package = _package(where, data, providers)
-    llms = load_llms(where, root, data.get("llms", {}), providers, set(groups))
+    budget = workspace.memory_budget
+    llms = load_llms(where, root, data.get("llms", {}), providers, set(groups), budget)
     for name, llm in llms.items():
         shape = Group(name, (), llm.providers, ContextSettings(llm.share_weights), ())
         resolved = {
