@@ -266,3 +266,19 @@ def test_no_worker_starts_once_interrupted(tmp_path: Path, monkeypatch: pytest.M
     outcome = executor.run(job)
     assert not outcome.ok and outcome.error == "interrupted before its worker started"
     assert spawned == []
+
+
+def test_a_worker_killed_for_memory_says_so(
+    workspace: Workspace, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """SIGKILL is what the kernel sends when memory runs out: the failure names the peak the
+    worker reached, the memory budget and -j, and says what to change."""
+    ws = _crash_ws(workspace)
+    monkeypatch.setenv("EPBUILD_TEST_HOOK", "oom:s/s1.onnx:96")
+    result = ws.build("one/htp/s1", memory_budget=3 << 30, jobs=1)
+    (bad,) = result.actions
+    assert bad.outcome is Outcome.FAILED
+    error = bad.error or ""
+    assert "killed by SIGKILL" in error and "for lack of memory" in error, error
+    assert "after reaching " in error and "(memory budget " in error and ", -j 1" in error, error
+    assert "lower -j" in (bad.hint or "")

@@ -223,6 +223,9 @@ class Builder:
             outcome = self._execute(job)
             peak = outcome.result.get("peak_rss")
             tracer.add("compile", started, action.id, ok=outcome.ok, peak_rss=peak)
+            if not outcome.ok and outcome.killed:
+                error, hint = self._killed(action, outcome)
+                return _failed(plan, error, hint, log_tail=outcome.log_tail)
             if not outcome.ok:
                 return _failed(plan, outcome.error, outcome.hint, log_tail=outcome.log_tail)
             mismatch = version_mismatch(key.components.get("versions", {}), outcome.result)
@@ -277,6 +280,23 @@ class Builder:
 
             return run_inline(job, self.ws.root)
         return self.executor.run(job)
+
+    def _killed(self, action: GraphAction, outcome: WorkerOutcome) -> tuple[str, str]:
+        """What to say of a worker ended by SIGKILL: what the kernel does when memory runs
+        out, with the peak it reached, the budget and -j."""
+        from epbuild.fs import format_bytes
+
+        reached = f"after reaching {format_bytes(outcome.peak_rss)}" if outcome.peak_rss else ""
+        budget = self.memory.budget
+        plan = f"memory budget {format_bytes(budget)}" if budget is not None else "no memory budget"
+        predicted = self.memory.peaks.get(action.id, 0)
+        guess = f", predicted {format_bytes(predicted)}" if predicted else ""
+        return (
+            f"{outcome.error} {reached} — most likely by the kernel for lack of memory "
+            f"({plan}, -j {self.jobs}{guess})".replace("  ", " "),
+            "build with a lower -j or --memory-budget, or free memory on the machine; an LLM "
+            "needs memory in proportion to its context_length",
+        )
 
     def _context(self, action: GraphAction) -> RunContext:
         """What the action's kind needs to make its job and check its outputs."""

@@ -31,6 +31,10 @@ class WorkerOutcome:
     error: str | None = None
     hint: str | None = None
     log_tail: list[str] = field(default_factory=list)
+    killed: bool = False
+    """SIGKILL ended it: the kernel's answer to running out of memory, most often."""
+    peak_rss: int = 0
+    """The highest resident memory seen while it ran (0: not measured)."""
 
 
 class Executor(Protocol):
@@ -114,6 +118,33 @@ def _reap(proc: subprocess.Popen[bytes]) -> None:
                 pass
 
 
+class _PeakWatch:
+    """Samples a worker's peak resident memory (Linux: ``VmHWM``) while it runs, so that a
+    worker the kernel kills for memory can be said to have reached it."""
+
+    def __init__(self, pid: int) -> None:
+        self.peak = 0
+        self._pid = pid
+        self._done = threading.Event()
+        if os.path.isdir(f"/proc/{pid}"):
+            threading.Thread(target=self._sample, daemon=True).start()
+
+    def _sample(self) -> None:
+        while True:
+            try:
+                with open(f"/proc/{self._pid}/status", encoding="ascii", errors="replace") as f:
+                    for line in f:
+                        if line.startswith("VmHWM:"):
+                            self.peak = max(self.peak, int(line.split()[1]) * 1024)
+            except (OSError, ValueError, IndexError):
+                return
+            if self._done.wait(0.1):
+                return
+
+    def stop(self) -> None:
+        self._done.set()
+
+
 def send_job(proc: subprocess.Popen[bytes], job: AnyJob) -> None:
     """Hand a worker its job line; its stdin then stays open until the coordinator goes."""
     assert proc.stdin is not None
@@ -133,7 +164,8 @@ def outcome_of(result: Any, code: int, log_path: str) -> WorkerOutcome:
         if trouble is not None:
             return WorkerOutcome(False, error=trouble[0], hint=trouble[1])
         error = _describe_exit(code, log_path)
-        return WorkerOutcome(False, error=error, log_tail=_tail(log_path))
+        killed = code == -signal.SIGKILL
+        return WorkerOutcome(False, error=error, log_tail=_tail(log_path), killed=killed)
     if not result.get("ok"):
         return WorkerOutcome(
             False,
@@ -205,6 +237,7 @@ class LocalExecutor:
         if proc is None:
             return WorkerOutcome(False, error="interrupted before its worker started")
         assert proc.stdin is not None and proc.stdout is not None
+        peak = _PeakWatch(proc.pid)
         try:
             send_job(proc, job)
             with open(log_path, "wb") as log:
@@ -213,6 +246,7 @@ class LocalExecutor:
                     log.flush()  # the log of a long compile can be followed as it runs
             code = proc.wait()
         finally:
+            peak.stop()
             _reap(proc)
             with self._lock:
                 self._running.discard(proc)
@@ -221,7 +255,9 @@ class LocalExecutor:
                 result = json.load(f)
         except (OSError, ValueError):
             result = None
-        return outcome_of(result, code, log_path)
+        outcome = outcome_of(result, code, log_path)
+        outcome.peak_rss = peak.peak
+        return outcome
 
     def cancel(self) -> None:
         with self._lock:

@@ -11,10 +11,11 @@ def run_test_hook(model: str) -> None:
     """A narrow seam for crash tests: ``EPBUILD_TEST_HOOK=KIND:SUBSTRING[:ARGUMENT]``.
 
     Before the session of a model whose path contains SUBSTRING: ``segv`` kills the worker
-    with SIGSEGV, ``abort`` aborts it (what a crashing native SDK does), ``sleep`` waits
-    SECONDS (a slow compile), ``wait`` waits until the file named by the argument exists (a
-    compile a test holds open until it says go; ``wait:SUBSTRING:PATH``). ``noshare``
-    leaves out the weight-sharing session entries (as if the EP ignored
+    with SIGSEGV, ``oom`` grows by ARGUMENT MB and is killed by SIGKILL (as the kernel kills
+    a process when memory runs out), ``abort`` aborts it (what a crashing native SDK does),
+    ``sleep`` waits SECONDS (a slow compile), ``wait`` waits until the file named by the
+    argument exists (a compile a test holds open until it says go; ``wait:SUBSTRING:PATH``).
+    ``noshare`` leaves out the weight-sharing session entries (as if the EP ignored
     ``ep.share_ep_contexts``; see ``_session_entries``): match every model of the group, or
     only the first, since a group whose last session lacks the stop entry never writes its
     binary. Unset in normal use.
@@ -28,6 +29,13 @@ def run_test_hook(model: str) -> None:
         import signal
 
         os.kill(os.getpid(), signal.SIGSEGV)
+    elif kind == "oom":  # what the kernel's out-of-memory killer does, after some growth
+        import signal
+
+        grown = bytearray(int(arg or 64) << 20)
+        grown[::4096] = b"x" * len(grown[::4096])
+        time.sleep(0.3)  # long enough for the executor to see the peak
+        os.kill(os.getpid(), signal.SIGKILL)
     elif kind == "abort":
         os.abort()
     elif kind == "sleep":
