@@ -4,7 +4,7 @@
         [--runs 3]
 
 In a temp workspace, for one fixture, unshared, HTP v73: the cold build (static
-preparation in a child process + two QNN compiles + the package files; a decoder-pipeline
+preparation as an action in a worker + two QNN compiles + the package files; a decoder-pipeline
 fixture compiles its static stages as they are), the unchanged re-build (the full path,
 which records the no-op fingerprint), the no-op build after it (the fast path: stats only,
 median of --runs), a config-only edit of the source (search options: rewrites

@@ -183,3 +183,25 @@ def test_random_config_mutations_never_end_in_a_traceback(llm_ws: Workspace, see
         plan = package_plan(str(llm_ws.root), llm, provider, get_provider("qnn").file_options)
         out = llm_ws.root / "build" / "chat" / "htp-v73" / "genai_config.json"
         assert out.read_bytes() == plan.config
+
+
+@pytest.mark.parametrize(
+    ("change", "needle"),
+    [
+        (lambda d: d.update(num_hidden_layers=3),
+         "model.decoder.num_hidden_layers is 3, the graph has 2"),
+        (lambda d: d.update(head_size=32),
+         "model.decoder.head_size is 32, hidden_size / num_attention_heads is 64 / 4"),
+        (lambda d: d.update(num_key_value_heads=4),
+         "model.decoder.num_key_value_heads is 4, the graph's is 2"),
+    ],
+)  # fmt: skip
+def test_sizes_that_are_not_the_graphs_are_refused_before_preparing(
+    llm_ws: Workspace, change: Callable[[dict[str, Any]], None], needle: str
+) -> None:
+    _edit(llm_ws, lambda c: change(c["model"]["decoder"]))
+    proc = llm_ws.cli("build")
+    assert proc.returncode == 2 and needle in proc.stderr, proc.stderr
+    assert "models/tiny/genai_config.json" in proc.stderr and "Traceback" not in proc.stderr
+    assert not (llm_ws.root / ".epbuild" / "llm" / "chat" / "prepared").exists()
+    assert needle in llm_ws.cli("status").stdout

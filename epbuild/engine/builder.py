@@ -96,7 +96,8 @@ class Builder:
         """Bring one action up to date under its lock; any failure comes back as a result."""
         action = plan.action
         if plan.error is not None and not action.deps:  # with deps: planned again below
-            return _failed(plan, plan.error.message, plan.error.hint)
+            error = plan.error
+            return _failed(plan, error.message, error.hint, exit_code=error.exit_code)
         waited = self.tracer.now()
         try:
             with locks.hold(
@@ -122,7 +123,8 @@ class Builder:
         for _ in range(_MAX_REPLANS):
             again, state = self._replan(plan)
             if again.error is not None:
-                return _failed(plan, again.error.message, again.error.hint)
+                error = again.error
+                return _failed(plan, error.message, error.hint, exit_code=error.exit_code)
             if not again.stale:
                 return action_result(
                     action, Outcome.UP_TO_DATE, outputs=recorded_outputs(ws, action)

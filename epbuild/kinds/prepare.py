@@ -120,7 +120,9 @@ class PrepareKind:
         return ActionKey(_digest(components), components, inputs)
 
     def refuse(self, action: PrepareAction, key: ActionKey, keys: KeyComputer) -> UserError | None:
-        return None
+        """A config whose layers, KV heads or head size are not the graph's: the package
+        would name inputs the graphs do not have, and its sizes would be wrong."""
+        return _config_against_graph(keys.root, action)
 
     def job(
         self, action: PrepareAction, key: ActionKey, staging: str, ctx: RunContext
@@ -184,6 +186,50 @@ class PrepareKind:
             f"llms.{action.llm.name}: its static graphs are not prepared yet for its current "
             f"source ({action.id} runs first)"
         )
+
+
+def _config_against_graph(root: str, action: PrepareAction) -> UserError | None:
+    import json
+
+    from epbuild.kinds.shapes import graph_inputs
+    from epbuild.llm.source import GENAI_CONFIG
+
+    inputs = graph_inputs(root, action.model)
+    config_path = posixpath.join(action.llm.source, GENAI_CONFIG)
+    try:
+        with open(os.path.join(root, config_path), encoding="utf-8") as f:
+            decoder = json.load(f)["model"]["decoder"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None  # the manifest read it a moment ago: a racing edit, planned again
+    if inputs is None:
+        return None  # unreadable: the preparation says why
+    template = decoder.get("inputs", {}).get("past_key_names", "past_key_values.%d.key")
+    pattern = re.compile(re.escape(template).replace("%d", r"\d+"))
+    shapes = {i.name: i.shape for i in inputs if pattern.fullmatch(i.name)}
+    found: list[str] = []
+    layers = decoder["num_hidden_layers"]
+    if len(shapes) != layers:
+        found.append(f"model.decoder.num_hidden_layers is {layers}, the graph has {len(shapes)}")
+    head, hidden, heads = (
+        decoder.get(k) for k in ("head_size", "hidden_size", "num_attention_heads")
+    )
+    if all(isinstance(v, int) for v in (head, hidden, heads)) and hidden != head * heads:
+        found.append(
+            f"model.decoder.head_size is {head}, hidden_size / num_attention_heads is "
+            f"{hidden} / {heads}"
+        )
+    shape = shapes.get(template % 0) or ()
+    if len(shape) == 4:
+        for key, dim in (("num_key_value_heads", shape[1]), ("head_size", shape[3])):
+            want = decoder.get(key)
+            if isinstance(dim, int) and isinstance(want, int) and want != dim:
+                found.append(f"model.decoder.{key} is {want}, the graph's is {dim}")
+    if not found:
+        return None
+    return ModelError(
+        f"{config_path}: {'; '.join(found)} ({action.model}: {template} inputs)",
+        hint="use the genai_config.json written with this model",
+    )
 
 
 _LEGACY = re.compile(r"[0-9a-f]{24}(\.lock)?|\.prep-.*")

@@ -49,7 +49,7 @@ def check_shapes(root: str, action: Action) -> ShapeCheck:
     ):
         return ShapeCheck()
     for entry in action.entries:
-        inputs = _inputs(root, entry.path)
+        inputs = graph_inputs(root, entry.path)
         if strict and inputs is not None:
             _require_static(action, entry, inputs)
     return ShapeCheck(_unused(root, action))
@@ -150,14 +150,15 @@ def _label(entry: ModelEntry) -> str:
 
 def _symbolic(root: str, model: str) -> set[str] | None:
     """The symbolic dimension names of a model's inputs (None: unreadable)."""
-    inputs = _inputs(root, model)
+    inputs = graph_inputs(root, model)
     if inputs is None:
         return None
     return {d for inp in inputs for d in inp.shape or () if isinstance(d, str)}
 
 
-def _inputs(root: str, model: str) -> tuple[GraphInput, ...] | None:
-    """A model's graph inputs; None when it cannot be read (the compile reports that)."""
+def graph_inputs(root: str, model: str) -> tuple[GraphInput, ...] | None:
+    """A model's graph inputs (read once per file state in this process); None when it
+    cannot be read (the compile, or the preparation, reports that)."""
     path = os.path.join(root, model)
     try:
         st = os.stat(path)
