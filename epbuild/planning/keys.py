@@ -63,6 +63,8 @@ class KeyComputer:
         """Finds (a build: makes) the providers' toolchains."""
         self._versions: dict[tuple[object, ...], dict[str, str]] = {}
         self._models: dict[tuple[str, str | None], tuple[str, dict[str, str]]] = {}
+        self._compiles: dict[CompileSettings, dict[str, Any]] = {}
+        self._shared: dict[tuple[object, ...], tuple[tuple[object, ...], dict[str, str]]] = {}
 
     def model_inputs(
         self, model: str, folder: str | None = None, *, fresh: bool = False
@@ -230,7 +232,7 @@ class KeyComputer:
                 "load": g.load,
             },
             "models": models,
-            "compile": settings.to_json(),
+            "compile": dict(self._compile_json(settings)),
         }
         if action.provider.toolchain is not None:  # only then, so other keys stay as they were
             components["toolchain"] = action.provider.toolchain.key()
@@ -248,8 +250,55 @@ class KeyComputer:
             # more get a stem prefix): a group that grows renames this action's outputs.
             # Only present when initializers go to a file, so other keys stay as they were.
             components["initializer_names"] = list(action.initializer_names)
-        blob = json.dumps(components, sort_keys=True, separators=(",", ":")).encode()
+        shared = self._shared_text(components, (action.provider, g, versions), settings)
+        blob = _canonical(components, shared).encode()
         return ActionKey(hashlib.sha256(blob).hexdigest(), components, inputs)
+
+    def _compile_json(self, settings: CompileSettings) -> dict[str, Any]:
+        """``settings.to_json()``, made once per value (callers copy it)."""
+        found = self._compiles.get(settings)
+        if found is None:
+            found = self._compiles[settings] = settings.to_json()
+        return found
+
+    def _shared_text(
+        self, components: dict[str, Any], sources: tuple[object, ...], settings: CompileSettings
+    ) -> dict[str, str]:
+        """The JSON text of the components all actions of one provider and group share (all
+        but ``_PER_ACTION``), made once: they come from ``sources`` (compared by identity,
+        and kept so that their ids stay theirs) and ``settings`` (a frozen value) alone."""
+        memo = (*(id(x) for x in sources), settings)
+        hit = self._shared.get(memo)
+        if hit is not None and all(a is b for a, b in zip(hit[0], sources, strict=True)):
+            return hit[1]
+        text = {k: _dumps(v) for k, v in components.items() if k not in _PER_ACTION}
+        self._shared[memo] = (sources, text)
+        return text
+
+
+_PER_ACTION = frozenset({"models", "initializer_names", "option_files"})
+"""Key components that differ between actions of one provider and group."""
+
+
+_dumps = json.JSONEncoder(sort_keys=True, separators=(",", ":")).encode
+"""``json.dumps(value, sort_keys=True, separators=(",", ":"))``, without making an encoder
+per call."""
+
+
+_member_starts: dict[str, str] = {}
+"""A component's name as the start of a JSON member (``"name":``)."""
+
+
+def _canonical(components: dict[str, Any], shared: dict[str, str]) -> str:
+    """``_dumps(components)``, taking the text of the shared components from ``shared``:
+    the same bytes (a sorted, compact object is its members' texts in key order)."""
+    members = []
+    for k, v in sorted(components.items()):
+        name = _member_starts.get(k)
+        if name is None:
+            name = _member_starts[k] = f"{_dumps(k)}:"
+        members.append(name + (shared.get(k) or _dumps(v)))
+    return "{" + ",".join(members) + "}"
 
 
 def read_versions(cfg: ProviderConfig, toolchains: Toolchains) -> dict[str, str]:
