@@ -39,10 +39,10 @@ def _status(args: argparse.Namespace) -> int:
         else:
             print("\n".join(detail_lines(details)))
         return 0
-    from epbuild.api import status
-
     cache = checks.cache_option(args)
     with _collector_paused():
+        from epbuild.api import status
+
         result = status(args.directory, args.manifest, args.selectors, cache=cache)
         if args.json:
             print_json(result.to_json(), command="status")
@@ -53,10 +53,10 @@ def _status(args: argparse.Namespace) -> int:
 
 @contextlib.contextmanager
 def _collector_paused() -> Iterator[None]:
-    """Run without the cyclic garbage collector: status builds a large, acyclic picture of
-    the workspace (the journal's records, a key per action) once and then exits, and every
-    full collection on the way re-scanned all of it (a tenth of ``status`` at 5,000
-    actions); reference counting still frees what is dropped."""
+    """Run without the cyclic garbage collector: status imports the library and builds a
+    large, acyclic picture of the workspace (the journal's records, a key per action) once,
+    then exits; every full collection on the way re-scanned all of it (a tenth of ``status``
+    at 5,000 actions). Reference counting still frees what is dropped."""
     was = gc.isenabled()
     gc.disable()
     try:

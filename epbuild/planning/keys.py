@@ -64,7 +64,9 @@ class KeyComputer:
         self._versions: dict[tuple[object, ...], dict[str, str]] = {}
         self._models: dict[tuple[str, str | None], tuple[str, dict[str, str]]] = {}
         self._compiles: dict[CompileSettings, dict[str, Any]] = {}
-        self._shared: dict[tuple[object, ...], tuple[tuple[object, ...], dict[str, str]]] = {}
+        self._layouts: dict[
+            tuple[object, ...], tuple[tuple[object, ...], list[tuple[str, str | None]]]
+        ] = {}
 
     def model_inputs(
         self, model: str, folder: str | None = None, *, fresh: bool = False
@@ -250,8 +252,11 @@ class KeyComputer:
             # more get a stem prefix): a group that grows renames this action's outputs.
             # Only present when initializers go to a file, so other keys stay as they were.
             components["initializer_names"] = list(action.initializer_names)
-        shared = self._shared_text(components, (action.provider, g, versions), settings)
-        blob = _canonical(components, shared).encode()
+        layout = self._layout(components, (action.provider, g, versions), settings)
+        members = [
+            text if name is None else text + _dumps(components[name]) for text, name in layout
+        ]
+        blob = ("{" + ",".join(members) + "}").encode()
         return ActionKey(hashlib.sha256(blob).hexdigest(), components, inputs)
 
     def _compile_json(self, settings: CompileSettings) -> dict[str, Any]:
@@ -261,44 +266,39 @@ class KeyComputer:
             found = self._compiles[settings] = settings.to_json()
         return found
 
-    def _shared_text(
+    def _layout(
         self, components: dict[str, Any], sources: tuple[object, ...], settings: CompileSettings
-    ) -> dict[str, str]:
-        """The JSON text of the components all actions of one provider and group share (all
-        but ``_PER_ACTION``), made once: they come from ``sources`` (compared by identity,
-        and kept so that their ids stay theirs) and ``settings`` (a frozen value) alone."""
-        memo = (*(id(x) for x in sources), settings)
-        hit = self._shared.get(memo)
+    ) -> list[tuple[str, str | None]]:
+        """How to write ``components`` as the canonical JSON of the key (sorted, compact):
+        the members in key order, each either whole (text, None), for a component all
+        actions of one provider and group share, or its start (``"name":``, name) for one
+        of ``_PER_ACTION``, written per action. A sorted object is its members' texts in
+        key order, so the bytes are ``json.dumps(components, sort_keys=True, ...)``'s. The
+        shared components come from ``sources`` (compared by identity, and kept so that
+        their ids stay theirs) and ``settings`` (a frozen value) alone: the layout is made
+        once per such set and per set of per-action components present."""
+        present = tuple(k for k in _PER_ACTION if k in components)
+        memo = (*(id(x) for x in sources), settings, present)
+        hit = self._layouts.get(memo)
         if hit is not None and all(a is b for a, b in zip(hit[0], sources, strict=True)):
             return hit[1]
-        text = {k: _dumps(v) for k, v in components.items() if k not in _PER_ACTION}
-        self._shared[memo] = (sources, text)
-        return text
+        layout: list[tuple[str, str | None]] = []
+        for name in sorted(components):
+            start = f"{_dumps(name)}:"
+            if name in _PER_ACTION:
+                layout.append((start, name))
+            else:
+                layout.append((start + _dumps(components[name]), None))
+        self._layouts[memo] = (sources, layout)
+        return layout
 
 
-_PER_ACTION = frozenset({"models", "initializer_names", "option_files"})
+_PER_ACTION = ("models", "initializer_names", "option_files")
 """Key components that differ between actions of one provider and group."""
-
 
 _dumps = json.JSONEncoder(sort_keys=True, separators=(",", ":")).encode
 """``json.dumps(value, sort_keys=True, separators=(",", ":"))``, without making an encoder
 per call."""
-
-
-_member_starts: dict[str, str] = {}
-"""A component's name as the start of a JSON member (``"name":``)."""
-
-
-def _canonical(components: dict[str, Any], shared: dict[str, str]) -> str:
-    """``_dumps(components)``, taking the text of the shared components from ``shared``:
-    the same bytes (a sorted, compact object is its members' texts in key order)."""
-    members = []
-    for k, v in sorted(components.items()):
-        name = _member_starts.get(k)
-        if name is None:
-            name = _member_starts[k] = f"{_dumps(k)}:"
-        members.append(name + (shared.get(k) or _dumps(v)))
-    return "{" + ",".join(members) + "}"
 
 
 def read_versions(cfg: ProviderConfig, toolchains: Toolchains) -> dict[str, str]:
