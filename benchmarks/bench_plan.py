@@ -1,16 +1,22 @@
 """Benchmark planning as the graph grows: ``epbuild status`` on a warm workspace.
 
-    python benchmarks/bench_plan.py [--models 1000] [--targets 5] [--runs 5]
-                                    [--also 100] [--profile FILE] [--keep DIR]
+    python benchmarks/bench_plan.py [--models 1000] [--targets 5] [--runs 5] [--also 100]
+                                    [--baseline DIR] [--profile FILE] [--keep DIR]
 
 Generates ``--models`` distinct tiny models (16x16 MatMul-Relu) in one group compiled for
 ``--targets`` QNN HTP targets (one provider each: ``models × targets`` actions), records every
-action as built with the library's own journal writer (``Journal.done``, the record a build
-writes, with a small ctx model and context binary in place: no compile), warms the stat
-cache with one ``status``, then times ``--runs`` fresh ``epbuild status`` processes (text and
-``--json``) and reports the median beside the load average. ``--also 100`` repeats it at
-100 models (the same number of targets) to show how the time grows. ``--profile FILE`` writes
-a cProfile of one warm ``status`` (read it with ``python -m pstats FILE``). Needs ``onnx`` and
+action as built with the library's own journal writer (``begin``, then ``done`` with the
+detail a QNN compile reports, as a build writes them; a small ctx model and context binary
+in place: no compile), warms the stat cache with one ``status``, then times ``--runs`` fresh
+``epbuild status`` processes (text and ``--json``) and reports the medians of their wall and
+CPU (user + system) time beside the load average: on a shared machine the CPU time is the
+steadier figure.
+
+``--also 100`` repeats it at 100 models (the same number of targets) to show how the time
+grows. ``--baseline DIR`` also times the ``epbuild`` package of another source tree (say
+``git archive <commit> | tar -x -C DIR``), interleaved run by run with this one.
+``--profile FILE`` writes a cProfile of one warm ``status`` (``python -m pstats FILE``).
+``--keep DIR`` makes the workspaces there and reuses them next time. Needs ``onnx`` and
 ``numpy`` to make the models; the cache is off (``EPBUILD_CACHE=off``).
 """
 
@@ -19,6 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import shutil
 import statistics
 import subprocess
@@ -103,15 +110,32 @@ def record_built(root: Path) -> int:
     return len(ws.actions)
 
 
-def epbuild(root: Path, *args: str) -> float:
-    """Seconds one fresh ``epbuild -C root ...`` process takes (it must succeed)."""
+FROM_SOURCE = (
+    "import sys; src = sys.argv.pop(1); "
+    "sys.meta_path[:] = [f for f in sys.meta_path if 'editable' not in repr(f)]; "
+    "sys.path.insert(0, src); import epbuild; "
+    "assert epbuild.__file__.startswith(src), epbuild.__file__; "
+    "from epbuild.frontends.cli import main; sys.exit(main(sys.argv[1:]))"
+)
+"""Run the epbuild package of a source tree (``--baseline``), not the installed one."""
+
+
+def epbuild(root: Path, *args: str, source: str | None = None) -> tuple[float, float]:
+    """(wall, CPU) seconds of one fresh ``epbuild -C root ...`` process (it must succeed),
+    of the installed epbuild or the one in the ``source`` tree. The CPU time (user +
+    system) is the steadier figure on a shared machine."""
+    start = [sys.executable, "-m", "epbuild"] if source is None else [
+        sys.executable, "-c", FROM_SOURCE, source]  # fmt: skip
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-m", "epbuild", "-C", str(root), *args],
+    proc = subprocess.run([*start, "-C", str(root), *args],
                           capture_output=True, text=True, env=ENV)  # fmt: skip
     elapsed = time.perf_counter() - t0
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
     if proc.returncode != 0:
         sys.exit(f"epbuild {' '.join(args)} failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}")
-    return elapsed
+    cpu = after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime
+    return elapsed, cpu
 
 
 def check_all_up_to_date(root: Path, actions: int) -> None:
@@ -127,13 +151,25 @@ def load() -> str:
     return "load average " + ", ".join(f"{x:.2f}" for x in os.getloadavg())
 
 
-def measure(tmp: Path, models: int, targets: int, runs: int, profile: str | None) -> dict:
+def measure(
+    tmp: Path, models: int, targets: int, runs: int, profile: str | None, baseline: str | None
+) -> dict[str, object]:
     root = tmp / f"ws-{models}x{targets}"
-    make_workspace(root, models, targets)
-    actions = record_built(root)
+    if not (root / "epbuild.toml").exists():
+        make_workspace(root, models, targets)
+        actions = record_built(root)
+    else:
+        actions = models * targets
     check_all_up_to_date(root, actions)  # also warms the stat cache
-    text = [epbuild(root, "status") for _ in range(runs)]
-    js = [epbuild(root, "status", "--json") for _ in range(runs)]
+    figures: dict[str, list[tuple[float, float]]] = {}
+    for _ in range(runs):  # interleaved: the baseline and this tree see the same load
+        for label, source in (("", None), ("baseline_", baseline)):
+            if label and source is None:
+                continue
+            figures.setdefault(f"{label}status", []).append(epbuild(root, "status", source=source))
+            figures.setdefault(f"{label}status_json", []).append(
+                epbuild(root, "status", "--json", source=source)
+            )
     if profile:
         code = (
             "import cProfile, sys; from epbuild.frontends.cli import main; "
@@ -141,14 +177,12 @@ def measure(tmp: Path, models: int, targets: int, runs: int, profile: str | None
         )
         subprocess.run([sys.executable, "-c", code, profile, "-C", str(root), "status"],
                        capture_output=True, env=ENV, check=True)  # fmt: skip
-    return {
-        "actions": actions,
-        "status_s": round(statistics.median(text), 3),
-        "status_json_s": round(statistics.median(js), 3),
-        "runs": runs,
-        "load": load(),
-        "workspace": root.name,
-    }
+    report: dict[str, object] = {"actions": actions, "runs": runs}
+    for name, times in figures.items():
+        report[f"{name}_s"] = round(statistics.median(t for t, _ in times), 3)
+        report[f"{name}_cpu_s"] = round(statistics.median(c for _, c in times), 3)
+    report["load"] = load()
+    return report
 
 
 def main() -> None:
@@ -158,15 +192,18 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--also", type=int, default=0, help="also at this many models")
     ap.add_argument("--profile", help="write a cProfile of one warm status here")
-    ap.add_argument("--keep", help="make the workspaces here and keep them")
+    ap.add_argument("--keep", help="make the workspaces here and keep them (and reuse them)")
+    ap.add_argument(
+        "--baseline", help="also time the epbuild package of this source tree, interleaved"
+    )
     ns = ap.parse_args()
     tmp = Path(ns.keep or tempfile.mkdtemp(prefix="epbuild-bench-plan-"))
     tmp.mkdir(parents=True, exist_ok=True)
     report = []
     try:
         if ns.also:
-            report.append(measure(tmp, ns.also, ns.targets, ns.runs, None))
-        report.append(measure(tmp, ns.models, ns.targets, ns.runs, ns.profile))
+            report.append(measure(tmp, ns.also, ns.targets, ns.runs, None, ns.baseline))
+        report.append(measure(tmp, ns.models, ns.targets, ns.runs, ns.profile, ns.baseline))
     finally:
         if not ns.keep:
             shutil.rmtree(tmp, ignore_errors=True)

@@ -6,6 +6,7 @@ Nothing here imports onnx or onnxruntime: this is the no-op path.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -336,11 +337,15 @@ def with_library(adapter: Provider, cfg: ProviderConfig, found: dict[str, str]) 
     return found
 
 
+_stem = functools.lru_cache(maxsize=None)(model_stem)
+"""``model_stem``, once per path (each model is keyed once per provider)."""
+
+
 def _shape(entry: ModelEntry, dims: dict[str, int]) -> dict[str, Any]:
     """A model's output name and free dimensions, as key components: each only where the
     manifest sets it, so the keys of models that use neither stay as they were."""
     part: dict[str, Any] = {}
-    if entry.name != model_stem(entry.path):
+    if entry.name != _stem(entry.path):
         part["name"] = entry.name
     if dims:
         part["free_dimensions"] = dict(sorted(dims.items()))

@@ -40,7 +40,7 @@ def hash_file(path: str) -> str:
 
 
 def _well_formed(rel: object, e: Entry) -> bool:
-    ints = all(type(v) is int for v in (e.ino, e.size, e.mtime_ns))  # bool is not a stat
+    ints = type(e.ino) is int and type(e.size) is int and type(e.mtime_ns) is int  # not bool
     return (
         ints
         and isinstance(rel, str)
