@@ -22,6 +22,22 @@ from epbuild.frontends.edit_cli import run_add, run_init
 from epbuild.frontends.render import print_json, status_lines
 
 
+@contextlib.contextmanager
+def _collector_paused() -> Iterator[None]:
+    """Run without the cyclic garbage collector: status imports the library and builds a
+    large, acyclic picture of the workspace (the journal's records, a key per action) once,
+    then exits; every full collection on the way re-scanned all of it (a tenth of ``status``
+    at 5,000 actions). Reference counting still frees what is dropped."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
+
+
+@_collector_paused()
 def _status(args: argparse.Namespace) -> int:
     if args.detail and (args.cache or args.no_cache):
         raise UserError(
@@ -39,31 +55,15 @@ def _status(args: argparse.Namespace) -> int:
         else:
             print("\n".join(detail_lines(details)))
         return 0
+    from epbuild.api import status
+
     cache = checks.cache_option(args)
-    with _collector_paused():
-        from epbuild.api import status
-
-        result = status(args.directory, args.manifest, args.selectors, cache=cache)
-        if args.json:
-            print_json(result.to_json(), command="status")
-        else:
-            sys.stdout.write("".join(f"{line}\n" for line in status_lines(result)))
+    result = status(args.directory, args.manifest, args.selectors, cache=cache)
+    if args.json:
+        print_json(result.to_json(), command="status")
+    else:
+        sys.stdout.write("".join(f"{line}\n" for line in status_lines(result)))
     return 0
-
-
-@contextlib.contextmanager
-def _collector_paused() -> Iterator[None]:
-    """Run without the cyclic garbage collector: status imports the library and builds a
-    large, acyclic picture of the workspace (the journal's records, a key per action) once,
-    then exits; every full collection on the way re-scanned all of it (a tenth of ``status``
-    at 5,000 actions). Reference counting still frees what is dropped."""
-    was = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was:
-            gc.enable()
 
 
 def _clean(args: argparse.Namespace) -> int:
