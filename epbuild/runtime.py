@@ -242,8 +242,6 @@ def _create(
 ) -> None:
     import onnxruntime as ort
 
-    from epbuild.providers.base import attach_named
-
     factory: SessionFactory = session_factory or ort.InferenceSession
     for (path, data), name in zip(items, built.names, strict=True):
         so = ort.SessionOptions()
@@ -259,7 +257,7 @@ def _create(
         for k, v in provider.session_options.items():
             so.add_session_config_entry(k, v)
         if session_factory is None:
-            attach_named(adapter, ort, so, provider, ep_name)
+            adapter.attach(ort, so, provider, ep_name)
         # No local name for the session: a traceback keeps this frame's locals alive, which
         # would keep the last good session past close() when the next one fails.
         try:

@@ -239,7 +239,7 @@ class _Adapter(BaseProvider):
     def context_options(self, config: Any, ctx_path: str, embed_mode: int) -> dict[str, str]:
         raise AssertionError("the compile API path needs no context options")
 
-    def attach(self, ort: Any, so: Any, config: Any) -> None:
+    def attach(self, ort: Any, so: Any, config: Any, ep_name: str | None = None) -> None:
         so.entries["attached"] = "1"
 
     def versions(self, config: Any) -> dict[str, str]:

@@ -608,7 +608,7 @@ class ThirdParty(base.BaseProvider):
     def context_source(self, config: ProviderConfig) -> str:
         return "acme"
 
-    def attach(self, ort: Any, so: Any, config: ProviderConfig) -> None:
+    def attach(self, ort: Any, so: Any, config: ProviderConfig, ep_name: str | None = None) -> None:
         return None
 
 
@@ -662,7 +662,9 @@ def test_base_provider_gives_an_adapter_its_defaults() -> None:
         def context_source(self, config: ProviderConfig) -> str:
             return "tiny"
 
-        def attach(self, ort: Any, so: Any, config: ProviderConfig) -> None:
+        def attach(
+            self, ort: Any, so: Any, config: ProviderConfig, ep_name: str | None = None
+        ) -> None:
             return None
 
     tiny: Provider = Tiny()

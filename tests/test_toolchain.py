@@ -445,3 +445,33 @@ def test_prune_skips_an_environment_a_running_build_uses(
     )  # fmt: skip
     assert f"removed {env}" in prune.stdout, prune.stdout  # no build uses it any more
     assert not env.exists()
+
+
+def test_noop_without_a_lock_is_fast_until_a_lock_appears(
+    workspace: Workspace, private_toolchains: Path, linked_make: None
+) -> None:
+    """A requirements toolchain and no ``epbuild.lock``: the absent lock is stamped like any
+    file, so the no-op takes the fast path; creating or changing the lock makes it miss."""
+    from epbuild.planning.noop import fast_noop
+    from epbuild.providers.base import dist_version
+
+    workspace.model("models/a.onnx", matmul_model(1))
+    pin = f"onnxruntime-qnn=={dist_version('onnxruntime-qnn')}"
+    htp = {**HTP73, "toolchain": {"requirements": [pin]}}
+    group = {"models": ["models/a.onnx"], "providers": ["htp"]}
+    workspace.manifest({"providers": {"htp": htp}, "groups": {"g": group}})
+    spec = load_manifest(str(workspace.root / "epbuild.toml")).providers["htp"].toolchain
+    assert spec is not None
+    create.ensure(spec, "htp")
+    assert workspace.cli_json("build")["summary"]["compiled"] == 1
+    assert workspace.cli_json("build")["summary"]["up_to_date"] == 1  # records the fingerprint
+    lock = workspace.root / "epbuild.lock"
+    assert not lock.exists()
+    assert fast_noop(str(workspace.root), None, []) is not None
+    workspace.cli("lock", check=True)
+    assert lock.is_file()
+    assert fast_noop(str(workspace.root), None, []) is None  # a lock appeared
+    assert workspace.cli_json("build")["summary"]["up_to_date"] == 1
+    assert fast_noop(str(workspace.root), None, []) is not None
+    lock.write_text(lock.read_text() + "# edited\n")
+    assert fast_noop(str(workspace.root), None, []) is None  # the lock changed

@@ -59,7 +59,7 @@ class _Adapter(BaseProvider):
     def context_options(self, config: Any, ctx_path: str, embed_mode: int) -> dict[str, str]:
         return {}
 
-    def attach(self, ort: Any, so: Any, config: Any) -> None:
+    def attach(self, ort: Any, so: Any, config: Any, ep_name: str | None = None) -> None:
         pass
 
     def versions(self, config: Any) -> dict[str, str]:

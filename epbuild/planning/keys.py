@@ -6,6 +6,7 @@ Nothing here imports onnx or onnxruntime: this is the no-op path.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -67,6 +68,10 @@ class KeyComputer:
         anything is built; see ``cache.operations``)."""
         self._versions: dict[tuple[object, ...], dict[str, str]] = {}
         self._models: dict[tuple[str, str | None], tuple[str, dict[str, str]]] = {}
+        self._compiles: dict[CompileSettings, dict[str, Any]] = {}
+        self._layouts: dict[
+            tuple[object, ...], tuple[tuple[object, ...], list[tuple[str, str | None]]]
+        ] = {}
 
     def model_inputs(
         self, model: str, folder: str | None = None, *, fresh: bool = False
@@ -242,7 +247,7 @@ class KeyComputer:
             "versions": versions,
             "group": g.context.to_json(),
             "models": models,
-            "compile": settings.to_json(),
+            "compile": dict(self._compile_json(settings)),
         }
         if action.provider.toolchain is not None:  # only then, so other keys stay as they were
             components["toolchain"] = action.provider.toolchain.key()
@@ -260,8 +265,53 @@ class KeyComputer:
             # more get a stem prefix): a group that grows renames this action's outputs.
             # Only present when initializers go to a file, so other keys stay as they were.
             components["initializer_names"] = list(action.initializer_names)
-        blob = json.dumps(components, sort_keys=True, separators=(",", ":")).encode()
+        layout = self._layout(components, (action.provider, g, versions), settings)
+        members = [
+            text if name is None else text + _dumps(components[name]) for text, name in layout
+        ]
+        blob = ("{" + ",".join(members) + "}").encode()
         return ActionKey(hashlib.sha256(blob).hexdigest(), components, inputs)
+
+    def _compile_json(self, settings: CompileSettings) -> dict[str, Any]:
+        """``settings.to_json()``, made once per value (callers copy it)."""
+        found = self._compiles.get(settings)
+        if found is None:
+            found = self._compiles[settings] = settings.to_json()
+        return found
+
+    def _layout(
+        self, components: dict[str, Any], sources: tuple[object, ...], settings: CompileSettings
+    ) -> list[tuple[str, str | None]]:
+        """How to write ``components`` as the canonical JSON of the key (sorted, compact):
+        the members in key order, each either whole (text, None), for a component all
+        actions of one provider and group share, or its start (``"name":``, name) for one
+        of ``_PER_ACTION``, written per action. A sorted object is its members' texts in
+        key order, so the bytes are ``json.dumps(components, sort_keys=True, ...)``'s. The
+        shared components come from ``sources`` (compared by identity, and kept so that
+        their ids stay theirs) and ``settings`` (a frozen value) alone: the layout is made
+        once per such set and per set of per-action components present."""
+        present = tuple(k for k in _PER_ACTION if k in components)
+        memo = (*(id(x) for x in sources), settings, present)
+        hit = self._layouts.get(memo)
+        if hit is not None and all(a is b for a, b in zip(hit[0], sources, strict=True)):
+            return hit[1]
+        layout: list[tuple[str, str | None]] = []
+        for name in sorted(components):
+            start = f"{_dumps(name)}:"
+            if name in _PER_ACTION:
+                layout.append((start, name))
+            else:
+                layout.append((start + _dumps(components[name]), None))
+        self._layouts[memo] = (sources, layout)
+        return layout
+
+
+_PER_ACTION = ("models", "initializer_names", "option_files")
+"""Key components that differ between actions of one provider and group."""
+
+_dumps = json.JSONEncoder(sort_keys=True, separators=(",", ":")).encode
+"""``json.dumps(value, sort_keys=True, separators=(",", ":"))``, without making an encoder
+per call."""
 
 
 def read_versions(cfg: ProviderConfig, toolchains: Toolchains) -> dict[str, str]:
@@ -299,11 +349,15 @@ def with_library(adapter: Provider, cfg: ProviderConfig, found: dict[str, str]) 
     return found
 
 
+_stem = functools.lru_cache(maxsize=None)(model_stem)
+"""``model_stem``, once per path (each model is keyed once per provider)."""
+
+
 def _shape(entry: ModelEntry, dims: dict[str, int]) -> dict[str, Any]:
     """A model's output name and free dimensions, as key components: each only where the
     manifest sets it, so the keys of models that use neither stay as they were."""
     part: dict[str, Any] = {}
-    if entry.name != model_stem(entry.path):
+    if entry.name != _stem(entry.path):
         part["name"] = entry.name
     if dims:
         part["free_dimensions"] = dict(sorted(dims.items()))

@@ -4,9 +4,11 @@ When a build finds every selected action up to date, it records a *fingerprint*:
 (inode, size, mtime_ns) of the manifest, the state journal, every input and output whose
 digest it verified, the version sources of the providers (site directories, SDK files) and
 the directories globs were expanded in, and each LLM package's source files and package
-files (checked against what the source makes). The next ``epbuild build`` stats exactly those paths
-(this module imports only ``os``, ``sys`` and ``json``); if nothing changed it prints the
-recorded result without loading the rest of epbuild. Any difference falls back to the full
+files (checked against what the source makes); a path that does not exist (a toolchain
+workspace's ``epbuild.lock`` before ``epbuild lock``) is stamped as absent. The next
+``epbuild build`` stats exactly those paths (this module imports only ``os``, ``sys`` and
+``json``); if nothing changed it prints the recorded result without loading the rest of
+epbuild. Any difference falls back to the full
 path, which re-plans from content as always. Every stat stored is taken *before* the value
 it vouches for is re-checked, so a change racing with the fingerprint makes it miss, never
 lie.
@@ -30,9 +32,17 @@ if TYPE_CHECKING:
 _VERSION = 1
 
 
+_ABSENT: list[int] = []
+"""The stamp of a path that does not exist: creating it later changes the stamp, so absence
+vouches like any other stamp (a toolchain workspace without ``epbuild.lock``)."""
+
+
 def _stamp(path: str) -> list[int] | None:
+    """(inode, size, mtime_ns), ``_ABSENT`` if nothing is there, None if stat cannot say."""
     try:
         st = os.stat(path)
+    except (FileNotFoundError, NotADirectoryError):
+        return _ABSENT
     except OSError:
         return None
     return [st.st_ino, st.st_size, st.st_mtime_ns]
@@ -41,6 +51,8 @@ def _stamp(path: str) -> list[int] | None:
 def _dir_stamp(path: str) -> list[int] | None:
     try:
         st = os.stat(path)
+    except (FileNotFoundError, NotADirectoryError):
+        return _ABSENT
     except OSError:
         return None
     return [st.st_ino, st.st_mtime_ns]
@@ -49,7 +61,10 @@ def _dir_stamp(path: str) -> list[int] | None:
 def _racy(stamp: object, written_ns: int) -> bool:
     """A file whose mtime is not older than the fingerprint's own write may have been
     rewritten within one timestamp tick (1–2 s on FAT, HFS+, some NFS) keeping its size and
-    inode: its stamp cannot vouch for it (git's racy-index rule)."""
+    inode: its stamp cannot vouch for it (git's racy-index rule). An absent file is never
+    racy: whatever creates it changes its stamp."""
+    if stamp == _ABSENT:
+        return False
     return not isinstance(stamp, list) or len(stamp) != 3 or stamp[2] >= written_ns
 
 
@@ -171,7 +186,8 @@ def _stamp_sources(
         if extra is None:
             return False  # this adapter's versions cannot be vouched for by stat
         for path in extra:
-            files[os.path.abspath(os.path.join(ws.root, path))] = _stamp(path)
+            where = os.path.abspath(os.path.join(ws.root, path))
+            files[where] = _stamp(where)
     for group in ws.manifest.groups.values():
         for pattern in group.patterns:
             base = _glob_base(pattern)

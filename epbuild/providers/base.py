@@ -32,7 +32,6 @@ __all__ = [
     "BaseProvider",
     "Provider",
     "ProviderConfig",
-    "attach_named",
     "canonical_name",
     "dist_location",
     "dist_version",
@@ -47,21 +46,6 @@ __all__ = [
     "shared_library",
     "stringify_options",
 ]
-
-
-def attach_named(
-    adapter: BaseProvider,
-    ort: onnxruntime,
-    so: onnxruntime.SessionOptions,
-    config: ProviderConfig,
-    ep_name: str | None,
-) -> None:
-    """``adapter.attach``, or with ``ep_name`` its ``attach_as`` (the EP registered under the
-    name a package declares; by default only the name it declares itself)."""
-    if ep_name is None:
-        adapter.attach(ort, so, config)
-    else:
-        adapter.attach_as(ort, so, config, ep_name)
 
 
 _registered: set[str] = set()

@@ -79,7 +79,7 @@ class BaseProvider(abc.ABC):
     compatibility info, cannot vouch for its versions by stat (no no-op fingerprint), can
     load what it builds on this host, and changes nothing after a sharing group compiled.
     The coordinator side (``validate_options`` … ``package_target``) must not import
-    onnxruntime; the worker side is ``attach``, ``attach_as``, ``finish_sharing_group``.
+    onnxruntime; the worker side is ``attach`` and ``finish_sharing_group``.
     """
 
     kind: str
@@ -214,31 +214,29 @@ class BaseProvider(abc.ABC):
         name its compatibility info and EPContext nodes carry, and no device constraint."""
         return (self.compatibility_key(config) or self.context_source(config) or self.kind, None)
 
-    def attach_as(
+    @abc.abstractmethod
+    def attach(
         self,
         ort: onnxruntime,
         so: onnxruntime.SessionOptions,
         config: ProviderConfig,
-        ep_name: str,
+        ep_name: str | None = None,
     ) -> None:
-        """``attach``, with a plugin EP registered as ``ep_name`` (the name an app registers
-        it under: a package's ``[package] ep_names``). By default the EP's name is fixed:
-        ``ep_name`` must be the one ``package_target`` declares."""
+        """Worker side: register the EP if needed and add it to ``so``; raise
+        ``ProviderUnavailableError`` naming the extra to install when the EP package or a
+        device is missing. ``ep_name`` is the name an app registers the EP under (a
+        package's ``[package] ep_names``), None for the adapter's own; an adapter whose EP
+        cannot be renamed refuses another name with ``refuse_rename``."""
+
+    def refuse_rename(self, config: ProviderConfig, ep_name: str | None) -> None:
+        """Raise unless ``ep_name`` is None or the EP's fixed name (the one
+        ``package_target`` declares)."""
         fixed = self.package_target(config)[0]
-        if ep_name != fixed:
+        if ep_name is not None and ep_name != fixed:
             raise ProviderUnavailableError(
                 f"the {config.ep} execution provider is always named {fixed!r}, not {ep_name!r}",
                 hint="package it without an ep_names entry for this provider",
             )
-        self.attach(ort, so, config)
-
-    @abc.abstractmethod
-    def attach(
-        self, ort: onnxruntime, so: onnxruntime.SessionOptions, config: ProviderConfig
-    ) -> None:
-        """Worker side: register the EP if needed and add it to ``so``; raise
-        ``ProviderUnavailableError`` naming the extra to install when the EP package or a
-        device is missing."""
 
     def finish_sharing_group(self, config: ProviderConfig, ctx_paths: list[str]) -> None:
         """Worker side, after a weight-sharing group compiled (ctx models in session

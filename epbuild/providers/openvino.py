@@ -264,16 +264,11 @@ class OpenVinoProvider(BaseProvider):
         return None
 
     def attach(
-        self, ort: onnxruntime, so: onnxruntime.SessionOptions, config: ProviderConfig
-    ) -> None:
-        self.attach_as(ort, so, config, None)
-
-    def attach_as(
         self,
         ort: onnxruntime,
         so: onnxruntime.SessionOptions,
         config: ProviderConfig,
-        ep_name: str | None,
+        ep_name: str | None = None,
     ) -> None:
         """Attach the plugin EP (registered as ``ep_name``, default the name the plugin
         gives, ``OpenVINOExecutionProvider``) or the EP built into onnxruntime-openvino

@@ -127,18 +127,15 @@ class PluginProvider(BaseProvider):
         return (config.settings["ep_name"], config.settings.get("device_type"))
 
     def attach(
-        self, ort: onnxruntime, so: onnxruntime.SessionOptions, config: ProviderConfig
-    ) -> None:
-        self.attach_as(ort, so, config, config.settings["ep_name"])
-
-    def attach_as(
         self,
         ort: onnxruntime,
         so: onnxruntime.SessionOptions,
         config: ProviderConfig,
-        ep_name: str,
+        ep_name: str | None = None,
     ) -> None:
-        """Register the library as ``ep_name`` and add its devices."""
+        """Register the library as ``ep_name`` (default its ``ep_name`` setting) and add its
+        devices."""
+        ep_name = ep_name or config.settings["ep_name"]
         library = config.resolve(config.settings["library"])
         if not os.path.isfile(library):
             raise ProviderUnavailableError(

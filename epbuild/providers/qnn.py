@@ -314,18 +314,15 @@ class QnnProvider(BaseProvider):
             align_spill_fill_size(ctx_paths)
 
     def attach(
-        self, ort: onnxruntime, so: onnxruntime.SessionOptions, config: ProviderConfig
-    ) -> None:
-        self.attach_as(ort, so, config, EP_NAME)
-
-    def attach_as(
         self,
         ort: onnxruntime,
         so: onnxruntime.SessionOptions,
         config: ProviderConfig,
-        ep_name: str,
+        ep_name: str | None = None,
     ) -> None:
-        """Register the plugin library as ``ep_name`` and add its devices."""
+        """Register the plugin library as ``ep_name`` (default ``QNNExecutionProvider``) and
+        add its devices."""
+        ep_name = ep_name or EP_NAME
         try:
             import onnxruntime_qnn
         except ImportError as exc:

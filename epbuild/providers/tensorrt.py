@@ -247,8 +247,13 @@ class TensorRtProvider(BaseProvider):
     # EPContext node's hardware_architecture instead of ep_compatibility_info.
 
     def attach(
-        self, ort: onnxruntime, so: onnxruntime.SessionOptions, config: ProviderConfig
+        self,
+        ort: onnxruntime,
+        so: onnxruntime.SessionOptions,
+        config: ProviderConfig,
+        ep_name: str | None = None,
     ) -> None:
+        self.refuse_rename(config, ep_name)
         if EP_NAME not in ort.get_available_providers():
             raise ProviderUnavailableError(
                 "this onnxruntime has no TensorRT execution provider",

@@ -148,12 +148,11 @@ def select_variant(package_dir: str | os.PathLike[str], actions: list[dict[str, 
     import onnxruntime as ort
 
     from epbuild.providers import get_provider
-    from epbuild.providers.base import attach_named
 
     first = actions[0]
     config = provider_config(first)
     so = ort.SessionOptions()
-    attach_named(get_provider(config.ep), ort, so, config, declared_name(first))
+    get_provider(config.ep).attach(ort, so, config, declared_name(first))
     component = f"{first['group']}/{first['models'][0]['name']}"
     try:
         ctx = ort.ModelPackageContext(os.fspath(package_dir))

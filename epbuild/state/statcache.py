@@ -14,7 +14,7 @@ import os
 import time
 from dataclasses import dataclass
 
-from epbuild.fs import atomic_write_bytes, digest_file
+from epbuild.fs import atomic_write_bytes, digest_file, is_safe_reference
 
 _VERSION = 2  # 2: a sha256 of the payload on the first line (a flipped byte is caught)
 _RACY_NS = 20_000_000  # an mtime this close to "now" may still change within its tick
@@ -40,9 +40,7 @@ def hash_file(path: str) -> str:
 
 
 def _well_formed(rel: object, e: Entry) -> bool:
-    from epbuild.fs import is_safe_reference
-
-    ints = all(isinstance(v, int) and not isinstance(v, bool) for v in (e.ino, e.size, e.mtime_ns))
+    ints = type(e.ino) is int and type(e.size) is int and type(e.mtime_ns) is int  # not bool
     return (
         ints
         and isinstance(rel, str)
