@@ -18,7 +18,7 @@ from epbuild.errors import ManifestError, ProviderUnavailableError
 from epbuild.toolchains.spec import ToolchainSpec
 
 if TYPE_CHECKING:
-    import onnxruntime
+    from onnxruntime import SessionOptions
 
 
 @dataclass(frozen=True)
@@ -216,11 +216,7 @@ class BaseProvider(abc.ABC):
 
     @abc.abstractmethod
     def attach(
-        self,
-        ort: onnxruntime,
-        so: onnxruntime.SessionOptions,
-        config: ProviderConfig,
-        ep_name: str | None = None,
+        self, ort: Any, so: SessionOptions, config: ProviderConfig, ep_name: str | None = None
     ) -> None:
         """Worker side: register the EP if needed and add it to ``so``; raise
         ``ProviderUnavailableError`` naming the extra to install when the EP package or a

@@ -36,7 +36,7 @@ from epbuild.providers.contract import (
 from epbuild.providers.distributions import dist_location, dist_version, shared_library
 
 if TYPE_CHECKING:
-    import onnxruntime
+    from onnxruntime import SessionOptions
 
 EP_NAME = "OpenVINOExecutionProvider"
 """The OpenVINO EP's name: ``kOpenVINOExecutionProvider`` in ONNX Runtime's and
@@ -264,11 +264,7 @@ class OpenVinoProvider(BaseProvider):
         return None
 
     def attach(
-        self,
-        ort: onnxruntime,
-        so: onnxruntime.SessionOptions,
-        config: ProviderConfig,
-        ep_name: str | None = None,
+        self, ort: Any, so: SessionOptions, config: ProviderConfig, ep_name: str | None = None
     ) -> None:
         """Attach the plugin EP (registered as ``ep_name``, default the name the plugin
         gives, ``OpenVINOExecutionProvider``) or the EP built into onnxruntime-openvino

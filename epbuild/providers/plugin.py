@@ -22,7 +22,7 @@ from epbuild.providers.contract import BaseProvider, ProviderConfig
 from epbuild.providers.distributions import dist_version
 
 if TYPE_CHECKING:
-    import onnxruntime
+    from onnxruntime import SessionOptions
 
 DEVICE_TYPES = ("cpu", "gpu", "npu")
 SETTINGS = ("library", "ep_name", "device_type", "source")
@@ -127,11 +127,7 @@ class PluginProvider(BaseProvider):
         return (config.settings["ep_name"], config.settings.get("device_type"))
 
     def attach(
-        self,
-        ort: onnxruntime,
-        so: onnxruntime.SessionOptions,
-        config: ProviderConfig,
-        ep_name: str | None = None,
+        self, ort: Any, so: SessionOptions, config: ProviderConfig, ep_name: str | None = None
     ) -> None:
         """Register the library as ``ep_name`` (default its ``ep_name`` setting) and add its
         devices."""

@@ -15,7 +15,7 @@ from epbuild.providers.contract import BaseProvider, ProviderConfig
 from epbuild.providers.distributions import dist_location, dist_version, shared_library
 
 if TYPE_CHECKING:
-    import onnxruntime
+    from onnxruntime import SessionOptions
 
 EP_NAME = "QNNExecutionProvider"
 """The name epbuild registers the plugin library under (compiles, loads, packages), which
@@ -314,11 +314,7 @@ class QnnProvider(BaseProvider):
             align_spill_fill_size(ctx_paths)
 
     def attach(
-        self,
-        ort: onnxruntime,
-        so: onnxruntime.SessionOptions,
-        config: ProviderConfig,
-        ep_name: str | None = None,
+        self, ort: Any, so: SessionOptions, config: ProviderConfig, ep_name: str | None = None
     ) -> None:
         """Register the plugin library as ``ep_name`` (default ``QNNExecutionProvider``) and
         add its devices."""

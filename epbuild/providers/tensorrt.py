@@ -25,7 +25,7 @@ from epbuild.providers.contract import BaseProvider, ProviderConfig, refuse_opti
 from epbuild.providers.distributions import dist_version
 
 if TYPE_CHECKING:
-    import onnxruntime
+    from onnxruntime import SessionOptions
 
 EP_NAME = "TensorrtExecutionProvider"
 """The EP built into onnxruntime-gpu (``kTensorrtExecutionProvider`` in ONNX Runtime's
@@ -247,11 +247,7 @@ class TensorRtProvider(BaseProvider):
     # EPContext node's hardware_architecture instead of ep_compatibility_info.
 
     def attach(
-        self,
-        ort: onnxruntime,
-        so: onnxruntime.SessionOptions,
-        config: ProviderConfig,
-        ep_name: str | None = None,
+        self, ort: Any, so: SessionOptions, config: ProviderConfig, ep_name: str | None = None
     ) -> None:
         self.refuse_rename(config, ep_name)
         if EP_NAME not in ort.get_available_providers():
