@@ -93,10 +93,9 @@ class BuildResult:
 
     @property
     def exit_code(self) -> int:
-        """0 on success, 3 if a lock wait timed out, 2 when every failure is the user's to
-        fix (a broken input: ``UserError``), else 1."""
+        """0 on success, 3 if a lock wait timed out, else 1."""
         codes = {a.exit_code for a in self.actions if a.outcome is Outcome.FAILED}
-        return 0 if not codes else 3 if 3 in codes else 2 if codes == {2} else 1
+        return 0 if not codes else 3 if 3 in codes else 1
 
     def summary(self) -> dict[str, Any]:
         """Counts per outcome plus the wall time; an action of another kind than compile

@@ -211,8 +211,9 @@ def graph_svg(nodes: list[GraphNode]) -> str:
         x, y = place[n.id]
         made = f"{n.made} in {n.seconds:.2f} s" if n.made else ""
         parts.append(
-            f'<g class="node" data-id="{e(n.id)}"><rect x="{x}" y="{y}" width="{w}" '
-            f'height="{h}" rx="4" fill="{_STATE_FILL.get(n.state, "#fff")}" stroke="#999"/>'
+            f'<g class="node" data-id="{e(n.id)}"><polygon points="{x},{y} {x + w},{y} '
+            f'{x + w},{y + h} {x},{y + h}" fill="{_STATE_FILL.get(n.state, "#fff")}" '
+            'stroke="#999"/>'
             f'<text x="{x + 6}" y="{y + 16}" font-weight="600">{e(n.id)}</text>'
             f'<text x="{x + 6}" y="{y + 32}">{e(n.kind)} · {e(n.state)}</text>'
             f'<text x="{x + 6}" y="{y + 47}" fill="#555">{e(made)}</text>'

@@ -183,6 +183,11 @@ class Group:
         """Workspace-relative POSIX paths of the entries, in order."""
         return tuple(e.path for e in self.entries)
 
+    @property
+    def share_weights(self) -> bool:
+        """``context.share_weights``: whether the group is one weight-sharing session."""
+        return self.context.share_weights
+
     def free_dimensions_of(self, entry: ModelEntry) -> dict[str, int]:
         """The overrides one model is compiled with: the group's, the entry's on top."""
         return {**self.free_dimensions, **entry.free_dimensions}

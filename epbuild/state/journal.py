@@ -50,6 +50,11 @@ class ActionRecord:
     restored: bool = False
 
     @property
+    def action_id(self) -> str:
+        """``id``, under the name a cache entry gives it."""
+        return self.id
+
+    @property
     def size(self) -> int:
         """Bytes of all outputs."""
         return sum(o.size for o in self.outputs.values())
