@@ -10,8 +10,6 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from epbuild.cache.operations import store_up_to_date
-from epbuild.engine.builder import Builder, open_action_cache, recorded_outputs, save_stats
 from epbuild.engine.scheduler import executor_for, schedule
 from epbuild.engine.staging import check_removable, clean_stale_staging
 from epbuild.errors import EpbuildError, LockTimeoutError, StorageError
@@ -19,7 +17,13 @@ from epbuild.fs import os_error_text
 from epbuild.manifest.edit import EditResult, add_models, add_provider, add_target
 from epbuild.manifest.init import InitResult, init, init_from
 from epbuild.planning.staleness import ActionPlan, make_plan
-from epbuild.planning.workspace import Workspace, open_workspace
+from epbuild.planning.workspace import (
+    Workspace,
+    open_action_cache,
+    open_workspace,
+    recorded_outputs,
+    save_stats,
+)
 from epbuild.results import (
     ActionResult,
     ActionStatus,
@@ -33,6 +37,7 @@ from epbuild.state import locks
 
 if TYPE_CHECKING:
     from epbuild.cache.actioncache import ActionCache
+    from epbuild.engine.builder import Builder
     from epbuild.engine.scheduler import Execution
     from epbuild.engine.trace import Tracer
     from epbuild.executors.local import Executor
@@ -144,6 +149,8 @@ def build(
         results = {p.action.id: _planned(ws, p) for p in plans}
         stale = [p for p in plans if p.stale]
         if not dry_run and stale:
+            from epbuild.engine.builder import Builder
+
             run = executor_for(ws, stale, executor, scheduler, jobs, memory_budget)
             builder = functools.partial(
                 Builder,
@@ -156,13 +163,22 @@ def build(
             opened = functools.partial(open_action_cache, ws, directory, cache, cache_push)
             results.update(_compile(ws, run, builder, opened, len(plans), stale, trace, warnings))
         if isinstance(cache, str) and not dry_run:  # --cache DIR: seeded with what is built
-            warnings += store_up_to_date(ws, plans, directory, cache)
+            warnings += _seed_cache(ws, plans, directory, cache)
         done = BuildResult(list(results.values()), time.perf_counter() - t0, warnings)
         if dry_run or not stale:
             return _without_compiling(ws, plans, selectors, done, dry_run, tracer, trace)
         return done
     finally:
         ws.keys.toolchains.release()  # its environments may be pruned from now on
+
+
+def _seed_cache(
+    ws: Workspace, plans: list[ActionPlan], directory: str | os.PathLike[str], cache: str
+) -> list[str]:
+    """``build --cache DIR``: store the up-to-date actions DIR lacks (``store_up_to_date``)."""
+    from epbuild.cache.operations import store_up_to_date
+
+    return store_up_to_date(ws, plans, directory, cache)
 
 
 def _compile(
@@ -349,8 +365,11 @@ def orphaned_actions(ws: Workspace) -> list[str]:
     from epbuild.planning.graph import make_graph
     from epbuild.planning.llms import llm_shapes
 
-    compiles = make_actions(ws.manifest, llm_shapes(ws.manifest))
-    current = {a.id for a in make_graph(ws.manifest, compiles)}
+    if ws.selectors:
+        compiles = make_actions(ws.manifest, llm_shapes(ws.manifest))
+        current = {a.id for a in make_graph(ws.manifest, compiles)}
+    else:  # the workspace's graph is the whole graph
+        current = {a.id for a in ws.graph}
     return sorted(i for i in ws.state.records if i not in current)
 
 

@@ -71,7 +71,7 @@ def _named_cache(
 
 
 def _cache(ws: Workspace, directory: str | os.PathLike[str], option: str | None) -> ActionCache:
-    from epbuild.engine.builder import open_action_cache
+    from epbuild.planning.workspace import open_action_cache
 
     cache = open_action_cache(ws, directory, option)
     if cache is None:
@@ -112,16 +112,10 @@ def _keys(
         finally:
             ws.keys.upstream.clear()
         keys[action.id] = (key.key, key.components)
-    _save_stats(ws)
+    from epbuild.planning.workspace import save_stats
+
+    save_stats(ws)
     return keys, unknown
-
-
-def _save_stats(ws: Workspace) -> None:
-    from epbuild.state import locks
-
-    if ws.stats.dirty and os.path.isdir(ws.state_dir):
-        with locks.hold(ws.state_lock, "epbuild cache (saving the stat cache)"):
-            ws.stats.save()
 
 
 def cache_key(
@@ -212,8 +206,8 @@ def store_up_to_date(
     committed outputs: a new cache is seeded without a clean build. Returns warnings (a
     cache that cannot be written never fails the build)."""
     from epbuild.cache.store import entry_path
-    from epbuild.engine.builder import open_action_cache
     from epbuild.fs import os_error_text
+    from epbuild.planning.workspace import open_action_cache
 
     c = open_action_cache(ws, directory, cache)
     if c is None:

@@ -17,7 +17,7 @@ from epbuild.fs import os_error_text, remove_tree
 from epbuild.kinds.contract import GraphAction, RunContext, kind_of
 from epbuild.planning.keys import ActionKey
 from epbuild.planning.staleness import ActionPlan, plan_action
-from epbuild.planning.workspace import Workspace
+from epbuild.planning.workspace import Workspace, recorded_outputs
 from epbuild.results import ActionResult, Outcome, Reporter, action_result
 from epbuild.state import locks
 from epbuild.state.journal import ActionRecord, State
@@ -30,31 +30,6 @@ if TYPE_CHECKING:
     from epbuild.engine.trace import Tracer
     from epbuild.executors.local import Executor, WorkerOutcome
     from epbuild.onnx.context import MachinePaths, Problem
-
-
-def open_action_cache(
-    ws: Workspace, directory: str | os.PathLike[str], option: str | bool | None, push: bool = False
-) -> ActionCache | None:
-    """The build's action cache: ``option`` (a directory or URL, False for none, None for the
-    configured one), else the manifest's; ``push`` also writes compiles to a remote tier."""
-    from epbuild.cache.location import open_cache, resolve
-
-    cfg = resolve(
-        option,
-        base=os.path.abspath(directory),
-        manifest_value=ws.manifest.workspace.cache,
-        manifest_root=ws.root,
-        push=push,
-    )
-    return open_cache(cfg, push=push)
-
-
-def save_stats(ws: Workspace) -> None:
-    """Persist new stat-cache entries (under the state lock)."""
-    if not ws.stats.dirty or not os.path.isdir(ws.state_dir):
-        return
-    with locks.hold(ws.state_lock, "epbuild (saving the stat cache)", timeout=ws.lock_timeout):
-        ws.stats.save()
 
 
 class Builder:
@@ -536,11 +511,6 @@ WRITE_HINT = (
     "check that the output and state directories are writable and have free space, and the "
     "file-size limit (ulimit -f); then build again"
 )
-
-
-def recorded_outputs(ws: Workspace, action: GraphAction) -> list[str]:
-    rec = ws.state.records.get(action.id)
-    return sorted(rec.outputs) if rec else []
 
 
 def _failed(

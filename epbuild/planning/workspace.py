@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from epbuild._names import JOURNAL_NAME, LOCKS_DIR, STATCACHE_NAME, STATE_LOCK_NAME
 from epbuild.fs import ensure_dir_inside, refuse_outward
@@ -15,6 +16,9 @@ from epbuild.planning.keys import KeyComputer
 from epbuild.state.journal import Journal, State, load_state
 from epbuild.state.statcache import StatCache
 from epbuild.toolchains.resolve import Toolchains
+
+if TYPE_CHECKING:
+    from epbuild.cache.actioncache import ActionCache
 
 
 @dataclass
@@ -35,6 +39,8 @@ class Workspace:
     lock_timeout: float | None = None
     """How long this command waits for a lock (``--lock-timeout``; None: as long as it
     takes)."""
+    selectors: tuple[str, ...] = ()
+    """What the command selected (empty: every action, so ``graph`` is the whole graph)."""
 
     @property
     def journal(self) -> Journal:
@@ -91,4 +97,39 @@ def open_workspace(
     graph = select_graph(make_graph(m, make_actions(m, extra)), selectors)
     actions = [a for a in graph if isinstance(a, Action)]
     lock_timeout = toolchains.lock_timeout if toolchains is not None else None
-    return Workspace(m, root, state_dir, state, stats, keys, actions, graph, lock_timeout)
+    return Workspace(
+        m, root, state_dir, state, stats, keys, actions, graph, lock_timeout, tuple(selectors)
+    )
+
+
+def open_action_cache(
+    ws: Workspace, directory: str | os.PathLike[str], option: str | bool | None, push: bool = False
+) -> ActionCache | None:
+    """The build's action cache: ``option`` (a directory or URL, False for none, None for the
+    configured one), else the manifest's; ``push`` also writes compiles to a remote tier."""
+    from epbuild.cache.location import open_cache, resolve
+
+    cfg = resolve(
+        option,
+        base=os.path.abspath(directory),
+        manifest_value=ws.manifest.workspace.cache,
+        manifest_root=ws.root,
+        push=push,
+    )
+    return open_cache(cfg, push=push)
+
+
+def save_stats(ws: Workspace) -> None:
+    """Persist new stat-cache entries (under the state lock)."""
+    if not ws.stats.dirty or not os.path.isdir(ws.state_dir):
+        return
+    from epbuild.state import locks
+
+    with locks.hold(ws.state_lock, "epbuild (saving the stat cache)", timeout=ws.lock_timeout):
+        ws.stats.save()
+
+
+def recorded_outputs(ws: Workspace, action: GraphAction) -> list[str]:
+    """The workspace-relative outputs the journal records for ``action`` (none: not built)."""
+    rec = ws.state.records.get(action.id)
+    return sorted(rec.outputs) if rec else []
