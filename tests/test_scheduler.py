@@ -315,3 +315,22 @@ def test_graph_text_draws_an_edge_per_dependency() -> None:
     )
     assert "  a0 --> a1" in graph_text(result, "mermaid").splitlines()
     assert "  a0 -> a1;" in graph_text(result, "dot").splitlines()
+
+
+def test_inline_jobs_take_no_worker_from_the_count(workspace: Workspace) -> None:
+    """An LLM's first build: preparation and two compiles run in workers, the package
+    inline: three workers are expected, not four (a spare nobody takes costs CPU)."""
+    from epbuild.engine.scheduler import executor_for
+    from epbuild.executors.local import LocalExecutor
+    from epbuild.planning.staleness import make_plan
+    from epbuild.planning.workspace import open_workspace
+
+    workspace.llm()
+    ws = open_workspace(workspace.root)
+    stale = [p for p in make_plan(ws.graph, ws.state, ws.keys, ws.stats, ws.root) if p.stale]
+    assert [p.action.kind for p in stale] == ["prepare", "compile", "compile", "package"]
+    run = executor_for(ws, stale, None, None, None, None)
+    try:
+        assert isinstance(run.executor, LocalExecutor) and run.executor._upcoming == 3
+    finally:
+        run.executor.close()

@@ -51,6 +51,7 @@ class TextKind:
         self.name = name
         self.past = past
         self.follows = False
+        self.inline = False
 
     def key(self, action: TextAction, keys: KeyComputer, *, fresh: bool) -> ActionKey:
         try:

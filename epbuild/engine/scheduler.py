@@ -53,6 +53,7 @@ def executor_for(
     from epbuild.engine.memory import MemoryPlan, default_budget, predict_peak, spare_cost
     from epbuild.errors import UserError
     from epbuild.executors.local import LocalExecutor
+    from epbuild.kinds.contract import kind_of
 
     peaks = {p.action.id: predict_peak(p, ws.state, ws.stats, ws.root) for p in stale}
     kind = executor if executor is not None else ws.manifest.workspace.executor
@@ -74,9 +75,10 @@ def executor_for(
     slots = max(1, jobs or ws.manifest.workspace.jobs)
     if isinstance(kind, str):
         # The warm spares (one per worker command: epbuild's own, or a toolchain's) hold
-        # memory the compiles cannot have.
-        budget = max(0, budget - spare_cost(repr(p.action.toolchain) for p in stale))
-        local = LocalExecutor(ws.root, prewarm=True, jobs=len(stale))
+        # memory the compiles cannot have; inline jobs take no worker.
+        workers = [p for p in stale if not kind_of(p.action).inline]
+        budget = max(0, budget - spare_cost(repr(p.action.toolchain) for p in workers))
+        local = LocalExecutor(ws.root, prewarm=True, jobs=len(workers))
         return Execution(local, slots, MemoryPlan(budget, peaks), owned=True)
     return Execution(kind, slots, MemoryPlan(budget, peaks), owned=False)
 

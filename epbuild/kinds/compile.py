@@ -25,6 +25,7 @@ class CompileKind:
     name = "compile"
     past = "compiled"
     follows = False
+    inline = False
 
     def key(self, action: Action, keys: KeyComputer, *, fresh: bool) -> ActionKey:
         return keys.compute(action, fresh=fresh)

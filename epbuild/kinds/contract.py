@@ -103,6 +103,8 @@ class Kind(Protocol):
     follows: bool
     """A selection that takes every action it depends on takes it too (an LLM's package
     follows its graphs' compiles)."""
+    inline: bool
+    """Its jobs run in the building process, never in a worker (``KindJob.inline``)."""
 
     def key(self, action: Any, keys: KeyComputer, *, fresh: bool) -> ActionKey:
         """The action's key and its components; raises ``ModelError`` (or another

@@ -61,6 +61,7 @@ class PackageKind:
     name = "package"
     past = "packaged"
     follows = True
+    inline = True
 
     def key(self, action: PackageAction, keys: KeyComputer, *, fresh: bool) -> ActionKey:
         plan = _plan(keys.root, action)
@@ -99,7 +100,7 @@ class PackageKind:
         plan = _plan(ctx.root, action)
         payload = {"config": plan.config.decode(), "copies": plan.copies}
         job = KindJob(action.id, self.name, "epbuild.kinds.package:run", staging, payload,
-                      dict(key.inputs), inline=True)  # fmt: skip
+                      dict(key.inputs), inline=self.inline)  # fmt: skip
         return job, []
 
     def check(

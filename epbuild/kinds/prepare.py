@@ -101,6 +101,7 @@ class PrepareKind:
     name = "prepare"
     past = "prepared"
     follows = False
+    inline = False
 
     def key(self, action: PrepareAction, keys: KeyComputer, *, fresh: bool) -> ActionKey:
         from epbuild.providers.distributions import dist_version
