@@ -31,6 +31,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from bench_scale import tiny_model
+
 ROOT = Path(__file__).resolve().parent.parent
 ENV = {**os.environ, "EPBUILD_CACHE": "off"}
 ENV.pop("PYTHONDONTWRITEBYTECODE", None)  # time an installed epbuild, not the compiler
@@ -53,26 +55,6 @@ def timed(cmds: list[list[str]], env: dict[str, str] = ENV) -> float:
 
 def epbuild(root: Path, *args: str) -> list[str]:
     return [sys.executable, "-m", "epbuild", "-C", str(root), *args]
-
-
-def tiny_model(path: Path, seed: int = 0) -> None:
-    """A 16x16 MatMul-Relu model."""
-    import numpy as np
-    import onnx
-    from onnx import TensorProto, helper, numpy_helper
-
-    w = np.random.default_rng(seed).standard_normal((16, 16), dtype=np.float32) * 0.1
-    graph = helper.make_graph(
-        [helper.make_node("MatMul", ["x", "W"], ["h"]), helper.make_node("Relu", ["h"], ["y"])],
-        "g",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 16])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 16])],
-        [numpy_helper.from_array(w, "W")],
-    )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    model.ir_version = 9
-    path.parent.mkdir(parents=True, exist_ok=True)
-    onnx.save(model, str(path))
 
 
 def restore(tmp: Path, runs: int) -> dict[str, object]:

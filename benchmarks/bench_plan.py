@@ -34,6 +34,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from bench_scale import tiny_model
+
 ENV = {**os.environ, "EPBUILD_CACHE": "off"}
 TARGETS = [("69", "36"), ("73", "43"), ("75", "57"), ("79", "69"), ("73", "60"), ("81", "87")]
 """(htp_arch, soc_model) of well-known Snapdragon SoCs, one provider each."""
@@ -41,24 +43,8 @@ TARGETS = [("69", "36"), ("73", "43"), ("75", "57"), ("79", "69"), ("73", "60"),
 
 def make_workspace(root: Path, models: int, targets: int) -> None:
     """``models`` distinct tiny models in one group, for ``targets`` HTP targets."""
-    import numpy as np
-    import onnx
-    from onnx import TensorProto, helper, numpy_helper
-
-    (root / "models").mkdir(parents=True)
-    rng = np.random.default_rng(0)
     for i in range(models):
-        w = rng.standard_normal((16, 16), dtype=np.float32) * 0.1
-        graph = helper.make_graph(
-            [helper.make_node("MatMul", ["x", "W"], ["h"]), helper.make_node("Relu", ["h"], ["y"])],
-            "g",
-            [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 16])],
-            [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 16])],
-            [numpy_helper.from_array(w, "W")],
-        )
-        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-        model.ir_version = 9
-        onnx.save(model, str(root / "models" / f"m{i:05d}.onnx"))
+        tiny_model(root / "models" / f"m{i:05d}.onnx", seed=i)
     providers = ""
     names = []
     for arch, soc in TARGETS[:targets]:

@@ -38,26 +38,30 @@ RSS_WRAPPER = (
 ENV = {**os.environ, "EPBUILD_CACHE": "off"}
 
 
-def make_workspace(root: Path, count: int) -> None:
-    """``count`` distinct tiny models (16x16 MatMul-Relu-MatMul), one action each."""
+def tiny_model(path: Path, seed: int = 0) -> None:
+    """A 16x16 MatMul-Relu model."""
     import numpy as np
     import onnx
     from onnx import TensorProto, helper, numpy_helper
 
-    (root / "models").mkdir(parents=True)
-    rng = np.random.default_rng(0)
+    w = np.random.default_rng(seed).standard_normal((16, 16), dtype=np.float32) * 0.1
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "W"], ["h"]), helper.make_node("Relu", ["h"], ["y"])],
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 16])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 16])],
+        [numpy_helper.from_array(w, "W")],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 9
+    path.parent.mkdir(parents=True, exist_ok=True)
+    onnx.save(model, str(path))
+
+
+def make_workspace(root: Path, count: int) -> None:
+    """``count`` distinct tiny models (``tiny_model``), one action each."""
     for i in range(count):
-        w = rng.standard_normal((16, 16), dtype=np.float32) * 0.1
-        graph = helper.make_graph(
-            [helper.make_node("MatMul", ["x", "W"], ["h"]), helper.make_node("Relu", ["h"], ["y"])],
-            "g",
-            [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 16])],
-            [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 16])],
-            [numpy_helper.from_array(w, "W")],
-        )
-        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-        model.ir_version = 9
-        onnx.save(model, str(root / "models" / f"m{i:05d}.onnx"))
+        tiny_model(root / "models" / f"m{i:05d}.onnx", seed=i)
     (root / "epbuild.toml").write_text(
         '[providers.htp]\nep = "qnn"\noptions = { htp_arch = "73", soc_model = "60" }\n\n'
         '[groups.many]\nmodels = ["models/*.onnx"]\nproviders = ["htp"]\n'
