@@ -34,7 +34,7 @@ class WorkerOutcome:
     killed: bool = False
     """SIGKILL ended it: the kernel's answer to running out of memory, most often."""
     peak_rss: int = 0
-    """The highest resident memory seen while it ran (0: not measured)."""
+    """Its peak resident memory, as the kernel accounted it (0: not known)."""
 
 
 class Executor(Protocol):
@@ -118,31 +118,19 @@ def _reap(proc: subprocess.Popen[bytes]) -> None:
                 pass
 
 
-class _PeakWatch:
-    """Samples a worker's peak resident memory (Linux: ``VmHWM``) while it runs, so that a
-    worker the kernel kills for memory can be said to have reached it."""
-
-    def __init__(self, pid: int) -> None:
-        self.peak = 0
-        self._pid = pid
-        self._done = threading.Event()
-        if os.path.isdir(f"/proc/{pid}"):
-            threading.Thread(target=self._sample, daemon=True).start()
-
-    def _sample(self) -> None:
-        while True:
-            try:
-                with open(f"/proc/{self._pid}/status", encoding="ascii", errors="replace") as f:
-                    for line in f:
-                        if line.startswith("VmHWM:"):
-                            self.peak = max(self.peak, int(line.split()[1]) * 1024)
-            except (OSError, ValueError, IndexError):
-                return
-            if self._done.wait(0.1):
-                return
-
-    def stop(self) -> None:
-        self._done.set()
+def _wait(proc: subprocess.Popen[bytes]) -> tuple[int, int]:
+    """Wait for a worker to end: its exit status (as ``Popen`` gives it: -N for signal N)
+    and the peak resident memory the kernel accounted to it (0 where unknown), so that a
+    worker killed for memory can be said to have reached it."""
+    if not hasattr(os, "wait4"):
+        return proc.wait(), 0
+    try:
+        _, status, usage = os.wait4(proc.pid, 0)
+    except ChildProcessError:  # reaped meanwhile (cancel's poll): Popen has its status
+        return proc.wait(), 0
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    scale = 1 if sys.platform == "darwin" else 1024  # ru_maxrss: bytes there, kB on Linux
+    return proc.returncode, usage.ru_maxrss * scale
 
 
 def send_job(proc: subprocess.Popen[bytes], job: AnyJob) -> None:
@@ -237,16 +225,15 @@ class LocalExecutor:
         if proc is None:
             return WorkerOutcome(False, error="interrupted before its worker started")
         assert proc.stdin is not None and proc.stdout is not None
-        peak = _PeakWatch(proc.pid)
+        peak = 0
         try:
             send_job(proc, job)
             with open(log_path, "wb") as log:
                 while chunk := os.read(proc.stdout.fileno(), 65536):
                     log.write(chunk)
                     log.flush()  # the log of a long compile can be followed as it runs
-            code = proc.wait()
+            code, peak = _wait(proc)
         finally:
-            peak.stop()
             _reap(proc)
             with self._lock:
                 self._running.discard(proc)
@@ -256,7 +243,7 @@ class LocalExecutor:
         except (OSError, ValueError):
             result = None
         outcome = outcome_of(result, code, log_path)
-        outcome.peak_rss = peak.peak
+        outcome.peak_rss = peak
         return outcome
 
     def cancel(self) -> None:
