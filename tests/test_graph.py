@@ -295,3 +295,25 @@ def test_the_html_report_draws_the_graph_with_states_and_times(
     assert svg.count("<line ") == 1  # notes/lower → notes/count
     assert "lower · stale" in svg and "compile · up to date" in svg
     assert "lowered in " in svg and "compiled in " in svg
+
+
+def test_two_clean_orphaned_at_once_remove_the_file_once(workspace: Workspace) -> None:
+    import subprocess
+    import sys
+
+    workspace.llm(share=False)
+    assert workspace.cli("build").returncode == 0
+    workspace.llm(share=True)
+    assert workspace.cli("build").returncode == 0
+    command = [sys.executable, "-m", "epbuild", "-C", str(workspace.root), "clean",
+               "--orphaned", "--json"]  # fmt: skip
+    procs = [subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True) for _ in range(2)]  # fmt: skip
+    removed: list[str] = []
+    for proc in procs:
+        out, err = proc.communicate(timeout=300)
+        assert proc.returncode == 0 and "Traceback" not in err, err
+        removed += json.loads(out)["removed"]
+    assert removed == ["build/chat/htp-v73/iterator_ctx_qnn.bin"]  # by one of the two
+    after = workspace.cli_json("status")
+    assert after["orphaned"] == [] and all(not a["stale"] for a in after["actions"])
