@@ -204,7 +204,10 @@ class Builder:
                 error, hint = self._killed(action, outcome)
                 return _failed(plan, error, hint, log_tail=outcome.log_tail)
             if not outcome.ok:
-                return _failed(plan, outcome.error, outcome.hint, log_tail=outcome.log_tail)
+                code = outcome.result.get("exit_code", 1)  # a kind's runner: its error's
+                return _failed(
+                    plan, outcome.error, outcome.hint, log_tail=outcome.log_tail, exit_code=code
+                )
             mismatch = version_mismatch(key.components.get("versions", {}), outcome.result)
             if mismatch is not None:
                 return _failed(plan, mismatch, VERSIONS_HINT)

@@ -526,8 +526,8 @@ def _kind_result(job: KindJob, root: str) -> dict[str, Any]:
     module, _, name = job.runner.partition(":")
     try:
         report = getattr(importlib.import_module(module), name)(job, root)
-    except EpbuildError as exc:
-        return _failure(job, exc.message, exc.hint)
+    except EpbuildError as exc:  # a user error (a bad sample, say) keeps its exit code
+        return {**_failure(job, exc.message, exc.hint), "exit_code": exc.exit_code}
     except Exception as exc:
         failed = _failure(job, f"{type(exc).__name__}: {exc}", None)
         return {**failed, "traceback": traceback.format_exc()}

@@ -71,6 +71,16 @@ class GraphAction(Protocol):
         ...
 
 
+def make_key(components: Mapping[str, Any], inputs: Mapping[str, str]) -> ActionKey:
+    """The key of a kind's action: the digest of its components' canonical JSON."""
+    import json
+
+    from epbuild.planning.keys import ActionKey
+
+    blob = json.dumps(components, sort_keys=True, separators=(",", ":")).encode()
+    return ActionKey(hashlib.sha256(blob).hexdigest(), dict(components), dict(inputs))
+
+
 class ActionIdentity:
     """What every kind's action derives from its id alike (a base of the action types)."""
 
@@ -141,6 +151,8 @@ _BUILT_IN = {
     "compile": "epbuild.kinds.compile:COMPILE",
     "prepare": "epbuild.kinds.prepare:PREPARE",
     "package": "epbuild.kinds.package:PACKAGE",
+    "calibrate": "epbuild.kinds.calibrate:CALIBRATE",
+    "quantize": "epbuild.kinds.quantize:QUANTIZE",
 }
 _KINDS: dict[str, Kind] = {}
 _SOURCES: dict[str, Callable[[Manifest], list[GraphAction]]] = {}

@@ -14,7 +14,6 @@ not in a worker.
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import posixpath
 import time
@@ -24,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from epbuild.errors import ModelError, UserError, VerificationError
 from epbuild.executors.job import KindJob
-from epbuild.kinds.contract import RunContext
+from epbuild.kinds.contract import RunContext, make_key
 from epbuild.kinds.prepare import LlmStep
 from epbuild.manifest.model import Llm
 from epbuild.planning.keys import ActionKey, KeyComputer
@@ -88,8 +87,7 @@ class PackageKind:
         except OSError as exc:
             raise ModelError(f"{config}: cannot read ({exc.strerror})") from exc
         inputs.update({plan.copies[n]: d for n, d in copies.items()})
-        blob = json.dumps(components, sort_keys=True, separators=(",", ":")).encode()
-        return ActionKey(hashlib.sha256(blob).hexdigest(), components, inputs)
+        return make_key(components, inputs)
 
     def refuse(self, action: PackageAction, key: ActionKey, keys: KeyComputer) -> UserError | None:
         return None

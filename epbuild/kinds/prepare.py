@@ -12,7 +12,6 @@ out byte-identical leaves the compiles up to date (their keys hash the prepared 
 
 from __future__ import annotations
 
-import hashlib
 import os
 import posixpath
 import re
@@ -24,7 +23,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from epbuild.errors import ModelError, UserError, VerificationError
 from epbuild.executors.job import KindJob
-from epbuild.kinds.contract import ActionIdentity, RunContext
+from epbuild.kinds.contract import ActionIdentity, RunContext, make_key
 from epbuild.llm.prepare import AFFINITY, AFFINITY_JSON, PREP_FORMAT, STAGES
 from epbuild.manifest.model import Llm
 from epbuild.planning.keys import ActionKey, KeyComputer
@@ -118,7 +117,7 @@ class PrepareKind:
             "head_size": llm.head_size,
             "versions": {"onnx": dist_version("onnx")},
         }
-        return ActionKey(_digest(components), components, inputs)
+        return make_key(components, inputs)
 
     def refuse(self, action: PrepareAction, key: ActionKey, keys: KeyComputer) -> UserError | None:
         """A config whose layers, KV heads or head size are not the graph's: the package
@@ -252,13 +251,6 @@ def _remove_legacy(folder: str) -> None:
                     os.unlink(path)
                 except OSError:
                     pass
-
-
-def _digest(components: Mapping[str, Any]) -> str:
-    import json
-
-    blob = json.dumps(components, sort_keys=True, separators=(",", ":")).encode()
-    return hashlib.sha256(blob).hexdigest()
 
 
 def run(job: KindJob, root: str) -> dict[str, Any]:

@@ -23,8 +23,7 @@ from epbuild._names import (
     state_dir_setting,
     tomllib,
 )
-from epbuild.errors import ManifestError, UnsafePathError
-from epbuild.fs import safe_relpath
+from epbuild.errors import ManifestError
 from epbuild.manifest.defaults import compile_api_missing, default_compiler, default_jobs
 from epbuild.manifest.expand import check_model, expand_entry, is_pattern
 from epbuild.manifest.llms import load_llms
@@ -40,6 +39,7 @@ from epbuild.manifest.model import (
     PackageSettings,
     WorkspaceSettings,
 )
+from epbuild.manifest.quantization import check_quantized_groups, load_quantization
 from epbuild.manifest.refs import check_provider_list
 from epbuild.manifest.schema import EP_NAME_PATTERN, SchemaViolation, validate
 from epbuild.providers import get_provider
@@ -137,6 +137,9 @@ def load_manifest(path: str | os.PathLike[str], *, text: str | None = None) -> M
             for p in group.providers
         }
         groups[name] = replace(group, compile=resolved)
+    excluded = (workspace.out_dir, workspace.state_dir)
+    quantization = load_quantization(where, root, data.get("quantization", {}), excluded)
+    check_quantized_groups(where, groups, quantization, providers)
     package = _package(where, data, providers)
     budget = workspace.memory_budget
     llms = load_llms(where, root, data.get("llms", {}), providers, set(groups), budget)
@@ -147,7 +150,17 @@ def load_manifest(path: str | os.PathLike[str], *, text: str | None = None) -> M
             for p in llm.providers
         }
         llms[name] = replace(llm, compile=resolved)
-    return Manifest(file, root, workspace, providers, groups, problems, package=package, llms=llms)
+    return Manifest(
+        file,
+        root,
+        workspace,
+        providers,
+        groups,
+        problems,
+        package=package,
+        llms=llms,
+        quantization=quantization,
+    )
 
 
 def read_document(file: Path, text: str) -> dict[str, Any]:
@@ -198,10 +211,7 @@ def _parse(file: Path, text: str) -> dict[str, Any]:
 
 def _rel(where: Where, value: str, path: tuple[str, ...], what: str) -> str:
     """``safe_relpath``, its refusal reported at ``path``."""
-    try:
-        return safe_relpath(value, what=what)
-    except UnsafePathError as exc:
-        raise where.error(path, exc.message, exc.hint) from exc
+    return where.relpath(path, value, what)
 
 
 def _workspace(where: Where, data: dict[str, Any]) -> WorkspaceSettings:
@@ -418,6 +428,7 @@ def _group(
         ),
         patterns=patterns,
         free_dimensions=dict(table.get("free_dimensions", {})),
+        quantize=table.get("quantize"),
     )
 
 

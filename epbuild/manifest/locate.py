@@ -110,6 +110,17 @@ class Where:
         self.file = file
         self.locator = Locator(text)
 
+    def relpath(self, path: tuple[str, ...], value: str, what: str) -> str:
+        """``value`` as a workspace-relative POSIX path (``fs.safe_relpath``); its refusal
+        reported at ``path``."""
+        from epbuild.errors import UnsafePathError
+        from epbuild.fs import safe_relpath
+
+        try:
+            return safe_relpath(value, what=what)
+        except UnsafePathError as exc:
+            raise self.error(path, exc.message, exc.hint) from exc
+
     def error(self, path: tuple[str, ...], message: str, hint: str | None = None) -> ManifestError:
         """The error for ``path`` (keys, then ``[i]`` items appended to the dotted key)."""
         key = "".join(p if p.startswith("[") else "." + p for p in path).lstrip(".")

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
@@ -192,9 +192,21 @@ class Group:
         """The overrides one model is compiled with: the group's, the entry's on top."""
         return {**self.free_dimensions, **entry.free_dimensions}
 
+    def deps_for(self, entries: Sequence[ModelEntry]) -> tuple[str, ...]:
+        """Ids of the actions whose outputs the compile of ``entries`` reads (none: they
+        are source files)."""
+        return ()
+
+    def with_entries(self, entries: tuple[ModelEntry, ...]) -> Group:
+        """This group with other models."""
+        return replace(self, entries=entries)
+
     compile: Mapping[str, CompileSettings] = field(default_factory=dict)
     """Provider name → its compile settings in this group (group over provider, compiler
     and optimisation level resolved)."""
+    quantize: str | None = None
+    """The ``[quantization.<name>]`` its models are quantized with before they compile
+    (None: they compile as they are)."""
 
 
 @dataclass(frozen=True)
@@ -247,6 +259,55 @@ class Llm:
     """A ``decoder-pipeline`` source's stages: (name, ONNX file relative to the folder)."""
 
 
+ACTIVATION_TYPES = ("uint8", "uint16", "int8", "int16")
+"""What ``activations`` takes: ONNX Runtime's ``QuantType`` names, lower-case."""
+WEIGHT_TYPES = ("uint8", "int8", "uint16", "int16", "uint4", "int4")
+"""What ``weights`` takes."""
+CALIBRATION_METHODS = ("minmax", "entropy", "percentile", "distribution")
+"""What ``method`` takes: ONNX Runtime's ``CalibrationMethod`` names, lower-case."""
+
+
+@dataclass(frozen=True)
+class QuantCheck:
+    """The ``check`` table of a quantization: the limits ``verify --numerics`` holds a
+    quantized group's ctx models to, against the float source."""
+
+    min_sqnr_db: float = 20.0
+    """Smallest allowed SQNR (dB) of each output against the float source's."""
+    top1: float | None = None
+    """Smallest allowed top-1 agreement with the float source for outputs shaped
+    ``[batch, classes]`` (None: not checked)."""
+
+
+@dataclass(frozen=True)
+class Quantization:
+    """A ``[quantization.<name>]`` table: how a group's float models become QDQ models."""
+
+    name: str
+    calibration: tuple[str, ...]
+    """Workspace-relative samples, in order: ``.npz``/``.npy`` files or ONNX test-data
+    folders (``test_data_set_N`` holding ``input_K.pb``)."""
+    activations: str = "uint8"
+    weights: str = "uint8"
+    per_channel: bool = False
+    method: str = "minmax"
+    exclude: tuple[str, ...] = ()
+    """Node names kept in float."""
+    overrides: Mapping[str, str] = field(default_factory=dict)
+    """Tensor name → its type (mixed precision)."""
+    validation: tuple[str, ...] = ()
+    """Samples ``verify --numerics`` feeds (empty: the calibration samples)."""
+    check: QuantCheck = field(default_factory=QuantCheck)
+    listed: tuple[str, ...] = ()
+    """Workspace-relative folders whose listing decided the samples (glob bases and sample
+    folders): a new file there changes them (the no-op fingerprint stamps them)."""
+
+    @property
+    def feeds(self) -> tuple[str, ...]:
+        """The samples ``verify --numerics`` compares on."""
+        return self.validation or self.calibration
+
+
 DEFAULT_CONTEXT_LENGTH = 1024
 """``context_length`` when unset (or the model's own limit where lower)."""
 DEFAULT_WINDOW_SIZE = 64
@@ -268,3 +329,5 @@ class Manifest:
     package: PackageSettings = field(default_factory=PackageSettings)
     llms: dict[str, Llm] = field(default_factory=dict)
     """The ``[llms.*]`` tables, by name."""
+    quantization: dict[str, Quantization] = field(default_factory=dict)
+    """The ``[quantization.*]`` tables, by name."""

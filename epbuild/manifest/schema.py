@@ -102,6 +102,72 @@ COMPILE_PROPERTIES: dict[str, Any] = {
     },
 }
 
+_SAMPLES = {
+    "type": ["string", "array"],
+    "minLength": 1,
+    "minItems": 1,
+    "items": {"type": "string", "minLength": 1},
+}
+QUANTIZATION: dict[str, Any] = {
+    "calibration": {
+        **_SAMPLES,
+        "description": "Calibration samples relative to the manifest: .npz files (arrays "
+        "named after the model's inputs), .npy files (a single-input model), ONNX test-data "
+        "folders (test_data_set_N/input_K.pb), folders of them, or globs.",
+    },
+    "validation": {
+        **_SAMPLES,
+        "description": "Samples 'verify --numerics' compares on (default: the calibration "
+        "samples); the same forms as calibration.",
+    },
+    "activations": {
+        "type": "string",
+        "enum": ["uint8", "uint16", "int8", "int16"],
+        "description": "Activation type (default uint8).",
+    },
+    "weights": {
+        "type": "string",
+        "enum": ["uint8", "int8", "uint16", "int16", "uint4", "int4"],
+        "description": "Weight type (default uint8).",
+    },
+    "per_channel": {"type": "boolean", "description": "Per-channel weights (default false)."},
+    "method": {
+        "type": "string",
+        "enum": ["minmax", "entropy", "percentile", "distribution"],
+        "description": "Calibration method (default minmax).",
+    },
+    "exclude": {
+        "type": "array",
+        "items": {"type": "string", "minLength": 1},
+        "description": "Node names kept in float (they run outside the NPU).",
+    },
+    "overrides": {
+        "type": "object",
+        "additionalProperties": {
+            "type": "string",
+            "enum": ["uint8", "uint16", "int8", "int16"],
+        },
+        "description": "Per-tensor activation types, by tensor name: mixed precision.",
+    },
+    "check": {
+        "type": "object",
+        "additionalProperties": False,
+        "description": "Limits of 'verify --numerics' against the float source.",
+        "properties": {
+            "min_sqnr_db": {
+                "type": "number",
+                "description": "Smallest SQNR (dB) of each output (default 20).",
+            },
+            "top1": {
+                "type": "number",
+                "minimum": 0,
+                "maximum": 1,
+                "description": "Smallest top-1 agreement of [batch, classes] outputs.",
+            },
+        },
+    },
+}
+
 _PROVIDER_NAMES = {
     "type": "array",
     "minItems": 1,
@@ -301,8 +367,20 @@ SCHEMA: dict[str, Any] = {
                 },
                 "free_dimensions": _FREE_DIMENSIONS,
                 "numerics": NUMERICS,
+                "quantize": {
+                    "type": "string",
+                    "pattern": NAME_PATTERN,
+                    "description": "A [quantization.*] table: the models are quantized "
+                    "(QDQ) with it before they compile.",
+                },
                 **COMPILE_PROPERTIES,
             },
+        ),
+        "quantization": _named_tables(
+            "Quantization recipes: calibration samples and types that make a group's "
+            "float models QDQ models before they compile.",
+            ["calibration"],
+            QUANTIZATION,
         ),
         "llms": _named_tables(
             "LLM pipelines: an onnxruntime-genai model folder built into a "

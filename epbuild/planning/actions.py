@@ -103,19 +103,23 @@ def make_actions(manifest: Manifest, extra: Sequence[Group] = ()) -> list[Action
     """All actions of a manifest, groups and providers in manifest order, then those of
     ``extra`` groups (LLM entries: ``planning.llms``), whose ``provider_configs`` may
     replace a provider's configuration."""
+    from epbuild.planning.quantize import compiled_group
+
     actions: list[Action] = []
-    for group in [*manifest.groups.values(), *extra]:
+    groups = [compiled_group(manifest, g) for g in manifest.groups.values()]
+    for group in [*groups, *extra]:
         own: Mapping[str, ProviderConfig] = getattr(group, "provider_configs", {})
         for pname in group.providers:
             provider = own.get(pname) or manifest.providers[pname]
             out_dir = posixpath.join(manifest.workspace.out_dir, group.name, pname)
-            deps: tuple[str, ...] = getattr(group, "deps", ())
             if group.context.share_weights:
                 action_id = f"{group.name}/{pname}"
+                deps = group.deps_for(group.entries)
                 actions.append(Action(action_id, group, provider, group.entries, out_dir, deps))
             else:
                 for entry in group.entries:
                     action_id = f"{group.name}/{pname}/{entry.name}"
+                    deps = group.deps_for((entry,))
                     actions.append(Action(action_id, group, provider, (entry,), out_dir, deps))
     return actions
 

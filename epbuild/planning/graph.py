@@ -12,12 +12,15 @@ from epbuild.planning.actions import Action, select
 
 
 def make_graph(manifest: Manifest, compiles: Sequence[Action]) -> list[GraphAction]:
-    """The actions of every kind: LLM preparations, the compiles, LLM packages, then
+    """The actions of every kind: calibrations and quantizations, LLM preparations, the
+    compiles, LLM packages, then
     those of kinds added by ``kinds.contract.register``; each after its dependencies."""
     from epbuild.planning.llms import llm_packages, llm_preparations
+    from epbuild.planning.quantize import quantization_actions
 
     return ordered(
         [
+            *quantization_actions(manifest),
             *llm_preparations(manifest),
             *compiles,
             *llm_packages(manifest, compiles),

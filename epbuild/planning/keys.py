@@ -200,18 +200,22 @@ class KeyComputer:
             )
         return settings
 
+    def file_digest(self, rel: str) -> str:
+        """The digest of an input file that is not a model (the stand-in of an upstream
+        action's output, ``upstream``); raises ``OSError`` when it cannot be read."""
+        stand_in = self._upstream_digest(rel)
+        if stand_in is not None:
+            return stand_in
+        return self.stats.digest(self.root, rel).digest
+
     def option_files(self, action: Action) -> dict[str, str]:
         """{path: digest} of the files the provider's options name (``file_options``)."""
         names = get_provider(action.provider.ep).file_options
         found: dict[str, str] = {}
         for name in sorted(names & action.provider.options.keys()):
             rel = action.provider.options[name]
-            stand_in = self._upstream_digest(rel)
-            if stand_in is not None:
-                found[rel] = stand_in
-                continue
             try:
-                found[rel] = self.stats.digest(self.root, rel).digest
+                found[rel] = self.file_digest(rel)
             except OSError as exc:
                 raise ModelError(
                     f"{rel}: the file provider option {name!r} names cannot be read "

@@ -39,6 +39,9 @@ class LlmGroup(Group):
     deps: tuple[str, ...] = ()
     """The actions whose outputs its graphs are (a single decoder's preparation)."""
 
+    def deps_for(self, entries: Sequence[ModelEntry]) -> tuple[str, ...]:
+        return self.deps
+
 
 def llm_groups(
     manifest: Manifest, keys: KeyComputer, state_dir: str, *, prepare: bool

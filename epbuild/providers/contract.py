@@ -105,6 +105,13 @@ class BaseProvider(abc.ABC):
     file_options: frozenset[str] = frozenset()
     """Options whose value names a file relative to the manifest: the manifest checks that
     it exists, and the action key holds its content's digest (``planning.keys``)."""
+    quantization: str = "generic"
+    """How a group compiled for it is quantized (``[quantization.*]``): ``qnn`` (ONNX
+    Runtime's QNN configuration and preprocessing) or ``generic`` (its QDQ configuration)."""
+    quant_activations: frozenset[str] = frozenset(("uint8", "uint16", "int8", "int16"))
+    """Activation types its quantized models may use."""
+    quant_weights: frozenset[str] = frozenset(("uint8", "int8", "uint16", "int16", "uint4", "int4"))
+    """Weight types its quantized models may use."""
 
     def validate_options(
         self, options: Mapping[str, Any], settings: Mapping[str, Any], *, key: str
@@ -171,6 +178,11 @@ class BaseProvider(abc.ABC):
         """Whether symbolic input dimensions must be fixed before compiling; False by
         default (CPU and GPU EPs compile dynamic shapes)."""
         return False
+
+    def for_quantized(self, config: ProviderConfig) -> ProviderConfig:
+        """The configuration a quantized group compiles with (``[quantization.*]``):
+        ``config`` unless the EP wants other defaults for QDQ models."""
+        return config
 
     def sharing_refusal(self, config: ProviderConfig) -> str | None:
         """Why the EP cannot compile a weight-sharing group for ``config`` (None: it can);

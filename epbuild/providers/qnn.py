@@ -72,6 +72,9 @@ as ``{"op_type": {"GroupQueryAttention": "htp"}}``: the EP leaves ops on the CPU
 would otherwise take or refuse (GroupQueryAttention stays on the CPU without it)."""
 
 SPILL_FILL_OPTION = "enable_htp_spill_fill_buffer"
+IO_OFFLOAD = "offload_graph_io_quantization"
+"""The EP's option that leaves a QDQ model's graph-input Q and graph-output DQ to the CPU
+("1", its default) or takes them onto the HTP ("0")."""
 
 
 @dataclass(frozen=True)
@@ -147,12 +150,23 @@ class QnnProvider(BaseProvider):
 
     kind = "qnn"
     extra = "qnn"
+    quantization = "qnn"
     ep_dists = (DIST,)
     known_options = KNOWN_OPTIONS
     file_options = FILE_OPTIONS
     compatibility_device_types = frozenset({"NPU"})
     """Device types the EP judges compiled models for (``epbuild.inspection.ortcompat``):
     asked without an NPU it can crash the process (docs/research/qnn-plugin.md)."""
+
+    def for_quantized(self, config: ProviderConfig) -> ProviderConfig:
+        """The graph's input quantization and output dequantization run on the HTP too
+        (``offload_graph_io_quantization = "0"``, unless the manifest says otherwise): the
+        ctx model is one EPContext node with no Q/DQ node left outside it."""
+        from dataclasses import replace
+
+        if IO_OFFLOAD in config.options:
+            return config
+        return replace(config, options={**config.options, IO_OFFLOAD: "0"})
 
     def check_options(self, options: Mapping[str, Any], *, key: str) -> dict[str, str]:
         """Backend HTP only; known architectures and SoCs, as many of each, and each chip

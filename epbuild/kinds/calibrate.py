@@ -1,0 +1,192 @@
+"""The calibrate kind: one float model of a quantized group, preprocessed for its providers
+and run on the calibration samples in a worker, into the tensor ranges its quantization
+reads (``<state_dir>/quant/<group>/<model>/``: ``model.onnx`` and ``ranges.json``).
+
+Its key holds the source model's digests (and its external data's), each sample file's
+digest in order, the calibration method, the kind of preprocessing (the providers') and
+the onnxruntime and onnx versions: an edit of types, exclusions or overrides keys nothing
+here, so it re-quantizes without calibrating (``kinds.quantize``)."""
+
+from __future__ import annotations
+
+import os
+import posixpath
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from epbuild.errors import ModelError, UserError, VerificationError
+from epbuild.executors.job import KindJob
+from epbuild.kinds.contract import ActionIdentity, RunContext, make_key
+from epbuild.manifest.model import Group, ModelEntry, Quantization
+from epbuild.planning.keys import ActionKey, KeyComputer
+
+if TYPE_CHECKING:
+    from epbuild.executors.job import AnyJob
+    from epbuild.onnx.context import Problem
+    from epbuild.toolchains.spec import ToolchainSpec
+
+CALIBRATE_FORMAT = 1
+"""Bump when the same inputs make other ranges or another preprocessed model."""
+
+
+class QuantStep(ActionIdentity):
+    """What the actions a quantized group adds before its compiles have alike: one float
+    model of the group, the group's recipe, epbuild's own environment."""
+
+    KIND: ClassVar[str]
+    group: Group
+    entry: ModelEntry
+    recipe: Quantization
+    flavour: str
+    """The providers' kind of quantization (``BaseProvider.quantization``)."""
+
+    @property
+    def kind(self) -> str:
+        return self.KIND
+
+    @property
+    def group_name(self) -> str:
+        return self.group.name
+
+    @property
+    def provider_name(self) -> str:
+        return ""
+
+    @property
+    def toolchain(self) -> ToolchainSpec | None:
+        return None
+
+    @property
+    def label(self) -> str:
+        """How messages name it: the source and the recipe."""
+        return f"{self.entry.path} (quantization.{self.recipe.name})"
+
+
+@dataclass(frozen=True)
+class CalibrateAction(QuantStep):
+    """One float model's calibration."""
+
+    KIND = "calibrate"
+    id: str
+    group: Group
+    entry: ModelEntry
+    recipe: Quantization
+    flavour: str
+    out_dir: str
+    """``<state_dir>/quant/<group>/<model name>``."""
+    deps: tuple[str, ...] = ()
+
+    @property
+    def model(self) -> str:
+        """Workspace-relative path of the preprocessed float model it writes."""
+        from epbuild.quant.work import MODEL
+
+        return posixpath.join(self.out_dir, MODEL)
+
+    @property
+    def ranges(self) -> str:
+        """Workspace-relative path of the ranges it writes."""
+        from epbuild.quant.work import RANGES
+
+        return posixpath.join(self.out_dir, RANGES)
+
+
+class CalibrateKind:
+    """``Kind`` of the calibrations (``CalibrateAction``)."""
+
+    name = "calibrate"
+    past = "calibrated"
+    follows = False
+    inline = False
+
+    def key(self, action: CalibrateAction, keys: KeyComputer, *, fresh: bool) -> ActionKey:
+        from epbuild.manifest.quantization import sample_files
+        from epbuild.providers.distributions import dist_version
+
+        source = action.entry.path
+        digest, external = keys.model_inputs(source, fresh=fresh)
+        inputs = {source: digest, **external}
+        for sample in action.recipe.calibration:
+            for rel in sample_files(keys.root, sample):
+                try:
+                    inputs[rel] = keys.stats.digest(keys.root, rel).digest
+                except OSError as exc:
+                    raise ModelError(
+                        f"{rel}: calibration sample of quantization.{action.recipe.name} "
+                        f"cannot be read ({exc.strerror})",
+                        hint="restore it, or fix the calibration entry",
+                    ) from exc
+        components: dict[str, Any] = {
+            "kind": self.name,
+            "format": CALIBRATE_FORMAT,
+            "inputs": inputs,
+            "samples": list(action.recipe.calibration),
+            "method": action.recipe.method,
+            "preprocess": action.flavour,
+            "versions": {d: dist_version(d) for d in ("onnxruntime", "onnx")},
+        }
+        return make_key(components, inputs)
+
+    def refuse(
+        self, action: CalibrateAction, key: ActionKey, keys: KeyComputer
+    ) -> UserError | None:
+        return None
+
+    def job(
+        self, action: CalibrateAction, key: ActionKey, staging: str, ctx: RunContext
+    ) -> tuple[AnyJob, list[str]]:
+        payload = {
+            "model": action.entry.path,
+            "samples": list(action.recipe.calibration),
+            "method": action.recipe.method,
+            "flavour": action.flavour,
+        }
+        job = KindJob(
+            action_id=action.id,
+            kind=self.name,
+            runner="epbuild.quant.work:calibrate",
+            staging=staging,
+            payload=payload,
+            inputs=dict(key.inputs),
+            predicted_peak=ctx.predicted_peak,
+        )
+        return job, []
+
+    def check(
+        self, action: CalibrateAction, staging: str, ctx: RunContext
+    ) -> tuple[list[str], list[Problem]]:
+        """The preprocessed model (and its external data) and readable ranges, nothing
+        else."""
+        import json
+
+        from epbuild.onnx.staged import staged_names
+        from epbuild.quant.work import MODEL, RANGES
+
+        names = staged_names(ctx.root, staging)
+        for required in (MODEL, RANGES):
+            if required not in names:
+                raise VerificationError(f"expected output {required} was not written")
+        extra = sorted(set(names) - {MODEL, MODEL + ".data", RANGES})
+        if extra:
+            raise VerificationError(f"unexpected output {extra[0]} staged by the calibration")
+        try:
+            with open(os.path.join(ctx.root, staging, RANGES), encoding="utf-8") as f:
+                ranges = json.load(f)
+        except (OSError, ValueError) as exc:
+            raise VerificationError(f"{RANGES}: unreadable calibration ranges ({exc})") from exc
+        if not isinstance(ranges, dict) or not ranges.get("data"):
+            raise VerificationError(f"{RANGES}: the calibration found no tensor to quantize")
+        return names, []
+
+    def problems(self, action: CalibrateAction, result: Mapping[str, Any]) -> list[Problem]:
+        return []
+
+    def waits_note(self, action: CalibrateAction) -> str:
+        return (
+            f"{action.entry.path} is not calibrated yet for its current inputs "
+            f"({action.id} runs first)"
+        )
+
+
+CALIBRATE = CalibrateKind()

@@ -1,0 +1,191 @@
+"""The quantize kind: one calibrated model of a quantized group made a QDQ model in a
+worker (``<out_dir>/<group>/quantized/<name>.onnx``, an output the user can open), which
+every provider of the group compiles.
+
+It depends on the model's calibration; its key holds the calibration's outputs' digests
+(the preprocessed model and the ranges), the types, per-channel, exclusions and overrides,
+the providers' kind of quantization and the tool versions. Changing ``exclude``,
+``overrides``, ``activations`` or ``weights`` re-quantizes without calibrating; a QDQ model
+that comes out byte-identical leaves the compiles up to date (early cutoff)."""
+
+from __future__ import annotations
+
+import os
+import posixpath
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from epbuild.errors import ModelError, UserError, VerificationError
+from epbuild.executors.job import KindJob
+from epbuild.kinds.calibrate import CalibrateAction, QuantStep
+from epbuild.kinds.contract import RunContext, make_key
+from epbuild.manifest.model import Group, ModelEntry, Quantization
+from epbuild.planning.keys import ActionKey, KeyComputer
+
+if TYPE_CHECKING:
+    from epbuild.executors.job import AnyJob
+    from epbuild.onnx.context import Problem
+
+QUANTIZE_FORMAT = 1
+"""Bump when the same inputs make another QDQ model."""
+
+
+@dataclass(frozen=True)
+class QuantizeAction(QuantStep):
+    """One float model's quantization."""
+
+    KIND = "quantize"
+    id: str
+    group: Group
+    entry: ModelEntry
+    recipe: Quantization
+    flavour: str
+    out_dir: str
+    """``<out_dir>/<group>/quantized``."""
+    calibration: CalibrateAction
+    deps: tuple[str, ...] = ()
+
+    @property
+    def output(self) -> str:
+        """Workspace-relative path of the QDQ model."""
+        return posixpath.join(self.out_dir, f"{self.entry.name}.onnx")
+
+
+class QuantizeKind:
+    """``Kind`` of the quantizations (``QuantizeAction``)."""
+
+    name = "quantize"
+    past = "quantized"
+    follows = False
+    inline = False
+
+    def key(self, action: QuantizeAction, keys: KeyComputer, *, fresh: bool) -> ActionKey:
+        from epbuild.providers.distributions import dist_version
+
+        calibration = action.calibration
+        digest, external = keys.model_inputs(calibration.model, fresh=fresh)
+        inputs = {calibration.model: digest, **external}
+        try:
+            inputs[calibration.ranges] = keys.file_digest(calibration.ranges)
+        except OSError as exc:
+            raise ModelError(f"{calibration.ranges}: calibration ranges missing") from exc
+        recipe = action.recipe
+        components: dict[str, Any] = {
+            "kind": self.name,
+            "format": QUANTIZE_FORMAT,
+            "inputs": inputs,
+            "flavour": action.flavour,
+            "method": recipe.method,
+            "activations": recipe.activations,
+            "weights": recipe.weights,
+            "per_channel": recipe.per_channel,
+            "exclude": sorted(recipe.exclude),
+            "overrides": dict(sorted(recipe.overrides.items())),
+            "output": posixpath.basename(action.output),
+            "versions": {d: dist_version(d) for d in ("onnxruntime", "onnx")},
+        }
+        return make_key(components, inputs)
+
+    def refuse(self, action: QuantizeAction, key: ActionKey, keys: KeyComputer) -> UserError | None:
+        return None
+
+    def job(
+        self, action: QuantizeAction, key: ActionKey, staging: str, ctx: RunContext
+    ) -> tuple[AnyJob, list[str]]:
+        recipe = action.recipe
+        payload = {
+            "calibrated": action.calibration.model,
+            "output": posixpath.basename(action.output),
+            "label": action.label,
+            "flavour": action.flavour,
+            "method": recipe.method,
+            "activations": recipe.activations,
+            "weights": recipe.weights,
+            "per_channel": recipe.per_channel,
+            "exclude": list(recipe.exclude),
+            "overrides": dict(recipe.overrides),
+        }
+        job = KindJob(
+            action_id=action.id,
+            kind=self.name,
+            runner="epbuild.quant.work:quantize",
+            staging=staging,
+            payload=payload,
+            inputs=dict(key.inputs),
+            predicted_peak=ctx.predicted_peak,
+        )
+        return job, []
+
+    def check(
+        self, action: QuantizeAction, staging: str, ctx: RunContext
+    ) -> tuple[list[str], list[Problem]]:
+        """The QDQ model (and its external data), readable and holding Q/DQ nodes,
+        nothing else."""
+        from epbuild.fs import is_safe_reference
+        from epbuild.onnx.proto import ProtoError, read_model
+        from epbuild.onnx.staged import staged_names
+
+        name = posixpath.basename(action.output)
+        names = staged_names(ctx.root, staging)
+        if name not in names:
+            raise VerificationError(f"expected output {name} was not written")
+        try:
+            info = read_model(os.path.join(ctx.root, staging, name))
+        except ProtoError as exc:
+            raise VerificationError(f"{name}: unreadable QDQ model ({exc})") from exc
+        data = {ref.location for ref in info.external_refs}
+        for location in data:
+            if not is_safe_reference(location) or location not in names:
+                raise VerificationError(f"{name}: external data {location!r} was not written")
+        extra = sorted(set(names) - {name} - data)
+        if extra:
+            raise VerificationError(f"unexpected output {extra[0]} staged by the quantization")
+        return names, []
+
+    def problems(self, action: QuantizeAction, result: Mapping[str, Any]) -> list[Problem]:
+        return []
+
+    def waits_note(self, action: QuantizeAction) -> str:
+        return (
+            f"{action.output} is not quantized yet for its current inputs ({action.id} runs first)"
+        )
+
+
+QUANTIZE = QuantizeKind()
+
+
+def quant_actions(
+    group: Group, recipe: Quantization, flavour: str, out_dir: str, state_dir: str
+) -> list[CalibrateAction | QuantizeAction]:
+    """A quantized group's calibrate and quantize actions, one pair per model."""
+    actions: list[CalibrateAction | QuantizeAction] = []
+    for entry in group.entries:
+        calibrate = CalibrateAction(
+            f"{group.name}/{entry.name}/calibrate",
+            group,
+            entry,
+            recipe,
+            flavour,
+            posixpath.join(state_dir, "quant", group.name, entry.name),
+        )
+        quantize = QuantizeAction(
+            f"{group.name}/{entry.name}/quantize",
+            group,
+            entry,
+            recipe,
+            flavour,
+            posixpath.join(out_dir, group.name, "quantized"),
+            calibrate,
+            (calibrate.id,),
+        )
+        actions += [calibrate, quantize]
+    return actions
+
+
+def quantized_entry(action: QuantizeAction) -> ModelEntry:
+    """The entry a compile of the group takes instead of the float one: the QDQ model,
+    under the float model's name."""
+    from dataclasses import replace
+
+    return replace(action.entry, path=action.output)

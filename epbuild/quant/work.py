@@ -1,0 +1,311 @@
+"""What the calibrate and quantize actions do in a worker, through ONNX Runtime's
+quantization tools (``onnxruntime.quantization``): calibration writes the preprocessed float
+model and its tensor ranges in ORT's own calibration-cache format (``save_tensors_data``);
+quantization reads both and writes the QDQ model (``quantize_static`` with
+``calibration_cache_path``), so an edit of types or exclusions never calibrates again."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import os
+import shutil
+import tempfile
+import time
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+from epbuild.errors import ModelError
+
+if TYPE_CHECKING:
+    import onnx
+
+    from epbuild.executors.job import KindJob
+
+MODEL = "model.onnx"
+"""The preprocessed float model a calibration writes (the one its ranges are of)."""
+RANGES = "ranges.json"
+"""The tensor ranges, in ONNX Runtime's calibration-cache format."""
+PROGRESS = ".progress"
+"""``done/total`` samples of a running calibration, inside its staging directory."""
+_LARGE = 1 << 30
+"""Models from this size on are written with their weights in external data."""
+_QDQ_OPS = ("QuantizeLinear", "DequantizeLinear")
+
+
+def versions() -> dict[str, str]:
+    """The tool versions a quantization kind declares (the worker reports the same)."""
+    return {"onnxruntime": importlib.metadata.version("onnxruntime"),
+            "onnx": importlib.metadata.version("onnx")}  # fmt: skip
+
+
+def calibrate(job: KindJob, root: str) -> dict[str, Any]:
+    """Preprocess the float source and calibrate it on the samples."""
+
+    from epbuild.quant.samples import input_specs, iterate
+
+    t0 = time.perf_counter()
+    args = job.payload
+    source = str(args["model"])
+    staging = os.path.join(root, job.staging)
+    model = _load(root, source)
+    quantized = sorted({n.op_type for n in model.graph.node if n.op_type in _QDQ_OPS})
+    if quantized:
+        raise ModelError(
+            f"{source}: already quantized (it has {' and '.join(quantized)} nodes)",
+            hint="list a float model, or compile this one without 'quantize'",
+        )
+    specs = input_specs(model)
+    samples = [str(s) for s in args["samples"]]
+    for sample in samples[:1]:  # a wrong sample fails before the slow part
+        next(iterate(root, [sample], specs))
+    target = os.path.join(staging, MODEL)
+    _preprocess(model, root, source, target, str(args["flavour"]))
+    del model
+    progress = os.path.join(staging, PROGRESS)
+
+    def report(done: int, total: int) -> None:
+        with open(progress, "w", encoding="utf-8") as f:
+            f.write(f"{done}/{total}")
+
+    try:
+        tensors = _calibrate(target, iterate(root, samples, specs, report), str(args["method"]))
+    finally:
+        if os.path.exists(progress):
+            os.unlink(progress)
+    return {
+        "seconds": time.perf_counter() - t0,
+        "detail": {"samples": len(samples), "tensors": tensors},
+        "versions": versions(),
+    }
+
+
+def _load(root: str, rel: str) -> onnx.ModelProto:
+    import onnx
+
+    try:
+        return onnx.load(os.path.join(root, rel))
+    except Exception as exc:  # protobuf's DecodeError, a missing external-data file
+        raise ModelError(f"{rel}: cannot be read as an ONNX model ({exc})") from exc
+
+
+def _preprocess(model: onnx.ModelProto, root: str, source: str, target: str, flavour: str) -> None:
+    """The provider's preprocessing (QNN: ORT's ``qnn_preprocess_model``; others: none),
+    written to ``target`` (the source's bytes when it changes nothing)."""
+    import onnx
+
+    external = model.ByteSize() >= _LARGE if _small_enough(model) else True
+    where = {"save_as_external_data": external, "external_data_location": MODEL + ".data"}
+    try:
+        if flavour == "qnn":
+            from onnxruntime.quantization.execution_providers.qnn import qnn_preprocess_model
+
+            # by path: given a ModelProto it moves the weights to external data in place
+            if qnn_preprocess_model(os.path.join(root, source), target, **where):
+                return
+        onnx.save(model, target, **_save_args(external))
+    except ModelError:
+        raise
+    except Exception as exc:
+        raise ModelError(
+            f"{source}: ONNX Runtime's quantization preprocessing failed: {exc}",
+            hint="re-export the model with a current exporter (opset 13 or later)",
+        ) from exc
+
+
+def _small_enough(model: onnx.ModelProto) -> bool:
+    try:
+        model.ByteSize()
+    except Exception:  # past protobuf's limit
+        return False
+    return True
+
+
+def _save_args(external: bool) -> dict[str, Any]:
+    if not external:
+        return {}
+    return {
+        "save_as_external_data": True,
+        "location": MODEL + ".data",
+        "all_tensors_to_one_file": True,
+    }
+
+
+def _calibrate(model: str, feeds: Any, method: str) -> int:
+    """Collect the tensors' ranges over ``feeds`` and write them beside ``model``."""
+    from onnxruntime.quantization import CalibrationDataReader, save_tensors_data
+    from onnxruntime.quantization.calibrate import create_calibrator
+
+    class Reader(CalibrationDataReader):  # type: ignore[misc]
+        def get_next(self) -> Any:
+            return next(feeds, None)
+
+    with tempfile.TemporaryDirectory(prefix="epbuild-calib-") as tmp:
+        calibrator = create_calibrator(
+            model,
+            _op_types(),
+            augmented_model_path=os.path.join(tmp, "augmented.onnx"),
+            calibrate_method=_method(method),
+            use_external_data_format=os.path.exists(model + ".data"),
+            providers=["CPUExecutionProvider"],
+            extra_options={"max_intermediate_outputs": 16} if method == "minmax" else {},
+        )
+        calibrator.collect_data(Reader())
+        ranges = calibrator.compute_data()
+    path = os.path.join(os.path.dirname(model), RANGES)
+    save_tensors_data(ranges, path)
+    _canonical(path)
+    return len(ranges.data)
+
+
+def _canonical(path: str) -> None:
+    """Rewrite a calibration cache with its tensors in name order: ORT writes them in a
+    set's order, so the same ranges would key their quantization differently each time."""
+    import json
+
+    with open(path, encoding="utf-8") as f:
+        data = json.load(f)
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(data, f, sort_keys=True)
+
+
+def _op_types() -> list[str]:
+    """What ``quantize_static`` calibrates by default: every op it can quantize."""
+    from onnxruntime.quantization.registry import QDQRegistry, QLinearOpsRegistry
+
+    return sorted(set(QLinearOpsRegistry) | set(QDQRegistry))
+
+
+def _method(name: str) -> Any:
+    from onnxruntime.quantization import CalibrationMethod
+
+    return {
+        "minmax": CalibrationMethod.MinMax,
+        "entropy": CalibrationMethod.Entropy,
+        "percentile": CalibrationMethod.Percentile,
+        "distribution": CalibrationMethod.Distribution,
+    }[name]
+
+
+def _qtype(name: str) -> Any:
+    from onnxruntime.quantization import QuantType
+
+    return {
+        "uint8": QuantType.QUInt8,
+        "int8": QuantType.QInt8,
+        "uint16": QuantType.QUInt16,
+        "int16": QuantType.QInt16,
+        "uint4": QuantType.QUInt4,
+        "int4": QuantType.QInt4,
+    }[name]
+
+
+def quantize(job: KindJob, root: str) -> dict[str, Any]:
+    """Write the QDQ model from the calibrated model and its ranges."""
+    t0 = time.perf_counter()
+    args = job.payload
+    calibrated = os.path.join(root, str(args["calibrated"]))
+    label = str(args["label"])
+    model = _load(root, str(args["calibrated"]))
+    _check_names(model, label, list(args["exclude"]), dict(args["overrides"]))
+    external = os.path.exists(calibrated + ".data")
+    del model
+    output = os.path.join(root, job.staging, str(args["output"]))
+    with tempfile.TemporaryDirectory(prefix="epbuild-quant-") as tmp:
+        cache = os.path.join(tmp, RANGES)  # ORT may rewrite a cache: never the committed one
+        shutil.copyfile(os.path.join(os.path.dirname(calibrated), RANGES), cache)
+        config = _config(calibrated, args)
+        try:
+            _quantize(calibrated, output, cache, config, external)
+        except ModelError:
+            raise
+        except Exception as exc:
+            raise ModelError(
+                f"{label}: ONNX Runtime's quantizer failed: {type(exc).__name__}: {exc}",
+                hint=_quantize_hint(exc),
+            ) from exc
+    return {
+        "seconds": time.perf_counter() - t0,
+        "detail": {"qdq_nodes": _count_qdq(output)},
+        "versions": versions(),
+    }
+
+
+def _config(model: str, args: Mapping[str, Any]) -> Any:
+    """ONNX Runtime's static configuration for the provider's kind of quantization."""
+    activations, weights = _qtype(str(args["activations"])), _qtype(str(args["weights"]))
+    overrides = {t: [{"quant_type": _qtype(q)}] for t, q in dict(args["overrides"]).items()}
+    common: dict[str, Any] = {
+        "calibrate_method": _method(str(args["method"])),
+        "activation_type": activations,
+        "weight_type": weights,
+        "per_channel": bool(args["per_channel"]),
+        "nodes_to_exclude": list(args["exclude"]) or None,
+    }
+    if args["flavour"] == "qnn":
+        from onnxruntime.quantization.execution_providers.qnn import get_qnn_qdq_config
+
+        return get_qnn_qdq_config(model, None, init_overrides=overrides or None, **common)
+    from onnxruntime.quantization import get_qdq_config
+
+    return get_qdq_config(model, None, tensor_quant_overrides=overrides or None, **common)
+
+
+def _quantize(model: str, output: str, cache: str, config: Any, external: bool) -> None:
+    from onnxruntime.quantization import quantize_static
+
+    quantize_static(
+        model,
+        output,
+        None,
+        calibrate_method=config.calibrate_method,
+        quant_format=config.quant_format,
+        activation_type=config.activation_type,
+        weight_type=config.weight_type,
+        op_types_to_quantize=config.op_types_to_quantize,
+        nodes_to_quantize=config.nodes_to_quantize,
+        nodes_to_exclude=config.nodes_to_exclude,
+        per_channel=config.per_channel,
+        reduce_range=config.reduce_range,
+        use_external_data_format=external or config.use_external_data_format,
+        extra_options=config.extra_options,
+        calibration_cache_path=cache,
+    )
+
+
+def _quantize_hint(exc: Exception) -> str:
+    text = f"{type(exc).__name__}: {exc}"
+    if "ConvertError" in text or "version_converter" in text or "is undefined" in text:
+        return (
+            "the quantizer raises the model's opset (16-bit types need opset 21) and ONNX's "
+            "version converter cannot convert this model: re-export it at opset 17 or later"
+        )
+    return "see the message above; 'exclude' keeps a failing node in float"
+
+
+def _check_names(
+    model: onnx.ModelProto, label: str, exclude: Sequence[str], overrides: Mapping[str, str]
+) -> None:
+    """Every excluded node and overridden tensor is one of the model's."""
+    import difflib
+
+    nodes = {n.name for n in model.graph.node}
+    tensors = {t for n in model.graph.node for t in (*n.input, *n.output) if t}
+    tensors |= {i.name for i in model.graph.input}
+    for key, names, known in (("exclude", exclude, nodes), ("overrides", overrides, tensors)):
+        unknown = [n for n in names if n not in known]
+        if unknown:
+            near = difflib.get_close_matches(unknown[0], sorted(known), n=3)
+            what = "node" if key == "exclude" else "tensor"
+            raise ModelError(
+                f"{label}: {key} names {what} {unknown[0]!r}, which the model does not have",
+                hint=f"did you mean {' or '.join(repr(n) for n in near)}?"
+                if near
+                else f"use the {what} names the model has (Netron shows them)",
+            )
+
+
+def _count_qdq(path: str) -> int:
+    import onnx
+
+    model = onnx.load(path, load_external_data=False)
+    return sum(1 for n in model.graph.node if n.op_type in _QDQ_OPS)
