@@ -1,0 +1,1 @@
+"""Quantization in a worker: sample feeds, calibration and QDQ models through ONNX Runtime."""
