@@ -93,9 +93,17 @@ class BuildResult:
 
     @property
     def exit_code(self) -> int:
-        """0 on success, 3 if a lock wait timed out, else 1."""
-        codes = {a.exit_code for a in self.actions if a.outcome is Outcome.FAILED}
-        return 0 if not codes else 3 if 3 in codes else 1
+        """0 on success, 3 if a lock wait timed out, 2 if every failure is bad input of a
+        kind that checks its input (``Kind.checks_input``: a calibration sample), else 1."""
+        from epbuild.kinds.contract import kind_named
+
+        failed = [a for a in self.actions if a.outcome is Outcome.FAILED]
+        codes = {a.exit_code for a in failed}
+        if not codes or 3 in codes:
+            return 0 if not codes else 3
+        if codes == {2} and all(getattr(kind_named(a.kind), "checks_input", False) for a in failed):
+            return 2
+        return 1
 
     def summary(self) -> dict[str, Any]:
         """Counts per outcome plus the wall time; an action of another kind than compile

@@ -99,6 +99,9 @@ class CalibrateKind:
     past = "calibrated"
     follows = False
     inline = False
+    checks_input = True
+    """Its job's user errors (a bad sample, a name the model lacks) are bad input: a
+    build failed only by them exits 2."""
 
     def key(self, action: CalibrateAction, keys: KeyComputer, *, fresh: bool) -> ActionKey:
         from epbuild.manifest.quantization import sample_files

@@ -59,6 +59,9 @@ class QuantizeKind:
     past = "quantized"
     follows = False
     inline = False
+    checks_input = True
+    """Its job's user errors (a bad sample, a name the model lacks) are bad input: a
+    build failed only by them exits 2."""
 
     def key(self, action: QuantizeAction, keys: KeyComputer, *, fresh: bool) -> ActionKey:
         from epbuild.providers.distributions import dist_version

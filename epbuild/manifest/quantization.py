@@ -108,19 +108,17 @@ def _check_providers(
             "put the providers in groups of their own, one per kind",
         )
     for p, adapter in adapters.items():
-        checks = [
-            ("activations", recipe.activations, adapter.quant_activations),
-            ("weights", recipe.weights, adapter.quant_weights),
-        ]
-        checks += [("overrides", t, adapter.quant_activations) for t in recipe.overrides.values()]
-        for key, value, allowed in checks:
-            if value not in allowed:
-                raise where.error(
-                    ("quantization", recipe.name, key),
-                    f"{value} is not a type provider {p!r} ({providers[p].ep}) can run; "
-                    f"group {name!r} compiles for it",
-                    f"use one of {', '.join(sorted(allowed))}",
-                )
+        refused = adapter.refuse_quantization(
+            recipe.activations, recipe.weights, recipe.per_channel, recipe.overrides
+        )
+        if refused is not None:
+            key, why, hint = refused
+            raise where.error(
+                ("quantization", recipe.name, key),
+                f"provider {p!r} ({providers[p].ep}) cannot run it: {why} (group {name!r} "
+                "compiles for it)",
+                hint,
+            )
 
 
 def _samples(

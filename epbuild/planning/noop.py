@@ -194,6 +194,9 @@ def _stamp_sources(
             if base is None:
                 return False
             dirs[base or "."] = _dir_stamp(os.path.join(ws.root, base))
+    for recipe in ws.manifest.quantization.values():  # a new sample joins the calibration
+        for folder in recipe.listed:
+            dirs[folder] = _dir_stamp(os.path.join(ws.root, folder))
     return True
 
 

@@ -179,6 +179,23 @@ class BaseProvider(abc.ABC):
         default (CPU and GPU EPs compile dynamic shapes)."""
         return False
 
+    def refuse_quantization(
+        self, activations: str, weights: str, per_channel: bool, overrides: Mapping[str, str]
+    ) -> tuple[str, str, str] | None:
+        """(manifest key, why, hint) when a quantization's types are ones the EP cannot
+        run (``quant_activations``, ``quant_weights``); None when it can run them."""
+        checks = [("activations", activations, self.quant_activations)]
+        checks += [("weights", weights, self.quant_weights)]
+        checks += [("overrides", t, self.quant_activations) for t in overrides.values()]
+        for key, value, allowed in checks:
+            if value not in allowed:
+                return (
+                    key,
+                    f"{value} is not a type it can run",
+                    f"use one of {', '.join(sorted(allowed))}",
+                )
+        return None
+
     def for_quantized(self, config: ProviderConfig) -> ProviderConfig:
         """The configuration a quantized group compiles with (``[quantization.*]``):
         ``config`` unless the EP wants other defaults for QDQ models."""

@@ -158,6 +158,18 @@ class QnnProvider(BaseProvider):
     """Device types the EP judges compiled models for (``epbuild.inspection.ortcompat``):
     asked without an NPU it can crash the process (docs/research/qnn-plugin.md)."""
 
+    quant_activations = frozenset(("uint8", "uint16", "int8"))
+    """int16 activations fail ops the HTP runs in uint16 (GlobalAveragePool, measured)."""
+
+    def refuse_quantization(
+        self, activations: str, weights: str, per_channel: bool, overrides: Mapping[str, str]
+    ) -> tuple[str, str, str] | None:
+        """Also: 4-bit weights only per channel (per tensor, the EP leaves Conv unplaced)."""
+        found = super().refuse_quantization(activations, weights, per_channel, overrides)
+        if found is None and weights in ("uint4", "int4") and not per_channel:
+            return "weights", f"{weights} weights need per_channel = true", "set per_channel = true"
+        return found
+
     def for_quantized(self, config: ProviderConfig) -> ProviderConfig:
         """The graph's input quantization and output dequantization run on the HTP too
         (``offload_graph_io_quantization = "0"``, unless the manifest says otherwise): the

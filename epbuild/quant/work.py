@@ -54,6 +54,7 @@ def calibrate(job: KindJob, root: str) -> dict[str, Any]:
             f"{source}: already quantized (it has {' and '.join(quantized)} nodes)",
             hint="list a float model, or compile this one without 'quantize'",
         )
+    _check_opset(model, source)
     specs = input_specs(model)
     samples = [str(s) for s in args["samples"]]
     for sample in samples[:1]:  # a wrong sample fails before the slow part
@@ -77,6 +78,24 @@ def calibrate(job: KindJob, root: str) -> dict[str, Any]:
         "detail": {"samples": len(samples), "tensors": tensors},
         "versions": versions(),
     }
+
+
+MIN_OPSET = 13
+"""The oldest ai.onnx opset quantized: ONNX Runtime's quantizer raises a graph's opset (to
+21 for 16-bit types) after calibration, and older graphs gain tensors on the way (opset
+13's Softmax) that have no calibrated range."""
+
+
+def _check_opset(model: onnx.ModelProto, source: str) -> None:
+    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
+    if opset < MIN_OPSET:
+        raise ModelError(
+            f"{source}: opset {opset} is older than quantization takes ({MIN_OPSET} or later): "
+            "ONNX Runtime's quantizer raises the opset after calibration, and this graph "
+            "would change on the way",
+            hint="re-export the model at opset 17 or later, or convert it first with "
+            "onnx.version_converter.convert_version(model, 17) and check its outputs",
+        )
 
 
 def _load(root: str, rel: str) -> onnx.ModelProto:

@@ -1,0 +1,282 @@
+"""Quantization on the build graph: a ``[quantization.<name>]`` recipe makes a group's float
+models QDQ models (one calibrate and one quantize action per model) that every provider of
+the group compiles; edits run exactly the actions they concern; bad input ends in exit 2
+naming the file. The float model is a real exporter's (``tests/corpus/cnn_torchscript.onnx``,
+torch.onnx), compiled with the real QNN EP."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+import pytest
+from conftest import HTP73, Workspace, render_manifest
+from test_two_at_once import together
+
+CORPUS = Path(__file__).parent / "corpus"
+HTP79 = {"ep": "qnn", "options": {"htp_arch": "79", "soc_model": "69"}}
+QDQ = ("QuantizeLinear", "DequantizeLinear")
+
+
+def samples(ws: Workspace, folder: str = "calib", n: int = 6, seed: int = 0, **feed: Any) -> None:
+    """``n`` random .npz samples of the corpus CNN's input (``feed`` replaces arrays)."""
+    rng = np.random.default_rng(seed)
+    (ws.root / folder).mkdir(parents=True, exist_ok=True)
+    for i in range(n):
+        arrays = {"image": rng.standard_normal((1, 3, 32, 32), dtype=np.float32)}
+        arrays.update(feed)
+        np.savez(ws.root / folder / f"s{i:02d}.npz", **arrays)
+
+
+def manifest(ws: Workspace, recipe: dict[str, Any] | None = None, **group: Any) -> None:
+    recipe = {"calibration": "calib/*.npz", "activations": "uint16", "weights": "uint8",
+              **(recipe or {})}  # fmt: skip
+    text = render_manifest(
+        {
+            "providers": {"htp-v73": HTP73, "htp-v79": HTP79},
+            "groups": {
+                "vision": {"models": ["models/*.onnx"], "providers": ["htp-v73", "htp-v79"],
+                           "quantize": "w8a16", **group},
+            },
+        }
+    )  # fmt: skip
+    lines = [f"{k} = {json.dumps(v)}" for k, v in recipe.items() if not isinstance(v, dict)]
+    lines += [
+        f"{k} = {{ {', '.join(f'{json.dumps(a)} = {json.dumps(b)}' for a, b in v.items())} }}"
+        for k, v in recipe.items()
+        if isinstance(v, dict)
+    ]
+    (ws.root / "epbuild.toml").write_text(
+        text + "\n[quantization.w8a16]\n" + "\n".join(lines) + "\n"
+    )
+
+
+@pytest.fixture
+def qws(workspace: Workspace) -> Workspace:
+    """The corpus CNN in a quantized group for HTP v73 and v79, with six samples."""
+    (workspace.root / "models").mkdir(parents=True)
+    shutil.copy(CORPUS / "cnn_torchscript.onnx", workspace.root / "models" / "cnn.onnx")
+    samples(workspace)
+    manifest(workspace)
+    return workspace
+
+
+def counts(ws: Workspace) -> dict[str, int]:
+    doc = ws.cli_json("build")
+    assert doc["ok"], doc
+    found: dict[str, int] = {}
+    for action in doc["actions"]:
+        outcome = action["outcome"]
+        word = {"calibrate": "calibrated", "quantize": "quantized"}.get(action["kind"], outcome)
+        key = word if outcome == "compiled" else outcome
+        found[key] = found.get(key, 0) + 1
+    return found
+
+
+def digests(root: Path) -> dict[str, str]:
+    return {
+        str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for folder in ("build", ".epbuild/quant")
+        for p in sorted((root / folder).rglob("*"))
+        if p.is_file() and ".staging" not in p.parts
+    }
+
+
+def test_one_calibrate_one_quantize_two_compiles(qws: Workspace) -> None:
+    assert counts(qws) == {"calibrated": 1, "quantized": 1, "compiled": 2}
+    qdq = onnx.load(qws.root / "build/vision/quantized/cnn.onnx")
+    assert {n.op_type for n in qdq.graph.node} >= set(QDQ)
+    for target in ("htp-v73", "htp-v79"):
+        ctx = onnx.load(qws.root / f"build/vision/{target}/cnn_ctx.onnx")
+        assert [n.op_type for n in ctx.graph.node] == ["EPContext"]  # no Q/DQ outside it
+    doc = qws.cli_json("status")
+    kinds = {a["id"]: (a["kind"], a["deps"]) for a in doc["actions"]}
+    assert kinds == {
+        "vision/cnn/calibrate": ("calibrate", []),
+        "vision/cnn/quantize": ("quantize", ["vision/cnn/calibrate"]),
+        "vision/htp-v73/cnn": ("compile", ["vision/cnn/quantize"]),
+        "vision/htp-v79/cnn": ("compile", ["vision/cnn/quantize"]),
+    }
+    assert counts(qws) == {"up_to_date": 4}
+
+
+def test_edits_run_exactly_the_actions_they_concern(qws: Workspace) -> None:
+    counts(qws)
+    manifest(qws, {"exclude": ["/8/Gemm"]})  # the head stays float: no calibration
+    assert counts(qws) == {"quantized": 1, "compiled": 2, "up_to_date": 1}
+    manifest(qws, {"exclude": ["/8/Gemm"], "weights": "int8"})
+    assert counts(qws) == {"quantized": 1, "compiled": 2, "up_to_date": 1}
+    manifest(qws, {"exclude": ["/8/Gemm"], "weights": "int8", "method": "entropy"})
+    found = counts(qws)  # the compiles: only if the entropy ranges make another QDQ model
+    assert found["calibrated"] == found["quantized"] == 1, found
+    samples(qws, seed=1)  # every sample changes: calibrate again
+    assert counts(qws)["calibrated"] == 1
+    data = (qws.root / "epbuild.toml").read_text()  # a third target compiles one action
+    data = data.replace('"htp-v79"]', '"htp-v79", "htp-v75"]')
+    data += '\n[providers.htp-v75]\nep = "qnn"\noptions = { htp_arch = "75", soc_model = "57" }\n'
+    (qws.root / "epbuild.toml").write_text(data)
+    assert counts(qws) == {"compiled": 1, "up_to_date": 4}
+
+
+def test_a_sample_that_changes_nothing_calibrates_and_stops_there(qws: Workspace) -> None:
+    counts(qws)
+    shutil.copy(qws.root / "calib/s00.npz", qws.root / "calib/s99.npz")  # same ranges
+    assert counts(qws) == {"calibrated": 1, "up_to_date": 3}  # early cutoff
+
+
+def test_a_clean_rebuild_gives_the_same_bytes(qws: Workspace) -> None:
+    counts(qws)
+    first = digests(qws.root)
+    shutil.rmtree(qws.root / "build")
+    shutil.rmtree(qws.root / ".epbuild")
+    assert counts(qws) == {"calibrated": 1, "quantized": 1, "compiled": 2}
+    assert digests(qws.root) == first
+
+
+def test_a_fresh_checkout_restores_every_action(qws: Workspace, tmp_path: Path) -> None:
+    cache = tmp_path / "cache"
+    qws.cli("build", "--cache", str(cache), check=True)
+    clone = Workspace(tmp_path / "clone")
+    shutil.copytree(qws.root, clone.root, ignore=shutil.ignore_patterns("build", ".epbuild"))
+    doc = clone.cli_json("build", "--cache-only", "--cache", str(cache))
+    assert doc["ok"] and {a["outcome"] for a in doc["actions"]} == {"restored"}, doc
+    assert digests(clone.root) == digests(qws.root)
+
+
+def test_two_builds_at_once_run_each_action_once(qws: Workspace) -> None:
+    first, second = together(qws.root, ("build", "--json"), ("build", "--json"))
+    assert first.returncode == second.returncode == 0, (first.stderr, second.stderr)
+    ran: dict[str, int] = {}
+    for proc in (first, second):
+        for action in json.loads(proc.stdout)["actions"]:
+            if action["outcome"] == "compiled":
+                ran[action["id"]] = ran.get(action["id"], 0) + 1
+    assert ran == dict.fromkeys(
+        ["vision/cnn/calibrate", "vision/cnn/quantize", "vision/htp-v73/cnn", "vision/htp-v79/cnn"],
+        1,
+    )
+
+
+def _bad_sample(name: str) -> Callable[[Workspace], None]:
+    def write(ws: Workspace) -> None:
+        image = np.zeros((1, 3, 32, 32), dtype=np.float32)
+        path = ws.root / "calib" / "s03.npz"
+        if name == "missing input":
+            np.savez(path, other=image)
+        elif name == "extra input":
+            np.savez(path, image=image, mask=image)
+        elif name == "wrong shape":
+            np.savez(path, image=np.zeros((1, 3, 16, 16), dtype=np.float32))
+        elif name == "wrong dtype":
+            np.savez(path, image=image.astype(np.float64))
+        elif name == "unreadable":
+            path.write_bytes(b"not a zip file at all")
+        elif name == "not arrays":
+            np.savez(path, image=np.array([{"a": 1}], dtype=object))
+
+    return write
+
+
+@pytest.mark.parametrize(
+    ("name", "said"),
+    [
+        ("missing input", "misses input 'image'"),
+        ("extra input", "has 'mask', which the model does not take"),
+        ("wrong shape", "has shape [1, 3, 16, 16]"),
+        ("wrong dtype", "is float64, the model takes float32"),
+        ("unreadable", "not a readable .npz file"),
+        ("not arrays", "not a readable .npz file"),
+    ],
+)
+def test_a_bad_sample_is_named_and_nothing_is_committed(
+    qws: Workspace, name: str, said: str
+) -> None:
+    _bad_sample(name)(qws)
+    proc = qws.cli("build")
+    assert proc.returncode == 2, proc.stderr
+    assert "calib/s03.npz" in proc.stderr and said in proc.stderr, proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert not (qws.root / ".epbuild/quant/vision/cnn").exists()  # nothing half-written
+    assert not (qws.root / "build/vision/quantized").exists()
+
+
+def test_a_wrong_sample_after_a_good_build_keeps_the_good_outputs(qws: Workspace) -> None:
+    counts(qws)
+    before = digests(qws.root)
+    _bad_sample("wrong shape")(qws)
+    assert qws.cli("build").returncode == 2
+    assert digests(qws.root) == before
+
+
+@pytest.mark.parametrize(
+    ("recipe", "key", "said"),
+    [
+        ({"calibration": "nothing/*.npz"}, "quantization.w8a16.calibration", "names no samples"),
+        ({"calibration": "calib/s00.txt"}, "quantization.w8a16.calibration", "names no samples"),
+        ({"activations": "int16"}, "quantization.w8a16.activations", "int16 is not a type"),
+        ({"weights": "int4"}, "quantization.w8a16.weights", "need per_channel = true"),
+        ({"overrides": {"x": "int16"}}, "quantization.w8a16.overrides", "int16 is not a type"),
+    ],
+)
+def test_a_recipe_the_manifest_cannot_take(
+    qws: Workspace, recipe: dict[str, Any], key: str, said: str
+) -> None:
+    (qws.root / "calib/s00.txt").write_text("x")
+    manifest(qws, recipe)
+    proc = qws.cli("status")
+    assert proc.returncode == 2
+    assert key in proc.stderr and said in proc.stderr, proc.stderr
+
+
+def test_an_unknown_recipe_is_named(qws: Workspace) -> None:
+    manifest(qws, quantize="w4a8")
+    proc = qws.cli("status")
+    assert proc.returncode == 2
+    assert "groups.vision.quantize" in proc.stderr and "[quantization.w4a8]" in proc.stderr
+
+
+@pytest.mark.parametrize(
+    ("recipe", "said"),
+    [
+        ({"exclude": ["/8/Gemmm"]}, "exclude names node '/8/Gemmm'"),
+        ({"overrides": {"/8/Gemm_output_1": "uint8"}}, "overrides names tensor"),
+    ],
+)
+def test_a_name_the_model_does_not_have(qws: Workspace, recipe: dict[str, Any], said: str) -> None:
+    manifest(qws, recipe)
+    proc = qws.cli("build")
+    assert proc.returncode == 2, proc.stderr
+    assert said in proc.stderr and "models/cnn.onnx" in proc.stderr, proc.stderr
+    assert "did you mean" in proc.stderr or "names the model has" in proc.stderr
+
+
+def test_an_already_quantized_model_is_refused(qws: Workspace) -> None:
+    shutil.copy(CORPUS / "cnn_qdq.onnx", qws.root / "models" / "cnn.onnx")  # a quantizer's
+    proc = qws.cli("build")
+    assert proc.returncode == 2, proc.stderr
+    assert "models/cnn.onnx: already quantized" in proc.stderr, proc.stderr
+
+
+def test_an_old_opset_model_is_explained(workspace: Workspace) -> None:
+    """The onnx package's squeezenet (opset 9, weights as graph inputs): ONNX's version
+    converter cannot raise it to the opset 16-bit types need."""
+    root = Path(__file__).parents[1]
+    (workspace.root / "models").mkdir(parents=True)
+    shutil.copy(root / "examples/multi-vendor/models/squeezenet.onnx", workspace.root / "models")
+    model = onnx.load(workspace.root / "models/squeezenet.onnx")
+    inits = {i.name for i in model.graph.initializer}
+    (name,) = [i.name for i in model.graph.input if i.name not in inits]
+    (workspace.root / "calib").mkdir()
+    image = np.random.default_rng(0).random((1, 3, 224, 224), dtype=np.float32)
+    np.savez(workspace.root / "calib/s0.npz", **{name: image})
+    manifest(workspace)
+    proc = workspace.cli("build")
+    assert proc.returncode == 2, proc.stderr
+    assert "models/squeezenet.onnx" in proc.stderr and "opset" in proc.stderr, proc.stderr
+    assert "Traceback" not in proc.stderr
