@@ -280,3 +280,45 @@ def test_an_old_opset_model_is_explained(workspace: Workspace) -> None:
     assert proc.returncode == 2, proc.stderr
     assert "models/squeezenet.onnx" in proc.stderr and "opset" in proc.stderr, proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+def numerics(ws: Workspace) -> tuple[int, list[dict[str, Any]]]:
+    proc = ws.cli("verify", "--numerics", "--json")
+    return proc.returncode, json.loads(proc.stdout)["numerics"]
+
+
+def test_numerics_compare_with_the_float_source(qws: Workspace) -> None:
+    samples(qws, "val", n=4, seed=9)
+    manifest(qws, {"validation": "val/*.npz", "check": {"min_sqnr_db": 20, "top1": 0.75}})
+    counts(qws)
+    code, checks = numerics(qws)
+    assert code == 0, checks
+    assert {c["model"] for c in checks} == {
+        "build/vision/htp-v73/cnn_ctx.onnx",
+        "build/vision/htp-v79/cnn_ctx.onnx",
+    }
+    for check in checks:
+        assert check["status"] == "ok", check
+        (out,) = check["outputs"]
+        assert out["sqnr_db"] >= 20 and out["top1"] >= 0.75, out
+        assert out["qdq_sqnr_db"] >= 20  # the QDQ model on the CPU, beside it
+        assert check["tolerance"] == {"min_sqnr_db": 20, "top1": 0.75}
+    # A stricter limit re-judges the recorded figures: nothing runs again.
+    manifest(qws, {"validation": "val/*.npz", "check": {"min_sqnr_db": 200}})
+    code, checks = numerics(qws)
+    assert code == 1 and all(c["cached"] and c["status"] == "failed" for c in checks)
+    assert "SQNR" in checks[0]["reason"] and "allowed ≥ 200 dB" in checks[0]["reason"]
+
+
+def test_numerics_fail_on_all_zero_calibration_naming_layers(qws: Workspace) -> None:
+    samples(qws, "zero", n=3, image=np.zeros((1, 3, 32, 32), dtype=np.float32))
+    samples(qws, "val", n=4, seed=9)
+    manifest(qws, {"calibration": "zero/*.npz", "validation": "val/*.npz"})
+    counts(qws)
+    code, checks = numerics(qws)
+    assert code == 1
+    for check in checks:
+        assert check["status"] == "failed"
+        assert "so it is the quantization" in check["reason"], check["reason"]
+        assert "the layers with the worst SQNR: " in check["reason"]
+        assert check["layers"] and all(db < 20 for _, db in check["layers"][:3])

@@ -162,31 +162,67 @@ def reference(ort: Any, job: dict[str, Any]) -> tuple[Any, list[str]]:
 
 
 class Figures:
-    """Each output's worst figures over the samples compared so far."""
+    """Each output's worst figures over the samples compared so far, and its figures over
+    all of them: ``sqnr_db`` (signal to quantization noise of the whole set, in dB) and
+    ``top1`` (the share of rows whose argmax agrees, for outputs shaped [batch, classes])."""
 
     def __init__(self, names: list[str]) -> None:
         self.names = names
         self.samples = 0
         self._worst: dict[str, dict[str, Any]] = {}
+        self._energy: dict[str, list[float]] = {n: [0.0, 0.0, 0.0, 0.0] for n in names}
+        """Per output: signal energy, noise energy, rows agreeing, rows."""
 
     def add(self, got: Sequence[Any], want: Sequence[Any]) -> None:
         """One sample: the compiled model's outputs and the source's, both in ``names``
         order."""
+        import numpy as np
+
         self.samples += 1
         for name, a, b in zip(self.names, got, want, strict=True):
             self._worst[name] = _worst(self._worst.get(name, {}), figures_of(a, b))
+            a64, b64 = np.asarray(a, np.float64), np.asarray(b, np.float64)
+            if a64.shape != b64.shape:
+                continue
+            sums = self._energy[name]
+            with np.errstate(invalid="ignore", over="ignore"):
+                sums[0] += float(np.sum(b64 * b64))
+                sums[1] += float(np.sum((a64 - b64) ** 2))
+            if b64.ndim == 2 and b64.shape[-1] >= 2:
+                sums[2] += float(np.sum(np.argmax(a64, -1) == np.argmax(b64, -1)))
+                sums[3] += b64.shape[0]
 
     def result(self) -> dict[str, Any]:
         """``outputs`` (each output's figures), ``max_error`` (the largest relative error of
         any) and ``samples``."""
-        outputs = [{"name": n, **self._worst[n]} for n in self.names]
+        outputs = [{"name": n, **self._worst[n], **self._whole(n)} for n in self.names]
         err = max((o["max_rel"] for o in outputs), default=0.0)
         return {"max_error": err, "outputs": outputs, "samples": self.samples}
+
+    def _whole(self, name: str) -> dict[str, Any]:
+        signal, noise, agree, rows = self._energy[name]
+        return {"sqnr_db": sqnr_db(signal, noise), "top1": agree / rows if rows else None}
+
+
+def sqnr_db(signal: float, noise: float) -> float:
+    """Signal to noise in dB (infinite for no noise; the noise alone counts if the signal
+    is zero)."""
+    import math
+
+    if not math.isfinite(noise):
+        return -math.inf
+    if noise == 0.0:
+        return math.inf
+    return 10.0 * math.log10(max(signal, 1e-30) / noise)
 
 
 def check(job: dict[str, Any]) -> dict[str, Any]:
     """Load the ctx model, run it and the source on the CPU EP on the same feeds, compare
     each output."""
+    if job.get("quantized"):  # against the float source, with the QDQ model beside it
+        from epbuild.inspection.quantcheck import check_quantized
+
+        return check_quantized(job)
     import onnxruntime as ort
 
     from epbuild.errors import EpbuildError, ProviderUnavailableError

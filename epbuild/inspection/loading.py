@@ -14,7 +14,7 @@ import json
 import re
 import signal
 import subprocess
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from epbuild.executors.local import own_command
@@ -47,10 +47,13 @@ class LoadCheck:
     """The loader process died from a signal (a native crash)."""
     outputs: list[dict[str, Any]] | None = None
     """Per output of the model, its figures against the source (``loadcheck.figures_of``)."""
+    more: dict[str, Any] = field(default_factory=dict)
+    """What else the loader reported (a quantized model's ``qdq`` figures and ``layers``)."""
 
     def to_json(self) -> dict[str, Any]:
         """The ``--json`` form."""
-        doc = {k: v for k, v in asdict(self).items() if k not in ("crashed", "outputs")}
+        skip = ("crashed", "outputs", "more")
+        doc = {k: v for k, v in asdict(self).items() if k not in skip}
         return {**doc, "outcome": self.outcome.value}
 
 
@@ -134,7 +137,10 @@ def _run_loader(
     data = json.loads(lines[-1])
     outcome = LoadOutcome(data["outcome"])
     outputs = data.get("outputs")
-    return LoadCheck(ctx, outcome, data.get("message", ""), data.get("max_error"), outputs=outputs)
+    more = {k: data[k] for k in ("qdq", "layers") if k in data}
+    return LoadCheck(
+        ctx, outcome, data.get("message", ""), data.get("max_error"), outputs=outputs, more=more
+    )
 
 
 _NOISE = re.compile(r"\[W:onnxruntime|LIBNATIVE|\x1b\[")

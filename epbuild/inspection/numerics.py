@@ -36,7 +36,7 @@ STORE_NAME = "numerics.json"
 """The recorded figures, in the state directory."""
 _STORE_MAX = 2000
 """Entries kept (the newest): old keys are of inputs that no longer exist."""
-_VERSION = 1
+_VERSION = 2
 
 
 @dataclass(frozen=True)
@@ -70,6 +70,39 @@ EP_TOLERANCES = {"qnn": Tolerance(rtol=2e-2, atol=1e-3, min_cosine=0.999)}
 corpus and model-zoo models; see docs/research/numerics.md)."""
 
 
+@dataclass(frozen=True)
+class QuantTolerance:
+    """What a quantized model's output may lose against the float source: at least
+    ``min_sqnr_db`` of SQNR over the validation set and (outputs shaped [batch, classes])
+    ``top1`` agreement (``[quantization.<name>.check]``)."""
+
+    min_sqnr_db: float
+    top1: float | None
+
+    def problem(self, figures: dict[str, Any]) -> str | None:
+        """Why an output's figures fail, or None; says what the QDQ model on the CPU
+        reached, which tells quantization error from the EP's."""
+        sqnr, top1 = figures.get("sqnr_db"), figures.get("top1")
+        cpu = figures.get("qdq_sqnr_db")
+        found = []
+        if sqnr is None or not sqnr >= self.min_sqnr_db:
+            found.append(
+                f"SQNR {_db(sqnr)} against the float source (allowed ≥ {self.min_sqnr_db:g} dB)"
+            )
+        if self.top1 is not None and top1 is not None and top1 < self.top1:
+            found.append(f"top-1 agreement {top1:.1%} (allowed ≥ {self.top1:.1%})")
+        if not found:
+            return None
+        if cpu is not None:
+            who = "the quantization" if cpu < self.min_sqnr_db else "the EP"
+            found.append(f"the QDQ model on the CPU: {_db(cpu)}, so it is {who}")
+        return "; ".join(found)
+
+
+def _db(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.1f} dB"
+
+
 def tolerance(ep: str, settings: NumericsSettings) -> Tolerance:
     """The tolerance of one model: the manifest's values over the EP's defaults."""
     base = EP_TOLERANCES.get(ep, DEFAULT_TOLERANCE)
@@ -92,9 +125,11 @@ class NumericsCheck:
     outputs: list[dict[str, Any]] = field(default_factory=list)
     """Per output: ``name``, ``max_abs``, ``max_rel``, ``cosine``, ``argmax`` (None where it
     does not apply), and ``problem`` where it exceeds the tolerance."""
-    tolerance: Tolerance | None = None
+    tolerance: Tolerance | QuantTolerance | None = None
     cached: bool = False
     """The figures were recorded by an earlier check (nothing ran)."""
+    layers: list[list[Any]] = field(default_factory=list)
+    """A quantized model's worst activations against the float model's: [tensor, SQNR dB]."""
 
     def to_json(self) -> dict[str, Any]:
         """The ``--json`` form (non-finite figures as null)."""
@@ -106,6 +141,7 @@ class NumericsCheck:
             "outputs": [{k: _finite(v) for k, v in o.items()} for o in self.outputs],
             "tolerance": None if self.tolerance is None else vars(self.tolerance),
             "cached": self.cached,
+            **({"layers": [[t, _finite(db)] for t, db in self.layers]} if self.layers else {}),
         }
 
     def line(self) -> str:
@@ -118,11 +154,25 @@ class NumericsCheck:
         if worst is None:
             return f"{self.model}: numerics: ok (no outputs)"
         note = f"; {self.reason}" if self.reason else ""
+        if isinstance(self.tolerance, QuantTolerance):
+            return f"{self.model}: numerics: ok ({_quant_line(self.outputs)}{note})"
         return (
             f"{self.model}: numerics: ok (worst output {worst['name']}: max_abs "
             f"{worst['max_abs']:.3g}, max_rel {worst['max_rel']:.3g}, cosine "
             f"{worst['cosine']:.6f}{note})"
         )
+
+
+def _quant_line(outputs: list[dict[str, Any]]) -> str:
+    """Each output's SQNR (and top-1) against the float source, and the QDQ model's."""
+    parts = []
+    for o in outputs:
+        top1 = f", top-1 {o['top1']:.1%}" if o.get("top1") is not None else ""
+        parts.append(
+            f"output {o['name']}: SQNR {_db(o.get('sqnr_db'))} against the float source"
+            f"{top1}; the QDQ model on the CPU {_db(o.get('qdq_sqnr_db'))}"
+        )
+    return "; ".join(parts)
 
 
 def _finite(value: Any) -> Any:
@@ -224,23 +274,52 @@ def check_action(
             continue
         settings = action.entries[index].numerics
         try:
-            samples = _sample_files(ws.root, settings.inputs)
+            samples, extra, tol = _inputs(ws, action, index)
         except UserError as exc:
             checks.append(NumericsCheck(action.id, ctx, CheckStatus.FAILED, exc.message))
             continue
         key = check_key(ws, action, index, samples, settings)
         recorded = store.get(key)
         if recorded is None:
-            extra = {**settings.to_json(), "inputs": samples}
             load = load_check(ws, action, index, toolchain, extra, standalone=True)
             recorded = {"outcome": load.outcome.value, "message": load.message,
-                        "outputs": load.outputs}  # fmt: skip
+                        "outputs": load.outputs, **load.more}  # fmt: skip
             # A model this host cannot run stays so for the same key (a loader that crashes
             # here, in 17 s for inception_v1): recorded too, so it is not run every time.
             store.put(key, recorded)
-        tol = tolerance(action.provider.ep, settings)
         checks.append(_judge(action.id, ctx, recorded, tol, cached=key in store.entries))
     return checks
+
+
+def _inputs(
+    ws: Workspace, action: Action, index: int
+) -> tuple[list[str], dict[str, Any], Tolerance | QuantTolerance]:
+    """What one check compares on: the files its key covers, the loader job's part beyond
+    the models, and the tolerance. A quantized group's model is compared with its float
+    source on the recipe's validation samples, the QDQ model beside it."""
+    from epbuild.manifest.quantization import sample_files
+    from epbuild.planning.quantize import QuantizedGroup
+
+    group, entry = action.group, action.entries[index]
+    if isinstance(group, QuantizedGroup) and group.quantize is not None:
+        recipe = ws.manifest.quantization[group.quantize]
+        source = group.sources[group.entries.index(entry)].path
+        calibrated = group.calibrated[entry.name]
+        files = [f for s in recipe.feeds for f in sample_files(ws.root, s)]
+        quantized = {
+            "qdq": action.models[index],
+            "float": calibrated,
+            "samples": list(recipe.feeds),
+        }
+        extra = {"source": source, "quantized": quantized}
+        return (
+            [*files, source, calibrated],
+            extra,
+            QuantTolerance(recipe.check.min_sqnr_db, recipe.check.top1),
+        )
+    samples = _sample_files(ws.root, entry.numerics.inputs)
+    extra = {**entry.numerics.to_json(), "inputs": samples}
+    return samples, extra, tolerance(action.provider.ep, entry.numerics)
 
 
 def last_check(ws: Workspace, action: Action, index: int, store: Store) -> NumericsCheck | None:
@@ -250,18 +329,22 @@ def last_check(ws: Workspace, action: Action, index: int, store: Store) -> Numer
         return None
     settings = action.entries[index].numerics
     try:
-        samples = _sample_files(ws.root, settings.inputs)
-    except UserError:
+        samples, _, tol = _inputs(ws, action, index)
+    except (UserError, OSError):
         return None
     recorded = store.get(check_key(ws, action, index, samples, settings))
     if recorded is None:
         return None
-    tol = tolerance(action.provider.ep, settings)
     return _judge(action.id, action.ctx_paths[index], recorded, tol, cached=True)
 
 
 def _judge(
-    action: str, ctx: str, recorded: dict[str, Any], tol: Tolerance, *, cached: bool
+    action: str,
+    ctx: str,
+    recorded: dict[str, Any],
+    tol: Tolerance | QuantTolerance,
+    *,
+    cached: bool,
 ) -> NumericsCheck:
     outputs = recorded.get("outputs")
     if recorded.get("outcome") == "not_loadable_here":
@@ -271,7 +354,11 @@ def _judge(
         reason = recorded.get("message") or "the check produced no figures"
         return NumericsCheck(action, ctx, CheckStatus.FAILED, reason, cached=cached)
     judged, problems = [], []
+    cpu = {o["name"]: o for o in recorded.get("qdq") or []}  # a quantized model's QDQ model
     for figures in outputs:
+        if figures["name"] in cpu:
+            qdq = cpu[figures["name"]]
+            figures = {**figures, "qdq_sqnr_db": qdq.get("sqnr_db"), "qdq_top1": qdq.get("top1")}
         problem = tol.problem(figures)
         judged.append({**figures, **({"problem": problem} if problem else {})})
         if problem:
@@ -280,8 +367,15 @@ def _judge(
     # A passing loader's message says how the model ran (e.g. without the EP, whose package
     # cannot load it here): kept with the verdict either way.
     note = recorded.get("message", "") if recorded.get("outcome") == "passed" else ""
+    layers = recorded.get("layers") or []
+    if problems and layers:
+        worst = ", ".join(f"{t} ({_db(db)})" for t, db in layers[:5])
+        problems.append(
+            f"the layers with the worst SQNR: {worst} — give those tensors another type in "
+            "overrides or their nodes to exclude, or calibrate on samples like the real inputs"
+        )
     reason = "; ".join(problems + ([note] if note else []))
-    return NumericsCheck(action, ctx, status, reason, judged, tol, cached)
+    return NumericsCheck(action, ctx, status, reason, judged, tol, cached, layers)
 
 
 def check_numerics(

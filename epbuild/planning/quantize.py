@@ -22,6 +22,9 @@ class QuantizedGroup(Group):
     """The float models, in the order of ``entries``."""
     quantized_by: Mapping[str, str] = field(default_factory=dict)
     """Model name → the id of the quantize action that writes its QDQ model."""
+    calibrated: Mapping[str, str] = field(default_factory=dict)
+    """Model name → the preprocessed float model its calibration wrote (what the QDQ
+    model's activations are compared with, layer by layer)."""
     provider_configs: Mapping[str, ProviderConfig] = field(default_factory=dict)
     """Provider name → its configuration for QDQ models (``BaseProvider.for_quantized``)."""
 
@@ -50,6 +53,7 @@ def compiled_group(manifest: Manifest, group: Group) -> Group:
         **{f: getattr(group, f) for f in Group.__dataclass_fields__},
         sources=group.entries,
         quantized_by={a.entry.name: a.id for a in quantize},
+        calibrated={a.entry.name: a.calibration.model for a in quantize},
         provider_configs={
             p: get_provider(manifest.providers[p].ep).for_quantized(manifest.providers[p])
             for p in group.providers
