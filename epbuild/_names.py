@@ -90,3 +90,11 @@ def ctx_stem(path: str) -> str:
         if name.endswith(suffix):
             return name[: -len(suffix)]
     return name
+
+
+ACTIVATION_TYPES = ("uint8", "uint16", "int8", "int16")
+"""What a quantization's ``activations`` takes: ONNX Runtime's ``QuantType`` names, lower-case."""
+WEIGHT_TYPES = ("uint8", "int8", "uint16", "int16", "uint4", "int4")
+"""What a quantization's ``weights`` takes."""
+CALIBRATION_METHODS = ("minmax", "entropy", "percentile", "distribution")
+"""What a quantization's ``method`` takes: ONNX Runtime's ``CalibrationMethod`` names."""

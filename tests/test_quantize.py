@@ -322,3 +322,38 @@ def test_numerics_fail_on_all_zero_calibration_naming_layers(qws: Workspace) -> 
         assert "so it is the quantization" in check["reason"], check["reason"]
         assert "the layers with the worst SQNR: " in check["reason"]
         assert check["layers"] and all(db < 20 for _, db in check["layers"][:3])
+
+
+def test_add_quantization_and_add_model_quantize(workspace: Workspace) -> None:
+    (workspace.root / "models").mkdir(parents=True)
+    shutil.copy(CORPUS / "cnn_torchscript.onnx", workspace.root / "models" / "cnn.onnx")
+    samples(workspace)
+    workspace.manifest({"providers": {"htp-v73": HTP73}})
+    before = (workspace.root / "epbuild.toml").read_bytes()
+    proc = workspace.cli("add", "model", "models/cnn.onnx", "-g", "vision", "--quantize", "w8a16")
+    assert proc.returncode == 2 and "[quantization.w8a16]" in proc.stderr, proc.stderr
+    assert (workspace.root / "epbuild.toml").read_bytes() == before  # refused: untouched
+    proc = workspace.cli("add", "quantization", "w8a16")
+    assert proc.returncode == 2 and "--calibration" in proc.stderr
+    workspace.cli("add", "quantization", "w8a16", "--calibration", "calib/*.npz",
+                  "--activations", "uint16", check=True)  # fmt: skip
+    workspace.cli("add", "model", "models/cnn.onnx", "-g", "vision", "--quantize", "w8a16",
+                  check=True)  # fmt: skip
+    proc = workspace.cli("add", "quantization", "w8a16", "--exclude", "/8/Gemm", check=True)
+    assert "keeps /8/Gemm in float" in proc.stdout
+    proc = workspace.cli("add", "quantization", "w8a16", "--activations", "int16")
+    assert proc.returncode == 2 and "int16 is not a type" in proc.stderr  # htp-v73 can't
+    assert counts(workspace) == {"calibrated": 1, "quantized": 1, "compiled": 1}
+    detail = workspace.cli("status", "--detail", check=True).stdout
+    assert "build/vision/quantized/cnn.onnx: 1 EPContext node(s)" in detail
+    assert "(the QDQ model of models/cnn.onnx)" in detail
+
+
+def test_the_report_plots_sqnr_per_layer(qws: Workspace, tmp_path: Path) -> None:
+    counts(qws)
+    assert numerics(qws)[0] == 0
+    page = tmp_path / "report.html"
+    qws.cli("report", "-o", str(page), check=True)
+    text = page.read_text()
+    assert text.count("SQNR per layer against the float model") == 2
+    assert 'class="layers"' in text and " dB</text>" in text

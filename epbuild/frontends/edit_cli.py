@@ -80,6 +80,7 @@ def _edit(args: argparse.Namespace) -> EditResult:
             group=args.group,
             providers=args.provider,
             share_weights=bool(args.share_weights),
+            quantize=args.quantize,
         )
     if args.add_command == "llm":
         from epbuild.manifest.edit_llm import add_llm
@@ -92,6 +93,20 @@ def _edit(args: argparse.Namespace) -> EditResult:
             context_length=args.context_length,
             window_size=args.window_size,
             share_weights=args.share_weights,
+        )
+    if args.add_command == "quantization":
+        from epbuild.manifest.edit_quant import add_quantization
+
+        return add_quantization(
+            *where,
+            name=args.name,
+            calibration=args.calibration or (),
+            validation=args.validation or (),
+            activations=args.activations,
+            weights=args.weights,
+            per_channel=args.per_channel,
+            method=args.method,
+            exclude=args.exclude or (),
         )
     options = checks.provider_options(args.option)
     if args.add_command == "provider":

@@ -14,6 +14,7 @@ import argparse
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, NoReturn, TypeAlias
 
+from epbuild._names import ACTIVATION_TYPES, CALIBRATION_METHODS, WEIGHT_TYPES
 from epbuild._version import __version__
 from epbuild.docsite import page_url
 from epbuild.errors import UsageError
@@ -419,7 +420,7 @@ def _add(sub: _Commands) -> None:
     )
     kinds = a.add_subparsers(dest="add_command", metavar="WHAT")
     kinds.required = True
-    for add in (_add_model, _add_provider, _add_target, _add_llm):
+    for add in (_add_model, _add_provider, _add_target, _add_llm, _add_quantization):
         add(kinds)
     for kind in kinds.choices.values():
         json_flag(kind)
@@ -444,6 +445,12 @@ def _add_model(kinds: _Commands) -> None:
         "--share-weights",
         action=argparse.BooleanOptionalAction,
         help="set share_weights = true for a new group or the group given",
+    )
+    m.add_argument(
+        "--quantize",
+        metavar="NAME",
+        help="quantize the group's models with [quantization.NAME] before they compile "
+        "(default: as the manifest says; a new group compiles its models as they are)",
     )
 
 
@@ -515,6 +522,43 @@ def _add_llm(kinds: _Commands) -> None:
         "--share-weights",
         action=argparse.BooleanOptionalAction,
         help="one binary for both graphs (the default), or one per graph (--no-share-weights)",
+    )
+
+
+def _add_quantization(kinds: _Commands) -> None:
+    q = kinds.add_parser(
+        "quantization",
+        help="add a [quantization.NAME] recipe (calibration samples, types), or change one",
+    )
+    q.add_argument("name", metavar="NAME", help="the recipe's name, e.g. w8a16")
+    q.add_argument(
+        "--calibration",
+        action="append",
+        metavar="PATH",
+        help=".npz/.npy samples, ONNX test-data folders or globs (repeatable; required for a "
+        "new recipe; default: an existing recipe's kept)",
+    )
+    q.add_argument(
+        "--validation",
+        action="append",
+        metavar="PATH",
+        help="samples verify --numerics compares on (repeatable; default: the calibration samples)",
+    )
+    q.add_argument(
+        "--activations", choices=ACTIVATION_TYPES, help="activation type (default uint8)"
+    )
+    q.add_argument("--weights", choices=WEIGHT_TYPES, help="weight type (default uint8)")
+    q.add_argument(
+        "--per-channel", action=argparse.BooleanOptionalAction, help="per-channel weights"
+    )
+    q.add_argument(
+        "--method", choices=CALIBRATION_METHODS, help="calibration method (default minmax)"
+    )
+    q.add_argument(
+        "--exclude",
+        action="append",
+        metavar="NODE",
+        help="keep this node in float (repeatable; default: none)",
     )
 
 

@@ -29,6 +29,8 @@ class ModelDetail:
     """The level ``graph_optimization_level = "auto"`` chose (None: not auto)."""
     numerics: dict[str, Any] | None = None
     """The last ``verify --numerics`` of the model as it is now (its ``--json`` form)."""
+    quantized_from: str | None = None
+    """The float source of a quantized group's model (``model`` is then its QDQ model)."""
 
     def to_json(self) -> dict[str, Any]:
         """The ``--json`` form."""
@@ -99,7 +101,12 @@ def status_detail(
             _model_detail(a.out_dir, m, name, models.get(model_label(m, name), {}))
             for m, name in zip(a.models, a.names, strict=True)
         ]
+        sources = getattr(a.group, "sources", ())  # a quantized group's float models
         for i, m in enumerate(d.models):
+            if sources:
+                m = d.models[i] = replace(
+                    m, quantized_from=sources[a.group.entries.index(a.entries[i])].path
+                )
             check = None if plan.stale else last_check(ws, a, i, store)
             if check is not None:
                 d.models[i] = replace(m, numerics=check.to_json())
@@ -153,6 +160,7 @@ def render(details: list[ActionDetail]) -> list[str]:
                 f"EPContext node(s) from "
                 f"{m.source_nodes} source nodes; on the CPU EP: {cpu}"
                 + (f' (auto: level "{m.optimization_level}")' if m.optimization_level else "")
+                + (f" (the QDQ model of {m.quantized_from})" if m.quantized_from else "")
             )
             if m.numerics is not None:
                 lines.append(f"    numerics: {numerics_summary(m.numerics)}")
@@ -166,6 +174,10 @@ def numerics_summary(doc: dict[str, Any]) -> str:
     if doc["status"] != "ok":
         return f"{doc['status']}: {doc['reason']}"
     outs = doc["outputs"]
+    if "min_sqnr_db" in (doc.get("tolerance") or {}):  # a quantized model, against its float
+        from epbuild.inspection.numerics import _quant_line
+
+        return f"ok ({_quant_line(outs)})"
     worst = max(outs, key=lambda o: o["max_rel"] if o["max_rel"] is not None else 1e300)
     note = f"; {doc['reason']}" if doc.get("reason") else ""  # e.g. run without the EP
     return (

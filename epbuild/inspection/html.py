@@ -137,6 +137,7 @@ def _row(d: ActionDetail) -> str:
             '<span class="hit">hit</span>' if d.restored else "miss",
             "<br>".join(
                 f"{e(m.name)}: {e(numerics_summary(m.numerics))}"
+                + _layers_svg(m.numerics.get("layers") or [])
                 for m in d.models
                 if m.numerics is not None
             )
@@ -151,6 +152,33 @@ def _row(d: ActionDetail) -> str:
             f'<td class="n">{c}</td>' if i < 2 else f"<td>{c}</td>" for i, c in enumerate(cells)
         )
         + "</tr>"
+    )
+
+
+def _layers_svg(layers: list[list[Any]]) -> str:
+    """A quantized model's worst layers as bars of their SQNR in dB (0–60 dB wide; drawn
+    with lines, the timeline's rects stay the page's only ones)."""
+    if not layers:
+        return ""
+    row, width, label = 16, 180, 200
+    parts = []
+    for i, (tensor, db) in enumerate(layers):
+        y = i * row + row // 2
+        length = max(1.0, min(float(db if db is not None else 0.0), 60.0) / 60.0 * width)
+        colour = "#c0392b" if (db or 0.0) < 20 else "#2e86c1"
+        parts.append(
+            f'<text x="0" y="{y + 4}" font-size="11">{html.escape(str(tensor)[:32])}</text>'
+            f'<line x1="{label}" y1="{y}" x2="{label + length:.1f}" y2="{y}" '
+            f'stroke="{colour}" stroke-width="10"/>'
+            f'<text x="{label + length + 4:.1f}" y="{y + 4}" font-size="11">'
+            f"{'n/a' if db is None else f'{db:.1f} dB'}</text>"
+        )
+    height = row * len(layers)
+    return (
+        f'<br><svg class="layers" xmlns="http://www.w3.org/2000/svg" width="{label + width + 60}" '
+        f'height="{height}"><title>SQNR per layer against the float model</title>'
+        + "".join(parts)
+        + "</svg>"
     )
 
 

@@ -293,8 +293,10 @@ def add_models(
     group: str | None = None,
     providers: Sequence[str] = (),
     share_weights: bool = False,
+    quantize: str | None = None,
 ) -> EditResult:
-    """Add models to a group, creating the group when it does not exist.
+    """Add models to a group, creating the group when it does not exist; ``quantize`` names
+    the ``[quantization.*]`` recipe the group's models are quantized with.
 
     ``models`` are relative to ``directory`` (globs allowed). An existing group's
     ``models`` list gets the ones it lacks (a model it lists, or one of its patterns
@@ -312,6 +314,10 @@ def add_models(
             added = wanted
         else:
             added = _extend_group(s, name, table, wanted, providers, share_weights)
+        if quantize is not None and s.data["groups"][name].get("quantize") != quantize:
+            s.table("groups", name)["quantize"] = quantize  # type: ignore[index]
+            s.data["groups"][name]["quantize"] = quantize
+            s.changes.append(f"group {name} is now quantized with {quantize}")
         return s.finish(check=[m for m in added if not any(c in m for c in _GLOB_CHARS)])
 
 

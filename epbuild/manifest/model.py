@@ -259,14 +259,6 @@ class Llm:
     """A ``decoder-pipeline`` source's stages: (name, ONNX file relative to the folder)."""
 
 
-ACTIVATION_TYPES = ("uint8", "uint16", "int8", "int16")
-"""What ``activations`` takes: ONNX Runtime's ``QuantType`` names, lower-case."""
-WEIGHT_TYPES = ("uint8", "int8", "uint16", "int16", "uint4", "int4")
-"""What ``weights`` takes."""
-CALIBRATION_METHODS = ("minmax", "entropy", "percentile", "distribution")
-"""What ``method`` takes: ONNX Runtime's ``CalibrationMethod`` names, lower-case."""
-
-
 @dataclass(frozen=True)
 class QuantCheck:
     """The ``check`` table of a quantization: the limits ``verify --numerics`` holds a

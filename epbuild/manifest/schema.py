@@ -13,6 +13,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from epbuild._names import ACTIVATION_TYPES, CALIBRATION_METHODS, WEIGHT_TYPES
+
 NAME_PATTERN = "^[A-Za-z0-9][A-Za-z0-9_.-]*$"
 EP_NAME_PATTERN = "^[A-Za-z][A-Za-z0-9_.-]*$"
 """An execution provider's name as an app registers it (``[package] ep_names``)."""
@@ -122,18 +124,18 @@ QUANTIZATION: dict[str, Any] = {
     },
     "activations": {
         "type": "string",
-        "enum": ["uint8", "uint16", "int8", "int16"],
+        "enum": list(ACTIVATION_TYPES),
         "description": "Activation type (default uint8).",
     },
     "weights": {
         "type": "string",
-        "enum": ["uint8", "int8", "uint16", "int16", "uint4", "int4"],
+        "enum": list(WEIGHT_TYPES),
         "description": "Weight type (default uint8).",
     },
     "per_channel": {"type": "boolean", "description": "Per-channel weights (default false)."},
     "method": {
         "type": "string",
-        "enum": ["minmax", "entropy", "percentile", "distribution"],
+        "enum": list(CALIBRATION_METHODS),
         "description": "Calibration method (default minmax).",
     },
     "exclude": {
@@ -143,10 +145,7 @@ QUANTIZATION: dict[str, Any] = {
     },
     "overrides": {
         "type": "object",
-        "additionalProperties": {
-            "type": "string",
-            "enum": ["uint8", "uint16", "int8", "int16"],
-        },
+        "additionalProperties": {"type": "string", "enum": list(ACTIVATION_TYPES)},
         "description": "Per-tensor activation types, by tensor name: mixed precision.",
     },
     "check": {
