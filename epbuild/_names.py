@@ -98,3 +98,7 @@ WEIGHT_TYPES = ("uint8", "int8", "uint16", "int16", "uint4", "int4")
 """What a quantization's ``weights`` takes."""
 CALIBRATION_METHODS = ("minmax", "entropy", "percentile", "distribution")
 """What a quantization's ``method`` takes: ONNX Runtime's ``CalibrationMethod`` names."""
+
+PROGRESS_NAME = ".progress"
+"""A running job's progress (``37/128 samples``), in its staging directory: a job writes it
+(whole, by rename) and the building process shows it (``engine.progress``)."""

@@ -206,6 +206,10 @@ class Reporter:
     def action_finished(self, result: ActionResult) -> None:
         """An action ended."""
 
+    def action_progress(self, action_id: str, text: str) -> None:
+        """A running action said how far it is (``calibrating vision/cnn: 37/128 samples``:
+        ``text`` is the whole sentence)."""
+
     def message(self, text: str) -> None:
         """A one-off note (waiting on a lock, a warning)."""
 

@@ -357,3 +357,33 @@ def test_the_report_plots_sqnr_per_layer(qws: Workspace, tmp_path: Path) -> None
     text = page.read_text()
     assert text.count("SQNR per layer against the float model") == 2
     assert 'class="layers"' in text and " dB</text>" in text
+
+
+def test_progress_a_job_writes_reaches_the_reporter(tmp_path: Path) -> None:
+    import io
+    import threading
+
+    import waits
+
+    from epbuild.engine.progress import watching
+    from epbuild.frontends.progress import ConsoleReporter
+
+    path = tmp_path / ".progress"
+    heard: list[str] = []
+    seen = threading.Event()
+
+    def said(text: str) -> None:
+        heard.append(text)
+        seen.set()
+
+    with watching(str(path), said):
+        path.write_text("3/8 samples")
+        waits.wait_for(seen.is_set, "the progress to be read")
+    assert heard == ["3/8 samples"]
+    out = io.StringIO()  # not a terminal: a line at each quarter of the way, no more
+    reporter = ConsoleReporter(out)
+    for done in range(1, 9):
+        reporter.action_progress("g/m/calibrate", f"calibrating g/m/calibrate: {done}/8 samples")
+    assert out.getvalue().splitlines() == [
+        f"calibrating g/m/calibrate: {n}/8 samples" for n in (2, 4, 6, 8)
+    ]

@@ -14,7 +14,7 @@ from epbuild.engine.staging import commit, hash_staged, make_staging
 from epbuild.errors import EpbuildError, StorageError
 from epbuild.executors.job import AnyJob, KindJob
 from epbuild.fs import os_error_text, remove_tree
-from epbuild.kinds.contract import GraphAction, RunContext, kind_of
+from epbuild.kinds.contract import GraphAction, RunContext, kind_named, kind_of
 from epbuild.planning.keys import ActionKey
 from epbuild.planning.staleness import ActionPlan, plan_action
 from epbuild.planning.workspace import Workspace, recorded_outputs
@@ -254,12 +254,23 @@ class Builder:
             ) from exc
 
     def _execute(self, job: AnyJob) -> WorkerOutcome:
-        """Run a job: in a worker of the executor, or here when it is ``inline``."""
+        """Run a job: in a worker of the executor, or here when it is ``inline``; what it
+        says of its progress goes to the reporter (``engine.progress``)."""
         if isinstance(job, KindJob) and job.inline:
             from epbuild.executors.worker import run_inline
 
             return run_inline(job, self.ws.root)
-        return self.executor.run(job)
+        from epbuild._names import PROGRESS_NAME
+        from epbuild.engine.progress import watching
+
+        doing = getattr(kind_named(job.kind) if isinstance(job, KindJob) else None, "doing", "")
+        path = os.path.join(self.ws.root, job.staging, PROGRESS_NAME)
+
+        def said(text: str) -> None:
+            self.reporter.action_progress(job.action_id, f"{doing} {job.action_id}: {text}")
+
+        with watching(path, said):
+            return self.executor.run(job)
 
     def _killed(self, action: GraphAction, outcome: WorkerOutcome) -> tuple[str, str]:
         """What to say of a worker ended by SIGKILL: what the kernel does when memory runs

@@ -29,6 +29,10 @@ class ConsoleReporter(Reporter):
         self.total = 0
         self.done = 0
         self.running: list[str] = []
+        self.progress: dict[str, str] = {}
+        """A running action's last progress sentence (terminal status line)."""
+        self.quarters: dict[str, int] = {}
+        """How many quarters of its way each action's progress lines have said."""
         self._lock = threading.Lock()
 
     def _line(self, text: str) -> None:
@@ -45,7 +49,8 @@ class ConsoleReporter(Reporter):
                 self.stream.write("\r\x1b[K")
             return
         width = shutil.get_terminal_size((100, 20)).columns
-        text = f"[{self.done}/{self.total}] compiling {', '.join(self.running)}"
+        names = [self.progress.get(a, a) for a in self.running]
+        text = f"[{self.done}/{self.total}] compiling {', '.join(names)}"
         self.stream.write("\r\x1b[K" + text[: width - 1])
         self.stream.flush()
 
@@ -63,6 +68,7 @@ class ConsoleReporter(Reporter):
         with self._lock:
             if result.id in self.running:
                 self.running.remove(result.id)
+            self.progress.pop(result.id, None)
             self.done += 1
             if result.outcome is Outcome.FAILED or not self.quiet:
                 extra = f" ({result.seconds:.1f}s)" if result.outcome is Outcome.COMPILED else ""
@@ -79,6 +85,21 @@ class ConsoleReporter(Reporter):
                 for line in result.log_tail:
                     self._line(f"  | {line}")
             self._status()
+
+    def action_progress(self, action_id: str, text: str) -> None:
+        """On a terminal, the status line; otherwise a line at each quarter of the way."""
+        with self._lock:
+            if self.tty:
+                self.progress[action_id] = text
+                self._status()
+                return
+            done, _, rest = text.rpartition(": ")[2].partition("/")
+            total = rest.split(" ")[0]
+            if done.isdigit() and total.isdigit() and int(total):
+                quarter = 4 * int(done) // int(total)
+                if quarter > self.quarters.get(action_id, 0) and not self.quiet:
+                    self.quarters[action_id] = quarter
+                    self._line(text)
 
     def message(self, text: str) -> None:
         with self._lock:

@@ -97,6 +97,8 @@ class CalibrateKind:
 
     name = "calibrate"
     past = "calibrated"
+    doing = "calibrating"
+    """How progress names a running one (``calibrating vision/cnn/calibrate: 3/8 samples``)."""
     follows = False
     inline = False
     checks_input = True

@@ -14,7 +14,9 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+from epbuild._names import PROGRESS_NAME
 from epbuild.errors import ModelError
+from epbuild.fs import atomic_write_text
 
 if TYPE_CHECKING:
     import onnx
@@ -25,8 +27,6 @@ MODEL = "model.onnx"
 """The preprocessed float model a calibration writes (the one its ranges are of)."""
 RANGES = "ranges.json"
 """The tensor ranges, in ONNX Runtime's calibration-cache format."""
-PROGRESS = ".progress"
-"""``done/total`` samples of a running calibration, inside its staging directory."""
 _LARGE = 1 << 30
 """Models from this size on are written with their weights in external data."""
 _QDQ_OPS = ("QuantizeLinear", "DequantizeLinear")
@@ -62,11 +62,10 @@ def calibrate(job: KindJob, root: str) -> dict[str, Any]:
     target = os.path.join(staging, MODEL)
     _preprocess(model, root, source, target, str(args["flavour"]))
     del model
-    progress = os.path.join(staging, PROGRESS)
+    progress = os.path.join(staging, PROGRESS_NAME)
 
-    def report(done: int, total: int) -> None:
-        with open(progress, "w", encoding="utf-8") as f:
-            f.write(f"{done}/{total}")
+    def report(done: int, total: int) -> None:  # whole, by rename: the builder reads it
+        atomic_write_text(progress, f"{done}/{total} samples", durable=False)
 
     try:
         tensors = _calibrate(target, iterate(root, samples, specs, report), str(args["method"]))
