@@ -387,3 +387,47 @@ def test_progress_a_job_writes_reaches_the_reporter(tmp_path: Path) -> None:
     assert out.getvalue().splitlines() == [
         f"calibrating g/m/calibrate: {n}/8 samples" for n in (2, 4, 6, 8)
     ]
+
+
+def test_ctrl_c_during_calibration_leaves_nothing_half_written(qws: Workspace) -> None:
+    import signal
+    import subprocess
+    import sys
+
+    import waits
+
+    samples(qws, n=1500)  # long enough to be interrupted once it says how far it is
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "epbuild", "-C", str(qws.root), "build"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    waits.wait_for(
+        lambda: list((qws.root / "build" / ".staging").glob("*/.progress")),
+        "the calibration to report progress",
+        proc=proc,
+    )
+    proc.send_signal(signal.SIGINT)
+    _, err = waits.communicate(proc, "the build to exit after SIGINT")
+    assert proc.returncode == 130, err
+    assert "Traceback" not in err
+    assert not (qws.root / ".epbuild/quant/vision/cnn").exists()
+    assert not list((qws.root / "build" / ".staging").glob("*"))
+    doc = qws.cli_json("status")
+    assert all(a["stale"] for a in doc["actions"])
+    assert counts(qws) == {"calibrated": 1, "quantized": 1, "compiled": 2}
+
+
+def test_a_shared_group_is_keyed_alike_before_and_after_a_build(
+    qws: Workspace, tmp_path: Path
+) -> None:
+    """``cache key`` keys each compile by the keys of the quantizations it reads while
+    their QDQ models are not there: a fresh checkout and a built workspace agree."""
+    shutil.copy(qws.root / "models/cnn.onnx", qws.root / "models/cnn2.onnx")
+    manifest(qws, share_weights=True)
+    fresh = qws.cli("cache", "key", check=True).stdout
+    counts(qws)
+    assert qws.cli("cache", "key", check=True).stdout == fresh
+    (qws.root / "calib/s00.npz").unlink()  # another calibration: every key changes
+    assert qws.cli("cache", "key", check=True).stdout != fresh

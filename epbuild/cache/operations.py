@@ -28,6 +28,7 @@ class ExportReport(ArchiveReport):
 
 if TYPE_CHECKING:
     from epbuild.cache.actioncache import ActionCache
+    from epbuild.kinds.contract import GraphAction
     from epbuild.planning.staleness import ActionPlan
     from epbuild.planning.workspace import Workspace
 
@@ -97,8 +98,7 @@ def _keys(
     by_id = {a.id: a for a in ws.graph}
     for action in ws.graph:
         if by_upstream:
-            for dep in action.deps:
-                ws.keys.upstream[by_id[dep].out_dir] = keys[dep][0]
+            _stand_ins(ws, [by_id[dep] for dep in action.deps], keys)
         try:
             key = kind_of(action).key(action, ws.keys, fresh=False)
         except ModelError as exc:
@@ -116,6 +116,23 @@ def _keys(
 
     save_stats(ws)
     return keys, unknown
+
+
+def _stand_ins(
+    ws: Workspace, deps: list[GraphAction], keys: dict[str, tuple[str, dict[str, object]]]
+) -> None:
+    """Key the outputs of ``deps`` by their actions' keys: one folder's by the digest of the
+    keys of every dependency writing there (a quantized group's QDQ models share one)."""
+    import hashlib
+
+    folders: dict[str, list[str]] = {}
+    for dep in deps:
+        folders.setdefault(dep.out_dir, []).append(keys[dep.id][0])
+    for out_dir, found in folders.items():
+        joined = ",".join(sorted(found))
+        ws.keys.upstream[out_dir] = (
+            found[0] if len(found) == 1 else hashlib.sha256(joined.encode()).hexdigest()
+        )
 
 
 def cache_key(
