@@ -431,3 +431,28 @@ def test_a_shared_group_is_keyed_alike_before_and_after_a_build(
     assert qws.cli("cache", "key", check=True).stdout == fresh
     (qws.root / "calib/s00.npz").unlink()  # another calibration: every key changes
     assert qws.cli("cache", "key", check=True).stdout != fresh
+
+
+def test_npy_samples_and_onnx_test_data_folders(qws: Workspace) -> None:
+    """The other sample forms: ``.npy`` for a single-input model, and the ONNX model zoo's
+    test-data folders (``test_data_set_N/input_0.pb``), named by their folder; the same
+    arrays calibrate to the same ranges whatever form they come in."""
+    from onnx import numpy_helper
+
+    counts(qws)
+    ranges = (qws.root / ".epbuild/quant/vision/cnn/ranges.json").read_bytes()
+    arrays = [np.load(p)["image"] for p in sorted((qws.root / "calib").glob("*.npz"))]
+    (qws.root / "npy").mkdir()
+    for i, a in enumerate(arrays):
+        np.save(qws.root / "npy" / f"s{i:02d}.npy", a)
+        folder = qws.root / "zoo" / f"test_data_set_{i}"
+        folder.mkdir(parents=True)
+        tensor = numpy_helper.from_array(a, "image")
+        (folder / "input_0.pb").write_bytes(tensor.SerializeToString())
+    for calibration in ("npy/*.npy", "zoo"):
+        manifest(qws, {"calibration": calibration})
+        assert counts(qws) == {"calibrated": 1, "up_to_date": 3}, calibration
+        assert (qws.root / ".epbuild/quant/vision/cnn/ranges.json").read_bytes() == ranges
+    (qws.root / "zoo/test_data_set_0/input_0.pb").write_bytes(b"\x08garbage")
+    proc = qws.cli("build")
+    assert proc.returncode == 2 and "zoo/test_data_set_0/input_0.pb" in proc.stderr, proc.stderr
