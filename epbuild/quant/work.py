@@ -68,7 +68,8 @@ def calibrate(job: KindJob, root: str) -> dict[str, Any]:
         atomic_write_text(progress, f"{done}/{total} samples", durable=False)
 
     try:
-        tensors = _calibrate(target, iterate(root, samples, specs, report), str(args["method"]))
+        feeds = iterate(root, samples, specs, report)
+        tensors = _calibrate(target, feeds, str(args["method"]), len(samples))
     finally:
         if os.path.exists(progress):
             os.unlink(progress)
@@ -148,8 +149,16 @@ def _save_args(external: bool) -> dict[str, Any]:
     }
 
 
-def _calibrate(model: str, feeds: Any, method: str) -> int:
-    """Collect the tensors' ranges over ``feeds`` and write them beside ``model``."""
+def _batch(count: int) -> int | None:
+    """How many samples' activations a MinMax calibration holds before it folds them into
+    its ranges (memory stays bounded): a number that does not divide ``count``, for ORT
+    fails a calibration whose last fold leaves nothing ("No data is collected")."""
+    return next((k for k in range(16, 7, -1) if count % k), None)
+
+
+def _calibrate(model: str, feeds: Any, method: str, count: int) -> int:
+    """Collect the tensors' ranges over ``feeds`` (``count`` samples) and write them beside
+    ``model``."""
     from onnxruntime.quantization import CalibrationDataReader, save_tensors_data
     from onnxruntime.quantization.calibrate import create_calibrator
 
@@ -165,7 +174,7 @@ def _calibrate(model: str, feeds: Any, method: str) -> int:
             calibrate_method=_method(method),
             use_external_data_format=os.path.exists(model + ".data"),
             providers=["CPUExecutionProvider"],
-            extra_options={"max_intermediate_outputs": 16} if method == "minmax" else {},
+            extra_options={"max_intermediate_outputs": _batch(count)} if method == "minmax" else {},
         )
         calibrator.collect_data(Reader())
         ranges = calibrator.compute_data()
