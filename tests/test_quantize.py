@@ -125,8 +125,13 @@ def test_edits_run_exactly_the_actions_they_concern(qws: Workspace) -> None:
 
 
 def test_a_sample_that_changes_nothing_calibrates_and_stops_there(qws: Workspace) -> None:
-    samples(qws, n=16)  # a multiple of ORT's fold of 16: its last fold must not be empty
+    samples(qws, n=40)  # more than one chunk of 16: every sample counts
     counts(qws)
+    ranges = json.loads((qws.root / ".epbuild/quant/vision/cnn/ranges.json").read_text())
+    image = ranges["data"]["image"]
+    seen = np.concatenate([np.load(p)["image"].ravel() for p in (qws.root / "calib").glob("*")])
+    assert image["lowest"]["data"] == [float(seen.min())]
+    assert image["highest"]["data"] == [float(seen.max())]
     shutil.copy(qws.root / "calib/s00.npz", qws.root / "calib/s99.npz")  # same ranges
     assert counts(qws) == {"calibrated": 1, "up_to_date": 3}  # early cutoff
 

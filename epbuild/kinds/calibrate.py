@@ -26,7 +26,7 @@ if TYPE_CHECKING:
     from epbuild.onnx.context import Problem
     from epbuild.toolchains.spec import ToolchainSpec
 
-CALIBRATE_FORMAT = 1
+CALIBRATE_FORMAT = 2
 """Bump when the same inputs make other ranges or another preprocessed model."""
 
 

@@ -149,11 +149,10 @@ def _save_args(external: bool) -> dict[str, Any]:
     }
 
 
-def _batch(count: int) -> int | None:
-    """How many samples' activations a MinMax calibration holds before it folds them into
-    its ranges (memory stays bounded): a number that does not divide ``count``, for ORT
-    fails a calibration whose last fold leaves nothing ("No data is collected")."""
-    return next((k for k in range(16, 7, -1) if count % k), None)
+CHUNK = 16
+"""Samples whose activations a calibration holds at once: it collects them chunk by chunk
+(each ``collect_data`` call folds its chunk into the ranges or histograms and lets go of the
+activations). ORT's own bound (``max_intermediate_outputs``) drops a full batch unseen."""
 
 
 def _calibrate(model: str, feeds: Any, method: str, count: int) -> int:
@@ -162,8 +161,14 @@ def _calibrate(model: str, feeds: Any, method: str, count: int) -> int:
     from onnxruntime.quantization import CalibrationDataReader, save_tensors_data
     from onnxruntime.quantization.calibrate import create_calibrator
 
-    class Reader(CalibrationDataReader):  # type: ignore[misc]
+    class Chunk(CalibrationDataReader):  # type: ignore[misc]
+        def __init__(self) -> None:
+            self.left = CHUNK
+
         def get_next(self) -> Any:
+            if not self.left:
+                return None
+            self.left -= 1
             return next(feeds, None)
 
     with tempfile.TemporaryDirectory(prefix="epbuild-calib-") as tmp:
@@ -174,9 +179,9 @@ def _calibrate(model: str, feeds: Any, method: str, count: int) -> int:
             calibrate_method=_method(method),
             use_external_data_format=os.path.exists(model + ".data"),
             providers=["CPUExecutionProvider"],
-            extra_options={"max_intermediate_outputs": _batch(count)} if method == "minmax" else {},
         )
-        calibrator.collect_data(Reader())
+        for _ in range(0, count, CHUNK):
+            calibrator.collect_data(Chunk())
         ranges = calibrator.compute_data()
     path = os.path.join(os.path.dirname(model), RANGES)
     save_tensors_data(ranges, path)

@@ -62,16 +62,32 @@ def network(head_w: np.ndarray, head_b: np.ndarray, rng: np.random.Generator) ->
         numpy_helper.from_array(head_b.astype(np.float32), "head.bias"),
     ]
     nodes = [
-        helper.make_node("Conv", ["image", "conv1.weight", "conv1.bias"], ["c1"],
-                         name="/conv1/Conv", pads=[1, 1, 1, 1]),  # fmt: skip
+        helper.make_node(
+            "Conv",
+            ["image", "conv1.weight", "conv1.bias"],
+            ["c1"],
+            name="/conv1/Conv",
+            pads=[1, 1, 1, 1],
+        ),
         helper.make_node("Relu", ["c1"], ["r1"], name="/relu1/Relu"),
-        helper.make_node("Conv", ["r1", "conv2.weight", "conv2.bias"], ["c2"],
-                         name="/conv2/Conv", pads=[1, 1, 1, 1], strides=[2, 2]),  # fmt: skip
+        helper.make_node(
+            "Conv",
+            ["r1", "conv2.weight", "conv2.bias"],
+            ["c2"],
+            name="/conv2/Conv",
+            pads=[1, 1, 1, 1],
+            strides=[2, 2],
+        ),
         helper.make_node("Relu", ["c2"], ["r2"], name="/relu2/Relu"),
         helper.make_node("GlobalAveragePool", ["r2"], ["pool"], name="/pool/GlobalAveragePool"),
         helper.make_node("Flatten", ["pool"], ["features"], name="/Flatten"),
-        helper.make_node("Gemm", ["features", "head.weight", "head.bias"], ["logits"],
-                         name="/head/Gemm", transB=1),  # fmt: skip
+        helper.make_node(
+            "Gemm",
+            ["features", "head.weight", "head.bias"],
+            ["logits"],
+            name="/head/Gemm",
+            transB=1,
+        ),
     ]
     graph = helper.make_graph(
         nodes,
