@@ -122,6 +122,14 @@ def _workspace(root: Path, data: dict[str, object]) -> None:
     samples = root / "samples"
     samples.mkdir(exist_ok=True)
     np.savez(samples / "a.npz", x=np.zeros((1, 32), dtype=np.float32))
+    recipes = data.get("quantization", {})  # calibration and validation samples
+    assert isinstance(recipes, dict)
+    for recipe in recipes.values():
+        for key in ("calibration", "validation"):
+            for rel in [recipe[key]] if isinstance(recipe.get(key), str) else recipe.get(key, []):
+                path = root / re.sub(r"[*?]", "a", rel)
+                path.parent.mkdir(parents=True, exist_ok=True)
+                np.savez(path, x=np.zeros((1, 32), dtype=np.float32))
 
 
 @pytest.mark.parametrize("snippet", TOML, ids=_ids(TOML))
