@@ -13,28 +13,26 @@ import os
 import posixpath
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any
 
 from epbuild.errors import ModelError, UserError, VerificationError
 from epbuild.executors.job import KindJob
-from epbuild.kinds.contract import ActionIdentity, RunContext, make_key
+from epbuild.kinds.contract import OwnStep, RunContext, make_key
 from epbuild.manifest.model import Group, ModelEntry, Quantization
 from epbuild.planning.keys import ActionKey, KeyComputer
 
 if TYPE_CHECKING:
     from epbuild.executors.job import AnyJob
     from epbuild.onnx.context import Problem
-    from epbuild.toolchains.spec import ToolchainSpec
 
 CALIBRATE_FORMAT = 2
 """Bump when the same inputs make other ranges or another preprocessed model."""
 
 
-class QuantStep(ActionIdentity):
+class QuantStep(OwnStep):
     """What the actions a quantized group adds before its compiles have alike: one float
     model of the group, the group's recipe, epbuild's own environment."""
 
-    KIND: ClassVar[str]
     group: Group
     entry: ModelEntry
     recipe: Quantization
@@ -42,20 +40,8 @@ class QuantStep(ActionIdentity):
     """The providers' kind of quantization (``BaseProvider.quantization``)."""
 
     @property
-    def kind(self) -> str:
-        return self.KIND
-
-    @property
     def group_name(self) -> str:
         return self.group.name
-
-    @property
-    def provider_name(self) -> str:
-        return ""
-
-    @property
-    def toolchain(self) -> ToolchainSpec | None:
-        return None
 
     @property
     def label(self) -> str:
@@ -147,15 +133,9 @@ class CalibrateKind:
             "method": action.recipe.method,
             "flavour": action.flavour,
         }
-        job = KindJob(
-            action_id=action.id,
-            kind=self.name,
-            runner="epbuild.quant.work:calibrate",
-            staging=staging,
-            payload=payload,
-            inputs=dict(key.inputs),
-            predicted_peak=ctx.predicted_peak,
-        )
+        runner = "epbuild.quant.work:calibrate"
+        job = KindJob(action.id, self.name, runner, staging, payload, dict(key.inputs),
+                      predicted_peak=ctx.predicted_peak)  # fmt: skip
         return job, []
 
     def check(

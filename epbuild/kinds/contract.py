@@ -15,7 +15,7 @@ import hashlib
 import importlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 if TYPE_CHECKING:
     from epbuild.errors import UserError
@@ -90,6 +90,25 @@ class ActionIdentity:
     def slug(self) -> str:
         """A short, file-name-safe, stable token for locks and staging directories."""
         return hashlib.sha256(self.id.encode()).hexdigest()[:16]
+
+
+class OwnStep(ActionIdentity):
+    """An action for no provider, run in epbuild's own environment (a preparation, a
+    calibration): its kind is its class's ``KIND``; ``group_name`` is the subclass's."""
+
+    KIND: ClassVar[str]
+
+    @property
+    def kind(self) -> str:
+        return self.KIND
+
+    @property
+    def provider_name(self) -> str:
+        return ""
+
+    @property
+    def toolchain(self) -> ToolchainSpec | None:
+        return None
 
 
 @dataclass(frozen=True)

@@ -19,11 +19,11 @@ import shutil
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any
 
 from epbuild.errors import ModelError, UserError, VerificationError
 from epbuild.executors.job import KindJob
-from epbuild.kinds.contract import ActionIdentity, RunContext, make_key
+from epbuild.kinds.contract import OwnStep, RunContext, make_key
 from epbuild.llm.prepare import AFFINITY, AFFINITY_JSON, PREP_FORMAT, STAGES
 from epbuild.manifest.model import Llm
 from epbuild.planning.keys import ActionKey, KeyComputer
@@ -31,7 +31,6 @@ from epbuild.planning.keys import ActionKey, KeyComputer
 if TYPE_CHECKING:
     from epbuild.executors.job import AnyJob
     from epbuild.onnx.context import Problem
-    from epbuild.toolchains.spec import ToolchainSpec
 
 PREPARED = "prepared"
 """The folder of the prepared graphs inside ``<state_dir>/llm/<name>/``."""
@@ -39,28 +38,15 @@ GRAPHS = tuple(f"{stage}.onnx" for stage, _ in STAGES)
 """The graphs it writes, in session order."""
 
 
-class LlmStep(ActionIdentity):
+class LlmStep(OwnStep):
     """What the actions an ``[llms]`` entry adds around its compiles have alike: they are
     named after the entry, run in epbuild's own environment, and their kind is ``KIND``."""
 
-    KIND: ClassVar[str]
     llm: Llm
-
-    @property
-    def kind(self) -> str:
-        return self.KIND
 
     @property
     def group_name(self) -> str:
         return self.llm.name
-
-    @property
-    def provider_name(self) -> str:
-        return ""
-
-    @property
-    def toolchain(self) -> ToolchainSpec | None:
-        return None
 
 
 @dataclass(frozen=True)
@@ -134,15 +120,9 @@ class PrepareKind:
             "context": llm.context_length,
             "head_size": llm.head_size,
         }
-        job = KindJob(
-            action_id=action.id,
-            kind=self.name,
-            runner="epbuild.kinds.prepare:run",
-            staging=staging,
-            payload=payload,
-            inputs=dict(key.inputs),
-            predicted_peak=ctx.predicted_peak,
-        )
+        runner = "epbuild.kinds.prepare:run"
+        job = KindJob(action.id, self.name, runner, staging, payload, dict(key.inputs),
+                      predicted_peak=ctx.predicted_peak)  # fmt: skip
         return job, []
 
     def check(

@@ -109,15 +109,9 @@ class QuantizeKind:
             "exclude": list(recipe.exclude),
             "overrides": dict(recipe.overrides),
         }
-        job = KindJob(
-            action_id=action.id,
-            kind=self.name,
-            runner="epbuild.quant.work:quantize",
-            staging=staging,
-            payload=payload,
-            inputs=dict(key.inputs),
-            predicted_peak=ctx.predicted_peak,
-        )
+        runner = "epbuild.quant.work:quantize"
+        job = KindJob(action.id, self.name, runner, staging, payload, dict(key.inputs),
+                      predicted_peak=ctx.predicted_peak)  # fmt: skip
         return job, []
 
     def check(
