@@ -29,15 +29,18 @@ CALIBRATE_FORMAT = 2
 """Bump when the same inputs make other ranges or another preprocessed model."""
 
 
+@dataclass(frozen=True)
 class QuantStep(OwnStep):
     """What the actions a quantized group adds before its compiles have alike: one float
     model of the group, the group's recipe, epbuild's own environment."""
 
+    id: str
     group: Group
     entry: ModelEntry
     recipe: Quantization
     flavour: str
     """The providers' kind of quantization (``BaseProvider.quantization``)."""
+    out_dir: str
 
     @property
     def group_name(self) -> str:
@@ -54,14 +57,8 @@ class CalibrateAction(QuantStep):
     """One float model's calibration."""
 
     KIND = "calibrate"
-    id: str
-    group: Group
-    entry: ModelEntry
-    recipe: Quantization
-    flavour: str
-    out_dir: str
-    """``<state_dir>/quant/<group>/<model name>``."""
     deps: tuple[str, ...] = ()
+    """None: it reads source files. Its ``out_dir``: ``<state_dir>/quant/<group>/<model>``."""
 
     @property
     def model(self) -> str:

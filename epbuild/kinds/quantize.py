@@ -36,15 +36,12 @@ class QuantizeAction(QuantStep):
     """One float model's quantization."""
 
     KIND = "quantize"
-    id: str
-    group: Group
-    entry: ModelEntry
-    recipe: Quantization
-    flavour: str
-    out_dir: str
-    """``<out_dir>/<group>/quantized``."""
     calibration: CalibrateAction
-    deps: tuple[str, ...] = ()
+    """The calibration whose outputs it reads. Its ``out_dir``: ``<out_dir>/<group>/quantized``."""
+
+    @property
+    def deps(self) -> tuple[str, ...]:
+        return (self.calibration.id,)
 
     @property
     def output(self) -> str:
@@ -174,7 +171,6 @@ def quant_actions(
             flavour,
             posixpath.join(out_dir, group.name, "quantized"),
             calibrate,
-            (calibrate.id,),
         )
         actions += [calibrate, quantize]
     return actions
