@@ -23,6 +23,9 @@ if TYPE_CHECKING:
 
     from epbuild.executors.job import KindJob
 
+PROGRESS_EVERY = 0.2
+"""Seconds between writes of a calibration's progress (a write per sample costs more than
+a small model's inference)."""
 MODEL = "model.onnx"
 """The preprocessed float model a calibration writes (the one its ranges are of)."""
 RANGES = "ranges.json"
@@ -64,8 +67,13 @@ def calibrate(job: KindJob, root: str) -> dict[str, Any]:
     del model
     progress = os.path.join(staging, PROGRESS_NAME)
 
+    written = [0.0]
+
     def report(done: int, total: int) -> None:  # whole, by rename: the builder reads it
-        atomic_write_text(progress, f"{done}/{total} samples", durable=False)
+        now = time.monotonic()
+        if now - written[0] >= PROGRESS_EVERY or done == total:
+            written[0] = now
+            atomic_write_text(progress, f"{done}/{total} samples", durable=False)
 
     try:
         feeds = iterate(root, samples, specs, report)
