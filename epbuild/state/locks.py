@@ -1,4 +1,5 @@
-"""Inter-process locks (filelock: the OS releases them when a process dies).
+"""Inter-process locks (``flock`` on POSIX, ``msvcrt`` byte locks on Windows, through
+``sharedlock``: the OS releases them when a process dies).
 
 The state lock is held only to read-modify-write state; an action lock is held while that
 action compiles and commits. A waiter says once whom it waits for.
@@ -12,17 +13,10 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from epbuild.docsite import page_url
 from epbuild.errors import LockTimeoutError
-from epbuild.state import waiting
-
-if TYPE_CHECKING:
-    from filelock import BaseFileLock
-
-_POLL = 0.05
+from epbuild.state import sharedlock, waiting
 
 
 def _owner_path(lock_path: str) -> str:
@@ -35,7 +29,7 @@ _local: dict[str, threading.Lock] = {}
 
 def _thread_lock(lock_path: str) -> threading.Lock:
     """One in-process lock per lock file: threads of one build queue on it and wake at once,
-    instead of polling the file lock (up to ``_POLL`` late per hand-over)."""
+    instead of polling the file lock (up to ``sharedlock._POLL`` late per hand-over)."""
     with _local_guard:
         return _local.setdefault(os.path.abspath(lock_path), threading.Lock())
 
@@ -43,10 +37,8 @@ def _thread_lock(lock_path: str) -> threading.Lock:
 def _write_owner(lock_path: str, what: str) -> None:
     """Overwrite the owner note in place: truncating a written file to zero makes ext4 flush
     it on close (``auto_da_alloc``), which cost milliseconds per lock."""
-    import socket
-
     data = json.dumps(
-        {"pid": os.getpid(), "what": what, "host": socket.gethostname(), "since": time.time()}
+        {"pid": os.getpid(), "what": what, "host": _hostname(), "since": time.time()}
     ).encode()
     try:
         fd = os.open(_owner_path(lock_path), os.O_WRONLY | os.O_CREAT, 0o644)
@@ -59,6 +51,15 @@ def _write_owner(lock_path: str, what: str) -> None:
         pass
 
 
+def _hostname() -> str:
+    """``socket.gethostname()``, without importing ``socket`` where ``uname`` says it."""
+    if hasattr(os, "uname"):
+        return os.uname().nodename
+    import socket
+
+    return socket.gethostname()
+
+
 def read_owner(lock_path: str) -> dict[str, object]:
     """Who last took the lock (pid, what, host), best effort."""
     try:
@@ -69,13 +70,15 @@ def read_owner(lock_path: str) -> dict[str, object]:
         return {}
 
 
-@dataclass(frozen=True)
 class Held:
     """A lock this process holds."""
 
-    fd: int | None
-    """The lock file's descriptor: a child process that inherits it keeps the lock held
-    should this process die (None where the platform's lock has none)."""
+    __slots__ = ("fd",)
+
+    def __init__(self, fd: int | None) -> None:
+        self.fd = fd
+        """The lock file's descriptor: a child process that inherits it keeps the lock held
+        should this process die (None where the platform's lock has none)."""
 
 
 def waiting_message(lock_path: str, what: str) -> str:
@@ -128,7 +131,7 @@ def hold(
         try:
             if note:
                 _write_owner(lock_path, what)
-            yield Held(_lock_fd(lock))
+            yield Held(lock.fd)
         finally:
             lock.release()
     finally:
@@ -158,25 +161,17 @@ def _file_lock(
     left: Callable[[], float],
     what: str,
     timeout: float | None,
-) -> BaseFileLock:
-    from filelock import FileLock, Timeout  # lazily: a no-op build takes no lock
-
-    os.makedirs(os.path.dirname(lock_path) or ".", exist_ok=True)
-    lock = FileLock(lock_path)
-    try:
-        lock.acquire(timeout=0)
-    except Timeout:
+) -> sharedlock.Held:
+    """The file lock itself: exclusive, taken on the file at ``lock_path`` (made if need
+    be); the same lock filelock's ``FileLock`` takes, so older epbuilds still exclude."""
+    held = sharedlock.acquire(lock_path, exclusive=True, timeout=0)
+    if held is None:
         tell()
-        try:
-            lock.acquire(timeout=left(), poll_interval=_POLL)
-        except Timeout:
-            raise _timed_out(lock_path, what, timeout) from None
-    return lock
-
-
-def _lock_fd(lock: BaseFileLock) -> int | None:
-    fd = getattr(getattr(lock, "_context", None), "lock_file_fd", None)
-    return fd if isinstance(fd, int) else None
+        wait = left()
+        held = sharedlock.acquire(lock_path, exclusive=True, timeout=None if wait < 0 else wait)
+        if held is None:
+            raise _timed_out(lock_path, what, timeout)
+    return held
 
 
 def _timed_out(lock_path: str, what: str, timeout: float | None) -> LockTimeoutError:

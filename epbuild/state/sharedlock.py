@@ -1,8 +1,8 @@
 """Shared and exclusive locks on one file: many holders share it, or one holds it alone.
 
 For something many processes use at once and one may remove (a toolchain environment every
-running build uses, that ``epbuild toolchains --prune`` deletes). filelock (``locks``) has
-exclusive locks only. The OS releases these, too, when a process dies.
+running build uses, that ``epbuild toolchains --prune`` deletes), and the exclusive locks of
+``locks`` (the workspace's and actions'). The OS releases these when a process dies.
 
 POSIX: ``fcntl.flock`` with ``LOCK_SH`` / ``LOCK_EX``. Windows has no shared lock in the
 standard library, only exclusive byte-range locks (``msvcrt.locking``): a shared holder locks
@@ -14,7 +14,6 @@ wait for a free slot).
 from __future__ import annotations
 
 import os
-import random
 import sys
 import time
 
@@ -30,6 +29,12 @@ class Held:
         self._fd: int | None = fd
         self._slot = slot
         """Windows: the byte held (None: all of them, exclusively); unused on POSIX."""
+
+    @property
+    def fd(self) -> int | None:
+        """The lock file's descriptor while held (a child that inherits it keeps the lock
+        held should this process die)."""
+        return self._fd
 
     def release(self) -> None:
         """Give the lock back (closing the file releases it; idempotent)."""
@@ -58,6 +63,7 @@ def _try(fd: int, exclusive: bool) -> tuple[bool, int | None]:
     """One non-blocking attempt: (got it, the Windows slot taken — None: all or POSIX)."""
     if sys.platform == "win32":
         import msvcrt
+        import random
 
         ranges = [(0, SLOTS)] if exclusive else [(s, 1) for s in random.sample(range(SLOTS), SLOTS)]
         for start, size in ranges:
