@@ -38,6 +38,9 @@ def state_dir_setting(manifest: Mapping[str, Any]) -> Any:
 # Files in the state directory.
 JOURNAL_NAME = "state.jsonl"
 """The append-only journal of completed actions."""
+SNAPSHOT_SUFFIX = ".snapshot"
+"""Beside the journal (``state.jsonl.snapshot``): each action's key and outputs after its
+first bytes, so that a load replays only what came after them (``state.journal``)."""
 STATCACHE_NAME = "statcache.json"
 """The stat cache: (inode, size, mtime_ns) → digest."""
 STATE_LOCK_NAME = "state.lock"

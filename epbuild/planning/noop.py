@@ -258,12 +258,12 @@ def _stamp_plans(
 
     state = load_state(journal)
     for plan in plans:
-        rec = state.records.get(plan.action.id)
-        if rec is None or plan.key is None or rec.key != plan.key.key:
+        committed = state.records.committed(plan.action.id)
+        if committed is None or plan.key is None or committed[0] != plan.key.key:
             return False
         if plan.action.id in state.interrupted:
             return False
-        for rel in [*plan.key.inputs, *rec.outputs]:
+        for rel in [*plan.key.inputs, *committed[1]]:
             entry = ws.stats.dirty.get(rel) or ws.stats.entries.get(rel)
             if entry is None:
                 return False  # too fresh to trust (racy mtime): no fingerprint this time

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from epbuild.errors import ModelError, ToolchainError, UserError
@@ -28,7 +28,9 @@ class ActionPlan:
     """A broken input or toolchain: the action cannot be built until it is fixed."""
 
 
-def outputs_intact(root: str, stats: StatCache, outputs: dict[str, tuple[int, str]]) -> list[str]:
+def outputs_intact(
+    root: str, stats: StatCache, outputs: Mapping[str, tuple[int, str]]
+) -> list[str]:
     """Reasons an action's recorded outputs are not intact (empty when they are)."""
     problems: list[str] = []
     for rel, (size, digest) in outputs.items():
@@ -90,16 +92,18 @@ def _plan_keyed(
     refused = kind_of(action).refuse(action, key, keys)
     if refused is not None:
         return ActionPlan(action, key, True, [refused.message], error=refused)
-    rec = state.records.get(action.id)
     if action.id in state.damaged:
         return ActionPlan(action, key, True, [state.damaged[action.id].reason()])
     if action.id in state.interrupted:
         return ActionPlan(action, key, True, ["the last build of this action was interrupted"])
-    if rec is None:
+    committed = state.records.committed(action.id)  # without decoding the whole record
+    if committed is None:
         return ActionPlan(action, key, True, ["never built"])
-    if rec.key != key.key:
-        return ActionPlan(action, key, True, explain_difference(rec.components, key.components))
-    problems = outputs_intact(root, stats, {p: (o.size, o.digest) for p, o in rec.outputs.items()})
+    recorded, outputs = committed
+    if recorded != key.key:
+        components = state.records[action.id].components
+        return ActionPlan(action, key, True, explain_difference(components, key.components))
+    problems = outputs_intact(root, stats, outputs)
     return ActionPlan(action, key, bool(problems), problems)
 
 

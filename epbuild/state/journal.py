@@ -6,19 +6,29 @@ an action whose last record is ``begin`` was interrupted and is stale. A damaged
 crash mid-append) is dropped on load; a damaged header starts over. When the journal grows
 well past its live records it is compacted by writing a new file and renaming it over the
 old one (Ninja's build log).
+
+A large journal is read through a *snapshot* beside it (``state.jsonl.snapshot``): each
+action's key and outputs after replaying the journal's first N bytes, with the sha256 of
+those bytes. A load whose journal still begins with them takes the snapshot and replays only
+what was appended since; a record's other fields (components, detail, ...) are decoded from
+its journal line when first asked for. The snapshot is a cache: a missing, damaged or stale
+one (the journal compacted or rewritten) only costs a full replay, which writes a new one.
 """
 
 from __future__ import annotations
 
 import errno
+import hashlib
 import json
 import os
 import posixpath
 import time
+from collections.abc import Iterator, MutableMapping
 from dataclasses import dataclass, field, replace
 from json.scanner import make_scanner
-from typing import Any
+from typing import Any, TypeVar, overload
 
+from epbuild._names import SNAPSHOT_SUFFIX
 from epbuild.fs import atomic_write_bytes, is_safe_reference
 
 HEADER = {"epbuild_state": 1}
@@ -126,11 +136,93 @@ class Damage:
         return f"{self.by} found output {self.outputs[0]}{more} damaged"
 
 
+Committed = tuple[str, dict[str, tuple[int, str]]]
+"""An action's recorded key and outputs (workspace-relative path → size, digest): what
+planning reads of its record."""
+
+_T = TypeVar("_T")
+
+_Lazy = tuple[str, dict[str, Any], int, int]
+"""A record not decoded yet: its key, outputs (path → [size, digest]) and the span of its
+``done`` line in the journal's bytes."""
+
+
+class Records(MutableMapping[str, ActionRecord]):
+    """Action id → its last completed run: a dict whose records read from a snapshot are
+    decoded from their journal line when first asked for (``committed`` answers planning
+    without decoding)."""
+
+    __slots__ = ("_items", "_raw")
+
+    def __init__(self, raw: bytes = b"") -> None:
+        self._items: dict[str, ActionRecord | _Lazy] = {}
+        self._raw = raw
+        """The journal's bytes, which the spans of undecoded records point into."""
+
+    def _decode(self, action_id: str, value: ActionRecord | _Lazy) -> ActionRecord:
+        if type(value) is not tuple:
+            return value  # type: ignore[return-value]
+        start, end = value[2], value[3]
+        rec = ActionRecord.from_json(_want(_loads(self._raw[start:end]), dict))
+        self._items[action_id] = rec
+        return rec
+
+    def __getitem__(self, action_id: str) -> ActionRecord:
+        return self._decode(action_id, self._items[action_id])
+
+    @overload
+    def get(self, action_id: str, /) -> ActionRecord | None: ...
+    @overload
+    def get(self, action_id: str, /, default: ActionRecord | _T) -> ActionRecord | _T: ...
+    def get(self, action_id: str, /, default: object = None) -> object:
+        value = self._items.get(action_id)
+        return default if value is None else self._decode(action_id, value)
+
+    def __setitem__(self, action_id: str, rec: ActionRecord) -> None:
+        self._items[action_id] = rec
+
+    def __delitem__(self, action_id: str) -> None:
+        del self._items[action_id]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._items)
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def __contains__(self, action_id: object) -> bool:
+        return action_id in self._items
+
+    def __repr__(self) -> str:
+        return f"Records({dict(self.items())!r})"
+
+    def discard(self, action_id: str) -> None:
+        """Drop a record if there is one (without decoding it)."""
+        self._items.pop(action_id, None)
+
+    def committed(self, action_id: str) -> Committed | None:
+        """The action's recorded key and outputs (None: not built), decoded or not."""
+        value = self._items.get(action_id)
+        if value is None:
+            return None
+        if type(value) is tuple:
+            return value[0], value[1]
+        rec: ActionRecord = value  # type: ignore[assignment]
+        return rec.key, {p: (o.size, o.digest) for p, o in rec.outputs.items()}
+
+    def copy(self, raw: bytes) -> Records:
+        """A copy reading undecoded records from ``raw`` (the journal's bytes: the same ones,
+        or ones that begin with them)."""
+        new = Records(raw)
+        new._items = dict(self._items)
+        return new
+
+
 @dataclass
 class State:
     """What the journal says, after replay."""
 
-    records: dict[str, ActionRecord] = field(default_factory=dict)
+    records: Records = field(default_factory=Records)
     interrupted: set[str] = field(default_factory=set)
     damaged: dict[str, Damage] = field(default_factory=dict)
     """Interrupted actions whose outputs a check found damaged (the reason they are stale)."""
@@ -170,12 +262,19 @@ def _begin_dict(action_id: str, damage: Damage | None) -> dict[str, Any]:
     return data
 
 
+SNAPSHOT_EVERY = 1000
+"""A full replay of at least this many journal lines beyond the snapshot writes a new one."""
+_SNAPSHOT_VERSION = 1
+
+
 def load_state(path: str, previous: State | None = None) -> State:
     """Replay the journal; never raises for damaged content.
 
     ``previous``: an earlier load of the same path. When the file still begins with the
     bytes it replayed (the journal is append-only; compaction writes a new file), only the
     lines appended since are replayed on a copy of it — the same result as a full replay.
+    Otherwise the snapshot beside the journal, when it still describes the journal's first
+    bytes, stands in for replaying them (the same result too).
     """
     state = State()
     try:
@@ -186,38 +285,135 @@ def load_state(path: str, previous: State | None = None) -> State:
     except OSError as exc:
         state.warnings.append(f"cannot read state {path}: {exc.strerror}; starting over")
         return state
+    snapshot: tuple[int, int] | None = None
     if previous is not None and previous.replayed and raw.startswith(previous.replayed):
         done = previous.replayed
         state = State(
-            dict(previous.records),
+            previous.records.copy(raw),
             set(previous.interrupted),
             dict(previous.damaged),
             previous.lines,
         )
-        lines = raw[len(done) :].split(b"\n")
-        first = done.count(b"\n") + 1
+        offset, first = len(done), done.count(b"\n") + 1
     else:
         if not raw.startswith(_HEADER_LINE):
             if raw.strip():
                 state.warnings.append(f"state {path} has an unknown header; starting over")
             return state
-        lines = raw.split(b"\n")[1:]
-        first = 2
-    for number, line in enumerate(lines, first):
-        if not line:
-            continue
-        try:
-            _apply(state, _want(_loads(line), dict))
-        except (ValueError, KeyError, TypeError, AttributeError, RecursionError):
-            rest = sum(1 for x in lines[number - first :] if x)
-            state.warnings.append(
-                f"state {path}: dropped {rest} damaged record(s) from line {number} on"
-            )
-            break
-        state.lines += 1
+        state.records = Records(raw)
+        offset, first = len(_HEADER_LINE), 2
+        found = _read_snapshot(path + SNAPSHOT_SUFFIX, raw, state)
+        if found is not None:
+            offset, first = found
+        snapshot = (offset, first)
+    spans: dict[str, tuple[int, int]] = {}
+    number = _replay(state, raw, offset, first, spans, path)
     if not state.warnings and raw.endswith(b"\n"):
         state.replayed = raw
+        if snapshot is not None and number - snapshot[1] >= SNAPSHOT_EVERY:
+            _write_snapshot(path + SNAPSHOT_SUFFIX, raw, state, spans, number)
     return state
+
+
+def _replay(
+    state: State, raw: bytes, start: int, number: int, spans: dict[str, tuple[int, int]], path: str
+) -> int:
+    """Replay the lines of ``raw`` from byte ``start`` (line ``number``) onto ``state``,
+    noting where each ``done`` line is in ``spans``; stops at the first damaged one (a
+    warning). Returns the number the line after the last would have."""
+    while start < len(raw):
+        end = raw.find(b"\n", start)
+        if end < 0:
+            end = len(raw)
+        if end > start:
+            try:
+                data = _want(_loads(raw[start:end]), dict)
+                _apply(state, data)
+            except (ValueError, KeyError, TypeError, AttributeError, RecursionError):
+                rest = sum(1 for x in raw[start:].split(b"\n") if x)
+                state.warnings.append(
+                    f"state {path}: dropped {rest} damaged record(s) from line {number} on"
+                )
+                break
+            if data["op"] == "done":
+                spans[data["id"]] = (start, end)
+            state.lines += 1
+        start = end + 1
+        number += 1
+    return number
+
+
+def _read_snapshot(path: str, raw: bytes, state: State) -> tuple[int, int] | None:
+    """Load the snapshot at ``path`` into ``state`` if it describes the first bytes of
+    ``raw``; returns where replay goes on (byte offset, line number), None if it does not."""
+    try:
+        with open(path, "rb") as f:
+            head, _, body = f.read().partition(b"\n")
+        header = json.loads(head)
+        if not isinstance(header, dict) or header.get("version") != _SNAPSHOT_VERSION:
+            return None
+        size, line = header["size"], header["line"]
+        if type(size) is not int or type(line) is not int or not 0 < size <= len(raw):
+            return None
+        if raw[size - 1 : size] != b"\n" or header.get("body") != _sha256(body):
+            return None
+        if header.get("journal") != _sha256(memoryview(raw)[:size]):
+            return None
+        data = json.loads(body)
+        records = _want(data["records"], dict)
+        interrupted = {_want(i, str) for i in _want(data["interrupted"], list)}
+        damaged = {_want(i, str): _damage(d) for i, d in _want(data["damaged"], dict).items()}
+        lines = _want(data["lines"], int)
+        items: dict[str, Any] = {}
+        for action_id, (key, outputs, start, end) in records.items():
+            if type(key) is not str or type(outputs) is not dict or not 0 < start < end <= size:
+                return None
+            items[action_id] = (key, outputs, start, end)
+    except (OSError, ValueError, KeyError, TypeError, AttributeError, RecursionError):
+        return None
+    state.records._items = items
+    state.interrupted, state.damaged, state.lines = interrupted, damaged, lines
+    return size, line
+
+
+def _write_snapshot(
+    path: str, raw: bytes, state: State, spans: dict[str, tuple[int, int]], line: int
+) -> None:
+    """Write the snapshot of ``state`` (all of ``raw`` replayed); best effort: a state
+    directory that cannot be written to is read in full next time."""
+    records: dict[str, list[Any]] = {}
+    for action_id, value in state.records._items.items():
+        if type(value) is tuple:
+            records[action_id] = list(value)
+        else:
+            rec: ActionRecord = value  # type: ignore[assignment]
+            outputs = {p: [o.size, o.digest] for p, o in rec.outputs.items()}
+            records[action_id] = [rec.key, outputs, *spans[action_id]]
+    damaged = {i: {"damaged": list(d.outputs), "by": d.by} for i, d in state.damaged.items()}
+    body = json.dumps(
+        {
+            "records": records,
+            "interrupted": sorted(state.interrupted),
+            "damaged": damaged,
+            "lines": state.lines,
+        },
+        separators=(",", ":"),
+    ).encode()
+    header = {
+        "version": _SNAPSHOT_VERSION,
+        "size": len(raw),
+        "line": line,
+        "journal": _sha256(raw),
+        "body": _sha256(body),
+    }
+    try:
+        atomic_write_bytes(path, json.dumps(header).encode() + b"\n" + body, durable=False)
+    except OSError:
+        pass
+
+
+def _sha256(data: bytes | memoryview) -> str:
+    return hashlib.sha256(data).hexdigest()
 
 
 _scan_once = make_scanner(json.JSONDecoder())  # type: ignore[arg-type]  # (json's own use)
@@ -251,7 +447,7 @@ def _apply(state: State, data: dict[str, Any]) -> None:
         state.interrupted.discard(rec.id)
         state.damaged.pop(rec.id, None)
     elif op == "forget":
-        state.records.pop(_want(data["id"], str), None)
+        state.records.discard(_want(data["id"], str))
         state.interrupted.discard(data["id"])
         state.damaged.pop(data["id"], None)
     else:
