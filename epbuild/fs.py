@@ -281,8 +281,17 @@ def reference_problem(value: str) -> str | None:
 
 
 def is_safe_reference(value: str) -> bool:
-    """Whether a path stored in a model (location, ep_cache_context) is relative and tame."""
-    return reference_problem(value) is None
+    """Whether a path stored in a model (location, ep_cache_context) is relative and tame
+    (``reference_problem`` finds nothing; spelled out here: the journal and the stat cache
+    ask it of every path they load)."""
+    return (
+        bool(value)
+        and "\x00" not in value
+        and value[0] != "/"
+        and "\\" not in value
+        and value[1:2] != ":"
+        and (".." not in value or ".." not in value.split("/"))
+    )
 
 
 def inside(path: str, directory: str) -> bool:

@@ -184,3 +184,14 @@ def test_external_data_checksum_is_checked_in_pieces(tmp_path: Path) -> None:
 
     assert problems(part) == [] and problems(whole) == []
     assert problems("0" * 40) == ["out/a.onnx: tensor t: checksum: SHA1 of 'w.bin' does not match"]
+
+
+@pytest.mark.parametrize(
+    "value",
+    ["", "a", "a/b.onnx", "/abs", "C:x", "c:", "a\\b", "a\x00b", "..", "../a", "a/../b", "a/..",
+     "a..b", "..a/b", "a/b..", "./a", "a//b", ":a", "é/ü.bin", "a/.../b"],
+)  # fmt: skip
+def test_is_safe_reference_is_reference_problem_finding_nothing(value: str) -> None:
+    from epbuild.fs import is_safe_reference, reference_problem
+
+    assert is_safe_reference(value) == (reference_problem(value) is None)

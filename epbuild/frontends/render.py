@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -208,8 +208,76 @@ def documents_printed() -> int:
 def print_json(data: Mapping[str, Any], *, command: str, ok: bool = True) -> None:
     """One indented JSON document on stdout (the ``--json`` form of a command), in the
     shared envelope."""
-    sys.stdout.write(json.dumps(envelope(command, _with_notes(data), ok=ok), indent=2) + "\n")
+    sys.stdout.write(dumps_indented(envelope(command, _with_notes(data), ok=ok)) + "\n")
     _printed[0] += 1
+
+
+class _Unusual(Exception):
+    """A value ``dumps_indented`` leaves to ``json.dumps``."""
+
+
+def dumps_indented(doc: Any) -> str:
+    """``json.dumps(doc, indent=2)``, the same text, about twice as fast on a large document
+    (``status --json`` of 5,000 actions): Python's C encoder does not indent, and its
+    Python one is slow. Anything but dicts with string keys, lists, tuples, strings, ints,
+    finite floats, booleans and None goes to ``json.dumps`` as before."""
+    parts: list[str] = []
+    try:
+        _indent(doc, "\n", parts.append)
+    except (_Unusual, RecursionError):
+        return json.dumps(doc, indent=2)
+    return "".join(parts)
+
+
+_str = json.encoder.encode_basestring_ascii
+_int = int.__repr__
+_float = float.__repr__
+_INF = float("inf")
+
+
+def _indent(o: Any, at: str, put: Callable[[str], None]) -> None:
+    if type(o) is str:
+        put(_str(o))
+    elif o is None:
+        put("null")
+    elif o is True:
+        put("true")
+    elif o is False:
+        put("false")
+    elif type(o) is int:
+        put(_int(o))
+    elif type(o) is float:
+        if o != o or o in (_INF, -_INF):
+            raise _Unusual
+        put(_float(o))
+    elif type(o) is dict:
+        if not o:
+            put("{}")
+            return
+        inner = at + "  "
+        sep = "{" + inner
+        for k, v in o.items():
+            if type(k) is not str:
+                raise _Unusual
+            put(sep)
+            put(_str(k))
+            put(": ")
+            _indent(v, inner, put)
+            sep = "," + inner
+        put(at + "}")
+    elif type(o) is list or type(o) is tuple:
+        if not o:
+            put("[]")
+            return
+        inner = at + "  "
+        sep = "[" + inner
+        for v in o:
+            put(sep)
+            _indent(v, inner, put)
+            sep = "," + inner
+        put(at + "]")
+    else:
+        raise _Unusual
 
 
 def print_json_line(data: Mapping[str, Any], *, command: str, ok: bool = True) -> None:

@@ -12,7 +12,7 @@ import hashlib
 import json
 import os
 import time
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from epbuild.fs import atomic_write_bytes, digest_file, is_safe_reference
 
@@ -22,9 +22,9 @@ _RACY_NS = 20_000_000  # an mtime this close to "now" may still change within it
 _UNREADABLE = (OSError, ValueError, KeyError, TypeError, IndexError, AttributeError, RecursionError)
 
 
-@dataclass(frozen=True)
-class Entry:
-    """What we know about one file's content."""
+class Entry(NamedTuple):
+    """What we know about one file's content (a named tuple: a stat cache holds thousands,
+    made at every load)."""
 
     ino: int
     size: int
@@ -43,12 +43,15 @@ def _well_formed(rel: object, e: Entry) -> bool:
     ints = type(e.ino) is int and type(e.size) is int and type(e.mtime_ns) is int  # not bool
     return (
         ints
-        and isinstance(rel, str)
+        and type(rel) is str
         and is_safe_reference(rel)
-        and isinstance(e.digest, str)
+        and type(e.digest) is str
         and len(e.digest) == 64
-        and (e.refs is None or all(isinstance(r, str) and is_safe_reference(r) for r in e.refs))
+        and (e.refs is None or all(type(r) is str and is_safe_reference(r) for r in e.refs))
     )
+
+
+_new = tuple.__new__
 
 
 class StatCache:
@@ -79,12 +82,15 @@ class StatCache:
             data = json.loads(body)
             if not isinstance(data, dict):
                 return
+            entries = self.entries
             for rel, e in data["entries"].items():
-                refs = tuple(e[4]) if len(e) > 4 and e[4] is not None else None
-                entry = Entry(e[0], e[1], e[2], e[3], refs)
+                refs = e[4] if len(e) > 4 else None
+                if refs is not None:
+                    refs = tuple(refs)
+                entry = _new(Entry, (e[0], e[1], e[2], e[3], refs))
                 if not _well_formed(rel, entry):
                     raise ValueError(rel)
-                self.entries[rel] = entry
+                entries[rel] = entry
         except _UNREADABLE:
             self.entries = {}  # a damaged stat cache only costs re-hashing
 
