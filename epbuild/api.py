@@ -8,14 +8,12 @@ import functools
 import os
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from epbuild.engine.scheduler import executor_for, schedule
 from epbuild.engine.staging import check_removable, clean_stale_staging
 from epbuild.errors import EpbuildError, LockTimeoutError, StorageError
 from epbuild.fs import os_error_text
-from epbuild.manifest.edit import EditResult, add_models, add_provider, add_target
-from epbuild.manifest.init import InitResult, init, init_from
 from epbuild.planning.staleness import ActionPlan, make_plan
 from epbuild.planning.workspace import (
     Workspace,
@@ -41,6 +39,8 @@ if TYPE_CHECKING:
     from epbuild.engine.scheduler import Execution
     from epbuild.engine.trace import Tracer
     from epbuild.executors.local import Executor
+    from epbuild.manifest.edit import EditResult, add_models, add_provider, add_target
+    from epbuild.manifest.init import InitResult, init, init_from
     from epbuild.manifest.model import Manifest
     from epbuild.state.journal import State
 
@@ -64,6 +64,27 @@ __all__ = [
     "orphaned",
     "status",
 ]
+
+
+_EDITS = {
+    "EditResult": "edit",
+    "add_models": "edit",
+    "add_provider": "edit",
+    "add_target": "edit",
+    "InitResult": "init",
+    "init": "init",
+    "init_from": "init",
+}
+"""The manifest edits, imported when first asked for (``manifest.edit`` and ``init``): a
+build or a status never loads them."""
+
+
+def __getattr__(name: str) -> Any:
+    if name in _EDITS:
+        import importlib
+
+        return getattr(importlib.import_module(f"epbuild.manifest.{_EDITS[name]}"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def status(
@@ -176,6 +197,8 @@ def _seed_cache(
     ws: Workspace, plans: list[ActionPlan], directory: str | os.PathLike[str], cache: str
 ) -> list[str]:
     """``build --cache DIR``: store the up-to-date actions DIR lacks (``store_up_to_date``)."""
+    if all(p.stale for p in plans):
+        return []  # none to store (a restore into a fresh checkout): not even an import
     from epbuild.cache.operations import store_up_to_date
 
     return store_up_to_date(ws, plans, directory, cache)

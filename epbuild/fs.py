@@ -10,7 +10,6 @@ import hashlib
 import os
 import posixpath
 import shutil
-import uuid
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
@@ -48,7 +47,7 @@ def digest_file(path: str, needles: Sequence[bytes] = ()) -> FileDigest:
 
 def temp_name(path: str) -> str:
     """A sibling temp path unique to this process and call."""
-    return f"{path}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    return f"{path}.tmp-{os.getpid()}-{os.urandom(4).hex()}"
 
 
 # -- writing files: the one API ----------------------------------------------------------

@@ -161,3 +161,33 @@ def test_version() -> None:
     proc = subprocess.run([sys.executable, "-m", "epbuild", "--version"],
                           capture_output=True, text=True, timeout=120)  # fmt: skip
     assert proc.returncode == 0 and proc.stdout == f"epbuild {epbuild.__version__}\n"
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["build"], ["-C", "ws", "build", "-j", "2", "--cache-only", "--cache", "c", "a/b"],
+        ["-Cws", "--debug", "-f", "m.toml", "status", "--json"], ["--file=m.toml", "clean"],
+        ["-C", "status", "build"], ["build", "--no-such-option"], ["status", "--graph", "x"],
+        ["cache", "key", "g"], ["cache"], ["add", "target", "x", "--to", "g"],
+        ["report", "--html", "r.html"], ["--fi", "m.toml", "build"], ["nope"], [],
+        ["-h"], ["build", "--help"], ["--debug"], ["-C"], ["lock", "--check"],
+    ],
+)  # fmt: skip
+def test_the_parser_made_for_one_command_parses_alike(argv: list[str]) -> None:
+    """``main`` makes only the sub-parser of the command it was given: every command line
+    parses to the same namespace, or fails with the same message, as with the whole
+    parser."""
+
+    def parse(parser: argparse.ArgumentParser) -> tuple[str, object]:
+        out = io.StringIO()
+        try:
+            with contextlib.redirect_stdout(out):
+                return "ok", vars(parser.parse_args(argv))
+        except SystemExit as exc:
+            return "exit", (exc.code, out.getvalue())
+        except Exception as exc:
+            return type(exc).__name__, (str(exc), getattr(exc, "usage", None))
+
+    whole = parse(build_parser(raise_usage_errors=True))
+    assert parse(build_parser(raise_usage_errors=True, argv=argv)) == whole

@@ -52,7 +52,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         render.print_json({"version": __version__}, command="version")
         return 0
     try:
-        args = build_parser(raise_usage_errors=True).parse_args(argv)
+        args = build_parser(raise_usage_errors=True, argv=argv).parse_args(argv)
         command, directory = _command_name(args), args.directory
         debug = debug or args.debug
         notes = list(getattr(args, "deprecated", None) or [])
