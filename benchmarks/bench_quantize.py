@@ -9,11 +9,18 @@ calibration samples:
 - cold: nothing built (epbuild: no state, no cache);
 - exclude edit: ``exclude`` gains the head's Gemm (epbuild quantizes and compiles again
   without calibrating; the script and Olive run whole);
-- target added: a third target (epbuild compiles one action).
+- target added: a third target, the head still excluded (epbuild compiles one action;
+  the script quantizes again and compiles the new target only; Olive runs a workflow
+  for it, its quantization from its cache).
 
     python benchmarks/bench_quantize.py [--runs 5] [--samples 32] [--olive-python PATH]
 
-Prints min / median / max wall seconds per step and tool, and the ratio of medians.
+Olive's step is skipped, with a line saying so, without ``--olive-python`` or where that
+interpreter cannot import olive.
+
+Prints min / median / max wall seconds per step and tool, and the ratio of medians. After
+every step each tool's ctx models for the targets it was asked for must have been written
+by that step, as one EPContext node each (Olive 0.13 exits 0 when a pass fails).
 """
 
 from __future__ import annotations
@@ -31,6 +38,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
+import onnx
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "quantize"
@@ -67,38 +75,60 @@ def workspace(where: Path, samples: int) -> Path:
     return ws
 
 
-def timed(command: list[str], cwd: Path) -> float:
+def timed(command: list[str], cwd: Path, env: dict[str, str] | None = None) -> float:
     started = time.perf_counter()
-    proc = subprocess.run(command, cwd=cwd, capture_output=True, text=True)
+    proc = subprocess.run(command, cwd=cwd, capture_output=True, text=True, env=env)
     seconds = time.perf_counter() - started
     if proc.returncode != 0:
         raise SystemExit(f"{' '.join(command)} failed:\n{proc.stdout}\n{proc.stderr}")
     return seconds
 
 
+def check_ctx(paths: list[Path], since: float, tool: str) -> None:
+    """Each of ``paths`` written at ``since`` or later, a ctx model of one EPContext node."""
+    for path in paths:
+        if not path.is_file() or path.stat().st_mtime < since - 1:
+            raise SystemExit(f"{tool}: {path} was not written by this step")
+        ops = [n.op_type for n in onnx.load(path, load_external_data=False).graph.node]
+        if ops != ["EPContext"]:
+            raise SystemExit(f"{tool}: {path} is not one EPContext node: {ops}")
+
+
 def epbuild_steps(ws: Path) -> dict[str, float]:
     run = [sys.executable, "-m", "epbuild", "build", "--no-cache"]
     for folder in ("build", ".epbuild"):
         shutil.rmtree(ws / folder, ignore_errors=True)
-    (ws / "epbuild.toml").write_text(manifest(TARGETS, False))
-    found = {"cold": timed(run, ws)}
-    (ws / "epbuild.toml").write_text(manifest(TARGETS, True))
-    found["exclude edit"] = timed(run, ws)
-    (ws / "epbuild.toml").write_text(manifest([*TARGETS, THIRD], True))
-    found["target added"] = timed(run, ws)
+    found: dict[str, float] = {}
+    steps = [("cold", TARGETS, False, TARGETS), ("exclude edit", TARGETS, True, TARGETS),
+             ("target added", [*TARGETS, THIRD], True, [THIRD])]  # fmt: skip
+    for step, targets, exclude, written in steps:
+        (ws / "epbuild.toml").write_text(manifest(targets, exclude))
+        since = time.time()
+        found[step] = timed(run, ws)
+        ctx = [ws / "build" / "vision" / f"v{a}" / "classifier_ctx.onnx" for a, _ in written]
+        check_ctx(ctx, since, "epbuild")
     return found
 
 
 def hand_steps(ws: Path) -> dict[str, float]:
     script = [sys.executable, str(ROOT / "benchmarks" / "quantize_by_hand.py"),
               "models/classifier.onnx", "calib", "hand"]  # fmt: skip
-    two = [f"--target={a}:{s}" for a, s in TARGETS]
-    shutil.rmtree(ws / "hand", ignore_errors=True)
-    found = {"cold": timed([*script, *two], ws)}
-    found["exclude edit"] = timed([*script, *two, f"--exclude={HEAD}"], ws)
-    found["target added"] = timed([*script, f"--target={THIRD[0]}:{THIRD[1]}"], ws)
+    found: dict[str, float] = {}
+    steps = [("cold", TARGETS, []), ("exclude edit", TARGETS, [f"--exclude={HEAD}"]),
+             ("target added", [THIRD], [f"--exclude={HEAD}"])]  # fmt: skip
+    for step, targets, extra in steps:
+        shutil.rmtree(ws / "hand", ignore_errors=True)
+        since = time.time()
+        found[step] = timed([*script, *[f"--target={a}:{s}" for a, s in targets], *extra], ws)
+        check_ctx([ws / "hand" / f"v{a}" / "model_ctx.onnx" for a, _ in targets], since, "by hand")
     return found
 
+
+# Olive 0.13 queues a telemetry heartbeat before it reads OLIVE_DISABLE_TELEMETRY (or
+# --disable_telemetry) and waits for its upload when it exits: ~8 s a run on a machine that
+# cannot reach the network. Only a CI variable skips the heartbeat (Olive reads CI for
+# nothing else).
+OLIVE_ENV = {**os.environ, "OLIVE_DISABLE_TELEMETRY": "1", "CI": "1"}
 
 OLIVE_DATA = """
 import glob
@@ -129,7 +159,10 @@ def olive_config(target: tuple[str, str], exclude: bool) -> dict[str, object]:
             "preprocess": {"type": "QNNPreprocess"},
             "quantize": quant,
             "context": {"type": "EPContextBinaryGenerator",
-                        "provider_options": {"htp_arch": target[0], "soc_model": target[1]}},
+                        "provider_options": {"htp_arch": target[0], "soc_model": target[1],
+                                             # as epbuild and the script: the graph's Q and
+                                             # DQ in the context binary, not left to the CPU
+                                             "offload_graph_io_quantization": "0"}},
         },
         "host": "local", "target": "local", "evaluate_input_model": False,
         "output_dir": f"olive/v{target[0]}", "log_severity_level": 3,
@@ -156,7 +189,10 @@ def olive_steps(ws: Path, python: str) -> dict[str, float]:
             path.write_text(json.dumps(olive_config(target, exclude)))
             command = [python, "-m", "olive", "run", "--config", str(path),
                        "--package-config", "olive_package.json"]  # fmt: skip
-            total += timed(command, ws)
+            shutil.rmtree(ws / "olive" / f"v{target[0]}", ignore_errors=True)  # not its cache
+            since = time.time()
+            total += timed(command, ws, env=OLIVE_ENV)
+            check_ctx([ws / "olive" / f"v{target[0]}" / "model.onnx"], since, "olive")
         return total
 
     shutil.rmtree(ws / "olive", ignore_errors=True)
@@ -165,15 +201,28 @@ def olive_steps(ws: Path, python: str) -> dict[str, float]:
             "target added": run([THIRD], True)}  # fmt: skip
 
 
+def olive_version(python: str) -> str | None:
+    """olive-ai's version in interpreter ``python``; None when it cannot import olive."""
+    code = "import olive; from importlib.metadata import version; print(version('olive-ai'))"
+    try:
+        proc = subprocess.run([python, "-c", code], capture_output=True, text=True)
+    except OSError:
+        return None
+    return (proc.stdout.strip() or None) if proc.returncode == 0 else None
+
+
 def series(
-    make: Callable[[Path], dict[str, float]], samples: int, runs: int
-) -> dict[str, list[float]]:
-    found: dict[str, list[float]] = {}
+    tools: dict[str, Callable[[Path], dict[str, float]]], samples: int, runs: int
+) -> dict[str, dict[str, list[float]]]:
+    """Each tool's seconds per step; the tools take turns within a run (a busy machine's
+    slow minute falls on all of them), each in a fresh workspace."""
+    found: dict[str, dict[str, list[float]]] = {name: {} for name in tools}
     for _ in range(runs):
-        with tempfile.TemporaryDirectory(prefix="bench-quantize-") as tmp:
-            ws = workspace(Path(tmp), samples)
-            for step, seconds in make(ws).items():
-                found.setdefault(step, []).append(seconds)
+        for name, make in tools.items():
+            with tempfile.TemporaryDirectory(prefix="bench-quantize-") as tmp:
+                ws = workspace(Path(tmp), samples)
+                for step, seconds in make(ws).items():
+                    found[name].setdefault(step, []).append(seconds)
     return found
 
 
@@ -185,11 +234,15 @@ def main() -> None:
     args = parser.parse_args()
     tools: dict[str, Callable[[Path], dict[str, float]]] = {
         "epbuild": epbuild_steps, "by hand": hand_steps}  # fmt: skip
-    if args.olive_python:
+    olive = olive_version(args.olive_python) if args.olive_python else None
+    if olive:
+        print(f"olive: olive-ai {olive}")
         tools["olive"] = lambda ws: olive_steps(ws, args.olive_python)
+    elif args.olive_python:
+        print(f"olive: skipped ({args.olive_python} cannot import olive)")
     else:
         print("olive: skipped (give --olive-python PATH of an interpreter with olive-ai)")
-    results = {name: series(make, args.samples, args.runs) for name, make in tools.items()}
+    results = series(tools, args.samples, args.runs)
     print(f"{args.samples} calibration samples, {args.runs} runs, wall seconds min / median / max")
     for step in ("cold", "exclude edit", "target added"):
         hand = statistics.median(results["by hand"][step])
@@ -201,5 +254,4 @@ def main() -> None:
 
 if __name__ == "__main__":
     os.environ.setdefault("EPBUILD_CACHE", "off")
-    os.environ.setdefault("OLIVE_DISABLE_TELEMETRY", "1")  # no network here: its uploads wait
     main()
