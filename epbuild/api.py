@@ -118,7 +118,6 @@ def status(
 def _lock_notes(ws: Workspace) -> list[str]:
     """Why the workspace's ``epbuild.lock`` is out of date with the manifest (none: it is
     current, or there is no lock)."""
-    from epbuild.planning.lock import outdated
     from epbuild.toolchains.lockfile import LockError, lock_path, read_lock
 
     path = lock_path(ws.manifest.path)
@@ -128,6 +127,7 @@ def _lock_notes(ws: Workspace) -> list[str]:
         return [exc.message]
     if lock is None:
         return []
+    from epbuild.planning.lock import outdated
     name = os.path.basename(path)
     return [f"{name} is out of date: {r}" for r in outdated(lock, ws.manifest)]
 
@@ -384,11 +384,11 @@ def _record_noop(
 
 def orphaned_actions(ws: Workspace) -> list[str]:
     """Recorded actions the manifest no longer has (their outputs are still on disk)."""
-    from epbuild.planning.actions import make_actions
-    from epbuild.planning.graph import make_graph
-    from epbuild.planning.llms import llm_shapes
-
     if ws.selectors:
+        from epbuild.planning.actions import make_actions
+        from epbuild.planning.graph import make_graph
+        from epbuild.planning.llms import llm_shapes
+
         compiles = make_actions(ws.manifest, llm_shapes(ws.manifest))
         current = {a.id for a in make_graph(ws.manifest, compiles)}
     else:  # the workspace's graph is the whole graph

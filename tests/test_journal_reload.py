@@ -172,3 +172,21 @@ def test_damage_after_the_snapshot_is_reported_as_in_a_full_replay(
     state = load_state(path)
     _same_all(state, _full(path))
     assert state.warnings and "line 20" in state.warnings[0], state.warnings
+
+
+def test_a_snapshot_that_cannot_be_written_costs_nothing_but_time(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A state directory that takes no new file (read-only, full): the load still answers,
+    and the next one replays the journal in full."""
+    monkeypatch.setattr(journal_module, "SNAPSHOT_EVERY", 4)
+    path = str(tmp_path / "state.jsonl")
+    _journal(path, 9)
+
+    def full_disk(*args: object, **kwargs: object) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(journal_module, "atomic_write_bytes", full_disk)
+    state = load_state(path)
+    assert not Path(path + SNAPSHOT_SUFFIX).exists() and not state.warnings
+    _same_all(state, _full(path))

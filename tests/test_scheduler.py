@@ -243,6 +243,27 @@ def test_an_action_starts_only_after_the_actions_it_depends_on(jobs: int) -> Non
     assert runner.started.index("prep") < runner.started.index("c1") < runner.started.index("pkg")
 
 
+def test_actions_run_on_at_most_jobs_threads_which_are_reused_and_end() -> None:
+    """The slots are threads of their own (the trace's lanes): at most -j of them, each
+    taking action after action, all ended when the build is."""
+    from epbuild.engine.scheduler import schedule
+
+    names: set[str] = set()
+    runner = GraphRunner(2, keep_going=False, failing=set())
+    run = runner.run_one
+
+    def noting(plan: Any) -> Any:
+        names.add(threading.current_thread().name)
+        return run(plan)
+
+    runner.run_one = noting  # type: ignore[method-assign]
+    before = set(threading.enumerate())
+    results = schedule(runner, [_node(f"a{i}") for i in range(8)])  # type: ignore[arg-type]
+    assert {r.outcome for r in results.values()} == {Outcome.COMPILED} and len(results) == 8
+    assert 1 <= len(names) <= 2 and all(n.startswith("epbuild-slot") for n in names)
+    assert set(threading.enumerate()) <= before
+
+
 def test_a_failed_action_skips_its_dependents_naming_it_and_k_builds_the_rest() -> None:
     from epbuild.engine.scheduler import schedule
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
@@ -9,6 +10,8 @@ from epbuild.errors import Interrupted
 from epbuild.results import ActionResult, Outcome, Reporter, action_result
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from epbuild.engine.memory import MemoryPlan
     from epbuild.executors.local import Executor
     from epbuild.planning.staleness import ActionPlan
@@ -88,39 +91,41 @@ def schedule(runner: ActionRunner, stale: list[ActionPlan]) -> dict[str, ActionR
     done) up to -j while their predicted memory fits the budget, wait for the first to
     finish, repeat. A failed action skips the actions that depend on it, naming it; without
     -k it also stops the others from starting."""
-    from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
-
     graph = _Ready(runner.reporter, stale)
     results = graph.results
-    running: dict[Future[ActionResult], ActionPlan] = {}
+    running = 0
     stop = False
-    pool = ThreadPoolExecutor(max_workers=runner.jobs, thread_name_prefix="epbuild-slot")
+    slots = _Slots(runner.jobs, runner.run_one)
     try:
         graph.release()
         while graph.pending or running:
-            while graph.pending and len(running) < runner.jobs and not stop:
+            while graph.pending and running < runner.jobs and not stop:
                 taken = runner.memory.take(graph.pending, idle=not running)
                 if taken is None:
                     break
-                running[pool.submit(runner.run_one, taken)] = taken
+                slots.submit(taken)
+                running += 1
             if not running:
                 break
-            done, _ = wait(running, return_when=FIRST_COMPLETED)
-            for fut in done:
-                plan = running.pop(fut)
-                runner.memory.release(plan)
-                res = fut.result()
-                results[plan.action.id] = res
-                runner.reporter.action_finished(res)
-                if res.outcome is Outcome.FAILED and not runner.keep_going:
-                    stop = True
+            plan, outcome = slots.next_done()
+            running -= 1
+            if isinstance(outcome, BaseException):
+                raise outcome  # what run_one raised (a KeyboardInterrupt in its thread)
+            res = outcome
+            runner.memory.release(plan)
+            results[plan.action.id] = res
+            runner.reporter.action_finished(res)
+            if res.outcome is Outcome.FAILED and not runner.keep_going:
+                stop = True
             graph.release()
     except KeyboardInterrupt:
         runner.executor.cancel()
-        wait(running)
-        pool.shutdown(wait=True)
+        slots.shutdown(drain=running)
         raise Interrupted("interrupted; workers stopped, nothing half-written was kept") from None
-    pool.shutdown(wait=True)
+    except BaseException:
+        slots.shutdown(join=False)  # the running actions finish; none starts
+        raise
+    slots.shutdown()
     for plan in [*graph.pending, *graph.waiting]:
         results[plan.action.id] = action_result(
             plan.action,
@@ -129,6 +134,56 @@ def schedule(runner: ActionRunner, stale: list[ActionPlan]) -> dict[str, ActionR
             error="not started because an earlier action failed (use -k to keep going)",
         )
     return results
+
+
+class _Slots:
+    """The build's worker-slot threads (at most ``jobs``, started as needed and reused, like
+    a thread pool's: each is a lane of the trace), running ``run`` on the plans submitted;
+    ``next_done`` waits for the first to finish. ``concurrent.futures`` without its imports
+    (``logging`` among them: a restore's startup)."""
+
+    def __init__(self, jobs: int, run: Callable[[ActionPlan], ActionResult]) -> None:
+        from queue import SimpleQueue
+
+        self._run = run
+        self._jobs = jobs
+        self._todo: SimpleQueue[ActionPlan | None] = SimpleQueue()
+        self._done: SimpleQueue[tuple[ActionPlan, ActionResult | BaseException]] = SimpleQueue()
+        self._threads: list[threading.Thread] = []
+        self._busy = 0
+
+    def submit(self, plan: ActionPlan) -> None:
+        self._busy += 1
+        if self._busy > len(self._threads) and len(self._threads) < self._jobs:
+            name = f"epbuild-slot_{len(self._threads)}"
+            thread = threading.Thread(target=self._work, name=name)
+            thread.start()
+            self._threads.append(thread)
+        self._todo.put(plan)
+
+    def _work(self) -> None:
+        while (plan := self._todo.get()) is not None:
+            try:
+                self._done.put((plan, self._run(plan)))
+            except BaseException as exc:  # handed to the scheduler, which raises it
+                self._done.put((plan, exc))
+
+    def next_done(self) -> tuple[ActionPlan, ActionResult | BaseException]:
+        """The first plan to finish and its result, or what its run raised."""
+        done = self._done.get()
+        self._busy -= 1
+        return done
+
+    def shutdown(self, drain: int = 0, *, join: bool = True) -> None:
+        """Wait for ``drain`` runs still going, then end the threads (once they are idle;
+        ``join``: wait for that)."""
+        for _ in range(drain):
+            self._done.get()
+        for _ in self._threads:
+            self._todo.put(None)
+        if join:
+            for thread in self._threads:
+                thread.join()
 
 
 class _Ready:

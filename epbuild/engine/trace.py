@@ -89,9 +89,10 @@ class Tracer:
         }
 
     def write(self, path: str | os.PathLike[str]) -> None:
-        """Write the trace (temp file + rename)."""
+        """Write the trace (temp file + rename; not synced: a power cut may lose a timeline,
+        never leave half of one)."""
         data = json.dumps(self.document(), separators=(",", ":")).encode()
-        atomic_write_bytes(os.fspath(path), data)
+        atomic_write_bytes(os.fspath(path), data, durable=False)
 
 
 def load_trace(path: str) -> dict[str, Any] | None:

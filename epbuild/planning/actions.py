@@ -103,10 +103,12 @@ def make_actions(manifest: Manifest, extra: Sequence[Group] = ()) -> list[Action
     """All actions of a manifest, groups and providers in manifest order, then those of
     ``extra`` groups (LLM entries: ``planning.llms``), whose ``provider_configs`` may
     replace a provider's configuration."""
-    from epbuild.planning.quantize import compiled_group
-
     actions: list[Action] = []
-    groups = [compiled_group(manifest, g) for g in manifest.groups.values()]
+    groups = list(manifest.groups.values())
+    if any(g.quantize is not None for g in groups):  # else the quantization kinds stay unloaded
+        from epbuild.planning.quantize import compiled_group
+
+        groups = [compiled_group(manifest, g) for g in groups]
     for group in [*groups, *extra]:
         own: Mapping[str, ProviderConfig] = getattr(group, "provider_configs", {})
         for pname in group.providers:

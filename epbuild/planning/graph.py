@@ -15,18 +15,18 @@ def make_graph(manifest: Manifest, compiles: Sequence[Action]) -> list[GraphActi
     """The actions of every kind: calibrations and quantizations, LLM preparations, the
     compiles, LLM packages, then
     those of kinds added by ``kinds.contract.register``; each after its dependencies."""
-    from epbuild.planning.llms import llm_packages, llm_preparations
-    from epbuild.planning.quantize import quantization_actions
+    before: list[GraphAction] = []
+    after: list[GraphAction] = []
+    if any(g.quantize is not None for g in manifest.groups.values()):  # else not imported
+        from epbuild.planning.quantize import quantization_actions
 
-    return ordered(
-        [
-            *quantization_actions(manifest),
-            *llm_preparations(manifest),
-            *compiles,
-            *llm_packages(manifest, compiles),
-            *registered_actions(manifest),
-        ]
-    )
+        before += quantization_actions(manifest)
+    if manifest.llms:
+        from epbuild.planning.llms import llm_packages, llm_preparations
+
+        before += llm_preparations(manifest)
+        after += llm_packages(manifest, compiles)
+    return ordered([*before, *compiles, *after, *registered_actions(manifest)])
 
 
 def ordered(actions: Sequence[GraphAction]) -> list[GraphAction]:

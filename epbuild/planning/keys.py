@@ -11,7 +11,7 @@ import hashlib
 import json
 import os
 import posixpath
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -70,8 +70,10 @@ class KeyComputer:
         self._models: dict[tuple[str, str | None], tuple[str, dict[str, str]]] = {}
         self._compiles: dict[CompileSettings, dict[str, Any]] = {}
         self._layouts: dict[
-            tuple[object, ...], tuple[tuple[object, ...], list[tuple[str, str | None]]]
+            tuple[object, ...],
+            tuple[tuple[object, ...], tuple[dict[str, Any], list[tuple[str, str | None]]]],
         ] = {}
+        self._by_provider: dict[int, tuple[ProviderConfig, tuple[object, ...], dict[str, str]]] = {}
 
     def model_inputs(
         self, model: str, folder: str | None = None, *, fresh: bool = False
@@ -173,10 +175,16 @@ class KeyComputer:
         joins them (``ToolchainError`` when the toolchain is unusable, ``ToolchainPending``
         when it is not made yet)."""
         cfg = action.provider
+        if not fresh:  # the same provider as last time (thousands of actions share one)
+            hit = self._by_provider.get(id(cfg))
+            if hit is not None and hit[0] is cfg and self._versions.get(hit[1]) is hit[2]:
+                return hit[2]
         memo = (cfg.ep, tuple(sorted(cfg.settings.items())), cfg.toolchain, cfg.base_dir)
         if fresh or memo not in self._versions:
             self._versions[memo] = self._read_versions(cfg)
-        return self._versions[memo]
+        found = self._versions[memo]
+        self._by_provider[id(cfg)] = (cfg, memo, found)
+        return found
 
     def _read_versions(self, cfg: ProviderConfig) -> dict[str, str]:
         return read_versions(cfg, self.toolchains)
@@ -241,40 +249,82 @@ class KeyComputer:
             )
             inputs[entry.path] = digest
             inputs.update(external)
-        g = action.group
-        components: dict[str, Any] = {
-            "format": FORMAT_VERSION,
-            "ep": action.provider.ep,
-            "provider_options": dict(action.provider.options),
-            "session_options": dict(action.provider.session_options),
-            "settings": dict(action.provider.settings),
-            "versions": versions,
-            "group": g.context.to_json(),
-            "models": models,
-            "compile": dict(self._compile_json(settings)),
-        }
-        if action.provider.toolchain is not None:  # only then, so other keys stay as they were
-            components["toolchain"] = action.provider.toolchain.key()
-        rewrite = get_provider(action.provider.ep).sharing_rewrite
-        if g.context.share_weights and (done := rewrite(action.provider)):
-            # Present only where a rewrite applies, so other keys stay as they were.
-            components["group"]["rewrite"] = done
+        g, provider = action.group, action.provider
+        names = action.initializer_names
+        files = self.option_files(action) if self._file_options(provider) else {}
+        present = ("models", *(("initializer_names",) if names else ()),
+                   *(("option_files",) if files else ()))  # fmt: skip
+        template, layout = self._shared(provider, g, versions, settings, present)
+        components = dict(template)
+        components["models"] = models
         inputs.update(getattr(g, "source_inputs", {}))  # an LLM's source decoder
-        files = self.option_files(action)
         if files:  # only then, so other keys stay as they were
             components["option_files"] = files
             inputs.update(files)
-        if action.initializer_names:
+        if names:
             # The names depend on the group's size (one model keeps the configured name,
             # more get a stem prefix): a group that grows renames this action's outputs.
             # Only present when initializers go to a file, so other keys stay as they were.
-            components["initializer_names"] = list(action.initializer_names)
-        layout = self._layout(components, (action.provider, g, versions), settings)
+            components["initializer_names"] = list(names)
         members = [
             text if name is None else text + _dumps(components[name]) for text, name in layout
         ]
         blob = ("{" + ",".join(members) + "}").encode()
         return ActionKey(hashlib.sha256(blob).hexdigest(), components, inputs)
+
+    def _shared(
+        self,
+        provider: ProviderConfig,
+        g: Any,
+        versions: dict[str, str],
+        settings: CompileSettings,
+        present: tuple[str, ...],
+    ) -> tuple[dict[str, Any], list[tuple[str, str | None]]]:
+        """What every action of one provider and group shares: its components, in key
+        order, with ``models`` to fill in (actions share these values: nothing changes a
+        key's components once made), and how to write the key's canonical JSON (sorted,
+        compact) with the per-action components ``present`` (of ``_PER_ACTION``): the
+        members in key order, each either whole (text, None), for a shared component, or
+        its start (``"name":``, name), written per action. A sorted object is its members'
+        texts in key order, so the bytes are ``json.dumps(components, sort_keys=True,
+        ...)``'s. Made once per set of ``sources`` (compared by identity, and kept so that
+        their ids stay theirs) and ``present``."""
+        sources = (provider, g, versions, settings)
+        memo = (id(provider), id(g), id(versions), id(settings), present)
+        hit = self._layouts.get(memo)
+        if hit is not None and all(a is b for a, b in zip(hit[0], sources, strict=True)):
+            return hit[1]
+        components: dict[str, Any] = {
+            "format": FORMAT_VERSION,
+            "ep": provider.ep,
+            "provider_options": dict(provider.options),
+            "session_options": dict(provider.session_options),
+            "settings": dict(provider.settings),
+            "versions": versions,
+            "group": g.context.to_json(),
+            "models": None,
+            "compile": dict(self._compile_json(settings)),
+        }
+        if provider.toolchain is not None:  # only then, so other keys stay as they were
+            components["toolchain"] = provider.toolchain.key()
+        rewrite = get_provider(provider.ep).sharing_rewrite
+        if g.context.share_weights and (done := rewrite(provider)):
+            # Present only where a rewrite applies, so other keys stay as they were.
+            components["group"]["rewrite"] = done
+        layout: list[tuple[str, str | None]] = []
+        for name in sorted({*components, *present}):
+            start = f"{_dumps(name)}:"
+            if name in _PER_ACTION:
+                layout.append((start, name))
+            else:
+                layout.append((start + _dumps(components[name]), None))
+        self._layouts[memo] = (sources, (components, layout))
+        return components, layout
+
+    def _file_options(self, provider: ProviderConfig) -> bool:
+        """Whether the provider's options name files (``option_files`` has some to hash)."""
+        names = get_provider(provider.ep).file_options
+        return bool(names and not names.isdisjoint(provider.options))
 
     def _compile_json(self, settings: CompileSettings) -> dict[str, Any]:
         """``settings.to_json()``, made once per value (callers copy it)."""
@@ -283,39 +333,26 @@ class KeyComputer:
             found = self._compiles[settings] = settings.to_json()
         return found
 
-    def _layout(
-        self, components: dict[str, Any], sources: tuple[object, ...], settings: CompileSettings
-    ) -> list[tuple[str, str | None]]:
-        """How to write ``components`` as the canonical JSON of the key (sorted, compact):
-        the members in key order, each either whole (text, None), for a component all
-        actions of one provider and group share, or its start (``"name":``, name) for one
-        of ``_PER_ACTION``, written per action. A sorted object is its members' texts in
-        key order, so the bytes are ``json.dumps(components, sort_keys=True, ...)``'s. The
-        shared components come from ``sources`` (compared by identity, and kept so that
-        their ids stay theirs) and ``settings`` (a frozen value) alone: the layout is made
-        once per such set and per set of per-action components present."""
-        present = tuple(k for k in _PER_ACTION if k in components)
-        memo = (*(id(x) for x in sources), settings, present)
-        hit = self._layouts.get(memo)
-        if hit is not None and all(a is b for a, b in zip(hit[0], sources, strict=True)):
-            return hit[1]
-        layout: list[tuple[str, str | None]] = []
-        for name in sorted(components):
-            start = f"{_dumps(name)}:"
-            if name in _PER_ACTION:
-                layout.append((start, name))
-            else:
-                layout.append((start + _dumps(components[name]), None))
-        self._layouts[memo] = (sources, layout)
-        return layout
-
 
 _PER_ACTION = ("models", "initializer_names", "option_files")
 """Key components that differ between actions of one provider and group."""
 
-_dumps = json.JSONEncoder(sort_keys=True, separators=(",", ":")).encode
-"""``json.dumps(value, sort_keys=True, separators=(",", ":"))``, without making an encoder
-per call."""
+
+def _canonical_dumps() -> Callable[[Any], str]:
+    """``json.dumps(value, sort_keys=True, separators=(",", ":"))``: the C encoder that
+    ``JSONEncoder.encode`` makes on every call, made once (the key's per-action members
+    are written 5,000 times for 5,000 actions); without the C encoder, the encoder's own
+    ``encode``. Components are never circular, so no check for it."""
+    encoder = json.JSONEncoder(sort_keys=True, separators=(",", ":"))
+    make = getattr(json.encoder, "c_make_encoder", None)  # (typeshed does not name it)
+    if make is None:
+        return encoder.encode
+    write = make(None, encoder.default, json.encoder.encode_basestring_ascii, None,
+                 ":", ",", True, False, True)  # fmt: skip
+    return lambda value: "".join(write(value, 0))
+
+
+_dumps = _canonical_dumps()
 
 
 def read_versions(cfg: ProviderConfig, toolchains: Toolchains) -> dict[str, str]:

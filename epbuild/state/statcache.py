@@ -164,7 +164,9 @@ class StatCache:
         }
         body = json.dumps(payload, separators=(",", ":")).encode()
         head = {"version": _VERSION, "sha256": hashlib.sha256(body).hexdigest()}
-        atomic_write_bytes(self.path, json.dumps(head).encode() + b"\n" + body)
+        # Not synced: what a power cut leaves of it fails the sha256 and is dropped, which
+        # only costs re-hashing (the files it vouches for are stat'ed against it anyway).
+        atomic_write_bytes(self.path, json.dumps(head).encode() + b"\n" + body, durable=False)
         self.entries = current.entries
         self.dirty = {}
         self.dropped = set()

@@ -99,11 +99,12 @@ class Toolchains:
         (a machine that only restores): the key versions the lock pins for it, if any."""
         from epbuild.providers import get_provider
         from epbuild.providers.distributions import dist_version
-        from epbuild.toolchains.lockfile import DEFAULT_ENV
 
         ep_dists = get_provider(config.ep).ep_dists
         if not ep_dists or any(dist_version(d) != "absent" for d in ep_dists):
             return None
+        from epbuild.toolchains.lockfile import DEFAULT_ENV
+
         lock = self.lock_of(config.base_dir)
         entry = lock.providers.get(config.name) if lock is not None else None
         if entry is None or entry.ep != config.ep or entry.environment != DEFAULT_ENV:

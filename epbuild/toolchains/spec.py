@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import platform
 import sys
 from dataclasses import dataclass
 
@@ -35,6 +34,8 @@ class ToolchainSpec:
     def digest(self) -> str:
         """Content address of the environment ``requirements`` make on this interpreter and
         platform (order and spelling of the list as normalised by ``normalise``)."""
+        import platform  # here: most builds have no toolchain to address
+
         data = {
             "format": FORMAT,
             "requirements": sorted(self.requirements),
