@@ -462,3 +462,12 @@ def test_npy_samples_and_onnx_test_data_folders(qws: Workspace) -> None:
     (qws.root / "zoo/test_data_set_0/input_0.pb").write_bytes(b"\x08garbage")
     proc = qws.cli("build")
     assert proc.returncode == 2 and "zoo/test_data_set_0/input_0.pb" in proc.stderr, proc.stderr
+
+
+def test_status_detail_calls_a_compile_stale_while_its_quantization_is(qws: Workspace) -> None:
+    counts(qws)
+    manifest(qws, {"exclude": ["/8/Gemm"]})  # not built: the QDQ model is the old one
+    detail = qws.cli("status", "--detail", check=True).stdout
+    assert "vision/htp-v73/cnn  (stale;" in detail, detail
+    ranges = qws.root / ".epbuild/quant/vision/cnn/ranges.json"
+    assert ranges.stat().st_mode & 0o044 == 0o044  # readable like every output

@@ -80,7 +80,10 @@ def status_detail(
     from epbuild.planning.workspace import open_workspace
 
     ws = open_workspace(directory, manifest, selectors)
-    plans = make_plan(ws.actions, ws.state, ws.keys, ws.stats, ws.root)
+    # The whole graph: a compile is stale while an action it reads from is (a quantization).
+    graph = make_plan(ws.graph, ws.state, ws.keys, ws.stats, ws.root)
+    compiles = {a.id for a in ws.actions}
+    plans = [p for p in graph if p.action.id in compiles]
     store = Store(ws.state_dir)
     state = ws.state
     details: list[ActionDetail] = []

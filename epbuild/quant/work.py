@@ -206,6 +206,7 @@ def _canonical(path: str) -> None:
         data = json.load(f)
     with open(path, "w", encoding="utf-8") as f:
         json.dump(data, f, sort_keys=True)
+    os.chmod(path, 0o644)  # ORT wrote it through mkstemp (0600); outputs are readable
 
 
 def _op_types() -> list[str]:
