@@ -128,6 +128,7 @@ def _lock_notes(ws: Workspace) -> list[str]:
     if lock is None:
         return []
     from epbuild.planning.lock import outdated
+
     name = os.path.basename(path)
     return [f"{name} is out of date: {r}" for r in outdated(lock, ws.manifest)]
 
