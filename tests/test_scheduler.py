@@ -264,6 +264,27 @@ def test_actions_run_on_at_most_jobs_threads_which_are_reused_and_end() -> None:
     assert set(threading.enumerate()) <= before
 
 
+def test_an_interrupt_just_after_an_action_finished_still_ends_the_build(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Ctrl-C landing between the scheduler taking a finished action's result and counting
+    it: the build still stops (Interrupted), its threads ended, nothing waits forever."""
+    from epbuild.engine import scheduler
+
+    taken = scheduler._Slots.next_done
+
+    def interrupted(self: Any) -> Any:
+        taken(self)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(scheduler._Slots, "next_done", interrupted)
+    runner = GraphRunner(2, keep_going=False, failing=set())
+    before = set(threading.enumerate())
+    with pytest.raises(Interrupted):
+        scheduler.schedule(runner, [_node(f"a{i}") for i in range(4)])  # type: ignore[arg-type]
+    assert set(threading.enumerate()) <= before
+
+
 def test_a_failed_action_skips_its_dependents_naming_it_and_k_builds_the_rest() -> None:
     from epbuild.engine.scheduler import schedule
 

@@ -120,7 +120,7 @@ def schedule(runner: ActionRunner, stale: list[ActionPlan]) -> dict[str, ActionR
             graph.release()
     except KeyboardInterrupt:
         runner.executor.cancel()
-        slots.shutdown(drain=running)
+        slots.shutdown()  # the running actions end (cancelled), as a pool's would
         raise Interrupted("interrupted; workers stopped, nothing half-written was kept") from None
     except BaseException:
         slots.shutdown(join=False)  # the running actions finish; none starts
@@ -174,11 +174,10 @@ class _Slots:
         self._busy -= 1
         return done
 
-    def shutdown(self, drain: int = 0, *, join: bool = True) -> None:
-        """Wait for ``drain`` runs still going, then end the threads (once they are idle;
-        ``join``: wait for that)."""
-        for _ in range(drain):
-            self._done.get()
+    def shutdown(self, *, join: bool = True) -> None:
+        """End the threads once each has finished the run it is on (``join``: wait for
+        that). Waiting for the threads, not for their results: an interrupt may have come
+        between taking a result and counting it."""
         for _ in self._threads:
             self._todo.put(None)
         if join:
