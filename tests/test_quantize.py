@@ -196,8 +196,8 @@ def _bad_sample(name: str) -> Callable[[Workspace], None]:
         ("extra input", "has 'mask', which the model does not take"),
         ("wrong shape", "has shape [1, 3, 16, 16]"),
         ("wrong dtype", "is float64, the model takes float32"),
-        ("unreadable", "not a readable .npz file"),
-        ("not arrays", "not a readable .npz file"),
+        ("unreadable", "not a readable .npz file of arrays (not a zip archive)"),
+        ("not arrays", "holds object arrays (pickled data)"),
     ],
 )
 def test_a_bad_sample_is_named_and_nothing_is_committed(
