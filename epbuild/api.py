@@ -152,6 +152,7 @@ def build(
     scheduler: str | None = None,
     loaded: Manifest | None = None,
     locked: bool = False,
+    numerics: bool = False,
 ) -> BuildResult:
     """Bring the selected actions up to date; returns what happened to each.
 
@@ -161,11 +162,14 @@ def build(
     scheduler address) or an ``Executor`` object (the caller's to close). ``loaded`` builds
     with an already-loaded manifest instead of re-reading the file (watch keeps its last).
     ``locked`` refuses (``LockError``, exit 2) to compile or restore when an environment
-    differs from ``epbuild.lock`` (``build --locked``).
+    differs from ``epbuild.lock`` (``build --locked``). ``numerics`` adds each selected
+    compile's numerical check (``kinds.check``; ``inspection.numerics.judged`` judges what
+    it recorded).
     """
     t0 = time.perf_counter()
     reporter = reporter or Reporter()
-    opening = (directory, manifest, selectors, loaded, reporter, dry_run, locked, lock_timeout)
+    opening = (directory, manifest, selectors, loaded, reporter, dry_run, locked, lock_timeout,
+               numerics)  # fmt: skip
     ws, plans, warnings, tracer = _plan(functools.partial(_open_for_build, *opening))
     try:
         results = {p.action.id: _planned(ws, p) for p in plans}
@@ -188,7 +192,8 @@ def build(
             warnings += _seed_cache(ws, plans, directory, cache)
         done = BuildResult(list(results.values()), time.perf_counter() - t0, warnings)
         if dry_run or not stale:
-            return _without_compiling(ws, plans, selectors, done, dry_run, tracer, trace)
+            record = not numerics  # the fingerprint answers plain builds
+            return _without_compiling(ws, plans, selectors, done, dry_run, tracer, trace, record)
         return done
     finally:
         ws.keys.toolchains.release()  # its environments may be pruned from now on
@@ -234,10 +239,12 @@ def _without_compiling(
     dry_run: bool,
     tracer: Tracer,
     trace: str | os.PathLike[str] | None,
+    record: bool = True,
 ) -> BuildResult:
-    """Finish a dry run, or a build with nothing stale (recording it for the no-op path)."""
+    """Finish a dry run, or a build with nothing stale (recording it for the no-op path
+    when ``record``)."""
     stale = any(p.stale for p in plans)
-    if not dry_run and not stale and not done.warnings and trace is None:
+    if record and not dry_run and not stale and not done.warnings and trace is None:
         _record_noop(ws, plans, selectors, done)
     if not dry_run:  # after the fingerprint, which may hash (and remember) more files
         _save_stats_if_possible(ws)
@@ -270,13 +277,16 @@ def _open_for_build(
     dry_run: bool,
     locked: bool,
     lock_timeout: float | None,
+    numerics: bool = False,
 ) -> tuple[Workspace, list[str]]:
     """The workspace (toolchains made unless a dry run, checked against ``epbuild.lock``
     when ``locked``) and the warnings loading it gave, each said once."""
     from epbuild.toolchains.resolve import Toolchains
 
     toolchains = Toolchains(create=not dry_run, say=reporter.message, lock_timeout=lock_timeout)
-    ws = open_workspace(directory, manifest, selectors, loaded=loaded, toolchains=toolchains)
+    ws = open_workspace(
+        directory, manifest, selectors, loaded=loaded, toolchains=toolchains, numerics=numerics
+    )
     if locked:
         from epbuild.planning.lock import enforce
         from epbuild.toolchains.lockfile import lock_path, read_lock
@@ -354,6 +364,19 @@ def _run(
                 builder.reporter.message(f"warning: {warnings[-1]}")
 
 
+def run_plans(ws: Workspace, stale: list[ActionPlan]) -> list[ActionResult]:
+    """Run the stale actions of ``stale`` (of a workspace opened without making
+    toolchains: ``verify --numerics``'s checks) with the workspace's settings, quietly."""
+    from epbuild.engine.builder import Builder
+    from epbuild.engine.trace import Tracer
+
+    run = executor_for(ws, stale, "local", None, None, None)
+    builder = functools.partial(Builder, keep_going=True, reporter=Reporter(),
+                                lock_timeout=ws.lock_timeout, tracer=Tracer())  # fmt: skip
+    opened = functools.partial(open_action_cache, ws, ws.root, None)
+    return list(_compile(ws, run, builder, opened, len(stale), stale, None, []).values())
+
+
 def _save_stats_if_possible(ws: Workspace) -> None:
     """The stat cache only saves re-hashing: a disk that cannot take it fails nothing."""
     try:
@@ -384,16 +407,20 @@ def _record_noop(
 
 
 def orphaned_actions(ws: Workspace) -> list[str]:
-    """Recorded actions the manifest no longer has (their outputs are still on disk)."""
+    """Recorded actions the manifest no longer has (their outputs are still on disk); the
+    numerical check of a compile it has is not one, though only some commands plan it."""
+    from epbuild.kinds.check import check_id
+    from epbuild.planning.actions import Action
+
+    graph = ws.graph
     if ws.selectors:
         from epbuild.planning.actions import make_actions
         from epbuild.planning.graph import make_graph
         from epbuild.planning.llms import llm_shapes
 
-        compiles = make_actions(ws.manifest, llm_shapes(ws.manifest))
-        current = {a.id for a in make_graph(ws.manifest, compiles)}
-    else:  # the workspace's graph is the whole graph
-        current = {a.id for a in ws.graph}
+        graph = make_graph(ws.manifest, make_actions(ws.manifest, llm_shapes(ws.manifest)))
+    # else the workspace's graph is the whole graph
+    current = {a.id for a in graph} | {check_id(a.id) for a in graph if isinstance(a, Action)}
     return sorted(i for i in ws.state.records if i not in current)
 
 
@@ -437,7 +464,7 @@ def clean(
             "clean --orphaned takes no selectors: it removes what no action of the manifest owns",
             hint="run 'epbuild clean --orphaned', or 'epbuild clean SELECTOR'",
         )
-    ws = open_workspace(directory, manifest, selectors)
+    ws = open_workspace(directory, manifest, selectors, numerics=True)  # their checks too
     removed: list[str] = []
     if not os.path.isdir(ws.state_dir):
         return removed

@@ -45,8 +45,9 @@ def _locked(args: argparse.Namespace) -> bool:
 def _answered_by_noop(args: argparse.Namespace) -> bool:
     """Print the recorded result if nothing changed since an all-up-to-date build (``noop``).
     Not with ``--cache DIR``: the full path stores the up-to-date actions that DIR lacks."""
-    if args.dry_run or args.trace or _locked(args) or args.cache is not None:
-        return False  # --locked compares the environments with the lock: the full path
+    if args.dry_run or args.trace or _locked(args) or args.cache is not None or args.numerics:
+        return False  # --locked compares the environments with the lock: the full path;
+        # the fingerprint is of the graph without the numerical checks
     import time
 
     from epbuild.planning.noop import fast_noop
@@ -56,8 +57,6 @@ def _answered_by_noop(args: argparse.Namespace) -> bool:
     if doc is None:
         return False
     doc["summary"]["seconds"] = round(time.perf_counter() - t0, 3)
-    if args.numerics:
-        doc["numerics"] = []  # nothing was built, so nothing to check
     if args.json:
         print_json(doc, command="build")
     else:
@@ -74,7 +73,12 @@ def run_build(args: argparse.Namespace) -> int:
     from epbuild.frontends.progress import ConsoleReporter
 
     result = build(
-        args.directory, args.manifest, args.selectors, reporter=ConsoleReporter(), **options
+        args.directory,
+        args.manifest,
+        args.selectors,
+        reporter=ConsoleReporter(),
+        numerics=args.numerics,
+        **options,
     )
     if not args.numerics:
         if args.json:
@@ -82,11 +86,10 @@ def run_build(args: argparse.Namespace) -> int:
         else:
             print("\n".join(render.build_lines(result)))
         return result.exit_code
-    from epbuild.inspection.numerics import check_numerics
-    from epbuild.results import CheckStatus, Outcome
+    from epbuild.inspection.numerics import build_verdicts
+    from epbuild.results import CheckStatus
 
-    built = [a.id for a in result.actions if a.outcome in (Outcome.COMPILED, Outcome.RESTORED)]
-    numerics = check_numerics(args.directory, args.manifest, built) if built else []
+    numerics = build_verdicts(args.directory, args.manifest, result)
     failed = any(c.status is CheckStatus.FAILED for c in numerics)
     code = result.exit_code or (1 if failed else 0)
     if args.json:

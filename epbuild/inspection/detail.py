@@ -74,7 +74,7 @@ def status_detail(
     selectors: list[str] | tuple[str, ...] = (),
 ) -> list[ActionDetail]:
     """Per action and model: EPContext coverage, CPU fallback, sizes, time and memory."""
-    from epbuild.inspection.numerics import Store, last_check
+    from epbuild.inspection.numerics import last_checks
     from epbuild.planning.keys import ORT_KEY
     from epbuild.planning.staleness import make_plan
     from epbuild.planning.workspace import open_workspace
@@ -84,7 +84,6 @@ def status_detail(
     graph = make_plan(ws.graph, ws.state, ws.keys, ws.stats, ws.root)
     compiles = {a.id for a in ws.actions}
     plans = [p for p in graph if p.action.id in compiles]
-    store = Store(ws.state_dir)
     state = ws.state
     details: list[ActionDetail] = []
     for plan, a in zip(plans, ws.actions, strict=True):
@@ -105,14 +104,14 @@ def status_detail(
             for m, name in zip(a.models, a.names, strict=True)
         ]
         sources = getattr(a.group, "sources", ())  # a quantized group's float models
+        checks = None if plan.stale else last_checks(ws, a)
         for i, m in enumerate(d.models):
             if sources:
                 m = d.models[i] = replace(
                     m, quantized_from=sources[a.group.entries.index(a.entries[i])].path
                 )
-            check = None if plan.stale else last_check(ws, a, i, store)
-            if check is not None:
-                d.models[i] = replace(m, numerics=check.to_json())
+            if checks is not None:
+                d.models[i] = replace(m, numerics=checks[i].to_json())
     return details
 
 

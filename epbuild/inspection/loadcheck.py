@@ -282,6 +282,13 @@ def answer(
         result = {"outcome": "failed", "message": f"{exc}"}
     except Exception as exc:
         result = {"outcome": "failed", "message": f"{type(exc).__name__}: {exc}".splitlines()[0]}
+    try:  # what it ran with, as an action key names them (a check action's result)
+        from epbuild.executors.worker import compiled_with
+        from epbuild.providers.contract import ProviderConfig
+
+        result["versions"] = compiled_with(ProviderConfig.from_json(job["provider"]))
+    except Exception:  # noqa: BLE001 - the figures stand without it (a --load check)
+        pass
     sys.stdout.write(json.dumps(result) + "\n")
     sys.stdout.flush()
 

@@ -49,10 +49,13 @@ class LoadCheck:
     """Per output of the model, its figures against the source (``loadcheck.figures_of``)."""
     more: dict[str, Any] = field(default_factory=dict)
     """What else the loader reported (a quantized model's ``qdq`` figures and ``layers``)."""
+    versions: dict[str, str] | None = None
+    """The versions the loader process ran with (``worker.compiled_with``); None: no
+    loader ran."""
 
     def to_json(self) -> dict[str, Any]:
         """The ``--json`` form."""
-        skip = ("crashed", "outputs", "more")
+        skip = ("crashed", "outputs", "more", "versions")
         doc = {k: v for k, v in asdict(self).items() if k not in skip}
         return {**doc, "outcome": self.outcome.value}
 
@@ -70,32 +73,56 @@ def load_check(
     loader process (``extra``: more of the job, e.g. the numerics inputs). ``standalone``:
     where the EP's package cannot load the model here (a known limit), run it without the
     EP if the adapter has a way (``verify --numerics``; ``--load`` is about the EP)."""
-    adapter = get_provider(action.provider.ep)
-    reason = adapter.load_problem(action.provider, action.group.context.share_weights)
     if isinstance(toolchain, str):
         reason = f"its toolchain is not usable here: {toolchain}"
-    ctx = action.ctx_paths[index]
-    if reason:
-        return LoadCheck(ctx, LoadOutcome.NOT_LOADABLE, reason)
-    job = {"ctx": ctx, "source": action.models[index], "provider": action.provider.to_json()}
+        return LoadCheck(action.ctx_paths[index], LoadOutcome.NOT_LOADABLE, reason)
+    python = toolchain.python if isinstance(toolchain, Toolchain) else None
+    return run_load(ws.root, load_spec(action, index, extra), python, standalone=standalone)
+
+
+def load_spec(action: Action, index: int, extra: dict[str, Any] | None = None) -> dict[str, Any]:
+    """What a loader run of the ``index``-th ctx model of ``action`` needs (JSON values):
+    the loader's job, and ``share_weights`` (whether the EP can load it here)."""
+    job: dict[str, Any] = {
+        "ctx": action.ctx_paths[index],
+        "source": action.models[index],
+        "provider": action.provider.to_json(),
+    }
     dims = action.free_dimensions[index]
     if dims:  # the source runs at the shapes the ctx model was compiled for
         job["free_dimensions"] = dims
     job.update(extra or {})
-    check = _run_loader(ws.root, ctx, job, toolchain)
+    return {"job": job, "share_weights": action.group.context.share_weights}
+
+
+def run_load(
+    root: str, spec: dict[str, Any], python: str | None, *, standalone: bool = False
+) -> LoadCheck:
+    """Run one ``load_spec`` in a loader process (``python``: the toolchain's interpreter;
+    None: this one's), with the adapter's reading of what it could not load."""
+    from epbuild.providers.contract import ProviderConfig
+
+    job = spec["job"]
+    provider = ProviderConfig.from_json(job["provider"])
+    adapter = get_provider(provider.ep)
+    ctx = job["ctx"]
+    reason = adapter.load_problem(provider, spec["share_weights"])
+    if reason:
+        return LoadCheck(ctx, LoadOutcome.NOT_LOADABLE, reason)
+    check = _run_loader(root, ctx, job, python)
     failed = check.outcome is LoadOutcome.FAILED
-    why = adapter.explain_load_failure(action.provider, check.message) if failed else None
+    why = adapter.explain_load_failure(provider, check.message) if failed else None
     if why:  # a known limit of the EP's package, not a bad build
         check = LoadCheck(ctx, LoadOutcome.NOT_LOADABLE, why)
-        module = adapter.standalone_loader(action.provider) if standalone else None
+        module = adapter.standalone_loader(provider) if standalone else None
         if module is not None:  # without the EP; where that cannot run either, both reasons
-            check = _run_loader(ws.root, ctx, job, toolchain, module)
+            check = _run_loader(root, ctx, job, python, module)
             if check.outcome is LoadOutcome.NOT_LOADABLE:
                 check = LoadCheck(ctx, LoadOutcome.NOT_LOADABLE, f"{why}; {check.message}")
     # Where the adapter says this host is not the target (QNN on x86_64 runs contexts in
     # an emulation), a native crash of the loader is the host's limit, not a bad build;
     # a corrupt context still fails with an error or wrong numbers.
-    emulated = adapter.load_problem(action.provider, True) is not None
+    emulated = adapter.load_problem(provider, True) is not None
     if check.crashed and emulated:
         check = LoadCheck(
             ctx,
@@ -109,12 +136,13 @@ def _run_loader(
     root: str,
     ctx: str,
     job: dict[str, Any],
-    toolchain: Toolchain | str | None,
+    python: Toolchain | str | None,
     module: str = "epbuild.inspection.loadcheck",
 ) -> LoadCheck:
-    command = own_command(module)
-    if isinstance(toolchain, Toolchain):
-        command = boot_command(toolchain.python, module)
+    """One loader process in ``python`` (a toolchain, its interpreter, or None: ours)."""
+    if isinstance(python, Toolchain):
+        python = python.python
+    command = own_command(module) if python is None else boot_command(python, module)
     try:
         proc = subprocess.run(
             command,
@@ -138,9 +166,9 @@ def _run_loader(
     outcome = LoadOutcome(data["outcome"])
     outputs = data.get("outputs")
     more = {k: data[k] for k in ("qdq", "layers") if k in data}
-    return LoadCheck(
-        ctx, outcome, data.get("message", ""), data.get("max_error"), outputs=outputs, more=more
-    )
+    versions = data.get("versions") if isinstance(data.get("versions"), dict) else None
+    return LoadCheck(ctx, outcome, data.get("message", ""), data.get("max_error"),
+                     outputs=outputs, more=more, versions=versions)  # fmt: skip
 
 
 _NOISE = re.compile(r"\[W:onnxruntime|LIBNATIVE|\x1b\[")

@@ -8,18 +8,17 @@ output's largest reference magnitude), ``cosine`` and, for integer or logits-lik
 the share of positions whose ``argmax`` agrees. The tolerances of the group or model entry
 (``numerics = { rtol, atol, min_cosine }``, else the EP's defaults) judge them.
 
-A check is cached like a compile: its figures are recorded in the state directory against a
-key of the action's record (source digests, options, toolchain versions), the ctx model's
-outputs' digests, the sample files' digests and the input settings. Tolerances are not in
-the key: changing one re-judges the recorded figures without running anything. Where a ctx
-model cannot run here (a weight-sharing group on x86_64, a toolchain that is not usable, an
-EP without its hardware) the status is ``not_checkable`` with the reason, never ``ok``.
+A check is an action of the graph (``kinds.check``): its figures are recorded, journaled and
+cached against a key of the ctx model's outputs' digests, the sources', the sample files',
+the input settings, the toolchain's versions and the host. Tolerances are not in the key:
+changing one re-judges the recorded figures without running anything. Where a ctx model
+cannot run here (a weight-sharing group on x86_64, a toolchain that is not usable, an EP
+without its hardware) the status is ``not_checkable`` with the reason, never ``ok``.
 """
 
 from __future__ import annotations
 
 import glob
-import hashlib
 import json
 import math
 import os
@@ -27,16 +26,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from epbuild.errors import UserError
+from epbuild.kinds.check import CheckAction
 from epbuild.manifest.model import NumericsSettings
 from epbuild.planning.actions import Action
 from epbuild.planning.workspace import Workspace
-from epbuild.results import CheckStatus
-
-STORE_NAME = "numerics.json"
-"""The recorded figures, in the state directory."""
-_STORE_MAX = 2000
-"""Entries kept (the newest): old keys are of inputs that no longer exist."""
-_VERSION = 2
+from epbuild.results import BuildResult, CheckStatus, Outcome
 
 
 @dataclass(frozen=True)
@@ -197,145 +191,106 @@ def _sample_files(root: str, patterns: tuple[str, ...]) -> list[str]:
     return found
 
 
-def check_key(
-    ws: Workspace, action: Action, index: int, samples: list[str], settings: NumericsSettings
-) -> str:
-    """What a check's figures depend on: the action's committed record (its key covers the
-    sources, options and toolchain versions) and output digests, which model, the samples'
-    bytes and the input settings."""
-    rec = ws.state.records[action.id]
-    doc = {
-        "version": _VERSION,
-        "record": rec.key,
-        "outputs": {p: o.digest for p, o in sorted(rec.outputs.items())},
-        "model": action.ctx_paths[index],
-        "samples": {s: ws.stats.digest(ws.root, s).digest for s in samples},
-        "settings": {k: v for k, v in settings.to_json().items() if k in _INPUT_SETTINGS},
-    }
-    return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()
+def check_inputs(root: str, action: Action) -> list[str]:
+    """The files a check of ``action`` reads besides its ctx models (workspace-relative):
+    the source models, the samples, and for a quantized group the float sources and the
+    models its calibrations wrote. A pattern that matches nothing is a ``ModelError``."""
+    from epbuild.errors import ModelError
 
-
-_INPUT_SETTINGS = ("seed", "float_range", "int_range")
-
-
-class Store:
-    """The recorded figures: check key → the loader's result (outcome, message, outputs)."""
-
-    def __init__(self, state_dir: str) -> None:
-        self.path = os.path.join(state_dir, STORE_NAME)
-        self.entries: dict[str, dict[str, Any]] = {}
-        self.new: dict[str, dict[str, Any]] = {}
+    files: list[str] = []
+    for index in range(len(action.entries)):
         try:
-            with open(self.path, encoding="utf-8") as f:
-                data = json.load(f)
-            if isinstance(data, dict) and data.get("version") == _VERSION:
-                entries = data.get("entries")
-                self.entries = entries if isinstance(entries, dict) else {}
-        except (OSError, ValueError):
-            pass  # a damaged record only costs running the checks again
-
-    def get(self, key: str) -> dict[str, Any] | None:
-        """The recorded result of a check, if any."""
-        found = self.new.get(key) or self.entries.get(key)
-        return found if isinstance(found, dict) else None
-
-    def put(self, key: str, result: dict[str, Any]) -> None:
-        """Record a result (written by ``save``)."""
-        self.new[key] = result
-
-    def save(self, ws: Workspace) -> None:
-        """Merge the new results into the file, under the state lock."""
-        from epbuild.fs import atomic_write_bytes
-        from epbuild.state import locks
-
-        if not self.new or not os.path.isdir(ws.state_dir):
-            return
-        with locks.hold(ws.state_lock, "epbuild verify --numerics (recording)"):
-            current = Store(ws.state_dir).entries
-            current.update(self.new)
-            kept = dict(list(current.items())[-_STORE_MAX:])
-            doc = {"version": _VERSION, "entries": kept}
-            atomic_write_bytes(self.path, json.dumps(doc, allow_nan=True).encode())
-        self.entries, self.new = kept, {}
-
-
-def check_action(
-    ws: Workspace, action: Action, toolchain: Any, store: Store
-) -> list[NumericsCheck]:
-    """The numerical checks of one committed action's ctx models (recorded figures where
-    there are some for the same key, else a loader run)."""
-    from epbuild.inspection.loading import load_check
-
-    checks = []
-    for index, ctx in enumerate(action.ctx_paths):
-        if isinstance(toolchain, str):  # may be usable next time: nothing is recorded
-            reason = f"its toolchain is not usable here: {toolchain}"
-            checks.append(NumericsCheck(action.id, ctx, CheckStatus.NOT_CHECKABLE, reason))
-            continue
-        settings = action.entries[index].numerics
-        try:
-            samples, extra, tol = _inputs(ws, action, index)
+            found, _, _ = _inputs(root, action, index)
         except UserError as exc:
-            checks.append(NumericsCheck(action.id, ctx, CheckStatus.FAILED, exc.message))
-            continue
-        key = check_key(ws, action, index, samples, settings)
-        recorded = store.get(key)
-        if recorded is None:
-            load = load_check(ws, action, index, toolchain, extra, standalone=True)
-            recorded = {"outcome": load.outcome.value, "message": load.message,
-                        "outputs": load.outputs, **load.more}  # fmt: skip
-            # A model this host cannot run stays so for the same key (a loader that crashes
-            # here, in 17 s for inception_v1): recorded too, so it is not run every time.
-            store.put(key, recorded)
-        checks.append(_judge(action.id, ctx, recorded, tol, cached=key in store.entries))
-    return checks
+            raise ModelError(exc.message, hint=exc.hint) from exc
+        files += [f for f in [action.models[index], *found] if f not in files]
+    return files
 
 
-def _inputs(
-    ws: Workspace, action: Action, index: int
-) -> tuple[list[str], dict[str, Any], Tolerance | QuantTolerance]:
-    """What one check compares on: the files its key covers, the loader job's part beyond
-    the models, and the tolerance. A quantized group's model is compared with its float
-    source on the recipe's validation samples, the QDQ model beside it."""
+def loader_extra(root: str, action: Action, index: int) -> dict[str, Any]:
+    """The loader job's part beyond the models, for the ``index``-th ctx model."""
+    return _inputs(root, action, index)[1]
+
+
+def tolerance_of(action: Action, index: int) -> Tolerance | QuantTolerance:
+    """What the ``index``-th ctx model's figures are judged by."""
+    from epbuild.planning.quantize import QuantizedGroup
+
+    group, entry = action.group, action.entries[index]
+    if isinstance(group, QuantizedGroup) and group.recipe is not None:
+        check = group.recipe.check
+        return QuantTolerance(check.min_sqnr_db, check.top1)
+    return tolerance(action.provider.ep, entry.numerics)
+
+
+def _inputs(root: str, action: Action, index: int) -> tuple[list[str], dict[str, Any], Any]:
+    """What one check compares on: the files it reads beyond the models, the loader job's
+    part beyond the models, and the tolerance. A quantized group's model is compared with
+    its float source on the recipe's validation samples, the QDQ model beside it."""
     from epbuild.manifest.quantization import sample_files
     from epbuild.planning.quantize import QuantizedGroup
 
     group, entry = action.group, action.entries[index]
-    if isinstance(group, QuantizedGroup) and group.quantize is not None:
-        recipe = ws.manifest.quantization[group.quantize]
+    if isinstance(group, QuantizedGroup) and group.recipe is not None:
+        recipe = group.recipe
         source = group.sources[group.entries.index(entry)].path
         calibrated = group.calibrated[entry.name]
-        files = [f for s in recipe.feeds for f in sample_files(ws.root, s)]
+        files = [f for s in recipe.feeds for f in sample_files(root, s)]
         quantized = {
             "qdq": action.models[index],
             "float": calibrated,
             "samples": list(recipe.feeds),
         }
         extra = {"source": source, "quantized": quantized}
-        return (
-            [*files, source, calibrated],
-            extra,
-            QuantTolerance(recipe.check.min_sqnr_db, recipe.check.top1),
-        )
-    samples = _sample_files(ws.root, entry.numerics.inputs)
+        return [*files, source, calibrated], extra, tolerance_of(action, index)
+    samples = _sample_files(root, entry.numerics.inputs)
     extra = {**entry.numerics.to_json(), "inputs": samples}
-    return samples, extra, tolerance(action.provider.ep, entry.numerics)
+    return samples, extra, tolerance_of(action, index)
 
 
-def last_check(ws: Workspace, action: Action, index: int, store: Store) -> NumericsCheck | None:
-    """The recorded check of one ctx model as the outputs and settings are now (for
-    ``status --detail`` and packages); None when none was recorded. Runs nothing."""
+def judged(
+    ws: Workspace, check: CheckAction, *, cached: bool, failure: str | None = None
+) -> list[NumericsCheck]:
+    """The verdicts of a check action's recorded figures (``failure``: why the action
+    failed, so that every model of it failed with that reason)."""
+    action = check.compile
+    out = []
+    for index, ctx in enumerate(action.ctx_paths):
+        if failure is not None:
+            out.append(NumericsCheck(action.id, ctx, CheckStatus.FAILED, failure))
+            continue
+        path = os.path.join(ws.root, check.figures_path(index))
+        try:
+            with open(path, encoding="utf-8") as f:
+                recorded = json.load(f)
+        except (OSError, ValueError) as exc:
+            why = f"the recorded figures cannot be read ({exc}); run it again"
+            out.append(NumericsCheck(action.id, ctx, CheckStatus.FAILED, why))
+            continue
+        out.append(_judge(action.id, ctx, recorded, tolerance_of(action, index), cached=cached))
+    return out
+
+
+def last_checks(ws: Workspace, action: Action) -> list[NumericsCheck] | None:
+    """The recorded checks of a committed action's ctx models, as its outputs and settings
+    are now (for ``status --detail`` and packages); None when none is recorded or the
+    record is of other inputs. Runs nothing."""
+    from epbuild.kinds.check import CHECK, check_action
+    from epbuild.planning.staleness import outputs_intact
+
     if action.id not in ws.state.records:
         return None
-    settings = action.entries[index].numerics
+    check = check_action(action, ws.manifest.workspace.state_dir)
+    committed = ws.state.records.committed(check.id)
+    if committed is None or check.id in ws.state.damaged or check.id in ws.state.interrupted:
+        return None
     try:
-        samples, _, tol = _inputs(ws, action, index)
+        key = CHECK.key(check, ws.keys, fresh=False)
+        if key.key != committed[0] or outputs_intact(ws.root, ws.stats, committed[1]):
+            return None
     except (UserError, OSError):
         return None
-    recorded = store.get(check_key(ws, action, index, samples, settings))
-    if recorded is None:
-        return None
-    return _judge(action.id, action.ctx_paths[index], recorded, tol, cached=True)
+    return judged(ws, check, cached=True)
 
 
 def _judge(
@@ -383,21 +338,77 @@ def check_numerics(
     manifest: str | os.PathLike[str] | None = None,
     selectors: list[str] | tuple[str, ...] = (),
 ) -> list[NumericsCheck]:
-    """The numerical checks of the selected committed actions (``build --numerics`` runs
-    them for the actions it built); actions not committed are left out."""
-    from epbuild.errors import ToolchainError
+    """The numerical checks of the selected committed actions; actions not committed are
+    left out."""
     from epbuild.planning.workspace import open_workspace
 
     ws = open_workspace(directory, manifest, selectors)
-    store = Store(ws.state_dir)
-    checks: list[NumericsCheck] = []
-    for action in ws.actions:
-        if action.id not in ws.state.records or action.id in ws.state.interrupted:
-            continue
+    committed = [
+        a for a in ws.actions if a.id in ws.state.records and a.id not in ws.state.interrupted
+    ]
+    return run_checks(ws, committed)
+
+
+def build_verdicts(
+    directory: str | os.PathLike[str],
+    manifest: str | os.PathLike[str] | None,
+    result: BuildResult,
+) -> list[NumericsCheck]:
+    """The verdicts of the numerical checks a ``build(numerics=True)`` ran or restored (up
+    to date ones were judged when they ran)."""
+    from epbuild.kinds.check import CHECK
+    from epbuild.planning.workspace import open_workspace
+
+    done = (Outcome.COMPILED, Outcome.RESTORED, Outcome.FAILED)
+    ran = {r.id: r for r in result.actions if r.kind == CHECK.name and r.outcome in done}
+    if not ran:
+        return []
+    ws = open_workspace(directory, manifest, sorted(ran), numerics=True)
+    out: list[NumericsCheck] = []
+    for check in ws.graph:
+        r = ran.get(check.id)
+        if isinstance(check, CheckAction) and r is not None:
+            failure = (r.error or "the check failed") if r.outcome is Outcome.FAILED else None
+            out += judged(ws, check, cached=r.outcome is Outcome.RESTORED, failure=failure)
+    return out
+
+
+def run_checks(ws: Workspace, actions: list[Action]) -> list[NumericsCheck]:
+    """Check ``actions`` (committed): the check actions that are stale run (a loader per
+    ctx model), the others' recorded figures are judged again. An action whose toolchain
+    is not usable here is not checkable (nothing is recorded: it may be next time)."""
+    from epbuild.errors import ToolchainError
+    from epbuild.kinds.check import check_action
+    from epbuild.planning.staleness import make_plan
+
+    out: list[NumericsCheck] = []
+    checks = []
+    for action in actions:
         try:
-            toolchain: Any = ws.keys.toolchains.get(action.provider)
+            ws.keys.toolchains.get(action.provider)
         except ToolchainError as exc:
-            toolchain = exc.message
-        checks += check_action(ws, action, toolchain, store)
-    store.save(ws)
-    return checks
+            reason = f"its toolchain is not usable here: {exc.message}"
+            out += [
+                NumericsCheck(action.id, ctx, CheckStatus.NOT_CHECKABLE, reason)
+                for ctx in action.ctx_paths
+            ]
+            continue
+        checks.append(check_action(action, ws.manifest.workspace.state_dir))
+    plans = make_plan(checks, ws.state, ws.keys, ws.stats, ws.root)
+    ran = {}
+    stale = [p for p in plans if p.stale and p.error is None]
+    if stale:
+        from epbuild.api import run_plans
+
+        ran = {r.id: r for r in run_plans(ws, stale)}
+        ws.reload_state()
+    for plan in plans:
+        check = plan.action
+        assert isinstance(check, CheckAction)
+        result = ran.get(check.id)
+        failure = plan.error.message if plan.error is not None else None
+        if result is not None and result.outcome in (Outcome.FAILED, Outcome.SKIPPED):
+            failure = result.error or "; ".join(result.reasons) or "the check did not run"
+        cached = result is None or result.outcome is Outcome.RESTORED
+        out += judged(ws, check, cached=cached, failure=failure)
+    return out

@@ -24,7 +24,7 @@ from epbuild.inspection.generation import (
     require_genai,
 )
 from epbuild.inspection.loading import LoadCheck, LoadOutcome, load_check
-from epbuild.inspection.numerics import NumericsCheck, Store, check_action
+from epbuild.inspection.numerics import NumericsCheck, run_checks
 from epbuild.inspection.ortcompat import OrtCompatibility, ort_compatibility
 from epbuild.kinds.contract import GraphAction
 from epbuild.onnx.context import (
@@ -143,25 +143,26 @@ def verify_outputs(
         require_genai()
     ws = open_workspace(directory, manifest, selectors)
     result = VerifyResult()
-    store = Store(ws.state_dir) if numerics else None
     workers = jobs or ws.manifest.workspace.jobs
     with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="epbuild-load") as pool:
-        loads = _check_actions(ws, result, store, pool if load else None)
+        loads, intact = _check_actions(ws, result, pool if load else None)
         result.loads.extend(f.result() for f in loads)  # in action order
-    if store is not None:
-        store.save(ws)
+    if numerics:
+        result.numerics = run_checks(ws, intact)
     if generate is not None:
         result.generations = check_generation(ws, tokens=generate, prompt=prompt)
     return result
 
 
 def _check_actions(
-    ws: Workspace, result: VerifyResult, store: Store | None, pool: Executor | None
-) -> list[Future[LoadCheck]]:
-    """Check each action's outputs (and numerics) into ``result``; with a ``pool``, start
-    the loads of its ctx models there."""
+    ws: Workspace, result: VerifyResult, pool: Executor | None
+) -> tuple[list[Future[LoadCheck]], list[Action]]:
+    """Check each action's outputs into ``result``; with a ``pool``, start the loads of its
+    ctx models there. Also returns the compile actions whose outputs are as recorded (what
+    ``--numerics`` checks)."""
     machine = machine_paths(ws.root)
     loads: list[Future[LoadCheck]] = []
+    intact: list[Action] = []
     for other in ws.graph:  # an LLM's preparation and package: their outputs' digests
         if not isinstance(other, Action):
             _check_record(ws, other, result)
@@ -184,9 +185,9 @@ def _check_actions(
                 _check_sharing(action, infos, result)
             if pool is not None:
                 loads += _load_checks(ws, action, toolchain, pool)
-            if store is not None and not changed:
-                result.numerics.extend(check_action(ws, action, toolchain, store))
-    return loads
+            if not changed:
+                intact.append(action)
+    return loads, intact
 
 
 def _check_record(

@@ -172,6 +172,7 @@ _BUILT_IN = {
     "package": "epbuild.kinds.package:PACKAGE",
     "calibrate": "epbuild.kinds.calibrate:CALIBRATE",
     "quantize": "epbuild.kinds.quantize:QUANTIZE",
+    "check": "epbuild.kinds.check:CHECK",
 }
 _KINDS: dict[str, Kind] = {}
 _SOURCES: dict[str, Callable[[Manifest], list[GraphAction]]] = {}

@@ -11,10 +11,13 @@ from epbuild.manifest.model import Manifest
 from epbuild.planning.actions import Action, select
 
 
-def make_graph(manifest: Manifest, compiles: Sequence[Action]) -> list[GraphAction]:
+def make_graph(
+    manifest: Manifest, compiles: Sequence[Action], *, numerics: bool = False
+) -> list[GraphAction]:
     """The actions of every kind: calibrations and quantizations, LLM preparations, the
-    compiles, LLM packages, then
-    those of kinds added by ``kinds.contract.register``; each after its dependencies."""
+    compiles, LLM packages, the compiles' numerical checks (``numerics``: only when a
+    command asks for them), then those of kinds added by ``kinds.contract.register``; each
+    after its dependencies."""
     before: list[GraphAction] = []
     after: list[GraphAction] = []
     if any(g.quantize is not None for g in manifest.groups.values()):  # else not imported
@@ -26,6 +29,10 @@ def make_graph(manifest: Manifest, compiles: Sequence[Action]) -> list[GraphActi
 
         before += llm_preparations(manifest)
         after += llm_packages(manifest, compiles)
+    if numerics:
+        from epbuild.kinds.check import check_actions
+
+        after += check_actions(list(compiles), manifest.workspace.state_dir)
     return ordered([*before, *compiles, *after, *registered_actions(manifest)])
 
 

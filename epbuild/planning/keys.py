@@ -66,6 +66,9 @@ class KeyComputer:
         """Output directory of an upstream action → its key: an input in that directory
         is identified by that key and its name instead of its bytes (``cache key`` before
         anything is built; see ``cache.operations``)."""
+        self.outputs_of: Callable[[str], list[str]] = lambda action_id: []
+        """Action id → the outputs its journal record lists (the workspace's state; a
+        kind whose inputs are another action's outputs reads them by it)."""
         self._versions: dict[tuple[object, ...], dict[str, str]] = {}
         self._models: dict[tuple[str, str | None], tuple[str, dict[str, str]]] = {}
         self._compiles: dict[CompileSettings, dict[str, Any]] = {}

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 
 from epbuild.kinds.calibrate import CalibrateAction
 from epbuild.kinds.quantize import QuantizeAction, quant_actions, quantized_entry
-from epbuild.manifest.model import Group, Manifest, ModelEntry
+from epbuild.manifest.model import Group, Manifest, ModelEntry, Quantization
 from epbuild.providers.contract import ProviderConfig
 
 
@@ -27,6 +27,8 @@ class QuantizedGroup(Group):
     model's activations are compared with, layer by layer)."""
     provider_configs: Mapping[str, ProviderConfig] = field(default_factory=dict)
     """Provider name → its configuration for QDQ models (``BaseProvider.for_quantized``)."""
+    recipe: Quantization | None = None
+    """The ``[quantization.<name>]`` it is made by (``verify --numerics`` checks by it)."""
 
     def deps_for(self, entries: Sequence[ModelEntry]) -> tuple[str, ...]:
         return tuple(self.quantized_by[e.name] for e in entries)
@@ -52,6 +54,7 @@ def compiled_group(manifest: Manifest, group: Group) -> Group:
     return QuantizedGroup(
         **{f: getattr(group, f) for f in Group.__dataclass_fields__},
         sources=group.entries,
+        recipe=manifest.quantization[group.quantize],
         quantized_by={a.entry.name: a.id for a in quantize},
         calibrated={a.entry.name: a.calibration.model for a in quantize},
         provider_configs={

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -72,10 +73,12 @@ def open_workspace(
     *,
     loaded: Manifest | None = None,
     toolchains: Toolchains | None = None,
+    numerics: bool = False,
 ) -> Workspace:
     """Load the manifest (unless ``loaded`` is given), the state and the stat cache; select
     actions. ``toolchains`` makes missing provider toolchains (a build); by default they are
-    only looked for."""
+    only looked for. ``numerics``: the graph has the numerical check of every compile
+    (``kinds.check``), which a selection of the compile takes along."""
     if loaded is not None:
         m = loaded
     else:
@@ -94,12 +97,19 @@ def open_workspace(
 
         prepare = toolchains is not None and toolchains.create
         extra = llm_groups(m, keys, m.workspace.state_dir, prepare=prepare)
-    graph = select_graph(make_graph(m, make_actions(m, extra)), selectors)
+    graph = select_graph(make_graph(m, make_actions(m, extra), numerics=numerics), selectors)
     actions = [a for a in graph if isinstance(a, Action)]
     lock_timeout = toolchains.lock_timeout if toolchains is not None else None
-    return Workspace(
+    ws = Workspace(
         m, root, state_dir, state, stats, keys, actions, graph, lock_timeout, tuple(selectors)
     )
+    keys.outputs_of = functools.partial(_recorded_by_id, ws)
+    return ws
+
+
+def _recorded_by_id(ws: Workspace, action_id: str) -> list[str]:
+    rec = ws.state.records.get(action_id)
+    return sorted(rec.outputs) if rec else []
 
 
 def open_action_cache(

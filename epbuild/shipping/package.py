@@ -248,13 +248,10 @@ def _unreplaced(root: str, snapshot: dict[str, Any]) -> Callable[[], None]:
 def _figures(ws: Workspace) -> dict[tuple[str, int], dict[str, Any]]:
     """Each model's last recorded ``verify --numerics`` (as its outputs are now), for the
     deployment manifest; models never checked are left out."""
-    from epbuild.inspection.numerics import Store, last_check
+    from epbuild.inspection.numerics import last_checks
 
-    store = Store(ws.state_dir)
     found: dict[tuple[str, int], dict[str, Any]] = {}
     for action in ws.actions:
-        for i in range(len(action.entries)):
-            check = last_check(ws, action, i, store)
-            if check is not None:
-                found[action.id, i] = check.to_json()
+        for i, check in enumerate(last_checks(ws, action) or ()):
+            found[action.id, i] = check.to_json()
     return found

@@ -1,0 +1,223 @@
+"""The check kind: the numerical check of one compile action's ctx models against their
+sources (``verify --numerics``, ``build --numerics``), as an action after that compile.
+
+A check action joins the graph only when a command asks for it (``numerics=True`` to
+``open_workspace``). Its job runs each ctx model and its source in a loader process of the
+compile's toolchain (``inspection.loading``) on the same feeds and stages the loader's
+figures as ``<ctx stem>.numerics.json`` into ``<state_dir>/checks/<group>/<provider>``. Its
+key holds the compile's recorded outputs' digests (early cutoff: a compile that made the same
+bytes checks nothing again), the source models', the sample files', the input settings, the
+provider, the toolchain's versions and the host (a check that cannot run here, or that runs
+in an emulation, may give other figures on another machine). Tolerances are not in the key:
+``inspection.numerics`` judges the recorded figures, so changing one runs nothing. Like every
+kind, checks are journaled, cached, restored and shown by ``status``.
+
+It runs inline (in the building process, which only waits on the loader processes).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import posixpath
+import sys
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from epbuild.errors import ModelError, UserError, VerificationError
+from epbuild.executors.job import KindJob
+from epbuild.kinds.contract import ActionIdentity, RunContext, make_key
+from epbuild.planning.actions import Action
+from epbuild.planning.keys import ActionKey, KeyComputer
+
+if TYPE_CHECKING:
+    from epbuild.executors.job import AnyJob
+    from epbuild.onnx.context import Problem
+    from epbuild.toolchains.spec import ToolchainSpec
+
+CHECK_FORMAT = 1
+"""Bump when the same inputs give other figures."""
+FIGURES_SUFFIX = ".numerics.json"
+INPUT_SETTINGS = ("seed", "float_range", "int_range")
+"""The numerics settings that change the feeds (the others are tolerances)."""
+
+
+@dataclass(frozen=True)
+class CheckAction(ActionIdentity):
+    """The numerical check of one compile action's ctx models."""
+
+    id: str
+    compile: Action
+    out_dir: str
+    """``<state_dir>/checks/<group>/<provider>``."""
+
+    KIND = "check"
+
+    @property
+    def kind(self) -> str:
+        return self.KIND
+
+    @property
+    def deps(self) -> tuple[str, ...]:
+        return (self.compile.id,)
+
+    @property
+    def group_name(self) -> str:
+        return self.compile.group_name
+
+    @property
+    def provider_name(self) -> str:
+        return self.compile.provider_name
+
+    @property
+    def toolchain(self) -> ToolchainSpec | None:
+        return self.compile.toolchain
+
+    def figures_path(self, index: int) -> str:
+        """Workspace-relative path of the figures of the ``index``-th ctx model."""
+        name = posixpath.basename(self.compile.ctx_paths[index]).removesuffix(".onnx")
+        return posixpath.join(self.out_dir, name + FIGURES_SUFFIX)
+
+
+def check_id(compile_id: str) -> str:
+    """The id of the check of a compile action."""
+    return compile_id + "/check"
+
+
+def check_action(compile: Action, state_dir: str) -> CheckAction:
+    """The check of ``compile``, its figures under ``state_dir`` (workspace-relative)."""
+    out_dir = posixpath.join(state_dir, "checks", compile.group_name, compile.provider_name)
+    return CheckAction(check_id(compile.id), compile, out_dir)
+
+
+def check_actions(compiles: list[Action], state_dir: str) -> list[CheckAction]:
+    """The checks of ``compiles``."""
+    return [check_action(a, state_dir) for a in compiles]
+
+
+class CheckKind:
+    """``Kind`` of the numerical checks (``CheckAction``)."""
+
+    name = "check"
+    past = "checked"
+    doing = "checking"
+    follows = True
+    inline = True
+
+    def key(self, action: CheckAction, keys: KeyComputer, *, fresh: bool) -> ActionKey:
+        from epbuild.inspection.numerics import check_inputs
+
+        compile = action.compile
+        built = keys.outputs_of(compile.id)
+        if not built:
+            raise ModelError(f"{compile.id} has not been built", hint="run 'epbuild build'")
+        inputs: dict[str, str] = {}
+        for rel in [*built, *check_inputs(keys.root, compile)]:
+            try:
+                inputs[rel] = keys.file_digest(rel)
+            except OSError as exc:
+                raise ModelError(
+                    f"{rel}: input of the numerical check of {compile.id} cannot be read "
+                    f"({exc.strerror})",
+                    hint="run 'epbuild build' again, or restore the file",
+                ) from exc
+        settings = [
+            {k: v for k, v in e.numerics.to_json().items() if k in INPUT_SETTINGS}
+            for e in compile.entries
+        ]
+        components: dict[str, Any] = {
+            "kind": self.name,
+            "format": CHECK_FORMAT,
+            "inputs": inputs,
+            "ctx": list(compile.ctx_paths),
+            "settings": settings,
+            "provider": compile.provider.to_json(),
+            "versions": keys.versions(compile, fresh=fresh),
+            "host": f"{sys.platform}-{platform.machine()}",
+        }
+        return make_key(components, inputs)
+
+    def refuse(self, action: CheckAction, key: ActionKey, keys: KeyComputer) -> UserError | None:
+        return None
+
+    def job(
+        self, action: CheckAction, key: ActionKey, staging: str, ctx: RunContext
+    ) -> tuple[AnyJob, list[str]]:
+        from epbuild.inspection.loading import load_spec
+        from epbuild.inspection.numerics import loader_extra
+
+        compile = action.compile
+        toolchain = ctx.keys.toolchains.get(compile.provider)
+        runs = [
+            {
+                "spec": load_spec(compile, i, loader_extra(ctx.root, compile, i)),
+                "figures": posixpath.basename(action.figures_path(i)),
+            }
+            for i in range(len(compile.ctx_paths))
+        ]
+        payload = {
+            "runs": runs,
+            "python": toolchain.python if toolchain is not None else None,
+            "versions": key.components["versions"],
+        }
+        job = KindJob(action.id, self.name, "epbuild.kinds.check:run", staging, payload,
+                      dict(key.inputs), inline=self.inline)  # fmt: skip
+        return job, []
+
+    def check(
+        self, action: CheckAction, staging: str, ctx: RunContext
+    ) -> tuple[list[str], list[Problem]]:
+        """One readable figures document per ctx model, nothing else."""
+        from epbuild.onnx.staged import staged_names
+
+        names = staged_names(ctx.root, staging)
+        wanted = sorted(
+            posixpath.basename(action.figures_path(i)) for i in range(len(action.compile.ctx_paths))
+        )
+        if names != wanted:
+            raise VerificationError(f"check {action.id}: staged {names}, expected {wanted}")
+        for name in names:
+            try:
+                with open(os.path.join(ctx.root, staging, name), encoding="utf-8") as f:
+                    doc = json.load(f)
+            except (OSError, ValueError) as exc:
+                raise VerificationError(f"{name}: unreadable figures ({exc})") from exc
+            if not isinstance(doc, dict) or "outcome" not in doc:
+                raise VerificationError(f"{name}: the figures document has no outcome")
+        return names, []
+
+    def problems(self, action: CheckAction, result: Mapping[str, Any]) -> list[Problem]:
+        return []
+
+    def waits_note(self, action: CheckAction) -> str:
+        return f"{action.id} is stale: planned again once it has run"
+
+
+def run(job: KindJob, root: str) -> dict[str, Any]:
+    """Run each ctx model's loader and stage its figures (the loader's result document)."""
+    from epbuild.fs import atomic_write_bytes
+    from epbuild.inspection.loading import run_load
+
+    t0 = time.perf_counter()
+    python = job.payload.get("python")
+    versions: dict[str, str] = {}
+    for item in job.payload["runs"]:
+        load = run_load(root, item["spec"], python, standalone=True)
+        versions.update(load.versions or {})
+        doc = {"outcome": load.outcome.value, "message": load.message,
+               "outputs": load.outputs, **load.more}  # fmt: skip
+        path = os.path.join(root, job.staging, item["figures"])
+        atomic_write_bytes(path, json.dumps(doc, allow_nan=True, sort_keys=True).encode())
+    # What the loaders ran with; where none ran (the adapter knew it could not load the
+    # model here), no version made the figures: the key's stand.
+    return {
+        "seconds": time.perf_counter() - t0,
+        "detail": {},
+        "versions": versions or dict(job.payload["versions"]),
+    }
+
+
+CHECK = CheckKind()
