@@ -471,3 +471,16 @@ def test_status_detail_calls_a_compile_stale_while_its_quantization_is(qws: Work
     assert "vision/htp-v73/cnn  (stale;" in detail, detail
     ranges = qws.root / ".epbuild/quant/vision/cnn/ranges.json"
     assert ranges.stat().st_mode & 0o044 == 0o044  # readable like every output
+
+
+def test_every_manifest_type_and_method_names_an_ort_member() -> None:
+    """The manifest spells ONNX Runtime's names lower-case (``QuantType``'s without the Q)."""
+    from onnxruntime.quantization import CalibrationMethod
+
+    from epbuild._names import ACTIVATION_TYPES, CALIBRATION_METHODS, WEIGHT_TYPES
+    from epbuild.quant.work import _method, _qtype
+
+    assert [_method(m) for m in CALIBRATION_METHODS] == list(CalibrationMethod)
+    assert {_qtype(t).name for t in ACTIVATION_TYPES + WEIGHT_TYPES} == {
+        "QUInt8", "QInt8", "QUInt16", "QInt16", "QUInt4", "QInt4"
+    }  # fmt: skip

@@ -95,8 +95,13 @@ def selectors(p: argparse.ArgumentParser, text: str = SELECTOR_HELP) -> None:
     p.add_argument("selectors", nargs="*", metavar="SELECTOR", help=text)
 
 
+def flag(p: argparse.ArgumentParser, *names: str, text: str) -> None:
+    """An option that takes no value and sets ``True`` where given."""
+    p.add_argument(*names, action="store_true", help=text)
+
+
 def json_flag(p: argparse.ArgumentParser, text: str = JSON_HELP) -> None:
-    p.add_argument("--json", action="store_true", help=text)
+    flag(p, "--json", text=text)
 
 
 JOBS_DEFAULT = "default: [workspace] jobs, else the number of CPUs"
@@ -140,7 +145,7 @@ command reference say it (``_document``)."""
 
 def cache_flags(p: argparse.ArgumentParser) -> None:
     cache_location(p)
-    p.add_argument("--no-cache", action="store_true", help="neither restore nor store")
+    flag(p, "--no-cache", text="neither restore nor store")
 
 
 def out(p: argparse.ArgumentParser, metavar: str, text: str, *, required: bool = False) -> None:
@@ -222,21 +227,13 @@ def _build(sub: _Commands) -> None:
     b = sub.add_parser("build", help="compile stale actions")
     selectors(b)
     jobs(b)
-    b.add_argument("-k", "--keep-going", action="store_true", help="continue after failures")
-    b.add_argument("-n", "--dry-run", action="store_true", help="show what would be built")
+    flag(b, "-k", "--keep-going", text="continue after failures")
+    flag(b, "-n", "--dry-run", text="show what would be built")
     json_flag(b)
     lock_timeout(b)
     cache_flags(b)
-    b.add_argument(
-        "--cache-only",
-        action="store_true",
-        help="restore from the cache or fail (exit 1): never compile",
-    )
-    b.add_argument(
-        "--cache-push",
-        action="store_true",
-        help="also write compiled actions to the remote cache (--cache URL)",
-    )
+    flag(b, "--cache-only", text="restore from the cache or fail (exit 1): never compile")
+    flag(b, "--cache-push", text="also write compiled actions to the remote cache (--cache URL)")
     b.add_argument(
         "--memory-budget",
         metavar="SIZE",
@@ -248,16 +245,12 @@ def _build(sub: _Commands) -> None:
         metavar="FILE",
         help="also write the timeline as Chrome trace JSON (default: no trace file)",
     )
-    b.add_argument(
+    flag(
+        b,
         "--numerics",
-        action="store_true",
-        help="then compare each built model's outputs with its source's (verify --numerics)",
+        text="then compare each built model's outputs with its source's (verify --numerics)",
     )
-    b.add_argument(
-        "--locked",
-        action="store_true",
-        help="refuse (exit 2) when an environment differs from epbuild.lock",
-    )
+    flag(b, "--locked", text="refuse (exit 2) when an environment differs from epbuild.lock")
     b.add_argument(
         "--executor",
         choices=("local", "dask"),
@@ -286,7 +279,7 @@ def _status(sub: _Commands) -> None:
     lock_timeout(s)
     cache_flags(s)
     detail = "EPContext coverage, CPU fallback, sizes, time, memory (takes no cache flags)"
-    s.add_argument("--detail", action="store_true", help=detail)
+    flag(s, "--detail", text=detail)
     s.add_argument(
         "--graph",
         choices=("mermaid", "dot"),
@@ -300,18 +293,18 @@ def _verify(sub: _Commands) -> None:
     selectors(v)
     json_flag(v)
     lock_timeout(v)
-    v.add_argument("--load", action="store_true", help="also run each model vs the CPU EP")
+    flag(v, "--load", text="also run each model vs the CPU EP")
     jobs(v, f"--load: models run at once ({JOBS_DEFAULT})")
-    v.add_argument(
+    flag(
+        v,
         "--numerics",
-        action="store_true",
-        help="compare each model's outputs with its source's (figures per output, tolerances "
+        text="compare each model's outputs with its source's (figures per output, tolerances "
         "from the manifest; recorded: a second run with nothing changed runs nothing)",
     )
-    v.add_argument(
+    flag(
+        v,
         "--generate",
-        action="store_true",
-        help="LLM packages: generate greedy tokens through the provider (onnxruntime-genai) "
+        text="LLM packages: generate greedy tokens through the provider (onnxruntime-genai) "
         "and compare them with the CPU source's, step by step",
     )
     v.add_argument(
@@ -328,16 +321,16 @@ def _package(sub: _Commands) -> None:
     k = sub.add_parser("package", help="write built outputs as an ONNX Runtime model package")
     selectors(k)
     out(k, "DIR", "package directory (default: [package] out_dir; one of the two is needed)")
-    k.add_argument("--build", action="store_true", help="build stale actions first")
+    flag(k, "--build", text="build stale actions first")
     jobs(k, f"with --build: compiles at once ({JOBS_DEFAULT})")
-    k.add_argument("-k", "--keep-going", action="store_true", help="with --build: as build -k")
+    flag(k, "-k", "--keep-going", text="with --build: as build -k")
     cache_flags(k)
-    k.add_argument("--hash", action="store_true", help="re-hash every output first")
+    flag(k, "--hash", text="re-hash every output first")
     json_flag(k)
-    k.add_argument(
+    flag(
+        k,
         "--force",
-        action="store_true",
-        help="replace the package directory even if it holds files the package does not list "
+        text="replace the package directory even if it holds files the package does not list "
         "(they are deleted)",
     )
     lock_timeout(k)
@@ -348,10 +341,10 @@ def _clean(sub: _Commands) -> None:
     selectors(c)
     json_flag(c)
     lock_timeout(c)
-    c.add_argument(
+    flag(
+        c,
         "--orphaned",
-        action="store_true",
-        help="remove only the outputs of actions no longer in the manifest that no current "
+        text="remove only the outputs of actions no longer in the manifest that no current "
         "action owns (a binary left by switching share_weights), and forget those actions",
     )
 
@@ -390,9 +383,7 @@ def _watch(sub: _Commands) -> None:
         metavar="SECONDS",
         help="quiet time before a burst of changes is built (default 0.3)",
     )
-    w.add_argument(
-        "--poll", action="store_true", help="poll instead of inotify (network file systems)"
-    )
+    flag(w, "--poll", text="poll instead of inotify (network file systems)")
     json_flag(w, "one JSON document per cycle, one line each, on stdout")
     lock_timeout(w)
     cache_flags(w)
@@ -465,7 +456,7 @@ def _add_provider(kinds: _Commands) -> None:
     p.add_argument("name", metavar="NAME", help="the provider's name")
     p.add_argument("--ep", required=True, help="adapter: qnn, openvino, tensorrt, plugin, ...")
     p.add_argument("--option", action="append", metavar="KEY=VALUE", help=OPTION_HELP)
-    p.add_argument("--replace", action="store_true", help="overwrite an existing provider")
+    flag(p, "--replace", text="overwrite an existing provider")
     tc = p.add_mutually_exclusive_group()
     tc.add_argument(
         "--requirement",
@@ -492,7 +483,7 @@ def _add_target(kinds: _Commands) -> None:
     t.add_argument(
         "target", nargs="?", metavar="TARGET", help="a known SoC, or a new provider's name"
     )
-    t.add_argument("--list", action="store_true", help="list the SoCs epbuild knows")
+    flag(t, "--list", text="list the SoCs epbuild knows")
     group(t, "group to add it to (repeatable; default: every group)", append=True)
     t.add_argument("--to", dest="group", action=Renamed, now="-g/--group", append=True)
     provider(t, "the provider's name (default: TARGET)")
@@ -502,9 +493,7 @@ def _add_target(kinds: _Commands) -> None:
         help="adapter (default: qnn for a known SoC; needed for any other TARGET)",
     )
     t.add_argument("--option", action="append", metavar="KEY=VALUE", help=OPTION_HELP)
-    t.add_argument(
-        "--replace", action="store_true", help="overwrite a different provider of that name"
-    )
+    flag(t, "--replace", text="overwrite a different provider of that name")
 
 
 def _add_llm(kinds: _Commands) -> None:
@@ -573,10 +562,10 @@ def _toolchains(sub: _Commands) -> None:
         "toolchains",
         help="the environments made for providers' toolchains (per user); --prune",
     )
-    t.add_argument(
+    flag(
+        t,
         "--prune",
-        action="store_true",
-        help="remove the environments the current manifest does not use (all, without one) "
+        text="remove the environments the current manifest does not use (all, without one) "
         "and other epbuild versions' worker copies; they are made again when needed",
     )
     json_flag(t)
@@ -587,10 +576,10 @@ def _lock(sub: _Commands) -> None:
         "lock",
         help="pin the environments providers compile in to epbuild.lock (for --locked builds)",
     )
-    k.add_argument(
+    flag(
+        k,
         "--check",
-        action="store_true",
-        help="write nothing; exit 1 when epbuild.lock is missing or out of date with the manifest",
+        text="write nothing; exit 1 when epbuild.lock is missing or out of date with the manifest",
     )
     json_flag(k)
     lock_timeout(k)

@@ -49,13 +49,9 @@ def _stamp(path: str) -> list[int] | None:
 
 
 def _dir_stamp(path: str) -> list[int] | None:
-    try:
-        st = os.stat(path)
-    except (FileNotFoundError, NotADirectoryError):
-        return _ABSENT
-    except OSError:
-        return None
-    return [st.st_ino, st.st_mtime_ns]
+    """(inode, mtime_ns): ``_stamp`` without the size, which says nothing of a directory."""
+    stamp = _stamp(path)
+    return [stamp[0], stamp[2]] if stamp else stamp
 
 
 def _racy(stamp: object, written_ns: int) -> bool:

@@ -216,28 +216,21 @@ def _op_types() -> list[str]:
     return sorted(set(QLinearOpsRegistry) | set(QDQRegistry))
 
 
-def _method(name: str) -> Any:
-    from onnxruntime.quantization import CalibrationMethod
+def _ort_member(enum: str, name: str) -> Any:
+    """The member of ``onnxruntime.quantization.<enum>`` whose name, lower-cased, is ``name``."""
+    from onnxruntime import quantization
 
-    return {
-        "minmax": CalibrationMethod.MinMax,
-        "entropy": CalibrationMethod.Entropy,
-        "percentile": CalibrationMethod.Percentile,
-        "distribution": CalibrationMethod.Distribution,
-    }[name]
+    return {m.name.lower(): m for m in getattr(quantization, enum)}[name]
+
+
+def _method(name: str) -> Any:
+    """A manifest's ``method`` (``minmax``) as ONNX Runtime's ``CalibrationMethod.MinMax``."""
+    return _ort_member("CalibrationMethod", name)
 
 
 def _qtype(name: str) -> Any:
-    from onnxruntime.quantization import QuantType
-
-    return {
-        "uint8": QuantType.QUInt8,
-        "int8": QuantType.QInt8,
-        "uint16": QuantType.QUInt16,
-        "int16": QuantType.QInt16,
-        "uint4": QuantType.QUInt4,
-        "int4": QuantType.QInt4,
-    }[name]
+    """A manifest's type (``uint8``) as ONNX Runtime's ``QuantType.QUInt8``."""
+    return _ort_member("QuantType", f"q{name}")
 
 
 def quantize(job: KindJob, root: str) -> dict[str, Any]:
