@@ -298,3 +298,91 @@ def test_the_deployment_manifest_carries_each_models_figures(workspace: Workspac
                for m in a["models"]}  # fmt: skip
     assert figures["c"]["status"] == "ok" and figures["c"]["outputs"][0]["name"] == "y"
     assert figures["d"] is None  # never checked
+
+
+# ---------------------------------------------------------------------------------------
+# The check is an action of the graph (kinds.check): journaled, cut off early, cached
+
+
+def _one_model(workspace: Workspace) -> Workspace:
+    workspace.model("m/c.onnx", matmul_model(3))
+    single = {"models": ["m/c.onnx"], "providers": ["htp"]}
+    workspace.manifest({"providers": {"htp": HTP73}, "groups": {"single": single}})
+    assert workspace.build().ok
+    return workspace
+
+
+def _done_records(root: Path, action_id: str) -> list[dict[str, object]]:
+    lines = (root / ".epbuild" / "state.jsonl").read_text().splitlines()
+    docs = [json.loads(line) for line in lines if line.strip()]
+    return [d for d in docs if d.get("op") == "done" and d.get("id") == action_id]
+
+
+@pytest.mark.slow
+def test_a_check_is_an_action_the_graph_cuts_off_early(workspace: Workspace) -> None:
+    ws = _one_model(workspace)
+    first = by_model(verify_outputs(ws.root, numerics=True))["c_ctx.onnx"]
+    assert first.status is CheckStatus.OK and not first.cached
+    (rec,) = _done_records(ws.root, "single/htp/c/check")
+    figures = ".epbuild/checks/single/htp/c_ctx.numerics.json"
+    assert list(rec["outputs"]) == [figures]  # type: ignore[call-overload]
+    assert json.loads((ws.root / figures).read_text())["outcome"] == "passed"
+    # a plain status neither plans the check nor calls its record orphaned
+    doc = ws.cli_json("status")
+    assert doc["orphaned"] == [] and {a["kind"] for a in doc["actions"]} == {"compile"}
+    # the compile runs again and makes the same bytes: the check stays up to date
+    (ws.root / "build/single/htp/c_ctx.onnx").unlink()
+    doc = ws.cli_json("build", "--numerics")
+    outcomes = {a["id"]: a["outcome"] for a in doc["actions"]}
+    assert outcomes == {"single/htp/c": "compiled", "single/htp/c/check": "up_to_date"}
+    assert doc["numerics"] == [] and len(_done_records(ws.root, "single/htp/c/check")) == 1
+    again = by_model(verify_outputs(ws.root, numerics=True))["c_ctx.onnx"]
+    assert again.cached and again.outputs == first.outputs
+    # a new sample seed is a new key: the check runs again, the compile does not
+    text = (ws.root / "epbuild.toml").read_text()
+    (ws.root / "epbuild.toml").write_text(
+        text.replace('providers = ["htp"]', 'providers = ["htp"]\nnumerics = { seed = 5 }', 1)
+    )
+    doc = ws.cli_json("build", "--numerics")
+    outcomes = {a["id"]: a["outcome"] for a in doc["actions"]}
+    assert outcomes == {"single/htp/c": "up_to_date", "single/htp/c/check": "compiled"}
+    assert [n["status"] for n in doc["numerics"]] == ["ok"]
+    # clean removes the figures with the compile's outputs
+    ws.cli("clean", check=True)
+    assert not (ws.root / figures).exists()
+
+
+@pytest.mark.slow
+def test_a_fresh_checkout_restores_the_check_from_the_cache(
+    workspace: Workspace, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import shutil
+
+    monkeypatch.setenv("EPBUILD_CACHE", str(tmp_path / "cache"))
+    ws = _one_model(workspace)
+    first = by_model(verify_outputs(ws.root, numerics=True))["c_ctx.onnx"]
+    assert first.status is CheckStatus.OK and not first.cached
+    clone = tmp_path / "clone"
+    shutil.copytree(ws.root, clone, ignore=shutil.ignore_patterns("build", ".epbuild"))
+    result = Workspace(clone).build()
+    assert [a.outcome for a in result.actions] == [Outcome.RESTORED]
+    restored = by_model(verify_outputs(clone, numerics=True))["c_ctx.onnx"]
+    assert restored.cached and restored.status is CheckStatus.OK
+    assert restored.outputs == first.outputs
+    (rec,) = _done_records(clone, "single/htp/c/check")
+    assert rec.get("restored")
+
+
+@pytest.mark.slow
+def test_two_numerics_checks_at_once_run_the_check_once(workspace: Workspace) -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    ws = _one_model(workspace)
+    with ThreadPoolExecutor(2) as pool:
+        runs = [pool.submit(verify_outputs, ws.root, numerics=True) for _ in range(2)]
+        results = [r.result() for r in runs]
+    checks = [by_model(r)["c_ctx.onnx"] for r in results]
+    assert all(c.status is CheckStatus.OK for c in checks)
+    assert checks[0].outputs == checks[1].outputs
+    assert sorted(c.cached for c in checks) == [False, True]  # one ran, one took its figures
+    assert len(_done_records(ws.root, "single/htp/c/check")) == 1

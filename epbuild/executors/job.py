@@ -130,31 +130,17 @@ class KindJob:
 
     def to_json(self) -> dict[str, Any]:
         """The JSON form a worker reads from its job line (``kind`` tells it from a
-        compile's)."""
-        return {
-            "action_id": self.action_id,
-            "kind": self.kind,
-            "runner": self.runner,
-            "staging": self.staging,
-            "payload": dict(self.payload),
-            "inputs": dict(self.inputs),
-            "predicted_peak": self.predicted_peak,
-            "token": self.token,
-        }
+        compile's): every field but the executor's (``boot``) and ``inline``."""
+        return {n: dict(v) if isinstance(v := getattr(self, n), Mapping) else v for n in _WIRE}
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> KindJob:
         """Rebuild a job written by ``to_json``."""
-        return cls(
-            action_id=str(data["action_id"]),
-            kind=str(data["kind"]),
-            runner=str(data["runner"]),
-            staging=str(data["staging"]),
-            payload=dict(data.get("payload", {})),
-            inputs=dict(data.get("inputs", {})),
-            predicted_peak=int(data.get("predicted_peak", 0)),
-            token=str(data.get("token", "")),
-        )
+        return cls(**{n: data[n] for n in _WIRE if n in data})
+
+
+_WIRE = ("action_id", "kind", "runner", "staging", "payload", "inputs", "predicted_peak", "token")
+"""The fields of a ``KindJob`` that cross to a worker."""
 
 
 AnyJob = Job | KindJob

@@ -409,6 +409,6 @@ def run_checks(ws: Workspace, actions: list[Action]) -> list[NumericsCheck]:
         failure = plan.error.message if plan.error is not None else None
         if result is not None and result.outcome in (Outcome.FAILED, Outcome.SKIPPED):
             failure = result.error or "; ".join(result.reasons) or "the check did not run"
-        cached = result is None or result.outcome is Outcome.RESTORED
+        cached = result is None or result.outcome is not Outcome.COMPILED  # ran elsewhere
         out += judged(ws, check, cached=cached, failure=failure)
     return out

@@ -11,18 +11,15 @@ from __future__ import annotations
 
 import os
 import posixpath
-from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from epbuild.errors import ModelError, UserError, VerificationError
-from epbuild.executors.job import KindJob
-from epbuild.kinds.contract import OwnStep, RunContext, make_key
+from epbuild.errors import VerificationError
+from epbuild.kinds.contract import BaseKind, OwnStep, RunContext
 from epbuild.manifest.model import Group, ModelEntry, Quantization
 from epbuild.planning.keys import ActionKey, KeyComputer
 
 if TYPE_CHECKING:
-    from epbuild.executors.job import AnyJob
     from epbuild.onnx.context import Problem
 
 CALIBRATE_FORMAT = 2
@@ -75,65 +72,45 @@ class CalibrateAction(QuantStep):
         return posixpath.join(self.out_dir, RANGES)
 
 
-class CalibrateKind:
-    """``Kind`` of the calibrations (``CalibrateAction``)."""
+class CalibrateKind(BaseKind):
+    """``Kind`` of the calibrations (``CalibrateAction``); its job's user errors (a bad
+    sample, a name the model lacks) are bad input."""
 
     name = "calibrate"
+    runner = "epbuild.quant.work:calibrate"
+    format = CALIBRATE_FORMAT
     past = "calibrated"
     doing = "calibrating"
-    """How progress names a running one (``calibrating vision/cnn/calibrate: 3/8 samples``)."""
-    follows = False
-    inline = False
     checks_input = True
-    """Its job's user errors (a bad sample, a name the model lacks) are bad input: a
-    build failed only by them exits 2."""
 
     def key(self, action: CalibrateAction, keys: KeyComputer, *, fresh: bool) -> ActionKey:
         from epbuild.manifest.quantization import sample_files
         from epbuild.providers.distributions import dist_version
 
         source = action.entry.path
-        digest, external = keys.model_inputs(source, fresh=fresh)
-        inputs = {source: digest, **external}
+        inputs = keys.model_digests(source, fresh=fresh)
         for sample in action.recipe.calibration:
             for rel in sample_files(keys.root, sample):
-                try:
-                    inputs[rel] = keys.stats.digest(keys.root, rel).digest
-                except OSError as exc:
-                    raise ModelError(
-                        f"{rel}: calibration sample of quantization.{action.recipe.name} "
-                        f"cannot be read ({exc.strerror})",
-                        hint="restore it, or fix the calibration entry",
-                    ) from exc
-        components: dict[str, Any] = {
-            "kind": self.name,
-            "format": CALIBRATE_FORMAT,
-            "inputs": inputs,
-            "samples": list(action.recipe.calibration),
-            "method": action.recipe.method,
-            "preprocess": action.flavour,
-            "versions": {d: dist_version(d) for d in ("onnxruntime", "onnx")},
-        }
-        return make_key(components, inputs)
+                what = f"calibration sample of quantization.{action.recipe.name}"
+                inputs[rel] = keys.input_digest(
+                    rel, what, "restore it, or fix the calibration entry"
+                )
+        return self.keyed(
+            inputs,
+            samples=list(action.recipe.calibration),
+            method=action.recipe.method,
+            preprocess=action.flavour,
+            versions={d: dist_version(d) for d in ("onnxruntime", "onnx")},
+        )
 
-    def refuse(
-        self, action: CalibrateAction, key: ActionKey, keys: KeyComputer
-    ) -> UserError | None:
-        return None
-
-    def job(
-        self, action: CalibrateAction, key: ActionKey, staging: str, ctx: RunContext
-    ) -> tuple[AnyJob, list[str]]:
+    def payload(self, action: CalibrateAction, key: ActionKey, ctx: RunContext) -> dict[str, Any]:
         payload = {
             "model": action.entry.path,
             "samples": list(action.recipe.calibration),
             "method": action.recipe.method,
             "flavour": action.flavour,
         }
-        runner = "epbuild.quant.work:calibrate"
-        job = KindJob(action.id, self.name, runner, staging, payload, dict(key.inputs),
-                      predicted_peak=ctx.predicted_peak)  # fmt: skip
-        return job, []
+        return payload
 
     def check(
         self, action: CalibrateAction, staging: str, ctx: RunContext
@@ -160,9 +137,6 @@ class CalibrateKind:
         if not isinstance(ranges, dict) or not ranges.get("data"):
             raise VerificationError(f"{RANGES}: the calibration found no tensor to quantize")
         return names, []
-
-    def problems(self, action: CalibrateAction, result: Mapping[str, Any]) -> list[Problem]:
-        return []
 
     def waits_note(self, action: CalibrateAction) -> str:
         return (

@@ -23,18 +23,16 @@ import platform
 import posixpath
 import sys
 import time
-from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from epbuild.errors import ModelError, UserError, VerificationError
+from epbuild.errors import ModelError, VerificationError
 from epbuild.executors.job import KindJob
-from epbuild.kinds.contract import ActionIdentity, RunContext, make_key
+from epbuild.kinds.contract import ActionIdentity, BaseKind, RunContext
 from epbuild.planning.actions import Action
 from epbuild.planning.keys import ActionKey, KeyComputer
 
 if TYPE_CHECKING:
-    from epbuild.executors.job import AnyJob
     from epbuild.onnx.context import Problem
     from epbuild.toolchains.spec import ToolchainSpec
 
@@ -98,10 +96,12 @@ def check_actions(compiles: list[Action], state_dir: str) -> list[CheckAction]:
     return [check_action(a, state_dir) for a in compiles]
 
 
-class CheckKind:
+class CheckKind(BaseKind):
     """``Kind`` of the numerical checks (``CheckAction``)."""
 
     name = "check"
+    runner = "epbuild.kinds.check:run"
+    format = CHECK_FORMAT
     past = "checked"
     doing = "checking"
     follows = True
@@ -115,37 +115,23 @@ class CheckKind:
         if not built:
             raise ModelError(f"{compile.id} has not been built", hint="run 'epbuild build'")
         inputs: dict[str, str] = {}
+        what = f"input of the numerical check of {compile.id}"
         for rel in [*built, *check_inputs(keys.root, compile)]:
-            try:
-                inputs[rel] = keys.file_digest(rel)
-            except OSError as exc:
-                raise ModelError(
-                    f"{rel}: input of the numerical check of {compile.id} cannot be read "
-                    f"({exc.strerror})",
-                    hint="run 'epbuild build' again, or restore the file",
-                ) from exc
+            inputs[rel] = keys.input_digest(rel, what, "run 'epbuild build', or restore it")
         settings = [
             {k: v for k, v in e.numerics.to_json().items() if k in INPUT_SETTINGS}
             for e in compile.entries
         ]
-        components: dict[str, Any] = {
-            "kind": self.name,
-            "format": CHECK_FORMAT,
-            "inputs": inputs,
-            "ctx": list(compile.ctx_paths),
-            "settings": settings,
-            "provider": compile.provider.to_json(),
-            "versions": keys.versions(compile, fresh=fresh),
-            "host": f"{sys.platform}-{platform.machine()}",
-        }
-        return make_key(components, inputs)
+        return self.keyed(
+            inputs,
+            ctx=list(compile.ctx_paths),
+            settings=settings,
+            provider=compile.provider.to_json(),
+            versions=keys.versions(compile, fresh=fresh),
+            host=f"{sys.platform}-{platform.machine()}",
+        )
 
-    def refuse(self, action: CheckAction, key: ActionKey, keys: KeyComputer) -> UserError | None:
-        return None
-
-    def job(
-        self, action: CheckAction, key: ActionKey, staging: str, ctx: RunContext
-    ) -> tuple[AnyJob, list[str]]:
+    def payload(self, action: CheckAction, key: ActionKey, ctx: RunContext) -> dict[str, Any]:
         from epbuild.inspection.loading import load_spec
         from epbuild.inspection.numerics import loader_extra
 
@@ -163,9 +149,7 @@ class CheckKind:
             "python": toolchain.python if toolchain is not None else None,
             "versions": key.components["versions"],
         }
-        job = KindJob(action.id, self.name, "epbuild.kinds.check:run", staging, payload,
-                      dict(key.inputs), inline=self.inline)  # fmt: skip
-        return job, []
+        return payload
 
     def check(
         self, action: CheckAction, staging: str, ctx: RunContext
@@ -188,12 +172,6 @@ class CheckKind:
             if not isinstance(doc, dict) or "outcome" not in doc:
                 raise VerificationError(f"{name}: the figures document has no outcome")
         return names, []
-
-    def problems(self, action: CheckAction, result: Mapping[str, Any]) -> list[Problem]:
-        return []
-
-    def waits_note(self, action: CheckAction) -> str:
-        return f"{action.id} is stale: planned again once it has run"
 
 
 def run(job: KindJob, root: str) -> dict[str, Any]:

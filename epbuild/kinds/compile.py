@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 from epbuild.errors import ModelError, UserError
 from epbuild.executors.job import Job
-from epbuild.kinds.contract import RunContext
+from epbuild.kinds.contract import BaseKind, RunContext
 from epbuild.manifest.model import CompileSettings
 from epbuild.planning.actions import Action
 from epbuild.planning.keys import ActionKey, KeyComputer
@@ -19,13 +19,11 @@ if TYPE_CHECKING:
     from epbuild.providers.contract import ProviderConfig
 
 
-class CompileKind:
+class CompileKind(BaseKind):
     """``Kind`` of the compile actions (``planning.actions.Action``)."""
 
     name = "compile"
     past = "compiled"
-    follows = False
-    inline = False
 
     def key(self, action: Action, keys: KeyComputer, *, fresh: bool) -> ActionKey:
         return keys.compute(action, fresh=fresh)
@@ -100,9 +98,6 @@ class CompileKind:
             for model, report in result.get("detail", {}).get("models", {}).items()
             for p in report_problems(model, report, adapter, action.provider, prefix)
         ]
-
-    def waits_note(self, action: Action) -> str:
-        return f"{action.id} is stale: planned again once it has run"
 
 
 def _boot(action: Action, ctx: RunContext) -> tuple[str, ...]:

@@ -166,6 +166,54 @@ class Kind(Protocol):
         ...
 
 
+class BaseKind:
+    """What kinds answer alike, for a kind to override where it differs (a kind need not
+    derive from it: ``Kind`` is the interface). Its jobs run in a worker; it refuses no
+    key and reports nothing against its rules."""
+
+    name: ClassVar[str]
+    past: ClassVar[str]
+    runner: ClassVar[str] = ""
+    """``module:function`` a worker calls with a job (``KindJob``) and the workspace root."""
+    format: ClassVar[int] = 1
+    """Bump when the same inputs make other outputs (a key component)."""
+    doing: ClassVar[str] = ""
+    """How progress names a running one (``calibrating``); empty: not said."""
+    follows: ClassVar[bool] = False
+    inline: ClassVar[bool] = False
+    checks_input: ClassVar[bool] = False
+    """Its job's user errors are bad input: a build failed only by them exits 2."""
+
+    def keyed(self, inputs: Mapping[str, str], **settings: Any) -> ActionKey:
+        """The key of an action of this kind that reads ``inputs`` ({path: digest}) with
+        ``settings`` (JSON values): the kind, its format, the inputs, the settings."""
+        components = {"kind": self.name, "format": self.format, "inputs": dict(inputs)}
+        return make_key({**components, **settings}, inputs)
+
+    def refuse(self, action: Any, key: ActionKey, keys: KeyComputer) -> UserError | None:
+        return None
+
+    def problems(self, action: Any, result: Mapping[str, Any]) -> list[Problem]:
+        return []
+
+    def waits_note(self, action: Any) -> str:
+        return f"{action.id} is stale: planned again once it has run"
+
+    def job(
+        self, action: Any, key: ActionKey, staging: str, ctx: RunContext
+    ) -> tuple[AnyJob, list[str]]:
+        """Its ``runner`` with the action's ``payload``, in a worker (or inline)."""
+        from epbuild.executors.job import KindJob
+
+        payload = self.payload(action, key, ctx)
+        return KindJob(action.id, self.name, self.runner, staging, payload, dict(key.inputs),
+                       predicted_peak=ctx.predicted_peak, inline=self.inline), []  # fmt: skip
+
+    def payload(self, action: Any, key: ActionKey, ctx: RunContext) -> dict[str, Any]:
+        """What its runner needs of one action (JSON values)."""
+        raise NotImplementedError(f"kind {self.name} makes no jobs")
+
+
 _BUILT_IN = {
     "compile": "epbuild.kinds.compile:COMPILE",
     "prepare": "epbuild.kinds.prepare:PREPARE",

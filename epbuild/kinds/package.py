@@ -21,16 +21,15 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from epbuild.errors import ModelError, UserError, VerificationError
+from epbuild.errors import ModelError, VerificationError
 from epbuild.executors.job import KindJob
-from epbuild.kinds.contract import RunContext, make_key
+from epbuild.kinds.contract import BaseKind, RunContext, make_key
 from epbuild.kinds.prepare import LlmStep
 from epbuild.manifest.model import Llm
 from epbuild.planning.keys import ActionKey, KeyComputer
 from epbuild.providers.contract import ProviderConfig
 
 if TYPE_CHECKING:
-    from epbuild.executors.job import AnyJob
     from epbuild.onnx.context import Problem
 
 PACKAGE_FORMAT = 1
@@ -54,10 +53,11 @@ class PackageAction(LlmStep):
         return self.provider.name
 
 
-class PackageKind:
+class PackageKind(BaseKind):
     """``Kind`` of the LLM packages (``PackageAction``)."""
 
     name = "package"
+    runner = "epbuild.kinds.package:run"
     past = "packaged"
     follows = True
     inline = True
@@ -66,13 +66,8 @@ class PackageKind:
         plan = _plan(keys.root, action)
         copies: dict[str, str] = {}
         for name, rel in plan.copies.items():
-            try:
-                copies[name] = keys.stats.digest(keys.root, rel).digest
-            except OSError as exc:
-                raise ModelError(
-                    f"{rel}: cannot read the file the package copies ({exc.strerror})",
-                    hint=f"restore it, or remove it from {action.llm.source}",
-                ) from exc
+            hint = f"restore it, or remove it from {action.llm.source}"
+            copies[name] = keys.input_digest(rel, "the file the package copies", hint)
         components: dict[str, Any] = {
             "kind": self.name,
             "format": PACKAGE_FORMAT,
@@ -89,17 +84,10 @@ class PackageKind:
         inputs.update({plan.copies[n]: d for n, d in copies.items()})
         return make_key(components, inputs)
 
-    def refuse(self, action: PackageAction, key: ActionKey, keys: KeyComputer) -> UserError | None:
-        return None
-
-    def job(
-        self, action: PackageAction, key: ActionKey, staging: str, ctx: RunContext
-    ) -> tuple[AnyJob, list[str]]:
+    def payload(self, action: PackageAction, key: ActionKey, ctx: RunContext) -> dict[str, Any]:
         plan = _plan(ctx.root, action)
         payload = {"config": plan.config.decode(), "copies": plan.copies}
-        job = KindJob(action.id, self.name, "epbuild.kinds.package:run", staging, payload,
-                      dict(key.inputs), inline=self.inline)  # fmt: skip
-        return job, []
+        return payload
 
     def check(
         self, action: PackageAction, staging: str, ctx: RunContext
@@ -115,12 +103,6 @@ class PackageKind:
             what = f"{missing[0]} was not written" if missing else f"{names} were staged"
             raise VerificationError(f"package of {action.id}: {what}")
         return names, []
-
-    def problems(self, action: PackageAction, result: Mapping[str, Any]) -> list[Problem]:
-        return []
-
-    def waits_note(self, action: PackageAction) -> str:
-        return f"{action.id} is stale: planned again once it has run"
 
 
 def _plan(root: str, action: PackageAction) -> Any:

@@ -17,19 +17,17 @@ import posixpath
 import re
 import shutil
 import time
-from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from epbuild.errors import ModelError, UserError, VerificationError
 from epbuild.executors.job import KindJob
-from epbuild.kinds.contract import OwnStep, RunContext, make_key
+from epbuild.kinds.contract import BaseKind, OwnStep, RunContext
 from epbuild.llm.prepare import AFFINITY, AFFINITY_JSON, PREP_FORMAT, STAGES
 from epbuild.manifest.model import Llm
 from epbuild.planning.keys import ActionKey, KeyComputer
 
 if TYPE_CHECKING:
-    from epbuild.executors.job import AnyJob
     from epbuild.onnx.context import Problem
 
 PREPARED = "prepared"
@@ -80,39 +78,33 @@ def prepare_action(llm: Llm, state_dir: str) -> PrepareAction:
     return PrepareAction(f"{llm.name}/prepare", llm, model, out_dir)
 
 
-class PrepareKind:
+class PrepareKind(BaseKind):
     """``Kind`` of the LLM preparations (``PrepareAction``)."""
 
     name = "prepare"
+    runner = "epbuild.kinds.prepare:run"
+    format = PREP_FORMAT
     past = "prepared"
-    follows = False
-    inline = False
 
     def key(self, action: PrepareAction, keys: KeyComputer, *, fresh: bool) -> ActionKey:
         from epbuild.providers.distributions import dist_version
 
-        digest, external = keys.model_inputs(action.model, fresh=fresh)
-        inputs = {action.model: digest, **external}
+        inputs = keys.model_digests(action.model, fresh=fresh)
         llm = action.llm
-        components: dict[str, Any] = {
-            "kind": self.name,
-            "format": PREP_FORMAT,
-            "inputs": inputs,
-            "window_size": llm.window_size,
-            "context_length": llm.context_length,
-            "head_size": llm.head_size,
-            "versions": {"onnx": dist_version("onnx")},
-        }
-        return make_key(components, inputs)
+        return self.keyed(
+            inputs,
+            window_size=llm.window_size,
+            context_length=llm.context_length,
+            head_size=llm.head_size,
+            versions={"onnx": dist_version("onnx")},
+        )
 
     def refuse(self, action: PrepareAction, key: ActionKey, keys: KeyComputer) -> UserError | None:
         """A config whose layers, KV heads or head size are not the graph's: the package
         would name inputs the graphs do not have, and its sizes would be wrong."""
         return _config_against_graph(keys.root, action)
 
-    def job(
-        self, action: PrepareAction, key: ActionKey, staging: str, ctx: RunContext
-    ) -> tuple[AnyJob, list[str]]:
+    def payload(self, action: PrepareAction, key: ActionKey, ctx: RunContext) -> dict[str, Any]:
         llm = action.llm
         payload = {
             "model": action.model,
@@ -120,10 +112,7 @@ class PrepareKind:
             "context": llm.context_length,
             "head_size": llm.head_size,
         }
-        runner = "epbuild.kinds.prepare:run"
-        job = KindJob(action.id, self.name, runner, staging, payload, dict(key.inputs),
-                      predicted_peak=ctx.predicted_peak)  # fmt: skip
-        return job, []
+        return payload
 
     def check(
         self, action: PrepareAction, staging: str, ctx: RunContext
@@ -157,9 +146,6 @@ class PrepareKind:
             raise VerificationError(f"unexpected output {extra[0]} staged by the preparation")
         _remove_legacy(os.path.join(ctx.root, posixpath.dirname(action.out_dir)))
         return names, []
-
-    def problems(self, action: PrepareAction, result: Mapping[str, Any]) -> list[Problem]:
-        return []
 
     def waits_note(self, action: PrepareAction) -> str:
         return (

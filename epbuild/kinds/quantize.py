@@ -12,19 +12,16 @@ from __future__ import annotations
 
 import os
 import posixpath
-from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from epbuild.errors import ModelError, UserError, VerificationError
-from epbuild.executors.job import KindJob
+from epbuild.errors import VerificationError
 from epbuild.kinds.calibrate import CalibrateAction, QuantStep
-from epbuild.kinds.contract import RunContext, make_key
+from epbuild.kinds.contract import BaseKind, RunContext
 from epbuild.manifest.model import Group, ModelEntry, Quantization
 from epbuild.planning.keys import ActionKey, KeyComputer
 
 if TYPE_CHECKING:
-    from epbuild.executors.job import AnyJob
     from epbuild.onnx.context import Problem
 
 QUANTIZE_FORMAT = 1
@@ -49,67 +46,32 @@ class QuantizeAction(QuantStep):
         return posixpath.join(self.out_dir, f"{self.entry.name}.onnx")
 
 
-class QuantizeKind:
-    """``Kind`` of the quantizations (``QuantizeAction``)."""
+class QuantizeKind(BaseKind):
+    """``Kind`` of the quantizations (``QuantizeAction``); its job's user errors (a name
+    the model lacks) are bad input."""
 
     name = "quantize"
+    runner = "epbuild.quant.work:quantize"
+    format = QUANTIZE_FORMAT
     past = "quantized"
-    follows = False
-    inline = False
     checks_input = True
-    """Its job's user errors (a bad sample, a name the model lacks) are bad input: a
-    build failed only by them exits 2."""
 
     def key(self, action: QuantizeAction, keys: KeyComputer, *, fresh: bool) -> ActionKey:
         from epbuild.providers.distributions import dist_version
 
         calibration = action.calibration
-        digest, external = keys.model_inputs(calibration.model, fresh=fresh)
-        inputs = {calibration.model: digest, **external}
-        try:
-            inputs[calibration.ranges] = keys.file_digest(calibration.ranges)
-        except OSError as exc:
-            raise ModelError(f"{calibration.ranges}: calibration ranges missing") from exc
-        recipe = action.recipe
-        components: dict[str, Any] = {
-            "kind": self.name,
-            "format": QUANTIZE_FORMAT,
-            "inputs": inputs,
-            "flavour": action.flavour,
-            "method": recipe.method,
-            "activations": recipe.activations,
-            "weights": recipe.weights,
-            "per_channel": recipe.per_channel,
-            "exclude": sorted(recipe.exclude),
-            "overrides": dict(sorted(recipe.overrides.items())),
-            "output": posixpath.basename(action.output),
-            "versions": {d: dist_version(d) for d in ("onnxruntime", "onnx")},
-        }
-        return make_key(components, inputs)
+        inputs = keys.model_digests(calibration.model, fresh=fresh)
+        inputs[calibration.ranges] = keys.input_digest(
+            calibration.ranges, "calibration ranges", f"run 'epbuild build {calibration.id}'"
+        )
+        return self.keyed(
+            inputs,
+            **_settings(action),
+            versions={d: dist_version(d) for d in ("onnxruntime", "onnx")},
+        )
 
-    def refuse(self, action: QuantizeAction, key: ActionKey, keys: KeyComputer) -> UserError | None:
-        return None
-
-    def job(
-        self, action: QuantizeAction, key: ActionKey, staging: str, ctx: RunContext
-    ) -> tuple[AnyJob, list[str]]:
-        recipe = action.recipe
-        payload = {
-            "calibrated": action.calibration.model,
-            "output": posixpath.basename(action.output),
-            "label": action.label,
-            "flavour": action.flavour,
-            "method": recipe.method,
-            "activations": recipe.activations,
-            "weights": recipe.weights,
-            "per_channel": recipe.per_channel,
-            "exclude": list(recipe.exclude),
-            "overrides": dict(recipe.overrides),
-        }
-        runner = "epbuild.quant.work:quantize"
-        job = KindJob(action.id, self.name, runner, staging, payload, dict(key.inputs),
-                      predicted_peak=ctx.predicted_peak)  # fmt: skip
-        return job, []
+    def payload(self, action: QuantizeAction, key: ActionKey, ctx: RunContext) -> dict[str, Any]:
+        return {"calibrated": action.calibration.model, "label": action.label, **_settings(action)}
 
     def check(
         self, action: QuantizeAction, staging: str, ctx: RunContext
@@ -137,13 +99,25 @@ class QuantizeKind:
             raise VerificationError(f"unexpected output {extra[0]} staged by the quantization")
         return names, []
 
-    def problems(self, action: QuantizeAction, result: Mapping[str, Any]) -> list[Problem]:
-        return []
-
     def waits_note(self, action: QuantizeAction) -> str:
         return (
             f"{action.output} is not quantized yet for its current inputs ({action.id} runs first)"
         )
+
+
+def _settings(action: QuantizeAction) -> dict[str, Any]:
+    """What makes the QDQ model besides its inputs: in its key, and given to its job."""
+    recipe = action.recipe
+    return {
+        "flavour": action.flavour,
+        "method": recipe.method,
+        "activations": recipe.activations,
+        "weights": recipe.weights,
+        "per_channel": recipe.per_channel,
+        "exclude": sorted(recipe.exclude),
+        "overrides": dict(sorted(recipe.overrides.items())),
+        "output": posixpath.basename(action.output),
+    }
 
 
 QUANTIZE = QuantizeKind()

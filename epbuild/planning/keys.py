@@ -225,15 +225,26 @@ class KeyComputer:
         found: dict[str, str] = {}
         for name in sorted(names & action.provider.options.keys()):
             rel = action.provider.options[name]
-            try:
-                found[rel] = self.file_digest(rel)
-            except OSError as exc:
-                raise ModelError(
-                    f"{rel}: the file provider option {name!r} names cannot be read "
-                    f"({exc.strerror})",
-                    hint=f"restore it, or remove {name} from [providers.{action.provider.name}]",
-                ) from exc
+            found[rel] = self.input_digest(
+                rel,
+                f"the file provider option {name!r} names",
+                f"restore it, or remove {name} from [providers.{action.provider.name}]",
+            )
         return found
+
+    def model_digests(self, model: str, *, fresh: bool = False) -> dict[str, str]:
+        """{path: digest} of a source model and its external-data files (``model_inputs``):
+        the inputs a kind that reads one model declares."""
+        digest, external = self.model_inputs(model, fresh=fresh)
+        return {model: digest, **external}
+
+    def input_digest(self, rel: str, what: str, hint: str) -> str:
+        """``file_digest``, or a ``ModelError`` saying that ``rel`` (``what``) cannot be
+        read, with ``hint``."""
+        try:
+            return self.file_digest(rel)
+        except OSError as exc:
+            raise ModelError(f"{rel}: {what} cannot be read ({exc.strerror})", hint=hint) from exc
 
     def compute(self, action: Action, *, fresh: bool = False) -> ActionKey:
         """The action's key (raises ModelError for a broken input); ``fresh`` looks at the
