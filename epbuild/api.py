@@ -162,9 +162,7 @@ def build(
     scheduler address) or an ``Executor`` object (the caller's to close). ``loaded`` builds
     with an already-loaded manifest instead of re-reading the file (watch keeps its last).
     ``locked`` refuses (``LockError``, exit 2) to compile or restore when an environment
-    differs from ``epbuild.lock`` (``build --locked``). ``numerics`` adds each selected
-    compile's numerical check (``kinds.check``; ``inspection.numerics.judged`` judges what
-    it recorded).
+    differs from ``epbuild.lock`` (``build --locked``). ``numerics`` adds their checks.
     """
     t0 = time.perf_counter()
     reporter = reporter or Reporter()
@@ -178,14 +176,10 @@ def build(
             from epbuild.engine.builder import Builder
 
             run = executor_for(ws, stale, executor, scheduler, jobs, memory_budget)
-            builder = functools.partial(
-                Builder,
-                keep_going=keep_going or cache_only,  # --cache-only: list all missing
-                reporter=reporter,
-                lock_timeout=lock_timeout,
-                tracer=tracer,
-                cache_only=cache_only,
-            )
+            builder = functools.partial(Builder, keep_going=keep_going or cache_only,
+                                        reporter=reporter, lock_timeout=lock_timeout,
+                                        tracer=tracer, cache_only=cache_only)  # fmt: skip
+            # (--cache-only keeps going: it lists every missing action)
             opened = functools.partial(open_action_cache, ws, directory, cache, cache_push)
             results.update(_compile(ws, run, builder, opened, len(plans), stale, trace, warnings))
         if isinstance(cache, str) and not dry_run:  # --cache DIR: seeded with what is built
@@ -193,7 +187,7 @@ def build(
         done = BuildResult(list(results.values()), time.perf_counter() - t0, warnings)
         if dry_run or not stale:
             record = not numerics  # the fingerprint answers plain builds
-            return _without_compiling(ws, plans, selectors, done, dry_run, tracer, trace, record)
+            return _without_compiling(ws, plans, selectors, done, dry_run, tracer, (trace, record))
         return done
     finally:
         ws.keys.toolchains.release()  # its environments may be pruned from now on
@@ -238,11 +232,12 @@ def _without_compiling(
     done: BuildResult,
     dry_run: bool,
     tracer: Tracer,
-    trace: str | os.PathLike[str] | None,
-    record: bool = True,
+    writing: tuple[str | os.PathLike[str] | None, bool],
 ) -> BuildResult:
-    """Finish a dry run, or a build with nothing stale (recording it for the no-op path
-    when ``record``)."""
+    """Finish a dry run, or a build with nothing stale: write the trace (``writing``: its
+    path, None for none) and record the fingerprint for the no-op path (``writing``'s
+    flag)."""
+    trace, record = writing
     stale = any(p.stale for p in plans)
     if record and not dry_run and not stale and not done.warnings and trace is None:
         _record_noop(ws, plans, selectors, done)

@@ -18,7 +18,6 @@ without its hardware) the status is ``not_checkable`` with the reason, never ``o
 
 from __future__ import annotations
 
-import glob
 import json
 import math
 import os
@@ -173,45 +172,6 @@ def _finite(value: Any) -> Any:
     return None if isinstance(value, float) and not math.isfinite(value) else value
 
 
-def _sample_files(root: str, patterns: tuple[str, ...]) -> list[str]:
-    """The ``.npz`` files of the settings' paths and globs, workspace-relative, sorted."""
-    found: list[str] = []
-    for pattern in patterns:
-        matches = sorted(
-            os.path.relpath(p, root).replace(os.sep, "/")
-            for p in glob.glob(os.path.join(root, pattern))
-            if os.path.isfile(p)
-        )
-        if not matches:
-            raise UserError(
-                f"numerics inputs {pattern!r} match no file",
-                hint="add the .npz samples, or fix the path (relative to the manifest)",
-            )
-        found += [m for m in matches if m not in found]
-    return found
-
-
-def check_inputs(root: str, action: Action) -> list[str]:
-    """The files a check of ``action`` reads besides its ctx models (workspace-relative):
-    the source models, the samples, and for a quantized group the float sources and the
-    models its calibrations wrote. A pattern that matches nothing is a ``ModelError``."""
-    from epbuild.errors import ModelError
-
-    files: list[str] = []
-    for index in range(len(action.entries)):
-        try:
-            found, _, _ = _inputs(root, action, index)
-        except UserError as exc:
-            raise ModelError(exc.message, hint=exc.hint) from exc
-        files += [f for f in [action.models[index], *found] if f not in files]
-    return files
-
-
-def loader_extra(root: str, action: Action, index: int) -> dict[str, Any]:
-    """The loader job's part beyond the models, for the ``index``-th ctx model."""
-    return _inputs(root, action, index)[1]
-
-
 def tolerance_of(action: Action, index: int) -> Tolerance | QuantTolerance:
     """What the ``index``-th ctx model's figures are judged by."""
     from epbuild.planning.quantize import QuantizedGroup
@@ -221,31 +181,6 @@ def tolerance_of(action: Action, index: int) -> Tolerance | QuantTolerance:
         check = group.recipe.check
         return QuantTolerance(check.min_sqnr_db, check.top1)
     return tolerance(action.provider.ep, entry.numerics)
-
-
-def _inputs(root: str, action: Action, index: int) -> tuple[list[str], dict[str, Any], Any]:
-    """What one check compares on: the files it reads beyond the models, the loader job's
-    part beyond the models, and the tolerance. A quantized group's model is compared with
-    its float source on the recipe's validation samples, the QDQ model beside it."""
-    from epbuild.manifest.quantization import sample_files
-    from epbuild.planning.quantize import QuantizedGroup
-
-    group, entry = action.group, action.entries[index]
-    if isinstance(group, QuantizedGroup) and group.recipe is not None:
-        recipe = group.recipe
-        source = group.sources[group.entries.index(entry)].path
-        calibrated = group.calibrated[entry.name]
-        files = [f for s in recipe.feeds for f in sample_files(root, s)]
-        quantized = {
-            "qdq": action.models[index],
-            "float": calibrated,
-            "samples": list(recipe.feeds),
-        }
-        extra = {"source": source, "quantized": quantized}
-        return [*files, source, calibrated], extra, tolerance_of(action, index)
-    samples = _sample_files(root, entry.numerics.inputs)
-    extra = {**entry.numerics.to_json(), "inputs": samples}
-    return samples, extra, tolerance_of(action, index)
 
 
 def judged(

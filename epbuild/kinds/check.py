@@ -17,6 +17,7 @@ It runs inline (in the building process, which only waits on the loader processe
 
 from __future__ import annotations
 
+import glob
 import json
 import os
 import platform
@@ -26,7 +27,7 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from epbuild.errors import ModelError, VerificationError
+from epbuild.errors import ModelError, UserError, VerificationError
 from epbuild.executors.job import KindJob
 from epbuild.kinds.contract import ActionIdentity, BaseKind, RunContext
 from epbuild.planning.actions import Action
@@ -108,8 +109,6 @@ class CheckKind(BaseKind):
     inline = True
 
     def key(self, action: CheckAction, keys: KeyComputer, *, fresh: bool) -> ActionKey:
-        from epbuild.inspection.numerics import check_inputs
-
         compile = action.compile
         built = keys.outputs_of(compile.id)
         if not built:
@@ -133,7 +132,6 @@ class CheckKind(BaseKind):
 
     def payload(self, action: CheckAction, key: ActionKey, ctx: RunContext) -> dict[str, Any]:
         from epbuild.inspection.loading import load_spec
-        from epbuild.inspection.numerics import loader_extra
 
         compile = action.compile
         toolchain = ctx.keys.toolchains.get(compile.provider)
@@ -172,6 +170,63 @@ class CheckKind(BaseKind):
             if not isinstance(doc, dict) or "outcome" not in doc:
                 raise VerificationError(f"{name}: the figures document has no outcome")
         return names, []
+
+
+def _sample_files(root: str, patterns: tuple[str, ...]) -> list[str]:
+    """The ``.npz`` files of the settings' paths and globs, workspace-relative, sorted."""
+    found: list[str] = []
+    for pattern in patterns:
+        matches = sorted(
+            os.path.relpath(p, root).replace(os.sep, "/")
+            for p in glob.glob(os.path.join(root, pattern))
+            if os.path.isfile(p)
+        )
+        if not matches:
+            raise UserError(
+                f"numerics inputs {pattern!r} match no file",
+                hint="add the .npz samples, or fix the path (relative to the manifest)",
+            )
+        found += [m for m in matches if m not in found]
+    return found
+
+
+def check_inputs(root: str, action: Action) -> list[str]:
+    """The files a check of ``action`` reads besides its ctx models (workspace-relative):
+    the source models, the samples, and for a quantized group the float sources and the
+    models its calibrations wrote. A pattern that matches nothing is a ``ModelError``."""
+    files: list[str] = []
+    for index in range(len(action.entries)):
+        try:
+            found, _ = _inputs(root, action, index)
+        except UserError as exc:
+            raise ModelError(exc.message, hint=exc.hint) from exc
+        files += [f for f in [action.models[index], *found] if f not in files]
+    return files
+
+
+def loader_extra(root: str, action: Action, index: int) -> dict[str, Any]:
+    """The loader job's part beyond the models, for the ``index``-th ctx model."""
+    return _inputs(root, action, index)[1]
+
+
+def _inputs(root: str, action: Action, index: int) -> tuple[list[str], dict[str, Any]]:
+    """What one check compares on: the files it reads beyond the models, and the loader
+    job's part beyond the models. A quantized group's model is compared with its float
+    source on the recipe's validation samples, the QDQ model beside it."""
+    from epbuild.manifest.quantization import sample_files
+    from epbuild.planning.quantize import QuantizedGroup
+
+    group, entry = action.group, action.entries[index]
+    if isinstance(group, QuantizedGroup) and group.recipe is not None:
+        recipe = group.recipe
+        source = group.sources[group.entries.index(entry)].path
+        calibrated = group.calibrated[entry.name]
+        files = [f for s in recipe.feeds for f in sample_files(root, s)]
+        quantized = {"qdq": action.models[index], "float": calibrated,
+                     "samples": list(recipe.feeds)}  # fmt: skip
+        return [*files, source, calibrated], {"source": source, "quantized": quantized}
+    samples = _sample_files(root, entry.numerics.inputs)
+    return samples, {**entry.numerics.to_json(), "inputs": samples}
 
 
 def run(job: KindJob, root: str) -> dict[str, Any]:
