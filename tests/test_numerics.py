@@ -362,6 +362,10 @@ def test_a_fresh_checkout_restores_the_check_from_the_cache(
     ws = _one_model(workspace)
     first = by_model(verify_outputs(ws.root, numerics=True))["c_ctx.onnx"]
     assert first.status is CheckStatus.OK and not first.cached
+    from epbuild.cache.operations import export_cache
+
+    report = export_cache(tmp_path / "all.tar", ws.root)  # the compile and the check it ran
+    assert report.entries == 2 and report.missing == []
     clone = tmp_path / "clone"
     shutil.copytree(ws.root, clone, ignore=shutil.ignore_patterns("build", ".epbuild"))
     result = Workspace(clone).build()

@@ -164,6 +164,7 @@ def export_cache(
     ws = _open(directory, manifest, selectors, say)
     c = _cache(ws, directory, cache)
     keyed, missing = _keys(ws, by_upstream=False)
+    keyed.update(_recorded_checks(ws))
     entries = []
     for action_id, (key, components) in keyed.items():
         try:
@@ -179,6 +180,24 @@ def export_cache(
             entries.append(entry)
     report = export_entries(c.local, c.local_backend, entries, os.fspath(file))
     return ExportReport(**asdict(report), missing=missing)
+
+
+def _recorded_checks(ws: Workspace) -> dict[str, tuple[str, dict[str, object]]]:
+    """Id → (key, components) of the numerical checks this workspace ran on the selected
+    compiles, as they are now (a check joins a graph only when asked for: exported when it
+    ran, never listed as missing)."""
+    from epbuild.kinds.check import CHECK, check_action
+
+    found: dict[str, tuple[str, dict[str, object]]] = {}
+    for action in ws.actions:
+        check = check_action(action, ws.manifest.workspace.state_dir)
+        if check.id in ws.state.records:
+            try:
+                key = CHECK.key(check, ws.keys, fresh=False)
+            except UserError:
+                continue  # its inputs changed since: nothing current to export
+            found[check.id] = (key.key, key.components)
+    return found
 
 
 def import_cache(
