@@ -12,7 +12,6 @@ from typing import TYPE_CHECKING, Any
 from epbuild.docsite import page_url
 from epbuild.engine.staging import commit, hash_staged, make_staging
 from epbuild.errors import EpbuildError, StorageError
-from epbuild.executors.job import AnyJob, KindJob
 from epbuild.fs import os_error_text, remove_tree
 from epbuild.kinds.contract import GraphAction, RunContext, kind_named, kind_of
 from epbuild.planning.keys import ActionKey
@@ -28,6 +27,7 @@ if TYPE_CHECKING:
     from epbuild.engine.memory import MemoryPlan
     from epbuild.engine.scheduler import Execution
     from epbuild.engine.trace import Tracer
+    from epbuild.executors.job import AnyJob
     from epbuild.executors.local import Executor, WorkerOutcome
     from epbuild.onnx.context import MachinePaths, Problem
 
@@ -256,6 +256,8 @@ class Builder:
     def _execute(self, job: AnyJob) -> WorkerOutcome:
         """Run a job: in a worker of the executor, or here when it is ``inline``; what it
         says of its progress goes to the reporter (``engine.progress``)."""
+        from epbuild.executors.job import KindJob
+
         if isinstance(job, KindJob) and job.inline:
             from epbuild.executors.worker import run_inline
 
