@@ -1,7 +1,10 @@
 """``python -m epbuild``."""
 
+import gc
 import sys
 
-from epbuild.frontends.cli import main
+gc.disable()  # importing the command line; main() then runs each command with or without it
+from epbuild.frontends.cli import main  # noqa: E402
 
+gc.enable()
 sys.exit(main())

@@ -17,7 +17,7 @@ from contextlib import AbstractContextManager
 
 from epbuild.errors import UserError
 from epbuild.frontends import failures, render
-from epbuild.frontends.commands import COMMANDS
+from epbuild.frontends.commands import COMMANDS, collector_paused
 from epbuild.frontends.parser import build_parser
 
 __all__ = ["COMMANDS", "build_parser", "main"]
@@ -59,7 +59,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         render.command_notes(notes)
         if directory != "." and not os.path.isdir(directory):
             raise UserError(f"-C {directory}: no such directory")
-        with _waiting(args):
+        with _waiting(args), collector_paused(args.command):
             code = COMMANDS[args.command](args)
         if code == 0 and not as_json:  # a refusal stays one message; --json: in warnings
             for note in notes:
