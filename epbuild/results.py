@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import TYPE_CHECKING, Any
+
+from epbuild._dataclass import dataclass
 
 if TYPE_CHECKING:
     from epbuild.kinds.contract import GraphAction

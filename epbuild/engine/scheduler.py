@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
+from epbuild._dataclass import dataclass
 from epbuild.errors import Interrupted
 from epbuild.results import ActionResult, Outcome, Reporter, action_result
 

@@ -12,9 +12,10 @@ import os
 import signal
 import sys
 import threading
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import TYPE_CHECKING, Any, Protocol
 
+from epbuild._dataclass import dataclass
 from epbuild._names import LOG_NAME, RESULT_NAME
 
 if TYPE_CHECKING:

@@ -23,9 +23,10 @@ import hashlib
 import json
 import math
 import os
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Any
 
+from epbuild._dataclass import dataclass
 from epbuild.errors import UserError
 from epbuild.manifest.model import NumericsSettings
 from epbuild.planning.actions import Action

@@ -11,9 +11,9 @@ import json
 import os
 import shutil
 import sys
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from epbuild._dataclass import dataclass
 from epbuild.errors import ToolchainError
 from epbuild.fs import atomic_write_bytes
 from epbuild.toolchains.spec import FORMAT, ToolchainSpec

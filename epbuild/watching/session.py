@@ -6,9 +6,10 @@ import os
 import posixpath
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import TYPE_CHECKING, Any
 
+from epbuild._dataclass import dataclass
 from epbuild.errors import EpbuildError, Interrupted
 from epbuild.llm.source import GENAI_CONFIG
 from epbuild.results import Reporter
