@@ -4,7 +4,7 @@ import gc
 import sys
 
 gc.disable()  # importing the command line; main() then runs each command with or without it
-from epbuild.frontends.cli import main  # noqa: E402
+from epbuild.frontends.cli import console  # noqa: E402
 
 gc.enable()
-sys.exit(main())
+sys.exit(console())
