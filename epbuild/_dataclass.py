@@ -10,16 +10,14 @@ fields compared as tuples when the other object is of the very same class (else
 a mutable one, and a method the class defines itself is kept. ``__init__`` and a frozen
 class's ``__setattr__``/``__delattr__`` are the standard decorator's. What differs:
 ``__dataclass_params__`` says ``repr=False, eq=False``, and the methods' code is shared.
-Type checkers see ``dataclasses.dataclass`` itself.
+Type checkers and the API docs see ``dataclasses.dataclass`` itself.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from dataclasses import dataclass as dataclass
-else:
+if not TYPE_CHECKING:
     import dataclasses
     from _thread import get_ident
     from operator import attrgetter
@@ -98,3 +96,7 @@ else:
             return hash(values(self))
 
         return __hash__
+
+
+if TYPE_CHECKING:  # after the definition: what type checkers and the API docs see
+    from dataclasses import dataclass as dataclass

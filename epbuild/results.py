@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 import enum
-from dataclasses import field
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
-
-from epbuild._dataclass import dataclass
 
 if TYPE_CHECKING:
     from epbuild.kinds.contract import GraphAction

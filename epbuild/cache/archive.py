@@ -13,10 +13,9 @@ import io
 import os
 import re
 import tarfile
-from dataclasses import field
+from dataclasses import dataclass, field
 from typing import IO
 
-from epbuild._dataclass import dataclass
 from epbuild.cache import trust
 from epbuild.cache.local import LocalBackend
 from epbuild.cache.store import (

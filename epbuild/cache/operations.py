@@ -9,10 +9,9 @@ from __future__ import annotations
 import hashlib
 import os
 from collections.abc import Callable
-from dataclasses import asdict, field
+from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING
 
-from epbuild._dataclass import dataclass
 from epbuild.cache.archive import ArchiveReport, export_entries, import_archive
 from epbuild.cache.prune import PruneReport, prune
 from epbuild.cache.trust import CacheVerifyReport, verify_all

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import os
 import time
+from dataclasses import dataclass
 
-from epbuild._dataclass import dataclass
 from epbuild.cache.local import LocalBackend
 from epbuild.cache.store import (
     ENTRIES,

@@ -21,9 +21,8 @@ import contextlib
 import os
 import time
 from collections.abc import Iterator
-from dataclasses import field
+from dataclasses import dataclass, field
 
-from epbuild._dataclass import dataclass
 from epbuild.cache.local import LocalBackend
 from epbuild.cache.store import LAYOUT, CorruptEntryError, Store, object_path
 from epbuild.fs import atomic_output, atomic_write_bytes

@@ -5,10 +5,9 @@ from __future__ import annotations
 
 import os
 import posixpath
-from dataclasses import asdict, field, replace
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
-from epbuild._dataclass import dataclass
 from epbuild._names import CTX_SUFFIX, model_label
 
 COMPILER_NAMES = {"compile_api": "the compile API", "session": "sessions"}

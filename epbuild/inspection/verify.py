@@ -13,10 +13,9 @@ import contextvars
 import os
 from concurrent.futures import Executor, Future
 from contextlib import nullcontext
-from dataclasses import field
+from dataclasses import dataclass, field
 from typing import Any
 
-from epbuild._dataclass import dataclass
 from epbuild.errors import ToolchainError, UserError
 from epbuild.fs import digest_file
 from epbuild.inspection.generation import (

@@ -15,11 +15,10 @@ import re
 import stat
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from epbuild._dataclass import dataclass
 from epbuild.errors import ManifestError, UnsafePathError, UserError
 from epbuild.fs import atomic_write_bytes
 from epbuild.manifest.load import find_manifest, load_manifest, read_document

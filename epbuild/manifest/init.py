@@ -4,10 +4,10 @@ or with ``--from DIR`` one listing the models found there (``manifest.discover``
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from epbuild._dataclass import dataclass
 from epbuild._names import MANIFEST_NAME
 from epbuild.docsite import page_url
 from epbuild.errors import UserError

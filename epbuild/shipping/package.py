@@ -7,10 +7,9 @@ import json
 import os
 import posixpath
 from collections.abc import Callable, Mapping
-from dataclasses import field
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
-from epbuild._dataclass import dataclass
 from epbuild.errors import ActionFailedError, OutOfDateError, UnsafePathError, UserError
 from epbuild.fs import inside
 from epbuild.llm.source import GENAI_CONFIG

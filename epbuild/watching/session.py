@@ -6,10 +6,9 @@ import os
 import posixpath
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import field
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from epbuild._dataclass import dataclass
 from epbuild.errors import EpbuildError, Interrupted
 from epbuild.llm.source import GENAI_CONFIG
 from epbuild.results import Reporter
