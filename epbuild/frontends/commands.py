@@ -23,15 +23,13 @@ from epbuild.frontends.render import print_json, status_lines
 
 
 @contextlib.contextmanager
-def collector_paused(command: str) -> Iterator[None]:
-    """Run ``command`` without the cyclic garbage collector, unless it is ``watch`` (which runs
-    for hours). The others run once and exit: they import the library and build a large,
-    acyclic picture of the workspace (the journal's records, a key per action); every
-    collection on the way re-scanned it (a tenth of ``status`` at 5,000 actions, a twentieth
-    of restoring one action). Reference counting still frees what is dropped."""
+def _collector_paused() -> Iterator[None]:
+    """Run without the cyclic garbage collector: status imports the library and builds a
+    large, acyclic picture of the workspace (the journal's records, a key per action) once,
+    then exits; every full collection on the way re-scanned all of it (a tenth of ``status``
+    at 5,000 actions). Reference counting still frees what is dropped."""
     was = gc.isenabled()
-    if command != "watch":
-        gc.disable()
+    gc.disable()
     try:
         yield
     finally:
@@ -39,6 +37,30 @@ def collector_paused(command: str) -> Iterator[None]:
             gc.enable()
 
 
+RARE_COLLECTIONS = 50_000
+"""The cyclic collector's first-generation threshold in the program (``cli.console``; Python's
+is 700): a command imports the library and builds a mostly acyclic picture of the workspace,
+which each collection on the way re-scanned (27 of them restoring one action, a twentieth of
+its time); a build that runs for hours still collects what it leaves in cycles."""
+
+_USUAL = gc.get_threshold()
+"""The thresholds as they were when the command line was imported."""
+
+
+@contextlib.contextmanager
+def usual_collections(command: str) -> Iterator[None]:
+    """``watch`` runs for hours, and with the usual collection thresholds, whatever the
+    program set (``RARE_COLLECTIONS``)."""
+    before = gc.get_threshold()
+    if command == "watch":
+        gc.set_threshold(*_USUAL)
+    try:
+        yield
+    finally:
+        gc.set_threshold(*before)
+
+
+@_collector_paused()
 def _status(args: argparse.Namespace) -> int:
     if args.graph and (args.detail or args.json):
         raise UserError(
