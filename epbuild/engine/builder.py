@@ -62,6 +62,8 @@ class Builder:
         """Restores actions before compiling them and stores them after (None: no cache)."""
         self.cache_only = cache_only
         """Fail an action that the cache cannot restore instead of compiling it."""
+        self.restores_only = cache_only
+        """No action starts a worker (the scheduler may run a lone one in its own thread)."""
         self._machine: MachinePaths | None = None
         """The build machine's paths (`_machine_paths`), computed at the first commit."""
         self.warned: set[str] = set()
@@ -89,6 +91,11 @@ class Builder:
             return _failed(plan, os_error_text(exc, self.ws.root), WRITE_HINT)
         except Exception as exc:
             return _failed(plan, f"{type(exc).__name__}: {exc}")
+
+    def run_inline(self, plan: ActionPlan) -> ActionResult:
+        """``run_one`` in the calling thread (the scheduler's), its spans in a slot's lane."""
+        with self.tracer.slot():
+            return self.run_one(plan)
 
     def _locked(self, plan: ActionPlan) -> ActionResult:
         """Under the action lock: re-check staleness, then restore, else compile — under
