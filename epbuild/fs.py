@@ -11,8 +11,8 @@ import os
 import posixpath
 import shutil
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
 
+from epbuild._dataclass import dataclass
 from epbuild.errors import StorageError, UnsafePathError
 
 CHUNK = 1 << 20

@@ -225,6 +225,44 @@ def test_version_bump_miss_is_explained(simple_ws: Callable[..., Workspace], tmp
     assert f"onnxruntime-qnn {here} → 9.9.9" in (result.actions[1].error or "")
 
 
+def test_a_lone_restore_runs_in_the_coordinator_traced_as_a_slot(
+    simple_ws: Callable[..., Workspace], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``--cache-only`` of one action restores it in the building thread (no slot thread),
+    its trace as a slot's; of two, in slot threads."""
+    import threading
+
+    from epbuild.engine.builder import Builder
+
+    ws = simple_ws()
+    cache = str(tmp_path / "cache")
+    ws.build(cache=cache)
+    ran: list[bool] = []
+    real = Builder.run_one
+
+    def run_one(self: Builder, plan: Any) -> Any:
+        ran.append(threading.current_thread() is threading.main_thread())
+        return real(self, plan)
+
+    monkeypatch.setattr(Builder, "run_one", run_one)
+    lone = clone(ws, tmp_path / "lone")
+    assert outcomes(lone.build("single", cache=cache, cache_only=True)) == {
+        "single/htp/c": "restored"
+    }
+    assert ran == [True]
+    events = json.loads((lone.root / ".epbuild" / "trace.json").read_text())["traceEvents"]
+    lanes = {e["tid"]: e["args"]["name"] for e in events if e["name"] == "thread_name"}
+    assert lanes == {0: "coordinator", 1: "slot 1"}
+    spans = [e for e in events if e["ph"] == "X"]
+    assert {e["tid"] for e in spans if e["cat"] != "plan"} == {1}
+    assert [e["cat"] for e in spans if e["tid"] == 0] == ["plan"]
+    both = clone(ws, tmp_path / "both")
+    ran.clear()
+    assert both.build(cache=cache, cache_only=True).count(Outcome.RESTORED) == 2
+    assert ran == [False, False]
+    assert outputs(lone) | outputs(both) == outputs(ws)
+
+
 @pytest.mark.slow
 def test_two_processes_fill_one_cache(simple_ws: Callable[..., Workspace], tmp_path: Path) -> None:
     ws = simple_ws()

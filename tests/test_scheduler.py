@@ -189,6 +189,7 @@ class GraphRunner:
 
         self.jobs = jobs
         self.keep_going = keep_going
+        self.restores_only = False
         self.reporter = Reporter()
         self.memory = MemoryPlan(None, {})
         self.executor = SimpleNamespace(cancel=lambda: None)
@@ -196,13 +197,22 @@ class GraphRunner:
         self.started: list[str] = []
         self.finished: set[str] = set()
         self.deps_done_at_start: dict[str, bool] = {}
+        self.threads: list[threading.Thread] = []
+        """The thread each run_one ran in."""
+        self.inline: list[threading.Thread] = []
+        """The thread each run_inline ran in."""
         self._lock = threading.Lock()
+
+    def run_inline(self, plan: Any) -> Any:
+        self.inline.append(threading.current_thread())
+        return self.run_one(plan)
 
     def run_one(self, plan: Any) -> Any:
         from epbuild.results import ActionResult
 
         a = plan.action
         with self._lock:
+            self.threads.append(threading.current_thread())
             self.started.append(a.id)
             self.deps_done_at_start[a.id] = all(d in self.finished for d in a.deps)
         outcome = Outcome.FAILED if a.id in self.failing else Outcome.COMPILED
@@ -376,3 +386,34 @@ def test_inline_jobs_take_no_worker_from_the_count(workspace: Workspace) -> None
         assert isinstance(run.executor, LocalExecutor) and run.executor._upcoming == 3
     finally:
         run.executor.close()
+
+
+def test_a_lone_action_that_starts_no_worker_runs_in_the_coordinators_thread() -> None:
+    """A restore-only build of one action: no slot thread; of two, or one that may compile:
+    slot threads, as always."""
+    from epbuild.engine.scheduler import schedule
+
+    here = threading.current_thread()
+    lone = GraphRunner(4, keep_going=False, failing=set())
+    lone.restores_only = True
+    results = schedule(lone, [_node("a")])  # type: ignore[arg-type]
+    assert results["a"].outcome is Outcome.COMPILED
+    assert lone.inline == [here] and lone.threads == [here]
+    for restores_only, nodes in ((True, [_node("a"), _node("b")]), (False, [_node("a")])):
+        runner = GraphRunner(4, keep_going=False, failing=set())
+        runner.restores_only = restores_only
+        assert len(schedule(runner, nodes)) == len(nodes)  # type: ignore[arg-type]
+        assert runner.inline == [] and here not in runner.threads
+
+
+def test_an_interrupt_in_a_lone_inline_action_stops_the_build() -> None:
+    from epbuild.engine.scheduler import schedule
+
+    class Interrupting(GraphRunner):
+        def run_one(self, plan: Any) -> Any:
+            raise KeyboardInterrupt
+
+    runner = Interrupting(1, keep_going=False, failing=set())
+    runner.restores_only = True
+    with pytest.raises(Interrupted):
+        schedule(runner, [_node("a")])  # type: ignore[arg-type]

@@ -19,9 +19,10 @@ import os
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any, TypeVar
 
+from epbuild._dataclass import dataclass
 from epbuild.cache import trust
 from epbuild.cache.local import LocalBackend
 from epbuild.cache.store import (

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass
 from typing import Protocol
+
+from epbuild._dataclass import dataclass
 
 
 @dataclass(frozen=True)

@@ -8,9 +8,9 @@ remote tier, with the per-user directory as the local tier in front of it.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from epbuild._dataclass import dataclass
 from epbuild.userdirs import default_cache_dir
 
 if TYPE_CHECKING:

@@ -12,7 +12,6 @@ from typing import TYPE_CHECKING, Any
 from epbuild.docsite import page_url
 from epbuild.engine.staging import commit, hash_staged, make_staging
 from epbuild.errors import EpbuildError, StorageError
-from epbuild.executors.job import AnyJob, KindJob
 from epbuild.fs import os_error_text, remove_tree
 from epbuild.kinds.contract import GraphAction, RunContext, kind_named, kind_of
 from epbuild.planning.keys import ActionKey
@@ -28,6 +27,7 @@ if TYPE_CHECKING:
     from epbuild.engine.memory import MemoryPlan
     from epbuild.engine.scheduler import Execution
     from epbuild.engine.trace import Tracer
+    from epbuild.executors.job import AnyJob
     from epbuild.executors.local import Executor, WorkerOutcome
     from epbuild.onnx.context import MachinePaths, Problem
 
@@ -62,6 +62,8 @@ class Builder:
         """Restores actions before compiling them and stores them after (None: no cache)."""
         self.cache_only = cache_only
         """Fail an action that the cache cannot restore instead of compiling it."""
+        self.restores_only = cache_only
+        """No action starts a worker (the scheduler may run a lone one in its own thread)."""
         self._machine: MachinePaths | None = None
         """The build machine's paths (`_machine_paths`), computed at the first commit."""
         self.warned: set[str] = set()
@@ -89,6 +91,11 @@ class Builder:
             return _failed(plan, os_error_text(exc, self.ws.root), WRITE_HINT)
         except Exception as exc:
             return _failed(plan, f"{type(exc).__name__}: {exc}")
+
+    def run_inline(self, plan: ActionPlan) -> ActionResult:
+        """``run_one`` in the calling thread (the scheduler's), its spans in a slot's lane."""
+        with self.tracer.slot():
+            return self.run_one(plan)
 
     def _locked(self, plan: ActionPlan) -> ActionResult:
         """Under the action lock: re-check staleness, then restore, else compile — under
@@ -256,6 +263,8 @@ class Builder:
     def _execute(self, job: AnyJob) -> WorkerOutcome:
         """Run a job: in a worker of the executor, or here when it is ``inline``; what it
         says of its progress goes to the reporter (``engine.progress``)."""
+        from epbuild.executors.job import KindJob
+
         if isinstance(job, KindJob) and job.inline:
             from epbuild.executors.worker import run_inline
 

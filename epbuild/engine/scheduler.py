@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
+from epbuild._dataclass import dataclass
 from epbuild.errors import Interrupted
 from epbuild.results import ActionResult, Outcome, Reporter, action_result
 
@@ -27,8 +27,15 @@ class ActionRunner(Protocol):
     memory: MemoryPlan
     executor: Executor
 
+    restores_only: bool
+    """Its actions start no worker (``build --cache-only``: each is restored or fails)."""
+
     def run_one(self, plan: ActionPlan) -> ActionResult:
         """Bring one action up to date; failures come back as results, never raised."""
+        ...
+
+    def run_inline(self, plan: ActionPlan) -> ActionResult:
+        """``run_one`` in the calling thread, recorded as a slot's (``_Inline``)."""
         ...
 
 
@@ -95,7 +102,11 @@ def schedule(runner: ActionRunner, stale: list[ActionPlan]) -> dict[str, ActionR
     results = graph.results
     running = 0
     stop = False
-    slots = _Slots(runner.jobs, runner.run_one)
+    slots: _Slots | _Inline
+    if len(stale) == 1 and runner.restores_only:
+        slots = _Inline(runner.run_inline)
+    else:
+        slots = _Slots(runner.jobs, runner.run_one)
     try:
         graph.release()
         while graph.pending or running:
@@ -183,6 +194,26 @@ class _Slots:
         if join:
             for thread in self._threads:
                 thread.join()
+
+
+class _Inline:
+    """``_Slots`` for a build of one action that starts no worker (a restore): the action
+    runs in the coordinator's thread as it is submitted, with no thread to start and hand
+    it over to. Ctrl-C stops it where it is: the journal then says it was begun, not done,
+    and the next build restores it again."""
+
+    def __init__(self, run: Callable[[ActionPlan], ActionResult]) -> None:
+        self._run = run
+        self._done: list[tuple[ActionPlan, ActionResult]] = []
+
+    def submit(self, plan: ActionPlan) -> None:
+        self._done.append((plan, self._run(plan)))
+
+    def next_done(self) -> tuple[ActionPlan, ActionResult]:
+        return self._done.pop(0)
+
+    def shutdown(self, *, join: bool = True) -> None:
+        """Nothing runs on once ``submit`` has returned."""
 
 
 class _Ready:

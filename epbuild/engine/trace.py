@@ -32,6 +32,10 @@ class Tracer:
         self.wall_start = time.time()
         self._events: list[dict[str, Any]] = []
         self._lanes: dict[int, int] = {threading.get_ident(): 0}
+        self._slot_lane: int | None = None
+        """The lane of the actions run in the coordinator's thread (``slot``)."""
+        self._in_slot: set[int] = set()
+        """The threads recording in that lane now."""
         self._lock = threading.Lock()
 
     def now(self) -> float:
@@ -40,6 +44,8 @@ class Tracer:
 
     def _lane(self) -> int:
         ident = threading.get_ident()
+        if ident in self._in_slot and self._slot_lane is not None:
+            return self._slot_lane
         lane = self._lanes.get(ident)
         if lane is None:
             lane = self._lanes[ident] = len(self._lanes)
@@ -62,6 +68,22 @@ class Tracer:
             self._events.append(event)
 
     @contextmanager
+    def slot(self) -> Iterator[None]:
+        """Record this thread's spans in the block in a slot's lane: an action the scheduler
+        runs in the coordinator's own thread (``schedule``'s one restore) is in the lane of
+        the slot it stands for, as one run by a slot thread is."""
+        ident = threading.get_ident()
+        with self._lock:
+            if self._slot_lane is None:
+                self._slot_lane = len(self._lanes)
+            self._in_slot.add(ident)
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._in_slot.discard(ident)
+
+    @contextmanager
     def span(self, kind: str, action_id: str | None = None, **args: Any) -> Iterator[None]:
         """Record the enclosed block as a span."""
         start = self.now()
@@ -73,7 +95,7 @@ class Tracer:
     def events(self) -> list[dict[str, Any]]:
         """The trace events, with lane-name metadata first."""
         with self._lock:
-            lanes = sorted(set(self._lanes.values()))
+            lanes = sorted({*self._lanes.values(), *_present(self._slot_lane)})
             meta = [_metadata("process_name", 0, "epbuild build")]
             for lane in lanes:
                 name = "coordinator" if lane == 0 else f"slot {lane}"
@@ -105,6 +127,10 @@ def load_trace(path: str) -> dict[str, Any] | None:
     if not isinstance(data, dict) or not isinstance(data.get("traceEvents"), list):
         return None
     return data
+
+
+def _present(lane: int | None) -> tuple[int, ...]:
+    return () if lane is None else (lane,)
 
 
 def _metadata(kind: str, tid: int, name: str) -> dict[str, Any]:

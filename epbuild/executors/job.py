@@ -8,9 +8,10 @@ it to a farm worker, and the worker reads it back with ``Job.from_json``.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Any
 
+from epbuild._dataclass import dataclass
 from epbuild._names import CTX_SUFFIX, model_stem
 from epbuild.manifest.model import SESSION_SETTINGS, CompileSettings, ContextSettings
 from epbuild.providers.contract import ProviderConfig

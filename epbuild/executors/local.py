@@ -10,15 +10,17 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
 import sys
 import threading
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import TYPE_CHECKING, Any, Protocol
 
+from epbuild._dataclass import dataclass
 from epbuild._names import LOG_NAME, RESULT_NAME
 
 if TYPE_CHECKING:
+    import subprocess
+
     from epbuild.executors.job import AnyJob
 
 
@@ -182,6 +184,8 @@ class LocalExecutor:
         self._cancelled = False
 
     def _spawn(self, boot: tuple[str, ...]) -> subprocess.Popen[bytes]:
+        import subprocess  # here: a build that only restores never starts a worker
+
         env = dict(os.environ)
         return subprocess.Popen(
             list(boot) or [sys.executable, "-c", WORKER_BOOT],

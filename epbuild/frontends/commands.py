@@ -37,6 +37,29 @@ def _collector_paused() -> Iterator[None]:
             gc.enable()
 
 
+RARE_COLLECTIONS = 50_000
+"""The cyclic collector's first-generation threshold in the program (``cli.console``; Python's
+is 700): a command imports the library and builds a mostly acyclic picture of the workspace,
+which each collection on the way re-scanned (27 of them restoring one action, a twentieth of
+its time); a build that runs for hours still collects what it leaves in cycles."""
+
+_USUAL = gc.get_threshold()
+"""The thresholds as they were when the command line was imported."""
+
+
+@contextlib.contextmanager
+def usual_collections(command: str) -> Iterator[None]:
+    """``watch`` runs for hours, and with the usual collection thresholds, whatever the
+    program set (``RARE_COLLECTIONS``)."""
+    before = gc.get_threshold()
+    if command == "watch":
+        gc.set_threshold(*_USUAL)
+    try:
+        yield
+    finally:
+        gc.set_threshold(*before)
+
+
 @_collector_paused()
 def _status(args: argparse.Namespace) -> int:
     if args.graph and (args.detail or args.json):

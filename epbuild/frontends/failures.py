@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping, Sequence
-from typing import Any, NamedTuple
+from typing import Any
 
 from epbuild.errors import (
     BuildError,
@@ -27,14 +27,18 @@ BUG_HINT = (
 )
 
 
-class Failure(NamedTuple):
-    """One failed command as the CLI reports it."""
+class Failure:
+    """One failed command as the CLI reports it (a plain class: a ``NamedTuple`` compiles its
+    constructor when defined, on every command's startup)."""
 
-    exit_code: int
-    text: str
-    """What stderr gets (one message, then ``  hint: ...`` where there is one)."""
-    error: dict[str, Any]
-    """The ``error`` object of the ``--json`` document."""
+    __slots__ = ("error", "exit_code", "text")
+
+    def __init__(self, exit_code: int, text: str, error: dict[str, Any]) -> None:
+        self.exit_code = exit_code
+        self.text = text
+        """What stderr gets (one message, then ``  hint: ...`` where there is one)."""
+        self.error = error
+        """The ``error`` object of the ``--json`` document."""
 
 
 def _kind(exc: BaseException) -> str:

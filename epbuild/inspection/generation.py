@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import os
 import platform
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from epbuild._dataclass import dataclass
 from epbuild.errors import UserError
 from epbuild.llm.generate import (
     DEFAULT_NEAR_TIE,

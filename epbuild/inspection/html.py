@@ -12,9 +12,9 @@ from __future__ import annotations
 import html
 import json
 import os
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from epbuild._dataclass import dataclass
 from epbuild._names import CTX_SUFFIX, TRACE_NAME
 from epbuild.engine.trace import KINDS, load_trace
 from epbuild.fs import format_bytes

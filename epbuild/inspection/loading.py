@@ -14,9 +14,10 @@ import json
 import re
 import signal
 import subprocess
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, field
 from typing import Any
 
+from epbuild._dataclass import dataclass
 from epbuild.executors.local import own_command
 from epbuild.planning.actions import Action
 from epbuild.planning.workspace import Workspace

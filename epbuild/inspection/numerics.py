@@ -21,9 +21,10 @@ from __future__ import annotations
 import json
 import math
 import os
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Any
 
+from epbuild._dataclass import dataclass
 from epbuild.errors import UserError
 from epbuild.kinds.check import CheckAction
 from epbuild.manifest.model import NumericsSettings

@@ -19,9 +19,9 @@ from __future__ import annotations
 import enum
 import os
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
+from epbuild._dataclass import dataclass
 from epbuild.errors import EpbuildError
 from epbuild.onnx.context import Problem, Severity
 from epbuild.providers import get_provider

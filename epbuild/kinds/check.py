@@ -24,9 +24,9 @@ import platform
 import posixpath
 import sys
 import time
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from epbuild._dataclass import dataclass
 from epbuild.errors import ModelError, UserError, VerificationError
 from epbuild.executors.job import KindJob
 from epbuild.kinds.contract import ActionIdentity, BaseKind, RunContext

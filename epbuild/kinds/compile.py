@@ -7,7 +7,6 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from epbuild.errors import ModelError, UserError
-from epbuild.executors.job import Job
 from epbuild.kinds.contract import BaseKind, RunContext
 from epbuild.manifest.model import CompileSettings
 from epbuild.planning.actions import Action
@@ -15,6 +14,7 @@ from epbuild.planning.keys import ActionKey, KeyComputer
 from epbuild.providers import get_provider
 
 if TYPE_CHECKING:
+    from epbuild.executors.job import Job
     from epbuild.onnx.context import Problem
     from epbuild.providers.contract import ProviderConfig
 
@@ -52,6 +52,7 @@ class CompileKind(BaseKind):
     ) -> tuple[Job, list[str]]:
         """The complete job of one compile (inputs go along for executors that ship them),
         after the inputs' shapes were checked against the provider (``check_shapes``)."""
+        from epbuild.executors.job import Job
         from epbuild.kinds.shapes import check_shapes
 
         warnings = check_shapes(ctx.root, action).warnings

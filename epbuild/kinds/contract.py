@@ -14,8 +14,9 @@ from __future__ import annotations
 import hashlib
 import importlib
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
+
+from epbuild._dataclass import dataclass
 
 if TYPE_CHECKING:
     from epbuild.errors import UserError

@@ -18,9 +18,9 @@ import os
 import posixpath
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from epbuild._dataclass import dataclass
 from epbuild.errors import ModelError, VerificationError
 from epbuild.executors.job import KindJob
 from epbuild.kinds.contract import BaseKind, RunContext, make_key

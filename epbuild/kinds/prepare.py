@@ -17,9 +17,9 @@ import posixpath
 import re
 import shutil
 import time
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from epbuild._dataclass import dataclass
 from epbuild.errors import ModelError, UserError, VerificationError
 from epbuild.executors.job import KindJob
 from epbuild.kinds.contract import BaseKind, OwnStep, RunContext

@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import os
 import posixpath
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from epbuild._dataclass import dataclass
 from epbuild.errors import VerificationError
 from epbuild.kinds.calibrate import CalibrateAction, QuantStep
 from epbuild.kinds.contract import BaseKind, RunContext

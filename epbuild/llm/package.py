@@ -12,8 +12,8 @@ import json
 import os
 import posixpath
 from collections.abc import Iterable
-from dataclasses import dataclass
 
+from epbuild._dataclass import dataclass
 from epbuild._names import CTX_SUFFIX
 from epbuild.llm.genai_config import CONTEXT, ITERATOR, pipeline_config, stages_config
 from epbuild.llm.source import GENAI_CONFIG, PIPELINE, static_stages

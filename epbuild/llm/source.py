@@ -10,9 +10,10 @@ refuses anything else with a ``LlmSourceError`` naming what it found.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from epbuild._dataclass import dataclass
 
 GENAI_CONFIG = "genai_config.json"
 """The file that makes a folder an onnxruntime-genai model."""

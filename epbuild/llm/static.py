@@ -16,11 +16,10 @@ never on the planning path.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import onnx
 from onnx import TensorProto, helper
 
+from epbuild._dataclass import dataclass
 from epbuild.llm.genai_config import PAST_SEQ_LEN, TOTAL_SEQ_LEN
 
 GQA = "GroupQueryAttention"

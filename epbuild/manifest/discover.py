@@ -15,9 +15,9 @@ import os
 import posixpath
 import re
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
+from epbuild._dataclass import dataclass
 from epbuild._names import CTX_SUFFIX, DEFAULT_OUT_DIR, DEFAULT_STATE_DIR, model_stem
 from epbuild.llm.source import GENAI_CONFIG, LlmSource, LlmSourceError, read_source
 

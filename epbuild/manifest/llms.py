@@ -5,15 +5,17 @@ build ends in one message naming the manifest's line and key."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from epbuild.errors import UnsafePathError
 from epbuild.fs import safe_relpath
-from epbuild.llm.source import PIPELINE, LlmSourceError, read_source
 from epbuild.manifest.locate import Where
 from epbuild.manifest.model import DEFAULT_CONTEXT_LENGTH, DEFAULT_WINDOW_SIZE, Llm
 from epbuild.manifest.refs import check_provider_list
 from epbuild.providers.contract import ProviderConfig
+
+if TYPE_CHECKING:
+    from epbuild.llm.source import LlmSource
 
 
 def load_llms(
@@ -97,10 +99,9 @@ def _llm(
         source = safe_relpath(table["source"], what="an LLM source folder")
     except UnsafePathError as exc:
         raise where.error((*base, "source"), exc.message, exc.hint) from exc
-    try:
-        found = read_source(root / source)
-    except LlmSourceError as exc:
-        raise where.error((*base, "source"), f"{source}: {exc.message}", exc.hint) from exc
+    from epbuild.llm.source import PIPELINE  # read only for an [llms] entry
+
+    found = _source(where, base, root, source)
     limit = found.context_limit
     if found.form == PIPELINE:
         _check_static(where, base, source, table, "context_length", limit)
@@ -136,6 +137,16 @@ def _llm(
         stages=found.stages,
     )
     return llm, (found.layers, found.kv_heads)
+
+
+def _source(where: Where, base: tuple[str, ...], root: Path, source: str) -> LlmSource:
+    """The LLM source folder ``source`` read (``llm.source.read_source``)."""
+    from epbuild.llm.source import LlmSourceError, read_source
+
+    try:
+        return read_source(root / source)
+    except LlmSourceError as exc:
+        raise where.error((*base, "source"), f"{source}: {exc.message}", exc.hint) from exc
 
 
 def _check_static(

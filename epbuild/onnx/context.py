@@ -25,9 +25,10 @@ import posixpath
 import re
 import sys
 from collections.abc import Iterable, Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from typing import TYPE_CHECKING, Any
 
+from epbuild._dataclass import dataclass
 from epbuild.fs import CHUNK, reference_problem
 
 if TYPE_CHECKING:

@@ -15,8 +15,9 @@ from __future__ import annotations
 import os
 import struct
 from collections.abc import Iterator
-from dataclasses import dataclass
 from typing import TypeAlias, overload
+
+from epbuild._dataclass import dataclass
 
 __all__ = [
     "Blob",

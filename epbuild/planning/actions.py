@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import posixpath
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, TypeVar
 
+from epbuild._dataclass import dataclass
 from epbuild._names import CTX_SUFFIX
 from epbuild.errors import UserError
 from epbuild.kinds.contract import ActionIdentity

@@ -12,9 +12,10 @@ import json
 import os
 import posixpath
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any
 
+from epbuild._dataclass import dataclass
 from epbuild._names import model_label, model_stem
 from epbuild.errors import ModelError, ToolchainError, UserError
 from epbuild.fs import is_safe_reference

@@ -11,9 +11,10 @@ from __future__ import annotations
 import os
 import posixpath
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import field, replace
 from typing import Any, NamedTuple
 
+from epbuild._dataclass import dataclass
 from epbuild.errors import ModelError
 from epbuild.kinds.package import PackageAction
 from epbuild.kinds.prepare import PrepareAction, prepare_action

@@ -6,8 +6,9 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import field
 
+from epbuild._dataclass import dataclass
 from epbuild.errors import ModelError, ToolchainError, UserError
 from epbuild.kinds.contract import GraphAction, kind_of
 from epbuild.planning.keys import ActionKey, KeyComputer, explain_difference

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import functools
 import os
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from epbuild._dataclass import dataclass
 from epbuild._names import JOURNAL_NAME, LOCKS_DIR, STATCACHE_NAME, STATE_LOCK_NAME
 from epbuild.fs import ensure_dir_inside, refuse_outward
 from epbuild.kinds.contract import GraphAction

@@ -5,9 +5,9 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from epbuild._dataclass import dataclass
 from epbuild.errors import ManifestError, ProviderUnavailableError, UnsafePathError
 from epbuild.fs import atomic_write_bytes, safe_relpath
 from epbuild.providers.base import register_plugin, require_devices

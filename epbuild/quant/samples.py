@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from epbuild._dataclass import dataclass
 from epbuild.errors import ModelError
 from epbuild.manifest.quantization import sample_files
 

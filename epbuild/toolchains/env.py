@@ -10,11 +10,10 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import subprocess
 import sys
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from epbuild._dataclass import dataclass
 from epbuild.errors import ToolchainError
 from epbuild.fs import atomic_write_bytes
 from epbuild.toolchains.spec import FORMAT, ToolchainSpec
@@ -163,6 +162,8 @@ def _stat(path: str) -> os.stat_result | None:
 def ask(python: str, provider: str) -> dict[str, Any]:
     """Run ``python -I -c QUERY`` (in its own process group, ended after 60 s); a
     ``ToolchainError`` saying what went wrong if it cannot run epbuild's worker."""
+    import subprocess
+
     from epbuild.procs import run_group
 
     where = f"provider {provider!r}: toolchain python {python}"

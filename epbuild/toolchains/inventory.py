@@ -13,9 +13,10 @@ import json
 import os
 import shutil
 from collections.abc import Iterable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, field
 from typing import Any
 
+from epbuild._dataclass import dataclass
 from epbuild.toolchains.env import MARKER, toolchain_root
 
 

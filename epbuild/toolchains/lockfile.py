@@ -14,9 +14,10 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Any
 
+from epbuild._dataclass import dataclass
 from epbuild.errors import UserError
 
 LOCK_NAME = "epbuild.lock"

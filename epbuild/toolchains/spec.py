@@ -9,7 +9,8 @@ from __future__ import annotations
 import hashlib
 import json
 import sys
-from dataclasses import dataclass
+
+from epbuild._dataclass import dataclass
 
 FORMAT = 1
 """Layout version of an environment epbuild creates; bump it to stop trusting old ones."""

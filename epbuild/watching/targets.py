@@ -9,10 +9,11 @@ import os
 import posixpath
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import field
 from fnmatch import fnmatchcase
 from typing import TYPE_CHECKING
 
+from epbuild._dataclass import dataclass
 from epbuild.errors import EpbuildError
 
 if TYPE_CHECKING:

@@ -1,0 +1,230 @@
+"""``epbuild._dataclass.dataclass`` behaves as ``dataclasses.dataclass``: the same repr, equality
+and hashing for every shape of class the package uses (and a few it does not), side by side;
+and every module of the package takes its decorator from there, but those of the API
+reference's classes."""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import importlib
+import inspect
+import re
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, ClassVar
+
+import pytest
+
+from epbuild._dataclass import dataclass
+
+PACKAGE = Path(__file__).resolve().parent.parent / "epbuild"
+
+
+def text(obj: object) -> str:
+    """``repr(obj)`` with its class's name and any address left out."""
+    return re.sub(r" at 0x[0-9a-f]+", "", repr(obj).replace(type(obj).__qualname__, "C"))
+
+
+def both(body: Callable[[Callable[..., Any]], type]) -> tuple[type, type]:
+    """The class ``body`` makes, once with each decorator."""
+    return body(dataclasses.dataclass), body(dataclass)
+
+
+def plain(deco: Callable[..., Any]) -> type:
+    @deco
+    class Plain:
+        a: int
+        b: str = "x"
+        c: list[int] = dataclasses.field(default_factory=list)
+
+    return Plain
+
+
+def frozen(deco: Callable[..., Any]) -> type:
+    @deco(frozen=True)
+    class Frozen:
+        a: int
+        b: tuple[int, ...] = ()
+        hidden: str = dataclasses.field(default="h", repr=False)
+        ignored: int = dataclasses.field(default=0, compare=False)
+        unhashed: int = dataclasses.field(default=0, hash=False)
+        only_hashed: int = dataclasses.field(default=0, compare=False, hash=True)
+        kind: ClassVar[str] = "k"
+
+    return Frozen
+
+
+def one_field(deco: Callable[..., Any]) -> type:
+    @deco(frozen=True)
+    class One:
+        x: float
+
+    return One
+
+
+def no_field(deco: Callable[..., Any]) -> type:
+    @deco(frozen=True)
+    class Empty:
+        pass
+
+    return Empty
+
+
+def own_methods(deco: Callable[..., Any]) -> type:
+    @deco(frozen=True)
+    class Own:
+        a: int
+
+        def __repr__(self) -> str:
+            return "own"
+
+        def __eq__(self, other: object) -> bool:
+            return True
+
+        def __hash__(self) -> int:
+            return 7
+
+    return Own
+
+
+def own_eq_only(deco: Callable[..., Any]) -> type:
+    @deco(frozen=True)
+    class OwnEq:
+        a: int
+
+        def __eq__(self, other: object) -> bool:
+            return isinstance(other, OwnEq)
+
+    return OwnEq
+
+
+def off(deco: Callable[..., Any]) -> type:
+    @deco(repr=False, eq=False)
+    class Off:
+        a: int
+
+    return Off
+
+
+def family(deco: Callable[..., Any]) -> type:
+    @deco(frozen=True)
+    class Base:
+        a: int
+
+    @deco(frozen=True)
+    class Child(Base):
+        b: int = 2
+
+    return Child
+
+
+def recursive(deco: Callable[..., Any]) -> type:
+    @deco
+    class Node:
+        value: int
+        children: list[Any] = dataclasses.field(default_factory=list)
+
+    return Node
+
+
+@pytest.mark.parametrize(
+    ("shape", "args"),
+    [
+        (plain, [(1,), (1, "y", [2]), (2,)]),
+        (frozen, [(1,), (1, (2,), "z", 5, 6, 7), (1, (), "h", 9), (1, (), "h", 0, 4), (2,)]),
+        (one_field, [(1.0,), (float("nan"),), (2.0,)]),
+        (no_field, [()]),
+        (own_methods, [(1,), (2,)]),
+        (own_eq_only, [(1,), (2,)]),
+        (off, [(1,), (2,)]),
+        (family, [(1,), (1, 3), (2, 2)]),
+    ],
+)
+def test_same_repr_equality_and_hash(
+    shape: Callable[..., type], args: list[tuple[Any, ...]]
+) -> None:
+    std, ours = both(shape)
+    assert std.__name__ == ours.__name__
+    assert (std.__hash__ is None) == (ours.__hash__ is None)
+    made = [(std(*a), ours(*a)) for a in args]
+    for s, o in made:
+        assert text(s) == text(o)
+        assert (s == s) == (o == o)
+        assert (s == "other") == (o == "other")
+        if std.__hash__ not in (None, object.__hash__):
+            assert hash(s) == hash(o)
+        assert dataclasses.asdict(s) == dataclasses.asdict(o)
+        assert (dataclasses.replace(s) == s) == (dataclasses.replace(o) == o)
+    for s1, o1 in made:
+        for s2, o2 in made:
+            assert (s1 == s2) == (o1 == o2)
+            assert (s1 != s2) == (o1 != o2)
+
+
+def test_frozen_stays_frozen() -> None:
+    std, ours = both(frozen)
+    for obj in (std(1), ours(1)):
+        with pytest.raises(dataclasses.FrozenInstanceError):
+            obj.a = 2
+
+
+def test_a_subclass_instance_is_not_equal() -> None:
+    ours = dataclass(frozen=True)(type("A", (), {"__annotations__": {"a": "int"}}))
+    sub = dataclass(frozen=True)(type("B", (ours,), {}))
+    assert ours(1) != sub(1)
+    assert ours(1).__eq__(sub(1)) is NotImplemented
+
+
+def test_a_recursive_repr_says_so() -> None:
+    std, ours = both(recursive)
+    s, o = std(1), ours(1)
+    s.children.append(s)
+    o.children.append(o)
+    assert text(s) == text(o)
+    assert "..." in repr(o)
+
+
+def test_methods_are_named_for_their_class() -> None:
+    _, ours = both(frozen)
+    assert ours.__repr__.__qualname__ == f"{ours.__qualname__}.__repr__"
+    assert ours.__eq__.__name__ == "__eq__"
+
+
+def documented_modules() -> set[Path]:
+    """The files that define a class of the API reference (``docs/reference/python.md``):
+    mkdocstrings labels a class a dataclass, with its fields' signature, only when the
+    standard decorator makes it."""
+    text = (PACKAGE.parent / "docs" / "reference" / "python.md").read_text()
+    found = set()
+    for path in re.findall(r"^::: (epbuild\.[\w.]+)$", text, re.M):
+        module, name = path.rsplit(".", 1)
+        obj = getattr(importlib.import_module(module), name)
+        if isinstance(obj, type):
+            found.add(Path(inspect.getfile(obj)).resolve())
+    return found
+
+
+def test_every_module_takes_the_decorator_from_here() -> None:
+    """``dataclasses.dataclass`` compiles the methods made in ``_dataclass`` for each class;
+    only the API reference's classes keep it (``documented_modules``)."""
+    documented = documented_modules()
+    assert PACKAGE / "results.py" in documented
+    wrong = []
+    for path in sorted(set(PACKAGE.rglob("*.py")) - {PACKAGE / "_dataclass.py"}):
+        tree = ast.parse(path.read_text(), str(path))
+        standard = any(
+            isinstance(node, ast.ImportFrom)
+            and node.module == "dataclasses"
+            and any(a.name == "dataclass" for a in node.names)
+            for node in ast.walk(tree)
+        ) or any(
+            isinstance(node, ast.Attribute)
+            and node.attr == "dataclass"
+            and isinstance(node.value, ast.Name)
+            and node.value.id == "dataclasses"
+            for node in ast.walk(tree)
+        )
+        if standard and path not in documented:
+            wrong.append(str(path.relative_to(PACKAGE)))
+    assert wrong == [], "use epbuild._dataclass.dataclass in:\n" + "\n".join(wrong)
