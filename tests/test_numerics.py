@@ -390,3 +390,26 @@ def test_two_numerics_checks_at_once_run_the_check_once(workspace: Workspace) ->
     assert checks[0].outputs == checks[1].outputs
     assert sorted(c.cached for c in checks) == [False, True]  # one ran, one took its figures
     assert len(_done_records(ws.root, "single/htp/c/check")) == 1
+
+
+@pytest.mark.slow
+def test_a_loader_that_dies_records_nothing(
+    workspace: Workspace, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A loader killed (out of memory, a timeout on a busy machine) is no verdict on the
+    model: the check fails, nothing is journaled or cached, and the next run checks."""
+    from epbuild.inspection import loading
+
+    ws = _one_model(workspace)
+
+    def killed(root: str, ctx: str, job: object, python: object, module: str = "") -> object:
+        why = "the loader process died (killed by SIGKILL)"
+        return loading.LoadCheck(ctx, loading.LoadOutcome.FAILED, why, died=True)  # as it reads one
+
+    with monkeypatch.context() as m:
+        m.setattr(loading, "_run_loader", killed)
+        dead = by_model(verify_outputs(ws.root, numerics=True))["c_ctx.onnx"]
+    assert dead.status is CheckStatus.FAILED and "killed by SIGKILL" in dead.reason
+    assert _done_records(ws.root, "single/htp/c/check") == []
+    again = by_model(verify_outputs(ws.root, numerics=True))["c_ctx.onnx"]
+    assert again.status is CheckStatus.OK and not again.cached

@@ -46,6 +46,9 @@ class LoadCheck:
     max_error: float | None = None
     crashed: bool = False
     """The loader process died from a signal (a native crash)."""
+    died: bool = False
+    """The loader gave no result (it timed out, was killed or exited without one): nothing
+    says the same inputs would fail again (a check records no figures of it)."""
     outputs: list[dict[str, Any]] | None = None
     """Per output of the model, its figures against the source (``loadcheck.figures_of``)."""
     more: dict[str, Any] = field(default_factory=dict)
@@ -56,7 +59,7 @@ class LoadCheck:
 
     def to_json(self) -> dict[str, Any]:
         """The ``--json`` form."""
-        skip = ("crashed", "outputs", "more", "versions")
+        skip = ("crashed", "died", "outputs", "more", "versions")
         doc = {k: v for k, v in asdict(self).items() if k not in skip}
         return {**doc, "outcome": self.outcome.value}
 
@@ -155,14 +158,17 @@ def _run_loader(
             check=False,
         )
     except subprocess.TimeoutExpired:
-        return LoadCheck(ctx, LoadOutcome.FAILED, f"loading took over {LOAD_TIMEOUT:g}s")
+        why = f"loading took over {LOAD_TIMEOUT:g}s"
+        return LoadCheck(ctx, LoadOutcome.FAILED, why, died=True)
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
     if proc.returncode < 0 or not lines:
         why = f"the loader process died ({_describe(proc.returncode)})"
         tail = [ln for ln in proc.stderr.splitlines() if ln.strip() and not _NOISE.search(ln)]
         if tail and proc.returncode >= 0:
             why += f": {tail[-1].strip()}"
-        return LoadCheck(ctx, LoadOutcome.FAILED, why, crashed=proc.returncode < 0)
+        # SIGKILL is the kernel's (out of memory) or a user's, not a native crash of the model
+        crashed = proc.returncode < 0 and proc.returncode != -signal.SIGKILL
+        return LoadCheck(ctx, LoadOutcome.FAILED, why, crashed=crashed, died=True)
     data = json.loads(lines[-1])
     outcome = LoadOutcome(data["outcome"])
     outputs = data.get("outputs")

@@ -269,22 +269,6 @@ def _judge(
     return NumericsCheck(action, ctx, status, reason, judged, tol, cached, layers)
 
 
-def check_numerics(
-    directory: str | os.PathLike[str] = ".",
-    manifest: str | os.PathLike[str] | None = None,
-    selectors: list[str] | tuple[str, ...] = (),
-) -> list[NumericsCheck]:
-    """The numerical checks of the selected committed actions; actions not committed are
-    left out."""
-    from epbuild.planning.workspace import open_workspace
-
-    ws = open_workspace(directory, manifest, selectors)
-    committed = [
-        a for a in ws.actions if a.id in ws.state.records and a.id not in ws.state.interrupted
-    ]
-    return run_checks(ws, committed)
-
-
 def build_verdicts(
     directory: str | os.PathLike[str],
     manifest: str | os.PathLike[str] | None,

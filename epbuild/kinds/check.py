@@ -231,14 +231,20 @@ def _inputs(root: str, action: Action, index: int) -> tuple[list[str], dict[str,
 
 def run(job: KindJob, root: str) -> dict[str, Any]:
     """Run each ctx model's loader and stage its figures (the loader's result document)."""
+    from epbuild.errors import ActionFailedError
     from epbuild.fs import atomic_write_bytes
-    from epbuild.inspection.loading import run_load
+    from epbuild.inspection.loading import LoadOutcome, run_load
 
     t0 = time.perf_counter()
     python = job.payload.get("python")
     versions: dict[str, str] = {}
     for item in job.payload["runs"]:
         load = run_load(root, item["spec"], python, standalone=True)
+        if load.outcome is LoadOutcome.FAILED and load.died:  # not a verdict on the model
+            raise ActionFailedError(
+                f"{load.file}: {load.message}",
+                hint="run it again; if it keeps failing, 'epbuild verify --load' shows the loader",
+            )
         versions.update(load.versions or {})
         doc = {"outcome": load.outcome.value, "message": load.message,
                "outputs": load.outputs, **load.more}  # fmt: skip
