@@ -6,22 +6,20 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import hashlib
 import os
 import posixpath
-import shutil
 from collections.abc import Iterator, Sequence
+from typing import NamedTuple
 
-from epbuild._dataclass import dataclass
 from epbuild.errors import StorageError, UnsafePathError
 
 CHUNK = 1 << 20
 """Files are read in pieces of this size: memory stays flat whatever the model size."""
 
 
-@dataclass(frozen=True)
-class FileDigest:
-    """A file's size and sha256, and the first of the searched strings it contains."""
+class FileDigest(NamedTuple):
+    """A file's size and sha256, and the first of the searched strings it contains (a named
+    tuple: this module stays cheap to import, on the fast restore path too)."""
 
     size: int
     sha256: str
@@ -31,6 +29,8 @@ class FileDigest:
 def digest_file(path: str, needles: Sequence[bytes] = ()) -> FileDigest:
     """Hash ``path`` in `CHUNK` pieces, searching for ``needles`` across piece boundaries
     on the way (one read serves both)."""
+    import hashlib
+
     h, size, found = hashlib.sha256(), 0, None
     keep = max((len(n) for n in needles), default=1) - 1
     tail = b""
@@ -102,8 +102,46 @@ def atomic_write_text(
 def atomic_copy(src: str, dest: str, *, mode: int | None = None, durable: bool = False) -> None:
     """Copy ``src``'s bytes to ``dest`` (in pieces: a large file is never held in memory):
     all or nothing (see `atomic_output`)."""
+    import shutil
+
     with atomic_output(dest, mode=mode, durable=durable) as tmp:
         shutil.copyfile(src, tmp)
+
+
+_FICLONE = 0x40049409  # Linux ioctl: share the source's extents (btrfs, XFS, ...)
+
+
+def link_or_copy(src: str, dest: str) -> str:
+    """Put ``src``'s bytes at the new path ``dest``: a hard link, else a reflink, else a copy;
+    says which (``link``, ``reflink``, ``copy``). A missing ``src`` raises
+    ``FileNotFoundError``."""
+    try:
+        os.link(src, dest)
+        return "link"
+    except OSError as exc:
+        if exc.errno == errno.ENOENT:
+            raise
+    if _reflink(src, dest):
+        return "reflink"
+    import shutil
+
+    shutil.copyfile(src, dest)
+    return "copy"
+
+
+def _reflink(src: str, dest: str) -> bool:
+    try:
+        import fcntl
+    except ImportError:  # not on this platform
+        return False
+    try:
+        with open(src, "rb") as s, open(dest, "wb") as d:
+            fcntl.ioctl(d.fileno(), _FICLONE, s.fileno())
+        return True
+    except OSError:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(dest)
+        return False
 
 
 def fsync_dir(directory: str) -> None:
@@ -233,6 +271,8 @@ def remove_tree(path: str) -> None:
     if os.path.islink(path):
         os.unlink(path)
     elif os.path.isdir(path):
+        import shutil
+
         shutil.rmtree(path, ignore_errors=True)
     elif os.path.lexists(path):
         os.unlink(path)

@@ -24,16 +24,9 @@ from typing import Any, TypeVar
 
 from epbuild._dataclass import dataclass
 from epbuild.cache import trust
+from epbuild.cache.layout import entry_path, key_lock_path, object_path
 from epbuild.cache.local import LocalBackend
-from epbuild.cache.store import (
-    LOCKS,
-    CachedOutput,
-    CacheEntry,
-    CorruptEntryError,
-    Store,
-    entry_path,
-    object_path,
-)
+from epbuild.cache.store import CachedOutput, CacheEntry, CorruptEntryError, Store
 from epbuild.errors import CacheUnavailableError
 from epbuild.fs import CHUNK
 from epbuild.planning.keys import explain_difference
@@ -97,7 +90,7 @@ class ActionCache:
     def key_lock(self, key: str) -> str:
         """The lock file a build holds while it restores or compiles ``key``, in the local
         tier: builds sharing the directory compile each key once (see ``prune``)."""
-        return self.local_backend.full(f"{LOCKS}/{key[:2]}/{key}.lock")
+        return self.local_backend.full(key_lock_path(key))
 
     def describe(self) -> str:
         """Where the cache is, for messages."""
@@ -139,7 +132,7 @@ class ActionCache:
             if (
                 linked
                 and st.st_size == out.size
-                and trust.is_trusted(self.local_backend, out.digest, st)
+                and trust.is_trusted(self.local_backend.root, out.digest, st)
             ):
                 continue
             size, digest = st.st_size, hash_file(dest)
@@ -150,10 +143,10 @@ class ActionCache:
                     st.st_size,
                     st.st_mtime_ns,
                 ):
-                    trust.record(self.local_backend, out.digest, st)
+                    trust.record(self.local_backend.root, out.digest, st)
             else:
                 os.unlink(dest)
-                trust.forget(self.local_backend, out.digest)
+                trust.forget(self.local_backend.root, out.digest)
                 self.local.discard(entry, damaged=(out.digest,))
                 raise CacheDamagedError(
                     f"entry {key[:12]} in {self.local.url}: {name} is damaged (expected "
@@ -179,7 +172,7 @@ class ActionCache:
         for name, out in entry.outputs.items():
             if self.local.has_object(out.digest):
                 continue
-            with trust.sealed_object(self.local_backend, out.digest) as tmp:
+            with trust.sealed_object(self.local_backend.root, out.digest) as tmp:
                 try:
                     self.remote.backend.download(object_path(out.digest), tmp, out.size)
                 except FileNotFoundError:
@@ -224,7 +217,7 @@ class ActionCache:
             self.local_backend.touch(path)  # keeps it out of a concurrent prune's reach
             return
         h = hashlib.sha256()
-        with trust.sealed_object(self.local_backend, out.digest) as tmp:
+        with trust.sealed_object(self.local_backend.root, out.digest) as tmp:
             with open(src, "rb") as s, open(tmp, "wb") as d:
                 while chunk := s.read(CHUNK):
                     h.update(chunk)

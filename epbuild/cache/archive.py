@@ -17,18 +17,9 @@ from dataclasses import dataclass, field
 from typing import IO
 
 from epbuild.cache import trust
+from epbuild.cache.layout import ENTRIES, OBJECTS, entry_path, object_path
 from epbuild.cache.local import LocalBackend
-from epbuild.cache.store import (
-    ENTRIES,
-    OBJECTS,
-    CacheEntry,
-    CorruptEntryError,
-    Store,
-    entry_bytes,
-    entry_path,
-    object_path,
-    parse_entry,
-)
+from epbuild.cache.store import CacheEntry, CorruptEntryError, Store, entry_bytes, parse_entry
 from epbuild.errors import UserError
 from epbuild.fs import CHUNK, atomic_output, digest_file, os_error_text
 
@@ -129,7 +120,7 @@ def import_archive(store: Store, backend: LocalBackend, path: str) -> ArchiveRep
 def _import_object(backend: LocalBackend, digest: str, src: IO[bytes]) -> bool:
     h = hashlib.sha256()
     try:
-        with trust.sealed_object(backend, digest) as tmp:
+        with trust.sealed_object(backend.root, digest) as tmp:
             with open(tmp, "wb") as f:
                 while chunk := src.read(CHUNK):
                     h.update(chunk)

@@ -3,15 +3,12 @@ hard link (or reflink) where the filesystem allows, by copy otherwise."""
 
 from __future__ import annotations
 
-import errno
 import os
 import shutil
 from collections.abc import Iterator
 
 from epbuild.cache.backend import StoredFile
-from epbuild.fs import atomic_copy, atomic_write_bytes
-
-_FICLONE = 0x40049409  # Linux ioctl: share the source's extents (btrfs, XFS, ...)
+from epbuild.fs import atomic_copy, atomic_write_bytes, link_or_copy
 
 
 class LocalBackend:
@@ -74,31 +71,7 @@ class LocalBackend:
 
     def materialize(self, path: str, dest: str) -> str:
         """Put a stored file at ``dest``: hard link, else reflink, else copy; says which."""
-        src = self.full(path)
-        try:
-            os.link(src, dest)
-            return "link"
-        except OSError as exc:
-            if exc.errno == errno.ENOENT:
-                raise
-        if _reflink(src, dest):
-            return "reflink"
-        shutil.copyfile(src, dest)
-        return "copy"
-
-
-def _reflink(src: str, dest: str) -> bool:
-    try:
-        import fcntl
-    except ImportError:  # not on this platform
-        return False
-    try:
-        with open(src, "rb") as s, open(dest, "wb") as d:
-            fcntl.ioctl(d.fileno(), _FICLONE, s.fileno())
-        return True
-    except OSError:
-        _unlink(dest)
-        return False
+        return link_or_copy(self.full(path), dest)
 
 
 def _unlink(path: str) -> None:

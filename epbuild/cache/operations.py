@@ -13,8 +13,8 @@ from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING
 
 from epbuild.cache.archive import ArchiveReport, export_entries, import_archive
+from epbuild.cache.audit import CacheVerifyReport, verify_all
 from epbuild.cache.prune import PruneReport, prune
-from epbuild.cache.trust import CacheVerifyReport, verify_all
 from epbuild.errors import UserError
 
 
@@ -241,7 +241,7 @@ def store_up_to_date(
     directory or URL the caller named: ``build --cache DIR``) lacks into it, from its
     committed outputs: a new cache is seeded without a clean build. Returns warnings (a
     cache that cannot be written never fails the build)."""
-    from epbuild.cache.store import entry_path
+    from epbuild.cache.layout import entry_path
     from epbuild.fs import os_error_text
     from epbuild.planning.workspace import open_action_cache
 

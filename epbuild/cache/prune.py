@@ -12,19 +12,9 @@ import os
 import time
 from dataclasses import dataclass
 
+from epbuild.cache.layout import ENTRIES, IDS, LOCKS, OBJECTS, VERIFIED, entry_path, object_path
 from epbuild.cache.local import LocalBackend
-from epbuild.cache.store import (
-    ENTRIES,
-    IDS,
-    LOCKS,
-    OBJECTS,
-    CorruptEntryError,
-    Store,
-    entry_path,
-    is_key,
-    object_path,
-)
-from epbuild.cache.trust import VERIFIED
+from epbuild.cache.store import CorruptEntryError, Store, is_key
 
 GRACE_SECONDS = 600.0
 

@@ -1,11 +1,6 @@
 """Objects by digest and entries by action key, over one backend.
 
-Layout (``v1/`` so a future format can live beside this one)::
-
-    v1/objects/ab/abcdef…            output bytes, named by their sha256
-    v1/entries/12/1234…json          one action key → output names, sizes, digests, components
-    v1/ids/<hash of action id>/<key> marker: entries of one action id (to explain a miss)
-    v1/locks/12/1234….lock           held by the build restoring or compiling that key
+Layout: ``layout`` (``v1/`` so a future format can live beside this one).
 
 Writers put every object first and the entry last, each by an atomic write, so a reader
 that finds an entry finds its objects — unless something removed them since, which a
@@ -20,18 +15,15 @@ import re
 import time
 from dataclasses import replace
 
-from epbuild._names import CACHE_LAYOUT
 from epbuild.cache.backend import Backend
+from epbuild.cache.layout import ENTRIES, IDS, entry_path, object_path
+from epbuild.cache.layout import LAYOUT as LAYOUT  # (the store's names, as they were)
+from epbuild.cache.layout import LOCKS as LOCKS
+from epbuild.cache.layout import OBJECTS as OBJECTS
 from epbuild.state.journal import ActionRecord, OutputRecord
 
 CachedOutput = OutputRecord
 """One output file of an entry: the same record the state keeps."""
-
-LAYOUT = CACHE_LAYOUT
-OBJECTS = f"{LAYOUT}/objects"
-ENTRIES = f"{LAYOUT}/entries"
-IDS = f"{LAYOUT}/ids"
-LOCKS = f"{LAYOUT}/locks"
 
 _HEX64 = re.compile(r"[0-9a-f]{64}")
 _NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.+\-]*")
@@ -70,16 +62,6 @@ def parse_entry(raw: bytes, key: str) -> CacheEntry:
         return replace(entry, restored=False)
     except (ValueError, KeyError, TypeError, AttributeError, RecursionError) as exc:
         raise CorruptEntryError(f"entry {key[:12]} is unreadable ({exc})") from exc
-
-
-def object_path(digest: str) -> str:
-    """Where an object lives."""
-    return f"{OBJECTS}/{digest[:2]}/{digest}"
-
-
-def entry_path(key: str) -> str:
-    """Where an entry lives."""
-    return f"{ENTRIES}/{key[:2]}/{key}.json"
 
 
 def id_dir(action_id: str) -> str:

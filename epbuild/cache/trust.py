@@ -21,36 +21,35 @@ import contextlib
 import os
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 
-from epbuild.cache.local import LocalBackend
-from epbuild.cache.store import LAYOUT, CorruptEntryError, Store, object_path
+from epbuild.cache.layout import VERIFIED, object_path, verified_path
 from epbuild.fs import atomic_output, atomic_write_bytes
 
-VERIFIED = f"{LAYOUT}/verified"
+__all__ = ["VERIFIED", "forget", "is_trusted", "record", "sealed_object", "verified_path"]
 _RACY_NS = 20_000_000  # as in the stat cache: a write in the same tick may keep the mtime
 _BACKDATE_NS = 1_000_000_000
 
 
-def verified_path(digest: str) -> str:
-    """Where an object's verified stat is recorded."""
-    return f"{VERIFIED}/{digest[:2]}/{digest}"
+def _full(root: str, path: str) -> str:
+    """The local path of a cache file (``LocalBackend.full``)."""
+    return os.path.join(root, *path.split("/"))
 
 
 def _stat_key(st: os.stat_result) -> bytes:
     return f"{st.st_ino} {st.st_size} {st.st_mtime_ns}\n".encode()
 
 
-def is_trusted(backend: LocalBackend, digest: str, st: os.stat_result) -> bool:
-    """Whether the object with stat ``st`` is the one verified as ``digest``."""
+def is_trusted(root: str, digest: str, st: os.stat_result) -> bool:
+    """Whether the object with stat ``st`` is the one verified as ``digest`` in the directory
+    cache at ``root``."""
     try:
-        with open(backend.full(verified_path(digest)), "rb") as f:
+        with open(_full(root, verified_path(digest)), "rb") as f:
             return f.read(100) == _stat_key(st)
     except OSError:
         return False
 
 
-def record(backend: LocalBackend, digest: str, st: os.stat_result) -> None:
+def record(root: str, digest: str, st: os.stat_result) -> None:
     """Note that the object with stat ``st`` was just verified as ``digest`` (best effort).
 
     Not fsynced: a record lost in a crash costs one re-hash. Skipped for an mtime within the
@@ -59,80 +58,25 @@ def record(backend: LocalBackend, digest: str, st: os.stat_result) -> None:
     if time.time_ns() - st.st_mtime_ns < _RACY_NS:
         return
     with contextlib.suppress(OSError):
-        atomic_write_bytes(backend.full(verified_path(digest)), _stat_key(st), durable=False)
+        atomic_write_bytes(_full(root, verified_path(digest)), _stat_key(st), durable=False)
 
 
-def forget(backend: LocalBackend, digest: str) -> None:
+def forget(root: str, digest: str) -> None:
     """Drop an object's record (the object is damaged or gone)."""
-    backend.delete(verified_path(digest))
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(_full(root, verified_path(digest)))
 
 
 @contextlib.contextmanager
-def sealed_object(backend: LocalBackend, digest: str) -> Iterator[str]:
+def sealed_object(root: str, digest: str) -> Iterator[str]:
     """Yield a temp path to write the object ``digest`` to (and hash it on the way); on a
     clean exit it moves into place read-only and is recorded as verified. Raise inside to
     drop it (a hash mismatch)."""
-    final = backend.full(object_path(digest))
+    final = _full(root, object_path(digest))
     with atomic_output(final, durable=False) as tmp:
         yield tmp
         os.chmod(tmp, 0o444)
         then = time.time_ns() - _BACKDATE_NS
         os.utime(tmp, ns=(then, then))
         st = os.stat(tmp)  # a rename keeps inode, size and mtime
-    record(backend, digest, st)
-
-
-@dataclass(frozen=True)
-class CacheVerifyReport:
-    """What ``verify_all`` checked and discarded."""
-
-    entries: int
-    objects: int
-    bytes: int
-    problems: list[str] = field(default_factory=list)
-    """One line per discarded entry: which output was missing or damaged."""
-
-
-def verify_all(store: Store, backend: LocalBackend) -> CacheVerifyReport:
-    """Re-hash every object every entry uses, ignoring recorded stats; discard damaged
-    entries (and their damaged objects) and re-record the stats of intact objects."""
-    from epbuild.state.statcache import hash_file
-
-    intact: dict[str, bool] = {}
-    problems: list[str] = []
-    entries = objects = size = 0
-    for key in store.entry_keys():
-        try:
-            entry = store.get_entry(key)
-        except CorruptEntryError as exc:
-            store.discard(key)
-            problems.append(f"{exc}; discarded")
-            continue
-        if entry is None:
-            continue
-        entries += 1
-        bad: list[str] = []
-        for name, out in entry.outputs.items():
-            if out.digest not in intact:
-                full = backend.full(object_path(out.digest))
-                try:
-                    st = os.stat(full)
-                    ok = st.st_size == out.size and hash_file(full) == out.digest
-                except FileNotFoundError:
-                    ok = False
-                intact[out.digest] = ok
-                if ok:
-                    objects, size = objects + 1, size + out.size
-                    if os.stat(full).st_mtime_ns == st.st_mtime_ns:
-                        record(backend, out.digest, st)
-                else:
-                    forget(backend, out.digest)
-            if not intact[out.digest]:
-                bad.append(name)
-        if bad:
-            damaged = tuple(o.digest for n, o in entry.outputs.items() if n in bad)
-            store.discard(entry, damaged=damaged)
-            problems.append(
-                f"entry {key[:12]} ({entry.id}): {', '.join(bad)} missing or damaged; discarded"
-            )
-    return CacheVerifyReport(entries, objects, size, problems)
+    record(root, digest, st)

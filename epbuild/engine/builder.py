@@ -10,7 +10,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from epbuild.docsite import page_url
-from epbuild.engine.staging import commit, hash_staged, make_staging
+from epbuild.engine.staging import WRITE_HINT, commit_journaled, hash_staged, make_staging
 from epbuild.errors import EpbuildError, StorageError
 from epbuild.fs import os_error_text, remove_tree
 from epbuild.kinds.contract import GraphAction, RunContext, kind_named, kind_of
@@ -19,7 +19,7 @@ from epbuild.planning.staleness import ActionPlan, plan_action
 from epbuild.planning.workspace import Workspace, recorded_outputs
 from epbuild.results import ActionResult, Outcome, Reporter, action_result
 from epbuild.state import locks
-from epbuild.state.journal import ActionRecord, State
+from epbuild.state.journal import ActionRecord, State, done_line
 from epbuild.state.statcache import Entry
 
 if TYPE_CHECKING:
@@ -345,36 +345,21 @@ class Builder:
         re-restore; a compile's record is made durable at once."""
         ws = self.ws
         old = list(state.records[action.id].outputs) if action.id in state.records else []
-        what = f"epbuild commit {action.id}"
-        with locks.hold(ws.state_lock, what, timeout=self.lock_timeout):
-            try:
-                ws.journal.begin(action.id, record.key)
-            except OSError as exc:  # nothing touched yet: the old outputs and record stand
-                raise StorageError(
-                    f"cannot write the state journal ({os_error_text(exc, ws.root)}); "
-                    "the previous outputs were left as they were",
-                    hint=WRITE_HINT,
-                ) from exc
-            try:
-                commit(ws.root, staging, action.out_dir, names, old)
-                for rel, out in record.outputs.items():
-                    st = os.stat(os.path.join(ws.root, rel))
-                    entry = Entry(st.st_ino, st.st_size, st.st_mtime_ns, out.digest)
-                    ws.stats.remember(rel, entry)
-            except OSError as exc:  # the journal ends with begin: the action reads as stale
-                raise StorageError(
-                    f"cannot put the outputs in place in {action.out_dir} "
-                    f"({os_error_text(exc, ws.root)}); the action is recorded as not built",
-                    hint=WRITE_HINT,
-                ) from exc
-            try:
-                ws.journal.done(record, sync=durable)
-            except OSError as exc:
-                raise StorageError(
-                    f"the outputs are in place but the state journal cannot record them "
-                    f"({os_error_text(exc, ws.root)}); the action is recorded as not built",
-                    hint=WRITE_HINT,
-                ) from exc
+        stats = ws.stats
+
+        def remember(rel: str, st: os.stat_result, digest: str) -> None:
+            stats.remember(rel, Entry(st.st_ino, st.st_size, st.st_mtime_ns, digest))
+
+        with locks.hold(ws.state_lock, f"epbuild commit {action.id}", timeout=self.lock_timeout):
+            commit_journaled(
+                ws.root,
+                ws.journal.path,
+                (staging, action.out_dir, names),
+                old,
+                done_line(record),
+                remember,
+                durable=durable,
+            )
 
     def _restore(
         self, plan: ActionPlan, key: ActionKey, state: State
@@ -529,11 +514,6 @@ VERSIONS_HINT = (
 
 _MAX_REPLANS = 5
 """Times an action is re-planned because its key changed while it waited for a lock."""
-
-WRITE_HINT = (
-    "check that the output and state directories are writable and have free space, and the "
-    "file-size limit (ulimit -f); then build again"
-)
 
 
 def _failed(

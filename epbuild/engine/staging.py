@@ -12,12 +12,21 @@ from __future__ import annotations
 import os
 import posixpath
 import sys
-from typing import Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from epbuild._names import STAGING_DIR
-from epbuild.errors import UnsafePathError, VerificationError
-from epbuild.fs import digest_file, ensure_dir_inside, inside, remove_tree
-from epbuild.state.journal import OutputRecord
+from epbuild.errors import StorageError, UnsafePathError, VerificationError
+from epbuild.fs import digest_file, ensure_dir_inside, inside, os_error_text, remove_tree
+from epbuild.state import journalfile
+
+if TYPE_CHECKING:
+    from epbuild.state.journal import OutputRecord
+
+WRITE_HINT = (
+    "check that the output and state directories are writable and have free space, and the "
+    "file-size limit (ulimit -f); then build again"
+)
 
 
 def staging_root(root: str, out_dir: str) -> str:
@@ -96,6 +105,7 @@ def hash_staged(root: str, staging: str, out_dir: str, names: list[str]) -> dict
     context binaries and initializers hold any short string somewhere.
     """
     from epbuild.onnx.context import needle_problem, scan_needles
+    from epbuild.state.journal import OutputRecord
 
     needles = scan_needles(root)
     records: dict[str, OutputRecord] = {}
@@ -139,3 +149,49 @@ def commit(root: str, staging: str, out_dir: str, names: list[str], old: list[st
     for name in names:
         os.replace(os.path.join(root, staging, name), os.path.join(target, name))
     remove_tree(os.path.join(root, staging))
+
+
+def commit_journaled(
+    root: str,
+    journal: str,
+    staged: tuple[str, str, list[str]],
+    old: list[str],
+    done: dict[str, Any],
+    remember: Callable[[str, os.stat_result, str], None],
+    *,
+    durable: bool,
+) -> None:
+    """The commit protocol, for every kind and both restore paths (callers hold the state
+    lock): ``begin`` in the journal at ``journal`` → the ``staged`` outputs (staging
+    directory, action output directory, file names) renamed over the ``old`` ones → each
+    output's stat handed to ``remember`` with its digest → the ``done`` record (a journal
+    ``done`` line: ``op``, then the record's JSON). So the journal never says ``done`` for
+    outputs that are not there. ``durable=False`` leaves the done record's fsync to the
+    build's final journal sync: for restores, where losing it costs a re-restore."""
+    staging, out_dir, names = staged
+    try:
+        journalfile.append(journal, journalfile.begin_line(done["id"], done["key"]), sync=False)
+    except OSError as exc:  # nothing touched yet: the old outputs and record stand
+        raise StorageError(
+            f"cannot write the state journal ({os_error_text(exc, root)}); "
+            "the previous outputs were left as they were",
+            hint=WRITE_HINT,
+        ) from exc
+    try:
+        commit(root, staging, out_dir, names, old)
+        for rel, out in done["outputs"].items():
+            remember(rel, os.stat(os.path.join(root, rel)), out["digest"])
+    except OSError as exc:  # the journal ends with begin: the action reads as stale
+        raise StorageError(
+            f"cannot put the outputs in place in {out_dir} "
+            f"({os_error_text(exc, root)}); the action is recorded as not built",
+            hint=WRITE_HINT,
+        ) from exc
+    try:
+        journalfile.append(journal, done, sync=durable)
+    except OSError as exc:
+        raise StorageError(
+            f"the outputs are in place but the state journal cannot record them "
+            f"({os_error_text(exc, root)}); the action is recorded as not built",
+            hint=WRITE_HINT,
+        ) from exc

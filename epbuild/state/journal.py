@@ -17,7 +17,6 @@ one (the journal compacted or rewritten) only costs a full replay, which writes 
 
 from __future__ import annotations
 
-import errno
 import hashlib
 import json
 import os
@@ -31,9 +30,10 @@ from typing import Any, TypeVar, overload
 from epbuild._dataclass import dataclass
 from epbuild._names import SNAPSHOT_SUFFIX
 from epbuild.fs import atomic_write_bytes, is_safe_reference
+from epbuild.state import journalfile
+from epbuild.state.journalfile import HEADER_LINE, encode_line
 
-HEADER = {"epbuild_state": 1}
-_HEADER_LINE = json.dumps(HEADER, separators=(",", ":")).encode() + b"\n"
+_HEADER_LINE = HEADER_LINE
 
 
 @dataclass(frozen=True)
@@ -455,22 +455,12 @@ def _apply(state: State, data: dict[str, Any]) -> None:
         raise _Damaged(f"unknown op {op!r}")
 
 
-def _line(data: dict[str, Any]) -> bytes:
-    return json.dumps(data, separators=(",", ":"), sort_keys=True).encode() + b"\n"
+_line = encode_line
 
 
-def _done_dict(rec: ActionRecord) -> dict[str, Any]:
+def done_line(rec: ActionRecord) -> dict[str, Any]:
+    """A ``done`` line of the journal: the record's JSON under ``op: done``."""
     return {"op": "done", **rec.to_json()}
-
-
-def _write_all(fd: int, data: bytes) -> None:
-    """Write all of ``data``; a short write (the file-size limit reached) raises EFBIG."""
-    view = memoryview(data)
-    while view:
-        written = os.write(fd, view)
-        if written <= 0:
-            raise OSError(errno.EFBIG, os.strerror(errno.EFBIG))
-        view = view[written:]
 
 
 class Journal:
@@ -480,31 +470,7 @@ class Journal:
         self.path = path
 
     def _append(self, data: dict[str, Any], *, sync: bool = True) -> None:
-        line = _line(data)
-        os.makedirs(os.path.dirname(self.path) or ".", exist_ok=True)
-        fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-        try:
-            size = os.fstat(fd).st_size
-            if size == 0:
-                line = _HEADER_LINE + line
-            else:
-                # A crash mid-append leaves a line without its newline: end it first so
-                # this record does not merge into the damaged one.
-                with open(self.path, "rb") as f:
-                    f.seek(-1, os.SEEK_END)
-                    if f.read(1) != b"\n":
-                        line = b"\n" + line
-            try:
-                _write_all(fd, line)
-            except OSError as exc:
-                # A full disk or a file-size limit cut the record short: take it back, so
-                # the journal keeps ending with a whole line and later records still load.
-                os.ftruncate(fd, size)
-                raise OSError(exc.errno, exc.strerror, self.path) from exc
-            if sync:
-                os.fsync(fd)
-        finally:
-            os.close(fd)
+        journalfile.append(self.path, data, sync=sync)
 
     def begin(self, action_id: str, key: str) -> None:
         """Mark an action's outputs as being replaced.
@@ -520,23 +486,16 @@ class Journal:
         replaced file has other bytes or its old key is wrong. Any ``done`` that is fsynced
         flushes the ``begin`` before it, so a durable ``done`` is never missing its begin.
         """
-        self._append({"op": "begin", "id": action_id, "key": key, "pid": os.getpid()}, sync=False)
+        self._append(journalfile.begin_line(action_id, key), sync=False)
 
     def done(self, rec: ActionRecord, *, sync: bool = True) -> None:
         """Record a completed action (``sync=False``: durable only at the next ``sync``; for
         restores, where a lost record just means restoring again)."""
-        self._append(_done_dict(rec), sync=sync)
+        self._append(done_line(rec), sync=sync)
 
     def sync(self) -> None:
         """Make every appended record durable (one fsync for a batch of restores)."""
-        try:
-            fd = os.open(self.path, os.O_WRONLY | os.O_APPEND)
-        except FileNotFoundError:
-            return
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        journalfile.sync(self.path)
 
     def damaged(self, action_id: str, damage: Damage) -> None:
         """Record that a check found a committed action's outputs damaged: the action is then
@@ -555,7 +514,7 @@ class Journal:
             return
         out = [_HEADER_LINE]
         for rec in state.records.values():
-            out.append(_line(_done_dict(rec)))
+            out.append(_line(done_line(rec)))
         for action_id in sorted(state.interrupted):
             out.append(_line(_begin_dict(action_id, state.damaged.get(action_id))))
         atomic_write_bytes(self.path, b"".join(out))

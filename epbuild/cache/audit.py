@@ -1,0 +1,68 @@
+"""``epbuild cache verify``: re-hash every object every entry of a directory cache uses,
+whatever ``trust`` recorded; discard damaged entries and re-record intact objects' stats."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+
+from epbuild.cache import trust
+from epbuild.cache.layout import object_path
+from epbuild.cache.local import LocalBackend
+from epbuild.cache.store import CorruptEntryError, Store
+
+
+@dataclass(frozen=True)
+class CacheVerifyReport:
+    """What ``verify_all`` checked and discarded."""
+
+    entries: int
+    objects: int
+    bytes: int
+    problems: list[str] = field(default_factory=list)
+    """One line per discarded entry: which output was missing or damaged."""
+
+
+def verify_all(store: Store, backend: LocalBackend) -> CacheVerifyReport:
+    """Re-hash every object every entry uses, ignoring recorded stats; discard damaged
+    entries (and their damaged objects) and re-record the stats of intact objects."""
+    from epbuild.state.statcache import hash_file
+
+    intact: dict[str, bool] = {}
+    problems: list[str] = []
+    entries = objects = size = 0
+    for key in store.entry_keys():
+        try:
+            entry = store.get_entry(key)
+        except CorruptEntryError as exc:
+            store.discard(key)
+            problems.append(f"{exc}; discarded")
+            continue
+        if entry is None:
+            continue
+        entries += 1
+        bad: list[str] = []
+        for name, out in entry.outputs.items():
+            if out.digest not in intact:
+                full = backend.full(object_path(out.digest))
+                try:
+                    st = os.stat(full)
+                    ok = st.st_size == out.size and hash_file(full) == out.digest
+                except FileNotFoundError:
+                    ok = False
+                intact[out.digest] = ok
+                if ok:
+                    objects, size = objects + 1, size + out.size
+                    if os.stat(full).st_mtime_ns == st.st_mtime_ns:
+                        trust.record(backend.root, out.digest, st)
+                else:
+                    trust.forget(backend.root, out.digest)
+            if not intact[out.digest]:
+                bad.append(name)
+        if bad:
+            damaged = tuple(o.digest for n, o in entry.outputs.items() if n in bad)
+            store.discard(entry, damaged=damaged)
+            problems.append(
+                f"entry {key[:12]} ({entry.id}): {', '.join(bad)} missing or damaged; discarded"
+            )
+    return CacheVerifyReport(entries, objects, size, problems)
