@@ -8,9 +8,8 @@ remote tier, with the per-user directory as the local tier in front of it.
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
-from epbuild._dataclass import dataclass
 from epbuild.userdirs import default_cache_dir
 
 if TYPE_CHECKING:
@@ -20,9 +19,9 @@ OFF = ("off", "none", "no", "0", "false")
 ENV = "EPBUILD_CACHE"
 
 
-@dataclass(frozen=True)
-class CacheConfig:
-    """A resolved cache location."""
+class CacheConfig(NamedTuple):
+    """A resolved cache location (a named tuple: the fast restore path resolves it before
+    anything heavier is imported)."""
 
     local: str
     """Absolute path of the local cache directory."""

@@ -12,7 +12,16 @@ import os
 import time
 from dataclasses import dataclass
 
-from epbuild.cache.layout import ENTRIES, IDS, LOCKS, OBJECTS, VERIFIED, entry_path, object_path
+from epbuild.cache.layout import (
+    ENTRIES,
+    IDS,
+    LOCKS,
+    OBJECTS,
+    RESTORES,
+    VERIFIED,
+    entry_path,
+    object_path,
+)
 from epbuild.cache.local import LocalBackend
 from epbuild.cache.store import CorruptEntryError, Store, is_key
 
@@ -86,7 +95,26 @@ def _prune(store: Store, max_size: int, grace: float) -> PruneReport:
             backend.delete(f.path)
     if isinstance(backend, LocalBackend):
         _prune_key_locks(backend, now - grace)
+        _prune_restore_memos(backend)
     return PruneReport(removed, kept, freed, total)
+
+
+def _prune_restore_memos(backend: LocalBackend) -> None:
+    """Remove the restore memos (``engine.restorememo``) that name an entry no longer here
+    (or that cannot be read): a fast restore needs every entry its memo names."""
+    import json
+
+    for f in backend.walk(RESTORES):
+        raw = backend.read_bytes(f.path)
+        try:
+            keys = [a["key"] for a in json.loads(raw or b"")["actions"]]
+            gone = not all(
+                isinstance(k, str) and is_key(k) and backend.exists(entry_path(k)) for k in keys
+            )
+        except (ValueError, KeyError, TypeError):
+            gone = True
+        if gone:
+            backend.delete(f.path)
 
 
 def _prune_key_locks(backend: LocalBackend, before: float) -> None:

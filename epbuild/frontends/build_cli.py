@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import functools
 import os
+import sys
 from typing import Any
 
 from epbuild.frontends import args as checks
@@ -64,10 +65,34 @@ def _answered_by_noop(args: argparse.Namespace) -> bool:
     return True
 
 
+def _answered_by_memo(args: argparse.Namespace, options: dict[str, Any]) -> bool:
+    """``build --cache-only`` in a fresh checkout: restore from the cache's memo of this
+    workspace, if it has one that still holds (``engine.restorememo``), and print what the
+    full path would have."""
+    if not args.cache_only or args.selectors or args.numerics or options["cache_push"]:
+        return False
+    if options["dry_run"] or options["trace"] or options["locked"] or options["scheduler"]:
+        return False
+    if options["executor"] not in (None, "local"):
+        return False
+    from epbuild.engine.restorememo import fast_restore, progress_lines
+
+    doc = fast_restore(args.directory, args.manifest, options["cache"], options["lock_timeout"])
+    if doc is None:
+        return False
+    for line in progress_lines(doc):
+        print(line, file=sys.stderr)
+    if args.json:
+        print_json(doc, command="build")
+    else:
+        print(summary_line(doc["summary"]))
+    return True
+
+
 def run_build(args: argparse.Namespace) -> int:
     """``epbuild build``; returns the exit code."""
     options = _build_options(args)  # before the fast path: a bad argument is always exit 2
-    if _answered_by_noop(args):
+    if _answered_by_noop(args) or _answered_by_memo(args, options):
         return 0
     from epbuild.api import build
     from epbuild.frontends.progress import ConsoleReporter
