@@ -266,10 +266,20 @@ class _Plan:
                 raise _Miss from None
             self.stats.append((rel, st, digest, refs))
         for action in self.actions:
-            if any(
-                os.path.lexists(os.path.join(self.root, r)) for r in action["record"]["outputs"]
-            ):
-                raise _Miss  # the full path replaces them, and says so
+            for rel in action["record"]["outputs"]:
+                if os.path.lexists(os.path.join(self.root, rel)):
+                    raise _Miss  # the full path replaces them, and says so
+            self._entry_holds(action)
+
+    def _entry_holds(self, action: dict[str, Any]) -> None:
+        """The action's cache entry is the one the memo was made from."""
+        path = _in_cache(self.cache, layout.entry_path(action["key"]))
+        try:
+            with open(path, "rb") as f:
+                if hashlib.sha256(f.read()).hexdigest() != action["entry"]:
+                    raise _Miss
+        except OSError:
+            raise _Miss from None
 
     def run(self, lock_timeout: float | None, t0: float) -> dict[str, Any]:
         """Under the locks: stage and verify every action's outputs, then commit them all."""
@@ -309,25 +319,20 @@ class _Plan:
 
     def _stage(self, action: dict[str, Any]) -> str:
         """Link the action's objects into a fresh staging directory and verify each."""
-        entry = _in_cache(self.cache, layout.entry_path(action["key"]))
-        try:
-            with open(entry, "rb") as f:
-                if hashlib.sha256(f.read()).hexdigest() != action["entry"]:
-                    raise _Miss
-        except OSError:
-            raise _Miss from None
+        self._entry_holds(action)  # again, under its key's lock
         try:
             staging = make_staging(self.root, self.memo["out_dir"], action["slug"])
         except Exception:
             raise _Miss from None
-        for rel, out in action["record"]["outputs"].items():
-            dest = os.path.join(self.root, staging, os.path.basename(rel))
-            obj = _in_cache(self.cache, layout.object_path(out["digest"]))
-            try:
-                self._place(obj, dest, out)
-            except OSError:
-                remove_tree(os.path.join(self.root, staging))
+        try:
+            for rel, out in action["record"]["outputs"].items():
+                dest = os.path.join(self.root, staging, os.path.basename(rel))
+                self._place(_in_cache(self.cache, layout.object_path(out["digest"])), dest, out)
+        except BaseException as exc:
+            remove_tree(os.path.join(self.root, staging))
+            if isinstance(exc, OSError):
                 raise _Miss from None
+            raise
         return staging
 
     def _place(self, obj: str, dest: str, out: dict[str, Any]) -> None:
