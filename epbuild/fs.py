@@ -271,9 +271,12 @@ def remove_tree(path: str) -> None:
     if os.path.islink(path):
         os.unlink(path)
     elif os.path.isdir(path):
-        import shutil
+        try:
+            os.rmdir(path)  # most often empty (a committed staging directory): no shutil
+        except OSError:
+            import shutil
 
-        shutil.rmtree(path, ignore_errors=True)
+            shutil.rmtree(path, ignore_errors=True)
     elif os.path.lexists(path):
         os.unlink(path)
 

@@ -315,3 +315,38 @@ def test_two_restores_at_once_from_one_memo(
     trace = json.loads((ws.root / ".epbuild" / "trace.json").read_text())
     assert "lock" in {e["name"] for e in trace["traceEvents"]}  # the memo's one span of locks
     assert tree(ws.root) == tree(src.root)
+
+
+def _memo_of(cache: Path, ws: Workspace) -> Path:
+    raw = (ws.root / "epbuild.toml").read_bytes()
+    address = restorememo.address(str(ws.root), str(ws.root / "epbuild.toml"), raw, str(cache))
+    return cache / RESTORES / f"{address}.json"
+
+
+@pytest.mark.parametrize("tamper", ["truncated", "out_dir", "output", "input"])
+def test_a_damaged_or_hostile_memo_is_a_miss(
+    memoized: tuple[Workspace, Path, Path], tmp_path: Path, tamper: str
+) -> None:
+    """A shared cache directory is not trusted further than its entries: a memo of
+    another shape, or one whose paths lead out of the workspace, is never followed."""
+    src, cache, where = memoized
+    ws = fresh(src.root, where)
+    path = _memo_of(cache, ws)
+    memo = json.loads(path.read_text())
+    first = memo["actions"][0]
+    if tamper == "truncated":
+        path.write_text(path.read_text()[:200])
+    else:
+        if tamper == "out_dir":
+            memo["out_dir"] = "../outside"
+        elif tamper == "output":
+            outputs = first["record"]["outputs"]
+            outputs["../../outside.bin"] = outputs.popitem()[1]
+        else:
+            memo["inputs"]["/etc/hostname"] = ["0" * 64, None]
+        path.write_text(json.dumps(memo))
+    assert restorememo.fast_restore(str(ws.root), None, str(cache), None) is None
+    assert not (ws.root / ".epbuild").exists() and not (ws.root / "build").exists()
+    assert not (tmp_path / "outside").exists() and not (tmp_path / "outside.bin").exists()
+    code, doc = restore(ws, cache)  # the full path, from the entries: all restored
+    assert code == 0 and doc["summary"]["restored"] == 2

@@ -50,7 +50,6 @@ from epbuild._names import (
     STATCACHE_NAME,
     STATE_LOCK_NAME,
     TRACE_NAME,
-    tomllib,
 )
 from epbuild.cache import layout, trust
 from epbuild.engine.staging import commit_journaled, make_staging
@@ -170,19 +169,15 @@ def _find(
     from epbuild.cache.location import resolve
 
     path = os.path.abspath(os.path.join(directory, manifest or MANIFEST_NAME))
-    try:
-        with open(path, "rb") as f:
-            raw = f.read()
-        data = tomllib.loads(raw.decode("utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError, RecursionError):
-        raise _Miss from None
+    raw = open_bytes(path)
+    if raw is None:
+        raise _Miss
     root = os.path.dirname(path)
-    workspace = data.get("workspace")
-    value = workspace.get("cache") if isinstance(workspace, dict) else None
+    value = None if isinstance(cache_option, str) else _manifest_cache(raw)  # --cache wins
     cfg = resolve(
         cache_option,
         base=os.path.abspath(directory),
-        manifest_value=value if isinstance(value, str) else None,
+        manifest_value=value,
         manifest_root=root,
     )
     if cfg is None or cfg.remote is not None:
@@ -224,6 +219,19 @@ def _tame(memo: dict[str, Any]) -> bool:
             if posixpath.dirname(rel) != a["out_dir"] or not _HEX64.fullmatch(out["digest"]):
                 return False
     return True
+
+
+def _manifest_cache(raw: bytes) -> str | None:
+    """``[workspace] cache`` of the manifest, as written."""
+    from epbuild._names import tomllib
+
+    try:
+        data = tomllib.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError, RecursionError):
+        raise _Miss from None
+    workspace = data.get("workspace")
+    value = workspace.get("cache") if isinstance(workspace, dict) else None
+    return value if isinstance(value, str) else None
 
 
 class _Plan:
@@ -282,7 +290,8 @@ class _Plan:
             raise _Miss from None
 
     def run(self, lock_timeout: float | None, t0: float) -> dict[str, Any]:
-        """Under the locks: stage and verify every action's outputs, then commit them all."""
+        """Under the action and key locks: stage and verify every action's outputs, then,
+        under the state lock, commit them all."""
         with ExitStack() as held, self.tracer.slot():
             with self.tracer.span("lock"):
                 self._lock(held, lock_timeout)
@@ -290,7 +299,11 @@ class _Plan:
             try:
                 for action in self.actions:
                     staged.append(self._stage(action))
-                times = self._commit(staged)
+                lock = os.path.join(self.state_dir, STATE_LOCK_NAME)
+                with locks.hold(lock, "epbuild build (restore)", timeout=lock_timeout):
+                    if os.path.lexists(self.journal):
+                        raise _Miss  # another build committed meanwhile
+                    times = self._commit(staged)
             finally:
                 for rel in staged:
                     remove_tree(os.path.join(self.root, rel))
@@ -299,8 +312,8 @@ class _Plan:
         return self._document(times, time.perf_counter() - t0)
 
     def _lock(self, held: ExitStack, lock_timeout: float | None) -> None:
-        """Every action's lock, then every key's, then the state lock (the full path's
-        order: action → key → state); the journal still absent under them."""
+        """Every action's lock, then every key's (the full path's order: action → key →
+        state, which ``run`` takes to commit, the journal still absent under it)."""
         paths = sorted(
             [(os.path.join(self.state_dir, LOCKS_DIR, f"{a['slug']}.lock"),
               f"epbuild build {a['id']}") for a in self.actions]
@@ -312,10 +325,6 @@ class _Plan:
         )  # fmt: skip
         for path, what in [*paths, *keys]:
             held.enter_context(locks.hold(path, what, timeout=lock_timeout))
-        lock = os.path.join(self.state_dir, STATE_LOCK_NAME)
-        held.enter_context(locks.hold(lock, "epbuild build (restore)", timeout=lock_timeout))
-        if os.path.lexists(self.journal):
-            raise _Miss  # another build committed meanwhile
 
     def _stage(self, action: dict[str, Any]) -> str:
         """Link the action's objects into a fresh staging directory and verify each."""

@@ -11,6 +11,8 @@ Standard library only: imported on the no-op fast path.
 from __future__ import annotations
 
 import argparse
+import os
+import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, NoReturn, TypeAlias
 
@@ -44,6 +46,26 @@ class Parser(argparse.ArgumentParser):
         if not self.raise_usage_errors:
             super().error(message)
         raise UsageError(message, usage=self.format_usage(), prog=self.prog)
+
+    def _get_formatter(self) -> argparse.HelpFormatter:
+        """argparse's formatter, given the terminal's width as ``shutil.get_terminal_size``
+        finds it (``_columns``) rather than importing ``shutil`` for it: every
+        ``add_argument`` makes one, on every start."""
+        return self.formatter_class(prog=self.prog, width=_columns() - 2)  # type: ignore[call-arg]
+
+
+def _columns() -> int:
+    """``shutil.get_terminal_size().columns``: ``$COLUMNS``, else stdout's terminal, else 80."""
+    try:
+        columns = int(os.environ["COLUMNS"])
+    except (KeyError, ValueError):
+        columns = 0
+    if columns <= 0:
+        try:
+            columns = os.get_terminal_size(sys.__stdout__.fileno()).columns  # type: ignore[union-attr]
+        except (AttributeError, ValueError, OSError):
+            columns = 0
+    return columns or 80
 
 
 class _Formatter(argparse.HelpFormatter):
