@@ -6,7 +6,11 @@
    into a directory cache; then, in a fresh copy of its sources each time (no outputs, no
    state), ``epbuild build --cache-only --cache DIR`` against the floor any restore pays:
    ``python -c pass`` + ``sha256sum`` of the inputs + ``cp -r`` of the outputs (three
-   processes, timed together), interleaved run by run. Target: at most 2x the floor.
+   processes, timed together), interleaved run by run. Target: at most 2x the floor. The
+   copy is made at one path each time, as a CI runner checks out: the first run (not
+   counted) restores through the full path and writes the cache's restore memo for that
+   path, the others restore from it (``from_memo``). ``full_path_s``: the same restore at a
+   new path each run, which the memo does not answer.
 2. No-op ``epbuild build`` against ``python -c "import onnx"`` for three workspaces: a plain
    one (``examples/quickstart``), a toolchain one (one tiny model whose provider has a
    ``requirements`` toolchain, made by epbuild with pip in ``--toolchains`` or a temporary
@@ -66,14 +70,15 @@ def restore(tmp: Path, runs: int) -> dict[str, object]:
     cache = tmp / "cache"
     timed([epbuild(ws, "build", "--cache", str(cache))])
     inputs = [str(p) for p in sorted((ws / "models").rglob("*")) if p.is_file()]
-    ours, floor = [], []
-    for run in range(runs + 1):  # the first run of each writes bytecode: not counted
-        clone = tmp / "clone"
-        shutil.rmtree(clone, ignore_errors=True)
-        shutil.copytree(ws, clone, ignore=shutil.ignore_patterns("build", ".epbuild"))
+    ours, full, floor, memo = [], [], [], []
+    for run in range(runs + 1):  # the first run of each writes bytecode (and the memo)
+        clone = fresh(ws, tmp / "clone")
         a = timed([epbuild(clone, "build", "--cache-only", "--cache", str(cache))])
         if not (clone / "build").is_dir():
             sys.exit("the restore wrote no outputs")
+        memo.append(from_memo(clone))
+        other = fresh(ws, tmp / f"clone-{run}")  # a path with no memo yet: the full path
+        f = timed([epbuild(other, "build", "--cache-only", "--cache", str(cache))])
         copy = tmp / "copy"
         shutil.rmtree(copy, ignore_errors=True)
         b = timed(
@@ -85,15 +90,32 @@ def restore(tmp: Path, runs: int) -> dict[str, object]:
         )
         if run:
             ours.append(a)
+            full.append(f)
             floor.append(b)
     mine, low = statistics.median(ours), statistics.median(floor)
     return {
         "restore_s": round(mine, 3),
         "floor_s": round(low, 3),
         "ratio": round(mine / low, 2),
+        "from_memo": all(memo[1:]),
+        "full_path_s": round(statistics.median(full), 3),
+        "full_path_ratio": round(statistics.median(full) / low, 2),
         "runs": runs,
         "load": load(),
     }
+
+
+def fresh(ws: Path, dest: Path) -> Path:
+    """A fresh checkout of ``ws`` at ``dest``: its sources, no outputs, no state."""
+    shutil.rmtree(dest, ignore_errors=True)
+    shutil.copytree(ws, dest, ignore=shutil.ignore_patterns("build", ".epbuild"))
+    return dest
+
+
+def from_memo(clone: Path) -> bool:
+    """Whether the restore came from the cache's memo (its trace has one span of locks)."""
+    trace = json.loads((clone / ".epbuild" / "trace.json").read_text())
+    return "lock" in {e["name"] for e in trace["traceEvents"]}
 
 
 def noop_figure(ws: Path, runs: int, env: dict[str, str] = ENV) -> dict[str, object]:

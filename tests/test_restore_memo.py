@@ -66,7 +66,7 @@ def memoized(simple_built: Workspace, tmp_path: Path) -> tuple[Workspace, Path, 
     where = tmp_path / "checkout"
     code, doc = restore(fresh(simple_built.root, where), cache)
     assert code == 0 and doc["summary"]["restored"] == 2, doc
-    assert len(list((cache / RESTORES).iterdir())) == 2  # the source's and the checkout's
+    assert len(list((cache / RESTORES).rglob("*.json"))) == 2  # the source's, the checkout's
     return simple_built, cache, where
 
 
@@ -269,7 +269,7 @@ def test_prune_drops_the_memos_of_evicted_entries(
     assert (
         main(["-C", str(src.root), "cache", "prune", "--max-size", "0", "--cache", str(cache)]) == 0
     )
-    assert not list((cache / RESTORES).iterdir())
+    assert not list((cache / RESTORES).rglob("*.json"))
 
 
 def test_two_restores_at_once_from_one_memo(
@@ -319,8 +319,9 @@ def test_two_restores_at_once_from_one_memo(
 
 def _memo_of(cache: Path, ws: Workspace) -> Path:
     raw = (ws.root / "epbuild.toml").read_bytes()
-    address = restorememo.address(str(ws.root), str(ws.root / "epbuild.toml"), raw, str(cache))
-    return cache / RESTORES / f"{address}.json"
+    return cache / restorememo.memo_path_of(
+        str(ws.root), str(ws.root / "epbuild.toml"), raw, str(cache)
+    )
 
 
 @pytest.mark.parametrize("tamper", ["truncated", "out_dir", "output", "input"])
@@ -350,3 +351,17 @@ def test_a_damaged_or_hostile_memo_is_a_miss(
     assert not (tmp_path / "outside").exists() and not (tmp_path / "outside.bin").exists()
     code, doc = restore(ws, cache)  # the full path, from the entries: all restored
     assert code == 0 and doc["summary"]["restored"] == 2
+
+
+def test_a_workspace_path_keeps_only_its_latest_memos(
+    simple_built: Workspace, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(restorememo, "KEPT_PER_PLACE", 2)
+    cache = tmp_path / "cache"
+    manifest = simple_built.root / "epbuild.toml"
+    for n in range(4):  # each edit of the manifest's bytes is another memo
+        manifest.write_text(manifest.read_text() + f"# edit {n}\n")
+        assert simple_built.build(cache=str(cache)).ok
+    (place,) = (cache / RESTORES).iterdir()
+    kept = list(place.iterdir())
+    assert len(kept) == 2 and _memo_of(cache, simple_built) in kept  # the latest among them

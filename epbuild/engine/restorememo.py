@@ -81,6 +81,13 @@ def address(root: str, manifest: str, raw: bytes, cache_dir: str) -> str:
     return hashlib.sha256(json.dumps(context, sort_keys=True).encode()).hexdigest()
 
 
+def memo_path_of(root: str, manifest: str, raw: bytes, cache_dir: str) -> str:
+    """The cache-relative path of the memo of a workspace (root, manifest path and bytes)
+    restoring from ``cache_dir``."""
+    place = hashlib.sha256(root.encode()).hexdigest()
+    return layout.restore_path(place, address(root, manifest, raw, cache_dir))
+
+
 def _stamp(path: str) -> list[int] | None:
     """(inode, size, mtime_ns) of a version source; [] when absent, None when stat cannot
     say (the no-op fingerprint's stamps)."""
@@ -182,9 +189,7 @@ def _find(
     )
     if cfg is None or cfg.remote is not None:
         raise _Miss
-    memo_path = os.path.join(
-        cfg.local, *layout.restore_path(address(root, path, raw, cfg.local)).split("/")
-    )
+    memo_path = _in_cache(cfg.local, memo_path_of(root, path, raw, cfg.local))
     try:
         with open(memo_path, "rb") as f:
             written = os.fstat(f.fileno()).st_mtime_ns
@@ -439,12 +444,28 @@ def write_memo(ws: Workspace, plans: list[ActionPlan], cache_dir: str) -> bool:
     raw = open_bytes(ws.manifest.path)
     if raw is None:
         return False
-    path = _in_cache(cache_dir, layout.restore_path(address(ws.root, str(ws.manifest.path), raw,
-                                                           cache_dir)))  # fmt: skip
+    path = _in_cache(cache_dir, memo_path_of(ws.root, str(ws.manifest.path), raw, cache_dir))
     data = json.dumps(memo, sort_keys=True, separators=(",", ":")).encode()
     if open_bytes(path) != data:
         atomic_write_bytes(path, data, durable=False)  # a torn memo is a miss, never a lie
+        _keep_latest(os.path.dirname(path))
     return True
+
+
+KEPT_PER_PLACE = 8
+"""Memos kept per workspace path (one per manifest version, interpreter, cache): the
+latest written; older ones (an edited manifest's) are removed as a new one is written."""
+
+
+def _keep_latest(folder: str) -> None:
+    """Remove all but the ``KEPT_PER_PLACE`` newest memos of one workspace path."""
+    try:
+        names = [e for e in os.scandir(folder) if e.name.endswith(".json")]
+        names.sort(key=lambda e: e.stat().st_mtime_ns, reverse=True)
+        for old in names[KEPT_PER_PLACE:]:
+            os.unlink(old.path)
+    except OSError:
+        pass  # another build's cleaning, or a read-only cache: memos are small
 
 
 def open_bytes(path: str | os.PathLike[str]) -> bytes | None:
