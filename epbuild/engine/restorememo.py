@@ -54,6 +54,7 @@ from epbuild._names import (
 from epbuild.cache import layout, trust
 from epbuild.engine.staging import commit_journaled, make_staging
 from epbuild.fs import is_safe_reference, link_or_copy, remove_tree
+from epbuild.planning import noop
 from epbuild.state import journalfile, locks
 
 if TYPE_CHECKING:
@@ -86,18 +87,6 @@ def memo_path_of(root: str, manifest: str, raw: bytes, cache_dir: str) -> str:
     restoring from ``cache_dir``."""
     place = hashlib.sha256(root.encode()).hexdigest()
     return layout.restore_path(place, address(root, manifest, raw, cache_dir))
-
-
-def _stamp(path: str) -> list[int] | None:
-    """(inode, size, mtime_ns) of a version source; [] when absent, None when stat cannot
-    say (the no-op fingerprint's stamps)."""
-    try:
-        st = os.stat(path)
-    except (FileNotFoundError, NotADirectoryError):
-        return []
-    except OSError:
-        return None
-    return [st.st_ino, st.st_size, st.st_mtime_ns]
 
 
 _DIST_SUFFIXES = (".dist-info", ".egg-info", ".egg-link", ".pth")
@@ -260,7 +249,7 @@ class _Plan:
             raise _Miss  # not a fresh checkout: the full path compares with the journal
         written = self.memo["written_ns"]
         for path, stamp in self.memo["stamps"].items():
-            if _stamp(path) != stamp or (stamp and stamp[2] >= written):
+            if noop.file_stamp(path) != stamp or (stamp and stamp[2] >= written):
                 raise _Miss  # changed, or too fresh for its stat to vouch (racy)
         for site, names in self.memo["sites"].items():
             if _distributions(site) != names:
@@ -509,13 +498,12 @@ def _plain(ws: Workspace, plans: list[ActionPlan]) -> bool:
 
 def _memo(ws: Workspace, plans: list[ActionPlan], cache_dir: str) -> dict[str, Any] | None:
     """The memo's content (None where it cannot vouch)."""
-    from epbuild.planning.noop import _stamp_sources, _still_current
 
     if not _plain(ws, plans):
         return None
     files: dict[str, list[int] | None] = {}
     dirs: dict[str, list[int] | None] = {}
-    if not _stamp_sources(ws, files, dirs) or not _still_current(ws):
+    if not noop.stamp_sources(ws, files, dirs) or not noop.still_current(ws):
         return None
     settings = ws.manifest.workspace
     own = _own_dirs(ws.root, (settings.out_dir, settings.state_dir, cache_dir))

@@ -37,7 +37,7 @@ _ABSENT: list[int] = []
 vouches like any other stamp (a toolchain workspace without ``epbuild.lock``)."""
 
 
-def _stamp(path: str) -> list[int] | None:
+def file_stamp(path: str) -> list[int] | None:
     """(inode, size, mtime_ns), ``_ABSENT`` if nothing is there, None if stat cannot say."""
     try:
         st = os.stat(path)
@@ -49,9 +49,9 @@ def _stamp(path: str) -> list[int] | None:
 
 
 def _dir_stamp(path: str) -> list[int] | None:
-    """(inode, mtime_ns): ``_stamp`` without the size, which says nothing of a directory."""
-    stamp = _stamp(path)
-    return [stamp[0], stamp[2]] if stamp else stamp
+    """(inode, mtime_ns): ``file_stamp`` without the size, which says nothing of a directory."""
+    found = file_stamp(path)
+    return [found[0], found[2]] if found else found
 
 
 def _racy(stamp: object, written_ns: int) -> bool:
@@ -105,14 +105,14 @@ def fast_noop(
         return None
     if not isinstance(data, dict) or data.get("version") != _VERSION:
         return None
-    if data.get("context") != _context(selectors) or data.get("manifest") != _stamp(path):
+    if data.get("context") != _context(selectors) or data.get("manifest") != file_stamp(path):
         return None
     files = data.get("files", {})
     dirs = data.get("dirs", {})
     if not isinstance(files, dict) or not isinstance(dirs, dict):
         return None
     for rel, stamp in files.items():
-        if _stamp(os.path.join(root, rel)) != stamp or _racy(stamp, written):
+        if file_stamp(os.path.join(root, rel)) != stamp or _racy(stamp, written):
             return None
     for d, stamp in dirs.items():
         if _dir_stamp(os.path.join(root, d)) != stamp:
@@ -132,15 +132,15 @@ def write_fingerprint(
 
     if any(p.stale for p in plans):
         return False
-    manifest_stamp = _stamp(str(ws.manifest.path))
+    manifest_stamp = file_stamp(str(ws.manifest.path))
     journal = os.path.join(ws.state_dir, JOURNAL_NAME)
-    files: dict[str, list[int] | None] = {os.path.relpath(journal, ws.root): _stamp(journal)}
+    files: dict[str, list[int] | None] = {os.path.relpath(journal, ws.root): file_stamp(journal)}
     dirs: dict[str, list[int] | None] = {}
     # Version sources, glob directories and LLM sources are stamped first, then re-checked
     # below (the manifest reads each LLM source's genai_config.json).
-    if not _stamp_sources(ws, files, dirs) or not _stamp_llms(ws, files, dirs):
+    if not stamp_sources(ws, files, dirs) or not _stamp_llms(ws, files, dirs):
         return False
-    if not _still_current(ws):
+    if not still_current(ws):
         return False
     if not _stamp_plans(ws, plans, journal, files):
         return False
@@ -158,7 +158,7 @@ def write_fingerprint(
     return True
 
 
-def _stamp_sources(
+def stamp_sources(
     ws: Workspace, files: dict[str, list[int] | None], dirs: dict[str, list[int] | None]
 ) -> bool:
     """Stamp what versions and glob expansions depend on; False if stat cannot vouch."""
@@ -183,7 +183,7 @@ def _stamp_sources(
             return False  # this adapter's versions cannot be vouched for by stat
         for path in extra:
             where = os.path.abspath(os.path.join(ws.root, path))
-            files[where] = _stamp(where)
+            files[where] = file_stamp(where)
     for group in ws.manifest.groups.values():
         for pattern in group.patterns:
             base = _glob_base(pattern)
@@ -213,13 +213,13 @@ def _stamp_toolchain(
     for site in toolchain.sites:
         dirs[os.path.abspath(site)] = _dir_stamp(site)
     if action.provider.toolchain is not None and action.provider.toolchain.python is None:
-        files[os.path.join(toolchain.prefix, MARKER)] = _stamp(
+        files[os.path.join(toolchain.prefix, MARKER)] = file_stamp(
             os.path.join(toolchain.prefix, MARKER)
         )
         lock = os.path.abspath(os.path.join(action.provider.base_dir or ".", LOCK_NAME))
-        files[lock] = _stamp(lock)  # a (changed) lock names another environment
+        files[lock] = file_stamp(lock)  # a (changed) lock names another environment
     else:
-        files[toolchain.python] = _stamp(toolchain.python)
+        files[toolchain.python] = file_stamp(toolchain.python)
     return toolchain
 
 
@@ -234,7 +234,7 @@ def _stamp_llms(
     return True
 
 
-def _still_current(ws: Workspace) -> bool:
+def still_current(ws: Workspace) -> bool:
     """Whether the manifest and the toolchain versions are still what the build used."""
     from epbuild.manifest.load import load_manifest
     from epbuild.providers import base as provider_base
