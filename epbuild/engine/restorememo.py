@@ -75,11 +75,19 @@ def address(root: str, manifest: str, raw: bytes, cache_dir: str) -> str:
         "format": _VERSION,
         "epbuild": __version__,
         "python": [sys.version, sys.prefix, sys.executable, sys.path],
+        "host": _host(),  # stats vouch on one machine: machines sharing a cache keep theirs
         "root": root,
         "manifest": [os.path.basename(manifest), hashlib.sha256(raw).hexdigest()],
         "cache": cache_dir,
     }
     return hashlib.sha256(json.dumps(context, sort_keys=True).encode()).hexdigest()
+
+
+def _host() -> str:
+    """This machine's name (``locks``' owner notes use the same)."""
+    from epbuild.state.locks import hostname
+
+    return hostname()
 
 
 def memo_path_of(root: str, manifest: str, raw: bytes, cache_dir: str) -> str:

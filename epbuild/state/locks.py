@@ -38,7 +38,7 @@ def _write_owner(lock_path: str, what: str) -> None:
     """Overwrite the owner note in place: truncating a written file to zero makes ext4 flush
     it on close (``auto_da_alloc``), which cost milliseconds per lock."""
     data = json.dumps(
-        {"pid": os.getpid(), "what": what, "host": _hostname(), "since": time.time()}
+        {"pid": os.getpid(), "what": what, "host": hostname(), "since": time.time()}
     ).encode()
     try:
         fd = os.open(_owner_path(lock_path), os.O_WRONLY | os.O_CREAT, 0o644)
@@ -51,7 +51,7 @@ def _write_owner(lock_path: str, what: str) -> None:
         pass
 
 
-def _hostname() -> str:
+def hostname() -> str:
     """``socket.gethostname()``, without importing ``socket`` where ``uname`` says it."""
     if hasattr(os, "uname"):
         return os.uname().nodename
