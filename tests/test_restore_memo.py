@@ -365,3 +365,26 @@ def test_a_workspace_path_keeps_only_its_latest_memos(
     (place,) = (cache / RESTORES).iterdir()
     kept = list(place.iterdir())
     assert len(kept) == 2 and _memo_of(cache, simple_built) in kept  # the latest among them
+
+
+def test_what_cannot_be_saved_after_the_commits_is_a_warning(
+    memoized: tuple[Workspace, Path, Path], monkeypatch: pytest.MonkeyPatch, full_path_off: None
+) -> None:
+    """As the full path: a stat cache a full disk cannot take costs re-hashing later, never
+    the restore; a dead run's staging directory is removed."""
+    from epbuild.state.statcache import StatCache
+
+    def full_disk(self: StatCache) -> None:
+        raise OSError(28, "No space left on device", self.path)
+
+    monkeypatch.setattr(StatCache, "save", full_disk)
+    src, cache, where = memoized
+    ws = fresh(src.root, where)
+    dead = ws.root / "build" / ".staging" / "0123456789abcdef-999999999"
+    dead.mkdir(parents=True)
+    code, doc = restore(ws, cache)
+    assert code == 0 and doc["summary"]["restored"] == 2
+    (warning,) = doc["warnings"]
+    assert warning["message"].startswith("the stat cache was not saved: ")
+    assert "No space left on device" in warning["message"]
+    assert tree(ws.root) == tree(src.root) and not dead.exists()

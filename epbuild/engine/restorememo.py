@@ -52,8 +52,8 @@ from epbuild._names import (
     TRACE_NAME,
 )
 from epbuild.cache import layout, trust
-from epbuild.engine.staging import commit_journaled, make_staging
-from epbuild.fs import is_safe_reference, link_or_copy, remove_tree
+from epbuild.engine.staging import clean_stale_staging, commit_journaled, make_staging
+from epbuild.fs import is_safe_reference, link_or_copy, os_error_text, remove_tree
 from epbuild.planning import noop
 from epbuild.state import journalfile, locks
 
@@ -61,6 +61,7 @@ if TYPE_CHECKING:
     from epbuild.engine.trace import Tracer
     from epbuild.planning.staleness import ActionPlan
     from epbuild.planning.workspace import Workspace
+    from epbuild.state.statcache import StatCache
 
 _VERSION = 1
 NEVER_BUILT = "never built"
@@ -249,7 +250,10 @@ class _Plan:
         self.actions: list[dict[str, Any]] = memo["actions"]
         self.inputs: dict[str, Any] = memo["inputs"]
         self.stats: list[tuple[str, os.stat_result, str, list[str] | None]] = []
-        """Inputs and outputs for the stat cache: path, stat, digest, external-data refs."""
+        """Inputs for the stat cache: path, stat, digest, external-data refs."""
+        self.statcache: StatCache | None = None
+        self.warnings: list[str] = []
+        """What could not be written after the commits (as the full path words it)."""
 
     def check(self) -> None:
         """Everything planning would read is as recorded, and nothing is there yet."""
@@ -305,13 +309,32 @@ class _Plan:
                 with locks.hold(lock, "epbuild build (restore)", timeout=lock_timeout):
                     if os.path.lexists(self.journal):
                         raise _Miss  # another build committed meanwhile
+                    clean_stale_staging(self.root, self.memo["out_dir"])  # a killed run's
                     times = self._commit(staged)
+                    self._finish(self.statcache)
             finally:
                 for rel in staged:
                     remove_tree(os.path.join(self.root, rel))
-        with contextlib.suppress(OSError):  # as the full path: a trace is never a failure
-            self.tracer.write(os.path.join(self.state_dir, TRACE_NAME))
+        self._finish(None)
         return self._document(times, time.perf_counter() - t0)
+
+    def _finish(self, statcache: StatCache | None) -> None:
+        """What the full path does after its actions (``api._run``): save ``statcache`` and
+        sync the journal (under the state lock), or (None) write the trace. Each only saves
+        work for later builds: one that cannot write is a warning, never a failure."""
+        steps = (
+            [("the stat cache was not saved", statcache.save),
+             ("the state journal was not synced or compacted",
+              lambda: journalfile.sync(self.journal))]
+            if statcache is not None
+            else [("the trace was not written",
+                   lambda: self.tracer.write(os.path.join(self.state_dir, TRACE_NAME)))]
+        )  # fmt: skip
+        for what, step in steps:
+            try:
+                step()
+            except OSError as exc:
+                self.warnings.append(f"{what}: {os_error_text(exc, self.root)}")
 
     def _lock(self, held: ExitStack, lock_timeout: float | None) -> None:
         """Every action's lock, then every key's (the full path's order: action → key →
@@ -362,12 +385,12 @@ class _Plan:
             trust.record(self.cache, out["digest"], st)
 
     def _commit(self, staged: list[str]) -> list[float]:
-        """Commit every staged action (begin → renames → done), then the stat cache, the
-        entries' use (LRU) and one journal sync. A failure before the first commit is a
-        miss; after it, the full path finds what was committed up to date."""
+        """Commit every staged action (begin → renames → done) and note its entry's use
+        (LRU). A failure before the first commit is a miss; after it too, and the full path
+        finds what was committed up to date."""
         from epbuild.state.statcache import Entry, StatCache
 
-        stats = StatCache(os.path.join(self.state_dir, STATCACHE_NAME))
+        stats = self.statcache = StatCache(os.path.join(self.state_dir, STATCACHE_NAME))
         for rel, st, digest, refs in self.stats:
             stats.remember(rel, Entry(st.st_ino, st.st_size, st.st_mtime_ns, digest, _refs(refs)))
 
@@ -386,9 +409,8 @@ class _Plan:
                 raise _Miss from None
             self.tracer.add("restore", start, action["id"])
             times.append(self.tracer.now() - start)
-            os.utime(_in_cache(self.cache, layout.entry_path(action["key"])))
-        stats.save()
-        journalfile.sync(self.journal)
+            with contextlib.suppress(OSError):  # its last use, for prune (a read-only cache)
+                os.utime(_in_cache(self.cache, layout.entry_path(action["key"])))
         return times
 
     def _document(self, times: list[float], seconds: float) -> dict[str, Any]:
@@ -397,6 +419,7 @@ class _Plan:
         for result, took in zip(doc["actions"], times, strict=True):
             result["seconds"] = round(took, 3)
         doc["summary"]["seconds"] = round(seconds, 3)
+        doc["warnings"] = self.warnings
         return doc
 
 
@@ -424,6 +447,8 @@ def progress_lines(doc: dict[str, Any]) -> Iterator[str]:
     yield f"epbuild: {len(actions)} of {len(actions)} action(s) to build"
     for i, result in enumerate(actions, 1):
         yield f"[{i}/{len(actions)}] restored {result['id']}"
+    for warning in doc["warnings"]:
+        yield f"epbuild: warning: {warning}"
 
 
 # -- writing a memo (the full path) -----------------------------------------------------------
