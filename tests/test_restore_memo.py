@@ -388,3 +388,45 @@ def test_what_cannot_be_saved_after_the_commits_is_a_warning(
     assert warning["message"].startswith("the stat cache was not saved: ")
     assert "No space left on device" in warning["message"]
     assert tree(ws.root) == tree(src.root) and not dead.exists()
+
+
+def test_models_of_real_exporters_with_external_data(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A torch.onnx CNN whose weights are in an external-data file, and a BERT export: the
+    memo lists the data file as an input (by content), so a changed weight is a miss."""
+    import onnx
+    from conftest import HTP73
+
+    corpus = Path(__file__).parent / "corpus"
+    src = Workspace(tmp_path / "src")
+    (src.root / "models").mkdir(parents=True)
+    cnn = onnx.load(str(corpus / "cnn_torchscript.onnx"))
+    onnx.save(cnn, str(src.root / "models" / "cnn.onnx"), save_as_external_data=True,
+              all_tensors_to_one_file=True, location="cnn.onnx.data", size_threshold=0)  # fmt: skip
+    shutil.copy(corpus / "bert_torchscript.onnx", src.root / "models" / "bert.onnx")
+    src.manifest({
+        "providers": {"htp": HTP73},
+        "groups": {
+            "cnn": {"models": ["models/cnn.onnx"], "providers": ["htp"]},
+            "bert": {"models": ["models/bert.onnx"], "providers": ["htp"],
+                     "free_dimensions": {"batch": 1, "sequence_length": 8}},
+        },
+    })  # fmt: skip
+    cache, where = tmp_path / "cache", tmp_path / "checkout"
+    assert src.build(cache=str(cache)).ok
+    assert restore(fresh(src.root, where), cache)[0] == 0  # writes the memo for `where`
+    memo = json.loads(_memo_of(cache, Workspace(where)).read_text())
+    assert "models/cnn.onnx.data" in memo["inputs"]
+    ws = fresh(src.root, where)
+    with monkeypatch.context() as mp:
+        mp.setattr("epbuild.api.build", lambda *a, **k: pytest.fail("the full path ran"))
+        code, doc = restore(ws, cache)
+    assert code == 0 and doc["summary"]["restored"] == 2
+    assert tree(ws.root) == tree(src.root)
+    ws = fresh(src.root, where)
+    data = ws.root / "models" / "cnn.onnx.data"
+    weights = bytearray(data.read_bytes())
+    weights[-1] ^= 1
+    data.write_bytes(bytes(weights))
+    assert restorememo.fast_restore(str(ws.root), None, str(cache), None) is None
