@@ -270,20 +270,22 @@ class _Plan:
         for rel, names in self.memo["listings"].items():
             if _listing(self.root, rel, own) != names:
                 raise _Miss
-        for rel, (digest, refs) in self.inputs.items():
-            full = os.path.join(self.root, rel)
-            try:
-                st = os.stat(full)
-                if _sha256(full) != digest:
-                    raise _Miss
-            except OSError:
-                raise _Miss from None
-            self.stats.append((rel, st, digest, refs))
         for action in self.actions:
             for rel in action["record"]["outputs"]:
                 if os.path.lexists(os.path.join(self.root, rel)):
                     raise _Miss  # the full path replaces them, and says so
             self._entry_holds(action)
+        for rel, (digest, refs) in self.inputs.items():  # last: the one costly check
+            full = os.path.join(self.root, rel)
+            try:
+                st = os.stat(full)
+                same = _sha256(full) == digest
+                after = os.stat(full)
+            except OSError:
+                raise _Miss from None
+            if not same or (after.st_size, after.st_mtime_ns) != (st.st_size, st.st_mtime_ns):
+                raise _Miss  # other bytes, or written while it was read
+            self.stats.append((rel, st, digest, refs))
 
     def _entry_holds(self, action: dict[str, Any]) -> None:
         """The action's cache entry is the one the memo was made from."""
