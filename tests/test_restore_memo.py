@@ -430,3 +430,20 @@ def test_models_of_real_exporters_with_external_data(
     weights[-1] ^= 1
     data.write_bytes(bytes(weights))
     assert restorememo.fast_restore(str(ws.root), None, str(cache), None) is None
+
+
+def test_a_plain_build_in_a_fresh_checkout_restores_from_the_memo(
+    memoized: tuple[Workspace, Path, Path], full_path_off: None
+) -> None:
+    """Without --cache-only too: a memo answers only where every action restores, which is
+    what the full path would do there."""
+    import contextlib
+    import io
+
+    src, cache, where = memoized
+    ws = fresh(src.root, where)
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert main(["-C", str(ws.root), "build", "--cache", str(cache)]) == 0
+    assert out.getvalue().startswith("epbuild: 2 restored in ")
+    assert tree(ws.root) == tree(src.root)

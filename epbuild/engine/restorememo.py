@@ -1,4 +1,4 @@
-"""The restore memo: a fresh checkout's ``build --cache-only`` answered without planning.
+"""The restore memo: a fresh checkout's build from a directory cache without planning.
 
 Restoring a workspace from a directory cache costs little work (hash the inputs, link the
 outputs, append to the journal), but the full path first loads the manifest, the providers

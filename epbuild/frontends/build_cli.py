@@ -66,10 +66,10 @@ def _answered_by_noop(args: argparse.Namespace) -> bool:
 
 
 def _answered_by_memo(args: argparse.Namespace, options: dict[str, Any]) -> bool:
-    """``build --cache-only`` in a fresh checkout: restore from the cache's memo of this
-    workspace, if it has one that still holds (``engine.restorememo``), and print what the
-    full path would have."""
-    if not args.cache_only or args.selectors or args.numerics or options["cache_push"]:
+    """A build in a fresh checkout (``--cache-only`` or not: a memo answers only where every
+    action restores): restore from the cache's memo of this workspace, if it has one that
+    still holds (``engine.restorememo``), and print what the full path would have."""
+    if args.selectors or args.numerics or options["cache_push"]:
         return False
     if options["dry_run"] or options["trace"] or options["locked"] or options["scheduler"]:
         return False
