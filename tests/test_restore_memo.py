@@ -447,3 +447,24 @@ def test_a_plain_build_in_a_fresh_checkout_restores_from_the_memo(
         assert main(["-C", str(ws.root), "build", "--cache", str(cache)]) == 0
     assert out.getvalue().startswith("epbuild: 2 restored in ")
     assert tree(ws.root) == tree(src.root)
+
+
+def test_a_glob_over_the_directory_holding_the_outputs(
+    simple_ws: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``out_dir`` inside the globbed directory: a fresh checkout lacks it, the memo's
+    listing leaves it out (as globs do), so the memo still answers."""
+    ws = simple_ws()
+    manifest = ws.root / "epbuild.toml"
+    text = manifest.read_text().replace('"models/c.onnx"', '"models/c*.onnx"')
+    manifest.write_text('[workspace]\nout_dir = "models/build"\n\n' + text)
+    cache, where = tmp_path / "cache", tmp_path / "checkout"
+    assert ws.build(cache=str(cache)).ok
+    assert restore(fresh(ws.root, where), cache)[0] == 0  # writes the memo for `where`
+    checkout = Workspace(where)
+    shutil.rmtree(where / "models" / "build")
+    shutil.rmtree(where / ".epbuild")
+    with monkeypatch.context() as mp:
+        mp.setattr("epbuild.api.build", lambda *a, **k: pytest.fail("the full path ran"))
+        code, doc = restore(checkout, cache)
+    assert code == 0 and doc["summary"]["restored"] == 2

@@ -114,27 +114,25 @@ def _distributions(site: str) -> list[str] | None:
 
 
 def _listing(root: str, rel: str, own: frozenset[str]) -> list[str] | None:
-    """The names in a glob's directory (``name/`` for a directory), epbuild's own top-level
-    directories left out at the workspace root; None when it cannot be listed."""
+    """The names in a glob's directory (``name/`` for a directory), epbuild's own
+    directories (``own``, workspace-relative) left out; None when it cannot be listed."""
     try:
         with os.scandir(os.path.join(root, rel)) as it:
             names = [e.name + "/" if e.is_dir() else e.name for e in it]
     except OSError:
         return None
-    if rel in ("", "."):
-        names = [n for n in names if n.rstrip("/") not in own]
-    return sorted(names)
+    return sorted(n for n in names if posixpath.normpath(f"{rel}/{n.rstrip('/')}") not in own)
 
 
 def _own_dirs(root: str, settings: tuple[str, str, str]) -> frozenset[str]:
-    """The top-level names of the output, state and cache directories (a fresh checkout
-    lacks them; globs never match inside them)."""
+    """The output, state and (inside the workspace) cache directories, workspace-relative:
+    a fresh checkout lacks them, and globs never match inside them."""
     out_dir, state_dir, cache_dir = settings
-    tops = {out_dir.split("/")[0], state_dir.split("/")[0]}
+    own = {posixpath.normpath(out_dir), posixpath.normpath(state_dir)}
     rel = os.path.relpath(cache_dir, root)
-    if not rel.startswith(".."):
-        tops.add(rel.split(os.sep)[0])
-    return frozenset(tops)
+    if rel != ".." and not rel.startswith(".." + os.sep):
+        own.add(posixpath.normpath(rel.replace(os.sep, "/")))
+    return frozenset(own)
 
 
 # -- the fast path -------------------------------------------------------------------------
