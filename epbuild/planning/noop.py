@@ -21,7 +21,7 @@ import os
 import sys
 from typing import TYPE_CHECKING, Any
 
-from epbuild._names import JOURNAL_NAME, MANIFEST_NAME, NOOP_NAME, state_dir_setting, tomllib
+from epbuild._names import JOURNAL_NAME, MANIFEST_NAME, NOOP_NAME, state_dir_setting
 
 if TYPE_CHECKING:
     from epbuild.planning.actions import Action
@@ -67,6 +67,8 @@ def _racy(stamp: object, written_ns: int) -> bool:
 def _state_dir_of(root: str, manifest_bytes: bytes) -> str | None:
     """The state directory the manifest names, if it is a tame relative path (the loader
     refuses the rest, so no fingerprint was ever written outside the workspace)."""
+    from epbuild._names import tomllib  # (on first use: the restore memo never parses TOML)
+
     try:
         data = tomllib.loads(manifest_bytes.decode("utf-8"))
     except (UnicodeDecodeError, ValueError, RecursionError):
