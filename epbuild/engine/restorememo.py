@@ -5,10 +5,10 @@ outputs, append to the journal), but the full path first loads the manifest, the
 and the planner to compute every action's key: most of a small restore is that start-up.
 As the no-op fingerprint is a stat memo of a no-op, the restore memo is a content memo of
 a whole restore. The full path writes it into the cache directory
-(``v1/restores/<address>.json``) after a build that left every action committed and stored;
-its address is a digest of epbuild's version, the interpreter, the workspace's absolute
-path, the manifest's name and bytes and the cache directory. It lists what planning read
-and what restoring wrote:
+(``v1/restores/<place>/<address>.json``, ``cache.layout``) after a build that left every
+action committed and stored; its address is a digest of epbuild's version, the interpreter,
+the host, the workspace's absolute path, the manifest's name and bytes and the cache
+directory. It lists what planning read and what restoring wrote:
 
 - the distributions installed in every ``sys.path`` directory (their metadata directories'
   names, which hold their versions) and the stat of every other version source of the
@@ -18,14 +18,15 @@ and what restoring wrote:
 - for every action: its cache entry's sha256, and the journal record and the result a full
   restore of that entry writes.
 
-``fast_restore`` (imports ``os``, ``json``, ``hashlib`` and epbuild's bottom modules) checks
-all of it against the checkout — the inputs by content, never by stat — and, only for a
-workspace with no journal and none of the outputs, restores under the same locks as the
-full path (every action's, then every key's, then the state lock), through the same commit
-protocol (``staging.commit_journaled``): every object is linked and verified (its stat
-trusted as the full path trusts it, else re-hashed) before anything is committed. Any
-difference, damage or surprise before the first commit returns None and the full path runs,
-which re-plans from content as always. It compares recorded content; it never computes a
+``fast_restore`` (``build``, with ``--cache-only`` or not; imports ``os``, ``json``,
+``hashlib`` and epbuild's bottom modules) checks all of it against the checkout — the inputs
+by content, never by stat — and, only for a workspace with no journal and none of the
+outputs, restores under the same locks as the full path (every action's, then every key's,
+then the state lock), through the same commit protocol (``staging.commit_journaled``): every
+object is linked and verified (its stat trusted as the full path trusts it, else re-hashed)
+before anything is committed. Any difference, damage or surprise before the first commit
+returns None and the full path runs, which re-plans from content as always; a failure after
+it leaves a journal the full path continues from. It compares recorded content; it never computes a
 key. Written only for plain workspaces: compile actions of epbuild's own environment, no
 file-valued provider options, no LLMs or quantization, one-level globs, a directory cache.
 """
