@@ -7,10 +7,9 @@
    state), ``epbuild build --cache-only --cache DIR`` against the floor any restore pays:
    ``python -c pass`` + ``sha256sum`` of the inputs + ``cp -r`` of the outputs (three
    processes, timed together), interleaved run by run. Target: at most 2x the floor. The
-   copy is made at one path each time, as a CI runner checks out: the first run (not
-   counted) restores through the full path and writes the cache's restore memo for that
-   path, the others restore from it (``from_memo``). ``full_path_s``: the same restore at a
-   new path each run, which the memo does not answer.
+   first build writes the cache's restore memo of the workspace, which the restores answer
+   from (``from_memo``). ``full_path_s``: the same restore, in a copy at another path each
+   run, with the memo removed first (the full path, which writes it again).
 2. No-op ``epbuild build`` against ``python -c "import onnx"`` for three workspaces: a plain
    one (``examples/quickstart``), a toolchain one (one tiny model whose provider has a
    ``requirements`` toolchain, made by epbuild with pip in ``--toolchains`` or a temporary
@@ -77,7 +76,8 @@ def restore(tmp: Path, runs: int) -> dict[str, object]:
         if not (clone / "build").is_dir():
             sys.exit("the restore wrote no outputs")
         memo.append(from_memo(clone))
-        other = fresh(ws, tmp / f"clone-{run}")  # a path with no memo yet: the full path
+        other = fresh(ws, tmp / f"clone-{run}")
+        shutil.rmtree(cache / "v1" / "restores")  # no memo: the full path (which writes it)
         f = timed([epbuild(other, "build", "--cache-only", "--cache", str(cache))])
         copy = tmp / "copy"
         shutil.rmtree(copy, ignore_errors=True)

@@ -59,15 +59,12 @@ def full_path_off(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
 
 @pytest.fixture
 def memoized(simple_built: Workspace, tmp_path: Path) -> tuple[Workspace, Path, Path]:
-    """A built workspace seeded into a directory cache, and one full restore at a checkout
-    path (which writes the memo for that path): (source workspace, cache, checkout path)."""
+    """A built workspace seeded into a directory cache, which writes the memo; and where
+    its fresh checkouts go: (source workspace, cache, checkout path)."""
     cache = tmp_path / "cache"
     assert simple_built.build(cache=str(cache)).ok
-    where = tmp_path / "checkout"
-    code, doc = restore(fresh(simple_built.root, where), cache)
-    assert code == 0 and doc["summary"]["restored"] == 2, doc
-    assert len(list((cache / RESTORES).rglob("*.json"))) == 2  # the source's, the checkout's
-    return simple_built, cache, where
+    assert len(list((cache / RESTORES).iterdir())) == 1
+    return simple_built, cache, tmp_path / "checkout"
 
 
 def journal_records(root: Path) -> list[dict[str, Any]]:
@@ -99,7 +96,9 @@ def test_fresh_checkout_restores_from_the_memo_as_the_full_path_does(
 ) -> None:
     src, cache, where = memoized
     full = fresh(src.root, tmp_path / "full")
-    code, full_doc = restore(full, cache)  # the full path (the memo is for `where` only)
+    with monkeypatch.context() as mp:
+        mp.setattr(restorememo, "fast_restore", lambda *a: None)
+        code, full_doc = restore(full, cache)  # the full path
     assert code == 0
     ws = fresh(src.root, where)
     with monkeypatch.context() as mp:
@@ -206,7 +205,6 @@ def test_a_file_new_in_a_globbed_directory_is_a_miss(
     manifest.write_text(manifest.read_text().replace('"models/c.onnx"', '"models/c*.onnx"'))
     cache, where = tmp_path / "cache", tmp_path / "checkout"
     assert simple_built.build(cache=str(cache)).ok
-    assert restore(fresh(simple_built.root, where), cache)[0] == 0  # writes the memo
     ws = fresh(simple_built.root, where)
     assert restorememo.fast_restore(str(ws.root), None, str(cache), None) is not None
     ws = fresh(simple_built.root, where)
@@ -221,8 +219,7 @@ def test_an_installed_distribution_is_a_miss(
     site.mkdir()
     monkeypatch.syspath_prepend(str(site))
     cache, where = tmp_path / "cache", tmp_path / "checkout"
-    assert simple_built.build(cache=str(cache)).ok
-    assert restore(fresh(simple_built.root, where), cache)[0] == 0  # writes the memo
+    assert simple_built.build(cache=str(cache)).ok  # writes the memo
     (site / "onnxruntime_qnn-9.9.9.dist-info").mkdir()
     ws = fresh(simple_built.root, where)
     assert restorememo.fast_restore(str(ws.root), None, str(cache), None) is None
@@ -284,7 +281,7 @@ def test_two_restores_at_once_from_one_memo(
     cmd = [sys.executable, "-m", "epbuild", "-C", str(ws.root), "build", "--cache-only",
            "--cache", str(cache), "--json"]  # fmt: skip
     assert subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True).returncode == 0
-    ws = fresh(src.root, where)
+    ws = fresh(src.root, where)  # (the racers run in it: another current directory)
     ids = sorted(load_state(str(src.root / ".epbuild" / "state.jsonl")).records)
     from epbuild.kinds.contract import ActionIdentity
 
@@ -299,7 +296,7 @@ def test_two_restores_at_once_from_one_memo(
     with contextlib.ExitStack() as files:
         handles = [files.enter_context(e.open("w")) for e in errs]
         with locks.hold(lock, "the test"):
-            procs = [subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE,
+            procs = [subprocess.Popen(cmd, cwd=ws.root, env=env, stdout=subprocess.PIPE,
                                       stderr=h, text=True) for h in handles]  # fmt: skip
             waits.wait_for(
                 lambda: all("waiting for the test" in e.read_text() for e in errs),
@@ -319,9 +316,7 @@ def test_two_restores_at_once_from_one_memo(
 
 def _memo_of(cache: Path, ws: Workspace) -> Path:
     raw = (ws.root / "epbuild.toml").read_bytes()
-    return cache / restorememo.memo_path_of(
-        str(ws.root), str(ws.root / "epbuild.toml"), raw, str(cache)
-    )
+    return cache / restorememo.memo_path_of(str(ws.root / "epbuild.toml"), raw, str(cache))
 
 
 @pytest.mark.parametrize("tamper", ["truncated", "out_dir", "output", "input"])
@@ -353,18 +348,46 @@ def test_a_damaged_or_hostile_memo_is_a_miss(
     assert code == 0 and doc["summary"]["restored"] == 2
 
 
-def test_a_workspace_path_keeps_only_its_latest_memos(
+def test_a_cache_keeps_only_its_most_recently_used_memos(
     simple_built: Workspace, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(restorememo, "KEPT_PER_PLACE", 2)
+    monkeypatch.setattr(restorememo, "KEPT", 2)
     cache = tmp_path / "cache"
     manifest = simple_built.root / "epbuild.toml"
     for n in range(4):  # each edit of the manifest's bytes is another memo
         manifest.write_text(manifest.read_text() + f"# edit {n}\n")
         assert simple_built.build(cache=str(cache)).ok
-    (place,) = (cache / RESTORES).iterdir()
-    kept = list(place.iterdir())
+    kept = list((cache / RESTORES).iterdir())
     assert len(kept) == 2 and _memo_of(cache, simple_built) in kept  # the latest among them
+
+
+def test_a_checkout_at_another_path_restores_from_the_memo(
+    memoized: tuple[Workspace, Path, Path], tmp_path: Path, full_path_off: None
+) -> None:
+    src, cache, _ = memoized
+    for n in range(2):
+        ws = fresh(src.root, tmp_path / f"elsewhere-{n}" / "ws")
+        code, doc = restore(ws, cache)
+        assert code == 0 and doc["summary"]["restored"] == 2
+        assert tree(ws.root) == tree(src.root)
+
+
+def test_a_memo_of_ctx_models_holding_absolute_paths_is_bound_to_its_path(
+    simple_built: Workspace, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The full path's restore checks a ctx model's text against the checkout's paths:
+    where the text holds any absolute path, the memo answers at its own path only."""
+    monkeypatch.setattr(restorememo, "_paths_in_text", lambda *a: True)
+    cache = tmp_path / "cache"
+    assert simple_built.build(cache=str(cache)).ok
+    memo = json.loads(_memo_of(cache, simple_built).read_text())
+    assert memo["root"] == str(simple_built.root)
+    elsewhere = fresh(simple_built.root, tmp_path / "elsewhere")
+    assert restorememo.fast_restore(str(elsewhere.root), None, str(cache), None) is None
+    shutil.rmtree(simple_built.root / "build")
+    shutil.rmtree(simple_built.root / ".epbuild")
+    doc = restorememo.fast_restore(str(simple_built.root), None, str(cache), None)
+    assert doc is not None and doc["summary"]["restored"] == 2
 
 
 def test_what_cannot_be_saved_after_the_commits_is_a_warning(
@@ -414,9 +437,8 @@ def test_models_of_real_exporters_with_external_data(
         },
     })  # fmt: skip
     cache, where = tmp_path / "cache", tmp_path / "checkout"
-    assert src.build(cache=str(cache)).ok
-    assert restore(fresh(src.root, where), cache)[0] == 0  # writes the memo for `where`
-    memo = json.loads(_memo_of(cache, Workspace(where)).read_text())
+    assert src.build(cache=str(cache)).ok  # writes the memo
+    memo = json.loads(_memo_of(cache, src).read_text())
     assert "models/cnn.onnx.data" in memo["inputs"]
     ws = fresh(src.root, where)
     with monkeypatch.context() as mp:
@@ -459,11 +481,8 @@ def test_a_glob_over_the_directory_holding_the_outputs(
     text = manifest.read_text().replace('"models/c.onnx"', '"models/c*.onnx"')
     manifest.write_text('[workspace]\nout_dir = "models/build"\n\n' + text)
     cache, where = tmp_path / "cache", tmp_path / "checkout"
-    assert ws.build(cache=str(cache)).ok
-    assert restore(fresh(ws.root, where), cache)[0] == 0  # writes the memo for `where`
-    checkout = Workspace(where)
-    shutil.rmtree(where / "models" / "build")
-    shutil.rmtree(where / ".epbuild")
+    assert ws.build(cache=str(cache)).ok  # writes the memo (its listing without build/)
+    checkout = fresh(ws.root, where)
     with monkeypatch.context() as mp:
         mp.setattr("epbuild.api.build", lambda *a, **k: pytest.fail("the full path ran"))
         code, doc = restore(checkout, cache)

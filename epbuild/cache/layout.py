@@ -9,7 +9,7 @@ through it, so a layout change is made once::
     v1/ids/<hash of action id>/<key> marker: entries of one action id (to explain a miss)
     v1/locks/12/1234….lock           held by the build restoring or compiling that key
     v1/verified/ab/abcdef…           an object's stat when last verified (``trust``)
-    v1/restores/<place>/<address>.json  a workspace's whole restore, memoized (``restorememo``)
+    v1/restores/<address>.json       a workspace's whole restore, memoized (``restorememo``)
 """
 
 from __future__ import annotations
@@ -45,7 +45,6 @@ def verified_path(digest: str) -> str:
     return f"{VERIFIED}/{digest[:2]}/{digest}"
 
 
-def restore_path(place: str, address: str) -> str:
-    """Where the restore memo at ``address`` lives: in the folder of its ``place`` (a digest
-    of the workspace's path), which keeps only the latest few."""
-    return f"{RESTORES}/{place[:16]}/{address}.json"
+def restore_path(address: str) -> str:
+    """Where the restore memo at ``address`` lives."""
+    return f"{RESTORES}/{address}.json"

@@ -5,10 +5,12 @@ outputs, append to the journal), but the full path first loads the manifest, the
 and the planner to compute every action's key: most of a small restore is that start-up.
 As the no-op fingerprint is a stat memo of a no-op, the restore memo is a content memo of
 a whole restore. The full path writes it into the cache directory
-(``v1/restores/<place>/<address>.json``, ``cache.layout``) after a build that left every
-action committed and stored; its address is a digest of epbuild's version, the interpreter,
-the host, the workspace's absolute path, the manifest's name and bytes and the cache
-directory. It lists what planning read and what restoring wrote:
+(``v1/restores/<address>.json``, ``cache.layout``) after a build that left every action
+committed and stored; its address is a digest of epbuild's version, the interpreter, the
+host, the manifest's name and bytes and the cache directory — not the workspace's path: a
+checkout anywhere restores alike, unless a restored ctx model's text holds an absolute path
+(the full path checks those against the checkout's path; such a memo is bound to its
+own). It lists what planning read and what restoring wrote:
 
 - the distributions installed in every ``sys.path`` directory (their metadata directories'
   names, which hold their versions) and the stat of every other version source of the
@@ -46,6 +48,7 @@ from contextlib import ExitStack
 from typing import TYPE_CHECKING, Any
 
 from epbuild._names import (
+    CTX_SUFFIX,
     JOURNAL_NAME,
     LOCKS_DIR,
     STATCACHE_NAME,
@@ -69,20 +72,35 @@ NEVER_BUILT = "never built"
 """The reason every action of a fresh checkout is stale (``planning.staleness``)."""
 
 
-def address(root: str, manifest: str, raw: bytes, cache_dir: str) -> str:
-    """The memo's address: what it answers for (a digest)."""
+def _context(manifest: str, raw: bytes, cache_dir: str) -> dict[str, Any]:
+    """What a memo answers for: this epbuild, interpreter (``sys.path`` with the current
+    directory, which ``python -m`` puts there, as ``CWD``: its distributions are compared
+    like any site's), host, manifest (name and bytes) and cache directory. Not
+    the workspace's path: a checkout anywhere restores alike (a memo of ctx models whose
+    text holds absolute paths is bound to its path: ``root`` in the memo)."""
     from epbuild._version import __version__
 
-    context = {
+    return {
         "format": _VERSION,
         "epbuild": __version__,
-        "python": [sys.version, sys.prefix, sys.executable, sys.path],
+        "python": [sys.version, sys.prefix, sys.executable, _sys_path()],
         "host": _host(),  # stats vouch on one machine: machines sharing a cache keep theirs
-        "root": root,
         "manifest": [os.path.basename(manifest), hashlib.sha256(raw).hexdigest()],
         "cache": cache_dir,
     }
-    return hashlib.sha256(json.dumps(context, sort_keys=True).encode()).hexdigest()
+
+
+CWD = "<cwd>"
+"""``sys.path``'s entry for the current directory, in a memo."""
+
+
+def _sys_path() -> list[str]:
+    cwd = os.getcwd()
+    return [CWD if p in ("", cwd) else p for p in sys.path]
+
+
+def _digest(value: Any) -> str:
+    return hashlib.sha256(json.dumps(value, sort_keys=True).encode()).hexdigest()
 
 
 def _host() -> str:
@@ -92,11 +110,10 @@ def _host() -> str:
     return hostname()
 
 
-def memo_path_of(root: str, manifest: str, raw: bytes, cache_dir: str) -> str:
-    """The cache-relative path of the memo of a workspace (root, manifest path and bytes)
+def memo_path_of(manifest: str, raw: bytes, cache_dir: str) -> str:
+    """The cache-relative path of the memo of a workspace (its manifest's path and bytes)
     restoring from ``cache_dir``."""
-    place = hashlib.sha256(root.encode()).hexdigest()
-    return layout.restore_path(place, address(root, manifest, raw, cache_dir))
+    return layout.restore_path(_digest(_context(manifest, raw, cache_dir)))
 
 
 _DIST_SUFFIXES = (".dist-info", ".egg-info", ".egg-link", ".pth")
@@ -186,7 +203,7 @@ def _find(
     )
     if cfg is None or cfg.remote is not None:
         raise _Miss
-    memo_path = _in_cache(cfg.local, memo_path_of(root, path, raw, cfg.local))
+    memo_path = _in_cache(cfg.local, memo_path_of(path, raw, cfg.local))
     try:
         with open(memo_path, "rb") as f:
             written = os.fstat(f.fileno()).st_mtime_ns
@@ -195,7 +212,11 @@ def _find(
         raise _Miss from None
     if not isinstance(memo, dict) or memo.get("version") != _VERSION or not _tame(memo):
         raise _Miss
+    if memo.get("root") not in (None, root):
+        raise _Miss  # its ctx models' text holds absolute paths: checked at its path only
     memo["written_ns"] = written
+    with contextlib.suppress(OSError):
+        os.utime(memo_path)  # its last use: the least recently used go first
     return memo, root, cfg.local
 
 
@@ -263,7 +284,7 @@ class _Plan:
             if noop.file_stamp(path) != stamp or (stamp and stamp[2] >= written):
                 raise _Miss  # changed, or too fresh for its stat to vouch (racy)
         for site, names in self.memo["sites"].items():
-            if _distributions(site) != names:
+            if _distributions(os.getcwd() if site == CWD else site) != names:
                 raise _Miss  # a distribution installed, removed, up- or downgraded
         own = frozenset(self.memo["own"])
         for rel, names in self.memo["listings"].items():
@@ -467,7 +488,7 @@ def write_memo(ws: Workspace, plans: list[ActionPlan], cache_dir: str) -> bool:
     raw = open_bytes(ws.manifest.path)
     if raw is None:
         return False
-    path = _in_cache(cache_dir, memo_path_of(ws.root, str(ws.manifest.path), raw, cache_dir))
+    path = _in_cache(cache_dir, memo_path_of(str(ws.manifest.path), raw, cache_dir))
     data = json.dumps(memo, sort_keys=True, separators=(",", ":")).encode()
     if open_bytes(path) != data:
         atomic_write_bytes(path, data, durable=False)  # a torn memo is a miss, never a lie
@@ -475,17 +496,20 @@ def write_memo(ws: Workspace, plans: list[ActionPlan], cache_dir: str) -> bool:
     return True
 
 
-KEPT_PER_PLACE = 8
-"""Memos kept per workspace path (one per manifest version, interpreter, cache): the
-latest written; older ones (an edited manifest's) are removed as a new one is written."""
+KEPT = 256
+"""Memos kept in one cache directory: the most recently used (read or written); the others
+are removed as a new one is written (each manifest version, interpreter, machine has its
+own)."""
 
 
 def _keep_latest(folder: str) -> None:
-    """Remove all but the ``KEPT_PER_PLACE`` newest memos of one workspace path."""
+    """Remove all but the ``KEPT`` most recently used memos."""
     try:
         names = [e for e in os.scandir(folder) if e.name.endswith(".json")]
+        if len(names) <= KEPT:
+            return
         names.sort(key=lambda e: e.stat().st_mtime_ns, reverse=True)
-        for old in names[KEPT_PER_PLACE:]:
+        for old in names[KEPT:]:
             os.unlink(old.path)
     except OSError:
         pass  # another build's cleaning, or a read-only cache: memos are small
@@ -539,9 +563,12 @@ def _memo(ws: Workspace, plans: list[ActionPlan], cache_dir: str) -> dict[str, A
     dirs: dict[str, list[int] | None] = {}
     if not noop.stamp_sources(ws, files, dirs) or not noop.still_current(ws):
         return None
+    if any(_of_the_workspace(ws.root, path) for path in files):
+        return None  # a version source in the checkout (a plugin's library): new each time
     settings = ws.manifest.workspace
     own = _own_dirs(ws.root, (settings.out_dir, settings.state_dir, cache_dir))
-    sites = {d: _distributions(d) for d in dirs if os.path.isabs(d)}  # sys.path
+    cwd = os.getcwd()
+    sites = {(CWD if d == cwd else d): _distributions(d) for d in dirs if os.path.isabs(d)}
     listings = {d: _listing(ws.root, d, own) for d in dirs if not os.path.isabs(d)}  # globs
     if None in files.values() or None in sites.values() or None in listings.values():
         return None
@@ -550,6 +577,7 @@ def _memo(ws: Workspace, plans: list[ActionPlan], cache_dir: str) -> dict[str, A
         return None
     return {
         "version": _VERSION,
+        "root": ws.root if _paths_in_text(actions[0], cache_dir) else None,
         "state_dir": settings.state_dir,
         "out_dir": settings.out_dir,
         "own": sorted(own),
@@ -560,6 +588,36 @@ def _memo(ws: Workspace, plans: list[ActionPlan], cache_dir: str) -> dict[str, A
         "actions": actions[0],
         "document": actions[1],
     }
+
+
+def _of_the_workspace(root: str, path: str) -> bool:
+    """Whether ``path`` is a file of the workspace (inside it, not in the interpreter's
+    environment, which may sit inside it too)."""
+    from epbuild.fs import inside
+
+    return inside(path, root) and not inside(path, sys.prefix)
+
+
+def _paths_in_text(actions: list[dict[str, Any]], cache_dir: str) -> bool:
+    """Whether any ctx model restored holds an absolute path in its free text. If none
+    does, no checkout's path can be found there (``onnx.context.path_problems``, which the
+    full path's restore runs against the checkout's machine paths, finds nothing anywhere);
+    else the memo answers at this workspace's path only."""
+    from epbuild.onnx.context import free_text_paths
+    from epbuild.onnx.proto import ProtoError, read_model
+
+    for action in actions:
+        for rel, out in action["record"]["outputs"].items():
+            if not rel.endswith(CTX_SUFFIX):
+                continue
+            try:
+                info = read_model(_in_cache(cache_dir, layout.object_path(out["digest"])),
+                                  strings=True)  # fmt: skip
+            except (OSError, ProtoError):
+                return True
+            if free_text_paths(info):
+                return True
+    return False
 
 
 def _inputs(ws: Workspace, plans: list[ActionPlan]) -> dict[str, Any]:
