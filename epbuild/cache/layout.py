@@ -14,6 +14,8 @@ through it, so a layout change is made once::
 
 from __future__ import annotations
 
+import os
+
 from epbuild._names import CACHE_LAYOUT
 
 LAYOUT = CACHE_LAYOUT
@@ -48,3 +50,8 @@ def verified_path(digest: str) -> str:
 def restore_path(address: str) -> str:
     """Where the restore memo at ``address`` lives."""
     return f"{RESTORES}/{address}.json"
+
+
+def local_path(root: str, rel: str) -> str:
+    """The local path of the file at ``rel`` in the directory cache at ``root``."""
+    return os.path.join(root, *rel.split("/"))

@@ -8,6 +8,7 @@ import shutil
 from collections.abc import Iterator
 
 from epbuild.cache.backend import StoredFile
+from epbuild.cache.layout import local_path
 from epbuild.fs import atomic_copy, atomic_write_bytes, link_or_copy
 
 
@@ -20,7 +21,7 @@ class LocalBackend:
 
     def full(self, path: str) -> str:
         """The absolute local path of a stored file."""
-        return os.path.join(self.root, *path.split("/"))
+        return local_path(self.root, path)
 
     def read_bytes(self, path: str) -> bytes | None:
         try:

@@ -22,17 +22,12 @@ import os
 import time
 from collections.abc import Iterator
 
-from epbuild.cache.layout import VERIFIED, object_path, verified_path
+from epbuild.cache.layout import VERIFIED, local_path, object_path, verified_path
 from epbuild.fs import atomic_output, atomic_write_bytes
 
 __all__ = ["VERIFIED", "forget", "is_trusted", "record", "sealed_object", "verified_path"]
 _RACY_NS = 20_000_000  # as in the stat cache: a write in the same tick may keep the mtime
 _BACKDATE_NS = 1_000_000_000
-
-
-def _full(root: str, path: str) -> str:
-    """The local path of a cache file (``LocalBackend.full``)."""
-    return os.path.join(root, *path.split("/"))
 
 
 def _stat_key(st: os.stat_result) -> bytes:
@@ -43,7 +38,7 @@ def is_trusted(root: str, digest: str, st: os.stat_result) -> bool:
     """Whether the object with stat ``st`` is the one verified as ``digest`` in the directory
     cache at ``root``."""
     try:
-        with open(_full(root, verified_path(digest)), "rb") as f:
+        with open(local_path(root, verified_path(digest)), "rb") as f:
             return f.read(100) == _stat_key(st)
     except OSError:
         return False
@@ -58,13 +53,13 @@ def record(root: str, digest: str, st: os.stat_result) -> None:
     if time.time_ns() - st.st_mtime_ns < _RACY_NS:
         return
     with contextlib.suppress(OSError):
-        atomic_write_bytes(_full(root, verified_path(digest)), _stat_key(st), durable=False)
+        atomic_write_bytes(local_path(root, verified_path(digest)), _stat_key(st), durable=False)
 
 
 def forget(root: str, digest: str) -> None:
     """Drop an object's record (the object is damaged or gone)."""
     with contextlib.suppress(FileNotFoundError):
-        os.unlink(_full(root, verified_path(digest)))
+        os.unlink(local_path(root, verified_path(digest)))
 
 
 @contextlib.contextmanager
@@ -72,7 +67,7 @@ def sealed_object(root: str, digest: str) -> Iterator[str]:
     """Yield a temp path to write the object ``digest`` to (and hash it on the way); on a
     clean exit it moves into place read-only and is recorded as verified. Raise inside to
     drop it (a hash mismatch)."""
-    final = _full(root, object_path(digest))
+    final = local_path(root, object_path(digest))
     with atomic_output(final, durable=False) as tmp:
         yield tmp
         os.chmod(tmp, 0o444)

@@ -56,8 +56,9 @@ from epbuild._names import (
     TRACE_NAME,
 )
 from epbuild.cache import layout, trust
+from epbuild.cache.layout import local_path
 from epbuild.engine.staging import clean_stale_staging, commit_journaled, make_staging
-from epbuild.fs import is_safe_reference, link_or_copy, os_error_text, remove_tree
+from epbuild.fs import digest_file, is_safe_reference, link_or_copy, os_error_text, remove_tree
 from epbuild.planning import noop
 from epbuild.state import journalfile, locks
 
@@ -203,7 +204,7 @@ def _find(
     )
     if cfg is None or cfg.remote is not None:
         raise _Miss
-    memo_path = _in_cache(cfg.local, memo_path_of(path, raw, cfg.local))
+    memo_path = local_path(cfg.local, memo_path_of(path, raw, cfg.local))
     try:
         with open(memo_path, "rb") as f:
             written = os.fstat(f.fileno()).st_mtime_ns
@@ -299,7 +300,7 @@ class _Plan:
             full = os.path.join(self.root, rel)
             try:
                 st = os.stat(full)
-                same = _sha256(full) == digest
+                same = digest_file(full).sha256 == digest
                 after = os.stat(full)
             except OSError:
                 raise _Miss from None
@@ -309,7 +310,7 @@ class _Plan:
 
     def _entry_holds(self, action: dict[str, Any]) -> None:
         """The action's cache entry is the one the memo was made from."""
-        path = _in_cache(self.cache, layout.entry_path(action["key"]))
+        path = local_path(self.cache, layout.entry_path(action["key"]))
         try:
             with open(path, "rb") as f:
                 if hashlib.sha256(f.read()).hexdigest() != action["entry"]:
@@ -366,7 +367,7 @@ class _Plan:
               f"epbuild build {a['id']}") for a in self.actions]
         )  # fmt: skip
         keys = sorted(
-            (_in_cache(self.cache, layout.key_lock_path(a["key"])),
+            (local_path(self.cache, layout.key_lock_path(a["key"])),
              f"epbuild build {a['id']} in {self.root}")
             for a in self.actions
         )  # fmt: skip
@@ -383,7 +384,7 @@ class _Plan:
         try:
             for rel, out in action["record"]["outputs"].items():
                 dest = os.path.join(self.root, staging, os.path.basename(rel))
-                self._place(_in_cache(self.cache, layout.object_path(out["digest"])), dest, out)
+                self._place(local_path(self.cache, layout.object_path(out["digest"])), dest, out)
         except BaseException as exc:
             remove_tree(os.path.join(self.root, staging))
             if isinstance(exc, OSError):
@@ -400,7 +401,7 @@ class _Plan:
             raise _Miss
         if method == "link" and trust.is_trusted(self.cache, out["digest"], st):
             return
-        if _sha256(dest) != out["digest"]:
+        if digest_file(dest).sha256 != out["digest"]:
             raise _Miss  # damaged: the full path discards the entry and says so
         after = os.stat(dest)
         if method == "link" and (after.st_ino, after.st_mtime_ns) == (st.st_ino, st.st_mtime_ns):
@@ -432,7 +433,7 @@ class _Plan:
             self.tracer.add("restore", start, action["id"])
             times.append(self.tracer.now() - start)
             with contextlib.suppress(OSError):  # its last use, for prune (a read-only cache)
-                os.utime(_in_cache(self.cache, layout.entry_path(action["key"])))
+                os.utime(local_path(self.cache, layout.entry_path(action["key"])))
         return times
 
     def _document(self, times: list[float], seconds: float) -> dict[str, Any]:
@@ -445,22 +446,8 @@ class _Plan:
         return doc
 
 
-def _in_cache(cache_dir: str, rel: str) -> str:
-    """The local path of a cache file (``layout``'s ``/``-separated relative path)."""
-    return os.path.join(cache_dir, *rel.split("/"))
-
-
 def _refs(refs: list[str] | None) -> tuple[str, ...] | None:
     return None if refs is None else tuple(refs)
-
-
-def _sha256(path: str) -> str:
-    """The sha256 hex digest of a file's bytes."""
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(1 << 20):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def progress_lines(doc: dict[str, Any]) -> Iterator[str]:
@@ -488,7 +475,7 @@ def write_memo(ws: Workspace, plans: list[ActionPlan], cache_dir: str) -> bool:
     raw = open_bytes(ws.manifest.path)
     if raw is None:
         return False
-    path = _in_cache(cache_dir, memo_path_of(str(ws.manifest.path), raw, cache_dir))
+    path = local_path(cache_dir, memo_path_of(str(ws.manifest.path), raw, cache_dir))
     data = json.dumps(memo, sort_keys=True, separators=(",", ":")).encode()
     if open_bytes(path) != data:
         atomic_write_bytes(path, data, durable=False)  # a torn memo is a miss, never a lie
@@ -611,7 +598,7 @@ def _paths_in_text(actions: list[dict[str, Any]], cache_dir: str) -> bool:
             if not rel.endswith(CTX_SUFFIX):
                 continue
             try:
-                info = read_model(_in_cache(cache_dir, layout.object_path(out["digest"])),
+                info = read_model(local_path(cache_dir, layout.object_path(out["digest"])),
                                   strings=True)  # fmt: skip
             except (OSError, ProtoError):
                 return True
@@ -647,7 +634,7 @@ def _recorded_actions(
     for plan in plans:
         action, key = plan.action, plan.key
         assert key is not None
-        raw = open_bytes(_in_cache(cache_dir, layout.entry_path(key.key)))
+        raw = open_bytes(local_path(cache_dir, layout.entry_path(key.key)))
         if raw is None:
             return None
         try:
