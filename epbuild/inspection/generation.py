@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from epbuild._dataclass import dataclass
 from epbuild.errors import UserError
+from epbuild.llm.genai_schema import GENAI_CONFIG
 from epbuild.llm.generate import (
     DEFAULT_NEAR_TIE,
     DEFAULT_PROMPT,
@@ -27,7 +28,6 @@ from epbuild.llm.generate import (
     genai_installed,
     generate,
 )
-from epbuild.llm.source import GENAI_CONFIG
 from epbuild.results import CheckStatus
 
 if TYPE_CHECKING:

@@ -74,7 +74,7 @@ class PackageKind(BaseKind):
             "config": hashlib.sha256(plan.config).hexdigest(),
             "copies": copies,
         }
-        from epbuild.llm.source import GENAI_CONFIG
+        from epbuild.llm.genai_schema import GENAI_CONFIG
 
         config = posixpath.join(action.llm.source, GENAI_CONFIG)
         try:  # an input too: the no-op path stamps it (read just now by ``_plan``)
@@ -93,7 +93,7 @@ class PackageKind(BaseKind):
         self, action: PackageAction, staging: str, ctx: RunContext
     ) -> tuple[list[str], list[Problem]]:
         """Exactly the config and the copies were staged."""
-        from epbuild.llm.source import GENAI_CONFIG
+        from epbuild.llm.genai_schema import GENAI_CONFIG
         from epbuild.onnx.staged import staged_names
 
         names = staged_names(ctx.root, staging)
@@ -108,8 +108,8 @@ class PackageKind(BaseKind):
 def _plan(root: str, action: PackageAction) -> Any:
     """``package_plan`` of the action; a source config it cannot use is a ``ModelError``
     naming the file."""
+    from epbuild.llm.genai_schema import GENAI_CONFIG
     from epbuild.llm.package import package_plan
-    from epbuild.llm.source import GENAI_CONFIG
     from epbuild.providers import get_provider
 
     adapter = get_provider(action.provider.ep)
@@ -130,7 +130,7 @@ def _plan(root: str, action: PackageAction) -> Any:
 def run(job: KindJob, root: str) -> dict[str, Any]:
     """Write the config and copy the source files into the staging directory."""
     from epbuild.fs import atomic_copy, atomic_write_bytes
-    from epbuild.llm.source import GENAI_CONFIG
+    from epbuild.llm.genai_schema import GENAI_CONFIG
 
     t0 = time.perf_counter()
     staging = os.path.join(root, job.staging)

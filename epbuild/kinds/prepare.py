@@ -158,7 +158,7 @@ def _config_against_graph(root: str, action: PrepareAction) -> UserError | None:
     import json
 
     from epbuild.kinds.shapes import graph_inputs
-    from epbuild.llm.source import GENAI_CONFIG
+    from epbuild.llm.genai_schema import GENAI_CONFIG
 
     inputs = graph_inputs(root, action.model)
     config_path = posixpath.join(action.llm.source, GENAI_CONFIG)

@@ -11,7 +11,19 @@ import math
 from collections.abc import Callable
 from typing import Any
 
-from epbuild.llm.source import GENAI_CONFIG, LlmSourceError
+GENAI_CONFIG = "genai_config.json"
+"""The file that makes a folder an onnxruntime-genai model."""
+
+
+class LlmSourceError(Exception):
+    """A folder epbuild cannot build an LLM package from; ``message`` says what was found,
+    ``hint`` what to do."""
+
+    def __init__(self, message: str, hint: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.hint = hint
+
 
 MAX_DEPTH = 32
 """Tables and lists nested deeper than this are refused (a genai config nests 6 deep)."""

@@ -16,7 +16,8 @@ from collections.abc import Iterable
 from epbuild._dataclass import dataclass
 from epbuild._names import CTX_SUFFIX
 from epbuild.llm.genai_config import CONTEXT, ITERATOR, pipeline_config, stages_config
-from epbuild.llm.source import GENAI_CONFIG, PIPELINE, static_stages
+from epbuild.llm.genai_schema import GENAI_CONFIG
+from epbuild.llm.source import PIPELINE, static_stages
 from epbuild.manifest.model import Llm
 from epbuild.providers.contract import ProviderConfig
 

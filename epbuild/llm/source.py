@@ -14,9 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from epbuild._dataclass import dataclass
-
-GENAI_CONFIG = "genai_config.json"
-"""The file that makes a folder an onnxruntime-genai model."""
+from epbuild.llm.genai_schema import GENAI_CONFIG, LlmSourceError, check_config
 
 DECODER = "decoder"
 """A single dynamic-shape decoder model (``model.decoder.filename``)."""
@@ -25,16 +23,6 @@ PIPELINE = "decoder-pipeline"
 
 # Model parts that make a genai model something other than a decoder-only LLM.
 _NOT_DECODER = ("encoder", "vision", "speech", "audio", "embedding", "image_encoder")
-
-
-class LlmSourceError(Exception):
-    """A folder epbuild cannot build an LLM package from; ``message`` says what was found,
-    ``hint`` what to do."""
-
-    def __init__(self, message: str, hint: str | None = None) -> None:
-        super().__init__(message)
-        self.message = message
-        self.hint = hint
 
 
 @dataclass(frozen=True)
@@ -86,8 +74,6 @@ def read_source(folder: Path) -> LlmSource:
         raise LlmSourceError(f"{GENAI_CONFIG} is not valid JSON: {exc}") from exc
     except RecursionError:
         raise LlmSourceError(f"{GENAI_CONFIG} nests tables or lists too deeply") from None
-    from epbuild.llm.genai_schema import check_config
-
     check_config(config)
     _refuse_outward_links(folder)
     return _decoder_source(config["model"])

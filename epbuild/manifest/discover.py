@@ -19,7 +19,8 @@ from pathlib import Path
 
 from epbuild._dataclass import dataclass
 from epbuild._names import CTX_SUFFIX, DEFAULT_OUT_DIR, DEFAULT_STATE_DIR, model_stem
-from epbuild.llm.source import GENAI_CONFIG, LlmSource, LlmSourceError, read_source
+from epbuild.llm.genai_schema import GENAI_CONFIG, LlmSourceError
+from epbuild.llm.source import LlmSource, read_source
 
 __all__ = ["Discovered", "FoundGroup", "FoundLlm", "discover"]
 

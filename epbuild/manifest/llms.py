@@ -141,7 +141,8 @@ def _llm(
 
 def _source(where: Where, base: tuple[str, ...], root: Path, source: str) -> LlmSource:
     """The LLM source folder ``source`` read (``llm.source.read_source``)."""
-    from epbuild.llm.source import LlmSourceError, read_source
+    from epbuild.llm.genai_schema import LlmSourceError
+    from epbuild.llm.source import read_source
 
     try:
         return read_source(root / source)

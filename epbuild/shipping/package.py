@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from epbuild.errors import ActionFailedError, OutOfDateError, UnsafePathError, UserError
 from epbuild.fs import inside
-from epbuild.llm.source import GENAI_CONFIG
+from epbuild.llm.genai_schema import GENAI_CONFIG
 from epbuild.results import BuildResult, Reporter
 from epbuild.shipping.contents import DEPLOY_NAME, Contents, PackagedFile, package_contents
 from epbuild.shipping.writer import WriteStats, write_package

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from epbuild.errors import EpbuildError, Interrupted
-from epbuild.llm.source import GENAI_CONFIG
+from epbuild.llm.genai_schema import GENAI_CONFIG
 from epbuild.results import Reporter
 from epbuild.watching.targets import Sig, glob_match, make_targets, signature
 
