@@ -10,6 +10,7 @@ from epbuild.cache import trust
 from epbuild.cache.layout import object_path
 from epbuild.cache.local import LocalBackend
 from epbuild.cache.store import CorruptEntryError, Store
+from epbuild.state.statcache import hash_file
 
 
 @dataclass(frozen=True)
@@ -26,8 +27,6 @@ class CacheVerifyReport:
 def verify_all(store: Store, backend: LocalBackend) -> CacheVerifyReport:
     """Re-hash every object every entry uses, ignoring recorded stats; discard damaged
     entries (and their damaged objects) and re-record the stats of intact objects."""
-    from epbuild.state.statcache import hash_file
-
     intact: dict[str, bool] = {}
     problems: list[str] = []
     entries = objects = size = 0

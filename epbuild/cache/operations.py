@@ -12,10 +12,17 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING
 
+from epbuild.cache.actioncache import CacheDamagedError
 from epbuild.cache.archive import ArchiveReport, export_entries, import_archive
 from epbuild.cache.audit import CacheVerifyReport, verify_all
+from epbuild.cache.layout import entry_path
 from epbuild.cache.prune import PruneReport, prune
-from epbuild.errors import UserError
+from epbuild.errors import ModelError, UserError
+from epbuild.fs import os_error_text
+from epbuild.kinds.check import CHECK, check_action
+from epbuild.kinds.contract import kind_of
+from epbuild.planning.workspace import open_action_cache, open_workspace, save_stats
+from epbuild.toolchains.resolve import Toolchains
 
 
 @dataclass
@@ -52,9 +59,6 @@ def _open(
     selectors: list[str] | tuple[str, ...] = (),
     say: Callable[[str], None] | None = None,
 ) -> Workspace:
-    from epbuild.planning.workspace import open_workspace
-    from epbuild.toolchains.resolve import Toolchains
-
     # Keys need the providers' toolchain versions: make a missing toolchain, as build would
     # (`cache key` on a fresh CI runner runs before any build).
     toolchains = Toolchains(create=True, say=say or (lambda _: None))
@@ -66,14 +70,10 @@ def _named_cache(
 ) -> ActionCache:
     """The cache a command names (``option``) or the manifest configures; the workspace is
     only read for that: nothing is made, keyed or prepared."""
-    from epbuild.planning.workspace import open_workspace
-
     return _cache(open_workspace(directory, manifest), directory, option)
 
 
 def _cache(ws: Workspace, directory: str | os.PathLike[str], option: str | None) -> ActionCache:
-    from epbuild.planning.workspace import open_action_cache
-
     cache = open_action_cache(ws, directory, option)
     if cache is None:
         raise UserError(
@@ -90,9 +90,6 @@ def _keys(
     reads another's outputs is keyed by their bytes; where they are not on this machine
     (nothing built or restored yet), ``by_upstream`` keys it by the upstream action's key
     instead (the outputs follow from it), else it is listed as unknown."""
-    from epbuild.errors import ModelError
-    from epbuild.kinds.contract import kind_of
-
     keys: dict[str, tuple[str, dict[str, object]]] = {}
     unknown: list[str] = []
     by_id = {a.id: a for a in ws.graph}
@@ -112,7 +109,6 @@ def _keys(
         finally:
             ws.keys.upstream.clear()
         keys[action.id] = (key.key, key.components)
-    from epbuild.planning.workspace import save_stats
 
     save_stats(ws)
     return keys, unknown
@@ -159,8 +155,6 @@ def export_cache(
 ) -> ExportReport:
     """Write the entries the manifest needs to one archive; the report names the selected
     actions it could not write (``missing``: not cached, or damaged, and why)."""
-    from epbuild.cache.actioncache import CacheDamagedError
-
     ws = _open(directory, manifest, selectors, say)
     c = _cache(ws, directory, cache)
     keyed, missing = _keys(ws, by_upstream=False)
@@ -186,8 +180,6 @@ def _recorded_checks(ws: Workspace) -> dict[str, tuple[str, dict[str, object]]]:
     """Id → (key, components) of the numerical checks this workspace ran on the selected
     compiles, as they are now (a check joins a graph only when asked for: exported when it
     ran, never listed as missing)."""
-    from epbuild.kinds.check import CHECK, check_action
-
     found: dict[str, tuple[str, dict[str, object]]] = {}
     for action in ws.actions:
         check = check_action(action, ws.manifest.workspace.state_dir)
@@ -241,10 +233,6 @@ def store_up_to_date(
     directory or URL the caller named: ``build --cache DIR``) lacks into it, from its
     committed outputs: a new cache is seeded without a clean build. Returns warnings (a
     cache that cannot be written never fails the build)."""
-    from epbuild.cache.layout import entry_path
-    from epbuild.fs import os_error_text
-    from epbuild.planning.workspace import open_action_cache
-
     c = open_action_cache(ws, directory, cache)
     if c is None:
         return []

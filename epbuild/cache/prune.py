@@ -24,6 +24,7 @@ from epbuild.cache.layout import (
 )
 from epbuild.cache.local import LocalBackend
 from epbuild.cache.store import CorruptEntryError, Store, is_key
+from epbuild.state import locks
 
 GRACE_SECONDS = 600.0
 
@@ -40,8 +41,6 @@ class PruneReport:
 
 def prune(store: Store, max_size: int, *, grace: float = GRACE_SECONDS) -> PruneReport:
     """Evict least-recently-used entries until the objects fit in ``max_size`` bytes."""
-    from epbuild.state import locks
-
     backend = store.backend
     lock_dir = backend.root if isinstance(backend, LocalBackend) else None
     if lock_dir is None:
@@ -121,8 +120,6 @@ def _prune_key_locks(backend: LocalBackend, before: float) -> None:
     """Remove the key locks (``actioncache.key_lock``) of keys without an entry, last taken
     before ``before`` and free now. A build that opened one just before it goes can at worst
     compile a key a second time: a lock file is never a correctness matter for the cache."""
-    from epbuild.state import locks
-
     for f in backend.walk(LOCKS):
         name = f.path.rsplit("/", 1)[-1]
         key = name.removesuffix(".lock")

@@ -15,6 +15,7 @@ from epbuild.cache.operations import (
     prune_cache,
     verify_cache,
 )
+from epbuild.frontends.args import size_option
 from epbuild.frontends.render import print_json
 
 
@@ -82,8 +83,6 @@ def _summary(args: argparse.Namespace, summary: str, problems: list[str], prefix
 
 
 def _print_prune(args: argparse.Namespace) -> int:
-    from epbuild.frontends.args import size_option
-
     limit = size_option(args.max_size, "--max-size", "10G or 500M")
     pruned = prune_cache(limit, args.directory, args.manifest, cache=args.cache)
     if args.json:

@@ -8,15 +8,15 @@ import os
 import sys
 
 from epbuild.frontends.render import print_json
+from epbuild.fs import atomic_write_bytes
+from epbuild.manifest.load import find_manifest, load_manifest
+from epbuild.planning.lock import gather, outdated
+from epbuild.toolchains.lockfile import lock_path, read_lock
+from epbuild.toolchains.resolve import Toolchains
 
 
 def run_lock_command(args: argparse.Namespace) -> int:
     """Write (or check) the lock; returns the exit code."""
-    from epbuild.manifest.load import find_manifest, load_manifest
-    from epbuild.planning.lock import gather, outdated
-    from epbuild.toolchains.lockfile import lock_path, read_lock
-    from epbuild.toolchains.resolve import Toolchains
-
     manifest = load_manifest(find_manifest(args.directory, args.manifest))
     path = lock_path(manifest.path)
     name = os.path.relpath(path)
@@ -42,8 +42,6 @@ def run_lock_command(args: argparse.Namespace) -> int:
     except OSError:
         same = False
     if not same:
-        from epbuild.fs import atomic_write_bytes
-
         atomic_write_bytes(path, text.encode())
     if args.json:
         print_json({"lock": path, "written": not same}, command="lock")

@@ -7,21 +7,22 @@ import argparse
 import os
 
 from epbuild._names import MANIFEST_NAME
+from epbuild.errors import ManifestError
 from epbuild.frontends.render import print_json
+from epbuild.manifest.load import find_manifest, load_manifest
+from epbuild.toolchains.env import toolchain_root
+from epbuild.toolchains.inventory import inventory, prune
+from epbuild.toolchains.resolve import Toolchains
 
 
 def _used(args: argparse.Namespace) -> dict[str, list[str]] | None:
     """Digest → the current manifest's providers that use it; None without a manifest."""
-    from epbuild.errors import ManifestError
-    from epbuild.manifest.load import find_manifest, load_manifest
-
     try:
         manifest = load_manifest(find_manifest(args.directory, args.manifest))
     except ManifestError:
         if args.manifest or os.path.exists(os.path.join(args.directory, MANIFEST_NAME)):
             raise  # a manifest that is there but broken: say so rather than prune blindly
         return None
-    from epbuild.toolchains.resolve import Toolchains
 
     used: dict[str, list[str]] = {}
     toolchains = Toolchains(create=False)
@@ -41,9 +42,6 @@ def _mb(n: int) -> str:
 
 def run_toolchains_command(args: argparse.Namespace) -> int:
     """List (or prune) the environments under the toolchain directory."""
-    from epbuild.toolchains.env import toolchain_root
-    from epbuild.toolchains.inventory import inventory, prune
-
     used = _used(args)
     if args.prune:
         pruned = prune(keep=(used or {}).keys())

@@ -9,6 +9,10 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from epbuild._names import CTX_SUFFIX, model_label
+from epbuild.inspection.numerics import _quant_line, last_checks
+from epbuild.planning.keys import ORT_KEY
+from epbuild.planning.staleness import make_plan
+from epbuild.planning.workspace import open_workspace
 
 COMPILER_NAMES = {"compile_api": "the compile API", "session": "sessions"}
 
@@ -74,11 +78,6 @@ def status_detail(
     selectors: list[str] | tuple[str, ...] = (),
 ) -> list[ActionDetail]:
     """Per action and model: EPContext coverage, CPU fallback, sizes, time and memory."""
-    from epbuild.inspection.numerics import last_checks
-    from epbuild.planning.keys import ORT_KEY
-    from epbuild.planning.staleness import make_plan
-    from epbuild.planning.workspace import open_workspace
-
     ws = open_workspace(directory, manifest, selectors)
     # The whole graph: a compile is stale while an action it reads from is (a quantization).
     graph = make_plan(ws.graph, ws.state, ws.keys, ws.stats, ws.root)
@@ -177,8 +176,6 @@ def numerics_summary(doc: dict[str, Any]) -> str:
         return f"{doc['status']}: {doc['reason']}"
     outs = doc["outputs"]
     if "min_sqnr_db" in (doc.get("tolerance") or {}):  # a quantized model, against its float
-        from epbuild.inspection.numerics import _quant_line
-
         return f"ok ({_quant_line(outs)})"
     worst = max(outs, key=lambda o: o["max_rel"] if o["max_rel"] is not None else 1e300)
     note = f"; {doc['reason']}" if doc.get("reason") else ""  # e.g. run without the EP

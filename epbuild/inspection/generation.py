@@ -28,6 +28,7 @@ from epbuild.llm.generate import (
     genai_installed,
     generate,
 )
+from epbuild.planning.llms import LlmGroup
 from epbuild.results import CheckStatus
 
 if TYPE_CHECKING:
@@ -91,8 +92,6 @@ def check_generation(
     ws: Workspace, *, tokens: int, prompt: str | None = None
 ) -> list[GenerationCheck]:
     """One check per selected LLM × provider; ``prompt`` wins over the entry's own."""
-    from epbuild.planning.llms import LlmGroup
-
     targets: dict[tuple[str, str], list[Action]] = {}
     for action in ws.actions:
         if isinstance(action.group, LlmGroup):

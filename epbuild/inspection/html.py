@@ -17,8 +17,11 @@ from typing import TYPE_CHECKING, Any
 from epbuild._dataclass import dataclass
 from epbuild._names import CTX_SUFFIX, TRACE_NAME
 from epbuild.engine.trace import KINDS, load_trace
-from epbuild.fs import format_bytes
+from epbuild.fs import atomic_write_bytes, format_bytes
 from epbuild.inspection.detail import COMPILER_NAMES, ActionDetail, numerics_summary, status_detail
+from epbuild.kinds.contract import kind_of
+from epbuild.planning.staleness import make_plan
+from epbuild.planning.workspace import open_workspace
 
 if TYPE_CHECKING:
     from epbuild.planning.workspace import Workspace
@@ -301,9 +304,6 @@ def write_html_report(
     path: str | os.PathLike[str],
 ) -> int:
     """Write the report page to ``path``; returns how many actions it lists."""
-    from epbuild.fs import atomic_write_bytes
-    from epbuild.planning.workspace import open_workspace
-
     ws = open_workspace(directory, manifest, selectors)
     details = status_detail(directory, manifest, selectors)
     trace = load_trace(os.path.join(ws.state_dir, TRACE_NAME))
@@ -314,9 +314,6 @@ def write_html_report(
 
 def _graph_nodes(ws: Workspace) -> list[GraphNode]:
     """Every selected action of the graph as the page draws it."""
-    from epbuild.kinds.contract import kind_of
-    from epbuild.planning.staleness import make_plan
-
     nodes = []
     for plan in make_plan(ws.graph, ws.state, ws.keys, ws.stats, ws.root):
         a = plan.action

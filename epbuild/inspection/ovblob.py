@@ -20,6 +20,9 @@ import os
 import struct
 from typing import Any
 
+from epbuild.inspection.loadcheck import Figures, answer, reference, samples
+from epbuild.onnx.proto import read_model
+
 MAGIC = b"OVEP_BIN"
 _HEADER = struct.Struct("<8sQQQQ")
 """magic, version, header size, BSON start offset, BSON size."""
@@ -86,8 +89,6 @@ def unwrap(data: bytes, partition: str) -> bytes:
 
 def _context(ctx: str) -> tuple[dict[str, Any], bytes]:
     """The EPContext node's attributes and the bytes of its context binary."""
-    from epbuild.onnx.proto import read_model
-
     nodes = read_model(ctx).context_nodes
     if len(nodes) != 1:
         raise BlobError("the check handles ctx models of exactly one EPContext node")
@@ -124,8 +125,6 @@ def _version_problem(attrs: dict[str, Any], ov_version: str, provider: str) -> s
 def check(job: dict[str, Any]) -> dict[str, Any]:
     """Run the source on ORT's CPU EP and the blob through openvino; compare each output."""
     import onnxruntime as ort
-
-    from epbuild.inspection.loadcheck import Figures, reference, samples
 
     provider = job["provider"]["name"]
     try:
@@ -171,8 +170,6 @@ def check(job: dict[str, Any]) -> dict[str, Any]:
 def main() -> None:
     """Entry point: one JSON job on stdin (``ctx``, ``source``, ``provider``, the numerics
     inputs), one JSON line on stdout."""
-    from epbuild.inspection.loadcheck import answer
-
     answer(check, plain=(BlobError,))
 
 

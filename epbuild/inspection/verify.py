@@ -38,6 +38,7 @@ from epbuild.onnx.context import (
     needle_problem,
     path_problems,
     scan_needles,
+    sharing_problems,
     toolchain_dirs,
 )
 from epbuild.onnx.proto import ModelInfo, ProtoError, read_model
@@ -283,8 +284,6 @@ def _check_ctx(
 def _check_sharing(action: Action, infos: list[ModelInfo | None], result: VerifyResult) -> None:
     """A weight-sharing action's ctx models share one binary (once all could be read: a
     missing or unreadable one is reported already)."""
-    from epbuild.onnx.context import sharing_problems
-
     read = [info for info in infos if info is not None]
     if len(read) == len(infos):
         adapter = get_provider(action.provider.ep)

@@ -19,11 +19,21 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from epbuild._names import DEFAULT_STATE_DIR, LOCKS_DIR, state_dir_setting, tomllib
 from epbuild.errors import ManifestError, UnsafePathError, UserError
-from epbuild.fs import atomic_write_bytes
+from epbuild.fs import atomic_write_bytes, safe_relpath
 from epbuild.manifest.load import find_manifest, load_manifest, read_document
 from epbuild.manifest.locate import Locator
-from epbuild.manifest.tomledit import add_table, append_unique, parse_document, table_text
+from epbuild.manifest.tomledit import (
+    add_table,
+    append_unique,
+    parse_document,
+    render_value,
+    table_text,
+)
+from epbuild.providers import known_kinds
+from epbuild.providers.qnn import WELL_KNOWN_TARGETS, well_known_target
+from epbuild.state import locks
 
 if TYPE_CHECKING:
     from tomlkit import TOMLDocument
@@ -115,8 +125,6 @@ class _Session:
 
 
 def _parsed(text: str) -> dict[str, Any] | None:
-    from epbuild._names import tomllib
-
     try:
         return tomllib.loads(text)
     except (ValueError, RecursionError):
@@ -148,8 +156,6 @@ def _editing(
 def manifest_lock(path: Path, what: str) -> Iterator[None]:
     """The lock every edit of the manifest at ``path`` holds from reading (or finding it
     missing) to writing: ``add``, ``init`` and ``init --from`` take turns on one file."""
-    from epbuild.state import locks
-
     with locks.hold(_lock_path(path), what):
         yield
 
@@ -157,9 +163,6 @@ def manifest_lock(path: Path, what: str) -> Iterator[None]:
 def _lock_path(manifest: Path) -> str:
     """The lock edits of ``manifest`` take, in its workspace's state directory (the default
     one where the manifest names none that can be used)."""
-    from epbuild._names import DEFAULT_STATE_DIR, LOCKS_DIR, state_dir_setting
-    from epbuild.fs import safe_relpath
-
     root = os.path.dirname(os.path.realpath(manifest))
     data = _parsed((_read_or_none(str(manifest)) or b"").decode("utf-8", "replace"))
     name = state_dir_setting(data or {})
@@ -505,8 +508,6 @@ def _define_provider(
 
 
 def _inline(options: Mapping[str, Any]) -> str:
-    from epbuild.manifest.tomledit import render_value
-
     return render_value(options)
 
 
@@ -527,8 +528,6 @@ def _same_provider(table: Table, ep: str, options: Mapping[str, Any]) -> bool:
 
 
 def _check_ep(ep: str) -> None:
-    from epbuild.providers import known_kinds
-
     kinds = known_kinds()
     if ep not in kinds:
         raise UserError(
@@ -554,8 +553,6 @@ def add_target(
     ``ep`` and ``options``. The provider is named ``name`` (default ``target``); an
     identical existing provider is reused. ``to``: the groups (default: every group).
     """
-    from epbuild.providers.qnn import WELL_KNOWN_TARGETS, well_known_target
-
     soc = well_known_target(target)
     opts = dict(options or {})
     if soc is not None:

@@ -11,6 +11,12 @@ from typing import TYPE_CHECKING
 from epbuild._names import MANIFEST_NAME
 from epbuild.docsite import page_url
 from epbuild.errors import UserError
+from epbuild.llm.source import DECODER
+from epbuild.manifest.discover import discover
+from epbuild.manifest.edit import manifest_lock, manifest_relative, write_checked
+from epbuild.manifest.model import DEFAULT_CONTEXT_LENGTH, DEFAULT_WINDOW_SIZE
+from epbuild.manifest.tomledit import render_key, render_value, table_text
+from epbuild.providers.qnn import WELL_KNOWN_TARGETS, well_known_target
 
 if TYPE_CHECKING:
     from epbuild.manifest.discover import FoundGroup, FoundLlm
@@ -51,8 +57,6 @@ embed_mode = 0           # 0: separate context binary; 1: embedded in the ctx mo
 def init(directory: str | os.PathLike[str] = ".", name: str | None = None) -> str:
     """Create a starter manifest; refuses to overwrite one. Returns its path."""
     import tomlkit
-
-    from epbuild.manifest.edit import manifest_lock
 
     path = os.path.join(os.fspath(directory), name or MANIFEST_NAME)
     with manifest_lock(Path(path), "epbuild init"):  # as add holds it: one edit at a time
@@ -102,8 +106,6 @@ def init_from(
     ``target``: a well-known SoC to build for (``epbuild add target --list``), default the
     starter's HTP v73 provider.
     """
-    from epbuild.manifest.edit import manifest_lock
-
     path = Path(os.fspath(directory), name or MANIFEST_NAME)
     with manifest_lock(path, "epbuild init --from"):  # check, discover and write as one edit
         return _init_from(directory, path, source, target)
@@ -112,9 +114,6 @@ def init_from(
 def _init_from(
     directory: str | os.PathLike[str], path: Path, source: str, target: str | None
 ) -> InitResult:
-    from epbuild.manifest.discover import discover
-    from epbuild.manifest.edit import manifest_relative, write_checked
-
     if os.path.lexists(path):
         raise UserError(
             f"{path} already exists; not overwriting it",
@@ -156,9 +155,6 @@ out_dir = "build"        # outputs, relative to this file
 
 def _provider_block(target: str | None) -> tuple[str, str]:
     """The provider's name and its table: ``target`` (a well-known SoC) or the starter's."""
-    from epbuild.manifest.tomledit import table_text
-    from epbuild.providers.qnn import WELL_KNOWN_TARGETS, well_known_target
-
     if target is None:
         return "htp-v73", STARTER.split("\n\n")[2] + "\n"
     soc = well_known_target(target)
@@ -178,8 +174,6 @@ def _group_block(group: FoundGroup, provider: str) -> str:
     """One ``[groups.NAME]`` table; a sharing group says which file its models share."""
     from glob import escape
 
-    from epbuild.manifest.tomledit import render_key, render_value
-
     models = [escape(m) for m in group.models]  # a file name with [ or * is that file
     lines = []
     if group.share_weights:
@@ -198,10 +192,6 @@ def _group_block(group: FoundGroup, provider: str) -> str:
 
 def _llm_block(llm: FoundLlm, provider: str) -> str:
     """One ``[llms.NAME]`` table, with the loader's defaults written out and explained."""
-    from epbuild.llm.source import DECODER
-    from epbuild.manifest.model import DEFAULT_CONTEXT_LENGTH, DEFAULT_WINDOW_SIZE
-    from epbuild.manifest.tomledit import render_key, render_value
-
     found = llm.source
     lines = [
         f"# An onnxruntime-genai model ({found.model_type}): a static context + iterator",

@@ -15,6 +15,7 @@ from typing import Any, Literal
 
 from epbuild.errors import EpNameMismatchError, UserError, VerificationError
 from epbuild.fs import digest_file, is_safe_reference
+from epbuild.providers import get_provider
 from epbuild.providers.contract import ProviderConfig
 from epbuild.runtime import BuiltAction, SessionFactory, open_sources
 from epbuild.shipping.contents import DEPLOY_FORMAT, DEPLOY_NAME, ORT_MANIFEST_NAME
@@ -146,8 +147,6 @@ def select_variant(package_dir: str | os.PathLike[str], actions: list[dict[str, 
     """The provider whose variant ONNX Runtime's ``ModelPackageContext`` selects for the
     group's first model, with the EP of the group's first (preferred) provider attached."""
     import onnxruntime as ort
-
-    from epbuild.providers import get_provider
 
     first = actions[0]
     config = provider_config(first)

@@ -10,9 +10,22 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
-from epbuild.errors import ActionFailedError, OutOfDateError, UnsafePathError, UserError
-from epbuild.fs import inside
+from epbuild.api import build
+from epbuild.errors import (
+    ActionFailedError,
+    OutOfDateError,
+    UnsafePathError,
+    UserError,
+    VerificationError,
+)
+from epbuild.fs import digest_file, inside
+from epbuild.inspection.numerics import last_checks
 from epbuild.llm.genai_schema import GENAI_CONFIG
+from epbuild.llm.package import package_files
+from epbuild.planning.committed import committed_outputs, stat_of
+from epbuild.planning.llms import LlmGroup
+from epbuild.planning.staleness import make_plan
+from epbuild.planning.workspace import open_workspace
 from epbuild.results import BuildResult, Reporter
 from epbuild.shipping.contents import DEPLOY_NAME, Contents, PackagedFile, package_contents
 from epbuild.shipping.writer import WriteStats, write_package
@@ -68,9 +81,6 @@ def package(
     list (they are deleted; without it, ``UnsafePathError`` names them). ``build_options``:
     further keyword arguments of ``build`` (``jobs``, ``keep_going``, ``cache``...).
     """
-    from epbuild.planning.committed import committed_outputs
-    from epbuild.planning.workspace import open_workspace
-
     ws = open_workspace(directory, manifest, selectors)
     dest = _destination(ws.root, ws.manifest, directory, out)
     if not ws.actions:
@@ -106,8 +116,6 @@ def package(
 
 def _refuse_stale(ws: Workspace) -> None:
     """``OutOfDateError`` naming every selected action that is not up to date."""
-    from epbuild.planning.staleness import make_plan
-
     plans = make_plan(ws.graph, ws.state, ws.keys, ws.stats, ws.root)  # packages' too
     stale = [p for p in plans if p.stale]
     if stale:
@@ -123,9 +131,6 @@ def _refuse_stale(ws: Workspace) -> None:
 def _package_files(ws: Workspace, llm: Llm, folder: str) -> dict[str, tuple[int, str]]:
     """The files of an LLM package: as its package action recorded them (size, digest),
     else (a selection without every graph of the LLM) as they are now."""
-    from epbuild.fs import digest_file
-    from epbuild.llm.package import package_files
-
     ids = [a.id for a in ws.graph if a.kind == "package" and a.out_dir == folder]
     rec = ws.state.records.get(ids[0]) if ids else None
     if rec is not None:
@@ -147,8 +152,6 @@ def _add_llm_packages(ws: Workspace, contents: Contents) -> None:
     """Each selected LLM × provider's genai files (config, tokenizer: written by the build,
     outputs of no action) join the package beside its ctx models, and the deployment
     manifest lists the genai folders under ``llms``."""
-    from epbuild.planning.llms import LlmGroup
-
     out_dir = ws.manifest.workspace.out_dir
     seen: dict[str, dict[str, Any]] = {}
     for action in ws.actions:
@@ -214,8 +217,6 @@ def _build_first(
     reporter: Reporter | None,
     options: Mapping[str, Any],
 ) -> BuildResult:
-    from epbuild.api import build
-
     result = build(directory, manifest, selectors, reporter=reporter, **options)
     if result.exit_code != 0:
         failed = [a.id for a in result.actions if a.outcome.value == "failed"]
@@ -231,8 +232,6 @@ def _build_first(
 def _unreplaced(root: str, snapshot: dict[str, Any]) -> Callable[[], None]:
     """A check, run before the new package is swapped in, that no output it took was
     replaced (by a concurrent build) since it was verified."""
-    from epbuild.errors import VerificationError
-    from epbuild.planning.committed import stat_of
 
     def check() -> None:
         for rel, st in snapshot.items():
@@ -248,8 +247,6 @@ def _unreplaced(root: str, snapshot: dict[str, Any]) -> Callable[[], None]:
 def _figures(ws: Workspace) -> dict[tuple[str, int], dict[str, Any]]:
     """Each model's last recorded ``verify --numerics`` (as its outputs are now), for the
     deployment manifest; models never checked are left out."""
-    from epbuild.inspection.numerics import last_checks
-
     found: dict[tuple[str, int], dict[str, Any]] = {}
     for action in ws.actions:
         for i, check in enumerate(last_checks(ws, action) or ()):

@@ -22,6 +22,7 @@ from collections.abc import Callable
 from epbuild.docsite import page_url
 from epbuild.errors import ToolchainError
 from epbuild.fs import atomic_write_bytes
+from epbuild.procs import run_group
 from epbuild.providers.distributions import onnxruntime_version, scanning
 from epbuild.state import locks
 from epbuild.toolchains.env import MARKER, Toolchain, ask, env_dir, read_marker, toolchain_root
@@ -169,8 +170,6 @@ def _run(
 ) -> None:
     """Run one step in its own process group (ended with the step, or when this process is
     interrupted), its output appended to the log; a failure names the step's last error."""
-    from epbuild.procs import run_group
-
     with open(log, "ab") as out:
         out.write(("$ " + " ".join(argv) + "\n").encode())
         out.flush()
@@ -208,8 +207,6 @@ def _uv_index_flags() -> list[str]:
     """pip's index settings (its config files and ``PIP_*``), as uv flags: uv reads neither,
     and a user's mirror must not be bypassed. pip resolves across all indexes, so uv is told
     to as well (``unsafe-best-match``)."""
-    from epbuild.procs import run_group
-
     try:
         argv = [sys.executable, "-m", "pip", "config", "list"]
         out = run_group(argv, timeout=60).stdout.decode("utf-8", "replace")

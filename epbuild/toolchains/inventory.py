@@ -17,7 +17,10 @@ from dataclasses import asdict, field
 from typing import Any
 
 from epbuild._dataclass import dataclass
+from epbuild.state import locks, sharedlock
+from epbuild.toolchains.boot import worker_path
 from epbuild.toolchains.env import MARKER, toolchain_root
+from epbuild.toolchains.resolve import USE_SUFFIX
 
 
 @dataclass
@@ -92,10 +95,6 @@ _PRUNING = "epbuild toolchains --prune"
 def prune(keep: Iterable[str]) -> Pruned:
     """Remove every environment whose digest is not in ``keep`` — unless a build uses it or
     is making it — and the worker copies of other epbuild versions."""
-    from epbuild.state import locks, sharedlock
-    from epbuild.toolchains.boot import worker_path
-    from epbuild.toolchains.resolve import USE_SUFFIX
-
     kept, removed, busy = set(keep), [], []
     for env in inventory():
         if env.digest in kept:
@@ -147,9 +146,6 @@ def _maker_alive(name: str) -> bool:
 def _remove_stray(env: str) -> None:
     """The log and lock files of an environment that is gone (a failed attempt, a pruned
     one), unless it is being made or a build is about to use it right now."""
-    from epbuild.state import locks, sharedlock
-    from epbuild.toolchains.resolve import USE_SUFFIX
-
     if os.path.isdir(env):
         return
     use = sharedlock.acquire(env + USE_SUFFIX, exclusive=True, timeout=0)
