@@ -6,6 +6,8 @@ import enum
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from epbuild.kinds.contract import kind_named
+
 if TYPE_CHECKING:
     from epbuild.kinds.contract import GraphAction
     from epbuild.planning.staleness import ActionPlan
@@ -95,8 +97,6 @@ class BuildResult:
     def exit_code(self) -> int:
         """0 on success, 3 if a lock wait timed out, 2 if every failure is bad input of a
         kind that checks its input (``Kind.checks_input``: a calibration sample), else 1."""
-        from epbuild.kinds.contract import kind_named
-
         failed = [a for a in self.actions if a.outcome is Outcome.FAILED]
         codes = {a.exit_code for a in failed}
         if not codes or 3 in codes:
@@ -108,8 +108,6 @@ class BuildResult:
     def summary(self) -> dict[str, Any]:
         """Counts per outcome plus the wall time; an action of another kind than compile
         that ran counts under its kind's word (``prepared``), not as ``compiled``."""
-        from epbuild.kinds.contract import kind_named
-
         data: dict[str, Any] = {}
         for o in Outcome:
             data[o.value] = self.count(o)

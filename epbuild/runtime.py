@@ -40,6 +40,13 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from epbuild._names import ctx_stem
 from epbuild.errors import CompatibilityError, LockTimeoutError, NotBuiltError, UserError
+from epbuild.inspection.ortcompat import ort_compatibility
+from epbuild.onnx.context import Severity, compatibility_problems, missing_context, source_problems
+from epbuild.onnx.proto import ProtoError, parse_model, read_model
+from epbuild.planning.committed import committed_outputs, stat_of
+from epbuild.planning.workspace import open_workspace
+from epbuild.providers import get_provider
+from epbuild.toolchains.env import same_interpreter
 
 if TYPE_CHECKING:
     from types import TracebackType
@@ -142,10 +149,6 @@ class BuiltAction:
 
 def check_context(label: str, data: bytes | None, path: str, provider: ProviderConfig) -> None:
     """Raise ``CompatibilityError`` if a ctx model is not for this EP and its installed SDK."""
-    from epbuild.onnx.context import compatibility_problems, missing_context, source_problems
-    from epbuild.onnx.proto import ProtoError, parse_model, read_model
-    from epbuild.providers import get_provider
-
     adapter = get_provider(provider.ep)
     try:
         info = parse_model(data) if data is not None else read_model(path)
@@ -170,8 +173,6 @@ def check_context(label: str, data: bytes | None, path: str, provider: ProviderC
             else "rebuild it for this target and SDK ('epbuild build'), or install the EP "
             "version it was built with",
         )
-    from epbuild.inspection.ortcompat import ort_compatibility
-    from epbuild.onnx.context import Severity
 
     judged = ort_compatibility(label, path, provider, data).problem()
     if judged is not None and judged.severity is Severity.ERROR:
@@ -203,8 +204,6 @@ def open_sources(
 ) -> BuiltAction:
     """``open_models``; ``what`` names the group in lock messages (default: the models);
     ``ep_name`` registers a plugin EP under that name (a package's declared name)."""
-    from epbuild.providers import get_provider
-
     adapter = get_provider(provider.ep)
     items: list[tuple[str, bytes | None]] = []
     for m in models:
@@ -283,9 +282,6 @@ def open_action(
 ) -> BuiltAction:
     """Open a built action (``group/provider`` or an action id) of a workspace; only what a
     build fully committed (``check``: see the module docstring)."""
-    from epbuild.planning.committed import committed_outputs, stat_of
-    from epbuild.planning.workspace import open_workspace
-
     if load not in ("path", "bytes"):
         raise UserError(f"load must be 'path' or 'bytes', not {load!r}")
     if check not in ("stat", "hash"):
@@ -328,8 +324,6 @@ def open_action(
 def _check_environment(ws: Workspace, action: Action) -> None:
     """An action compiled in a provider's toolchain opens only in that toolchain's Python:
     any other ONNX Runtime (this one, with other EPs) cannot load what it wrote."""
-    from epbuild.toolchains.env import same_interpreter
-
     toolchain = ws.keys.toolchains.get(action.provider)
     if toolchain is None or same_interpreter(toolchain):
         return

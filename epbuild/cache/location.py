@@ -8,12 +8,11 @@ remote tier, with the per-user directory as the local tier in front of it.
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING, NamedTuple
+from typing import NamedTuple
 
+from epbuild.cache.actioncache import ActionCache
+from epbuild.errors import UserError
 from epbuild.userdirs import default_cache_dir
-
-if TYPE_CHECKING:
-    from epbuild.cache.actioncache import ActionCache
 
 OFF = ("off", "none", "no", "0", "false")
 ENV = "EPBUILD_CACHE"
@@ -69,9 +68,6 @@ def resolve(
 def open_cache(cfg: CacheConfig | None, *, push: bool = False) -> ActionCache | None:
     """The action cache at ``cfg`` (``resolve``'s answer; None when caching is off), checked:
     ``push`` (``--cache-push``) needs a remote tier, and the local tier must be a directory."""
-    from epbuild.cache.actioncache import ActionCache
-    from epbuild.errors import UserError
-
     if cfg is None:
         if push:
             raise UserError("--cache-push needs a cache", hint="drop --no-cache")

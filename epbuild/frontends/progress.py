@@ -7,6 +7,7 @@ import sys
 import threading
 from typing import TextIO
 
+from epbuild.kinds.contract import kind_named
 from epbuild.results import ActionResult, Outcome, Reporter
 
 _MARK = {
@@ -74,8 +75,6 @@ class ConsoleReporter(Reporter):
                 extra = f" ({result.seconds:.1f}s)" if result.outcome is Outcome.COMPILED else ""
                 mark = _MARK[result.outcome]
                 if result.outcome is Outcome.COMPILED and result.kind != "compile":
-                    from epbuild.kinds.contract import kind_named
-
                     mark = kind_named(result.kind).past
                 self._line(f"[{self.done}/{self.total}] {mark} {result.id}{extra}")
             if result.outcome is Outcome.FAILED:

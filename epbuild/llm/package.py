@@ -15,10 +15,12 @@ from collections.abc import Iterable
 
 from epbuild._dataclass import dataclass
 from epbuild._names import CTX_SUFFIX
+from epbuild.fs import reference_problem
 from epbuild.llm.genai_config import CONTEXT, ITERATOR, pipeline_config, stages_config
 from epbuild.llm.genai_schema import GENAI_CONFIG
 from epbuild.llm.source import PIPELINE, static_stages
 from epbuild.manifest.model import Llm
+from epbuild.onnx.proto import read_model
 from epbuild.providers.contract import ProviderConfig
 
 GENAI_PROVIDER = {"qnn": "qnn"}
@@ -73,9 +75,6 @@ def package_plan(
 
 def _stage_files(source: str, models: list[str]) -> list[str]:
     """The pipeline stages run as they are (CPU stages) and their external-data files."""
-    from epbuild.fs import reference_problem
-    from epbuild.onnx.proto import read_model
-
     found: list[str] = []
     for model in models:
         found.append(model)

@@ -8,6 +8,8 @@ from __future__ import annotations
 import json
 import os
 
+from epbuild.fs import atomic_write_bytes
+
 PREP_FORMAT = 1
 """Bump when ``epbuild.llm.static`` writes other graphs from the same inputs."""
 STAGES = (("context", None), ("iterator", 1))
@@ -19,7 +21,5 @@ AFFINITY_JSON = {"op_type": {"GroupQueryAttention": "htp"}}
 
 def write_affinity(path: str) -> None:
     """Write the default ``op_affinity`` file at ``path`` (atomically; parents made)."""
-    from epbuild.fs import atomic_write_bytes
-
     os.makedirs(os.path.dirname(path), exist_ok=True)
     atomic_write_bytes(path, json.dumps(AFFINITY_JSON).encode())

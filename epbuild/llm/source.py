@@ -15,6 +15,7 @@ from typing import Any
 
 from epbuild._dataclass import dataclass
 from epbuild.llm.genai_schema import GENAI_CONFIG, LlmSourceError, check_config
+from epbuild.onnx.proto import ProtoError, read_model
 
 DECODER = "decoder"
 """A single dynamic-shape decoder model (``model.decoder.filename``)."""
@@ -193,8 +194,6 @@ def static_stages(
     """The pipeline stages whose graph has static input shapes (what an NPU compiler
     takes; the others, such as a CPU ``embeddings`` or ``lm_head``, run as they are). A
     stage that cannot be read counts as static, so that compiling it says why."""
-    from epbuild.onnx.proto import ProtoError, read_model
-
     found = []
     for stage, filename in stages:
         try:

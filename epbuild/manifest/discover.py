@@ -19,8 +19,10 @@ from pathlib import Path
 
 from epbuild._dataclass import dataclass
 from epbuild._names import CTX_SUFFIX, DEFAULT_OUT_DIR, DEFAULT_STATE_DIR, model_stem
+from epbuild.fs import reference_problem
 from epbuild.llm.genai_schema import GENAI_CONFIG, LlmSourceError
 from epbuild.llm.source import LlmSource, read_source
+from epbuild.onnx.proto import ProtoError, read_model
 
 __all__ = ["Discovered", "FoundGroup", "FoundLlm", "discover"]
 
@@ -122,9 +124,6 @@ def _onnx_files(root: str, source: str, genai: list[str]) -> Iterator[str]:
 def _external_data(root: str, model: str) -> set[str] | str:
     """The workspace-relative external-data files ``model`` references, or why it is
     left out (unreadable, an EPContext model, a reference leaving the workspace)."""
-    from epbuild.fs import reference_problem
-    from epbuild.onnx.proto import ProtoError, read_model
-
     try:
         info = read_model(os.path.join(root, model))
     except (OSError, ProtoError) as exc:

@@ -6,7 +6,8 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from epbuild.errors import ManifestError
+from epbuild.errors import ManifestError, UnsafePathError
+from epbuild.fs import safe_relpath
 
 _ASSIGNMENT = re.compile(r"([A-Za-z0-9_.\"'-]+)\s*=")
 
@@ -113,9 +114,6 @@ class Where:
     def relpath(self, path: tuple[str, ...], value: str, what: str) -> str:
         """``value`` as a workspace-relative POSIX path (``fs.safe_relpath``); its refusal
         reported at ``path``."""
-        from epbuild.errors import UnsafePathError
-        from epbuild.fs import safe_relpath
-
         try:
             return safe_relpath(value, what=what)
         except UnsafePathError as exc:

@@ -13,6 +13,7 @@ from typing import Any
 from epbuild.manifest.expand import is_pattern
 from epbuild.manifest.locate import Where
 from epbuild.manifest.model import Group, QuantCheck, Quantization
+from epbuild.providers import get_provider
 from epbuild.providers.contract import ProviderConfig
 
 SAMPLE_SUFFIXES = (".npz", ".npy")
@@ -95,8 +96,6 @@ def _check_providers(
     providers: dict[str, ProviderConfig],
 ) -> None:
     """The group's providers take one kind of quantization, and the recipe's types."""
-    from epbuild.providers import get_provider
-
     adapters = {p: get_provider(providers[p].ep) for p in group.providers}
     kinds = {a.quantization for a in adapters.values()}
     if len(kinds) > 1:

@@ -30,6 +30,10 @@ from typing import TYPE_CHECKING, Any
 
 from epbuild._dataclass import dataclass
 from epbuild.fs import CHUNK, reference_problem
+from epbuild.onnx.proto import ProtoError, read_model
+from epbuild.providers import get_provider
+from epbuild.toolchains.env import toolchain_root
+from epbuild.userdirs import default_cache_dir
 
 if TYPE_CHECKING:
     from epbuild.onnx.proto import ContextNode, ExternalRef, ModelInfo, StringField
@@ -403,8 +407,6 @@ def context_problems(
     root: str, file: str, info: ModelInfo, config: ProviderConfig, embed_mode: int, directory: str
 ) -> list[Problem]:
     """Every rule for one built ctx model (``file`` and ``directory`` relative to ``root``)."""
-    from epbuild.providers import get_provider
-
     adapter = get_provider(config.ep)
     missing = missing_context(file, info)
     return [
@@ -522,9 +524,6 @@ def machine_paths(root: str, dirs: Iterable[str] = ()) -> MachinePaths:
     onnxruntime; ``lstat`` calls only (real paths)."""
     import tempfile
 
-    from epbuild.toolchains.env import toolchain_root
-    from epbuild.userdirs import default_cache_dir
-
     found = [
         root,
         os.path.expanduser("~"),
@@ -605,8 +604,6 @@ class LazySourceText:
 def source_text(root: str, models: tuple[str, ...]) -> SourceText:
     """The text of the source models (workspace-relative); an unreadable model adds nothing
     (the compile reports it)."""
-    from epbuild.onnx.proto import ProtoError, read_model
-
     values: dict[str, str] = {}
     paths: dict[str, str] = {}
     for model in models:

@@ -16,6 +16,9 @@ import os
 import threading
 import time
 
+from epbuild.fs import atomic_write_bytes
+from epbuild.userdirs import default_cache_dir
+
 KEY = "ep-library"
 """The version key holding the sha256 of the EP library that compiles."""
 _RACY_NS = 20_000_000
@@ -26,8 +29,6 @@ _memo: dict[str, list[object]] | None = None
 
 
 def _memo_path() -> str:
-    from epbuild.userdirs import default_cache_dir
-
     return os.path.join(default_cache_dir(), "ep-libraries.json")
 
 
@@ -70,8 +71,6 @@ def library_sha256(path: str) -> str:
 
 
 def _remember(full: str, entry: list[object]) -> None:
-    from epbuild.fs import atomic_write_bytes
-
     with _lock:
         memo = _load()
         memo[full] = entry

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 from epbuild._names import PROGRESS_NAME
 from epbuild.errors import ModelError
 from epbuild.fs import atomic_write_text
+from epbuild.quant.samples import input_specs, iterate
 
 if TYPE_CHECKING:
     import onnx
@@ -43,8 +44,6 @@ def versions() -> dict[str, str]:
 
 def calibrate(job: KindJob, root: str) -> dict[str, Any]:
     """Preprocess the float source and calibrate it on the samples."""
-
-    from epbuild.quant.samples import input_specs, iterate
 
     t0 = time.perf_counter()
     args = job.payload

@@ -8,6 +8,7 @@ import time
 from collections.abc import Callable
 
 from epbuild.errors import Interrupted, UserError
+from epbuild.manifest.load import find_manifest
 from epbuild.results import Reporter
 from epbuild.watching.observer import Pending, Watcher, make_handler
 from epbuild.watching.session import Cycle, Session
@@ -68,8 +69,6 @@ def watch(
     watchdog's polling observer (network file systems, no inotify) every ``poll_interval``
     seconds instead. ``lock_timeout`` and ``cache`` are ``build``'s.
     """
-    from epbuild.manifest.load import find_manifest
-
     if not debounce >= 0 or debounce == float("inf"):  # NaN compares false
         raise UserError(
             f"--debounce {debounce:g} is not a number of seconds", hint="write e.g. 0.3"

@@ -9,13 +9,17 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from epbuild.api import build
 from epbuild.errors import EpbuildError, Interrupted
+from epbuild.executors.local import LocalExecutor
 from epbuild.llm.genai_schema import GENAI_CONFIG
+from epbuild.manifest.load import load_manifest
+from epbuild.planning.actions import make_actions, select
+from epbuild.planning.llms import llm_shapes
 from epbuild.results import Reporter
 from epbuild.watching.targets import Sig, glob_match, make_targets, signature
 
 if TYPE_CHECKING:
-    from epbuild.executors.local import LocalExecutor
     from epbuild.manifest.load import Manifest
     from epbuild.planning.actions import Action
     from epbuild.results import ActionResult, BuildResult
@@ -101,8 +105,6 @@ class Session:
         reporter_factory: Callable[[], Reporter],
         on_start: Callable[[Cycle], None] | None = None,
     ) -> None:
-        from epbuild.manifest.load import load_manifest
-
         self.manifest_path = manifest_path
         self.selectors = selectors
         self.build_kw = build_kw
@@ -122,8 +124,6 @@ class Session:
             self.seen[p] = signature(p)
 
     def _reload(self) -> tuple[Manifest | None, str | None]:
-        from epbuild.manifest.load import load_manifest
-
         try:
             m = load_manifest(self.manifest_path)
             _selected(m, self.selectors)
@@ -199,13 +199,9 @@ class Session:
 
     def run_build(self, cycle: Cycle, ids: list[str] | None) -> None:
         """Build the given actions (None: all selected) with the current manifest."""
-        from epbuild.api import build
-
         kw = dict(self.build_kw)
         if self.manifest.workspace.executor == "local":
             if self.warm is None:
-                from epbuild.executors.local import LocalExecutor
-
                 self.warm = LocalExecutor(str(self.manifest.root), prewarm=True)
             kw["executor"] = self.warm
         selected = list(self.selectors) if ids is None else ids
@@ -248,7 +244,4 @@ class Session:
 
 def _selected(m: Manifest, selectors: list[str] | tuple[str, ...]) -> list[Action]:
     """The selected actions of ``m``, its LLMs' included (their ids, read from nothing)."""
-    from epbuild.planning.actions import make_actions, select
-    from epbuild.planning.llms import llm_shapes
-
     return select(make_actions(m, llm_shapes(m)), selectors)

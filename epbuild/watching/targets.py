@@ -14,7 +14,11 @@ from fnmatch import fnmatchcase
 from typing import TYPE_CHECKING
 
 from epbuild._dataclass import dataclass
+from epbuild.cache.location import resolve
 from epbuild.errors import EpbuildError
+from epbuild.llm.package import source_files
+from epbuild.planning.llms import LlmGroup
+from epbuild.planning.workspace import open_workspace
 
 if TYPE_CHECKING:
     from epbuild.manifest.load import Manifest
@@ -134,15 +138,12 @@ def make_targets(
     m: Manifest, selectors: list[str] | tuple[str, ...], previous: Targets | None = None
 ) -> Targets:
     """Work out the inputs of the selected actions and which directories to observe."""
-    from epbuild.planning.workspace import open_workspace
-
     ws = open_workspace(m.root, None, selectors, loaded=m)
     root = str(m.root)
     folders: dict[str, str] = {}
     inputs = _action_inputs(ws, root, folders, previous)
     manifest = os.path.abspath(m.path)
     files = {manifest} | {os.path.join(root, p) for s in inputs.values() for p in s}
-    from epbuild.cache.location import resolve
 
     wsc = m.workspace
     excluded = [wsc.out_dir, wsc.state_dir]
@@ -206,9 +207,6 @@ def _action_inputs(
 
 def _llm_inputs(action: Action, root: str, folders: dict[str, str]) -> set[str]:
     """The source files of an LLM action (its folder joins ``folders``); none for others."""
-    from epbuild.llm.package import source_files
-    from epbuild.planning.llms import LlmGroup
-
     group = action.group
     if not isinstance(group, LlmGroup) or group.llm is None:
         return set()
