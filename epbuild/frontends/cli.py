@@ -94,12 +94,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return failure.exit_code
 
 
-_NESTED = {
-    "build": (), "status": (), "init": (), "add": (),
-    "clean": (), "verify": (), "package": (), "report": (), "watch": (),
-    "cache": ("key", "export", "import", "prune", "verify"), "toolchains": (), "lock": (),
-    "schema": (),
-}  # fmt: skip
+_NESTED: dict[str, tuple[str, ...]] = {
+    **dict.fromkeys(("build", "status", "init", "add", "clean", "verify", "package"), ()),
+    **dict.fromkeys(("report", "watch", "toolchains", "lock", "schema"), ()),
+    "cache": ("key", "export", "import", "prune", "verify"),
+}
 """Each command and its sub-commands, for naming a command whose arguments did not parse."""
 
 

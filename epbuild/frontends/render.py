@@ -68,8 +68,9 @@ def graph_text(result: StatusResult, fmt: str) -> str:
     for a in result.actions:
         for dep in a.deps:
             if dep in ids:
-                lines.append(f"  {ids[dep]} --> {ids[a.id]}" if mermaid else
-                             f"  {ids[dep]} -> {ids[a.id]};")  # fmt: skip
+                lines.append(
+                    f"  {ids[dep]} --> {ids[a.id]}" if mermaid else f"  {ids[dep]} -> {ids[a.id]};"
+                )
     if mermaid:
         stale = [ids[a.id] for a in result.actions if a.stale]
         if stale:

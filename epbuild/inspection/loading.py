@@ -174,8 +174,15 @@ def _run_loader(
     outputs = data.get("outputs")
     more = {k: data[k] for k in ("qdq", "layers") if k in data}
     versions = data.get("versions") if isinstance(data.get("versions"), dict) else None
-    return LoadCheck(ctx, outcome, data.get("message", ""), data.get("max_error"),
-                     outputs=outputs, more=more, versions=versions)  # fmt: skip
+    return LoadCheck(
+        ctx,
+        outcome,
+        data.get("message", ""),
+        data.get("max_error"),
+        outputs=outputs,
+        more=more,
+        versions=versions,
+    )
 
 
 _NOISE = re.compile(r"\[W:onnxruntime|LIBNATIVE|\x1b\[")

@@ -160,8 +160,9 @@ _SEARCH: dict[str, Callable[[Any], str | None]] = {
 }
 
 
-def _check(table: dict[str, Any], rules: dict[str, Callable[[Any], str | None]],
-           path: tuple[str, ...]) -> None:  # fmt: skip
+def _check(
+    table: dict[str, Any], rules: dict[str, Callable[[Any], str | None]], path: tuple[str, ...]
+) -> None:
     for key, rule in rules.items():
         if key in table:
             problem = rule(table[key])

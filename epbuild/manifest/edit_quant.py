@@ -39,8 +39,12 @@ def add_quantization(
             if given:
                 rels = [manifest_relative(directory, s.path, v) for v in given]
                 values[key] = rels[0] if len(rels) == 1 else rels
-        for key, value in (("activations", activations), ("weights", weights),
-                           ("per_channel", per_channel), ("method", method)):  # fmt: skip
+        for key, value in (
+            ("activations", activations),
+            ("weights", weights),
+            ("per_channel", per_channel),
+            ("method", method),
+        ):
             if value is not None:
                 values[key] = value
         table = s.table("quantization", name)

@@ -554,8 +554,9 @@ def _group_models(
                 "list the model by its path to name it, or leave the name out",
             )
         own = table.get("numerics", {}) if table is not None else {}
-        settings = _numerics(where, (*at, "numerics") if own else (*base, "numerics"),
-                             {**numerics, **own})  # fmt: skip
+        settings = _numerics(
+            where, (*at, "numerics") if own else (*base, "numerics"), {**numerics, **own}
+        )
         expanded = expand_entry(where, root, at, raw, pattern, glob, excluded)
         for model in expanded:
             problem = check_model(where, root, model, at)

@@ -453,12 +453,32 @@ _NAME_FIELDS = frozenset({"name", "attribute partition_name"})
 """String fields that are identifiers: never checked as paths."""
 SHARED_ROOTS = frozenset(
     {
-        "/", "/bin", "/etc", "/home", "/lib", "/lib64", "/mnt", "/opt", "/opt/homebrew",
-        "/private", "/sbin", "/srv", "/Library", "/System", "/Users", "/usr", "/usr/bin",
-        "/usr/lib", "/usr/lib64", "/usr/local", "/usr/local/lib", "/usr/share", "/var",
+        "/",
+        "/bin",
+        "/etc",
+        "/home",
+        "/lib",
+        "/lib64",
+        "/mnt",
+        "/opt",
+        "/opt/homebrew",
+        "/private",
+        "/sbin",
+        "/srv",
+        "/Library",
+        "/System",
+        "/Users",
+        "/usr",
+        "/usr/bin",
+        "/usr/lib",
+        "/usr/lib64",
+        "/usr/local",
+        "/usr/local/lib",
+        "/usr/share",
+        "/var",
         "/Volumes",
     }
-)  # fmt: skip
+)
 """Directories every machine of a kind has (``sys.prefix`` is ``/usr`` for a system Python,
 ``/usr/local`` in many containers): a path under them says nothing about this machine, so
 they are never a machine path themselves (a directory below them, such as a home or a

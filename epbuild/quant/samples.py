@@ -74,15 +74,17 @@ def _read_npz(full: str, sample: str) -> dict[str, np.ndarray]:
     import numpy as np
 
     if not zipfile.is_zipfile(full):  # numpy would take it for a pickle and say so
-        raise ModelError(f"{sample}: not a readable .npz file of arrays (not a zip archive)",
-                         hint=_HINT)  # fmt: skip
+        raise ModelError(
+            f"{sample}: not a readable .npz file of arrays (not a zip archive)", hint=_HINT
+        )
     try:
         with np.load(full, allow_pickle=False) as data:
             return {name: data[name] for name in data.files}
     except (OSError, ValueError, zipfile.BadZipFile, EOFError) as exc:
         why = "it holds object arrays (pickled data)" if "pickle" in str(exc) else str(exc)
-        raise ModelError(f"{sample}: not a readable .npz file of arrays ({why})",
-                         hint=_HINT) from exc  # fmt: skip
+        raise ModelError(
+            f"{sample}: not a readable .npz file of arrays ({why})", hint=_HINT
+        ) from exc
 
 
 def _read_npy(full: str, sample: str, specs: Sequence[InputSpec]) -> dict[str, np.ndarray]:

@@ -38,8 +38,10 @@ _QDQ_OPS = ("QuantizeLinear", "DequantizeLinear")
 
 def versions() -> dict[str, str]:
     """The tool versions a quantization kind declares (the worker reports the same)."""
-    return {"onnxruntime": importlib.metadata.version("onnxruntime"),
-            "onnx": importlib.metadata.version("onnx")}  # fmt: skip
+    return {
+        "onnxruntime": importlib.metadata.version("onnxruntime"),
+        "onnx": importlib.metadata.version("onnx"),
+    }
 
 
 def calibrate(job: KindJob, root: str) -> dict[str, Any]:
