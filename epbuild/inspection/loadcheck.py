@@ -219,10 +219,6 @@ def sqnr_db(signal: float, noise: float) -> float:
 def check(job: dict[str, Any]) -> dict[str, Any]:
     """Load the ctx model, run it and the source on the CPU EP on the same feeds, compare
     each output."""
-    if job.get("quantized"):  # against the float source, with the QDQ model beside it
-        from epbuild.inspection.quantcheck import check_quantized
-
-        return check_quantized(job)
     import onnxruntime as ort
 
     from epbuild.errors import EpbuildError, ProviderUnavailableError

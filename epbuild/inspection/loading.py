@@ -99,6 +99,10 @@ def load_spec(action: Action, index: int, extra: dict[str, Any] | None = None) -
     return {"job": job, "share_weights": action.group.context.share_weights}
 
 
+LOADCHECK = "epbuild.inspection.loadcheck"
+"""The loader a ctx model is run with (a quantized one: ``inspection.quantcheck``)."""
+
+
 def run_load(
     root: str, spec: dict[str, Any], python: str | None, *, standalone: bool = False
 ) -> LoadCheck:
@@ -113,7 +117,9 @@ def run_load(
     reason = adapter.load_problem(provider, spec["share_weights"])
     if reason:
         return LoadCheck(ctx, LoadOutcome.NOT_LOADABLE, reason)
-    check = _run_loader(root, ctx, job, python)
+    # a quantized model is compared with its float source, with the QDQ model beside it
+    first = "epbuild.inspection.quantcheck" if job.get("quantized") else LOADCHECK
+    check = _run_loader(root, ctx, job, python, first)
     failed = check.outcome is LoadOutcome.FAILED
     why = adapter.explain_load_failure(provider, check.message) if failed else None
     if why:  # a known limit of the EP's package, not a bad build
@@ -141,7 +147,7 @@ def _run_loader(
     ctx: str,
     job: dict[str, Any],
     python: Toolchain | str | None,
-    module: str = "epbuild.inspection.loadcheck",
+    module: str,
 ) -> LoadCheck:
     """One loader process in ``python`` (a toolchain, its interpreter, or None: ours)."""
     if isinstance(python, Toolchain):

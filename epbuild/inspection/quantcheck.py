@@ -12,6 +12,15 @@ import tempfile
 from dataclasses import replace
 from typing import Any
 
+from epbuild.inspection.loadcheck import (
+    _NUMPY_TYPES,
+    NO_COMPILE,
+    Figures,
+    _explain,
+    answer,
+    reference,
+)
+
 LAYERS = 10
 """The worst layers a check reports."""
 
@@ -22,7 +31,6 @@ def check_quantized(job: dict[str, Any]) -> dict[str, Any]:
     import onnxruntime as ort
 
     from epbuild.errors import EpbuildError, ProviderUnavailableError
-    from epbuild.inspection.loadcheck import NO_COMPILE, Figures, _explain, reference
     from epbuild.providers.contract import ProviderConfig
     from epbuild.runtime import open_models
 
@@ -55,7 +63,6 @@ def check_quantized(job: dict[str, Any]) -> dict[str, Any]:
 def _feeds(session: Any, samples: list[str]) -> list[dict[str, Any]]:
     import numpy as np
 
-    from epbuild.inspection.loadcheck import _NUMPY_TYPES
     from epbuild.quant.samples import InputSpec, read_sample
 
     specs = [
@@ -122,3 +129,12 @@ def _typed(qdq_model: str, path: str) -> str:
                     )
     onnx.save(model, path)
     return path
+
+
+def main() -> None:
+    """Entry point: the loader of a quantized model (as ``inspection.loadcheck``)."""
+    answer(check_quantized)
+
+
+if __name__ == "__main__":
+    main()
