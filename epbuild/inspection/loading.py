@@ -117,9 +117,7 @@ def run_load(
     reason = adapter.load_problem(provider, spec["share_weights"])
     if reason:
         return LoadCheck(ctx, LoadOutcome.NOT_LOADABLE, reason)
-    # a quantized model is compared with its float source, with the QDQ model beside it
-    first = "epbuild.inspection.quantcheck" if job.get("quantized") else LOADCHECK
-    check = _run_loader(root, ctx, job, python, first)
+    check = _run_loader(root, ctx, job, python)
     failed = check.outcome is LoadOutcome.FAILED
     why = adapter.explain_load_failure(provider, check.message) if failed else None
     if why:  # a known limit of the EP's package, not a bad build
@@ -147,9 +145,13 @@ def _run_loader(
     ctx: str,
     job: dict[str, Any],
     python: Toolchain | str | None,
-    module: str,
+    module: str | None = None,
 ) -> LoadCheck:
-    """One loader process in ``python`` (a toolchain, its interpreter, or None: ours)."""
+    """One loader process in ``python`` (a toolchain, its interpreter, or None: ours);
+    ``module``: the loader (None: ``loadcheck``, or for a quantized model ``quantcheck``,
+    which compares it with its float source, with the QDQ model beside it)."""
+    if module is None:
+        module = "epbuild.inspection.quantcheck" if job.get("quantized") else LOADCHECK
     if isinstance(python, Toolchain):
         python = python.python
     command = own_command(module) if python is None else boot_command(python, module)
