@@ -73,12 +73,12 @@ def package_plan(
 def _stage_files(source: str, models: list[str]) -> list[str]:
     """The pipeline stages run as they are (CPU stages) and their external-data files."""
     from epbuild.fs import reference_problem
-    from epbuild.onnx.proto import read_model
+    from epbuild.onnx.proto import read_external_refs
 
     found: list[str] = []
     for model in models:
         found.append(model)
-        for ref in read_model(os.path.join(source, model)).external_refs:
+        for ref in read_external_refs(os.path.join(source, model)):
             problem = reference_problem(ref.location)
             if problem is not None:
                 raise ValueError(f"{model}: external-data location {problem}")
