@@ -576,10 +576,12 @@ def read_model(path: str | os.PathLike[str], *, strings: bool = False) -> ModelI
 
 def _external_refs(buf: _Buf) -> list[ExternalRef]:
     """The external-data references `_Reader` finds, in its order, reading only the parts
-    of the model that can hold one: a node, tensor or function without the bytes of the
-    entry key ``location`` in it is skipped by its length (in a file read whole; a paged
-    one is searched message by message). The model's own fields are checked as
-    `parse_model` checks them, the rest is not read."""
+    of the model that can hold one: a node, tensor or function whose bytes do not hold
+    ``location`` (the key of the entry naming a reference's file) is skipped by its length.
+    A file read in pages is not searched: each of those parts is read, as `_Reader` reads
+    it. The wire types and lengths of the model's own fields are checked as `parse_model`
+    checks them; a part that is skipped is not checked (so a tensor marked external without
+    a ``location`` there goes unnoticed, where `parse_model` refuses it)."""
     reader = _Reader(buf)
     if isinstance(buf, bytes):
         whole = buf.find(_LOCATION) >= 0
