@@ -512,6 +512,27 @@ def test_external_refs_beside_location_elsewhere() -> None:
     ]
 
 
+def test_external_data_entries_of_any_length_and_order() -> None:
+    """Entries with long texts (lengths of two bytes), a value before its key, repeated
+    keys: the last one counts."""
+    model = _small()
+    tensor = model.graph.initializer[0]
+    long = "d/" * 100 + "w.bin"
+    set_external_data(tensor, long, offset=0, length=24, checksum="c" * 300)
+    entry = tensor.external_data.add()
+    entry.key, entry.value = "length", "16"
+    data = model.SerializeToString()
+    expect = [ExternalRef("w", long, 0, 16, "c" * 300)]
+    assert parse_model(data).external_refs == parse_external_refs(data) == expect
+    value_first = b"\x12\x05w.bin\x0a\x08location"  # field 2, then field 1
+    raw = _small().graph.initializer[0].SerializeToString()
+    tensor.ParseFromString(raw + _len_field(13, value_first) + b"\x70\x01")
+    assert tensor.external_data[0].key == "location"  # onnx reads it so too
+    data = model.SerializeToString()
+    expect = [ExternalRef("w", "w.bin", None, None, None)]
+    assert parse_model(data).external_refs == parse_external_refs(data) == expect
+
+
 def test_external_refs_errors(tmp_path: Path) -> None:
     with pytest.raises(ProtoError, match=r"^empty file$"):
         parse_external_refs(b"")

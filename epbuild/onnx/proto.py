@@ -233,6 +233,15 @@ def _str(buf: _Buf, a: int, b: int) -> str:
 
 
 def _entry(buf: _Buf, a: int, b: int) -> tuple[str, str]:
+    if b - a >= 4 and buf[a] == 0x0A and buf[a + 1] < 0x80:  # key, then value: short ones
+        mid = a + 2 + buf[a + 1]
+        if (
+            mid + 2 <= b
+            and buf[mid] == 0x12
+            and buf[mid + 1] < 0x80
+            and mid + 2 + buf[mid + 1] == b
+        ):
+            return _str(buf, a + 2, mid), _str(buf, mid + 2, b)
     key = value = ""
     for f, s, e in _fields(buf, a, b, _ENTRY):
         if f == 1:
