@@ -284,6 +284,7 @@ ok = bad = 0
 for _ in range(int(sys.argv[3])):
     try:
         onnxproto.read_model(sys.argv[1])
+        onnxproto.read_external_refs(sys.argv[1])
         ok += 1
     except (ProtoError, OSError):
         bad += 1

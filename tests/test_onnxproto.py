@@ -22,17 +22,22 @@ from onnx.external_data_helper import (
     uses_external_data,
 )
 
+from epbuild.onnx import proto
 from epbuild.onnx.proto import (
     ContextNode,
     ExternalRef,
     GraphInput,
     ModelInfo,
     ProtoError,
+    parse_external_refs,
     parse_model,
+    read_external_refs,
     read_model,
 )
 
 LIGHT = sorted((Path(onnx.__file__).parent / "backend/test/data/light").glob("*.onnx"))
+CORPUS_DIR = Path(__file__).parent / "corpus"
+CORPUS = sorted(CORPUS_DIR.glob("*.onnx"))
 FLOAT = TensorProto.FLOAT
 
 
@@ -389,3 +394,198 @@ def test_does_not_import_onnx() -> None:
         "assert not bad, bad"
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=waits.scaled(120))
+
+
+# ---------------------------------------------------------------------------------------
+# External-data references alone (what a model's key reads)
+
+
+def _if_model() -> onnx.ModelProto:
+    """An If whose branches have initializers of their own."""
+
+    def branch(name: str) -> onnx.GraphProto:
+        return helper.make_graph(
+            [helper.make_node("Add", ["x", f"{name}_w"], [f"{name}_y"])],
+            name,
+            [],
+            [helper.make_tensor_value_info(f"{name}_y", FLOAT, [2, 3])],
+            initializer=[_weights(f"{name}_w", 2, 3)],
+        )
+
+    cond = numpy_helper.from_array(np.array(True), "cond")
+    node = helper.make_node(
+        "If", ["cond"], ["y"], then_branch=branch("then"), else_branch=branch("else")
+    )
+    return _model([node], [cond])
+
+
+def _function_model() -> onnx.ModelProto:
+    """A Constant's tensor in the graph and one in a local function."""
+    func = helper.make_function(
+        "local",
+        "AddConst",
+        ["a"],
+        ["b"],
+        [
+            helper.make_node("Constant", [], ["k"], value=_weights("fval", 2, 3)),
+            helper.make_node("Add", ["a", "k"], ["b"]),
+        ],
+        [helper.make_opsetid("", 17)],
+    )
+    nodes = [
+        helper.make_node("Constant", [], ["c"], value=_weights("cval", 2, 3)),
+        helper.make_node("AddConst", ["x"], ["t"], domain="local"),
+        helper.make_node("Add", ["t", "c"], ["y"]),
+    ]
+    return _model(nodes, opsets={"": 17, "local": 1}, functions=[func])
+
+
+@pytest.fixture(name="external_models")
+def _external_models(tmp_path: Path) -> list[Path]:
+    """Models with external data where each part of the reader finds it: initializers,
+    subgraph initializers, a Constant's and a function's tensors, sparse tensors, a torch
+    CNN's weights, a dynamo export's; and one that says "location" with none."""
+    named = _model([helper.make_node("Relu", ["x"], ["y"], name="location")])
+    for name, model in (("small", _small()), ("if", _if_model()), ("named", named)):
+        _save_external(model, tmp_path / f"{name}.onnx")
+    func = _function_model()
+    convert_model_to_external_data(func, location="w.bin", size_threshold=0, convert_attribute=True)
+    onnx.save(func, tmp_path / "func.onnx")
+    cnn = onnx.load(CORPUS_DIR / "cnn_torchscript.onnx")
+    onnx.save(
+        cnn,
+        tmp_path / "cnn.onnx",
+        save_as_external_data=True,
+        all_tensors_to_one_file=True,
+        location="cnn.data",
+        size_threshold=0,
+    )
+    (tmp_path / "rich.onnx").write_bytes(_rich())
+    names = ("small", "if", "named", "func", "cnn", "rich")
+    return [*(tmp_path / f"{n}.onnx" for n in names), CORPUS_DIR / "llama_dynamo_external.onnx"]
+
+
+def test_external_refs_are_the_full_readers(external_models: list[Path]) -> None:
+    """The same references in the same order as `read_model`, also read in pages."""
+    for path in [*LIGHT, *CORPUS, *external_models]:
+        refs = read_external_refs(path)
+        assert refs == read_model(path).external_refs, path
+        assert parse_external_refs(path.read_bytes()) == refs, path
+    found = {p.stem: read_external_refs(p) for p in external_models}
+    assert [r.tensor for r in found["small"]] == ["w"]
+    assert [r.tensor for r in found["if"]] == ["else_w", "then_w", "cond"]  # nodes first
+    assert found["named"] == []
+    assert [r.tensor for r in found["func"]] == ["cval", "fval"]
+    assert [r.tensor for r in found["rich"]] == ["sw", "sw"]
+    cnn = onnx.load(CORPUS_DIR / "cnn_torchscript.onnx")
+    assert len(found["cnn"]) == len(list(_get_all_tensors(cnn))) > 4
+    assert {r.location for r in found["cnn"]} == {"cnn.data"}
+    assert set(found["cnn"]) == _onnx_refs(external_models[4])
+    assert len(found["llama_dynamo_external"]) == 16
+
+
+def test_external_refs_paged(external_models: list[Path], monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(proto, "_PAGED_MIN", 0)
+    monkeypatch.setattr(proto, "_PAGE_BITS", 8)
+    for path in [*CORPUS, *external_models]:
+        assert read_external_refs(path) == read_model(path).external_refs, path
+
+
+def test_external_refs_of_inline_tensors() -> None:
+    """Inline weights, with or without "location" written elsewhere: none."""
+    for model in (_small(), _if_model(), _function_model()):
+        assert parse_external_refs(model.SerializeToString()) == []
+        model.doc_string = "location"
+        model.graph.node[0].name = "location"
+        for tensor in model.graph.initializer:
+            tensor.doc_string = "location"
+        assert parse_external_refs(model.SerializeToString()) == []
+
+
+def test_external_refs_beside_location_elsewhere() -> None:
+    """A reference is found where "location" is also written elsewhere (a node's name)."""
+    model = _small()
+    model.graph.node[1].name = "location"
+    set_external_data(model.graph.initializer[0], "w.bin", offset=0, length=24)
+    assert parse_external_refs(model.SerializeToString()) == [
+        ExternalRef("w", "w.bin", 0, 24, None)
+    ]
+
+
+def test_external_data_entries_of_any_length_and_order() -> None:
+    """Entries with long texts (lengths of two bytes), a value before its key, repeated
+    keys: the last one counts."""
+    model = _small()
+    tensor = model.graph.initializer[0]
+    long = "d/" * 100 + "w.bin"
+    set_external_data(tensor, long, offset=0, length=24, checksum="c" * 300)
+    entry = tensor.external_data.add()
+    entry.key, entry.value = "length", "16"
+    data = model.SerializeToString()
+    expect = [ExternalRef("w", long, 0, 16, "c" * 300)]
+    assert parse_model(data).external_refs == parse_external_refs(data) == expect
+    value_first = b"\x12\x05w.bin\x0a\x08location"  # field 2, then field 1
+    raw = _small().graph.initializer[0].SerializeToString()
+    tensor.ParseFromString(raw + _len_field(13, value_first) + b"\x70\x01")
+    assert tensor.external_data[0].key == "location"  # onnx reads it so too
+    data = model.SerializeToString()
+    expect = [ExternalRef("w", "w.bin", None, None, None)]
+    assert parse_model(data).external_refs == parse_external_refs(data) == expect
+
+
+def test_external_refs_errors(tmp_path: Path) -> None:
+    with pytest.raises(ProtoError, match=r"^empty file$"):
+        parse_external_refs(b"")
+    empty = tmp_path / "empty.onnx"
+    empty.write_bytes(b"")
+    with pytest.raises(ProtoError, match=r"^empty file$"):
+        read_external_refs(empty)
+    with pytest.raises(ProtoError, match="truncated or corrupt protobuf at byte 0"):
+        parse_external_refs(b"\xff" * 50)
+    with pytest.raises(ProtoError, match=r"^no graph in the model$"):
+        parse_external_refs(onnx.ModelProto(ir_version=8).SerializeToString())
+    with pytest.raises(ProtoError, match="wrong wire type 2 for ModelProto field 1"):
+        parse_external_refs(b"\x0a\x01\x00")
+    with pytest.raises(ProtoError, match="truncated or corrupt protobuf at byte 0"):
+        parse_external_refs(b"\x3a\x05\x00")
+    with pytest.raises(ProtoError, match="invalid field number 0"):
+        parse_external_refs(b"\x00\x01")
+    model = _small()
+    set_external_data(model.graph.initializer[0], "w.bin", offset=0, length=24)
+    model.graph.initializer[0].external_data[1].value = "zero"
+    with pytest.raises(ProtoError, match="offset is not an integer: 'zero'"):
+        parse_external_refs(model.SerializeToString())
+
+
+@pytest.mark.parametrize("data", [_small().SerializeToString(), _rich()], ids=["small", "rich"])
+def test_external_refs_truncated_at_every_byte(data: bytes) -> None:
+    """A model cut short is a `ProtoError`, or (cut between two of the model's own fields)
+    reads as far as it goes."""
+    full = parse_external_refs(data)
+    for n in range(len(data)):
+        try:
+            refs = parse_external_refs(data[:n])
+        except ProtoError:
+            continue
+        assert refs == full[: len(refs)]
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.data())
+def test_mutated_model_external_refs_only_raise_proto_error(data: st.DataObject) -> None:
+    raw = bytearray(_rich())
+    for _ in range(data.draw(st.integers(1, 4))):
+        raw[data.draw(st.integers(0, len(raw) - 1))] = data.draw(st.integers(0, 255))
+    try:
+        parse_external_refs(bytes(raw))
+    except ProtoError:
+        pass
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.binary(max_size=200))
+def test_random_bytes_external_refs_only_raise_proto_error(data: bytes) -> None:
+    try:
+        parse_external_refs(data)
+    except ProtoError:
+        pass

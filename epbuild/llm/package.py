@@ -20,7 +20,7 @@ from epbuild.llm.genai_config import CONTEXT, ITERATOR, pipeline_config, stages_
 from epbuild.llm.genai_schema import GENAI_CONFIG
 from epbuild.llm.source import PIPELINE, static_stages
 from epbuild.manifest.model import Llm
-from epbuild.onnx.proto import read_model
+from epbuild.onnx.proto import read_external_refs
 from epbuild.providers.contract import ProviderConfig
 
 GENAI_PROVIDER = {"qnn": "qnn"}
@@ -78,7 +78,7 @@ def _stage_files(source: str, models: list[str]) -> list[str]:
     found: list[str] = []
     for model in models:
         found.append(model)
-        for ref in read_model(os.path.join(source, model)).external_refs:
+        for ref in read_external_refs(os.path.join(source, model)):
             problem = reference_problem(ref.location)
             if problem is not None:
                 raise ValueError(f"{model}: external-data location {problem}")

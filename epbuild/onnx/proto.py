@@ -27,7 +27,9 @@ __all__ = [
     "ModelInfo",
     "ProtoError",
     "StringField",
+    "parse_external_refs",
     "parse_model",
+    "read_external_refs",
     "read_model",
 ]
 
@@ -42,6 +44,8 @@ _MAX_DEPTH = 64  # nested subgraphs; protobuf itself stops at 100 messages deep
 _INLINE_MAX = 64 << 10
 """String attributes longer than this (an embedded context binary) are not read: a `Blob`."""
 _EXTERNAL = 1  # TensorProto.DataLocation.EXTERNAL
+_LOCATION = b"location"
+"""The key of a tensor's external-data entry naming its file: no reference without it."""
 _FLOAT, _INT, _STRING = 1, 2, 3  # AttributeProto.AttributeType
 
 
@@ -229,6 +233,15 @@ def _str(buf: _Buf, a: int, b: int) -> str:
 
 
 def _entry(buf: _Buf, a: int, b: int) -> tuple[str, str]:
+    if b - a >= 4 and buf[a] == 0x0A and buf[a + 1] < 0x80:  # key, then value: short ones
+        mid = a + 2 + buf[a + 1]
+        if (
+            mid + 2 <= b
+            and buf[mid] == 0x12
+            and buf[mid + 1] < 0x80
+            and mid + 2 + buf[mid + 1] == b
+        ):
+            return _str(buf, a + 2, mid), _str(buf, mid + 2, b)
     key = value = ""
     for f, s, e in _fields(buf, a, b, _ENTRY):
         if f == 1:
@@ -568,3 +581,73 @@ def read_model(path: str | os.PathLike[str], *, strings: bool = False) -> ModelI
         if size < _PAGED_MIN:
             return parse_model(f.read(), strings=strings)
         return _Reader(_PagedFile(f.fileno(), size), strings).model()
+
+
+def _external_refs(buf: _Buf) -> list[ExternalRef]:
+    """The external-data references `_Reader` finds, in its order, reading only the parts
+    of the model that can hold one: a node, tensor or function whose bytes do not hold
+    ``location`` (the key of the entry naming a reference's file) is skipped by its length.
+    A file read in pages is not searched: each of those parts is read, as `_Reader` reads
+    it. The wire types and lengths of the model's own fields are checked as `parse_model`
+    checks them; a part that is skipped is not checked (so a tensor marked external without
+    a ``location`` there goes unnoticed, where `parse_model` refuses it)."""
+    reader = _Reader(buf)
+    if isinstance(buf, bytes):
+        whole = buf.find(_LOCATION) >= 0
+
+        def may_hold(a: int, b: int) -> bool:
+            return whole and buf.find(_LOCATION, a, b) >= 0
+    else:
+
+        def may_hold(a: int, b: int) -> bool:
+            return True
+
+    has_graph = False
+    for f, s, e in _fields(buf, 0, len(buf), _MODEL):
+        if f == 7:
+            has_graph = True
+            if may_hold(s, e):
+                for g, s2, e2 in _fields(buf, s, e, _GRAPH):
+                    if (g == 1 or g == 5 or g == 15) and may_hold(s2, e2):
+                        if g == 1:
+                            reader.node(s2, e2, 0, False)
+                        elif g == 5:
+                            reader.tensor(s2, e2)
+                        else:
+                            reader.sparse(s2, e2)
+        elif f == 20 and may_hold(s, e):
+            for g, s2, e2 in _fields(buf, s, e, _TRAINING):
+                if g in (1, 2):
+                    reader.graph(s2, e2, 1, False)
+        elif f == 25 and may_hold(s, e):
+            for g, s2, e2 in _fields(buf, s, e, _FUNCTION):
+                if g == 7:
+                    reader.node(s2, e2, 1, False)
+                elif g == 11:
+                    reader.attribute(s2, e2, 1, False)
+    if not has_graph:
+        raise ProtoError("no graph in the model")
+    return reader.refs
+
+
+def parse_external_refs(data: bytes) -> list[ExternalRef]:
+    """The external-data references of a serialized ModelProto: ``parse_model(data)
+    .external_refs`` for a well-formed model, read in a small part of its time (the
+    key of a model needs nothing else). Raises `ProtoError` for an empty file, a model
+    without a graph or a field of the model that is cut short or of the wrong type; a
+    malformed part that holds no reference goes unnoticed."""
+    if not data:
+        raise ProtoError("empty file")
+    return _external_refs(bytes(data))
+
+
+def read_external_refs(path: str | os.PathLike[str]) -> list[ExternalRef]:
+    """`parse_external_refs` of an ONNX file (a big one is read in pages, as `read_model`
+    reads it)."""
+    with open(path, "rb") as f:
+        size = os.fstat(f.fileno()).st_size
+        if size == 0:
+            raise ProtoError("empty file")
+        if size < _PAGED_MIN:
+            return _external_refs(f.read())
+        return _external_refs(_PagedFile(f.fileno(), size))

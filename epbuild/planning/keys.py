@@ -135,17 +135,17 @@ class KeyComputer:
     def _parse_refs(self, model: str, full: str, base: str, folder: bool) -> tuple[str, ...]:
         """The external-data files ``model`` references, found in ``base`` (its own folder,
         or its ``external_data_folder`` when ``folder``)."""
-        from epbuild.onnx.proto import ProtoError, read_model
+        from epbuild.onnx.proto import ProtoError, read_external_refs
 
         try:
-            info = read_model(full)
+            found = read_external_refs(full)
         except ProtoError as exc:
             raise ModelError(
                 f"{model}: not a valid ONNX model ({exc})", hint="re-export or re-download it"
             ) from exc
         sizes: dict[str, int] = {}
         refs: list[str] = []
-        for ref in info.external_refs:
+        for ref in found:
             if not is_safe_reference(ref.location):
                 raise ModelError(
                     f"{model}: tensor {ref.tensor!r} has unsafe external-data location "
