@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from epbuild.errors import NotBuiltError
+from epbuild.planning.moves import moved_from
 
 if TYPE_CHECKING:
     from epbuild.planning.actions import Action
@@ -57,6 +58,12 @@ def committed_outputs(
         rec = state.records.get(a.id)
         if rec is None:
             raise NotBuiltError(f"{a.id} has not been built", hint=build + " first")
+        old = moved_from(a.out_dir, rec.outputs)
+        if old is not None:
+            raise NotBuiltError(
+                f"{a.id}: its outputs are in {old}; the manifest now puts them in {a.out_dir}",
+                hint=build,
+            )
         absent = [rel for rel in a.ctx_paths if rel not in rec.outputs]
         if absent:
             raise NotBuiltError(
