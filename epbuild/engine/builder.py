@@ -370,8 +370,9 @@ class Builder:
         with locks.hold(ws.state_lock, f"epbuild commit {action.id}", timeout=self.lock_timeout):
             if previous is not None and moved_from(action.out_dir, old) is not None:
                 old = _leave_behind(ws, action, previous)
-            if left_id(action.id, action.out_dir) in state.records:  # back where it was
-                ws.journal.forget(left_id(action.id, action.out_dir))
+            back = state.records.get(left_id(action.id, action.out_dir))
+            if back is not None:  # back where it was: what it left there is its own again
+                old += [rel for rel in back.outputs if rel not in old]
             commit_journaled(
                 ws.root,
                 ws.journal.path,
@@ -381,6 +382,8 @@ class Builder:
                 remember,
                 durable=durable,
             )
+            if back is not None:
+                ws.journal.forget(back.id)
 
     def _restore(
         self, plan: ActionPlan, key: ActionKey, state: State
