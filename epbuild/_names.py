@@ -107,6 +107,21 @@ def ctx_stem(path: str) -> str:
     return name
 
 
+_LEFT = " (left in "
+
+
+def left_id(action_id: str, folder: str) -> str:
+    """The journal id of what ``action_id`` left in ``folder`` when a changed
+    ``[workspace]`` put its outputs elsewhere (``planning.moves``): never an id of the
+    graph, so an orphaned action's."""
+    return f"{action_id}{_LEFT}{folder})"
+
+
+def is_left(record_id: str) -> bool:
+    """Whether ``record_id`` names outputs an action left behind (``left_id``)."""
+    return _LEFT in record_id and record_id.endswith(")")
+
+
 ACTIVATION_TYPES = ("uint8", "uint16", "int8", "int16")
 """What a quantization's ``activations`` takes: ONNX Runtime's ``QuantType`` names, lower-case."""
 WEIGHT_TYPES = ("uint8", "int8", "uint16", "int16", "uint4", "int4")

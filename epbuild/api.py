@@ -7,13 +7,15 @@ from __future__ import annotations
 import functools
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
+from epbuild._names import STAGING_DIR
 from epbuild.engine.scheduler import executor_for, schedule
 from epbuild.engine.staging import check_removable, clean_stale_staging
 from epbuild.errors import EpbuildError, LockTimeoutError, StorageError
 from epbuild.fs import os_error_text
+from epbuild.planning.moves import moved_from, owning_top, still_written
 from epbuild.planning.staleness import ActionPlan, make_plan
 from epbuild.planning.workspace import (
     Workspace,
@@ -42,7 +44,7 @@ if TYPE_CHECKING:
     from epbuild.manifest.edit import EditResult, add_models, add_provider, add_target
     from epbuild.manifest.init import InitResult, init, init_from
     from epbuild.manifest.model import Manifest
-    from epbuild.state.journal import State
+    from epbuild.state.journal import OutputRecord, State
 
 
 __all__ = [
@@ -111,7 +113,8 @@ def status(
             explain_plans(cached, plans)
     _save_stats_if_possible(ws)
     orphans = [] if selectors else orphaned_actions(ws)
-    held = sum(orphaned_files(ws, ws.state).values()) if orphans else 0
+    moved = [] if selectors else _moved_actions(ws, ws.state)
+    held = sum(orphaned_files(ws, ws.state).values()) if orphans or moved else 0
     return StatusResult([ActionStatus.from_plan(p) for p in plans], orphans, lock_notes, held)
 
 
@@ -451,17 +454,39 @@ def orphaned(
 
 def orphaned_files(ws: Workspace, state: State) -> dict[str, int]:
     """The outputs of orphaned actions that no action of the manifest owns (its record
-    does not list them), with their sizes: what ``clean --orphaned`` removes."""
-    orphans = set(orphaned_actions(ws))
-    live = {p for i, rec in state.records.items() if i not in orphans for p in rec.outputs}
+    does not list them), with their sizes: what ``clean --orphaned`` removes. Outputs an
+    action left where a changed ``[workspace]`` moved them from are among them, also before
+    its build in the new place."""
     found: dict[str, int] = {}
-    for action_id in sorted(orphans):
-        for rel in state.records[action_id].outputs:
+    for rel in _orphaned_outputs(ws, state)[0]:
+        try:
+            found[rel] = os.lstat(os.path.join(ws.root, rel)).st_size
+        except OSError:
+            continue
+    return found
+
+
+def _orphaned_outputs(ws: Workspace, state: State) -> tuple[dict[str, OutputRecord], list[str]]:
+    """The recorded outputs of the orphaned actions and of the actions whose outputs moved,
+    less those a record in place lists; and those actions' ids."""
+    dead = [*orphaned_actions(ws), *_moved_actions(ws, state)]
+    gone = set(dead)
+    live = {p for i, rec in state.records.items() if i not in gone for p in rec.outputs}
+    found: dict[str, OutputRecord] = {}
+    for action_id in sorted(dead):
+        for rel, out in state.records[action_id].outputs.items():
             if rel not in live and rel not in found:
-                try:
-                    found[rel] = os.lstat(os.path.join(ws.root, rel)).st_size
-                except OSError:
-                    continue
+                found[rel] = out
+    return found, dead
+
+
+def _moved_actions(ws: Workspace, state: State) -> list[str]:
+    """Actions of the graph whose recorded outputs are elsewhere than it puts them."""
+    found = []
+    for action in ws.graph:
+        committed = state.records.committed(action.id)
+        if committed is not None and moved_from(action.out_dir, committed[1]) is not None:
+            found.append(action.id)
     return found
 
 
@@ -474,7 +499,9 @@ def clean(
 ) -> list[str]:
     """Remove the selected actions' outputs and records; returns the removed paths.
     ``orphaned``: remove only what actions no longer in the manifest left, and no action of
-    the manifest owns (ninja's ``cleandead``), and forget those actions."""
+    the manifest owns (ninja's ``cleandead``), and forget those actions. Outputs outside the
+    output and state directories (where a changed ``[workspace]`` moved them from) are
+    removed only while they are as a build wrote them."""
     from epbuild.errors import UserError
 
     if orphaned and selectors:
@@ -492,17 +519,19 @@ def clean(
             _clean_orphaned if orphaned else functools.partial(_clean_actions, selectors=selectors)
         )
         removed = clean_one(ws, state)
-    _remove_emptied_dirs(ws.root, ws.manifest.workspace.out_dir, removed)
+    _remove_emptied_dirs(ws, removed)
     return removed
 
 
 def _clean_orphaned(ws: Workspace, state: State) -> list[str]:
-    """Under the state lock: remove the orphaned outputs nothing owns, forget the orphans."""
-    files = sorted(orphaned_files(ws, state))
+    """Under the state lock: remove the orphaned outputs nothing owns, forget the orphans
+    (and the actions whose outputs moved: their record names only the old place)."""
+    found, dead = _orphaned_outputs(ws, state)
+    files = sorted(_removable(ws, found))
     for rel in files:  # refuse before deleting anything
         check_removable(ws.root, _owning_dir(ws, rel), [rel])
     removed = _unlink_existing(ws.root, files)
-    for action_id in orphaned_actions(ws):
+    for action_id in dead:
         ws.journal.forget(action_id)
     return removed
 
@@ -516,7 +545,9 @@ def _clean_actions(
     ids = [a.id for a in ws.graph]
     if not selectors:  # also what earlier manifests built and this one no longer has
         ids += orphaned_actions(ws)
-    outputs = {i: list(state.records[i].outputs) if i in state.records else [] for i in ids}
+    outputs = {
+        i: _removable(ws, state.records[i].outputs) if i in state.records else [] for i in ids
+    }
     outputs["llm packages"] = _llm_package_files(ws)
     for paths in outputs.values():  # refuse before deleting anything
         for rel in paths:
@@ -529,13 +560,29 @@ def _clean_actions(
     return removed
 
 
+def _removable(ws: Workspace, outputs: Mapping[str, OutputRecord]) -> list[str]:
+    """Those of an action's recorded ``outputs`` that clean may delete: every one in the
+    output or state directory; elsewhere (moved from) only those still as written."""
+    return [
+        rel
+        for rel, out in outputs.items()
+        if _in_own_dir(ws, rel) or still_written(ws.root, rel, out.size, out.digest, ws.stats)
+    ]
+
+
+def _in_own_dir(ws: Workspace, rel: str) -> str | None:
+    """The directory of epbuild's that ``rel`` is in: the state directory (an LLM's prepared
+    graphs, calibrations), the output directory, or None."""
+    for top in (ws.manifest.workspace.state_dir, ws.manifest.workspace.out_dir):
+        if rel.startswith(top.rstrip("/") + "/"):
+            return top
+    return None
+
+
 def _owning_dir(ws: Workspace, rel: str) -> str:
-    """The directory epbuild owns that a recorded output is in: the state directory (an
-    LLM's prepared graphs), else the output directory."""
-    state_dir = ws.manifest.workspace.state_dir
-    return (
-        state_dir if rel.startswith(state_dir.rstrip("/") + "/") else ws.manifest.workspace.out_dir
-    )
+    """The directory epbuild owns (or owned, before ``[workspace]`` moved its outputs) that a
+    recorded output is in, which no deletion may resolve outside of."""
+    return _in_own_dir(ws, rel) or owning_top(rel)
 
 
 def _llm_package_files(ws: Workspace) -> list[str]:
@@ -562,14 +609,28 @@ def _unlink_existing(root: str, paths: list[str]) -> list[str]:
     return gone
 
 
-def _remove_emptied_dirs(root: str, out_dir: str, removed: list[str]) -> None:
-    """Drop the directories that deleting ``removed`` left empty, never above ``out_dir``."""
-    top = os.path.join(root, out_dir)
+def _remove_emptied_dirs(ws: Workspace, removed: list[str]) -> None:
+    """Drop the directories that deleting ``removed`` left empty, never above the output
+    directory; a place outputs moved from goes entirely once nothing is left in it (its
+    staging folder was epbuild's too)."""
+    out_dir = ws.manifest.workspace.out_dir
+    old = set()
     for rel in removed:
-        d = os.path.dirname(os.path.join(root, rel))
+        own = _in_own_dir(ws, rel)
+        if own == ws.manifest.workspace.state_dir:
+            continue
+        top = os.path.join(ws.root, own or owning_top(rel))
+        if own is None:
+            old.add(top)
+        d = os.path.dirname(os.path.join(ws.root, rel))
         while _empty_dir_below(d, top):
             os.rmdir(d)
             d = os.path.dirname(d)
+    for top in sorted(old):
+        staging = os.path.join(top, STAGING_DIR)
+        for d in (staging, top):
+            if _empty_dir_below(d, os.path.dirname(top)) and d != os.path.join(ws.root, out_dir):
+                os.rmdir(d)
 
 
 def _empty_dir_below(d: str, top: str) -> bool:

@@ -371,8 +371,10 @@ JSON_KEYS: dict[str, str] = {
     "`prepared`, `packaged`); with `--numerics` also `numerics`",
     "status": '`actions` (`[{"id", "group", "provider", "stale", "reasons", "key", "kind", '
     '"deps", ...}]`), '
-    "`orphaned` (ids no longer in the manifest), `orphaned_bytes` (what their outputs that "
-    "no action owns hold: `clean --orphaned` removes them): `epbuild.status(...)`'s "
+    "`orphaned` (ids no longer in the manifest, and `ID (left in FOLDER)` for the outputs an "
+    "action left where a changed `[workspace]` moved them from), `orphaned_bytes` (what "
+    "their outputs that no action owns hold: `clean --orphaned` removes them): "
+    "`epbuild.status(...)`'s "
     "`StatusResult`; "
     "with `--detail`, `actions` holds each action's coverage, sizes, time and memory",
     "init": '`path` (the manifest written), `groups` (`[{"name", "models", "share_weights"}]`), '

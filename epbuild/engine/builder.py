@@ -9,12 +9,14 @@ from contextlib import ExitStack
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
+from epbuild._names import left_id
 from epbuild.docsite import page_url
 from epbuild.engine.staging import WRITE_HINT, commit_journaled, hash_staged, make_staging
 from epbuild.errors import EpbuildError, StorageError
 from epbuild.fs import os_error_text, remove_tree
 from epbuild.kinds.contract import GraphAction, RunContext, kind_named, kind_of
 from epbuild.planning.keys import ActionKey
+from epbuild.planning.moves import moved_from
 from epbuild.planning.staleness import ActionPlan, plan_action
 from epbuild.planning.workspace import Workspace, recorded_outputs
 from epbuild.results import ActionResult, Outcome, Reporter, action_result
@@ -30,6 +32,20 @@ if TYPE_CHECKING:
     from epbuild.executors.job import AnyJob
     from epbuild.executors.local import Executor, WorkerOutcome
     from epbuild.onnx.context import MachinePaths, Problem
+
+
+def _leave_behind(ws: Workspace, action: GraphAction, previous: ActionRecord) -> list[str]:
+    """Before ``action`` is committed in its new place: keep the outputs its record lists
+    elsewhere (``[workspace]`` moved them) under a record of their own, an orphan that
+    ``clean --orphaned`` removes; returns the recorded outputs that are in the new place
+    (those the commit replaces). Caller holds the state lock."""
+    kept = [rel for rel in previous.outputs if rel.startswith(action.out_dir + "/")]
+    left = {rel: o for rel, o in previous.outputs.items() if rel not in kept}
+    if any(os.path.lexists(os.path.join(ws.root, rel)) for rel in left):
+        folder = moved_from(action.out_dir, left)
+        assert folder is not None
+        ws.journal.done(replace(previous, id=left_id(action.id, folder), outputs=left), sync=False)
+    return kept
 
 
 class Builder:
@@ -344,13 +360,19 @@ class Builder:
         fsync to build()'s final journal sync: for restores, where losing it costs a
         re-restore; a compile's record is made durable at once."""
         ws = self.ws
-        old = list(state.records[action.id].outputs) if action.id in state.records else []
+        previous = state.records.get(action.id)
+        old = list(previous.outputs) if previous is not None else []
         stats = ws.stats
 
         def remember(rel: str, st: os.stat_result, digest: str) -> None:
             stats.remember(rel, Entry(st.st_ino, st.st_size, st.st_mtime_ns, digest))
 
         with locks.hold(ws.state_lock, f"epbuild commit {action.id}", timeout=self.lock_timeout):
+            if previous is not None and moved_from(action.out_dir, old) is not None:
+                old = _leave_behind(ws, action, previous)
+            back = state.records.get(left_id(action.id, action.out_dir))
+            if back is not None:  # back where it was: what it left there is its own again
+                old += [rel for rel in back.outputs if rel not in old]
             commit_journaled(
                 ws.root,
                 ws.journal.path,
@@ -360,6 +382,8 @@ class Builder:
                 remember,
                 durable=durable,
             )
+            if back is not None:
+                ws.journal.forget(back.id)
 
     def _restore(
         self, plan: ActionPlan, key: ActionKey, state: State

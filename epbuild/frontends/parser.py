@@ -366,8 +366,9 @@ def _clean(sub: _Commands) -> None:
     flag(
         c,
         "--orphaned",
-        text="remove only the outputs of actions no longer in the manifest that no current "
-        "action owns (a binary left by switching share_weights), and forget those actions",
+        text="remove only outputs no current action owns: those of actions no longer in the "
+        "manifest (a binary left by switching share_weights) and those a changed [workspace] "
+        "out_dir or state_dir left behind; forget their records",
     )
 
 

@@ -1,5 +1,6 @@
 """Text forms of the API's results, shared by ``build``, its no-op fast path, ``status`` and
-``watch``. Imported on the fast path: standard library only, results typed lazily."""
+``watch``. Imported on the fast path: the standard library and ``_names`` only, results
+typed lazily."""
 
 from __future__ import annotations
 
@@ -7,6 +8,8 @@ import json
 import sys
 from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
+
+from epbuild._names import is_left
 
 if TYPE_CHECKING:
     from epbuild.inspection.verify import VerifyResult
@@ -38,7 +41,10 @@ def status_lines(result: StatusResult) -> Iterator[str]:
             yield f"up to date  {a.id}"
     for action_id in result.orphaned:
         yield f"orphaned    {action_id}"
-        yield "              - no longer in the manifest; 'epbuild clean' removes its outputs"
+        if is_left(action_id):
+            yield "              - outputs the manifest now puts elsewhere ([workspace] changed)"
+        else:
+            yield "              - no longer in the manifest; 'epbuild clean' removes its outputs"
     if result.orphaned_bytes:
         from epbuild.fs import format_bytes
 

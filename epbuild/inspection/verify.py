@@ -44,6 +44,7 @@ from epbuild.onnx.context import (
 from epbuild.onnx.proto import ModelInfo, ProtoError, read_model
 from epbuild.planning.actions import Action
 from epbuild.planning.damage import record_damage
+from epbuild.planning.moves import moved_from
 from epbuild.planning.workspace import Workspace, open_workspace
 from epbuild.providers import get_provider
 from epbuild.providers.distributions import scanning
@@ -201,6 +202,13 @@ def _check_record(
         damage = ws.state.damaged.get(action.id)
         what = "was interrupted" if rec else "has not been built"
         what = f"is stale: {damage.reason()}" if damage else what
+        result.problems.append(
+            Problem(action.out_dir, f"action {action.id} {what}; run 'epbuild build'")
+        )
+        return None
+    old = moved_from(action.out_dir, rec.outputs)
+    if old is not None:
+        what = f"has its outputs in {old}, not in {action.out_dir} where the manifest puts them"
         result.problems.append(
             Problem(action.out_dir, f"action {action.id} {what}; run 'epbuild build'")
         )

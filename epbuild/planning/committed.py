@@ -9,10 +9,12 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from epbuild.errors import NotBuiltError
+from epbuild.planning.moves import moved_from
 
 if TYPE_CHECKING:
     from epbuild.planning.actions import Action
     from epbuild.planning.workspace import Workspace
+    from epbuild.state.journal import ActionRecord, State
 
 OutputStat = tuple[int, int, int]
 """(inode, size, mtime_ns) of a file; None when it is not a regular file."""
@@ -47,23 +49,7 @@ def committed_outputs(
     snapshot: dict[str, OutputStat | None] = {}
     for a in actions:
         build = f"run 'epbuild build {a.group.name}/{a.provider.name}'"
-        if a.id in state.damaged:
-            raise NotBuiltError(f"{a.id}: {state.damaged[a.id].reason()}", hint=build)
-        if a.id in state.interrupted:
-            raise NotBuiltError(
-                f"{a.id}: its last build was interrupted while committing its outputs",
-                hint=build,
-            )
-        rec = state.records.get(a.id)
-        if rec is None:
-            raise NotBuiltError(f"{a.id} has not been built", hint=build + " first")
-        absent = [rel for rel in a.ctx_paths if rel not in rec.outputs]
-        if absent:
-            raise NotBuiltError(
-                f"{a.id}: {absent[0]} is not among the outputs of its last build "
-                "(the group changed since)",
-                hint=build,
-            )
+        rec = _complete_record(state, a, build)
         problems: list[str] = []
         for rel in rec.outputs:
             snapshot[rel] = stat_of(ws.root, rel)
@@ -90,3 +76,31 @@ def committed_outputs(
                 f"{a.id} is not as its last build left it: {problems[0]}", hint=build
             )
     return snapshot
+
+
+def _complete_record(state: State, a: Action, build: str) -> ActionRecord:
+    """The action's record, if its last build completed and put every ctx model where the
+    manifest puts them now; otherwise ``NotBuiltError`` saying why (``build``: the hint)."""
+    if a.id in state.damaged:
+        raise NotBuiltError(f"{a.id}: {state.damaged[a.id].reason()}", hint=build)
+    if a.id in state.interrupted:
+        raise NotBuiltError(
+            f"{a.id}: its last build was interrupted while committing its outputs", hint=build
+        )
+    rec = state.records.get(a.id)
+    if rec is None:
+        raise NotBuiltError(f"{a.id} has not been built", hint=build + " first")
+    old = moved_from(a.out_dir, rec.outputs)
+    if old is not None:
+        raise NotBuiltError(
+            f"{a.id}: its outputs are in {old}; the manifest now puts them in {a.out_dir}",
+            hint=build,
+        )
+    absent = [rel for rel in a.ctx_paths if rel not in rec.outputs]
+    if absent:
+        raise NotBuiltError(
+            f"{a.id}: {absent[0]} is not among the outputs of its last build "
+            "(the group changed since)",
+            hint=build,
+        )
+    return rec

@@ -12,6 +12,7 @@ from epbuild._dataclass import dataclass
 from epbuild.errors import ModelError, ToolchainError, UserError
 from epbuild.kinds.contract import GraphAction, kind_of
 from epbuild.planning.keys import ActionKey, KeyComputer, explain_difference
+from epbuild.planning.moves import moved_from, moved_reason
 from epbuild.state.journal import State
 from epbuild.state.statcache import StatCache
 from epbuild.toolchains.resolve import ToolchainPending
@@ -101,9 +102,14 @@ def _plan_keyed(
     if committed is None:
         return ActionPlan(action, key, True, ["never built"])
     recorded, outputs = committed
+    old = moved_from(action.out_dir, outputs)  # out_dir or state_dir changed since
+    moved = [] if old is None else [moved_reason(old, action.out_dir)]
     if recorded != key.key:
         components = state.records[action.id].components
-        return ActionPlan(action, key, True, explain_difference(components, key.components))
+        reasons = explain_difference(components, key.components)
+        return ActionPlan(action, key, True, [*moved, *reasons])
+    if moved:
+        return ActionPlan(action, key, True, moved)
     problems = outputs_intact(root, stats, outputs)
     return ActionPlan(action, key, bool(problems), problems)
 
