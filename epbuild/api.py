@@ -108,7 +108,7 @@ def status(
         if cached is not None:
             from epbuild.planning.cache_explain import explain_plans
 
-            explain_plans(cached, plans)
+            explain_plans(cached, plans, ws)
     _save_stats_if_possible(ws)
     orphans = [] if selectors else orphaned_actions(ws)
     held = sum(orphaned_files(ws, ws.state).values()) if orphans else 0
