@@ -168,6 +168,9 @@ def watch_finished(as_json: bool, c: Cycle) -> None:
         print("epbuild watch: keeping the last good manifest", file=sys.stderr, flush=True)
     if c.result is not None:
         print(summary_line(c.result.summary()), flush=True)
+    if c.again:
+        again = ", ".join(c.again)
+        print(f"epbuild watch: {again} changed while the build read it: building again", flush=True)
 
 
 def watch_message(text: str) -> None:
