@@ -13,6 +13,7 @@ import copy
 import posixpath
 from typing import TYPE_CHECKING
 
+from epbuild.cache.store import CorruptEntryError
 from epbuild.errors import EpbuildError
 from epbuild.kinds.contract import kind_of
 from epbuild.planning.keys import ActionKey, Expected, KeyComputer
@@ -84,12 +85,14 @@ def _explain(
     if where is None:
         plan.reasons.append("not in the cache: " + cache.explain_miss(action.id, key.components))
         return True
-    plan.reasons.append(f"in the cache ({where}): a build restores it")
-    if read:
-        entry = cache.entry(key.key)
-        if entry is None:
+    if read:  # what it restores: what the actions that read it are keyed by
+        try:
+            entry = cache.entry(key.key)
+        except CorruptEntryError as exc:
+            plan.reasons.append(f"not in the cache: {exc} (a build discards it and runs this)")
             return True
-        for name, out in entry.outputs.items():
+        for name, out in entry.outputs.items() if entry is not None else ():
             rel = posixpath.join(action.out_dir, name)
             keys.expected[rel] = Expected(out.digest, cache.local_copy(out.digest))
+    plan.reasons.append(f"in the cache ({where}): a build restores it")
     return False
