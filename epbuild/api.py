@@ -110,7 +110,7 @@ def status(
         if cached is not None:
             from epbuild.planning.cache_explain import explain_plans
 
-            explain_plans(cached, plans)
+            explain_plans(cached, plans, ws)
     _save_stats_if_possible(ws)
     orphans = [] if selectors else orphaned_actions(ws)
     moved = [] if selectors else _moved_actions(ws, ws.state)

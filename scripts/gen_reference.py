@@ -408,7 +408,9 @@ JSON_KEYS: dict[str, str] = {
     "schema": "`schema` (the manifest's JSON Schema), `editor_line` (the first line that "
     "makes a TOML editor use it, once saved as `epbuild.schema.json` beside the manifest)",
     "watch": "one document per cycle: `cycle`, `changed`, `manifest_error`, `build_error` "
-    "(a build that could not run), `summary`, `actions` and timings",
+    "(a build that could not run), `changed_while_read` (inputs saved while the build read "
+    "them: their actions are skipped, and the next cycle builds them), `summary`, `actions` "
+    "and timings",
 }
 """What each ``--json`` document holds besides the envelope (by the ``command`` it names)."""
 

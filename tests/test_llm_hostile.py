@@ -200,8 +200,8 @@ def test_sizes_that_are_not_the_graphs_are_refused_before_preparing(
     llm_ws: Workspace, change: Callable[[dict[str, Any]], None], needle: str
 ) -> None:
     _edit(llm_ws, lambda c: change(c["model"]["decoder"]))
-    proc = llm_ws.cli("build")  # the preparation's action fails (1), with the message
-    assert proc.returncode == 1 and needle in proc.stderr, proc.stderr
+    proc = llm_ws.cli("build")  # a source mistake like any other: exit 2, one message
+    assert proc.returncode == 2 and needle in proc.stderr, proc.stderr
     assert "models/tiny/genai_config.json" in proc.stderr and "Traceback" not in proc.stderr
     assert not (llm_ws.root / ".epbuild" / "llm" / "chat" / "prepared").exists()
     assert needle in llm_ws.cli("status").stdout

@@ -79,6 +79,20 @@ def test_glob_matching_nothing(workspace: Workspace) -> None:
     assert "matches no files" in str(err)
 
 
+def test_a_glob_found_model_with_a_backslash_in_its_name(workspace: Workspace) -> None:
+    workspace.model("models/x\\y.onnx")  # one file, named x\y.onnx (Linux allows it)
+    workspace.manifest(GOOD.replace("models/a.onnx", "models/*.onnx"))
+    proc = workspace.cli("status")
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    said = (
+        "epbuild.toml:6: groups.g.models: pattern 'models/*.onnx' matches models/x\\y.onnx, "
+        "whose name holds a backslash"
+    )
+    assert said in proc.stderr, proc.stderr
+    assert "rename the file (e.g. to models/x_y.onnx)" in proc.stderr
+    assert "climbs out" not in proc.stderr
+
+
 @pytest.mark.parametrize("path", ["/etc/passwd", "../outside.onnx", "models/../../x.onnx"])
 def test_paths_leaving_workspace(workspace: Workspace, path: str) -> None:
     err = _err(workspace, GOOD.replace("models/a.onnx", path))

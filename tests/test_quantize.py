@@ -473,6 +473,58 @@ def test_status_detail_calls_a_compile_stale_while_its_quantization_is(qws: Work
     assert ranges.stat().st_mode & 0o044 == 0o044  # readable like every output
 
 
+def said_and_done(ws: Workspace, cache: Path) -> tuple[dict[str, str], dict[str, str]]:
+    """What ``status`` says the build will do with each stale action (restore it from
+    ``cache``, run it, find it up to date, or not known yet), and what the build then did."""
+    said: dict[str, str] = {}
+    for action in ws.cli_json("status", "--cache", str(cache))["actions"]:
+        last = action["reasons"][-1] if action["stale"] else "up to date"
+        for start, word in (
+            ("in the cache (", "restored"),
+            ("not in the cache", "compiled"),
+            ("up to date", "up_to_date"),
+            ("whether the cache", "unknown"),
+        ):
+            if last.startswith(start):
+                said[action["id"]] = word
+                break
+        else:
+            raise AssertionError(f"status says nothing of the cache for {action}")
+    doc = ws.cli_json("build", "--cache", str(cache))
+    assert doc["ok"], doc
+    return said, {a["id"]: a["outcome"] for a in doc["actions"]}
+
+
+def test_status_says_what_the_build_does_with_quantize_actions(
+    qws: Workspace, tmp_path: Path
+) -> None:
+    cache = tmp_path / "cache"
+    qws.cli("build", "--cache", str(cache), check=True)  # seed 0, stored in the cache
+    samples(qws, seed=1)  # calibrates again: its ranges, and so the QDQ model's key, unknown
+    said, done = said_and_done(qws, cache)
+    assert said["vision/cnn/calibrate"] == done["vision/cnn/calibrate"] == "compiled"
+    for quantized in ("vision/cnn/quantize", "vision/htp-v73/cnn"):
+        assert said[quantized] == "unknown" and done[quantized] == "compiled", (said, done)
+    samples(qws, seed=2)
+    qws.cli("build", check=True)  # seed 2 is here, not in the cache (EPBUILD_CACHE=off)
+    samples(qws, seed=0)  # back: every action restores, keyed by what the cache restores
+    said, done = said_and_done(qws, cache)
+    assert said == done and set(done.values()) == {"restored"}, (said, done)
+    clone = Workspace(tmp_path / "clone")  # a fresh checkout: nothing built yet
+    shutil.copytree(qws.root, clone.root, ignore=shutil.ignore_patterns("build", ".epbuild"))
+    said, done = said_and_done(clone, cache)
+    assert said == done and set(done.values()) == {"restored"}, (said, done)
+    (qws.root / ".epbuild/quant/vision/cnn/ranges.json").unlink()  # the same ranges come back
+    said, done = said_and_done(qws, cache)
+    assert said == done, (said, done)
+    assert done == {
+        "vision/cnn/calibrate": "restored",
+        "vision/cnn/quantize": "up_to_date",
+        "vision/htp-v73/cnn": "up_to_date",
+        "vision/htp-v79/cnn": "up_to_date",
+    }
+
+
 def test_every_manifest_type_and_method_names_an_ort_member() -> None:
     """The manifest spells ONNX Runtime's names lower-case (``QuantType``'s without the Q)."""
     from onnxruntime.quantization import CalibrationMethod

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -11,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 import onnx
 import pytest
+from conftest import HTP73
 from onnx import TensorProto, helper
 
 from epbuild._names import ctx_name
@@ -367,6 +369,68 @@ def test_graph_text_draws_an_edge_per_dependency() -> None:
     )
     assert "  a0 --> a1" in graph_text(result, "mermaid").splitlines()
     assert "  a0 -> a1;" in graph_text(result, "dot").splitlines()
+
+
+HOSTILE = ('a"b', "end\\", "<b>x</b> & #quot; `md`", "back\\nslash")
+
+
+def _dot_labels(dot: str) -> list[list[str]]:
+    """Each node's label read back as DOT reads a double-quoted string (``\\"`` a quote,
+    ``\\\\`` a backslash, ``\\n`` the break between lines), its lines."""
+    labels = []
+    for body in re.findall(r'label="((?:[^"\\]|\\.)*)", shape=box', dot):
+        lines, text, chars = [], "", iter(body)
+        for c in chars:
+            if c == "\\":
+                c = next(chars)
+                if c == "n":
+                    lines.append(text)
+                    text = ""
+                    continue
+            text += c
+        labels.append([*lines, text])
+    return labels
+
+
+def _mermaid_labels(mermaid: str) -> list[list[str]]:
+    """Each node's label with Mermaid's entity codes read back, its lines."""
+    codes = {"quot": '"', "lt": "<", "gt": ">", "amp": "&"}
+
+    def decode(text: str) -> str:
+        return re.sub(r"#(\w+);", lambda m: codes.get(m[1]) or chr(int(m[1])), text)
+
+    found = re.findall(r'^  a\d+\["([^"]*)"\]$', mermaid, re.M)
+    return [[decode(part) for part in label.split("<br/>")] for label in found]
+
+
+def test_graph_text_writes_any_name_as_itself() -> None:
+    from epbuild.frontends.render import graph_text
+    from epbuild.results import ActionStatus, StatusResult
+
+    result = StatusResult(
+        [ActionStatus(name, "g", "", True, [], "k", "compile") for name in HOSTILE]
+    )
+    expected = [[name, "compile, stale"] for name in HOSTILE]
+    dot = graph_text(result, "dot")
+    assert _dot_labels(dot) == expected, dot
+    assert len(dot.splitlines()) == 3 + len(HOSTILE)  # no label swallowed a line break
+    mermaid = graph_text(result, "mermaid")
+    assert _mermaid_labels(mermaid) == expected, mermaid
+    assert "<b>" not in mermaid and "`" not in mermaid
+
+
+def test_status_graph_of_a_hostile_model_name(workspace: Workspace) -> None:
+    workspace.model('models/a"b<i>&.onnx')  # found by the glob: the id is the file's stem
+    workspace.manifest(
+        {
+            "providers": {"htp": HTP73},
+            "groups": {"g": {"models": ["models/*.onnx"], "providers": ["htp"]}},
+        }
+    )
+    dot = workspace.cli("status", "--graph", "dot", check=True).stdout
+    assert _dot_labels(dot) == [['g/htp/a"b<i>&', "compile, stale"]], dot
+    mermaid = workspace.cli("status", "--graph", "mermaid", check=True).stdout
+    assert _mermaid_labels(mermaid) == [['g/htp/a"b<i>&', "compile, stale"]], mermaid
 
 
 def test_inline_jobs_take_no_worker_from_the_count(workspace: Workspace) -> None:

@@ -398,6 +398,56 @@ def test_changes_during_a_build_coalesce_into_one_follow_up(
     assert w.stop() == 0
 
 
+def test_a_model_read_while_it_was_saved_is_built_again_not_failed(workspace: Workspace) -> None:
+    """A save the build read half-written (a burst of saves under load lets a build start
+    between two writes): the failure it caused is no failure, the next cycle builds again."""
+    from epbuild.results import Outcome, Reporter
+    from epbuild.watching import Cycle, watch
+
+    model = workspace.model("m/a.onnx", matmul_model(1))
+    group = {"models": ["m/a.onnx"], "providers": ["htp"]}
+    workspace.manifest({"providers": {"htp": HTP73}, "groups": {"g": group}})
+    whole = matmul_model(2).SerializeToString()
+    half = whole[: len(whole) // 2]
+
+    class Writer(Reporter):
+        """The saving program: it finishes its save once the build has read (planned with)
+        the half it had written."""
+
+        def start(self, total: int, stale: int) -> None:
+            if model.read_bytes() == half:
+                model.write_bytes(whole)
+
+    cycles: queue.Queue[Cycle] = queue.Queue()
+    stop = threading.Event()
+    kw = {"debounce": 0.05, "reporter_factory": Writer, "on_cycle": cycles.put, "stop": stop}
+    thread = threading.Thread(target=watch, args=(workspace.root,), kwargs=kw, daemon=True)
+    thread.start()
+
+    def outcomes() -> tuple[Cycle, dict[str, Outcome]]:
+        cycle = cycles.get(timeout=waits.scaled(CYCLE_TIMEOUT))
+        assert cycle.result is not None, cycle
+        return cycle, {a.id: a.outcome for a in cycle.result.actions}
+
+    try:
+        first, done = outcomes()
+        assert first.ok and done == {"g/htp/a": Outcome.COMPILED}, first
+        model.write_bytes(half)  # the save has written half the model so far
+        read, done = outcomes()
+        assert read.ok and read.again == ["m/a.onnx"], read
+        assert done == {"g/htp/a": Outcome.SKIPPED}, read
+        error = read.result.actions[0].error if read.result else None
+        assert error == "m/a.onnx changed while the build read it: built again once it is written"
+        again, done = outcomes()
+        assert again.ok and again.changed == ["m/a.onnx"], again
+        assert done == {"g/htp/a": Outcome.COMPILED}, again
+    finally:
+        stop.set()
+        thread.join(timeout=waits.scaled(CYCLE_TIMEOUT))
+    assert not thread.is_alive()
+    assert not any(a["stale"] for a in workspace.cli_json("status")["actions"])
+
+
 @pytest.mark.slow
 def test_polling_observer(
     simple_ws: Callable[..., Workspace], watcher: Callable[..., Watcher]

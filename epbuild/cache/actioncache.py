@@ -233,6 +233,19 @@ class ActionCache:
             return self.local.url
         return self._remote(lambda r: r.url if r.backend.exists(entry_path(key)) else None, None)
 
+    def entry(self, key: str) -> CacheEntry | None:
+        """The entry for ``key`` (its objects not verified) from the tier that holds it,
+        or None; raises ``CorruptEntryError`` for an unreadable one."""
+        found = self.local.get_entry(key)
+        if found is None:
+            found = self._remote(lambda r: r.get_entry(key), None)
+        return found
+
+    def local_copy(self, digest: str) -> str | None:
+        """The local tier's file of an object (not verified), or None where it has none."""
+        path = object_path(digest)
+        return self.local_backend.full(path) if self.local.has_object(digest) else None
+
     def explain_miss(self, action_id: str, components: dict[str, Any]) -> str:
         """Why ``components`` have no entry: what differs from this action's nearest entry."""
         entries = self.local.entries_for(action_id)

@@ -65,12 +65,13 @@ def graph_text(result: StatusResult, fmt: str) -> str:
     lines = ["flowchart LR"] if mermaid else ["digraph epbuild {", "  rankdir=LR;"]
     for a in result.actions:
         state = "stale" if a.stale else "up to date"
-        label = f"{a.id}\\n{a.kind}, {state}" if not mermaid else f"{a.id}<br/>{a.kind}, {state}"
+        parts = (a.id, f"{a.kind}, {state}")
         if mermaid:
-            lines.append(f'  {ids[a.id]}["{_quoted(label)}"]')
+            lines.append(f'  {ids[a.id]}["{"<br/>".join(_mermaid_text(p) for p in parts)}"]')
         else:
             style = ', style=filled, fillcolor="#fde2e1"' if a.stale else ""
-            lines.append(f'  {ids[a.id]} [label="{_quoted(label)}", shape=box{style}];')
+            label = "\\n".join(_dot_text(p) for p in parts)
+            lines.append(f'  {ids[a.id]} [label="{label}", shape=box{style}];')
     for a in result.actions:
         for dep in a.deps:
             if dep in ids:
@@ -86,9 +87,22 @@ def graph_text(result: StatusResult, fmt: str) -> str:
     return "\n".join(lines)
 
 
-def _quoted(text: str) -> str:
-    """``text`` inside a double-quoted label of either format."""
-    return text.replace('"', "'")
+def _dot_text(text: str) -> str:
+    """``text`` as itself inside a double-quoted DOT label: a backslash doubled (DOT reads
+    ``\\n``, ``\\l``, ``\\N`` … as escapes, and a lone one before the closing quote as
+    an escaped quote), a quote escaped, a line break written as one."""
+    return text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
+_MERMAID = {'"': "#quot;", "#": "#35;", "<": "#lt;", ">": "#gt;", "&": "#amp;", "`": "#96;"}
+"""What a Mermaid label writes as an entity code: its quote, the code's own ``#``, what
+its HTML labels would read as markup, and the backtick of its markdown strings."""
+
+
+def _mermaid_text(text: str) -> str:
+    """``text`` as itself inside a double-quoted Mermaid label (``_MERMAID``; a character
+    a terminal would not show as its decimal code)."""
+    return "".join(_MERMAID.get(c) or (c if c.isprintable() else f"#{ord(c)};") for c in text)
 
 
 def build_lines(result: BuildResult) -> Iterator[str]:
@@ -161,6 +175,9 @@ def watch_finished(as_json: bool, c: Cycle) -> None:
         print("epbuild watch: keeping the last good manifest", file=sys.stderr, flush=True)
     if c.result is not None:
         print(summary_line(c.result.summary()), flush=True)
+    if c.again:
+        again = ", ".join(c.again)
+        print(f"epbuild watch: {again} changed while the build read it: building again", flush=True)
 
 
 def watch_message(text: str) -> None:

@@ -85,6 +85,9 @@ class PrepareKind(BaseKind):
     runner = "epbuild.kinds.prepare:run"
     format = PREP_FORMAT
     past = "prepared"
+    checks_input = True
+    """A source whose config contradicts its graph, or whose decoder cannot be prepared, is
+    a source mistake like any other: exit 2."""
 
     def key(self, action: PrepareAction, keys: KeyComputer, *, fresh: bool) -> ActionKey:
         from epbuild.providers.distributions import dist_version

@@ -62,7 +62,24 @@ def expand_entry(
             if hidden
             else "add the models, or fix the pattern (relative to the manifest's directory)",
         )
+    odd = next((p for p in expanded if "\\" in p), None)
+    if odd is not None:
+        renamed = odd.replace("\\", "_")
+        raise where.error(
+            at,
+            f"pattern {raw!r} matches {_shown(odd)}, whose name holds a backslash: epbuild "
+            "names the model's outputs and the files its ctx model references after it, and "
+            "a backslash in those reads as a folder separator (Windows, ONNX Runtime)",
+            f"rename the file (e.g. to {_shown(renamed)}), or narrow the pattern so that it "
+            "does not match it",
+        )
     return expanded
+
+
+def _shown(path: str) -> str:
+    """A found file's path in a message: as it is, or quoted as Python does when it holds
+    what a terminal would not show."""
+    return path if path.isprintable() else repr(path)
 
 
 def expand(root: Path, pattern: str, excluded: tuple[str, ...]) -> list[str]:

@@ -48,6 +48,16 @@ class ActionKey:
     """Workspace-relative input path → digest (models and external-data files)."""
 
 
+@dataclass(frozen=True)
+class Expected:
+    """What a file will be once the build has restored the action that writes it."""
+
+    digest: str
+    copy: str | None
+    """A local file with those bytes (the cache's object) to read a model's references
+    from; None: none at hand."""
+
+
 class KeyComputer:
     """Computes action keys, hashing each input file at most once per run."""
 
@@ -68,6 +78,10 @@ class KeyComputer:
         is identified by that key and its name instead of its bytes (``cache key`` before
         anything is built; see ``cache.operations``)."""
         self.outputs_of: Callable[[str], list[str]] = lambda action_id: []
+        self.expected: dict[str, Expected] = {}
+        """Workspace-relative path → what a stale action the build restores from the cache
+        will put there: ``status`` keys the actions that read it by that (as the build
+        will, once it has restored it; ``planning.cache_explain``), not by the file now."""
         """Action id → the outputs its journal record lists (the workspace's state; a
         kind whose inputs are another action's outputs reads them by it)."""
         self._versions: dict[tuple[object, ...], dict[str, str]] = {}
@@ -89,6 +103,8 @@ class KeyComputer:
         stand_in = self._upstream_digest(model)
         if stand_in is not None:
             return stand_in, {}
+        if model in self.expected:
+            return self._expected_inputs(model, folder)
         memo = (model, folder)
         if memo in self._models and not fresh:
             return self._models[memo]
@@ -124,6 +140,27 @@ class KeyComputer:
                 ) from exc
         self._models[memo] = (entry.digest, external)
         return self._models[memo]
+
+    def _expected_inputs(self, model: str, folder: str | None) -> tuple[str, dict[str, str]]:
+        """``model_inputs`` of a model the build will restore (``expected``): its digest,
+        and its external-data files as its cached copy references them."""
+        from epbuild.onnx.proto import ProtoError, read_model
+
+        expected = self.expected[model]
+        if expected.copy is None:
+            raise ModelError(f"{model}: the cache's copy is not at hand to read")
+        try:
+            info = read_model(expected.copy)
+        except (ProtoError, OSError) as exc:
+            raise ModelError(f"{model}: the cache's copy is unreadable ({exc})") from exc
+        base = posixpath.dirname(model) if folder is None else folder
+        external: dict[str, str] = {}
+        for ref in info.external_refs:
+            if not is_safe_reference(ref.location):
+                raise ModelError(f"{model}: unsafe external-data location {ref.location!r}")
+            rel = posixpath.normpath(posixpath.join(base, ref.location))
+            external[rel] = self.input_digest(rel, f"external data of {model}", "")
+        return expected.digest, external
 
     def _upstream_digest(self, rel: str) -> str | None:
         """The stand-in digest of an upstream action's output (``upstream``), else None."""
@@ -218,6 +255,8 @@ class KeyComputer:
         stand_in = self._upstream_digest(rel)
         if stand_in is not None:
             return stand_in
+        if rel in self.expected:
+            return self.expected[rel].digest
         return self.stats.digest(self.root, rel).digest
 
     def option_files(self, action: Action) -> dict[str, str]:

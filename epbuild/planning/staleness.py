@@ -83,6 +83,19 @@ def _key(
         return ActionPlan(action, None, True, [exc.message], error=exc)
 
 
+def plan_keyed(
+    action: GraphAction,
+    key: ActionKey,
+    state: State,
+    keys: KeyComputer,
+    stats: StatCache,
+    root: str,
+) -> ActionPlan:
+    """The plan of an action under a key computed elsewhere (``status``: the key the build
+    will compute once it has restored the actions whose outputs this one reads)."""
+    return _plan_keyed(action, key, state, keys, stats, root)
+
+
 def _plan_keyed(
     action: GraphAction,
     key: ActionKey,

@@ -23,6 +23,7 @@ def _first_cycle(session: Session, obs: Watcher, pending: Pending) -> Cycle:
     session.snapshot(session.targets.files)
     session.run_build(first, None)
     pending.add(session.retarget(first.started))
+    pending.add(os.path.join(session.targets.root, rel) for rel in first.again)
     obs.reconcile(session.targets)
     return first
 
@@ -37,6 +38,7 @@ def _next_cycle(
     cycle = session.evaluate(paths, first_event)
     if cycle is not None:
         pending.add(session.retarget(cycle.started or started))
+        pending.add(os.path.join(session.targets.root, rel) for rel in cycle.again)
     obs.reconcile(session.targets)
     return cycle
 

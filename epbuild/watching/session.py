@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import posixpath
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from epbuild.api import build
@@ -16,7 +17,7 @@ from epbuild.llm.genai_schema import GENAI_CONFIG
 from epbuild.manifest.load import load_manifest
 from epbuild.planning.actions import make_actions, select
 from epbuild.planning.llms import llm_shapes
-from epbuild.results import Reporter
+from epbuild.results import Outcome, Reporter
 from epbuild.watching.targets import Sig, glob_match, make_targets, signature
 
 if TYPE_CHECKING:
@@ -45,6 +46,9 @@ class Cycle:
     finished: float = 0.0
     action_started: dict[str, float] = field(default_factory=dict)
     """Action id -> wall time its compile started."""
+    again: list[str] = field(default_factory=list)
+    """Workspace-relative inputs that changed while the build read them (a file still being
+    saved): the actions that failed on them are skipped, and the next cycle builds them."""
 
     @property
     def ok(self) -> bool:
@@ -65,6 +69,7 @@ class Cycle:
             "started": self.started,
             "finished": self.finished,
             "action_started": self.action_started,
+            "changed_while_read": self.again,
         }
         if self.result is not None:
             data.update(self.result.to_json())
@@ -74,11 +79,18 @@ class Cycle:
 
 
 class CycleReporter(Reporter):
-    """Forwards progress to the caller's reporter and notes when each compile started."""
+    """Forwards progress to the caller's reporter and notes when each compile started; a
+    failure on an input that changed while it was read reaches it as a skip (``settle``)."""
 
-    def __init__(self, inner: Reporter, started: dict[str, float]) -> None:
+    def __init__(
+        self,
+        inner: Reporter,
+        started: dict[str, float],
+        settle: Callable[[ActionResult], ActionResult],
+    ) -> None:
         self.inner = inner
         self.started = started
+        self.settle = settle
 
     def start(self, total: int, stale: int) -> None:
         self.inner.start(total, stale)
@@ -88,7 +100,7 @@ class CycleReporter(Reporter):
         self.inner.action_started(action_id)
 
     def action_finished(self, result: ActionResult) -> None:
-        self.inner.action_finished(result)
+        self.inner.action_finished(self.settle(result))
 
     def message(self, text: str) -> None:
         self.inner.message(text)
@@ -205,10 +217,11 @@ class Session:
                 self.warm = LocalExecutor(str(self.manifest.root), prewarm=True)
             kw["executor"] = self.warm
         selected = list(self.selectors) if ids is None else ids
-        reporter = CycleReporter(self.reporter_factory(), cycle.action_started)
+        settle = functools.partial(self._settled, cycle)
+        reporter = CycleReporter(self.reporter_factory(), cycle.action_started, settle)
         cycle.started = time.time()
         try:
-            cycle.result = build(
+            result = build(
                 self.manifest.root,
                 None,
                 selected,
@@ -217,11 +230,48 @@ class Session:
                 reporter=reporter,
                 **kw,
             )
+            cycle.result = replace(result, actions=[settle(a) for a in result.actions])
         except Interrupted:
             raise
         except EpbuildError as exc:
             cycle.error = str(exc)
         cycle.finished = time.time()
+
+    def _settled(self, cycle: Cycle, result: ActionResult) -> ActionResult:
+        """``result``; for a failure of an action whose input changed since the cycle looked
+        at it (the build read a file still being saved), a skip that says so, the input
+        noted in ``cycle.again`` for the next cycle to build it again."""
+        if result.outcome is not Outcome.FAILED:
+            return result
+        changed = self._changed_inputs(result)
+        if not changed:
+            return result
+        for rel in changed:
+            if rel not in cycle.again:
+                cycle.again.append(rel)
+        return replace(
+            result,
+            outcome=Outcome.SKIPPED,
+            error=f"{changed[0]} changed while the build read it: built again once it is written",
+            hint=None,
+            log_tail=[],
+        )
+
+    def _changed_inputs(self, result: ActionResult) -> list[str]:
+        """The action's watched inputs (workspace-relative) whose signature is not the one
+        seen before the build: those of its group for an action watch does not key by its
+        inputs (an LLM's preparation)."""
+        t = self.targets
+        reads = t.inputs.get(result.id)
+        if reads is None:
+            prefix = result.group + "/"
+            reads = frozenset(p for a, s in t.inputs.items() if a.startswith(prefix) for p in s)
+        changed = []
+        for rel in sorted(reads):
+            path = os.path.join(t.root, rel)
+            if path in self.seen and signature(path) != self.seen[path]:
+                changed.append(rel)
+        return changed
 
     def retarget(self, since: float) -> list[str]:
         """Recompute the watched inputs; returns new ones written since ``since`` (they
