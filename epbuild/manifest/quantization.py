@@ -7,10 +7,12 @@ from __future__ import annotations
 
 import os
 import posixpath
+import stat
 from pathlib import Path
 from typing import Any
 
 from epbuild.manifest.expand import is_pattern
+from epbuild.manifest.globwalk import glob_paths
 from epbuild.manifest.locate import Where
 from epbuild.manifest.model import Group, QuantCheck, Quantization
 from epbuild.providers.contract import ProviderConfig
@@ -35,7 +37,7 @@ def load_quantization(
         validation: tuple[str, ...] = ()
         if "validation" in table:
             validation, more = _samples(where, root, (*base, "validation"), table, excluded)
-            listed = (*listed, *(d for d in more if d not in listed))
+            listed = tuple(dict.fromkeys((*listed, *more)))
         check = table.get("check", {})
         found[name] = Quantization(
             name=name,
@@ -124,11 +126,12 @@ def _check_providers(
 def _samples(
     where: Where, root: Path, at: tuple[str, ...], table: dict[str, Any], excluded: tuple[str, ...]
 ) -> tuple[tuple[str, ...], tuple[str, ...]]:
-    """The samples one key names, in order, and the folders whose listing decided them."""
+    """The samples one key names, in order, each once, and the folders whose listing
+    decided them (dicts keep the order: a list's ``in`` made 40,000 samples take minutes)."""
     raw = table[at[-1]]
     entries = [raw] if isinstance(raw, str) else list(raw)
-    samples: list[str] = []
-    listed: list[str] = []
+    samples: dict[str, None] = {}
+    listed: dict[str, None] = {}
     for i, entry in enumerate(entries):
         here = at if isinstance(raw, str) else (*at, f"[{i}]")
         rel = where.relpath(here, entry, "a sample")
@@ -138,7 +141,15 @@ def _samples(
                 f"{entry!r} is inside epbuild's own directories ({', '.join(excluded)})",
                 "keep calibration samples beside the models",
             )
-        found, folders = _expand(root, rel, excluded)
+        found, folders, special = _expand(root, rel, excluded)
+        if special:
+            path, kind = special[0]
+            raise where.error(
+                here,
+                f"{path!r} is {kind}, not a regular file",
+                "samples are read from regular files only: replace it with the sample's file "
+                "(a FIFO or a device would never end)",
+            )
         if not found:
             raise where.error(
                 here,
@@ -147,16 +158,19 @@ def _samples(
                 "single-input model) or ONNX test-data folders (test_data_set_N/input_K.pb); "
                 "paths are relative to the manifest",
             )
-        samples.extend(s for s in found if s not in samples)
-        listed.extend(d for d in folders if d not in listed)
+        samples.update(dict.fromkeys(found))
+        listed.update(dict.fromkeys(folders))
     return tuple(samples), tuple(listed)
 
 
-def _expand(root: Path, rel: str, excluded: tuple[str, ...]) -> tuple[list[str], list[str]]:
-    """The samples ``rel`` names (a glob, a folder or a file) and the folders listed."""
+def _expand(
+    root: Path, rel: str, excluded: tuple[str, ...]
+) -> tuple[list[str], list[str], list[tuple[str, str]]]:
+    """The samples ``rel`` names (a glob, a folder or a file), the folders listed, and the
+    special files (FIFOs, devices, links to one) among them, each with what it is."""
+    found: list[str] = []
+    special: list[tuple[str, str]] = []
     if is_pattern(rel):
-        import glob
-
         head = rel.partition("*")[0].partition("?")[0].partition("[")[0]
         base = posixpath.dirname(head)
         folders = [base or "."]
@@ -164,32 +178,84 @@ def _expand(root: Path, rel: str, excluded: tuple[str, ...]) -> tuple[list[str],
             folders = [
                 posixpath.relpath(d, root).replace(os.sep, "/") for d, _, _ in os.walk(root / base)
             ]
-        found = []
-        for match in sorted(glob.glob(rel, root_dir=str(root), recursive=True)):
-            match = posixpath.normpath(match.replace(os.sep, "/"))
+        for match in glob_paths(str(root), rel):
             if any(match == d or match.startswith(d + "/") for d in excluded):
                 continue
-            if _is_test_data(root / match):
-                found.append(match)
-                folders.append(match)
-            elif match.endswith(SAMPLE_SUFFIXES) and (root / match).is_file():
-                found.append(match)
-        return found, folders
+            _classify(root, match, found, folders, special)
+        return found, folders, special
     full = root / rel
     if not full.is_dir():
-        named = full.is_file() and rel.endswith(SAMPLE_SUFFIXES)
-        return ([rel] if named or not full.exists() else []), []  # a missing one: its key says
+        if not os.path.lexists(full):
+            return [rel], [], []  # a missing one: its key says
+        _classify(root, rel, found, [], special, folders_too=False)
+        return found, [], special
     if _is_test_data(full):
-        return [rel], [rel]
+        _classify(root, rel, found, [], special)
+        return found, [rel], special
     names = sorted(os.listdir(full))
     sets = [n for n in names if n.startswith(TEST_DATA_PREFIX) and _is_test_data(full / n)]
-    if sets:
-        return [posixpath.join(rel, n) for n in sets], [
-            rel,
-            *(posixpath.join(rel, n) for n in sets),
-        ]
-    files = [n for n in names if n.endswith(SAMPLE_SUFFIXES) and (full / n).is_file()]
-    return [posixpath.join(rel, n) for n in files], [rel]
+    folders = [rel]
+    for name in sets or names:
+        path = posixpath.join(rel, name)
+        _classify(root, path, found, folders, special, folders_too=bool(sets))
+    return found, folders, special
+
+
+def _classify(
+    root: Path,
+    rel: str,
+    found: list[str],
+    folders: list[str],
+    special: list[tuple[str, str]],
+    *,
+    folders_too: bool = True,
+) -> None:
+    """Add ``rel`` to ``found`` if it is a sample (a sample file, or with ``folders_too`` a
+    test-data folder, then also to ``folders``), or to ``special`` if it is a sample file
+    that is no regular file or a test-data folder holding one. One ``stat``; a test-data
+    folder costs its listing."""
+    full = root / rel
+    try:
+        mode = os.stat(full).st_mode
+    except OSError:  # a dangling link: not a sample
+        return
+    if stat.S_ISDIR(mode):
+        if folders_too and _is_test_data(full):
+            found.append(rel)
+            folders.append(rel)
+            for name in sample_files(str(root), rel):
+                kind = special_kind(os.path.join(root, name))
+                if kind is not None:
+                    special.append((name, kind))
+        return
+    if not rel.endswith(SAMPLE_SUFFIXES):
+        return
+    if stat.S_ISREG(mode):
+        found.append(rel)
+    else:
+        special.append((rel, _describe(full, mode)))
+
+
+def special_kind(path: str | os.PathLike[str]) -> str | None:
+    """What ``path`` is where it is no regular file (``a FIFO (named pipe)``, ``a
+    character device (through a link)``), None for a regular file or nothing at all."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return None
+    return None if stat.S_ISREG(mode) else _describe(path, mode)
+
+
+def _describe(path: str | os.PathLike[str], mode: int) -> str:
+    kinds = (
+        (stat.S_ISFIFO, "a FIFO (named pipe)"),
+        (stat.S_ISCHR, "a character device"),
+        (stat.S_ISBLK, "a block device"),
+        (stat.S_ISSOCK, "a socket"),
+        (stat.S_ISDIR, "a folder"),
+    )
+    kind = next((what for test, what in kinds if test(mode)), "a special file")
+    return kind + (" (through a link)" if os.path.islink(path) else "")
 
 
 def _is_test_data(path: Path) -> bool:

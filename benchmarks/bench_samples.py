@@ -1,0 +1,153 @@
+"""Calibration and validation samples at scale, on a tiny model (x[1, 8] @ W → Relu → @ V):
+
+- expansion: the time ``status`` takes with 40,000 and 100,000 ``.npy`` calibration
+  samples (a glob over one folder; every command lists and de-duplicates them), beside the
+  time the manifest's sample expansion alone takes (``manifest.quantization``);
+- numerics: the peak resident memory of ``verify --numerics``'s loader process (where the
+  validation samples are read and run) with 100 and 3,000 validation samples, and their
+  ratio (streaming: it does not grow with their number).
+
+    python benchmarks/bench_samples.py [--counts 40000 100000] [--numerics 100 3000]
+                                       [--skip-status] [--skip-numerics]
+
+The numerics step builds the model with the real QNN EP (quantized, two HTP targets are
+not needed: one) and reads each loader's ``ru_maxrss`` from the figures it records.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+ROOT = Path(__file__).resolve().parents[1]
+N = 8
+
+
+def tiny_model() -> onnx.ModelProto:
+    """x[1, N] @ W → Relu → @ V, opset 17."""
+    rng = np.random.default_rng(0)
+    w = rng.standard_normal((N, N), dtype=np.float32) * 0.3
+    v = rng.standard_normal((N, N), dtype=np.float32) * 0.3
+    graph = helper.make_graph(
+        [
+            helper.make_node("MatMul", ["x", "W"], ["h"]),
+            helper.make_node("Relu", ["h"], ["r"]),
+            helper.make_node("MatMul", ["r", "V"], ["y"]),
+        ],
+        "tiny",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, N])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, N])],
+        [numpy_helper.from_array(w, "W"), numpy_helper.from_array(v, "V")],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 9
+    return model
+
+
+def workspace(where: Path, calibration: int, validation: int = 0) -> Path:
+    """A workspace of the tiny model in a quantized group for HTP v73, ``calibration``
+    samples under ``calib/`` and ``validation`` under ``valid/``."""
+    ws = where / f"ws-{calibration}-{validation}"
+    (ws / "models").mkdir(parents=True)
+    onnx.save(tiny_model(), ws / "models" / "tiny.onnx")
+    rng = np.random.default_rng(1)
+    for folder, count in (("calib", calibration), ("valid", validation)):
+        (ws / folder).mkdir()
+        for i in range(count):
+            np.save(ws / folder / f"s{i:06d}.npy", rng.standard_normal((1, N), dtype=np.float32))
+    recipe = 'calibration = "calib/*.npy"\n' + (
+        'validation = "valid/*.npy"\n' if validation else ""
+    )
+    (ws / "epbuild.toml").write_text(
+        '[workspace]\nout_dir = "build"\n\n'
+        '[providers.htp]\nep = "qnn"\noptions = { htp_arch = "73", soc_model = "60" }\n\n'
+        f"[quantization.q]\n{recipe}\n"
+        '[groups.g]\nmodels = ["models/*.onnx"]\nproviders = ["htp"]\nquantize = "q"\n'
+    )
+    return ws
+
+
+def epbuild(ws: Path, *args: str) -> tuple[subprocess.CompletedProcess[str], float]:
+    """Run the CLI in ``ws``; the process and its wall time."""
+    env = {**os.environ, "EPBUILD_CACHE": "off", "PYTHONPATH": str(ROOT)}
+    t0 = time.perf_counter()
+    proc = subprocess.run([sys.executable, "-m", "epbuild", "-C", str(ws), *args],
+                          capture_output=True, text=True, env=env, check=False)  # fmt: skip
+    return proc, time.perf_counter() - t0
+
+
+def expansion(ws: Path) -> float:
+    """Seconds the manifest's sample expansion takes for ``ws`` (in this process)."""
+    sys.path.insert(0, str(ROOT))
+    from epbuild.manifest.locate import Where
+    from epbuild.manifest.quantization import load_quantization
+
+    where = Where(ws / "epbuild.toml", (ws / "epbuild.toml").read_text())
+    t0 = time.perf_counter()
+    found = load_quantization(where, ws, {"q": {"calibration": "calib/*.npy"}}, (".epbuild",))
+    seconds = time.perf_counter() - t0
+    assert len(found["q"].calibration) > 0
+    return seconds
+
+
+def bench_status(counts: list[int], where: Path) -> None:
+    base = workspace(where, 0)
+    _, empty = epbuild(base, "status")
+    print(f"status with 1 sample: {empty:.2f} s (the floor)")
+    for count in counts:
+        ws = workspace(where, count)
+        proc, first = epbuild(ws, "status")
+        if proc.returncode not in (0, 1):
+            raise SystemExit(f"status failed ({proc.returncode}): {proc.stderr}")
+        _, second = epbuild(ws, "status")
+        print(f"{count:>7} samples: expansion {expansion(ws):.2f} s; status {first:.2f} s "
+              f"(first), {second:.2f} s (again)")  # fmt: skip
+
+
+def bench_numerics(counts: list[int], where: Path) -> None:
+    peaks = []
+    for count in counts:
+        ws = workspace(where, 16, count)
+        proc, _ = epbuild(ws, "build")
+        if proc.returncode != 0:
+            raise SystemExit(f"build failed ({proc.returncode}): {proc.stderr}")
+        proc, seconds = epbuild(ws, "verify", "--numerics", "--json")
+        doc = json.loads(proc.stdout)
+        figures = next((ws / ".epbuild" / "checks").rglob("*.numerics.json"))
+        peak = json.loads(figures.read_text()).get("peak_rss_kib")
+        peaks.append(peak)
+        checks = [c["status"] for c in doc["numerics"]]
+        print(
+            f"{count:>7} validation samples: verify --numerics {seconds:.1f} s, "
+            f"loader peak RSS {peak / 1024 if peak else float('nan'):.1f} MiB {checks}"
+        )
+    if len(peaks) == 2 and all(peaks):
+        print(f"peak ratio {peaks[1] / peaks[0]:.2f} (streaming: within 1.5)")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--counts", type=int, nargs="+", default=[40_000, 100_000])
+    parser.add_argument("--numerics", type=int, nargs="+", default=[100, 3_000])
+    parser.add_argument("--skip-status", action="store_true")
+    parser.add_argument("--skip-numerics", action="store_true")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory(prefix="bench-samples-") as tmp:
+        if not args.skip_status:
+            bench_status(args.counts, Path(tmp))
+        if not args.skip_numerics:
+            bench_numerics(args.numerics, Path(tmp))
+
+
+if __name__ == "__main__":
+    main()
