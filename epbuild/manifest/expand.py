@@ -10,7 +10,7 @@ from pathlib import Path
 
 from epbuild._names import CACHE_LAYOUT, CTX_SUFFIX, PACKAGE_MANIFEST
 from epbuild.errors import ManifestError
-from epbuild.manifest.globwalk import glob_paths
+from epbuild.manifest.globwalk import FILE, glob_kinds
 from epbuild.manifest.locate import Where
 
 _GLOB_CHARS = re.compile(r"[*?\[]")
@@ -74,7 +74,7 @@ def expand(root: Path, pattern: str, excluded: tuple[str, ...]) -> list[str]:
     # Relative to the workspace (its path may contain glob characters: "proj[1]"); a link
     # loop under "**" ends the walk.
     base = str(root)
-    found = [p for p in glob_paths(base, pattern) if os.path.isfile(os.path.join(base, p))]
+    found = [p for p, kind in glob_kinds(base, pattern) if kind == FILE]
     found = [p for p in found if not any(p == d or p.startswith(d + "/") for d in excluded)]
     return _not_outputs(base, found)
 

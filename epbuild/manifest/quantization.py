@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from epbuild.manifest.expand import is_pattern
-from epbuild.manifest.globwalk import glob_paths
+from epbuild.manifest.globwalk import FILE, FOLDER, OTHER, folder_kinds, glob_kinds
 from epbuild.manifest.locate import Where
 from epbuild.manifest.model import Group, QuantCheck, Quantization
 from epbuild.providers.contract import ProviderConfig
@@ -168,6 +168,7 @@ def _expand(
 ) -> tuple[list[str], list[str], list[tuple[str, str]]]:
     """The samples ``rel`` names (a glob, a folder or a file), the folders listed, and the
     special files (FIFOs, devices, links to one) among them, each with what it is."""
+    base_dir = str(root)
     found: list[str] = []
     special: list[tuple[str, str]] = []
     if is_pattern(rel):
@@ -178,62 +179,65 @@ def _expand(
             folders = [
                 posixpath.relpath(d, root).replace(os.sep, "/") for d, _, _ in os.walk(root / base)
             ]
-        for match in glob_paths(str(root), rel):
+        for match, kind in glob_kinds(base_dir, rel):
             if any(match == d or match.startswith(d + "/") for d in excluded):
                 continue
-            _classify(root, match, found, folders, special)
+            _classify(base_dir, match, kind, found, folders, special)
         return found, folders, special
-    full = root / rel
-    if not full.is_dir():
+    full = os.path.join(base_dir, rel)
+    if not os.path.isdir(full):
         if not os.path.lexists(full):
             return [rel], [], []  # a missing one: its key says
-        _classify(root, rel, found, [], special, folders_too=False)
+        _classify(base_dir, rel, OTHER, found, [], special, folders_too=False)
         return found, [], special
     if _is_test_data(full):
-        _classify(root, rel, found, [], special)
+        _classify(base_dir, rel, FOLDER, found, [], special)
         return found, [rel], special
-    names = sorted(os.listdir(full))
-    sets = [n for n in names if n.startswith(TEST_DATA_PREFIX) and _is_test_data(full / n)]
+    names = folder_kinds(full)
+    sets = [(n, k) for n, k in names if n.startswith(TEST_DATA_PREFIX) and k == FOLDER]
+    sets = [(n, k) for n, k in sets if _is_test_data(os.path.join(full, n))]
     folders = [rel]
-    for name in sets or names:
+    for name, kind in sets or names:
         path = posixpath.join(rel, name)
-        _classify(root, path, found, folders, special, folders_too=bool(sets))
+        _classify(base_dir, path, kind, found, folders, special, folders_too=bool(sets))
     return found, folders, special
 
 
 def _classify(
-    root: Path,
+    root: str,
     rel: str,
+    kind: str,
     found: list[str],
     folders: list[str],
     special: list[tuple[str, str]],
     *,
     folders_too: bool = True,
 ) -> None:
-    """Add ``rel`` to ``found`` if it is a sample (a sample file, or with ``folders_too`` a
+    """Add ``rel`` (``kind``: what its folder's listing says it is, ``globwalk``'s; OTHER
+    when unknown) to ``found`` if it is a sample (a sample file, or with ``folders_too`` a
     test-data folder, then also to ``folders``), or to ``special`` if it is a sample file
-    that is no regular file or a test-data folder holding one. One ``stat``; a test-data
-    folder costs its listing."""
-    full = root / rel
-    try:
-        mode = os.stat(full).st_mode
-    except OSError:  # a dangling link: not a sample
-        return
-    if stat.S_ISDIR(mode):
+    that is no regular file or a test-data folder holding one. A regular file costs
+    nothing more; a test-data folder its listing."""
+    full = os.path.join(root, rel)
+    if kind == FOLDER:
         if folders_too and _is_test_data(full):
             found.append(rel)
             folders.append(rel)
-            for name in sample_files(str(root), rel):
-                kind = special_kind(os.path.join(root, name))
-                if kind is not None:
-                    special.append((name, kind))
+            for name in sample_files(root, rel):
+                what = special_kind(os.path.join(root, name))
+                if what is not None:
+                    special.append((name, what))
         return
     if not rel.endswith(SAMPLE_SUFFIXES):
         return
-    if stat.S_ISREG(mode):
+    if kind == FILE:
         found.append(rel)
-    else:
-        special.append((rel, _describe(full, mode)))
+        return
+    what = special_kind(full)
+    if what is None and os.path.isfile(full):
+        found.append(rel)
+    elif what is not None and what != "a folder":
+        special.append((rel, what))
 
 
 def special_kind(path: str | os.PathLike[str]) -> str | None:
@@ -258,10 +262,10 @@ def _describe(path: str | os.PathLike[str], mode: int) -> str:
     return kind + (" (through a link)" if os.path.islink(path) else "")
 
 
-def _is_test_data(path: Path) -> bool:
+def _is_test_data(path: str | os.PathLike[str]) -> bool:
     """Whether ``path`` is an ONNX test-data folder (holds ``input_K.pb`` files)."""
     try:
-        return path.is_dir() and any(
+        return os.path.isdir(path) and any(
             n.startswith("input_") and n.endswith(".pb") for n in os.listdir(path)
         )
     except OSError:
