@@ -10,8 +10,9 @@
     python benchmarks/bench_samples.py [--counts 40000 100000] [--numerics 100 3000]
                                        [--skip-status] [--skip-numerics]
 
-The numerics step builds the model with the real QNN EP (quantized, two HTP targets are
-not needed: one) and reads each loader's ``ru_maxrss`` from the figures it records.
+The numerics step builds the model with the real QNN EP (quantized, for one HTP target),
+then runs the loader process ``verify --numerics`` runs on the job it would get, which
+reports its own ``ru_maxrss``.
 """
 
 from __future__ import annotations
@@ -81,8 +82,8 @@ def epbuild(ws: Path, *args: str) -> tuple[subprocess.CompletedProcess[str], flo
     """Run the CLI in ``ws``; the process and its wall time."""
     env = {**os.environ, "EPBUILD_CACHE": "off", "PYTHONPATH": str(ROOT)}
     t0 = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-m", "epbuild", "-C", str(ws), *args],
-                          capture_output=True, text=True, env=env, check=False)  # fmt: skip
+    command = [sys.executable, "-m", "epbuild", "-C", str(ws), *args]
+    proc = subprocess.run(command, capture_output=True, text=True, env=env, check=False)
     return proc, time.perf_counter() - t0
 
 
@@ -112,33 +113,64 @@ def bench_status(counts: list[int], where: Path) -> None:
     for count in counts:
         ws = workspace(where, count)
         (ws / ".epbuild").mkdir()
-        proc, first = epbuild(ws, "status")
+        proc, first = epbuild(ws, "status")  # exit 1: stale
         if proc.returncode not in (0, 1):
             raise SystemExit(f"status failed ({proc.returncode}): {proc.stderr}")
         _, second = epbuild(ws, "status")
-        print(f"{count:>7} samples: expansion {expansion(ws):.2f} s; status {first:.2f} s "
-              f"(first), {second:.2f} s (again)")  # fmt: skip
+        print(
+            f"{count:>7} samples: expansion {expansion(ws):.2f} s; "
+            f"status {first:.2f} s (first), {second:.2f} s (again)"
+        )
+
+
+LOADER = (
+    "import json, resource, sys; del sys.path[0]; from epbuild.inspection.loadcheck import main; "
+    "main(); print(json.dumps({'peak_kib': resource.getrusage(resource.RUSAGE_SELF).ru_maxrss}), "
+    "file=sys.stderr)"
+)
+"""The loader process ``verify --numerics`` runs, reporting its own peak resident memory."""
+
+
+def loader_job(ws: Path) -> dict[str, object]:
+    """The loader job ``verify --numerics`` gives the built ctx model of ``ws``."""
+    sys.path.insert(0, str(ROOT))
+    from epbuild.inspection.loading import load_spec
+    from epbuild.kinds.check import CheckAction, loader_extra
+    from epbuild.planning.workspace import open_workspace
+
+    graph = open_workspace(ws, numerics=True).graph
+    check = next(a for a in graph if isinstance(a, CheckAction))
+    spec = load_spec(check.compile, 0, loader_extra(str(ws), check.compile, 0))
+    return dict(spec["job"])
 
 
 def bench_numerics(counts: list[int], where: Path) -> None:
+    """The loader's peak RSS with each count of validation samples (the model built once
+    per count, with 16 calibration samples)."""
     peaks = []
     for count in counts:
         ws = workspace(where, 16, count)
         proc, _ = epbuild(ws, "build")
         if proc.returncode != 0:
             raise SystemExit(f"build failed ({proc.returncode}): {proc.stderr}")
-        proc, seconds = epbuild(ws, "verify", "--numerics", "--json")
-        doc = json.loads(proc.stdout)
-        figures = next((ws / ".epbuild" / "checks").rglob("*.numerics.json"))
-        peak = json.loads(figures.read_text()).get("peak_rss_kib")
-        peaks.append(peak)
-        checks = [c["status"] for c in doc["numerics"]]
-        print(
-            f"{count:>7} validation samples: verify --numerics {seconds:.1f} s, "
-            f"loader peak RSS {peak / 1024 if peak else float('nan'):.1f} MiB {checks}"
+        job = loader_job(ws)
+        env = {**os.environ, "PYTHONPATH": str(ROOT)}
+        t0 = time.perf_counter()
+        command = [sys.executable, "-c", LOADER]
+        run = subprocess.run(
+            command, input=json.dumps(job), cwd=ws, capture_output=True, text=True, env=env
         )
-    if len(peaks) == 2 and all(peaks):
-        print(f"peak ratio {peaks[1] / peaks[0]:.2f} (streaming: within 1.5)")
+        seconds = time.perf_counter() - t0
+        result = json.loads(run.stdout.splitlines()[-1])
+        peak = json.loads(run.stderr.strip().splitlines()[-1])["peak_kib"]
+        peaks.append(peak)
+        said = f"{result['outcome']} {result.get('message', '')}".strip()
+        print(
+            f"{count:>7} validation samples: loader {seconds:.1f} s, "
+            f"peak RSS {peak / 1024:.1f} MiB ({said})"
+        )
+    if len(peaks) >= 2:
+        print(f"peak ratio {peaks[-1] / peaks[0]:.2f} (streaming: within 1.5)")
 
 
 def main() -> None:

@@ -98,7 +98,8 @@ def check_actions(compiles: list[Action], state_dir: str) -> list[CheckAction]:
 
 
 class CheckKind(BaseKind):
-    """``Kind`` of the numerical checks (``CheckAction``)."""
+    """``Kind`` of the numerical checks (``CheckAction``); its job's user errors (a
+    validation sample that cannot be read or is not finite) are bad input."""
 
     name = "check"
     runner = "epbuild.kinds.check:run"
@@ -107,6 +108,7 @@ class CheckKind(BaseKind):
     doing = "checking"
     follows = True
     inline = True
+    checks_input = True
 
     def key(self, action: CheckAction, keys: KeyComputer, *, fresh: bool) -> ActionKey:
         compile = action.compile
@@ -239,12 +241,17 @@ def run(job: KindJob, root: str) -> dict[str, Any]:
     python = job.payload.get("python")
     versions: dict[str, str] = {}
     for item in job.payload["runs"]:
-        load = run_load(root, item["spec"], python, standalone=True)
+        # the loader's temporary files in the staging directory, which goes whatever ends it
+        spec = {**item["spec"], "job": {**item["spec"]["job"], "scratch": job.staging}}
+        load = run_load(root, spec, python, standalone=True)
         if load.outcome is LoadOutcome.FAILED and load.died:  # not a verdict on the model
             raise ActionFailedError(
                 f"{load.file}: {load.message}",
                 hint="run it again; if it keeps failing, 'epbuild verify --load' shows the loader",
             )
+        bad = load.more.pop("bad_input", None)
+        if isinstance(bad, dict):  # a validation sample the user must fix: no figures
+            raise ModelError(str(bad.get("message")), hint=bad.get("hint"))
         versions.update(load.versions or {})
         doc = {"outcome": load.outcome.value, "message": load.message,
                "outputs": load.outputs, **load.more}  # fmt: skip
