@@ -257,7 +257,7 @@ def test_forty_thousand_samples_expand_in_linear_time(tmp_path: Path) -> None:
 
 def test_nan_in_a_validation_sample_is_exit_2_naming_it(tws: Workspace) -> None:
     """Not "SQNR -inf dB … so it is the quantization": the sample is the user's to fix."""
-    samples(tws, "valid", n=3, seed=1)
+    samples(tws, "valid", n=3)  # the first calibration samples again: within their ranges
     manifest(tws, validation="valid/*.npy")
     assert tws.cli("build").returncode == 0
     good = tws.cli_json("verify", "--numerics")
@@ -311,6 +311,16 @@ def test_layer_errors_hold_no_activations(tmp_path: Path) -> None:
     assert worst and all(isinstance(db, float) for _, db in worst), worst
 
 
+ORT_SESSION_ID = ".ses"
+"""What ``import onnxruntime`` itself writes into the temporary folder, once and for good
+(its telemetry session id, a few bytes), interrupted or not: no temporary file."""
+
+
+def left_in(folder: Path) -> list[str]:
+    """The names in ``folder``, less ONNX Runtime's session id."""
+    return sorted(p.name for p in folder.iterdir() if p.name != ORT_SESSION_ID)
+
+
 def _interrupted_calibration(
     tws: Workspace, tmp_path: Path, sig: int
 ) -> tuple[subprocess.Popen[str], list[psutil.Process]]:
@@ -343,7 +353,7 @@ def test_ctrl_c_during_calibration_leaves_nothing_in_tmpdir(tws: Workspace, tmp_
     _, err = waits.communicate(proc, "the build to exit after SIGINT")
     assert proc.returncode == 130, err
     assert "Traceback" not in err
-    assert list((tmp_path / "tmpdir").iterdir()) == []
+    assert left_in(tmp_path / "tmpdir") == []
     assert list((tws.root / "build" / ".staging").glob("*")) == []
 
 
@@ -358,7 +368,7 @@ def test_a_killed_calibration_leaves_nothing_the_next_build_keeps(
         lambda: not any(w.is_running() and w.status() != psutil.STATUS_ZOMBIE for w in workers),
         "the killed build's worker to exit",
     )
-    assert list((tmp_path / "tmpdir").iterdir()) == []
+    assert left_in(tmp_path / "tmpdir") == []
     manifest(tws, "calib/s0[0-5].npy")
     assert tws.cli("build").returncode == 0
     assert list((tws.root / "build" / ".staging").glob("*")) == []
