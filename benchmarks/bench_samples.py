@@ -5,7 +5,7 @@
   time the manifest's sample expansion alone takes (``manifest.quantization``);
 - numerics: the peak resident memory of ``verify --numerics``'s loader process (where the
   validation samples are read and run) with 100 and 3,000 validation samples, and their
-  ratio (streaming: it does not grow with their number).
+  ratio (streaming: it does not grow with their number), on an 8×8-pixel CNN.
 
     python benchmarks/bench_samples.py [--counts 40000 100000] [--numerics 100 3000]
                                        [--skip-status] [--skip-numerics]
@@ -55,17 +55,49 @@ def tiny_model() -> onnx.ModelProto:
     return model
 
 
-def workspace(where: Path, calibration: int, validation: int = 0) -> Path:
-    """A workspace of the tiny model in a quantized group for HTP v73, ``calibration``
-    samples under ``calib/`` and ``validation`` under ``valid/``."""
+def cnn_model() -> onnx.ModelProto:
+    """An 8×8-pixel CNN: x[1, 3, 8, 8] → Conv 32 → Relu → Conv 32 → Relu → global average
+    → Gemm 10, opset 17 (its activations, 8 KiB a tensor, are what a check that holds every
+    sample's would pile up)."""
+    rng = np.random.default_rng(0)
+    inits = {
+        "W1": rng.standard_normal((32, 3, 3, 3), dtype=np.float32) * 0.3,
+        "W2": rng.standard_normal((32, 32, 3, 3), dtype=np.float32) * 0.1,
+        "G": rng.standard_normal((32, 10), dtype=np.float32) * 0.3,
+    }
+    pad = {"pads": [1, 1, 1, 1]}
+    graph = helper.make_graph(
+        [
+            helper.make_node("Conv", ["x", "W1"], ["c1"], **pad),
+            helper.make_node("Relu", ["c1"], ["r1"]),
+            helper.make_node("Conv", ["r1", "W2"], ["c2"], **pad),
+            helper.make_node("Relu", ["c2"], ["r2"]),
+            helper.make_node("GlobalAveragePool", ["r2"], ["p"]),
+            helper.make_node("Flatten", ["p"], ["f"]),
+            helper.make_node("Gemm", ["f", "G"], ["y"]),
+        ],
+        "cnn",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 8, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 10])],
+        [numpy_helper.from_array(v, k) for k, v in inits.items()],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 9
+    return model
+
+
+def workspace(where: Path, calibration: int, validation: int = 0, *, cnn: bool = False) -> Path:
+    """A workspace of the tiny model (or the CNN) in a quantized group for HTP v73,
+    ``calibration`` samples under ``calib/`` and ``validation`` under ``valid/``."""
     ws = where / f"ws-{calibration}-{validation}"
     (ws / "models").mkdir(parents=True)
-    onnx.save(tiny_model(), ws / "models" / "tiny.onnx")
+    onnx.save(cnn_model() if cnn else tiny_model(), ws / "models" / "tiny.onnx")
+    shape = (1, 3, 8, 8) if cnn else (1, N)
     rng = np.random.default_rng(1)
     for folder, count in (("calib", calibration), ("valid", validation)):
         (ws / folder).mkdir()
         for i in range(count):
-            np.save(ws / folder / f"s{i:06d}.npy", rng.standard_normal((1, N), dtype=np.float32))
+            np.save(ws / folder / f"s{i:06d}.npy", rng.standard_normal(shape, dtype=np.float32))
     recipe = 'calibration = "calib/*.npy"\n' + (
         'validation = "valid/*.npy"\n' if validation else ""
     )
@@ -149,7 +181,7 @@ def bench_numerics(counts: list[int], where: Path) -> None:
     per count, with 16 calibration samples)."""
     peaks = []
     for count in counts:
-        ws = workspace(where, 16, count)
+        ws = workspace(where, 16, count, cnn=True)
         proc, _ = epbuild(ws, "build")
         if proc.returncode != 0:
             raise SystemExit(f"build failed ({proc.returncode}): {proc.stderr}")
