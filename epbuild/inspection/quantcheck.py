@@ -3,7 +3,8 @@ model and its QDQ model (on the CPU EP) are both compared with the *float* sourc
 recipe's validation samples (``epbuild.quant.samples``), so quantization error and EP error
 can be told apart; and each activation of the QDQ model is compared with the float model's
 (ONNX Runtime's ``qdq_loss_debug``), worst first: the layers to give ``overrides`` or
-``exclude``."""
+``exclude``. The samples stream through (running sums, one sample held at a time), and the
+temporary files live in the check's staging directory (``job["scratch"]``)."""
 
 from __future__ import annotations
 
@@ -40,7 +41,11 @@ def check_quantized(job: dict[str, Any]) -> dict[str, Any]:
     specs = _specs(cpu)
     qdq = ort.InferenceSession(quant["qdq"], providers=["CPUExecutionProvider"])
     ctx_figures, qdq_figures = Figures(names), Figures(names)
+    before = tempfile.tempdir
     with tempfile.TemporaryDirectory(prefix="epbuild-layers-", dir=job.get("scratch")) as tmp:
+        # ONNX Runtime's quantization tools make temporary folders of their own: in the
+        # check's staging directory too (this process runs this one job)
+        tempfile.tempdir = os.path.abspath(tmp)
         try:
             with open_models([job["ctx"]], config) as built:
                 layers = LayerErrors(quant["float"], quant["qdq"], tmp)
@@ -58,6 +63,8 @@ def check_quantized(job: dict[str, Any]) -> dict[str, Any]:
             return {"outcome": "failed", "message": exc.message, "bad_input": bad}
         except EpbuildError as exc:
             return {"outcome": "failed", "message": _explain(exc.message)}
+        finally:
+            tempfile.tempdir = before
     return {
         **ctx_figures.result(),
         "outcome": "passed",
