@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -124,31 +124,29 @@ def _worst(into: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def samples(session: Any, job: dict[str, Any]) -> list[dict[str, Any]]:
-    """The feeds to compare on: one per ``.npz`` file the job names (each holds every input
-    by name), else one seeded random feed."""
+def samples(session: Any, job: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    """The feeds to compare on, one at a time (a check holds one): one per ``.npz`` file
+    the job names (each holds every input by name), else one seeded random feed."""
     import numpy as np
 
     files = job.get("inputs") or []
     if not files:
         low_high = job.get("float_range")
-        return [
-            random_inputs(
-                session,
-                int(job.get("seed", SEED)),
-                tuple(low_high) if low_high else None,
-                tuple(job.get("int_range", (0, 4))),
-            )
-        ]
+        yield random_inputs(
+            session,
+            int(job.get("seed", SEED)),
+            tuple(low_high) if low_high else None,
+            tuple(job.get("int_range", (0, 4))),
+        )
+        return
     wanted = {i.name: _NUMPY_TYPES.get(i.type) for i in session.get_inputs()}
-    feeds = []
     for path in files:
         with np.load(path, allow_pickle=False) as data:
             missing = sorted(set(wanted) - set(data.files))
             if missing:
                 raise ValueError(f"{path} has no array named {missing[0]!r} (an input)")
-            feeds.append({n: data[n].astype(t) if t else data[n] for n, t in wanted.items()})
-    return feeds
+            feed = {n: data[n].astype(t) if t else data[n] for n, t in wanted.items()}
+        yield feed
 
 
 def reference(ort: Any, job: dict[str, Any]) -> tuple[Any, list[str]]:

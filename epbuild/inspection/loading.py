@@ -52,7 +52,8 @@ class LoadCheck:
     outputs: list[dict[str, Any]] | None = None
     """Per output of the model, its figures against the source (``loadcheck.figures_of``)."""
     more: dict[str, Any] = field(default_factory=dict)
-    """What else the loader reported (a quantized model's ``qdq`` figures and ``layers``)."""
+    """What else the loader reported (a quantized model's ``qdq`` figures and ``layers``;
+    ``bad_input``: the message and hint of a sample the user must fix)."""
     versions: dict[str, str] | None = None
     """The versions the loader process ran with (``worker.compiled_with``); None: no
     loader ran."""
@@ -180,7 +181,7 @@ def _run_loader(
     data = json.loads(lines[-1])
     outcome = LoadOutcome(data["outcome"])
     outputs = data.get("outputs")
-    more = {k: data[k] for k in ("qdq", "layers") if k in data}
+    more = {k: data[k] for k in ("qdq", "layers", "bad_input") if k in data}
     versions = data.get("versions") if isinstance(data.get("versions"), dict) else None
     return LoadCheck(
         ctx,

@@ -25,7 +25,7 @@ from dataclasses import field
 from typing import Any
 
 from epbuild._dataclass import dataclass
-from epbuild.errors import UserError
+from epbuild.errors import ModelError, UserError
 from epbuild.kinds.check import CheckAction
 from epbuild.manifest.model import NumericsSettings
 from epbuild.planning.actions import Action
@@ -322,6 +322,11 @@ def run_checks(ws: Workspace, actions: list[Action]) -> list[NumericsCheck]:
 
         ran = {r.id: r for r in run_plans(ws, stale)}
         ws.reload_state()
+        bad = next(
+            (r for r in ran.values() if r.outcome is Outcome.FAILED and r.exit_code == 2), None
+        )
+        if bad is not None:  # a validation sample the user must fix (kinds.check)
+            raise ModelError(bad.error or "a validation sample cannot be used", hint=bad.hint)
     for plan in plans:
         check = plan.action
         assert isinstance(check, CheckAction)

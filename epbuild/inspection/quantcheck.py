@@ -3,10 +3,12 @@ model and its QDQ model (on the CPU EP) are both compared with the *float* sourc
 recipe's validation samples (``epbuild.quant.samples``), so quantization error and EP error
 can be told apart; and each activation of the QDQ model is compared with the float model's
 (ONNX Runtime's ``qdq_loss_debug``), worst first: the layers to give ``overrides`` or
-``exclude``."""
+``exclude``. The samples stream through (running sums, one sample held at a time), and the
+temporary files live in the check's staging directory (``job["scratch"]``)."""
 
 from __future__ import annotations
 
+import math
 import os
 import tempfile
 from dataclasses import replace
@@ -23,92 +25,144 @@ from epbuild.inspection.loadcheck import (
 
 LAYERS = 10
 """The worst layers a check reports."""
+_EPS = 2.220446049250313e-16
+"""``numpy.finfo(float).eps``: the least norm ``qdq_loss_debug``'s SQNR divides by."""
 
 
 def check_quantized(job: dict[str, Any]) -> dict[str, Any]:
     """The loader's result for a quantized model: the ctx model's figures against the
-    float source, ``qdq`` (the QDQ model's on the CPU) and ``layers``."""
+    float source, ``qdq`` (the QDQ model's on the CPU) and ``layers``. The samples stream
+    through: each is read, run through every model and folded into running sums before
+    the next is read, so memory does not grow with their number. A bad sample (unreadable,
+    of another shape, not finite) is ``bad_input``: the user's to fix, not the build's."""
     import onnxruntime as ort
 
-    from epbuild.errors import EpbuildError, ProviderUnavailableError
+    from epbuild.errors import EpbuildError, ModelError, ProviderUnavailableError
     from epbuild.providers.contract import ProviderConfig
+    from epbuild.quant.samples import read_sample
     from epbuild.runtime import open_models
 
     quant = job["quantized"]
     config = ProviderConfig.from_json(job["provider"])
     config = replace(config, session_options={**config.session_options, **NO_COMPILE})
     cpu, names = reference(ort, job)
-    feeds = _feeds(cpu, quant["samples"])
+    specs = _specs(cpu)
     qdq = ort.InferenceSession(quant["qdq"], providers=["CPUExecutionProvider"])
     ctx_figures, qdq_figures = Figures(names), Figures(names)
-    try:
-        with open_models([job["ctx"]], config) as built:
-            for feed in feeds:
-                want = cpu.run(None, feed)
-                ctx_figures.add(built.run(built.names[0], feed), want)
-                qdq_figures.add(qdq.run(None, feed), want)
-    except ProviderUnavailableError as exc:
-        return {"outcome": "not_loadable_here", "message": exc.message}
-    except EpbuildError as exc:
-        return {"outcome": "failed", "message": _explain(exc.message)}
+    before = tempfile.tempdir
+    with tempfile.TemporaryDirectory(prefix="epbuild-layers-", dir=job.get("scratch")) as tmp:
+        # ONNX Runtime's quantization tools make temporary folders of their own: in the
+        # check's staging directory too (this process runs this one job)
+        tempfile.tempdir = os.path.abspath(tmp)
+        try:
+            with open_models([job["ctx"]], config) as built:
+                layers = LayerErrors(quant["float"], quant["qdq"], tmp)
+                for sample in quant["samples"]:
+                    feed = read_sample(".", sample, specs)
+                    want = cpu.run(None, feed)
+                    ctx_figures.add(built.run(built.names[0], feed), want)
+                    qdq_figures.add(qdq.run(None, feed), want)
+                    layers.add(feed)
+                    del feed, want
+        except ProviderUnavailableError as exc:
+            return {"outcome": "not_loadable_here", "message": exc.message}
+        except ModelError as exc:  # a sample's: the user's input
+            bad = {"message": exc.message, "hint": exc.hint}
+            return {"outcome": "failed", "message": exc.message, "bad_input": bad}
+        except EpbuildError as exc:
+            return {"outcome": "failed", "message": _explain(exc.message)}
+        finally:
+            tempfile.tempdir = before
     return {
         **ctx_figures.result(),
         "outcome": "passed",
         "message": "",
         "qdq": qdq_figures.result()["outputs"],
-        "layers": layer_sqnr(quant["float"], quant["qdq"], feeds),
+        "layers": layers.worst(),
     }
 
 
-def _feeds(session: Any, samples: list[str]) -> list[dict[str, Any]]:
+def _specs(session: Any) -> list[Any]:
+    """The inputs a sample must give the float source (``quant.samples.InputSpec``)."""
     import numpy as np
 
-    from epbuild.quant.samples import InputSpec, read_sample
+    from epbuild.quant.samples import InputSpec
 
-    specs = [
+    return [
         InputSpec(i.name, np.dtype(_NUMPY_TYPES.get(i.type, "float32")), tuple(i.shape))
         for i in session.get_inputs()
     ]
-    return [read_sample(".", sample, specs) for sample in samples]
 
 
-def layer_sqnr(float_model: str, qdq_model: str, feeds: list[dict[str, Any]]) -> list[Any]:
-    """``[tensor, SQNR dB]`` of the QDQ model's activations against the float model's, the
-    ``LAYERS`` worst first."""
-    import math
+class LayerErrors:
+    """Each activation of the QDQ model against the float model's (ONNX Runtime's
+    ``qdq_loss_debug``: both models augmented to output every activation, matched by
+    name), as running sums over the samples: the signal's energy and the difference's, per
+    tensor. The SQNR of a tensor over all samples is their ratio (``qdq_loss_debug``
+    concatenates every sample's activations first, which held them all at once)."""
 
-    from onnxruntime.quantization import CalibrationDataReader
-    from onnxruntime.quantization.qdq_loss_debug import (
-        collect_activations,
-        compute_activation_error,
-        create_activation_matching,
-        modify_model_output_intermediate_tensors,
-    )
+    def __init__(self, float_model: str, qdq_model: str, tmp: str) -> None:
+        import onnxruntime as ort
+        from onnxruntime.quantization.qdq_loss_debug import (
+            modify_model_output_intermediate_tensors,
+        )
 
-    class Reader(CalibrationDataReader):  # type: ignore[misc]
-        def __init__(self) -> None:
-            self.left = iter(feeds)
-
-        def get_next(self) -> Any:
-            return next(self.left, None)
-
-    with tempfile.TemporaryDirectory(prefix="epbuild-layers-") as tmp:
-        found = {}
+        so = ort.SessionOptions()  # as qdq_loss_debug.collect_activations runs them
+        so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+        self._sessions = {}
         typed = _typed(qdq_model, os.path.join(tmp, "typed.onnx"))
         for name, model in (("float", float_model), ("qdq", typed)):
             augmented = os.path.join(tmp, f"{name}.onnx")
             modify_model_output_intermediate_tensors(model, augmented)
-            found[name] = collect_activations(
-                augmented, Reader(), execution_providers=["CPUExecutionProvider"]
+            self._sessions[name] = ort.InferenceSession(
+                augmented, so, providers=["CPUExecutionProvider"]
             )
-    matched = create_activation_matching(found["qdq"], found["float"])
-    errors = compute_activation_error(matched)
-    scored = [
-        [tensor, float(e["xmodel_err"])]
-        for tensor, e in errors.items()
-        if "xmodel_err" in e and math.isfinite(float(e["xmodel_err"]))
-    ]
-    return sorted(scored, key=lambda t: (t[1], t[0]))[:LAYERS]
+        self._sums: dict[str, list[float]] = {}
+        """Per tensor: the float activation's energy, the difference's."""
+
+    def add(self, feed: dict[str, Any]) -> None:
+        """One sample's activations, folded into the sums."""
+        import numpy as np
+        from onnxruntime.quantization.qdq_loss_debug import create_activation_matching
+
+        found = {name: self._activations(session, feed) for name, session in self._sessions.items()}
+        matched = create_activation_matching(found["qdq"], found["float"])
+        for tensor, match in matched.items():
+            if "float" not in match:
+                continue
+            left = np.asarray(match["float"][0], np.float64).ravel()
+            right = np.asarray(match["post_qdq"][0], np.float64).ravel()
+            if left.shape != right.shape:
+                continue
+            sums = self._sums.setdefault(tensor, [0.0, 0.0])
+            with np.errstate(invalid="ignore", over="ignore"):
+                sums[0] += float(np.dot(left, left))
+                sums[1] += float(np.dot(left - right, left - right))
+
+    @staticmethod
+    def _activations(session: Any, feed: dict[str, Any]) -> dict[str, list[Any]]:
+        """The augmented model's saved activations by tensor name (as ``collect_activations``
+        names them), one sample's each."""
+        from onnxruntime.quantization import qdq_loss_debug
+
+        suffix = qdq_loss_debug._TENSOR_SAVE_POSTFIX
+        outputs = session.run(None, feed)
+        return {
+            o.name[: -len(suffix)]: [value]
+            for o, value in zip(session.get_outputs(), outputs, strict=True)
+            if o.name.endswith(suffix)
+        }
+
+    def worst(self) -> list[Any]:
+        """``[tensor, SQNR dB]``, the ``LAYERS`` worst first (ties by name)."""
+        floor = _EPS * _EPS
+        scored = []
+        for tensor, (signal, noise) in self._sums.items():
+            if not (math.isfinite(signal) and math.isfinite(noise)):
+                continue
+            db = 10.0 * math.log10(max(signal, floor) / max(noise, floor))
+            scored.append([tensor, db])
+        return sorted(scored, key=lambda t: (t[1], t[0]))[:LAYERS]
 
 
 def _typed(qdq_model: str, path: str) -> str:

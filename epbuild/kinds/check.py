@@ -98,7 +98,8 @@ def check_actions(compiles: list[Action], state_dir: str) -> list[CheckAction]:
 
 
 class CheckKind(BaseKind):
-    """``Kind`` of the numerical checks (``CheckAction``)."""
+    """``Kind`` of the numerical checks (``CheckAction``); its job's user errors (a
+    validation sample that cannot be read or is not finite) are bad input."""
 
     name = "check"
     runner = "epbuild.kinds.check:run"
@@ -107,6 +108,7 @@ class CheckKind(BaseKind):
     doing = "checking"
     follows = True
     inline = True
+    checks_input = True
 
     def key(self, action: CheckAction, keys: KeyComputer, *, fresh: bool) -> ActionKey:
         compile = action.compile
@@ -174,7 +176,7 @@ class CheckKind(BaseKind):
 
 def _sample_files(root: str, patterns: tuple[str, ...]) -> list[str]:
     """The ``.npz`` files of the settings' paths and globs, workspace-relative, sorted."""
-    found: list[str] = []
+    found: dict[str, None] = {}  # ordered, and linear where a list's ``in`` is quadratic
     for pattern in patterns:
         matches = sorted(
             os.path.relpath(p, root).replace(os.sep, "/")
@@ -186,22 +188,22 @@ def _sample_files(root: str, patterns: tuple[str, ...]) -> list[str]:
                 f"numerics inputs {pattern!r} match no file",
                 hint="add the .npz samples, or fix the path (relative to the manifest)",
             )
-        found += [m for m in matches if m not in found]
-    return found
+        found.update(dict.fromkeys(matches))
+    return list(found)
 
 
 def check_inputs(root: str, action: Action) -> list[str]:
     """The files a check of ``action`` reads besides its ctx models (workspace-relative):
     the source models, the samples, and for a quantized group the float sources and the
     models its calibrations wrote. A pattern that matches nothing is a ``ModelError``."""
-    files: list[str] = []
+    files: dict[str, None] = {}  # ordered, and linear in the number of samples
     for index in range(len(action.entries)):
         try:
             found, _ = _inputs(root, action, index)
         except UserError as exc:
             raise ModelError(exc.message, hint=exc.hint) from exc
-        files += [f for f in [action.models[index], *found] if f not in files]
-    return files
+        files.update(dict.fromkeys([action.models[index], *found]))
+    return list(files)
 
 
 def loader_extra(root: str, action: Action, index: int) -> dict[str, Any]:
@@ -239,12 +241,17 @@ def run(job: KindJob, root: str) -> dict[str, Any]:
     python = job.payload.get("python")
     versions: dict[str, str] = {}
     for item in job.payload["runs"]:
-        load = run_load(root, item["spec"], python, standalone=True)
+        # the loader's temporary files in the staging directory, which goes whatever ends it
+        spec = {**item["spec"], "job": {**item["spec"]["job"], "scratch": job.staging}}
+        load = run_load(root, spec, python, standalone=True)
         if load.outcome is LoadOutcome.FAILED and load.died:  # not a verdict on the model
             raise ActionFailedError(
                 f"{load.file}: {load.message}",
                 hint="run it again; if it keeps failing, 'epbuild verify --load' shows the loader",
             )
+        bad = load.more.pop("bad_input", None)
+        if isinstance(bad, dict):  # a validation sample the user must fix: no figures
+            raise ModelError(str(bad.get("message")), hint=bad.get("hint"))
         versions.update(load.versions or {})
         doc = {"outcome": load.outcome.value, "message": load.message,
                "outputs": load.outputs, **load.more}  # fmt: skip

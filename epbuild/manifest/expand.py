@@ -10,6 +10,7 @@ from pathlib import Path
 
 from epbuild._names import CACHE_LAYOUT, CTX_SUFFIX, PACKAGE_MANIFEST
 from epbuild.errors import ManifestError
+from epbuild.manifest.globwalk import FILE, glob_kinds
 from epbuild.manifest.locate import Where
 
 _GLOB_CHARS = re.compile(r"[*?\[]")
@@ -87,15 +88,10 @@ def expand(root: Path, pattern: str, excluded: tuple[str, ...]) -> list[str]:
     directories and less epbuild's own outputs."""
     if not _GLOB_CHARS.search(pattern):
         return [pattern]
-    import glob
-
-    # root_dir: the workspace path itself may contain glob characters ("proj[1]").
+    # Relative to the workspace (its path may contain glob characters: "proj[1]"); a link
+    # loop under "**" ends the walk.
     base = str(root)
-    found = sorted(
-        posixpath.normpath(p.replace(os.sep, "/"))
-        for p in glob.glob(pattern, root_dir=base, recursive=True)
-        if os.path.isfile(os.path.join(base, p))
-    )
+    found = [p for p, kind in glob_kinds(base, pattern) if kind == FILE]
     found = [p for p in found if not any(p == d or p.startswith(d + "/") for d in excluded)]
     return _not_outputs(base, found)
 

@@ -7,10 +7,12 @@ from __future__ import annotations
 
 import os
 import posixpath
+import stat
 from pathlib import Path
 from typing import Any
 
 from epbuild.manifest.expand import is_pattern
+from epbuild.manifest.globwalk import FILE, FOLDER, OTHER, folder_kinds, glob_kinds
 from epbuild.manifest.locate import Where
 from epbuild.manifest.model import Group, QuantCheck, Quantization
 from epbuild.providers import get_provider
@@ -36,7 +38,7 @@ def load_quantization(
         validation: tuple[str, ...] = ()
         if "validation" in table:
             validation, more = _samples(where, root, (*base, "validation"), table, excluded)
-            listed = (*listed, *(d for d in more if d not in listed))
+            listed = tuple(dict.fromkeys((*listed, *more)))
         check = table.get("check", {})
         found[name] = Quantization(
             name=name,
@@ -123,11 +125,12 @@ def _check_providers(
 def _samples(
     where: Where, root: Path, at: tuple[str, ...], table: dict[str, Any], excluded: tuple[str, ...]
 ) -> tuple[tuple[str, ...], tuple[str, ...]]:
-    """The samples one key names, in order, and the folders whose listing decided them."""
+    """The samples one key names, in order, each once, and the folders whose listing
+    decided them (dicts keep the order: a list's ``in`` made 40,000 samples take minutes)."""
     raw = table[at[-1]]
     entries = [raw] if isinstance(raw, str) else list(raw)
-    samples: list[str] = []
-    listed: list[str] = []
+    samples: dict[str, None] = {}
+    listed: dict[str, None] = {}
     for i, entry in enumerate(entries):
         here = at if isinstance(raw, str) else (*at, f"[{i}]")
         rel = where.relpath(here, entry, "a sample")
@@ -137,7 +140,15 @@ def _samples(
                 f"{entry!r} is inside epbuild's own directories ({', '.join(excluded)})",
                 "keep calibration samples beside the models",
             )
-        found, folders = _expand(root, rel, excluded)
+        found, folders, special = _expand(root, rel, excluded)
+        if special:
+            path, kind = special[0]
+            raise where.error(
+                here,
+                f"{path!r} is {kind}, not a regular file",
+                "samples are read from regular files only: replace it with the sample's file "
+                "(a FIFO or a device would never end)",
+            )
         if not found:
             raise where.error(
                 here,
@@ -146,16 +157,20 @@ def _samples(
                 "single-input model) or ONNX test-data folders (test_data_set_N/input_K.pb); "
                 "paths are relative to the manifest",
             )
-        samples.extend(s for s in found if s not in samples)
-        listed.extend(d for d in folders if d not in listed)
+        samples.update(dict.fromkeys(found))
+        listed.update(dict.fromkeys(folders))
     return tuple(samples), tuple(listed)
 
 
-def _expand(root: Path, rel: str, excluded: tuple[str, ...]) -> tuple[list[str], list[str]]:
-    """The samples ``rel`` names (a glob, a folder or a file) and the folders listed."""
+def _expand(
+    root: Path, rel: str, excluded: tuple[str, ...]
+) -> tuple[list[str], list[str], list[tuple[str, str]]]:
+    """The samples ``rel`` names (a glob, a folder or a file), the folders listed, and the
+    special files (FIFOs, devices, links to one) among them, each with what it is."""
+    base_dir = str(root)
+    found: list[str] = []
+    special: list[tuple[str, str]] = []
     if is_pattern(rel):
-        import glob
-
         head = rel.partition("*")[0].partition("?")[0].partition("[")[0]
         base = posixpath.dirname(head)
         folders = [base or "."]
@@ -163,38 +178,93 @@ def _expand(root: Path, rel: str, excluded: tuple[str, ...]) -> tuple[list[str],
             folders = [
                 posixpath.relpath(d, root).replace(os.sep, "/") for d, _, _ in os.walk(root / base)
             ]
-        found = []
-        for match in sorted(glob.glob(rel, root_dir=str(root), recursive=True)):
-            match = posixpath.normpath(match.replace(os.sep, "/"))
+        for match, kind in glob_kinds(base_dir, rel):
             if any(match == d or match.startswith(d + "/") for d in excluded):
                 continue
-            if _is_test_data(root / match):
-                found.append(match)
-                folders.append(match)
-            elif match.endswith(SAMPLE_SUFFIXES) and (root / match).is_file():
-                found.append(match)
-        return found, folders
-    full = root / rel
-    if not full.is_dir():
-        named = full.is_file() and rel.endswith(SAMPLE_SUFFIXES)
-        return ([rel] if named or not full.exists() else []), []  # a missing one: its key says
+            _classify(base_dir, match, kind, found, folders, special)
+        return found, folders, special
+    full = os.path.join(base_dir, rel)
+    if not os.path.isdir(full):
+        if not os.path.lexists(full):
+            return [rel], [], []  # a missing one: its key says
+        _classify(base_dir, rel, OTHER, found, [], special, folders_too=False)
+        return found, [], special
     if _is_test_data(full):
-        return [rel], [rel]
-    names = sorted(os.listdir(full))
-    sets = [n for n in names if n.startswith(TEST_DATA_PREFIX) and _is_test_data(full / n)]
-    if sets:
-        return [posixpath.join(rel, n) for n in sets], [
-            rel,
-            *(posixpath.join(rel, n) for n in sets),
-        ]
-    files = [n for n in names if n.endswith(SAMPLE_SUFFIXES) and (full / n).is_file()]
-    return [posixpath.join(rel, n) for n in files], [rel]
+        _classify(base_dir, rel, FOLDER, found, [], special)
+        return found, [rel], special
+    names = folder_kinds(full)
+    sets = [(n, k) for n, k in names if n.startswith(TEST_DATA_PREFIX) and k == FOLDER]
+    sets = [(n, k) for n, k in sets if _is_test_data(os.path.join(full, n))]
+    folders = [rel]
+    for name, kind in sets or names:
+        path = posixpath.join(rel, name)
+        _classify(base_dir, path, kind, found, folders, special, folders_too=bool(sets))
+    return found, folders, special
 
 
-def _is_test_data(path: Path) -> bool:
+def _classify(
+    root: str,
+    rel: str,
+    kind: str,
+    found: list[str],
+    folders: list[str],
+    special: list[tuple[str, str]],
+    *,
+    folders_too: bool = True,
+) -> None:
+    """Add ``rel`` (``kind``: what its folder's listing says it is, ``globwalk``'s; OTHER
+    when unknown) to ``found`` if it is a sample (a sample file, or with ``folders_too`` a
+    test-data folder, then also to ``folders``), or to ``special`` if it is a sample file
+    that is no regular file or a test-data folder holding one. A regular file costs
+    nothing more; a test-data folder its listing."""
+    full = os.path.join(root, rel)
+    if kind == FOLDER:
+        if folders_too and _is_test_data(full):
+            found.append(rel)
+            folders.append(rel)
+            for name in sample_files(root, rel):
+                what = special_kind(os.path.join(root, name))
+                if what is not None:
+                    special.append((name, what))
+        return
+    if not rel.endswith(SAMPLE_SUFFIXES):
+        return
+    if kind == FILE:
+        found.append(rel)
+        return
+    what = special_kind(full)
+    if what is None and os.path.isfile(full):
+        found.append(rel)
+    elif what is not None and what != "a folder":
+        special.append((rel, what))
+
+
+def special_kind(path: str | os.PathLike[str]) -> str | None:
+    """What ``path`` is where it is no regular file (``a FIFO (named pipe)``, ``a
+    character device (through a link)``), None for a regular file or nothing at all."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return None
+    return None if stat.S_ISREG(mode) else _describe(path, mode)
+
+
+def _describe(path: str | os.PathLike[str], mode: int) -> str:
+    kinds = (
+        (stat.S_ISFIFO, "a FIFO (named pipe)"),
+        (stat.S_ISCHR, "a character device"),
+        (stat.S_ISBLK, "a block device"),
+        (stat.S_ISSOCK, "a socket"),
+        (stat.S_ISDIR, "a folder"),
+    )
+    kind = next((what for test, what in kinds if test(mode)), "a special file")
+    return kind + (" (through a link)" if os.path.islink(path) else "")
+
+
+def _is_test_data(path: str | os.PathLike[str]) -> bool:
     """Whether ``path`` is an ONNX test-data folder (holds ``input_K.pb`` files)."""
     try:
-        return path.is_dir() and any(
+        return os.path.isdir(path) and any(
             n.startswith("input_") and n.endswith(".pb") for n in os.listdir(path)
         )
     except OSError:

@@ -1,26 +1,24 @@
 """Sample feeds for calibration and numerical checks, read in a worker (numpy + onnx) and
 checked against the model's inputs: every input present and no other, each with the
-model's element type and static dimensions. A sample that breaks a rule is a ``ModelError``
-naming its file and what is wrong."""
+model's element type and static dimensions (from the files' headers, before their data is
+read: ``quant.arrays``), and every value finite. A sample that breaks a rule is a
+``ModelError`` naming its file (and the input) and what is wrong."""
 
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from epbuild._dataclass import dataclass
 from epbuild.errors import ModelError
 from epbuild.manifest.quantization import sample_files
+from epbuild.quant.arrays import HINT, Header, open_regular, read_npy, read_npz
+from epbuild.quant.pbheader import PbError, TensorFields, tensor_fields
 
 if TYPE_CHECKING:
     import numpy as np
     import onnx
-
-_HINT = (
-    "a sample holds each of the model's inputs, named after it, with the model's shape and "
-    "element type (an .npz file; .npy for a single-input model; or an ONNX test-data folder)"
-)
 
 
 @dataclass(frozen=True)
@@ -56,75 +54,90 @@ def input_specs(model: onnx.ModelProto) -> list[InputSpec]:
 
 
 def read_sample(root: str, sample: str, specs: Sequence[InputSpec]) -> dict[str, np.ndarray]:
-    """One sample's feed, checked against ``specs``."""
+    """One sample's feed, checked against ``specs``: names, element types and shapes from
+    the files' headers before any data is read, then every value finite."""
     full = os.path.join(root, sample)
     if os.path.isdir(full):
         feed = _read_test_data(root, sample, specs)
     elif sample.endswith(".npy"):
         feed = _read_npy(full, sample, specs)
     else:
-        feed = _read_npz(full, sample)
-    _check(sample, feed, specs)
+        feed = read_npz(full, sample, lambda headers: _check(sample, headers, specs))
+    _check_finite(sample, feed)
     return feed
 
 
-def _read_npz(full: str, sample: str) -> dict[str, np.ndarray]:
-    import zipfile
-
-    import numpy as np
-
-    if not zipfile.is_zipfile(full):  # numpy would take it for a pickle and say so
-        raise ModelError(
-            f"{sample}: not a readable .npz file of arrays (not a zip archive)", hint=_HINT
-        )
-    try:
-        with np.load(full, allow_pickle=False) as data:
-            return {name: data[name] for name in data.files}
-    except (OSError, ValueError, zipfile.BadZipFile, EOFError) as exc:
-        why = "it holds object arrays (pickled data)" if "pickle" in str(exc) else str(exc)
-        raise ModelError(
-            f"{sample}: not a readable .npz file of arrays ({why})", hint=_HINT
-        ) from exc
-
-
 def _read_npy(full: str, sample: str, specs: Sequence[InputSpec]) -> dict[str, np.ndarray]:
-    import numpy as np
-
     if len(specs) != 1:
         raise ModelError(
             f"{sample}: an .npy sample holds one array, but the model has {len(specs)} inputs "
             f"({', '.join(s.name for s in specs)})",
             hint="give one .npz file per sample, its arrays named after the inputs",
         )
-    try:
-        array = np.load(full, allow_pickle=False)
-    except (OSError, ValueError, EOFError) as exc:
-        raise ModelError(f"{sample}: not a readable .npy array ({exc})", hint=_HINT) from exc
-    if not isinstance(array, np.ndarray):
-        raise ModelError(f"{sample}: not a single array", hint=_HINT)
-    return {specs[0].name: array}
+    name = specs[0].name
+    array = read_npy(full, sample, lambda header: _check(sample, {name: header}, specs))
+    return {name: array}
 
 
 def _read_test_data(root: str, sample: str, specs: Sequence[InputSpec]) -> dict[str, np.ndarray]:
     """A test-data folder's ``input_K.pb`` tensors: by their names, else by position."""
+    from onnx import helper
+
+    files = sample_files(root, sample)
+    found: list[tuple[str, str, TensorFields]] = []
+    headers: dict[str, Header] = {}
+    for k, rel in enumerate(files):
+        fields = _tensor_fields(root, rel)
+        name = fields.name or (specs[k].name if k < len(specs) else f"input_{k}")
+        try:
+            dtype = helper.tensor_dtype_to_np_dtype(fields.data_type)
+        except (KeyError, ValueError) as exc:
+            why = f"element type {fields.data_type} is not one of ONNX's"
+            raise ModelError(f"{rel}: not a readable ONNX tensor ({why})", hint=HINT) from exc
+        headers[name] = Header(dtype, fields.dims)
+        found.append((rel, name, fields))
+    _check(sample, headers, specs)
+    return {name: _read_tensor(root, rel, headers[name]) for rel, name, _ in found}
+
+
+def _tensor_fields(root: str, rel: str) -> TensorFields:
+    """An ``input_K.pb`` file's name, element type and dimensions, its data not read."""
+    with open_regular(os.path.join(root, rel), rel) as f:
+        try:
+            fields = tensor_fields(f, os.fstat(f.fileno()).st_size)
+        except PbError as exc:
+            raise ModelError(f"{rel}: not a readable ONNX tensor ({exc})", hint=HINT) from exc
+    if fields.external:
+        raise ModelError(
+            f"{rel}: its data is in an external file; a sample holds its own data",
+            hint="save the tensor with its data (onnx.numpy_helper.from_array)",
+        )
+    return fields
+
+
+def _read_tensor(root: str, rel: str, header: Header) -> np.ndarray:
     import onnx
     from onnx import numpy_helper
 
-    feed: dict[str, np.ndarray] = {}
-    for k, rel in enumerate(sample_files(root, sample)):
-        tensor = onnx.TensorProto()
+    tensor = onnx.TensorProto()
+    with open_regular(os.path.join(root, rel), rel) as f:
         try:
-            with open(os.path.join(root, rel), "rb") as f:
-                tensor.ParseFromString(f.read())
+            tensor.ParseFromString(f.read())
             array = numpy_helper.to_array(tensor)
         except Exception as exc:  # protobuf's DecodeError, onnx's own errors
-            raise ModelError(f"{rel}: not a readable ONNX tensor ({exc})", hint=_HINT) from exc
-        name = tensor.name or (specs[k].name if k < len(specs) else f"input_{k}")
-        feed[name] = array
-    return feed
+            raise ModelError(f"{rel}: not a readable ONNX tensor ({exc})", hint=HINT) from exc
+    if tuple(array.shape) != header.shape or array.dtype != header.dtype:
+        raise ModelError(
+            f"{rel}: not a readable ONNX tensor (its data holds {list(array.shape)} "
+            f"{array.dtype}, its fields say {list(header.shape)} {header.dtype})",
+            hint=HINT,
+        )
+    return array
 
 
-def _check(sample: str, feed: dict[str, np.ndarray], specs: Sequence[InputSpec]) -> None:
+def _check(sample: str, feed: Mapping[str, Header], specs: Sequence[InputSpec]) -> None:
+    """The arrays' headers against the model's inputs: every input, no other, each with
+    the input's element type and fixed dimensions."""
     wanted = {s.name: s for s in specs}
     missing = [name for name in wanted if name not in feed]
     extra = [name for name in feed if name not in wanted]
@@ -137,7 +150,7 @@ def _check(sample: str, feed: dict[str, np.ndarray], specs: Sequence[InputSpec])
         raise ModelError(
             f"{sample}: {' and '.join(said)} (the model's inputs: "
             f"{'; '.join(s.describe() for s in specs)})",
-            hint=_HINT,
+            hint=HINT,
         )
     for spec in specs:
         array = feed[spec.name]
@@ -153,8 +166,29 @@ def _check(sample: str, feed: dict[str, np.ndarray], specs: Sequence[InputSpec])
             raise ModelError(
                 f"{sample}: input {spec.name!r} has shape {list(array.shape)}, the model "
                 f"takes {spec.describe()}",
-                hint=_HINT,
+                hint=HINT,
             )
+
+
+def _check_finite(sample: str, feed: Mapping[str, np.ndarray]) -> None:
+    """Every value of every floating-point input is finite: a NaN calibrates to nothing and
+    an infinity to a scale of inf (a "quantized" model that no EP compiles)."""
+    import numpy as np
+
+    for name, array in feed.items():
+        if not np.issubdtype(array.dtype, np.inexact):
+            continue
+        finite = np.isfinite(array)
+        if finite.all():
+            continue
+        where = tuple(int(i) for i in np.argwhere(~finite)[0])
+        value = array[where]
+        what = "NaN" if np.isnan(value) else "an infinity"
+        count = int(finite.size - np.count_nonzero(finite))
+        raise ModelError(
+            f"{sample}: input {name!r} holds {what} at {list(where)} ({count} value(s) not finite)",
+            hint="calibration and validation samples must be finite: fix or drop the sample",
+        )
 
 
 def iterate(

@@ -11,7 +11,8 @@ import os
 import shutil
 import tempfile
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 from epbuild._names import PROGRESS_NAME
@@ -34,6 +35,8 @@ RANGES = "ranges.json"
 _LARGE = 1 << 30
 """Models from this size on are written with their weights in external data."""
 _QDQ_OPS = ("QuantizeLinear", "DequantizeLinear")
+SCRATCH = ".scratch"
+"""The folder of a job's temporary files, in its staging directory."""
 
 
 def versions() -> dict[str, str]:
@@ -64,8 +67,6 @@ def calibrate(job: KindJob, root: str) -> dict[str, Any]:
     for sample in samples[:1]:  # a wrong sample fails before the slow part
         next(iterate(root, [sample], specs))
     target = os.path.join(staging, MODEL)
-    _preprocess(model, root, source, target, str(args["flavour"]))
-    del model
     progress = os.path.join(staging, PROGRESS_NAME)
 
     written = [0.0]
@@ -76,12 +77,15 @@ def calibrate(job: KindJob, root: str) -> dict[str, Any]:
             written[0] = now
             atomic_write_text(progress, f"{done}/{total} samples", durable=False)
 
-    try:
-        feeds = iterate(root, samples, specs, report)
-        tensors = _calibrate(target, feeds, str(args["method"]), len(samples))
-    finally:
-        if os.path.exists(progress):
-            os.unlink(progress)
+    with scratch(staging) as tmp:
+        _preprocess(model, root, source, target, str(args["flavour"]))
+        del model
+        try:
+            feeds = iterate(root, samples, specs, report)
+            tensors = _calibrate(target, feeds, str(args["method"]), len(samples), tmp)
+        finally:
+            if os.path.exists(progress):
+                os.unlink(progress)
     return {
         "seconds": time.perf_counter() - t0,
         "detail": {"samples": len(samples), "tensors": tensors},
@@ -164,9 +168,28 @@ CHUNK = 16
 activations). ORT's own bound (``max_intermediate_outputs``) drops a full batch unseen."""
 
 
-def _calibrate(model: str, feeds: Any, method: str, count: int) -> int:
+@contextmanager
+def scratch(staging: str) -> Iterator[str]:
+    """A folder for a job's temporary files, ONNX Runtime's own included (its quantization
+    tools take their temporary folders from ``tempfile``): in the staging directory, which
+    the builder removes whatever ends the job and the next build removes after a killed
+    one, never the system's temporary folder (an interrupt left a model-sized
+    ``augmented.onnx`` there each time). A worker runs one job, so ``tempfile.tempdir`` is
+    its own to point there while the job runs."""
+    path = os.path.join(staging, SCRATCH)
+    os.mkdir(path)
+    before = tempfile.tempdir
+    tempfile.tempdir = os.path.abspath(path)
+    try:
+        yield path
+    finally:
+        tempfile.tempdir = before
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def _calibrate(model: str, feeds: Any, method: str, count: int, tmp: str) -> int:
     """Collect the tensors' ranges over ``feeds`` (``count`` samples) and write them beside
-    ``model``."""
+    ``model`` (``tmp``: a folder for the augmented model)."""
     from onnxruntime.quantization import CalibrationDataReader, save_tensors_data
     from onnxruntime.quantization.calibrate import create_calibrator
 
@@ -180,18 +203,17 @@ def _calibrate(model: str, feeds: Any, method: str, count: int) -> int:
             self.left -= 1
             return next(feeds, None)
 
-    with tempfile.TemporaryDirectory(prefix="epbuild-calib-") as tmp:
-        calibrator = create_calibrator(
-            model,
-            _op_types(),
-            augmented_model_path=os.path.join(tmp, "augmented.onnx"),
-            calibrate_method=_method(method),
-            use_external_data_format=os.path.exists(model + ".data"),
-            providers=["CPUExecutionProvider"],
-        )
-        for _ in range(0, count, CHUNK):
-            calibrator.collect_data(Chunk())
-        ranges = calibrator.compute_data()
+    calibrator = create_calibrator(
+        model,
+        _op_types(),
+        augmented_model_path=os.path.join(tmp, "augmented.onnx"),
+        calibrate_method=_method(method),
+        use_external_data_format=os.path.exists(model + ".data"),
+        providers=["CPUExecutionProvider"],
+    )
+    for _ in range(0, count, CHUNK):
+        calibrator.collect_data(Chunk())
+    ranges = calibrator.compute_data()
     path = os.path.join(os.path.dirname(model), RANGES)
     save_tensors_data(ranges, path)
     _canonical(path)
@@ -245,7 +267,7 @@ def quantize(job: KindJob, root: str) -> dict[str, Any]:
     external = os.path.exists(calibrated + ".data")
     del model
     output = os.path.join(root, job.staging, str(args["output"]))
-    with tempfile.TemporaryDirectory(prefix="epbuild-quant-") as tmp:
+    with scratch(os.path.join(root, job.staging)) as tmp:
         cache = os.path.join(tmp, RANGES)  # ORT may rewrite a cache: never the committed one
         shutil.copyfile(os.path.join(os.path.dirname(calibrated), RANGES), cache)
         config = _config(calibrated, args)

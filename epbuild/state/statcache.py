@@ -8,9 +8,11 @@ processes wrote meanwhile, so concurrent writers never corrupt it.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
+import stat
 import time
 from typing import NamedTuple
 
@@ -111,9 +113,13 @@ class StatCache:
         return None
 
     def digest(self, root: str, rel: str) -> Entry:
-        """Entry for ``root/rel``: from the cache when the stat matches, else hashed now."""
+        """Entry for ``root/rel``: from the cache when the stat matches, else hashed now.
+        Anything but a regular file is an ``OSError`` (reading a FIFO would block, a device
+        never end)."""
         full = os.path.join(root, rel)
         st = os.stat(full)
+        if not stat.S_ISREG(st.st_mode):
+            raise OSError(errno.EINVAL, "not a regular file", full)
         cached = self.lookup(rel, st)
         if cached is not None:
             return cached
