@@ -185,35 +185,12 @@ def build(
         if isinstance(cache, str) and not dry_run:  # --cache DIR: seeded with what is built
             warnings += _seed_cache(ws, plans, directory, cache)
         done = BuildResult(list(results.values()), time.perf_counter() - t0, warnings)
-        if not (dry_run or numerics or loaded or warnings) and done.ok:
-            _record_restore_memo(ws, plans, directory, cache)
         if dry_run or not stale:
             record = not numerics  # the fingerprint answers plain builds
             return _without_compiling(ws, plans, selectors, done, dry_run, tracer, (trace, record))
         return done
     finally:
         ws.keys.toolchains.release()  # its environments may be pruned from now on
-
-
-def _record_restore_memo(
-    ws: Workspace,
-    plans: list[ActionPlan],
-    directory: str | os.PathLike[str],
-    cache: str | bool | None,
-) -> None:
-    """Let a fresh checkout's ``--cache-only`` restore answer from the cache's memo of this
-    one (``engine.restorememo``), where the cache is a directory that holds every action."""
-    from epbuild.cache.location import resolve
-    from epbuild.engine.restorememo import write_memo
-
-    cfg = resolve(cache, base=os.path.abspath(directory),
-                  manifest_value=ws.manifest.workspace.cache, manifest_root=ws.root)  # fmt: skip
-    if cfg is None or cfg.remote is not None or not os.path.isdir(cfg.local):
-        return
-    try:
-        write_memo(ws, plans, cfg.local)
-    except (OSError, EpbuildError):
-        pass  # a memo only saves time
 
 
 def _seed_cache(

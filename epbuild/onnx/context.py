@@ -622,19 +622,6 @@ def source_text(root: str, models: tuple[str, ...]) -> SourceText:
     return SourceText(values, paths)
 
 
-def free_text_paths(info: ModelInfo) -> list[str]:
-    """The absolute paths in a model's free text (read with ``strings=True``): what
-    ``path_problems`` holds against a machine's directories. None at all means no machine's
-    directories can be found there (the restore memo, ``engine.restorememo``, then answers
-    for a checkout at any path)."""
-    return [
-        path
-        for field in info.strings
-        if field.field not in _NAME_FIELDS and field.field not in _REFERENCE_ATTRS
-        for path in absolute_paths(field.value)
-    ]
-
-
 def path_problems(
     file: str, info: ModelInfo, sources: SourceText | LazySourceText, machine: MachinePaths
 ) -> list[Problem]:

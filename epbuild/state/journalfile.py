@@ -1,9 +1,7 @@
 """The state journal's file: its header, the encoding of one line, and appending a line.
 
 Kept apart from ``journal`` (which reads the journal into records and states) and cheap to
-import (``os``, ``json`` and ``errno`` only): the fast restore path
-(``engine.restorememo``) appends through it, so a line on disk has one encoder whichever
-path wrote it.
+import (``os``, ``json`` and ``errno`` only).
 """
 
 from __future__ import annotations
