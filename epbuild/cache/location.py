@@ -20,8 +20,7 @@ ENV = "EPBUILD_CACHE"
 
 
 class CacheConfig(NamedTuple):
-    """A resolved cache location (a named tuple: the fast restore path resolves it before
-    anything heavier is imported)."""
+    """A resolved cache location (a named tuple: cheap to import)."""
 
     local: str
     """Absolute path of the local cache directory."""

@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 from epbuild._dataclass import dataclass
 from epbuild.fs import CHUNK, reference_problem
+from epbuild.userdirs import default_cache_dir, toolchain_root
 
 if TYPE_CHECKING:
     from epbuild.onnx.proto import ContextNode, ExternalRef, ModelInfo, StringField
@@ -515,20 +516,42 @@ def _machine_set(paths: Iterable[str]) -> tuple[str, ...]:
     return tuple(sorted(found, key=lambda p: (-len(p), p)))
 
 
+def temp_dir() -> str:
+    """The directory ``tempfile.gettempdir()`` names, without importing ``tempfile`` (its
+    import, and the file it writes to test the directory, cost every build's first check
+    a few milliseconds): ``tempfile.tempdir`` where that module has set it, else the first of
+    ``$TMPDIR``, ``$TEMP``, ``$TMP`` and the platform's usual places that is a directory,
+    else the current directory."""
+    known = getattr(sys.modules.get("tempfile"), "tempdir", None)
+    if isinstance(known, str):
+        return known
+    candidates = [os.environ.get(name) for name in ("TMPDIR", "TEMP", "TMP")]
+    if os.name == "nt":
+        candidates += [
+            os.path.expanduser(r"~\AppData\Local\Temp"),
+            os.path.expandvars(r"%SYSTEMROOT%\Temp"),
+            r"c:\temp",
+            r"c:\tmp",
+            r"\temp",
+            r"\tmp",
+        ]
+    else:
+        candidates += ["/tmp", "/var/tmp", "/usr/tmp"]
+    for candidate in candidates:
+        if candidate and os.path.isdir(candidate):
+            return os.path.abspath(candidate)
+    return os.getcwd()
+
+
 def machine_paths(root: str, dirs: Iterable[str] = ()) -> MachinePaths:
     """The build machine's own directories: the workspace ``root``, the user's home, the
     temp directory, this Python's prefixes, epbuild's per-user cache and toolchains, and
     ``dirs`` (each toolchain's directories: `toolchain_dirs`). No imports of onnx or
     onnxruntime; ``lstat`` calls only (real paths)."""
-    import tempfile
-
-    from epbuild.toolchains.env import toolchain_root
-    from epbuild.userdirs import default_cache_dir
-
     found = [
         root,
         os.path.expanduser("~"),
-        tempfile.gettempdir(),
+        temp_dir(),
         sys.prefix,
         sys.base_prefix,
         sys.exec_prefix,
