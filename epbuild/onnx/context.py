@@ -488,8 +488,10 @@ class MachinePaths:
     paths: tuple[str, ...]
 
     def with_dirs(self, dirs: Iterable[str]) -> MachinePaths:
-        """These paths and ``dirs`` (a toolchain's directories, say)."""
-        return MachinePaths(_machine_set([*self.paths, *dirs]))
+        """These paths and ``dirs`` (a toolchain's directories, say); these very paths
+        when ``dirs`` is empty (no ``realpath`` calls again for each restored action)."""
+        extra = tuple(dirs)
+        return MachinePaths(_machine_set([*self.paths, *extra])) if extra else self
 
     def find(self, path: str) -> str | None:
         """The machine path that ``path`` (an absolute path taken from text) lies in,
