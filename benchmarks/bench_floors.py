@@ -7,7 +7,8 @@
    copy of its sources each time (no outputs, no state), ``epbuild build --cache-only --cache
    DIR`` against the floor any restore pays: ``python -c pass`` + ``sha256sum`` of the inputs
    + ``cp -r`` of the outputs (three processes, timed together), paired run by run. Target:
-   at most 2x the floor.
+   at most 2x the floor. ``paired_ratio``: the median of the runs' ratios; ``cpu_ratio``:
+   the same of their CPU times (user + system), which a busy machine moves far less.
 2. No-op ``epbuild build`` against ``python -c "import onnx"`` for three workspaces: a plain
    one (``examples/quickstart``), a toolchain one (one tiny model whose provider has a
    ``requirements`` toolchain, made by epbuild with pip in ``--toolchains`` or a temporary
@@ -24,6 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import shutil
 import statistics
 import subprocess
@@ -46,12 +48,24 @@ def load() -> str:
 
 def timed(cmds: list[list[str]], env: dict[str, str] = ENV) -> float:
     """Seconds the commands take one after the other (each must succeed)."""
-    t0 = time.perf_counter()
+    return measured(cmds, env)[0]
+
+
+def measured(cmds: list[list[str]], env: dict[str, str] = ENV) -> tuple[float, float]:
+    """(wall seconds, CPU seconds) of the commands run one after the other (each must
+    succeed). CPU time, user and system, of the processes themselves: on a machine shared
+    with other work it moves far less than the wall time."""
+    t0, c0 = time.perf_counter(), children_cpu()
     for cmd in cmds:
         proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
         if proc.returncode != 0:
             sys.exit(f"{' '.join(cmd)} failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}")
-    return time.perf_counter() - t0
+    return time.perf_counter() - t0, children_cpu() - c0
+
+
+def children_cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
 
 
 def epbuild(root: Path, *args: str) -> list[str]:
@@ -68,15 +82,15 @@ def restore(tmp: Path, runs: int, models: int) -> dict[str, object]:
     cache = tmp / f"cache-{models}"
     timed([epbuild(ws, "build", "--cache", str(cache))])
     inputs = [str(p) for p in sorted((ws / "models").rglob("*")) if p.is_file()]
-    ours, floor = [], []
+    ours, floor, cpu = [], [], []
     for run in range(runs + 1):  # the first run of each writes bytecode
         clone = fresh(ws, tmp / "clone")
-        a = timed([epbuild(clone, "build", "--cache-only", "--cache", str(cache))])
+        a, a_cpu = measured([epbuild(clone, "build", "--cache-only", "--cache", str(cache))])
         if len(list((clone / "build").rglob("*_ctx.onnx"))) != models:
             sys.exit("the restore wrote no outputs")
         copy = tmp / "copy"
         shutil.rmtree(copy, ignore_errors=True)
-        b = timed(
+        b, b_cpu = measured(
             [
                 [sys.executable, "-c", "pass"],
                 ["sha256sum", *inputs],
@@ -86,6 +100,7 @@ def restore(tmp: Path, runs: int, models: int) -> dict[str, object]:
         if run:
             ours.append(a)
             floor.append(b)
+            cpu.append(a_cpu / b_cpu)
     mine, low = statistics.median(ours), statistics.median(floor)
     paired = statistics.median([a / b for a, b in zip(ours, floor, strict=True)])
     return {
@@ -93,6 +108,7 @@ def restore(tmp: Path, runs: int, models: int) -> dict[str, object]:
         "floor_s": round(low, 3),
         "ratio": round(mine / low, 2),
         "paired_ratio": round(paired, 2),
+        "cpu_ratio": round(statistics.median(cpu), 2),
         "runs": runs,
         "load": load(),
     }

@@ -10,9 +10,10 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from epbuild._names import TRACE_NAME
 from epbuild.engine.scheduler import executor_for, schedule
 from epbuild.engine.staging import check_removable, clean_stale_staging
-from epbuild.errors import EpbuildError, LockTimeoutError, StorageError
+from epbuild.errors import EpbuildError, LockTimeoutError, StorageError, UserError
 from epbuild.fs import os_error_text
 from epbuild.planning.staleness import ActionPlan, make_plan
 from epbuild.planning.workspace import (
@@ -333,8 +334,6 @@ def _run(
 ) -> dict[str, ActionResult]:
     """Schedule the stale actions, then persist the stat cache, the journal and the trace
     (a step that cannot write is said and added to ``warnings``)."""
-    from epbuild._names import TRACE_NAME
-
     ws = builder.ws
     try:
         return schedule(builder, stale)
@@ -452,8 +451,6 @@ def clean(
     """Remove the selected actions' outputs and records; returns the removed paths.
     ``orphaned``: remove only what actions no longer in the manifest left, and no action of
     the manifest owns (ninja's ``cleandead``), and forget those actions."""
-    from epbuild.errors import UserError
-
     if orphaned and selectors:
         raise UserError(
             "clean --orphaned takes no selectors: it removes what no action of the manifest owns",

@@ -11,10 +11,21 @@ from typing import TYPE_CHECKING
 
 from epbuild._names import LOG_NAME, RESULT_NAME
 from epbuild.errors import UnsafePathError, VerificationError
+from epbuild.onnx.context import (
+    LazySourceText,
+    MachinePaths,
+    Problem,
+    RefFault,
+    Severity,
+    check_reference,
+    machine_paths,
+    path_problems,
+    sharing_problems,
+    stored_references,
+)
+from epbuild.onnx.proto import ModelInfo, ProtoError, read_model
 
 if TYPE_CHECKING:
-    from epbuild.onnx.context import MachinePaths, Problem
-    from epbuild.onnx.proto import ModelInfo
     from epbuild.providers.contract import ProviderConfig
 
 
@@ -47,9 +58,6 @@ def check_staged(
     weight-sharing group, whose ctx models must all reference one shared context binary
     (``sharing_problems``).
     """
-    from epbuild.onnx.context import LazySourceText, Severity, machine_paths, path_problems
-    from epbuild.onnx.proto import ProtoError, read_model
-
     full = os.path.join(root, staging)
     names = staged_names(root, staging)
     text = LazySourceText(root, sources)
@@ -77,8 +85,6 @@ def check_staged(
 
 def _check_references(root: str, staging: str, ctx: str, info: ModelInfo, names: list[str]) -> None:
     """Every file a staged ctx model references was written beside it, inside staging."""
-    from epbuild.onnx.context import RefFault, check_reference, stored_references
-
     for ref in stored_references(info):
         check = check_reference(root, posixpath.join(staging, ctx), ref, staging)
         if check.fault is RefFault.UNSAFE:
@@ -91,7 +97,6 @@ def _check_references(root: str, staging: str, ctx: str, info: ModelInfo, names:
 
 def _check_sharing(ctx_names: list[str], infos: list[ModelInfo], config: ProviderConfig) -> None:
     """A weight-sharing group's staged ctx models reference one binary (raises otherwise)."""
-    from epbuild.onnx.context import sharing_problems
     from epbuild.providers import get_provider
 
     problems = sharing_problems(ctx_names, infos, get_provider(config.ep), config)
