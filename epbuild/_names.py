@@ -15,8 +15,8 @@ __all__ = ["tomllib"]
 
 
 def __getattr__(name: str) -> Any:
-    """``tomllib`` (``tomli`` before Python 3.11), imported when first asked for: compiling
-    its expressions is a tenth of a small restore, which never reads TOML."""
+    """``tomllib`` (``tomli`` before Python 3.11), imported when first asked for: a worker,
+    which imports this module, never reads TOML."""
     if name != "tomllib":
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     if sys.version_info >= (3, 11):

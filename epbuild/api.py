@@ -10,10 +10,10 @@ import time
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from epbuild._names import STAGING_DIR
+from epbuild._names import STAGING_DIR, TRACE_NAME
 from epbuild.engine.scheduler import executor_for, schedule
 from epbuild.engine.staging import check_removable, clean_stale_staging
-from epbuild.errors import EpbuildError, LockTimeoutError, StorageError
+from epbuild.errors import EpbuildError, LockTimeoutError, StorageError, UserError
 from epbuild.fs import os_error_text
 from epbuild.planning.moves import moved_from, owning_top, still_written
 from epbuild.planning.staleness import ActionPlan, make_plan
@@ -188,35 +188,12 @@ def build(
         if isinstance(cache, str) and not dry_run:  # --cache DIR: seeded with what is built
             warnings += _seed_cache(ws, plans, directory, cache)
         done = BuildResult(list(results.values()), time.perf_counter() - t0, warnings)
-        if not (dry_run or numerics or loaded or warnings) and done.ok:
-            _record_restore_memo(ws, plans, directory, cache)
         if dry_run or not stale:
             record = not numerics  # the fingerprint answers plain builds
             return _without_compiling(ws, plans, selectors, done, dry_run, tracer, (trace, record))
         return done
     finally:
         ws.keys.toolchains.release()  # its environments may be pruned from now on
-
-
-def _record_restore_memo(
-    ws: Workspace,
-    plans: list[ActionPlan],
-    directory: str | os.PathLike[str],
-    cache: str | bool | None,
-) -> None:
-    """Let a fresh checkout's ``--cache-only`` restore answer from the cache's memo of this
-    one (``engine.restorememo``), where the cache is a directory that holds every action."""
-    from epbuild.cache.location import resolve
-    from epbuild.engine.restorememo import write_memo
-
-    cfg = resolve(cache, base=os.path.abspath(directory),
-                  manifest_value=ws.manifest.workspace.cache, manifest_root=ws.root)  # fmt: skip
-    if cfg is None or cfg.remote is not None or not os.path.isdir(cfg.local):
-        return
-    try:
-        write_memo(ws, plans, cfg.local)
-    except (OSError, EpbuildError):
-        pass  # a memo only saves time
 
 
 def _seed_cache(
@@ -359,8 +336,6 @@ def _run(
 ) -> dict[str, ActionResult]:
     """Schedule the stale actions, then persist the stat cache, the journal and the trace
     (a step that cannot write is said and added to ``warnings``)."""
-    from epbuild._names import TRACE_NAME
-
     ws = builder.ws
     try:
         return schedule(builder, stale)
@@ -502,8 +477,6 @@ def clean(
     the manifest owns (ninja's ``cleandead``), and forget those actions. Outputs outside the
     output and state directories (where a changed ``[workspace]`` moved them from) are
     removed only while they are as a build wrote them."""
-    from epbuild.errors import UserError
-
     if orphaned and selectors:
         raise UserError(
             "clean --orphaned takes no selectors: it removes what no action of the manifest owns",

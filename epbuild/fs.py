@@ -348,6 +348,8 @@ def ensure_dir_inside(path: str, root: str, *, what: str) -> None:
 
     epbuild never writes or deletes through a symlink that leads out of its own directories.
     """
+    if os.path.isdir(path) and inside(path, root):
+        return  # there already, and inside: nothing to create (each commit asks again)
     refuse_outward(path, root, what=what)  # before creating anything through a link
     os.makedirs(path, exist_ok=True)
     if not inside(path, root):

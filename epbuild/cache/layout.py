@@ -1,15 +1,13 @@
 """Where things live in a directory cache (paths relative to its root, ``/``-separated).
 
 A bottom module of ``cache/`` (it imports only ``_names``): the store, the trust records,
-the key locks, ``prune`` and the fast restore path (``engine.restorememo``) name their files
-through it, so a layout change is made once::
+the key locks and ``prune`` name their files through it, so a layout change is made once::
 
     v1/objects/ab/abcdef…            output bytes, named by their sha256
     v1/entries/12/1234…json          one action key → output names, sizes, digests, components
     v1/ids/<hash of action id>/<key> marker: entries of one action id (to explain a miss)
     v1/locks/12/1234….lock           held by the build restoring or compiling that key
     v1/verified/ab/abcdef…           an object's stat when last verified (``trust``)
-    v1/restores/<address>.json       a workspace's whole restore, memoized (``restorememo``)
 """
 
 from __future__ import annotations
@@ -24,7 +22,6 @@ ENTRIES = f"{LAYOUT}/entries"
 IDS = f"{LAYOUT}/ids"
 LOCKS = f"{LAYOUT}/locks"
 VERIFIED = f"{LAYOUT}/verified"
-RESTORES = f"{LAYOUT}/restores"
 
 
 def object_path(digest: str) -> str:
@@ -45,11 +42,6 @@ def key_lock_path(key: str) -> str:
 def verified_path(digest: str) -> str:
     """Where an object's verified stat is recorded."""
     return f"{VERIFIED}/{digest[:2]}/{digest}"
-
-
-def restore_path(address: str) -> str:
-    """Where the restore memo at ``address`` lives."""
-    return f"{RESTORES}/{address}.json"
 
 
 def local_path(root: str, rel: str) -> str:

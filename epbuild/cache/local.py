@@ -4,7 +4,6 @@ hard link (or reflink) where the filesystem allows, by copy otherwise."""
 from __future__ import annotations
 
 import os
-import shutil
 from collections.abc import Iterator
 
 from epbuild.cache.backend import StoredFile
@@ -37,6 +36,8 @@ class LocalBackend:
         return os.path.isfile(self.full(path))
 
     def download(self, path: str, dest: str, size: int = 0) -> None:
+        import shutil  # (a restore links its objects: no shutil on its path)
+
         shutil.copyfile(self.full(path), dest)
 
     def upload(self, src: str, path: str) -> None:

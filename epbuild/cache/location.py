@@ -8,19 +8,20 @@ remote tier, with the per-user directory as the local tier in front of it.
 from __future__ import annotations
 
 import os
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
-from epbuild.cache.actioncache import ActionCache
 from epbuild.errors import UserError
 from epbuild.userdirs import default_cache_dir
+
+if TYPE_CHECKING:
+    from epbuild.cache.actioncache import ActionCache
 
 OFF = ("off", "none", "no", "0", "false")
 ENV = "EPBUILD_CACHE"
 
 
 class CacheConfig(NamedTuple):
-    """A resolved cache location (a named tuple: the fast restore path resolves it before
-    anything heavier is imported)."""
+    """A resolved cache location (a named tuple: cheap to import)."""
 
     local: str
     """Absolute path of the local cache directory."""
@@ -82,4 +83,6 @@ def open_cache(cfg: CacheConfig | None, *, push: bool = False) -> ActionCache | 
             f"the cache {cfg.local} is not a directory",
             hint="pass --cache DIR naming a directory (or move that file away)",
         )
+    from epbuild.cache.actioncache import ActionCache  # not on a command that opens none
+
     return ActionCache(cfg.local, cfg.remote, push=cfg.push)

@@ -17,7 +17,6 @@ from epbuild.cache.layout import (
     IDS,
     LOCKS,
     OBJECTS,
-    RESTORES,
     VERIFIED,
     entry_path,
     object_path,
@@ -94,26 +93,7 @@ def _prune(store: Store, max_size: int, grace: float) -> PruneReport:
             backend.delete(f.path)
     if isinstance(backend, LocalBackend):
         _prune_key_locks(backend, now - grace)
-        _prune_restore_memos(backend)
     return PruneReport(removed, kept, freed, total)
-
-
-def _prune_restore_memos(backend: LocalBackend) -> None:
-    """Remove the restore memos (``engine.restorememo``) that name an entry no longer here
-    (or that cannot be read): a fast restore needs every entry its memo names."""
-    import json
-
-    for f in backend.walk(RESTORES):
-        raw = backend.read_bytes(f.path)
-        try:
-            keys = [a["key"] for a in json.loads(raw or b"")["actions"]]
-            gone = not all(
-                isinstance(k, str) and is_key(k) and backend.exists(entry_path(k)) for k in keys
-            )
-        except (ValueError, KeyError, TypeError):
-            gone = True
-        if gone:
-            backend.delete(f.path)
 
 
 def _prune_key_locks(backend: LocalBackend, before: float) -> None:

@@ -9,12 +9,15 @@ from contextlib import ExitStack
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-from epbuild._names import left_id
+from epbuild._names import PROGRESS_NAME, left_id
+from epbuild._version import __version__
+from epbuild.cache.actioncache import CacheDamagedError
 from epbuild.docsite import page_url
 from epbuild.engine.staging import WRITE_HINT, commit_journaled, hash_staged, make_staging
-from epbuild.errors import EpbuildError, StorageError
-from epbuild.fs import os_error_text, remove_tree
+from epbuild.errors import EpbuildError, StorageError, VerificationError
+from epbuild.fs import format_bytes, os_error_text, remove_tree
 from epbuild.kinds.contract import GraphAction, RunContext, kind_named, kind_of
+from epbuild.onnx.context import Severity, machine_paths
 from epbuild.planning.keys import ActionKey
 from epbuild.planning.moves import moved_from
 from epbuild.planning.staleness import ActionPlan, plan_action
@@ -285,7 +288,6 @@ class Builder:
             from epbuild.executors.worker import run_inline
 
             return run_inline(job, self.ws.root)
-        from epbuild._names import PROGRESS_NAME
         from epbuild.engine.progress import watching
 
         doing = getattr(kind_named(job.kind) if isinstance(job, KindJob) else None, "doing", "")
@@ -300,8 +302,6 @@ class Builder:
     def _killed(self, action: GraphAction, outcome: WorkerOutcome) -> tuple[str, str]:
         """What to say of a worker ended by SIGKILL: what the kernel does when memory runs
         out, with the peak it reached, the budget and -j."""
-        from epbuild.fs import format_bytes
-
         reached = f"after reaching {format_bytes(outcome.peak_rss)}" if outcome.peak_rss else ""
         budget = self.memory.budget
         plan = f"memory budget {format_bytes(budget)}" if budget is not None else "no memory budget"
@@ -316,8 +316,6 @@ class Builder:
 
     def _context(self, action: GraphAction) -> RunContext:
         """What the action's kind needs to make its job and check its outputs."""
-        from epbuild.onnx.context import machine_paths
-
         if self._machine is None:
             self._machine = machine_paths(self.ws.root)
         peak = self.memory.peaks.get(action.id, 0)
@@ -412,9 +410,6 @@ class Builder:
     ) -> tuple[ActionRecord | None, list[str], str | None]:
         """Restore ``key`` into ``staging`` and check it: (record, names, None), or
         (None, [], why) on a miss (why: None) or an entry that cannot be used."""
-        from epbuild.cache.actioncache import CacheDamagedError
-        from epbuild.errors import VerificationError
-
         assert self.cache is not None
         try:
             hit = self.cache.restore(key.key, os.path.join(self.ws.root, staging))
@@ -490,9 +485,6 @@ class Builder:
 
     def _verdict(self, problems: list[Problem]) -> list[str]:
         """An error fails the action; a warning is said once per build and returned."""
-        from epbuild.errors import VerificationError
-        from epbuild.onnx.context import Severity
-
         warnings: list[str] = []
         for p in problems:
             if p.severity is Severity.ERROR:
@@ -509,8 +501,6 @@ def version_mismatch(keyed: dict[str, str], result: dict[str, Any]) -> str | Non
     """Why a worker's result cannot be committed or cached under its key: the versions it
     reports compiling with (``worker.compiled_with``) differ from those the key names, or
     it ran another epbuild. None when they agree."""
-    from epbuild._version import __version__
-
     reported = result.get("versions")
     if not isinstance(reported, dict):
         return "the worker did not report the versions it compiled with; result discarded"

@@ -6,7 +6,7 @@ import threading
 from typing import TYPE_CHECKING, Protocol
 
 from epbuild._dataclass import dataclass
-from epbuild.errors import Interrupted
+from epbuild.errors import Interrupted, UserError
 from epbuild.results import ActionResult, Outcome, Reporter, action_result
 
 if TYPE_CHECKING:
@@ -61,7 +61,6 @@ def executor_for(
 ) -> Execution:
     """The executor, slot count and memory plan of a build."""
     from epbuild.engine.memory import MemoryPlan, default_budget, predict_peak, spare_cost
-    from epbuild.errors import UserError
     from epbuild.executors.local import LocalExecutor
     from epbuild.kinds.contract import kind_of
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 import argparse
 import functools
 import os
-import sys
 from typing import Any
 
 from epbuild.frontends import args as checks
@@ -65,34 +64,10 @@ def _answered_by_noop(args: argparse.Namespace) -> bool:
     return True
 
 
-def _answered_by_memo(args: argparse.Namespace, options: dict[str, Any]) -> bool:
-    """A build in a fresh checkout (``--cache-only`` or not: a memo answers only where every
-    action restores): restore from the cache's memo of this workspace, if it has one that
-    still holds (``engine.restorememo``), and print what the full path would have."""
-    if args.selectors or args.numerics or options["cache_push"]:
-        return False
-    if options["dry_run"] or options["trace"] or options["locked"] or options["scheduler"]:
-        return False
-    if options["executor"] not in (None, "local"):
-        return False
-    from epbuild.engine.restorememo import fast_restore, progress_lines
-
-    doc = fast_restore(args.directory, args.manifest, options["cache"], options["lock_timeout"])
-    if doc is None:
-        return False
-    for line in progress_lines(doc):
-        print(line, file=sys.stderr)
-    if args.json:
-        print_json(doc, command="build")
-    else:
-        print(summary_line(doc["summary"]))
-    return True
-
-
 def run_build(args: argparse.Namespace) -> int:
     """``epbuild build``; returns the exit code."""
     options = _build_options(args)  # before the fast path: a bad argument is always exit 2
-    if _answered_by_noop(args) or _answered_by_memo(args, options):
+    if _answered_by_noop(args):
         return 0
     from epbuild.api import build
     from epbuild.frontends.progress import ConsoleReporter

@@ -11,8 +11,6 @@ Standard library only: imported on the no-op fast path.
 from __future__ import annotations
 
 import argparse
-import os
-import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, NoReturn, TypeAlias
 
@@ -20,6 +18,7 @@ from epbuild._names import ACTIVATION_TYPES, CALIBRATION_METHODS, WEIGHT_TYPES
 from epbuild._version import __version__
 from epbuild.docsite import page_url
 from epbuild.errors import UsageError
+from epbuild.frontends.render import terminal_columns
 
 if TYPE_CHECKING:
     _Commands: TypeAlias = argparse._SubParsersAction[argparse.ArgumentParser]
@@ -49,23 +48,10 @@ class Parser(argparse.ArgumentParser):
 
     def _get_formatter(self) -> argparse.HelpFormatter:
         """argparse's formatter, given the terminal's width as ``shutil.get_terminal_size``
-        finds it (``_columns``) rather than importing ``shutil`` for it: every
+        finds it (``render.terminal_columns``) rather than importing ``shutil`` for it: every
         ``add_argument`` makes one, on every start."""
-        return self.formatter_class(prog=self.prog, width=_columns() - 2)  # type: ignore[call-arg]
-
-
-def _columns() -> int:
-    """``shutil.get_terminal_size().columns``: ``$COLUMNS``, else stdout's terminal, else 80."""
-    try:
-        columns = int(os.environ["COLUMNS"])
-    except (KeyError, ValueError):
-        columns = 0
-    if columns <= 0:
-        try:
-            columns = os.get_terminal_size(sys.__stdout__.fileno()).columns  # type: ignore[union-attr]
-        except (AttributeError, ValueError, OSError):
-            columns = 0
-    return columns or 80
+        width = terminal_columns() - 2
+        return self.formatter_class(prog=self.prog, width=width)  # type: ignore[call-arg]
 
 
 class _Formatter(argparse.HelpFormatter):

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import shutil
 import sys
 import threading
 from typing import TextIO
 
+from epbuild.frontends.render import terminal_columns
 from epbuild.kinds.contract import kind_named
 from epbuild.results import ActionResult, Outcome, Reporter
 
@@ -49,7 +49,7 @@ class ConsoleReporter(Reporter):
             if self.tty:
                 self.stream.write("\r\x1b[K")
             return
-        width = shutil.get_terminal_size((100, 20)).columns
+        width = terminal_columns(100)
         names = [self.progress.get(a, a) for a in self.running]
         text = f"[{self.done}/{self.total}] compiling {', '.join(names)}"
         self.stream.write("\r\x1b[K" + text[: width - 1])

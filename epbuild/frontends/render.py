@@ -5,6 +5,7 @@ typed lazily."""
 from __future__ import annotations
 
 import json
+import os
 import sys
 from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
@@ -318,3 +319,18 @@ def print_error_json(command: str, error: Mapping[str, Any]) -> None:
     documents are a stream of lines."""
     show = print_json_line if command == "watch" else print_json
     show({"error": dict(error)}, command=command, ok=False)
+
+
+def terminal_columns(fallback: int = 80) -> int:
+    """``shutil.get_terminal_size((fallback, _)).columns`` without importing ``shutil``:
+    ``$COLUMNS``, else stdout's terminal, else ``fallback``."""
+    try:
+        columns = int(os.environ["COLUMNS"])
+    except (KeyError, ValueError):
+        columns = 0
+    if columns <= 0:
+        try:
+            columns = os.get_terminal_size(sys.__stdout__.fileno()).columns  # type: ignore[union-attr]
+        except (AttributeError, ValueError, OSError):
+            columns = 0
+    return columns or fallback

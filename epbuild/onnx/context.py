@@ -32,8 +32,7 @@ from epbuild._dataclass import dataclass
 from epbuild.fs import CHUNK, reference_problem
 from epbuild.onnx.proto import ProtoError, read_model
 from epbuild.providers import get_provider
-from epbuild.toolchains.env import toolchain_root
-from epbuild.userdirs import default_cache_dir
+from epbuild.userdirs import default_cache_dir, toolchain_root
 
 if TYPE_CHECKING:
     from epbuild.onnx.proto import ContextNode, ExternalRef, ModelInfo, StringField
@@ -509,8 +508,10 @@ class MachinePaths:
     paths: tuple[str, ...]
 
     def with_dirs(self, dirs: Iterable[str]) -> MachinePaths:
-        """These paths and ``dirs`` (a toolchain's directories, say)."""
-        return MachinePaths(_machine_set([*self.paths, *dirs]))
+        """These paths and ``dirs`` (a toolchain's directories, say); these very paths
+        when ``dirs`` is empty (no ``realpath`` calls again for each restored action)."""
+        extra = tuple(dirs)
+        return MachinePaths(_machine_set([*self.paths, *extra])) if extra else self
 
     def find(self, path: str) -> str | None:
         """The machine path that ``path`` (an absolute path taken from text) lies in,
@@ -537,17 +538,42 @@ def _machine_set(paths: Iterable[str]) -> tuple[str, ...]:
     return tuple(sorted(found, key=lambda p: (-len(p), p)))
 
 
+def temp_dir() -> str:
+    """The directory ``tempfile.gettempdir()`` names, without importing ``tempfile`` (its
+    import, and the file it writes to test the directory, cost every build's first check
+    a few milliseconds): ``tempfile.tempdir`` where that module has set it, else the first of
+    ``$TMPDIR``, ``$TEMP``, ``$TMP`` and the platform's usual places that is a directory,
+    else the current directory."""
+    known = getattr(sys.modules.get("tempfile"), "tempdir", None)
+    if isinstance(known, str):
+        return known
+    candidates = [os.environ.get(name) for name in ("TMPDIR", "TEMP", "TMP")]
+    if os.name == "nt":
+        candidates += [
+            os.path.expanduser(r"~\AppData\Local\Temp"),
+            os.path.expandvars(r"%SYSTEMROOT%\Temp"),
+            r"c:\temp",
+            r"c:\tmp",
+            r"\temp",
+            r"\tmp",
+        ]
+    else:
+        candidates += ["/tmp", "/var/tmp", "/usr/tmp"]
+    for candidate in candidates:
+        if candidate and os.path.isdir(candidate):
+            return os.path.abspath(candidate)
+    return os.getcwd()
+
+
 def machine_paths(root: str, dirs: Iterable[str] = ()) -> MachinePaths:
     """The build machine's own directories: the workspace ``root``, the user's home, the
     temp directory, this Python's prefixes, epbuild's per-user cache and toolchains, and
     ``dirs`` (each toolchain's directories: `toolchain_dirs`). No imports of onnx or
     onnxruntime; ``lstat`` calls only (real paths)."""
-    import tempfile
-
     found = [
         root,
         os.path.expanduser("~"),
-        tempfile.gettempdir(),
+        temp_dir(),
         sys.prefix,
         sys.base_prefix,
         sys.exec_prefix,
@@ -637,19 +663,6 @@ def source_text(root: str, models: tuple[str, ...]) -> SourceText:
                 for path in absolute_paths(field.value):
                     paths.setdefault(path, model)
     return SourceText(values, paths)
-
-
-def free_text_paths(info: ModelInfo) -> list[str]:
-    """The absolute paths in a model's free text (read with ``strings=True``): what
-    ``path_problems`` holds against a machine's directories. None at all means no machine's
-    directories can be found there (the restore memo, ``engine.restorememo``, then answers
-    for a checkout at any path)."""
-    return [
-        path
-        for field in info.strings
-        if field.field not in _NAME_FIELDS and field.field not in _REFERENCE_ATTRS
-        for path in absolute_paths(field.value)
-    ]
 
 
 def path_problems(

@@ -13,6 +13,8 @@ from epbuild._names import LOG_NAME, RESULT_NAME
 from epbuild.errors import UnsafePathError, VerificationError
 from epbuild.onnx.context import (
     LazySourceText,
+    MachinePaths,
+    Problem,
     RefFault,
     Severity,
     check_reference,
@@ -21,12 +23,10 @@ from epbuild.onnx.context import (
     sharing_problems,
     stored_references,
 )
-from epbuild.onnx.proto import ProtoError, read_model
+from epbuild.onnx.proto import ModelInfo, ProtoError, read_model
 from epbuild.providers import get_provider
 
 if TYPE_CHECKING:
-    from epbuild.onnx.context import MachinePaths, Problem
-    from epbuild.onnx.proto import ModelInfo
     from epbuild.providers.contract import ProviderConfig
 
 

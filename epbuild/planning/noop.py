@@ -6,8 +6,8 @@ digest it verified, the version sources of the providers (site directories, SDK 
 the directories globs were expanded in, and each LLM package's source files and package
 files (checked against what the source makes); a path that does not exist (a toolchain
 workspace's ``epbuild.lock`` before ``epbuild lock``) is stamped as absent. The next
-``epbuild build`` stats exactly those paths (this module imports only ``os``, ``sys`` and
-``json``); if nothing changed it prints the recorded result without loading the rest of
+``epbuild build`` stats exactly those paths (this module imports only ``os``, ``sys``, ``json``
+and ``tomllib``); if nothing changed it prints the recorded result without loading the rest of
 epbuild. Any difference falls back to the full
 path, which re-plans from content as always. Every stat stored is taken *before* the value
 it vouches for is re-checked, so a change racing with the fingerprint makes it miss, never
@@ -21,7 +21,7 @@ import os
 import sys
 from typing import TYPE_CHECKING, Any
 
-from epbuild._names import JOURNAL_NAME, MANIFEST_NAME, NOOP_NAME, state_dir_setting
+from epbuild._names import JOURNAL_NAME, MANIFEST_NAME, NOOP_NAME, state_dir_setting, tomllib
 
 if TYPE_CHECKING:
     from epbuild.planning.actions import Action
@@ -67,8 +67,6 @@ def _racy(stamp: object, written_ns: int) -> bool:
 def _state_dir_of(root: str, manifest_bytes: bytes) -> str | None:
     """The state directory the manifest names, if it is a tame relative path (the loader
     refuses the rest, so no fingerprint was ever written outside the workspace)."""
-    from epbuild._names import tomllib  # (on first use: the restore memo never parses TOML)
-
     try:
         data = tomllib.loads(manifest_bytes.decode("utf-8"))
     except (UnicodeDecodeError, ValueError, RecursionError):

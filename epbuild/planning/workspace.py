@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 
 from epbuild._dataclass import dataclass
 from epbuild._names import JOURNAL_NAME, LOCKS_DIR, STATCACHE_NAME, STATE_LOCK_NAME
+from epbuild.cache.location import open_cache, resolve
 from epbuild.fs import ensure_dir_inside, refuse_outward
 from epbuild.kinds.contract import GraphAction
 from epbuild.manifest.load import Manifest, find_manifest, load_manifest
@@ -117,8 +118,6 @@ def open_action_cache(
 ) -> ActionCache | None:
     """The build's action cache: ``option`` (a directory or URL, False for none, None for the
     configured one), else the manifest's; ``push`` also writes compiles to a remote tier."""
-    from epbuild.cache.location import open_cache, resolve
-
     cfg = resolve(
         option,
         base=os.path.abspath(directory),

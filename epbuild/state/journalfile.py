@@ -1,9 +1,7 @@
 """The state journal's file: its header, the encoding of one line, and appending a line.
 
 Kept apart from ``journal`` (which reads the journal into records and states) and cheap to
-import (``os``, ``json`` and ``errno`` only): the fast restore path
-(``engine.restorememo``) appends through it, so a line on disk has one encoder whichever
-path wrote it.
+import (``os``, ``json`` and ``errno`` only).
 """
 
 from __future__ import annotations
@@ -37,8 +35,12 @@ def append(path: str, data: dict[str, Any], *, sync: bool = True) -> None:
     callers hold the state lock). A record cut short by a full disk or a file-size limit is
     taken back, so the journal keeps ending with a whole line."""
     line = encode_line(data)
-    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND
+    try:
+        fd = os.open(path, flags, 0o644)
+    except FileNotFoundError:  # the state directory is made with the first record
+        os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+        fd = os.open(path, flags, 0o644)
     try:
         size = os.fstat(fd).st_size
         if size == 0:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import sys
 from typing import TYPE_CHECKING, Any
 
@@ -107,6 +106,8 @@ def interpreter_path(spec: ToolchainSpec, base_dir: str, provider: str) -> str:
     if os.sep in given or (os.altsep and os.altsep in given):
         path = os.path.join(base_dir, given)
     else:
+        import shutil  # (only a toolchain naming its python: off every build's path)
+
         path = shutil.which(given) or os.path.join(base_dir, given)
     if not os.path.isfile(path) or not os.access(path, os.X_OK):
         what = (
