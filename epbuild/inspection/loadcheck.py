@@ -18,6 +18,11 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import replace
 from typing import Any
 
+from epbuild.errors import EpbuildError, ProviderUnavailableError
+from epbuild.executors.worker import compiled_with
+from epbuild.providers.contract import ProviderConfig
+from epbuild.runtime import open_models
+
 NO_COMPILE = {"session.disable_model_compile": "1"}
 """Session config entries of the loaded ctx model: ORT refuses to compile any node."""
 SEED = 20240601
@@ -219,10 +224,6 @@ def check(job: dict[str, Any]) -> dict[str, Any]:
     each output."""
     import onnxruntime as ort
 
-    from epbuild.errors import EpbuildError, ProviderUnavailableError
-    from epbuild.providers.contract import ProviderConfig
-    from epbuild.runtime import open_models
-
     config = ProviderConfig.from_json(job["provider"])
     config = replace(config, session_options={**config.session_options, **NO_COMPILE})
     cpu, names = reference(ort, job)
@@ -277,9 +278,6 @@ def answer(
     except Exception as exc:
         result = {"outcome": "failed", "message": f"{type(exc).__name__}: {exc}".splitlines()[0]}
     try:  # what it ran with, as an action key names them (a check action's result)
-        from epbuild.executors.worker import compiled_with
-        from epbuild.providers.contract import ProviderConfig
-
         result["versions"] = compiled_with(ProviderConfig.from_json(job["provider"]))
     except Exception:  # the figures stand without it (a --load check)
         pass

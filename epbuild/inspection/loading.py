@@ -22,6 +22,7 @@ from epbuild.executors.local import own_command
 from epbuild.planning.actions import Action
 from epbuild.planning.workspace import Workspace
 from epbuild.providers import get_provider
+from epbuild.providers.contract import ProviderConfig
 from epbuild.toolchains.boot import boot_command
 from epbuild.toolchains.env import Toolchain
 
@@ -109,8 +110,6 @@ def run_load(
 ) -> LoadCheck:
     """Run one ``load_spec`` in a loader process (``python``: the toolchain's interpreter;
     None: this one's), with the adapter's reading of what it could not load."""
-    from epbuild.providers.contract import ProviderConfig
-
     job = spec["job"]
     provider = ProviderConfig.from_json(job["provider"])
     adapter = get_provider(provider.ep)

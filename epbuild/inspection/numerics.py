@@ -25,11 +25,14 @@ from dataclasses import field
 from typing import Any
 
 from epbuild._dataclass import dataclass
-from epbuild.errors import ModelError, UserError
-from epbuild.kinds.check import CheckAction
+from epbuild.api import run_plans
+from epbuild.errors import ModelError, ToolchainError, UserError
+from epbuild.kinds.check import CHECK, CheckAction, check_action
 from epbuild.manifest.model import NumericsSettings
 from epbuild.planning.actions import Action
-from epbuild.planning.workspace import Workspace
+from epbuild.planning.quantize import QuantizedGroup
+from epbuild.planning.staleness import make_plan, outputs_intact
+from epbuild.planning.workspace import Workspace, open_workspace
 from epbuild.results import BuildResult, CheckStatus, Outcome
 
 
@@ -175,8 +178,6 @@ def _finite(value: Any) -> Any:
 
 def tolerance_of(action: Action, index: int) -> Tolerance | QuantTolerance:
     """What the ``index``-th ctx model's figures are judged by."""
-    from epbuild.planning.quantize import QuantizedGroup
-
     group, entry = action.group, action.entries[index]
     if isinstance(group, QuantizedGroup) and group.recipe is not None:
         check = group.recipe.check
@@ -211,9 +212,6 @@ def last_checks(ws: Workspace, action: Action) -> list[NumericsCheck] | None:
     """The recorded checks of a committed action's ctx models, as its outputs and settings
     are now (for ``status --detail`` and packages); None when none is recorded or the
     record is of other inputs. Runs nothing."""
-    from epbuild.kinds.check import CHECK, check_action
-    from epbuild.planning.staleness import outputs_intact
-
     if action.id not in ws.state.records:
         return None
     check = check_action(action, ws.manifest.workspace.state_dir)
@@ -276,9 +274,6 @@ def build_verdicts(
 ) -> list[NumericsCheck]:
     """The verdicts of the numerical checks a ``build(numerics=True)`` ran or restored (up
     to date ones were judged when they ran)."""
-    from epbuild.kinds.check import CHECK
-    from epbuild.planning.workspace import open_workspace
-
     done = (Outcome.COMPILED, Outcome.RESTORED, Outcome.FAILED)
     ran = {r.id: r for r in result.actions if r.kind == CHECK.name and r.outcome in done}
     if not ran:
@@ -297,10 +292,6 @@ def run_checks(ws: Workspace, actions: list[Action]) -> list[NumericsCheck]:
     """Check ``actions`` (committed): the check actions that are stale run (a loader per
     ctx model), the others' recorded figures are judged again. An action whose toolchain
     is not usable here is not checkable (nothing is recorded: it may be next time)."""
-    from epbuild.errors import ToolchainError
-    from epbuild.kinds.check import check_action
-    from epbuild.planning.staleness import make_plan
-
     out: list[NumericsCheck] = []
     checks = []
     for action in actions:
@@ -318,8 +309,6 @@ def run_checks(ws: Workspace, actions: list[Action]) -> list[NumericsCheck]:
     ran = {}
     stale = [p for p in plans if p.stale and p.error is None]
     if stale:
-        from epbuild.api import run_plans
-
         ran = {r.id: r for r in run_plans(ws, stale)}
         ws.reload_state()
         bad = next(

@@ -14,6 +14,7 @@ import tempfile
 from dataclasses import replace
 from typing import Any
 
+from epbuild.errors import EpbuildError, ModelError, ProviderUnavailableError
 from epbuild.inspection.loadcheck import (
     _NUMPY_TYPES,
     NO_COMPILE,
@@ -22,6 +23,9 @@ from epbuild.inspection.loadcheck import (
     answer,
     reference,
 )
+from epbuild.providers.contract import ProviderConfig
+from epbuild.quant.samples import InputSpec, read_sample
+from epbuild.runtime import open_models
 
 LAYERS = 10
 """The worst layers a check reports."""
@@ -36,11 +40,6 @@ def check_quantized(job: dict[str, Any]) -> dict[str, Any]:
     the next is read, so memory does not grow with their number. A bad sample (unreadable,
     of another shape, not finite) is ``bad_input``: the user's to fix, not the build's."""
     import onnxruntime as ort
-
-    from epbuild.errors import EpbuildError, ModelError, ProviderUnavailableError
-    from epbuild.providers.contract import ProviderConfig
-    from epbuild.quant.samples import read_sample
-    from epbuild.runtime import open_models
 
     quant = job["quantized"]
     config = ProviderConfig.from_json(job["provider"])
@@ -85,8 +84,6 @@ def check_quantized(job: dict[str, Any]) -> dict[str, Any]:
 def _specs(session: Any) -> list[Any]:
     """The inputs a sample must give the float source (``quant.samples.InputSpec``)."""
     import numpy as np
-
-    from epbuild.quant.samples import InputSpec
 
     return [
         InputSpec(i.name, np.dtype(_NUMPY_TYPES.get(i.type, "float32")), tuple(i.shape))
