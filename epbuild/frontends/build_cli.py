@@ -1,15 +1,15 @@
-"""``epbuild build`` and ``epbuild watch``: arguments checked into the API's keywords, the
-no-op fast path first, then the build (and ``--numerics``) or the watch loop.
+"""``epbuild build``: arguments checked into the API's keywords, the no-op fast path first,
+then the build (and ``--numerics``).
 
-Imported on the no-op fast path: the API, the reporter and the watch loop load only when the
-fast path does not answer.
+The no-op fast path runs here: the API and the reporter load only when it does not answer
+(they are most of a full build's imports), the numerical checks only for ``--numerics``.
 """
 
 from __future__ import annotations
 
 import argparse
-import functools
 import os
+import time
 from typing import Any
 
 from epbuild.frontends import args as checks
@@ -48,9 +48,7 @@ def _answered_by_noop(args: argparse.Namespace) -> bool:
     if args.dry_run or args.trace or _locked(args) or args.cache is not None or args.numerics:
         return False  # --locked compares the environments with the lock: the full path;
         # the fingerprint is of the graph without the numerical checks
-    import time
-
-    from epbuild.planning.noop import fast_noop
+    from epbuild.planning.noop import fast_noop  # not for a build that skips it (--cache)
 
     t0 = time.perf_counter()
     doc = fast_noop(args.directory, args.manifest, args.selectors)
@@ -98,25 +96,3 @@ def run_build(args: argparse.Namespace) -> int:
     else:
         print("\n".join([*render.build_lines(result), *(c.line() for c in numerics)]))
     return code
-
-
-def run_watch(args: argparse.Namespace) -> int:
-    """``epbuild watch``: the library's watch loop, its cycles rendered; ends on Ctrl-C."""
-    from epbuild.frontends.progress import ConsoleReporter
-    from epbuild.watching import watch
-
-    watch(
-        args.directory,
-        args.manifest,
-        args.selectors,
-        debounce=args.debounce,
-        jobs=checks.check_jobs(args.jobs),
-        lock_timeout=checks.seconds(args.lock_timeout, "--lock-timeout"),
-        cache=checks.cache_option(args),
-        poll=args.poll,
-        reporter_factory=ConsoleReporter,
-        on_start=functools.partial(render.watch_started, args.json),
-        on_cycle=functools.partial(render.watch_finished, args.json),
-        on_message=render.watch_message,
-    )
-    return 0

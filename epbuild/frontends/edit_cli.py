@@ -1,14 +1,19 @@
-"""``epbuild init`` and ``epbuild add``: the manifest edits (``manifest.init``,
-``manifest.edit``) called with the command line's arguments, and what they did rendered."""
+"""``epbuild init``, ``epbuild add`` and ``epbuild schema``: the manifest edits
+(``manifest.init``, ``manifest.edit``) called with the command line's arguments, and what
+they did rendered; the manifest's JSON Schema."""
 
 from __future__ import annotations
 
 import argparse
+import json
+import sys
 from typing import TYPE_CHECKING, Any
 
 from epbuild.errors import UserError
 from epbuild.frontends import args as checks
+from epbuild.frontends.parser import SCHEMA_LINE
 from epbuild.frontends.render import print_json
+from epbuild.manifest.schema import shipped_schema
 
 if TYPE_CHECKING:
     from epbuild.manifest.edit import EditResult
@@ -146,4 +151,20 @@ def run_add(args: argparse.Namespace) -> int:
     for line in (*result.changes, *result.notes):
         print(f"epbuild: {line}")
     print(f"epbuild: wrote {result.path}" if result.written else "epbuild: nothing to change")
+    return 0
+
+
+def run_schema(args: argparse.Namespace) -> int:
+    """The manifest's JSON Schema on stdout (the file the wheel ships, which is the one in
+    ``schemas/``); how to use it on stderr, or both in one document under ``--json``."""
+    text = shipped_schema()
+    if args.json:
+        print_json({"schema": json.loads(text), "editor_line": SCHEMA_LINE}, command="schema")
+        return 0
+    sys.stdout.write(text)
+    print(
+        "epbuild: save it beside the manifest (epbuild schema > epbuild.schema.json) and make "
+        f"this the manifest's first line: {SCHEMA_LINE}",
+        file=sys.stderr,
+    )
     return 0
