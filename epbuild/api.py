@@ -10,10 +10,11 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from epbuild.cache.layout import RESTORES
 from epbuild.engine.scheduler import executor_for, schedule
 from epbuild.engine.staging import check_removable, clean_stale_staging
 from epbuild.errors import EpbuildError, LockTimeoutError, StorageError
-from epbuild.fs import os_error_text
+from epbuild.fs import os_error_text, refuse_links
 from epbuild.planning.staleness import ActionPlan, make_plan
 from epbuild.planning.workspace import (
     Workspace,
@@ -211,6 +212,7 @@ def _record_restore_memo(
     if cfg is None or cfg.remote is not None or not os.path.isdir(cfg.local):
         return
     try:
+        refuse_links(cfg.local, os.path.join(cfg.local, *RESTORES.split("/")))
         write_memo(ws, plans, cfg.local)
     except (OSError, EpbuildError):
         pass  # a memo only saves time

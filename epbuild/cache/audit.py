@@ -9,7 +9,7 @@ import os
 from dataclasses import dataclass, field
 
 from epbuild.cache import trust
-from epbuild.cache.layout import LAYOUT, object_path
+from epbuild.cache.layout import object_path
 from epbuild.cache.local import LocalBackend
 from epbuild.cache.store import CorruptEntryError, Store
 from epbuild.fs import LinkedPathError
@@ -32,6 +32,8 @@ def verify_all(store: Store, backend: LocalBackend) -> CacheVerifyReport:
     entries (and their damaged objects) and re-record the stats of intact objects."""
     from epbuild.state.statcache import hash_file
 
+    for _ in backend.walk(""):  # first, every link planted anywhere in the cache is met
+        pass
     intact: dict[str, bool] = {}
     problems: list[str] = []
     entries = objects = size = 0
@@ -69,6 +71,4 @@ def verify_all(store: Store, backend: LocalBackend) -> CacheVerifyReport:
             problems.append(
                 f"entry {key[:12]} ({entry.id}): {', '.join(bad)} missing or damaged; discarded"
             )
-    for _ in backend.walk(LAYOUT):  # every link planted anywhere in the cache is met
-        pass
     return CacheVerifyReport(entries, objects, size, problems + backend.remove_links())

@@ -34,8 +34,8 @@ class LocalBackend:
     def __init__(self, root: str) -> None:
         self.root = os.path.abspath(root)
         self.url = self.root
-        self.links: list[str] = []
-        """The planted links met so far (absolute paths), each once."""
+        self.links: dict[str, str] = {}
+        """The planted links met so far (absolute paths) → where each pointed."""
 
     def full(self, path: str) -> str:
         """The absolute local path of a stored file."""
@@ -61,7 +61,7 @@ class LocalBackend:
 
     def _met(self, link: str) -> None:
         if link not in self.links:
-            self.links.append(link)
+            self.links[link] = _target(link)
 
     def read_bytes(self, path: str) -> bytes | None:
         try:
@@ -145,25 +145,18 @@ class LocalBackend:
         return link_or_copy(self.file(path), dest)
 
     def remove_links(self) -> list[str]:
-        """Remove every planted link met so far (never what it points at); returns one line
-        per link, naming it."""
+        """Remove every planted link met so far (never what it points at; one removed or
+        replaced since is named too); returns one line per link."""
         lines = []
-        for link in self.links:
-            target = _target(link)
+        for link, target in self.links.items():
+            what = f"{link} was a symbolic link to {target} that epbuild did not make"
             try:
-                os.unlink(link)
-            except FileNotFoundError:
-                continue
+                if is_link(link):
+                    os.unlink(link)
             except OSError as exc:
-                lines.append(
-                    f"{link} is a symbolic link to {target} epbuild did not make; not "
-                    f"followed, and it cannot be removed ({exc.strerror})"
-                )
+                lines.append(f"{what}; not followed, and it cannot be removed ({exc.strerror})")
                 continue
-            lines.append(
-                f"{link} was a symbolic link to {target} epbuild did not make; not followed, "
-                "removed (what it pointed at is untouched)"
-            )
+            lines.append(f"{what}; not followed, and removed (what it pointed at is untouched)")
         self.links.clear()
         return lines
 
