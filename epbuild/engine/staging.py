@@ -130,6 +130,26 @@ def hash_staged(root: str, staging: str, out_dir: str, names: list[str]) -> dict
     return records
 
 
+def refuse_links_below(root: str, top: str, rel: str) -> None:
+    """Refuse (`fs.LinkedPathError`) a link between the directory ``root/top`` that epbuild
+    owns (the output or the state directory) and ``root/rel``, where ``rel`` is below it:
+    epbuild makes none there, so one was planted."""
+    base, path = os.path.join(root, top), os.path.join(root, rel)
+    if path == base or path.startswith(base.rstrip(os.sep) + os.sep):
+        refuse_links(base, path)
+
+
+def refuse_planted_links(root: str, out_dir: str, state_dir: str, paths: list[str]) -> None:
+    """Before a build writes anything: refuse a link planted at the staging area or on the
+    way to any of ``paths`` (workspace-relative: the actions' output directories, lock
+    files and owner notes), each under the output or the state directory (exit 2 naming
+    it, rather than failing each action that meets it)."""
+    refuse_links_below(root, out_dir, posixpath.join(out_dir, STAGING_DIR))
+    for rel in paths:
+        refuse_links_below(root, state_dir, rel)
+        refuse_links_below(root, out_dir, rel)
+
+
 def check_removable(root: str, top: str, rels: list[str]) -> None:
     """Refuse to delete recorded outputs whose directory resolves outside ``root/top``.
 
@@ -146,8 +166,7 @@ def check_removable(root: str, top: str, rels: list[str]) -> None:
                 f"the output directory {top}; refusing to delete through it",
                 hint="remove the symlink (epbuild owns everything under out_dir)",
             )
-        if parent == base or parent.startswith(base.rstrip(os.sep) + os.sep):
-            refuse_links(base, parent)
+        refuse_links_below(root, top, posixpath.dirname(rel))
 
 
 def commit(root: str, staging: str, out_dir: str, names: list[str], old: list[str]) -> None:
