@@ -497,6 +497,9 @@ def clean(
     removed: list[str] = []
     if not os.path.isdir(ws.state_dir):
         return removed
+    out_dir, state_dir = ws.manifest.workspace.out_dir, ws.manifest.workspace.state_dir
+    journal = os.path.relpath(ws.journal.path, ws.root).replace(os.sep, "/")
+    refuse_planted_links(ws.root, out_dir, state_dir, [journal])  # what it would go by
     with locks.hold(ws.state_lock, "epbuild clean"):
         state = ws.reload_state()
         clean_one = (

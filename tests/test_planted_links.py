@@ -281,6 +281,17 @@ WORKSPACE_PLANTS = [
 ]
 
 
+QUIETLY_REPLACED = {
+    # epbuild's own files there: a link is replaced by a rename or removed, never followed
+    ".epbuild/statcache.json",  # a hint: one that cannot be read costs a re-hash
+    f"build/.staging/g-htp-a-{DEAD_PID}",
+    "build/g/htp/a_ctx.onnx",
+    "build/g/htp/a_ctx_qnn.bin",
+}
+"""Plants no command needs to name (nor does ``clean`` name the action locks it never
+takes); every other pair is named."""
+
+
 @pytest.mark.parametrize("command", ["build", "restore", "clean", "clean-orphaned"])
 @pytest.mark.parametrize(("rel", "is_dir"), WORKSPACE_PLANTS, ids=[p for p, _ in WORKSPACE_PLANTS])
 def test_a_link_planted_in_the_state_or_output_directory_is_never_followed(
@@ -308,7 +319,10 @@ def test_a_link_planted_in_the_state_or_output_directory_is_never_followed(
     }[command]
     proc = _cli(ws, *args)
     assert _snapshot(user) == before, "a user's file was written or deleted through the link"
-    _assert_answered(proc, link, ws, named=False)
+    silent = rel in QUIETLY_REPLACED or (
+        command.startswith("clean") and rel.startswith(".epbuild/locks")
+    )
+    _assert_answered(proc, link, ws, named=not silent)
     if command in ("build", "restore") and proc.returncode == 0:
         _assert_built(ws)
 
