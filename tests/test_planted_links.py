@@ -16,6 +16,7 @@ key of its changed version); each case copies that workspace and cache.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -29,7 +30,10 @@ from modelgen import matmul_model
 
 from epbuild.cache.actioncache import ActionCache
 from epbuild.cache.store import id_dir
+from epbuild.errors import UserError
+from epbuild.fs import LinkedPathError, open_nofollow, refuse_links, walk_files
 from epbuild.results import Outcome
+from epbuild.state import locks
 
 USER_BYTES = 10_000
 DEAD_PID = 999_999_999
@@ -207,8 +211,37 @@ SILENT = {
 replaces what is there by a rename): no word is needed. Every other pair names the link."""
 
 
-@pytest.mark.parametrize("command", ["build", "restore", "prune", "verify"])
-@pytest.mark.parametrize(("rel", "is_dir"), CACHE_PLANTS, ids=[p for p, _ in CACHE_PLANTS])
+def _matrix(
+    plants: list[tuple[str, bool]], commands: list[str], inner: set[tuple[str, str]]
+) -> list[Any]:
+    """Every (command, plant, is_dir); those not in ``inner`` are slow (a build or more
+    each: the inner loop keeps a few of each kind)."""
+    return [
+        pytest.param(
+            command,
+            rel,
+            is_dir,
+            id=f"{rel}-{command}",
+            marks=() if (rel, command) in inner else pytest.mark.slow,
+        )
+        for rel, is_dir in plants
+        for command in commands
+    ]
+
+
+@pytest.mark.parametrize(
+    ("command", "rel", "is_dir"),
+    _matrix(
+        CACHE_PLANTS,
+        ["build", "restore", "prune", "verify"],
+        {
+            ("v1/entries/{kk}/{key}.json", "build"),
+            ("v1/locks/{kk}", "restore"),
+            ("v1/objects", "prune"),
+            ("v1", "verify"),
+        },
+    ),
+)
 def test_a_link_planted_in_the_cache_is_never_followed(
     built: Built, tmp_path: Path, command: str, rel: str, is_dir: bool
 ) -> None:
@@ -292,8 +325,19 @@ QUIETLY_REPLACED = {
 takes); every other pair is named."""
 
 
-@pytest.mark.parametrize("command", ["build", "restore", "clean", "clean-orphaned"])
-@pytest.mark.parametrize(("rel", "is_dir"), WORKSPACE_PLANTS, ids=[p for p, _ in WORKSPACE_PLANTS])
+@pytest.mark.parametrize(
+    ("command", "rel", "is_dir"),
+    _matrix(
+        WORKSPACE_PLANTS,
+        ["build", "restore", "clean", "clean-orphaned"],
+        {
+            (".epbuild/state.lock.owner", "build"),
+            (".epbuild/state.jsonl", "restore"),
+            ("build/.staging", "clean"),
+            ("build/g/htp", "clean-orphaned"),
+        },
+    ),
+)
 def test_a_link_planted_in_the_state_or_output_directory_is_never_followed(
     built: Built, tmp_path: Path, command: str, rel: str, is_dir: bool
 ) -> None:
@@ -340,3 +384,48 @@ def test_a_link_between_output_directories_is_refused_by_clean(
     proc = _cli(ws, "clean")
     assert proc.returncode == 2 and "build/g" in proc.stderr, proc.stderr
     assert _snapshot(ws / "build" / "elsewhere") == before
+
+
+# -- the primitives --------------------------------------------------------------------------
+
+
+def test_the_no_follow_primitives_refuse_and_report_links(tmp_path: Path) -> None:
+    owned, user = tmp_path / "owned", tmp_path / "user"
+    (owned / "real").mkdir(parents=True)
+    user.mkdir()
+    (user / "f").write_bytes(b"mine")
+    (owned / "dir").symlink_to(user, target_is_directory=True)
+    (owned / "real" / "file").symlink_to(user / "f")
+    with pytest.raises(LinkedPathError) as caught:
+        refuse_links(str(owned), str(owned / "dir" / "f"))
+    assert caught.value.filename == str(owned / "dir")
+    assert isinstance(caught.value, OSError) and isinstance(caught.value, UserError)
+    assert str(owned / "dir") in caught.value.message
+    refuse_links(str(owned), str(owned / "real" / "missing" / "x"))  # no link on the way
+    with pytest.raises(LinkedPathError):
+        open_nofollow(str(owned / "real" / "file"), os.O_WRONLY | os.O_TRUNC)
+    links: list[str] = []
+    assert list(walk_files(str(owned), links)) == []
+    assert sorted(links) == [str(owned / "dir"), str(owned / "real" / "file")]
+    assert (user / "f").read_bytes() == b"mine"
+
+
+def test_a_lock_owner_note_hard_linked_to_a_users_file_is_made_anew(tmp_path: Path) -> None:
+    mine = tmp_path / "mine.txt"
+    mine.write_bytes(b"x" * USER_BYTES)
+    os.link(mine, tmp_path / "k.lock.owner")
+    with locks.hold(str(tmp_path / "k.lock"), "a test"):
+        pass
+    assert mine.read_bytes() == b"x" * USER_BYTES
+    assert json.loads((tmp_path / "k.lock.owner").read_text())["what"] == "a test"
+
+
+def test_a_lock_or_owner_note_that_is_a_symbolic_link_is_refused(tmp_path: Path) -> None:
+    mine = tmp_path / "mine.txt"
+    mine.write_bytes(b"x" * USER_BYTES)
+    for name in ("a.lock", "b.lock.owner"):
+        (tmp_path / name).symlink_to(mine)
+    for lock in ("a.lock", "b.lock"):
+        with pytest.raises(LinkedPathError), locks.hold(str(tmp_path / lock), "a test"):
+            pass
+    assert mine.read_bytes() == b"x" * USER_BYTES
