@@ -12,9 +12,9 @@ from typing import TYPE_CHECKING, Any
 
 from epbuild._names import STAGING_DIR, TRACE_NAME
 from epbuild.engine.scheduler import executor_for, schedule
-from epbuild.engine.staging import check_removable, clean_stale_staging
+from epbuild.engine.staging import check_removable, clean_stale_staging, refuse_planted_links
 from epbuild.errors import EpbuildError, LockTimeoutError, StorageError, UserError
-from epbuild.fs import os_error_text
+from epbuild.fs import LinkedPathError, os_error_text
 from epbuild.planning.moves import moved_from, owning_top, still_written
 from epbuild.planning.staleness import ActionPlan, make_plan
 from epbuild.planning.workspace import (
@@ -219,7 +219,7 @@ def _compile(
 ) -> dict[str, ActionResult]:
     """Prepare the state directory, run the stale actions, close an executor we opened."""
     try:
-        _prepare(ws, ws.lock_timeout)
+        _prepare(ws, ws.lock_timeout, stale)
         builder = make_builder(ws, run, cache=open_cache())
         builder.reporter.start(total, len(stale))
         return _run(builder, stale, trace, warnings)
@@ -313,14 +313,23 @@ def _planned(ws: Workspace, plan: ActionPlan) -> ActionResult:
     return action_result(plan.action, Outcome.UP_TO_DATE, outputs=recorded_outputs(ws, plan.action))
 
 
-def _prepare(ws: Workspace, lock_timeout: float | None) -> None:
-    """Before running anything: drop dead builds' staging, compact a damaged journal."""
+def _prepare(ws: Workspace, lock_timeout: float | None, stale: list[ActionPlan]) -> None:
+    """Before running anything: refuse a link planted where the build writes, drop dead
+    builds' staging, compact a damaged journal."""
+    out_dir, state_dir = ws.manifest.workspace.out_dir, ws.manifest.workspace.state_dir
+    paths = []
+    for plan in stale:
+        lock = os.path.relpath(ws.action_lock(plan.action), ws.root).replace(os.sep, "/")
+        paths += [plan.action.out_dir, lock, lock + ".owner"]
     try:
+        refuse_planted_links(ws.root, out_dir, state_dir, paths)
         os.makedirs(ws.state_dir, exist_ok=True)
         with locks.hold(ws.state_lock, "epbuild build (startup)", timeout=lock_timeout):
-            clean_stale_staging(ws.root, ws.manifest.workspace.out_dir)
+            clean_stale_staging(ws.root, out_dir)
             if ws.state.warnings:
                 ws.journal.compact_if_needed(ws.reload_state())
+    except LinkedPathError:
+        raise  # exit 2, naming the link
     except OSError as exc:
         raise StorageError(
             f"cannot prepare the state directory: {os_error_text(exc, ws.root)}",
@@ -486,6 +495,9 @@ def clean(
     removed: list[str] = []
     if not os.path.isdir(ws.state_dir):
         return removed
+    out_dir, state_dir = ws.manifest.workspace.out_dir, ws.manifest.workspace.state_dir
+    journal = os.path.relpath(ws.journal.path, ws.root).replace(os.sep, "/")
+    refuse_planted_links(ws.root, out_dir, state_dir, [journal])  # what it would go by
     with locks.hold(ws.state_lock, "epbuild clean"):
         state = ws.reload_state()
         clean_one = (

@@ -1,5 +1,6 @@
 """The filesystem rules: manifest paths stay relative and inside the workspace; epbuild never
-writes or deletes through a symlink that leads out of its own directories; writes are atomic.
+writes or deletes through a symlink that leads out of its own directories, nor through any
+link inside them (it makes none there); writes are atomic.
 """
 
 from __future__ import annotations
@@ -8,8 +9,9 @@ import contextlib
 import errno
 import os
 import posixpath
+import stat
 from collections.abc import Iterator, Sequence
-from typing import NamedTuple
+from typing import BinaryIO, NamedTuple
 
 from epbuild.errors import StorageError, UnsafePathError
 
@@ -59,11 +61,17 @@ def temp_name(path: str) -> str:
 
 
 @contextlib.contextmanager
-def atomic_output(path: str, *, mode: int | None = None, durable: bool) -> Iterator[str]:
+def atomic_output(
+    path: str, *, mode: int | None = None, durable: bool, within: str | None = None
+) -> Iterator[str]:
     """Yield a sibling temp path to write; on a clean exit it replaces ``path`` (with
-    ``mode``, the file gets it before it appears). On an error ``path`` is as it was and
-    no temp is left behind; an OS error about the temp names ``path``."""
+    ``mode``, the file gets it before it appears; a link at ``path`` is replaced, never
+    followed). On an error ``path`` is as it was and no temp is left behind; an OS error
+    about the temp names ``path``. ``within``: the directory epbuild owns that ``path`` is
+    in (a cache): a link between it and ``path`` raises `LinkedPathError`."""
     directory = os.path.dirname(path) or "."
+    if within is not None:
+        refuse_links(within, directory)
     os.makedirs(directory, exist_ok=True)
     tmp = temp_name(path)
     try:
@@ -85,10 +93,18 @@ def atomic_output(path: str, *, mode: int | None = None, durable: bool) -> Itera
 
 
 def atomic_write_bytes(
-    path: str, data: bytes, *, mode: int | None = None, durable: bool = True
+    path: str,
+    data: bytes,
+    *,
+    mode: int | None = None,
+    durable: bool = True,
+    within: str | None = None,
 ) -> None:
     """Write ``data`` to ``path``: all or nothing (see `atomic_output`)."""
-    with atomic_output(path, mode=mode, durable=durable) as tmp, open(tmp, "wb") as f:
+    with (
+        atomic_output(path, mode=mode, durable=durable, within=within) as tmp,
+        open(tmp, "wb") as f,
+    ):
         f.write(data)
 
 
@@ -99,12 +115,19 @@ def atomic_write_text(
     atomic_write_bytes(path, text.encode("utf-8"), mode=mode, durable=durable)
 
 
-def atomic_copy(src: str, dest: str, *, mode: int | None = None, durable: bool = False) -> None:
+def atomic_copy(
+    src: str,
+    dest: str,
+    *,
+    mode: int | None = None,
+    durable: bool = False,
+    within: str | None = None,
+) -> None:
     """Copy ``src``'s bytes to ``dest`` (in pieces: a large file is never held in memory):
     all or nothing (see `atomic_output`)."""
     import shutil
 
-    with atomic_output(dest, mode=mode, durable=durable) as tmp:
+    with atomic_output(dest, mode=mode, durable=durable, within=within) as tmp:
         shutil.copyfile(src, tmp)
 
 
@@ -264,6 +287,132 @@ def _shown(path: str, root: str | None) -> str:
         if rel != ".." and not rel.startswith(".." + os.sep):
             return rel.replace(os.sep, "/")
     return path
+
+
+# -- links epbuild did not make ------------------------------------------------------------
+#
+# epbuild makes no symbolic link in the directories it owns: a cache directory, the state
+# directory, an output directory. One found there was planted (by another user of a shared
+# cache, say) and is damage: named in a warning or an error, never followed. Files there are
+# opened with ``O_NOFOLLOW`` (an lstat first where the OS lacks it), trees are walked without
+# following links, and a path is refused when a directory between the owned root and it is
+# a link. The owned root itself is the user's choice and may be one.
+
+_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
+_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
+
+
+class LinkedPathError(UnsafePathError, OSError):
+    """A path inside a directory epbuild owns is (or leads through) a symbolic link epbuild
+    did not make: refused, never followed. An ``OSError`` too, so that a cache that cannot be
+    used this way is a warning where any unusable cache is, and an ``UnsafePathError`` (exit
+    2, naming the link) where it escapes."""
+
+    def __init__(self, path: str) -> None:
+        try:
+            target = os.readlink(path)
+        except OSError:
+            target = "?"
+        reason = f"a symbolic link epbuild did not make (to {target}); not followed"
+        UnsafePathError.__init__(
+            self,
+            f"{path} is {reason}",
+            hint="remove the link: epbuild makes none in its cache, state and output "
+            "directories, and never writes or deletes through one there",
+        )
+        OSError.__init__(self, errno.ELOOP, reason, path)
+
+
+def is_link(path: str) -> bool:
+    """Whether ``path`` itself is a symbolic link (or a Windows junction)."""
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return False
+    return _is_link_stat(path, st)
+
+
+def _is_link_stat(path: str, st: os.stat_result) -> bool:
+    if stat.S_ISLNK(st.st_mode):
+        return True
+    isjunction = getattr(os.path, "isjunction", None)  # Python 3.12+
+    return bool(isjunction is not None and stat.S_ISDIR(st.st_mode) and isjunction(path))
+
+
+def refuse_links(root: str, path: str) -> None:
+    """Raise `LinkedPathError` for the first symbolic link among the existing components of
+    ``path`` below the directory ``root`` (``path`` itself included, ``root`` not: the user
+    chose it)."""
+    rel = os.path.relpath(path, root)
+    if rel == os.curdir:
+        return
+    if rel == os.pardir or rel.startswith(os.pardir + os.sep):
+        raise ValueError(f"{path} is not under {root}")
+    current = root
+    for part in rel.split(os.sep):
+        current = os.path.join(current, part)
+        try:
+            st = os.lstat(current)
+        except (FileNotFoundError, NotADirectoryError):
+            return  # what is missing is made by epbuild, as a directory or by a rename
+        if _is_link_stat(current, st):
+            raise LinkedPathError(current)
+
+
+def open_nofollow(path: str, flags: int, mode: int = 0o644) -> int:
+    """``os.open`` that refuses a link at ``path`` itself (`LinkedPathError`)."""
+    if not _NOFOLLOW and is_link(path):
+        raise LinkedPathError(path)
+    try:
+        return os.open(path, flags | _NOFOLLOW | _CLOEXEC, mode)
+    except OSError as exc:
+        # Linux and macOS say ELOOP for a link under O_NOFOLLOW, FreeBSD EMLINK
+        if exc.errno in (errno.ELOOP, errno.EMLINK) and is_link(path):
+            raise LinkedPathError(path) from None
+        raise
+
+
+def open_read(path: str) -> BinaryIO:
+    """Open ``path`` for reading in binary, refusing a link at ``path`` (`LinkedPathError`)."""
+    return os.fdopen(open_nofollow(path, os.O_RDONLY), "rb")
+
+
+def regular_file(root: str, path: str) -> os.stat_result:
+    """The stat of ``path``, a regular file reached from ``root`` through no link; raises
+    `LinkedPathError` for a link, ``FileNotFoundError`` for anything else that is not a
+    regular file there."""
+    refuse_links(root, path)
+    st = os.lstat(path)
+    if not stat.S_ISREG(st.st_mode):
+        raise FileNotFoundError(errno.ENOENT, "not a regular file", path)
+    return st
+
+
+def walk_files(top: str, links: list[str]) -> Iterator[tuple[str, os.stat_result]]:
+    """Every regular file under the directory ``top`` with its lstat, without following a
+    link: each link met (``top`` included) is appended to ``links`` and not entered."""
+    if is_link(top):
+        links.append(top)
+        return
+    pending = [top]
+    while pending:
+        directory = pending.pop()
+        try:
+            found = os.scandir(directory)
+        except (FileNotFoundError, NotADirectoryError):
+            continue
+        with found:
+            for entry in found:
+                try:
+                    st = entry.stat(follow_symlinks=False)
+                except FileNotFoundError:
+                    continue
+                if _is_link_stat(entry.path, st):
+                    links.append(entry.path)
+                elif stat.S_ISDIR(st.st_mode):
+                    pending.append(entry.path)
+                elif stat.S_ISREG(st.st_mode):
+                    yield entry.path, st
 
 
 def remove_tree(path: str) -> None:

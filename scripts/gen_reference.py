@@ -399,8 +399,11 @@ JSON_KEYS: dict[str, str] = {
     "cache import": "`path`, `entries`, `objects`, `bytes`; what was skipped (a damaged "
     "object, a file that is not the cache's, a truncated archive) is listed in `warnings`, "
     "and then `ok` is false and the exit status 1",
-    "cache verify": "`entries`, `objects`, `bytes`, `discarded` (damaged entries removed)",
-    "cache prune": "`entries_removed`, `entries_kept`, `bytes_removed`, `bytes_kept`",
+    "cache verify": "`entries`, `objects`, `bytes`, `discarded` (damaged entries removed, "
+    "and symbolic links found planted in the cache, removed without following them)",
+    "cache prune": "`entries_removed`, `entries_kept`, `bytes_removed`, `bytes_kept`; each "
+    "symbolic link found planted in the cache (removed without following it) is listed in "
+    "`warnings`",
     "toolchains": "`root`, `environments` (each with the providers using it); with "
     "`--prune`: `removed`, `busy`",
     "lock": "`lock` (the file), `written`; with `--check`: `current`, `reasons`",

@@ -89,7 +89,8 @@ class ActionCache:
 
     def key_lock(self, key: str) -> str:
         """The lock file a build holds while it restores or compiles ``key``, in the local
-        tier: builds sharing the directory compile each key once (see ``prune``)."""
+        tier: builds sharing the directory compile each key once (see ``prune``). Taken with
+        ``within=self.local_backend.root``: never through a link planted in the cache."""
         return self.local_backend.full(key_lock_path(key))
 
     def describe(self) -> str:
@@ -206,14 +207,17 @@ class ActionCache:
         for out in entry.outputs.values():
             if not self.remote.has_object(out.digest):
                 self.remote.backend.upload(
-                    self.local_backend.full(object_path(out.digest)), object_path(out.digest)
+                    self.local_backend.file(object_path(out.digest)), object_path(out.digest)
                 )
         self.remote.put_entry(entry)
 
     def _ingest(self, src: str, out: CachedOutput) -> None:
         path = object_path(out.digest)
-        final = self.local_backend.full(path)
-        if os.path.isfile(final) and os.path.getsize(final) == out.size:
+        try:
+            present = os.path.getsize(self.local_backend.file(path)) == out.size
+        except FileNotFoundError:
+            present = False
+        if present:
             self.local_backend.touch(path)  # keeps it out of a concurrent prune's reach
             return
         h = hashlib.sha256()

@@ -1,5 +1,7 @@
 """``epbuild cache verify``: re-hash every object every entry of a directory cache uses,
-whatever ``trust`` recorded; discard damaged entries and re-record intact objects' stats."""
+whatever ``trust`` recorded; discard damaged entries and re-record intact objects' stats. A
+symbolic link planted in the cache is damage too: never followed, removed (the link itself,
+never what it points at) and listed."""
 
 from __future__ import annotations
 
@@ -10,6 +12,7 @@ from epbuild.cache import trust
 from epbuild.cache.layout import object_path
 from epbuild.cache.local import LocalBackend
 from epbuild.cache.store import CorruptEntryError, Store
+from epbuild.fs import LinkedPathError
 from epbuild.state.statcache import hash_file
 
 
@@ -21,12 +24,15 @@ class CacheVerifyReport:
     objects: int
     bytes: int
     problems: list[str] = field(default_factory=list)
-    """One line per discarded entry: which output was missing or damaged."""
+    """One line per discarded entry (which output was missing or damaged) and per link
+    found planted in the cache (removed)."""
 
 
 def verify_all(store: Store, backend: LocalBackend) -> CacheVerifyReport:
     """Re-hash every object every entry uses, ignoring recorded stats; discard damaged
     entries (and their damaged objects) and re-record the stats of intact objects."""
+    for _ in backend.walk(""):  # first, every link planted anywhere in the cache is met
+        pass
     intact: dict[str, bool] = {}
     problems: list[str] = []
     entries = objects = size = 0
@@ -43,11 +49,11 @@ def verify_all(store: Store, backend: LocalBackend) -> CacheVerifyReport:
         bad: list[str] = []
         for name, out in entry.outputs.items():
             if out.digest not in intact:
-                full = backend.full(object_path(out.digest))
                 try:
+                    full = backend.file(object_path(out.digest))
                     st = os.stat(full)
                     ok = st.st_size == out.size and hash_file(full) == out.digest
-                except FileNotFoundError:
+                except (FileNotFoundError, LinkedPathError):
                     ok = False
                 intact[out.digest] = ok
                 if ok:
@@ -64,4 +70,4 @@ def verify_all(store: Store, backend: LocalBackend) -> CacheVerifyReport:
             problems.append(
                 f"entry {key[:12]} ({entry.id}): {', '.join(bad)} missing or damaged; discarded"
             )
-    return CacheVerifyReport(entries, objects, size, problems)
+    return CacheVerifyReport(entries, objects, size, problems + backend.remove_links())

@@ -4,13 +4,15 @@ An entry's file time is its last use (written when stored, touched on every rest
 Entries are kept newest first while the unique bytes of their objects fit; the others are
 removed with the objects only they used. Unreferenced objects and temp files younger than a
 grace period are left alone: a concurrent build may be storing them before writing its entry.
+A symbolic link planted in the cache is never followed: prune removes the link itself (never
+what it points at) and names it in a warning.
 """
 
 from __future__ import annotations
 
 import os
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from epbuild.cache.layout import (
     ENTRIES,
@@ -36,6 +38,8 @@ class PruneReport:
     entries_kept: int
     bytes_removed: int
     bytes_kept: int
+    warnings: list[str] = field(default_factory=list)
+    """One line per symbolic link found planted in the cache (removed, not followed)."""
 
 
 def prune(store: Store, max_size: int, *, grace: float = GRACE_SECONDS) -> PruneReport:
@@ -44,8 +48,16 @@ def prune(store: Store, max_size: int, *, grace: float = GRACE_SECONDS) -> Prune
     lock_dir = backend.root if isinstance(backend, LocalBackend) else None
     if lock_dir is None:
         return _prune(store, max_size, grace)
-    with locks.hold(os.path.join(lock_dir, "prune.lock"), "epbuild cache prune"):
-        return _prune(store, max_size, grace)
+    with locks.hold(os.path.join(lock_dir, "prune.lock"), "epbuild cache prune", within=lock_dir):
+        report = _prune(store, max_size, grace)
+    assert isinstance(backend, LocalBackend)
+    return PruneReport(
+        report.entries_removed,
+        report.entries_kept,
+        report.bytes_removed,
+        report.bytes_kept,
+        backend.remove_links(),
+    )
 
 
 def _prune(store: Store, max_size: int, grace: float) -> PruneReport:
@@ -107,12 +119,13 @@ def _prune_key_locks(backend: LocalBackend, before: float) -> None:
             continue
         full = backend.full(f.path)
         try:
-            if os.stat(full + ".owner").st_mtime > before:
+            if os.lstat(full + ".owner").st_mtime > before:
                 continue
         except OSError:
             if f.mtime > before:
                 continue
-        with locks.try_hold(full, "epbuild cache prune") as held:
+        # No owner note: the lock goes at once, and a link planted there is never written.
+        with locks.try_hold(full, "epbuild cache prune", note=False, within=backend.root) as held:
             if held is None:
                 continue  # a build holds it
             backend.delete(f.path + ".owner")

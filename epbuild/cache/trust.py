@@ -23,7 +23,7 @@ import time
 from collections.abc import Iterator
 
 from epbuild.cache.layout import VERIFIED, local_path, object_path, verified_path
-from epbuild.fs import atomic_output, atomic_write_bytes
+from epbuild.fs import LinkedPathError, atomic_output, atomic_write_bytes, open_read, refuse_links
 
 __all__ = ["VERIFIED", "forget", "is_trusted", "record", "sealed_object", "verified_path"]
 _RACY_NS = 20_000_000  # as in the stat cache: a write in the same tick may keep the mtime
@@ -37,8 +37,10 @@ def _stat_key(st: os.stat_result) -> bytes:
 def is_trusted(root: str, digest: str, st: os.stat_result) -> bool:
     """Whether the object with stat ``st`` is the one verified as ``digest`` in the directory
     cache at ``root``."""
+    path = local_path(root, verified_path(digest))
     try:
-        with open(local_path(root, verified_path(digest)), "rb") as f:
+        refuse_links(root, path)  # a planted link is no record (`fs.LinkedPathError`)
+        with open_read(path) as f:
             return f.read(100) == _stat_key(st)
     except OSError:
         return False
@@ -53,13 +55,16 @@ def record(root: str, digest: str, st: os.stat_result) -> None:
     if time.time_ns() - st.st_mtime_ns < _RACY_NS:
         return
     with contextlib.suppress(OSError):
-        atomic_write_bytes(local_path(root, verified_path(digest)), _stat_key(st), durable=False)
+        path = local_path(root, verified_path(digest))
+        atomic_write_bytes(path, _stat_key(st), durable=False, within=root)
 
 
 def forget(root: str, digest: str) -> None:
     """Drop an object's record (the object is damaged or gone)."""
-    with contextlib.suppress(FileNotFoundError):
-        os.unlink(local_path(root, verified_path(digest)))
+    path = local_path(root, verified_path(digest))
+    with contextlib.suppress(FileNotFoundError, LinkedPathError):  # a planted link: no record
+        refuse_links(root, os.path.dirname(path))
+        os.unlink(path)  # a link at the record itself is removed, never followed
 
 
 @contextlib.contextmanager
@@ -68,7 +73,7 @@ def sealed_object(root: str, digest: str) -> Iterator[str]:
     clean exit it moves into place read-only and is recorded as verified. Raise inside to
     drop it (a hash mismatch)."""
     final = local_path(root, object_path(digest))
-    with atomic_output(final, durable=False) as tmp:
+    with atomic_output(final, durable=False, within=root) as tmp:
         yield tmp
         os.chmod(tmp, 0o444)
         then = time.time_ns() - _BACKDATE_NS

@@ -101,6 +101,7 @@ class Builder:
                 f"epbuild build {action.id}",
                 timeout=self.lock_timeout,
                 on_wait=lambda msg: self.reporter.message(f"{action.id}: {msg}"),
+                within=self.ws.state_dir,
             ):
                 self.tracer.add("lock", waited, action.id)
                 return self._locked(plan)
@@ -159,9 +160,10 @@ class Builder:
                     f"epbuild build {action.id} in {self.ws.root}",
                     timeout=self.lock_timeout,
                     on_wait=on_wait,
+                    within=self.cache.local_backend.root if self.cache is not None else None,
                 )
             )
-        except OSError as exc:  # a read-only or full cache: it is an optimisation
+        except OSError as exc:  # read-only, full, a link planted in it: it is an optimisation
             where = self.cache.describe() if self.cache is not None else "?"
             self._warn(
                 f"the cache {where} cannot be locked ({os_error_text(exc, self.ws.root)}); "

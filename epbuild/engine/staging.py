@@ -17,7 +17,15 @@ from typing import TYPE_CHECKING, Any
 
 from epbuild._names import STAGING_DIR
 from epbuild.errors import StorageError, UnsafePathError, VerificationError
-from epbuild.fs import digest_file, ensure_dir_inside, inside, os_error_text, remove_tree
+from epbuild.fs import (
+    digest_file,
+    ensure_dir_inside,
+    inside,
+    is_link,
+    os_error_text,
+    refuse_links,
+    remove_tree,
+)
 from epbuild.state import journalfile
 
 if TYPE_CHECKING:
@@ -38,6 +46,7 @@ def make_staging(root: str, out_dir: str, slug: str) -> str:
     """Create a fresh staging directory; returns it workspace-relative."""
     ensure_dir_inside(os.path.join(root, out_dir), root, what="out_dir")
     base = staging_root(root, out_dir)
+    refuse_links(os.path.join(root, out_dir), base)  # epbuild makes no link there
     ensure_dir_inside(base, root, what="staging directory")
     rel = posixpath.join(out_dir, STAGING_DIR, f"{slug}-{os.getpid()}")
     full = os.path.join(root, rel)
@@ -47,8 +56,11 @@ def make_staging(root: str, out_dir: str, slug: str) -> str:
 
 
 def clean_stale_staging(root: str, out_dir: str) -> None:
-    """Remove staging directories of processes that no longer run."""
+    """Remove staging directories of processes that no longer run (never through a link
+    planted at the staging area: `make_staging` refuses it, naming it)."""
     base = staging_root(root, out_dir)
+    if is_link(base):
+        return
     try:
         names = os.listdir(base)
     except OSError:
@@ -118,11 +130,32 @@ def hash_staged(root: str, staging: str, out_dir: str, names: list[str]) -> dict
     return records
 
 
+def refuse_links_below(root: str, top: str, rel: str) -> None:
+    """Refuse (`fs.LinkedPathError`) a link between the directory ``root/top`` that epbuild
+    owns (the output or the state directory) and ``root/rel``, where ``rel`` is below it:
+    epbuild makes none there, so one was planted."""
+    base, path = os.path.join(root, top), os.path.join(root, rel)
+    if path == base or path.startswith(base.rstrip(os.sep) + os.sep):
+        refuse_links(base, path)
+
+
+def refuse_planted_links(root: str, out_dir: str, state_dir: str, paths: list[str]) -> None:
+    """Before a build writes anything: refuse a link planted at the staging area or on the
+    way to any of ``paths`` (workspace-relative: the actions' output directories, lock
+    files and owner notes), each under the output or the state directory (exit 2 naming
+    it, rather than failing each action that meets it)."""
+    refuse_links_below(root, out_dir, posixpath.join(out_dir, STAGING_DIR))
+    for rel in paths:
+        refuse_links_below(root, state_dir, rel)
+        refuse_links_below(root, out_dir, rel)
+
+
 def check_removable(root: str, top: str, rels: list[str]) -> None:
     """Refuse to delete recorded outputs whose directory resolves outside ``root/top``.
 
     ``top`` is the workspace's out_dir: a directory under it replaced by a symlink that leads
-    elsewhere must never make epbuild delete the files it points at.
+    elsewhere must never make epbuild delete the files it points at; one that leads inside
+    it is refused too (`fs.LinkedPathError`): epbuild makes no link there.
     """
     base = os.path.join(root, top)
     for rel in rels:
@@ -133,6 +166,7 @@ def check_removable(root: str, top: str, rels: list[str]) -> None:
                 f"the output directory {top}; refusing to delete through it",
                 hint="remove the symlink (epbuild owns everything under out_dir)",
             )
+        refuse_links_below(root, top, posixpath.dirname(rel))
 
 
 def commit(root: str, staging: str, out_dir: str, names: list[str], old: list[str]) -> None:
@@ -141,6 +175,7 @@ def commit(root: str, staging: str, out_dir: str, names: list[str], old: list[st
     top = posixpath.dirname(posixpath.dirname(out_dir))  # <out_dir>/<group>/<provider>
     ensure_dir_inside(os.path.join(root, top), root, what="output directory")
     ensure_dir_inside(target, os.path.join(root, top), what="output directory")
+    refuse_links(os.path.join(root, top), target)
     check_removable(root, top, old)
     for rel in old:
         path = os.path.join(root, rel)

@@ -92,6 +92,8 @@ def _print_prune(args: argparse.Namespace) -> int:
         f"epbuild: removed {pruned.entries_removed} entr(ies) ({pruned.bytes_removed} bytes), "
         f"kept {pruned.entries_kept} ({pruned.bytes_kept} bytes)"
     )
+    for line in pruned.warnings:
+        print(f"epbuild: warning: {line}", file=sys.stderr)
     return 0
 
 

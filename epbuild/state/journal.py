@@ -29,7 +29,7 @@ from typing import Any, TypeVar, overload
 
 from epbuild._dataclass import dataclass
 from epbuild._names import SNAPSHOT_SUFFIX
-from epbuild.fs import atomic_write_bytes, is_safe_reference
+from epbuild.fs import atomic_write_bytes, is_safe_reference, open_read
 from epbuild.state import journalfile
 from epbuild.state.journalfile import HEADER_LINE, encode_line
 
@@ -279,7 +279,7 @@ def load_state(path: str, previous: State | None = None) -> State:
     """
     state = State()
     try:
-        with open(path, "rb") as f:
+        with open_read(path) as f:  # a link planted there: a warning, then compacted over
             raw = f.read()
     except FileNotFoundError:
         return state

@@ -16,6 +16,7 @@ from contextlib import ExitStack, contextmanager
 
 from epbuild.docsite import page_url
 from epbuild.errors import LockTimeoutError
+from epbuild.fs import LinkedPathError, open_nofollow, open_read
 from epbuild.state import sharedlock, waiting
 
 
@@ -36,17 +37,26 @@ def _thread_lock(lock_path: str) -> threading.Lock:
 
 def _write_owner(lock_path: str, what: str) -> None:
     """Overwrite the owner note in place: truncating a written file to zero makes ext4 flush
-    it on close (``auto_da_alloc``), which cost milliseconds per lock."""
+    it on close (``auto_da_alloc``), which cost milliseconds per lock. Never through a link:
+    a symbolic link there raises `LinkedPathError`; a file with another name too (a hard
+    link) is unlinked here and the note made anew."""
     data = json.dumps(
         {"pid": os.getpid(), "what": what, "host": hostname(), "since": time.time()}
     ).encode()
+    path = _owner_path(lock_path)
     try:
-        fd = os.open(_owner_path(lock_path), os.O_WRONLY | os.O_CREAT, 0o644)
+        fd = open_nofollow(path, os.O_WRONLY | os.O_CREAT)
+        if os.fstat(fd).st_nlink > 1:
+            os.close(fd)
+            os.unlink(path)
+            fd = open_nofollow(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
         try:
             os.pwrite(fd, data, 0)
             os.ftruncate(fd, len(data))
         finally:
             os.close(fd)
+    except LinkedPathError:
+        raise
     except OSError:
         pass
 
@@ -63,7 +73,7 @@ def hostname() -> str:
 def read_owner(lock_path: str) -> dict[str, object]:
     """Who last took the lock (pid, what, host), best effort."""
     try:
-        with open(_owner_path(lock_path), encoding="utf-8") as f:
+        with open_read(_owner_path(lock_path)) as f:
             data = json.load(f)
         return data if isinstance(data, dict) else {}
     except (OSError, ValueError):
@@ -96,10 +106,13 @@ def hold(
     timeout: float | None = None,
     on_wait: Callable[[str], None] | None = None,
     note: bool = True,
+    within: str | None = None,
 ) -> Iterator[Held]:
     """Hold the lock at ``lock_path``; ``what`` names the holder for waiters' messages.
     ``note=False`` writes no owner note beside the lock (for a directory whose listing
-    epbuild owns exactly, such as the toolchain root).
+    epbuild owns exactly, such as the toolchain root). ``within``: the directory epbuild
+    owns that the lock is in (a cache, the state directory); the lock and its note are
+    never taken through a link, there or below ``within`` (`fs.LinkedPathError`).
 
     Waits at most ``timeout`` seconds (None: as long as it takes; the ``--lock-timeout``
     value where a command has one), telling ``on_wait`` once whom it waits for; raises
@@ -127,7 +140,7 @@ def hold(
         if not local.acquire(timeout=left()):
             raise _timed_out(lock_path, what, timeout)
     try:
-        lock = _file_lock(lock_path, tell, left, what, timeout)
+        lock = _file_lock(lock_path, tell, left, what, timeout, within)
         try:
             if note:
                 _write_owner(lock_path, what)
@@ -139,12 +152,14 @@ def hold(
 
 
 @contextmanager
-def try_hold(lock_path: str, what: str, *, note: bool = True) -> Iterator[Held | None]:
+def try_hold(
+    lock_path: str, what: str, *, note: bool = True, within: str | None = None
+) -> Iterator[Held | None]:
     """Hold the lock at ``lock_path`` if it is free now (yields None if it is not)."""
     with ExitStack() as stack:
         try:
             held: Held | None = stack.enter_context(
-                hold(lock_path, what, timeout=0, on_wait=_silent, note=note)
+                hold(lock_path, what, timeout=0, on_wait=_silent, note=note, within=within)
             )
         except LockTimeoutError:
             held = None
@@ -161,14 +176,17 @@ def _file_lock(
     left: Callable[[], float],
     what: str,
     timeout: float | None,
+    within: str | None,
 ) -> sharedlock.Held:
     """The file lock itself: exclusive, taken on the file at ``lock_path`` (made if need
     be); the same lock filelock's ``FileLock`` takes, so older epbuilds still exclude."""
-    held = sharedlock.acquire(lock_path, exclusive=True, timeout=0)
+    held = sharedlock.acquire(lock_path, exclusive=True, timeout=0, within=within)
     if held is None:
         tell()
         wait = left()
-        held = sharedlock.acquire(lock_path, exclusive=True, timeout=None if wait < 0 else wait)
+        held = sharedlock.acquire(
+            lock_path, exclusive=True, timeout=None if wait < 0 else wait, within=within
+        )
         if held is None:
             raise _timed_out(lock_path, what, timeout)
     return held

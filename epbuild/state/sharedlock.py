@@ -17,6 +17,8 @@ import os
 import sys
 import time
 
+from epbuild.fs import open_nofollow, refuse_links
+
 SLOTS = 64
 """Windows: shared holders at once."""
 _POLL = 0.05
@@ -54,14 +56,17 @@ class Held:
             os.close(fd)
 
 
-def _open(path: str) -> int:
-    """The lock file, created (with its directory) where it is missing; a directory that is
-    there costs no ``mkdir`` (a build takes a dozen locks)."""
+def _open(path: str, within: str | None) -> int:
+    """Open (make) the lock file, never through a link: not at ``path``, nor between the
+    directory ``within`` and it (`fs.LinkedPathError`); a directory that is there costs no
+    ``mkdir`` (a build takes a dozen locks)."""
+    if within is not None:
+        refuse_links(within, path)
     try:
-        return os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        return open_nofollow(path, os.O_RDWR | os.O_CREAT)
     except FileNotFoundError:
         os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-        return os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        return open_nofollow(path, os.O_RDWR | os.O_CREAT)
 
 
 def _try(fd: int, exclusive: bool) -> tuple[bool, int | None]:
@@ -88,15 +93,19 @@ def _try(fd: int, exclusive: bool) -> tuple[bool, int | None]:
     return True, None
 
 
-def acquire(path: str, *, exclusive: bool, timeout: float | None = None) -> Held | None:
+def acquire(
+    path: str, *, exclusive: bool, timeout: float | None = None, within: str | None = None
+) -> Held | None:
     """Take the lock at ``path``, shared or exclusive; wait up to ``timeout`` seconds for a
     holder of the other kind (None: as long as it takes, 0: not at all). None when not got.
+    A link at ``path``, or between the directory ``within`` (one epbuild owns) and it, is
+    refused (`fs.LinkedPathError`), never followed.
 
     The lock file may be deleted by whoever holds it exclusively (a prune cleaning up): a
     lock got on a file no longer at ``path`` is dropped and taken again on the new one."""
     deadline = None if timeout is None else time.monotonic() + timeout
     while True:
-        fd = _open(path)
+        fd = _open(path, within)
         try:
             got, slot = _try(fd, exclusive)
             if got and _still_there(fd, path):
@@ -116,7 +125,7 @@ def acquire(path: str, *, exclusive: bool, timeout: float | None = None) -> Held
 def _still_there(fd: int, path: str) -> bool:
     """Whether the locked file is still the one at ``path`` (not deleted or replaced)."""
     try:
-        a, b = os.fstat(fd), os.stat(path)
+        a, b = os.fstat(fd), os.lstat(path)
     except OSError:
         return False
     return (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino)
