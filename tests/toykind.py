@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from epbuild.errors import ModelError, UserError, VerificationError
-from epbuild.executors.job import KindJob
+from epbuild.executors.job import Job
 from epbuild.kinds.contract import ActionIdentity, RunContext
 from epbuild.planning.keys import ActionKey, KeyComputer
 
@@ -67,10 +67,9 @@ class TextKind:
 
     def job(
         self, action: TextAction, key: ActionKey, staging: str, ctx: RunContext
-    ) -> tuple[KindJob, list[str]]:
+    ) -> tuple[Job, list[str]]:
         payload = {"source": action.source, "output": action.output, "op": self.name}
-        return KindJob(action.id, self.name, "toykind:run", staging, payload,
-                       dict(key.inputs)), []  # fmt: skip
+        return Job(action.id, "toykind:run", staging, payload, dict(key.inputs)), []
 
     def check(
         self, action: TextAction, staging: str, ctx: RunContext
@@ -93,7 +92,7 @@ LOWER = TextKind("lower", "lowered")
 COUNT = TextKind("count", "counted")
 
 
-def run(job: KindJob, root: str) -> dict[str, Any]:
+def run(job: Job, root: str) -> dict[str, Any]:
     """In the worker (``root``: its working directory, the workspace)."""
     with open(os.path.join(root, str(job.payload["source"])), encoding="utf-8") as f:
         text = f.read()

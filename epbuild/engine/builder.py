@@ -13,7 +13,7 @@ from epbuild.docsite import page_url
 from epbuild.engine.staging import WRITE_HINT, commit_journaled, hash_staged, make_staging
 from epbuild.errors import EpbuildError, StorageError
 from epbuild.fs import os_error_text, remove_tree
-from epbuild.kinds.contract import GraphAction, RunContext, kind_named, kind_of
+from epbuild.kinds.contract import GraphAction, Kind, RunContext, kind_of
 from epbuild.planning.keys import ActionKey
 from epbuild.planning.staleness import ActionPlan, plan_action
 from epbuild.planning.workspace import Workspace, recorded_outputs
@@ -27,7 +27,7 @@ if TYPE_CHECKING:
     from epbuild.engine.memory import MemoryPlan
     from epbuild.engine.scheduler import Execution
     from epbuild.engine.trace import Tracer
-    from epbuild.executors.job import AnyJob
+    from epbuild.executors.job import Job
     from epbuild.executors.local import Executor, WorkerOutcome
     from epbuild.onnx.context import MachinePaths, Problem
 
@@ -204,7 +204,7 @@ class Builder:
             early_warnings = [self._warn(w) for w in self._new(found_early)]
             self.reporter.action_started(action.id)
             started = tracer.now()
-            outcome = self._execute(job)
+            outcome = self._execute(job, kind)
             peak = outcome.result.get("peak_rss")
             tracer.add("compile", started, action.id, ok=outcome.ok, peak_rss=peak)
             if not outcome.ok and outcome.killed:
@@ -260,19 +260,17 @@ class Builder:
                 hint=WRITE_HINT,
             ) from exc
 
-    def _execute(self, job: AnyJob) -> WorkerOutcome:
-        """Run a job: in a worker of the executor, or here when it is ``inline``; what it
+    def _execute(self, job: Job, kind: Kind) -> WorkerOutcome:
+        """Run a job: in a worker of the executor, or here for an ``inline`` kind; what it
         says of its progress goes to the reporter (``engine.progress``)."""
-        from epbuild.executors.job import KindJob
-
-        if isinstance(job, KindJob) and job.inline:
-            from epbuild.executors.worker import run_inline
+        if kind.inline:
+            from epbuild.executors.local import run_inline
 
             return run_inline(job, self.ws.root)
         from epbuild._names import PROGRESS_NAME
         from epbuild.engine.progress import watching
 
-        doing = getattr(kind_named(job.kind) if isinstance(job, KindJob) else None, "doing", "")
+        doing = getattr(kind, "doing", "")
         path = os.path.join(self.ws.root, job.staging, PROGRESS_NAME)
 
         def said(text: str) -> None:

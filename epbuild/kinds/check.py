@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 from epbuild._dataclass import dataclass
 from epbuild.errors import ModelError, UserError, VerificationError
-from epbuild.executors.job import KindJob
+from epbuild.executors.job import Job
 from epbuild.kinds.contract import ActionIdentity, BaseKind, RunContext
 from epbuild.planning.actions import Action
 from epbuild.planning.keys import ActionKey, KeyComputer
@@ -229,7 +229,7 @@ def _inputs(root: str, action: Action, index: int) -> tuple[list[str], dict[str,
     return samples, {**entry.numerics.to_json(), "inputs": samples}
 
 
-def run(job: KindJob, root: str) -> dict[str, Any]:
+def run(job: Job, root: str) -> dict[str, Any]:
     """Run each ctx model's loader and stage its figures (the loader's result document)."""
     from epbuild.errors import ActionFailedError
     from epbuild.fs import atomic_write_bytes

@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from epbuild.errors import ModelError, UserError
+from epbuild.kinds.compilework import CompileWork
 from epbuild.kinds.contract import BaseKind, RunContext
 from epbuild.manifest.model import CompileSettings
 from epbuild.planning.actions import Action
@@ -52,26 +53,21 @@ class CompileKind(BaseKind):
     ) -> tuple[Job, list[str]]:
         """The complete job of one compile (inputs go along for executors that ship them),
         after the inputs' shapes were checked against the provider (``check_shapes``)."""
-        from epbuild.executors.job import Job
         from epbuild.kinds.shapes import check_shapes
 
         warnings = check_shapes(ctx.root, action).warnings
-        g = action.group
-        job = Job(
+        work = CompileWork(
             action_id=action.id,
             provider=action.provider,
             models=action.models,
             staging=staging,
-            context=g.context,
+            context=action.group.context,
             initializer_names=action.initializer_names,
             compile=CompileSettings.from_json(key.components["compile"]),
-            inputs=dict(key.inputs),
-            predicted_peak=ctx.predicted_peak,
             names=action.names,
             free_dimensions=action.free_dimensions if any(action.free_dimensions) else (),
-            boot=_boot(action, ctx),
         )
-        return job, warnings
+        return work.as_job(key.inputs, ctx.predicted_peak, _boot(action, ctx)), warnings
 
     def check(
         self, action: Action, staging: str, ctx: RunContext

@@ -17,10 +17,10 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 from epbuild._dataclass import dataclass
+from epbuild.executors.job import Job
 
 if TYPE_CHECKING:
     from epbuild.errors import UserError
-    from epbuild.executors.job import AnyJob
     from epbuild.manifest.model import Manifest
     from epbuild.onnx.context import MachinePaths, Problem
     from epbuild.planning.keys import ActionKey, KeyComputer
@@ -134,7 +134,7 @@ class Kind(Protocol):
     """A selection that takes every action it depends on takes it too (an LLM's package
     follows its graphs' compiles)."""
     inline: bool
-    """Its jobs run in the building process, never in a worker (``KindJob.inline``)."""
+    """Its jobs run in the building process, never in a worker (``executors.local.run_inline``)."""
 
     def key(self, action: Any, keys: KeyComputer, *, fresh: bool) -> ActionKey:
         """The action's key and its components; raises ``ModelError`` (or another
@@ -148,7 +148,7 @@ class Kind(Protocol):
 
     def job(
         self, action: Any, key: ActionKey, staging: str, ctx: RunContext
-    ) -> tuple[AnyJob, list[str]]:
+    ) -> tuple[Job, list[str]]:
         """The job a worker runs to stage the action's outputs into ``staging``, and
         warnings found making it (raises ``UserError`` for what cannot be built)."""
         ...
@@ -175,7 +175,7 @@ class BaseKind:
     name: ClassVar[str]
     past: ClassVar[str]
     runner: ClassVar[str] = ""
-    """``module:function`` a worker calls with a job (``KindJob``) and the workspace root."""
+    """``module:function`` a worker calls with a job (``Job``) and the workspace root."""
     format: ClassVar[int] = 1
     """Bump when the same inputs make other outputs (a key component)."""
     doing: ClassVar[str] = ""
@@ -202,13 +202,11 @@ class BaseKind:
 
     def job(
         self, action: Any, key: ActionKey, staging: str, ctx: RunContext
-    ) -> tuple[AnyJob, list[str]]:
+    ) -> tuple[Job, list[str]]:
         """Its ``runner`` with the action's ``payload``, in a worker (or inline)."""
-        from epbuild.executors.job import KindJob
-
         payload = self.payload(action, key, ctx)
-        return KindJob(action.id, self.name, self.runner, staging, payload, dict(key.inputs),
-                       predicted_peak=ctx.predicted_peak, inline=self.inline), []  # fmt: skip
+        inputs = dict(key.inputs)
+        return Job(action.id, self.runner, staging, payload, inputs, ctx.predicted_peak), []
 
     def payload(self, action: Any, key: ActionKey, ctx: RunContext) -> dict[str, Any]:
         """What its runner needs of one action (JSON values)."""

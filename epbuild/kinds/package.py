@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from epbuild._dataclass import dataclass
 from epbuild.errors import ModelError, VerificationError
-from epbuild.executors.job import KindJob
+from epbuild.executors.job import Job
 from epbuild.kinds.contract import BaseKind, RunContext, make_key
 from epbuild.kinds.prepare import LlmStep
 from epbuild.manifest.model import Llm
@@ -127,7 +127,7 @@ def _plan(root: str, action: PackageAction) -> Any:
         ) from exc
 
 
-def run(job: KindJob, root: str) -> dict[str, Any]:
+def run(job: Job, root: str) -> dict[str, Any]:
     """Write the config and copy the source files into the staging directory."""
     from epbuild.fs import atomic_copy, atomic_write_bytes
     from epbuild.llm.source import GENAI_CONFIG

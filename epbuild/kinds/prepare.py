@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from epbuild._dataclass import dataclass
 from epbuild.errors import ModelError, UserError, VerificationError
-from epbuild.executors.job import KindJob
+from epbuild.executors.job import Job
 from epbuild.kinds.contract import BaseKind, OwnStep, RunContext
 from epbuild.llm.prepare import AFFINITY, AFFINITY_JSON, PREP_FORMAT, STAGES
 from epbuild.manifest.model import Llm
@@ -219,7 +219,7 @@ def _remove_legacy(folder: str) -> None:
                     pass
 
 
-def run(job: KindJob, root: str) -> dict[str, Any]:
+def run(job: Job, root: str) -> dict[str, Any]:
     """In the worker: write the static graphs and ``op_affinity.json`` into the staging
     directory (``ModelError`` with the reason when the decoder cannot be prepared)."""
     import importlib.metadata

@@ -21,7 +21,7 @@ from epbuild.fs import atomic_write_text
 if TYPE_CHECKING:
     import onnx
 
-    from epbuild.executors.job import KindJob
+    from epbuild.executors.job import Job
 
 PROGRESS_EVERY = 0.2
 """Seconds between writes of a calibration's progress (a write per sample costs more than
@@ -41,7 +41,7 @@ def versions() -> dict[str, str]:
             "onnx": importlib.metadata.version("onnx")}  # fmt: skip
 
 
-def calibrate(job: KindJob, root: str) -> dict[str, Any]:
+def calibrate(job: Job, root: str) -> dict[str, Any]:
     """Preprocess the float source and calibrate it on the samples."""
 
     from epbuild.quant.samples import input_specs, iterate
@@ -233,7 +233,7 @@ def _qtype(name: str) -> Any:
     return _ort_member("QuantType", f"q{name}")
 
 
-def quantize(job: KindJob, root: str) -> dict[str, Any]:
+def quantize(job: Job, root: str) -> dict[str, Any]:
     """Write the QDQ model from the calibrated model and its ranges."""
     t0 = time.perf_counter()
     args = job.payload
