@@ -428,7 +428,7 @@ def orphaned_actions(ws: Workspace) -> list[str]:
     """Recorded actions the manifest no longer has (their outputs are still on disk); the
     numerical check of a compile it has is not one, though only some commands plan it."""
     from epbuild.kinds.check import check_id
-    from epbuild.planning.actions import Action
+    from epbuild.planning.actions import CompileAction
 
     graph = ws.graph
     if ws.selectors:
@@ -438,7 +438,9 @@ def orphaned_actions(ws: Workspace) -> list[str]:
 
         graph = make_graph(ws.manifest, make_actions(ws.manifest, llm_shapes(ws.manifest)))
     # else the workspace's graph is the whole graph
-    current = {a.id for a in graph} | {check_id(a.id) for a in graph if isinstance(a, Action)}
+    current = {a.id for a in graph} | {
+        check_id(a.id) for a in graph if isinstance(a, CompileAction)
+    }
     return sorted(i for i in ws.state.records if i not in current)
 
 

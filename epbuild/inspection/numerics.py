@@ -28,7 +28,7 @@ from epbuild._dataclass import dataclass
 from epbuild.errors import UserError
 from epbuild.kinds.check import CheckAction
 from epbuild.manifest.model import NumericsSettings
-from epbuild.planning.actions import Action
+from epbuild.planning.actions import CompileAction
 from epbuild.planning.workspace import Workspace
 from epbuild.results import BuildResult, CheckStatus, Outcome
 
@@ -173,7 +173,7 @@ def _finite(value: Any) -> Any:
     return None if isinstance(value, float) and not math.isfinite(value) else value
 
 
-def tolerance_of(action: Action, index: int) -> Tolerance | QuantTolerance:
+def tolerance_of(action: CompileAction, index: int) -> Tolerance | QuantTolerance:
     """What the ``index``-th ctx model's figures are judged by."""
     from epbuild.planning.quantize import QuantizedGroup
 
@@ -207,7 +207,7 @@ def judged(
     return out
 
 
-def last_checks(ws: Workspace, action: Action) -> list[NumericsCheck] | None:
+def last_checks(ws: Workspace, action: CompileAction) -> list[NumericsCheck] | None:
     """The recorded checks of a committed action's ctx models, as its outputs and settings
     are now (for ``status --detail`` and packages); None when none is recorded or the
     record is of other inputs. Runs nothing."""
@@ -293,7 +293,7 @@ def build_verdicts(
     return out
 
 
-def run_checks(ws: Workspace, actions: list[Action]) -> list[NumericsCheck]:
+def run_checks(ws: Workspace, actions: list[CompileAction]) -> list[NumericsCheck]:
     """Check ``actions`` (committed): the check actions that are stale run (a loader per
     ctx model), the others' recorded figures are judged again. An action whose toolchain
     is not usable here is not checkable (nothing is recorded: it may be next time)."""

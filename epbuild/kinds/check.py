@@ -30,7 +30,7 @@ from epbuild._dataclass import dataclass
 from epbuild.errors import ModelError, UserError, VerificationError
 from epbuild.executors.job import Job
 from epbuild.kinds.contract import ActionIdentity, BaseKind, RunContext
-from epbuild.planning.actions import Action
+from epbuild.planning.actions import CompileAction
 from epbuild.planning.keys import ActionKey, KeyComputer
 
 if TYPE_CHECKING:
@@ -49,7 +49,7 @@ class CheckAction(ActionIdentity):
     """The numerical check of one compile action's ctx models."""
 
     id: str
-    compile: Action
+    compile: CompileAction
     out_dir: str
     """``<state_dir>/checks/<group>/<provider>``."""
 
@@ -86,13 +86,13 @@ def check_id(compile_id: str) -> str:
     return compile_id + "/check"
 
 
-def check_action(compile: Action, state_dir: str) -> CheckAction:
+def check_action(compile: CompileAction, state_dir: str) -> CheckAction:
     """The check of ``compile``, its figures under ``state_dir`` (workspace-relative)."""
     out_dir = posixpath.join(state_dir, "checks", compile.group_name, compile.provider_name)
     return CheckAction(check_id(compile.id), compile, out_dir)
 
 
-def check_actions(compiles: list[Action], state_dir: str) -> list[CheckAction]:
+def check_actions(compiles: list[CompileAction], state_dir: str) -> list[CheckAction]:
     """The checks of ``compiles``."""
     return [check_action(a, state_dir) for a in compiles]
 
@@ -190,7 +190,7 @@ def _sample_files(root: str, patterns: tuple[str, ...]) -> list[str]:
     return found
 
 
-def check_inputs(root: str, action: Action) -> list[str]:
+def check_inputs(root: str, action: CompileAction) -> list[str]:
     """The files a check of ``action`` reads besides its ctx models (workspace-relative):
     the source models, the samples, and for a quantized group the float sources and the
     models its calibrations wrote. A pattern that matches nothing is a ``ModelError``."""
@@ -204,12 +204,12 @@ def check_inputs(root: str, action: Action) -> list[str]:
     return files
 
 
-def loader_extra(root: str, action: Action, index: int) -> dict[str, Any]:
+def loader_extra(root: str, action: CompileAction, index: int) -> dict[str, Any]:
     """The loader job's part beyond the models, for the ``index``-th ctx model."""
     return _inputs(root, action, index)[1]
 
 
-def _inputs(root: str, action: Action, index: int) -> tuple[list[str], dict[str, Any]]:
+def _inputs(root: str, action: CompileAction, index: int) -> tuple[list[str], dict[str, Any]]:
     """What one check compares on: the files it reads beyond the models, and the loader
     job's part beyond the models. A quantized group's model is compared with its float
     source on the recipe's validation samples, the QDQ model beside it."""

@@ -10,7 +10,7 @@ from epbuild.errors import ModelError, UserError
 from epbuild.kinds.compilework import CompileWork
 from epbuild.kinds.contract import BaseKind, RunContext
 from epbuild.manifest.model import CompileSettings
-from epbuild.planning.actions import Action
+from epbuild.planning.actions import CompileAction
 from epbuild.planning.keys import ActionKey, KeyComputer
 from epbuild.providers import get_provider
 
@@ -21,15 +21,15 @@ if TYPE_CHECKING:
 
 
 class CompileKind(BaseKind):
-    """``Kind`` of the compile actions (``planning.actions.Action``)."""
+    """``Kind`` of the compile actions (``planning.actions.CompileAction``)."""
 
     name = "compile"
     past = "compiled"
 
-    def key(self, action: Action, keys: KeyComputer, *, fresh: bool) -> ActionKey:
+    def key(self, action: CompileAction, keys: KeyComputer, *, fresh: bool) -> ActionKey:
         return keys.compute(action, fresh=fresh)
 
-    def refuse(self, action: Action, key: ActionKey, keys: KeyComputer) -> UserError | None:
+    def refuse(self, action: CompileAction, key: ActionKey, keys: KeyComputer) -> UserError | None:
         """A ctx model that would embed a context past protobuf's 2 GB limit."""
         from epbuild.planning import staleness
 
@@ -49,7 +49,7 @@ class CompileKind(BaseKind):
         return None
 
     def job(
-        self, action: Action, key: ActionKey, staging: str, ctx: RunContext
+        self, action: CompileAction, key: ActionKey, staging: str, ctx: RunContext
     ) -> tuple[Job, list[str]]:
         """The complete job of one compile (inputs go along for executors that ship them),
         after the inputs' shapes were checked against the provider (``check_shapes``)."""
@@ -70,7 +70,7 @@ class CompileKind(BaseKind):
         return work.as_job(key.inputs, ctx.predicted_peak, _boot(action, ctx)), warnings
 
     def check(
-        self, action: Action, staging: str, ctx: RunContext
+        self, action: CompileAction, staging: str, ctx: RunContext
     ) -> tuple[list[str], list[Problem]]:
         """The staged ctx models (``onnx.staged.check_staged``), against the build
         machine's paths and the action's toolchain's."""
@@ -84,7 +84,7 @@ class CompileKind(BaseKind):
             ctx.root, staging, action.ctx_names, action.models, _shared_by(action), machine
         )
 
-    def problems(self, action: Action, result: Mapping[str, Any]) -> list[Problem]:
+    def problems(self, action: CompileAction, result: Mapping[str, Any]) -> list[Problem]:
         """The worker's report about each model, against the rules."""
         from epbuild.onnx.context import report_problems
 
@@ -97,7 +97,7 @@ class CompileKind(BaseKind):
         ]
 
 
-def _boot(action: Action, ctx: RunContext) -> tuple[str, ...]:
+def _boot(action: CompileAction, ctx: RunContext) -> tuple[str, ...]:
     """How a worker for the action starts: in its provider's toolchain, if it has one."""
     toolchain = ctx.keys.toolchains.get(action.provider)
     if toolchain is None:
@@ -107,7 +107,7 @@ def _boot(action: Action, ctx: RunContext) -> tuple[str, ...]:
     return tuple(boot_command(toolchain.python))
 
 
-def _shared_by(action: Action) -> ProviderConfig | None:
+def _shared_by(action: CompileAction) -> ProviderConfig | None:
     """The provider whose ctx models must share one binary (a weight-sharing action's)."""
     return action.provider if action.group.context.share_weights else None
 

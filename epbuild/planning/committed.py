@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 from epbuild.errors import NotBuiltError
 
 if TYPE_CHECKING:
-    from epbuild.planning.actions import Action
+    from epbuild.planning.actions import CompileAction
     from epbuild.planning.workspace import Workspace
 
 OutputStat = tuple[int, int, int]
@@ -32,7 +32,7 @@ def stat_of(root: str, rel: str) -> OutputStat | None:
 
 
 def committed_outputs(
-    ws: Workspace, actions: Sequence[Action], *, rehash: bool = False
+    ws: Workspace, actions: Sequence[CompileAction], *, rehash: bool = False
 ) -> dict[str, OutputStat | None]:
     """The stats of every recorded output of ``actions``, once they are checked to be what
     the journal says a build committed; otherwise ``NotBuiltError`` naming the action.

@@ -8,11 +8,11 @@ from collections.abc import Sequence
 from epbuild.errors import UserError
 from epbuild.kinds.contract import GraphAction, kind_of, registered_actions
 from epbuild.manifest.model import Manifest
-from epbuild.planning.actions import Action, select
+from epbuild.planning.actions import CompileAction, select
 
 
 def make_graph(
-    manifest: Manifest, compiles: Sequence[Action], *, numerics: bool = False
+    manifest: Manifest, compiles: Sequence[CompileAction], *, numerics: bool = False
 ) -> list[GraphAction]:
     """The actions of every kind: calibrations and quantizations, LLM preparations, the
     compiles, LLM packages, the compiles' numerical checks (``numerics``: only when a

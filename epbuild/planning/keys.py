@@ -20,7 +20,7 @@ from epbuild._names import model_label, model_stem
 from epbuild.errors import ModelError, ToolchainError, UserError
 from epbuild.fs import is_safe_reference
 from epbuild.manifest.model import SESSION_SETTINGS, CompileSettings, ModelEntry
-from epbuild.planning.actions import Action
+from epbuild.planning.actions import CompileAction
 from epbuild.providers import get_provider, library
 from epbuild.providers.contract import Provider, ProviderConfig
 from epbuild.providers.distributions import (
@@ -173,7 +173,7 @@ class KeyComputer:
                 )
         return tuple(refs)
 
-    def versions(self, action: Action, *, fresh: bool = False) -> dict[str, str]:
+    def versions(self, action: CompileAction, *, fresh: bool = False) -> dict[str, str]:
         """Toolchain versions for the action's provider (memoised unless ``fresh``): from
         epbuild's own environment, or from the provider's toolchain, whose Python version
         joins them (``ToolchainError`` when the toolchain is unusable, ``ToolchainPending``
@@ -193,7 +193,7 @@ class KeyComputer:
     def _read_versions(self, cfg: ProviderConfig) -> dict[str, str]:
         return read_versions(cfg, self.toolchains)
 
-    def settings(self, action: Action) -> CompileSettings:
+    def settings(self, action: CompileAction) -> CompileSettings:
         """The action's compile settings; for a provider with a toolchain, the compiler
         its ONNX Runtime supports when the manifest leaves it to epbuild."""
         settings = action.compile
@@ -220,7 +220,7 @@ class KeyComputer:
             return stand_in
         return self.stats.digest(self.root, rel).digest
 
-    def option_files(self, action: Action) -> dict[str, str]:
+    def option_files(self, action: CompileAction) -> dict[str, str]:
         """{path: digest} of the files the provider's options name (``file_options``)."""
         names = get_provider(action.provider.ep).file_options
         found: dict[str, str] = {}
@@ -247,7 +247,7 @@ class KeyComputer:
         except OSError as exc:
             raise ModelError(f"{rel}: {what} cannot be read ({exc.strerror})", hint=hint) from exc
 
-    def compute(self, action: Action, *, fresh: bool = False) -> ActionKey:
+    def compute(self, action: CompileAction, *, fresh: bool = False) -> ActionKey:
         """The action's key (raises ModelError for a broken input); ``fresh`` looks at the
         inputs again instead of taking this run's memoised digests (after a wait: another
         process or the user may have changed them meanwhile)."""

@@ -21,7 +21,7 @@ from epbuild.kinds.prepare import PrepareAction, prepare_action
 from epbuild.llm.prepare import AFFINITY, STAGES, write_affinity
 from epbuild.llm.source import DECODER, static_stages
 from epbuild.manifest.model import ContextSettings, Group, Llm, Manifest, ModelEntry
-from epbuild.planning.actions import Action
+from epbuild.planning.actions import CompileAction
 from epbuild.planning.keys import KeyComputer
 from epbuild.providers import get_provider
 from epbuild.providers.contract import ProviderConfig
@@ -189,10 +189,10 @@ class PackageTarget:
     provider: ProviderConfig
     out_dir: str
     """Workspace-relative ``<out_dir>/<llm>/<provider>``."""
-    actions: tuple[Action, ...]
+    actions: tuple[CompileAction, ...]
 
 
-def llm_packages(manifest: Manifest, compiles: Sequence[Action]) -> list[PackageAction]:
+def llm_packages(manifest: Manifest, compiles: Sequence[CompileAction]) -> list[PackageAction]:
     """The package action of each LLM × provider whose graphs all compile (``compiles``:
     every compile action of the manifest), after them."""
     return [
@@ -207,10 +207,10 @@ def llm_packages(manifest: Manifest, compiles: Sequence[Action]) -> list[Package
     ]
 
 
-def package_targets(manifest: Manifest, actions: Sequence[Action]) -> list[PackageTarget]:
+def package_targets(manifest: Manifest, actions: Sequence[CompileAction]) -> list[PackageTarget]:
     """The packages whose graphs are all among ``actions`` (a selection of some of an LLM's
     graphs makes no package), sorted by LLM and provider."""
-    found: dict[tuple[str, str], list[Action]] = {}
+    found: dict[tuple[str, str], list[CompileAction]] = {}
     for action in actions:
         if isinstance(action.group, LlmGroup):
             found.setdefault((action.group.name, action.provider.name), []).append(action)

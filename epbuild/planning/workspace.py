@@ -11,7 +11,7 @@ from epbuild._names import JOURNAL_NAME, LOCKS_DIR, STATCACHE_NAME, STATE_LOCK_N
 from epbuild.fs import ensure_dir_inside, refuse_outward
 from epbuild.kinds.contract import GraphAction
 from epbuild.manifest.load import Manifest, find_manifest, load_manifest
-from epbuild.planning.actions import Action, make_actions
+from epbuild.planning.actions import CompileAction, make_actions
 from epbuild.planning.graph import make_graph, select_graph
 from epbuild.planning.keys import KeyComputer
 from epbuild.state.journal import Journal, State, load_state
@@ -32,7 +32,7 @@ class Workspace:
     state: State
     stats: StatCache
     keys: KeyComputer
-    actions: list[Action]
+    actions: list[CompileAction]
     """The selected compile actions."""
     graph: list[GraphAction]
     """Every selected action of every kind (the compiles among them), each after the
@@ -98,7 +98,7 @@ def open_workspace(
         prepare = toolchains is not None and toolchains.create
         extra = llm_groups(m, keys, m.workspace.state_dir, prepare=prepare)
     graph = select_graph(make_graph(m, make_actions(m, extra), numerics=numerics), selectors)
-    actions = [a for a in graph if isinstance(a, Action)]
+    actions = [a for a in graph if isinstance(a, CompileAction)]
     lock_timeout = toolchains.lock_timeout if toolchains is not None else None
     ws = Workspace(
         m, root, state_dir, state, stats, keys, actions, graph, lock_timeout, tuple(selectors)

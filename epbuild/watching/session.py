@@ -17,7 +17,7 @@ from epbuild.watching.targets import Sig, glob_match, make_targets, signature
 if TYPE_CHECKING:
     from epbuild.executors.local import LocalExecutor
     from epbuild.manifest.load import Manifest
-    from epbuild.planning.actions import Action
+    from epbuild.planning.actions import CompileAction
     from epbuild.results import ActionResult, BuildResult
 
 
@@ -246,7 +246,7 @@ class Session:
         return late
 
 
-def _selected(m: Manifest, selectors: list[str] | tuple[str, ...]) -> list[Action]:
+def _selected(m: Manifest, selectors: list[str] | tuple[str, ...]) -> list[CompileAction]:
     """The selected actions of ``m``, its LLMs' included (their ids, read from nothing)."""
     from epbuild.planning.actions import make_actions, select
     from epbuild.planning.llms import llm_shapes

@@ -18,7 +18,7 @@ from epbuild.errors import EpbuildError
 
 if TYPE_CHECKING:
     from epbuild.manifest.load import Manifest
-    from epbuild.planning.actions import Action
+    from epbuild.planning.actions import CompileAction
     from epbuild.planning.workspace import Workspace
 
 GLOB_CHARS = re.compile(r"[*?\[]")
@@ -204,7 +204,7 @@ def _action_inputs(
     return inputs
 
 
-def _llm_inputs(action: Action, root: str, folders: dict[str, str]) -> set[str]:
+def _llm_inputs(action: CompileAction, root: str, folders: dict[str, str]) -> set[str]:
     """The source files of an LLM action (its folder joins ``folders``); none for others."""
     from epbuild.llm.package import source_files
     from epbuild.planning.llms import LlmGroup
