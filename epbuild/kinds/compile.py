@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from epbuild.errors import ModelError, UserError
+from epbuild.kinds.compilekey import compile_key
 from epbuild.kinds.compilework import CompileWork
 from epbuild.kinds.contract import BaseKind, RunContext
 from epbuild.manifest.model import CompileSettings
@@ -27,7 +28,7 @@ class CompileKind(BaseKind):
     past = "compiled"
 
     def key(self, action: CompileAction, keys: KeyComputer, *, fresh: bool) -> ActionKey:
-        return keys.compute(action, fresh=fresh)
+        return compile_key(action, keys, fresh=fresh)
 
     def refuse(self, action: CompileAction, key: ActionKey, keys: KeyComputer) -> UserError | None:
         """A ctx model that would embed a context past protobuf's 2 GB limit."""

@@ -62,7 +62,7 @@ def plan_action(
     fresh: bool = False,
 ) -> ActionPlan:
     """Decide whether one action is stale; ``fresh`` re-checks the inputs' digests instead
-    of taking those memoised earlier in the run (``KeyComputer.compute``)."""
+    of taking those memoised earlier in the run (``KeyComputer.model_inputs``)."""
     keyed = _key(action, state, keys, fresh=fresh)
     if isinstance(keyed, ActionPlan):
         return keyed
