@@ -35,14 +35,15 @@ class TextAction(ActionIdentity):
     toolchain: None = None
 
 
-def toy_actions(manifest: Any) -> list[Any]:
-    """A workspace with ``notes.txt`` has both actions."""
+def toy_actions(request: Any) -> list[Any]:
+    """A workspace with ``notes.txt`` has both actions (``request``: a ``GraphRequest``)."""
+    manifest = request.manifest
     if not os.path.isfile(os.path.join(str(manifest.root), SOURCE)):
         return []
     out = posixpath.join(manifest.workspace.out_dir, "notes", "text")
     lower = TextAction("notes/lower", "lower", SOURCE, "lower.txt", out)
-    count = TextAction("notes/count", "count", posixpath.join(out, "lower.txt"), "count.txt",
-                       out, deps=(lower.id,))  # fmt: skip
+    lowered = posixpath.join(out, "lower.txt")
+    count = TextAction("notes/count", "count", lowered, "count.txt", out, deps=(lower.id,))
     return [count, lower]  # out of order on purpose: the graph orders them
 
 

@@ -1,4 +1,4 @@
-"""Running one build's stale actions: restore or compile each, verify, commit, record."""
+"""Running one build's stale actions: restore or run each, verify, commit, record."""
 
 from __future__ import annotations
 
@@ -51,7 +51,7 @@ class Builder:
         self.jobs = run.jobs
         """Actions run at once."""
         self.executor: Executor = run.executor
-        """Runs the compiles; it belongs to the caller, who closes it."""
+        """Runs the jobs; it belongs to the caller, who closes it."""
         self.memory: MemoryPlan = run.memory
         self.keep_going = keep_going
         """Start the remaining actions after one failed."""
@@ -98,7 +98,7 @@ class Builder:
             return self.run_one(plan)
 
     def _locked(self, plan: ActionPlan) -> ActionResult:
-        """Under the action lock: re-check staleness, then restore, else compile — under
+        """Under the action lock: re-check staleness, then restore, else run — under
         the cache's lock on the key when the cache is a directory, so that builds sharing
         it (several CI jobs, a cache on NFS) compile each key once and the others restore."""
         ws, action = self.ws, plan.action
@@ -114,7 +114,7 @@ class Builder:
             assert again.key is not None
             lock = self.cache.key_lock(again.key.key) if self.cache is not None else None
             if lock is None:
-                return self._restore_or_compile(plan, again.key, state)
+                return self._restore_or_run(plan, again.key, state)
             done = self._under_key_lock(plan, again.key, lock, state)
             if done is not None:
                 return done
@@ -123,7 +123,7 @@ class Builder:
     def _under_key_lock(
         self, plan: ActionPlan, key: ActionKey, lock: str, state: State
     ) -> ActionResult | None:
-        """Restore or compile ``key`` holding the cache's lock on it; None when, after
+        """Restore or run ``key`` holding the cache's lock on it; None when, after
         waiting for that lock, the action must be planned again (its key changed)."""
         action = plan.action
         waited: list[str] = []
@@ -148,13 +148,13 @@ class Builder:
                 f"the cache {where} cannot be locked ({os_error_text(exc, self.ws.root)}); "
                 "builds sharing it may compile the same key twice"
             )
-            return self._restore_or_compile(plan, key, state)
+            return self._restore_or_run(plan, key, state)
         with held:
             if waited:  # the other build stored it meanwhile, or the inputs changed
                 after, state = self._replan(plan)
                 if after.key is None or after.key.key != key.key or not after.stale:
                     return None  # decide again, under the right key's lock
-            return self._restore_or_compile(plan, key, state)
+            return self._restore_or_run(plan, key, state)
 
     def _replan(self, plan: ActionPlan) -> tuple[ActionPlan, State]:
         """The action's plan against the latest state and its inputs as they are now: the
@@ -167,8 +167,8 @@ class Builder:
             again = plan_action(plan.action, state, ws.keys, ws.stats, ws.root, fresh=True)
         return again, state
 
-    def _restore_or_compile(self, plan: ActionPlan, key: ActionKey, state: State) -> ActionResult:
-        """Restore ``key`` from the cache, else compile it (or fail: --cache-only)."""
+    def _restore_or_run(self, plan: ActionPlan, key: ActionKey, state: State) -> ActionResult:
+        """Restore ``key`` from the cache, else run its job (or fail: --cache-only)."""
         cache_note = None
         if self.cache is not None:
             with self.tracer.span("restore", plan.action.id):
@@ -180,7 +180,7 @@ class Builder:
             return self._not_cached(plan, key, cache_note)
         if self.cache is not None and cache_note is None:
             plan.reasons.append("not in the cache: " + self._miss(plan, key))
-        return self._compile(plan, key, state, cache_note)
+        return self._run(plan, key, state, cache_note)
 
     def _miss(self, plan: ActionPlan, key: ActionKey) -> str:
         """Why the cache has no entry for the key: the nearest entry of the same action id
@@ -191,7 +191,7 @@ class Builder:
         except Exception as exc:  # an unreachable remote must not fail the compile
             return f"cache unreadable ({self.cache.describe()}): {exc}"
 
-    def _compile(
+    def _run(
         self, plan: ActionPlan, key: ActionKey, state: State, cache_note: str | None
     ) -> ActionResult:
         """Run the action's job in a fresh worker, verify what it staged, commit it, store it
@@ -220,7 +220,7 @@ class Builder:
                 return _failed(plan, mismatch, VERSIONS_HINT)
             started = tracer.now()
             names, found = kind.check(action, staging, ctx)
-            record = self._compiled_record(action, key, staging, names, outcome)
+            record = self._run_record(action, key, staging, names, outcome)
             warnings = early_warnings + self._verdict(found + kind.problems(action, outcome.result))
             changed = [
                 rel for rel, d in key.inputs.items() if ws.stats.digest(ws.root, rel).digest != d
@@ -239,7 +239,7 @@ class Builder:
             warnings += self._store(action, record, cache_note)
             return action_result(
                 action,
-                Outcome.COMPILED,
+                Outcome.RAN,
                 seconds=record.seconds,
                 outputs=sorted(record.outputs),
                 reasons=plan.reasons,
@@ -305,7 +305,7 @@ class Builder:
         peak = self.memory.peaks.get(action.id, 0)
         return RunContext(self.ws.root, self.ws.keys, self._machine, peak)
 
-    def _compiled_record(
+    def _run_record(
         self,
         action: GraphAction,
         key: ActionKey,
@@ -313,7 +313,7 @@ class Builder:
         names: list[str],
         outcome: WorkerOutcome,
     ) -> ActionRecord:
-        """The journal record of a compile whose staged outputs passed ``check_staged``."""
+        """The journal record of a job whose staged outputs passed its kind's check."""
         result = outcome.result
         return ActionRecord(
             id=action.id,
@@ -449,7 +449,7 @@ class Builder:
         )
 
     def _store(self, action: GraphAction, record: ActionRecord, note: str | None) -> list[str]:
-        """Put a compiled action into the cache; returns warnings (never fails the build)."""
+        """Put an action that ran into the cache; returns warnings (never fails the build)."""
         warnings = [note] if note else []
         if self.cache is None:
             return warnings

@@ -279,7 +279,7 @@ def build_verdicts(
     from epbuild.kinds.check import CHECK
     from epbuild.planning.workspace import open_workspace
 
-    done = (Outcome.COMPILED, Outcome.RESTORED, Outcome.FAILED)
+    done = (Outcome.RAN, Outcome.RESTORED, Outcome.FAILED)
     ran = {r.id: r for r in result.actions if r.kind == CHECK.name and r.outcome in done}
     if not ran:
         return []
@@ -329,6 +329,6 @@ def run_checks(ws: Workspace, actions: list[CompileAction]) -> list[NumericsChec
         failure = plan.error.message if plan.error is not None else None
         if result is not None and result.outcome in (Outcome.FAILED, Outcome.SKIPPED):
             failure = result.error or "; ".join(result.reasons) or "the check did not run"
-        cached = result is None or result.outcome is not Outcome.COMPILED  # ran elsewhere
+        cached = result is None or result.outcome is not Outcome.RAN  # ran elsewhere
         out += judged(ws, check, cached=cached, failure=failure)
     return out

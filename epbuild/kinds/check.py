@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 from epbuild._dataclass import dataclass
 from epbuild.errors import ModelError, UserError, VerificationError
 from epbuild.executors.job import Job
-from epbuild.kinds.contract import ActionIdentity, BaseKind, RunContext
+from epbuild.kinds.contract import ActionIdentity, BaseKind, GraphRequest, RunContext
 from epbuild.planning.actions import CompileAction
 from epbuild.planning.keys import ActionKey, KeyComputer
 
@@ -92,9 +92,10 @@ def check_action(compile: CompileAction, state_dir: str) -> CheckAction:
     return CheckAction(check_id(compile.id), compile, out_dir)
 
 
-def check_actions(compiles: list[CompileAction], state_dir: str) -> list[CheckAction]:
-    """The checks of ``compiles``."""
-    return [check_action(a, state_dir) for a in compiles]
+def check_actions(request: GraphRequest) -> list[CheckAction]:
+    """The checks of the compiles (the check kind's actions)."""
+    state_dir = request.manifest.workspace.state_dir
+    return [check_action(a, state_dir) for a in request.made if isinstance(a, CompileAction)]
 
 
 class CheckKind(BaseKind):

@@ -9,9 +9,9 @@ from typing import TYPE_CHECKING, Any
 from epbuild.errors import ModelError, UserError
 from epbuild.kinds.compilekey import compile_key
 from epbuild.kinds.compilework import CompileWork
-from epbuild.kinds.contract import BaseKind, RunContext
+from epbuild.kinds.contract import BaseKind, GraphRequest, RunContext
 from epbuild.manifest.model import CompileSettings
-from epbuild.planning.actions import CompileAction
+from epbuild.planning.actions import CompileAction, make_actions
 from epbuild.planning.keys import ActionKey, KeyComputer
 from epbuild.providers import get_provider
 
@@ -96,6 +96,11 @@ class CompileKind(BaseKind):
             for model, report in result.get("detail", {}).get("models", {}).items()
             for p in report_problems(model, report, adapter, action.provider, prefix)
         ]
+
+
+def compile_actions(request: GraphRequest) -> list[CompileAction]:
+    """The compile actions of a request's manifest and LLM groups (``make_actions``)."""
+    return make_actions(request.manifest, request.llm_groups)
 
 
 def _boot(action: CompileAction, ctx: RunContext) -> tuple[str, ...]:

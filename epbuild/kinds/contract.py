@@ -13,15 +13,16 @@ from __future__ import annotations
 
 import hashlib
 import importlib
-from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any, ClassVar, Protocol
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol, cast
 
 from epbuild._dataclass import dataclass
 from epbuild.executors.job import Job
 
 if TYPE_CHECKING:
     from epbuild.errors import UserError
-    from epbuild.manifest.model import Manifest
+    from epbuild.manifest.model import Group, Manifest
     from epbuild.onnx.context import MachinePaths, Problem
     from epbuild.planning.keys import ActionKey, KeyComputer
     from epbuild.toolchains.spec import ToolchainSpec
@@ -213,16 +214,78 @@ class BaseKind:
         raise NotImplementedError(f"kind {self.name} makes no jobs")
 
 
-_BUILT_IN = {
-    "compile": "epbuild.kinds.compile:COMPILE",
-    "prepare": "epbuild.kinds.prepare:PREPARE",
-    "package": "epbuild.kinds.package:PACKAGE",
-    "calibrate": "epbuild.kinds.calibrate:CALIBRATE",
-    "quantize": "epbuild.kinds.quantize:QUANTIZE",
-    "check": "epbuild.kinds.check:CHECK",
+@dataclass(frozen=True)
+class GraphRequest:
+    """What the kinds make a workspace's actions from (``planning.graph.make_graph``)."""
+
+    manifest: Manifest
+    llm_groups: tuple[Group, ...] = ()
+    """The compile groups of its LLM entries (``planning.llms``: with their prepared
+    graphs, or only their shapes)."""
+    numerics: bool = False
+    """The command asks for the compiles' numerical checks."""
+    made: tuple[GraphAction, ...] = ()
+    """The actions the kinds registered before have made (an LLM's package, a numerical
+    check reads the compiles among them)."""
+
+    @property
+    def quantized(self) -> bool:
+        """A group of the manifest is quantized."""
+        return any(g.quantize is not None for g in self.manifest.groups.values())
+
+    @property
+    def llms(self) -> bool:
+        """The manifest has LLM entries."""
+        return bool(self.manifest.llms)
+
+
+ActionsOf = Callable[[GraphRequest], Sequence[GraphAction]]
+"""What lists a kind's actions: the actions of that kind a request's manifest has."""
+
+
+@dataclass
+class Registration:
+    """A kind in the registry, and where its actions come from. A built-in kind names its
+    ``Kind`` and its ``ActionsOf`` by ``module:attribute``, imported on first use, and
+    ``when``: the ``GraphRequest`` flag without which it has no action (so a workspace that
+    has none never imports it)."""
+
+    kind: Kind | str
+    actions: ActionsOf | str | None = None
+    """None: another kind's function lists its actions (calibrations come with their
+    quantizations)."""
+    when: str = ""
+    """``quantized``, ``llms`` or ``numerics``; empty: every workspace."""
+
+
+_REGISTRY: dict[str, Registration] = {
+    "calibrate": Registration("epbuild.kinds.calibrate:CALIBRATE"),
+    "quantize": Registration(
+        "epbuild.kinds.quantize:QUANTIZE",
+        "epbuild.planning.quantize:quantization_actions",
+        when="quantized",
+    ),
+    "prepare": Registration(
+        "epbuild.kinds.prepare:PREPARE", "epbuild.planning.llms:llm_preparations", when="llms"
+    ),
+    "compile": Registration(
+        "epbuild.kinds.compile:COMPILE", "epbuild.kinds.compile:compile_actions"
+    ),
+    "package": Registration(
+        "epbuild.kinds.package:PACKAGE", "epbuild.planning.llms:llm_packages", when="llms"
+    ),
+    "check": Registration(
+        "epbuild.kinds.check:CHECK", "epbuild.kinds.check:check_actions", when="numerics"
+    ),
 }
-_KINDS: dict[str, Kind] = {}
-_SOURCES: dict[str, Callable[[Manifest], list[GraphAction]]] = {}
+"""The kinds, in the order their actions join a graph: the built-in ones, then those
+added by ``register``."""
+
+
+def _load(where: str) -> Any:
+    """The object ``module:attribute`` names."""
+    module, _, attr = where.partition(":")
+    return getattr(importlib.import_module(module), attr)
 
 
 def kind_of(action: GraphAction) -> Kind:
@@ -231,27 +294,32 @@ def kind_of(action: GraphAction) -> Kind:
 
 
 def kind_named(name: str) -> Kind:
-    """The registered kind ``name`` (built-in kinds are imported on first use)."""
-    if name not in _KINDS:
-        module, _, attr = _BUILT_IN[name].partition(":")
-        _KINDS[name] = getattr(importlib.import_module(module), attr)
-    return _KINDS[name]
+    """The registered kind ``name`` (a built-in kind is imported on first use)."""
+    entry = _REGISTRY[name]
+    if isinstance(entry.kind, str):
+        entry.kind = _load(entry.kind)
+    return cast("Kind", entry.kind)
 
 
-def register(kind: Kind, actions: Callable[[Manifest], list[GraphAction]] | None = None) -> None:
-    """Add a kind; ``actions`` gives the actions of that kind a manifest has (they join
-    every workspace's graph after the built-in kinds' actions)."""
-    _KINDS[kind.name] = kind
-    if actions is not None:
-        _SOURCES[kind.name] = actions
+def register(kind: Kind, actions: ActionsOf | None = None) -> None:
+    """Add a kind; ``actions`` lists the actions of that kind a request's manifest has
+    (they join every workspace's graph after the built-in kinds' actions)."""
+    _REGISTRY[kind.name] = Registration(kind, actions)
 
 
 def unregister(name: str) -> None:
     """Remove a kind added by ``register``."""
-    _KINDS.pop(name, None)
-    _SOURCES.pop(name, None)
+    _REGISTRY.pop(name, None)
 
 
-def registered_actions(manifest: Manifest) -> list[GraphAction]:
-    """The actions of the kinds added by ``register``."""
-    return [a for source in _SOURCES.values() for a in source(manifest)]
+def registered_actions(request: GraphRequest) -> list[GraphAction]:
+    """The actions of every registered kind, in registry order; each kind's function sees
+    those made before it (``GraphRequest.made``)."""
+    made: list[GraphAction] = []
+    for entry in _REGISTRY.values():
+        if entry.actions is None or (entry.when and not getattr(request, entry.when)):
+            continue
+        if isinstance(entry.actions, str):
+            entry.actions = cast("ActionsOf", _load(entry.actions))
+        made += entry.actions(replace(request, made=tuple(made)))
+    return made

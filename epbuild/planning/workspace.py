@@ -9,9 +9,9 @@ from typing import TYPE_CHECKING
 from epbuild._dataclass import dataclass
 from epbuild._names import JOURNAL_NAME, LOCKS_DIR, STATCACHE_NAME, STATE_LOCK_NAME
 from epbuild.fs import ensure_dir_inside, refuse_outward
-from epbuild.kinds.contract import GraphAction
+from epbuild.kinds.contract import GraphAction, GraphRequest
 from epbuild.manifest.load import Manifest, find_manifest, load_manifest
-from epbuild.planning.actions import CompileAction, make_actions
+from epbuild.planning.actions import CompileAction
 from epbuild.planning.graph import make_graph, select_graph
 from epbuild.planning.keys import KeyComputer
 from epbuild.state.journal import Journal, State, load_state
@@ -97,7 +97,7 @@ def open_workspace(
 
         prepare = toolchains is not None and toolchains.create
         extra = llm_groups(m, keys, m.workspace.state_dir, prepare=prepare)
-    graph = select_graph(make_graph(m, make_actions(m, extra), numerics=numerics), selectors)
+    graph = select_graph(make_graph(GraphRequest(m, tuple(extra), numerics)), selectors)
     actions = [a for a in graph if isinstance(a, CompileAction)]
     lock_timeout = toolchains.lock_timeout if toolchains is not None else None
     ws = Workspace(
