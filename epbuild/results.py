@@ -106,7 +106,7 @@ class BuildResult:
         codes = {a.exit_code for a in failed}
         if not codes or 3 in codes:
             return 0 if not codes else 3
-        if codes == {2} and all(getattr(kind_named(a.kind), "checks_input", False) for a in failed):
+        if codes == {2} and all(kind_named(a.kind).checks_input for a in failed):
             return 2
         return 1
 
@@ -119,7 +119,7 @@ class BuildResult:
             if o is Outcome.RAN:
                 ran = sorted(a.kind for a in self.actions if a.outcome is o)
                 for kind in dict.fromkeys(ran):
-                    data[kind_named(kind).past] = ran.count(kind)
+                    data[kind_named(kind).words.past] = ran.count(kind)
         data["total"] = len(self.actions)
         data["seconds"] = round(self.seconds, 3)
         return data

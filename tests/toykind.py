@@ -13,9 +13,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from epbuild.errors import ModelError, UserError, VerificationError
+from epbuild.errors import ModelError, VerificationError
 from epbuild.executors.job import Job
-from epbuild.kinds.contract import ActionIdentity, RunContext
+from epbuild.kinds.contract import ActionIdentity, RunContext, Wording
 from epbuild.planning.keys import ActionKey, KeyComputer
 
 SOURCE = "notes.txt"
@@ -50,9 +50,10 @@ def toy_actions(request: Any) -> list[Any]:
 class TextKind:
     def __init__(self, name: str, past: str) -> None:
         self.name = name
-        self.past = past
+        self.words = Wording(past, waits="{a.id} runs first")
         self.follows = False
         self.inline = False
+        self.checks_input = False
 
     def key(self, action: TextAction, keys: KeyComputer, *, fresh: bool) -> ActionKey:
         try:
@@ -63,9 +64,6 @@ class TextKind:
         blob = json.dumps(components, sort_keys=True).encode()
         return ActionKey(hashlib.sha256(blob).hexdigest(), components, {action.source: digest})
 
-    def refuse(self, action: TextAction, key: ActionKey, keys: KeyComputer) -> UserError | None:
-        return None
-
     def job(
         self, action: TextAction, key: ActionKey, staging: str, ctx: RunContext
     ) -> tuple[Job, list[str]]:
@@ -73,20 +71,14 @@ class TextKind:
         return Job(action.id, "toykind:run", staging, payload, dict(key.inputs)), []
 
     def check(
-        self, action: TextAction, staging: str, ctx: RunContext
-    ) -> tuple[list[str], list[Any]]:
+        self, action: TextAction, staging: str, ctx: RunContext, result: Mapping[str, Any] | None
+    ) -> tuple[list[str], list[str]]:
         from epbuild.onnx.staged import staged_names
 
         names = staged_names(ctx.root, staging)
         if names != [action.output]:
             raise VerificationError(f"staged {names}, expected {action.output}")
         return names, []
-
-    def problems(self, action: TextAction, result: Mapping[str, Any]) -> list[Any]:
-        return []
-
-    def waits_note(self, action: TextAction) -> str:
-        return f"{action.id} runs first"
 
 
 LOWER = TextKind("lower", "lowered")

@@ -29,7 +29,7 @@ if TYPE_CHECKING:
     from epbuild.engine.trace import Tracer
     from epbuild.executors.job import Job
     from epbuild.executors.local import Executor, WorkerOutcome
-    from epbuild.onnx.context import MachinePaths, Problem
+    from epbuild.onnx.context import MachinePaths
 
 
 class Builder:
@@ -219,9 +219,9 @@ class Builder:
             if mismatch is not None:
                 return _failed(plan, mismatch, VERSIONS_HINT)
             started = tracer.now()
-            names, found = kind.check(action, staging, ctx)
+            names, found = kind.check(action, staging, ctx, outcome.result)
             record = self._run_record(action, key, staging, names, outcome)
-            warnings = early_warnings + self._verdict(found + kind.problems(action, outcome.result))
+            warnings = early_warnings + [self._warn(w) for w in self._new(found)]
             changed = [
                 rel for rel, d in key.inputs.items() if ws.stats.digest(ws.root, rel).digest != d
             ]
@@ -270,7 +270,7 @@ class Builder:
         from epbuild._names import PROGRESS_NAME
         from epbuild.engine.progress import watching
 
-        doing = getattr(kind, "doing", "")
+        doing = kind.words.doing
         path = os.path.join(self.ws.root, job.staging, PROGRESS_NAME)
 
         def said(text: str) -> None:
@@ -394,7 +394,7 @@ class Builder:
             hit = self.cache.restore(key.key, os.path.join(self.ws.root, staging))
             if hit is None:
                 return None, [], None
-            names, _ = kind_of(action).check(action, staging, self._context(action))
+            names, _ = kind_of(action).check(action, staging, self._context(action), None)
             if set(names) != set(hit.entry.outputs):
                 raise VerificationError("outputs do not match the entry")
         except (CacheDamagedError, VerificationError) as exc:
@@ -410,7 +410,7 @@ class Builder:
     def _new(self, warnings: list[str]) -> list[str]:
         """Those of ``warnings`` not said yet in this build (each is said once)."""
         with self._warn_lock:
-            found = [w for w in warnings if w not in self.warned]
+            found = [w for w in dict.fromkeys(warnings) if w not in self.warned]
             self.warned.update(found)
         return found
 
@@ -461,22 +461,6 @@ class Builder:
             warnings.append(self._warn(f"{action.id} not stored in the cache {where}: {why}"))
         outage = self._outage_warning()  # --cache-push to a remote that went down
         return warnings + ([outage] if outage else [])
-
-    def _verdict(self, problems: list[Problem]) -> list[str]:
-        """An error fails the action; a warning is said once per build and returned."""
-        from epbuild.errors import VerificationError
-        from epbuild.onnx.context import Severity
-
-        warnings: list[str] = []
-        for p in problems:
-            if p.severity is Severity.ERROR:
-                raise VerificationError(p.line())
-            line = p.line() if p.node or p.attribute else p.message
-            if line not in self.warned:
-                self.warned.add(line)
-                self.reporter.message(f"warning: {line}")
-                warnings.append(line)
-        return warnings
 
 
 def version_mismatch(keyed: dict[str, str], result: dict[str, Any]) -> str | None:

@@ -73,7 +73,7 @@ class ConsoleReporter(Reporter):
             if result.outcome is Outcome.FAILED or not self.quiet:
                 ran = result.outcome is Outcome.RAN
                 extra = f" ({result.seconds:.1f}s)" if ran else ""
-                mark = kind_named(result.kind).past if ran else _MARK[result.outcome]
+                mark = kind_named(result.kind).words.past if ran else _MARK[result.outcome]
                 self._line(f"[{self.done}/{self.total}] {mark} {result.id}{extra}")
             if result.outcome is Outcome.FAILED:
                 self._line(f"  error: {result.error}")

@@ -24,17 +24,17 @@ import platform
 import posixpath
 import sys
 import time
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from epbuild._dataclass import dataclass
 from epbuild.errors import ModelError, UserError, VerificationError
 from epbuild.executors.job import Job
-from epbuild.kinds.contract import ActionIdentity, BaseKind, GraphRequest, RunContext
+from epbuild.kinds.contract import ActionIdentity, BaseKind, GraphRequest, RunContext, Wording
 from epbuild.planning.actions import CompileAction
 from epbuild.planning.keys import ActionKey, KeyComputer
 
 if TYPE_CHECKING:
-    from epbuild.onnx.context import Problem
     from epbuild.toolchains.spec import ToolchainSpec
 
 CHECK_FORMAT = 1
@@ -104,8 +104,7 @@ class CheckKind(BaseKind):
     name = "check"
     runner = "epbuild.kinds.check:run"
     format = CHECK_FORMAT
-    past = "checked"
-    doing = "checking"
+    words = Wording("checked", "checking")
     follows = True
     inline = True
 
@@ -151,8 +150,12 @@ class CheckKind(BaseKind):
         return payload
 
     def check(
-        self, action: CheckAction, staging: str, ctx: RunContext
-    ) -> tuple[list[str], list[Problem]]:
+        self,
+        action: CheckAction,
+        staging: str,
+        ctx: RunContext,
+        result: Mapping[str, Any] | None,
+    ) -> tuple[list[str], list[str]]:
         """One readable figures document per ctx model, nothing else."""
         from epbuild.onnx.staged import staged_names
 

@@ -6,11 +6,14 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from epbuild.errors import ModelError, UserError
+from epbuild.errors import ModelError
 from epbuild.kinds.compilekey import compile_key
 from epbuild.kinds.compilework import CompileWork
-from epbuild.kinds.contract import BaseKind, GraphRequest, RunContext
+from epbuild.kinds.contract import BaseKind, GraphRequest, RunContext, Wording
 from epbuild.manifest.model import CompileSettings
+from epbuild.onnx.context import report_problems, toolchain_dirs, warning_lines
+from epbuild.onnx.staged import check_staged
+from epbuild.planning import staleness
 from epbuild.planning.actions import CompileAction, make_actions
 from epbuild.planning.keys import ActionKey, KeyComputer
 from epbuild.providers import get_provider
@@ -25,29 +28,16 @@ class CompileKind(BaseKind):
     """``Kind`` of the compile actions (``planning.actions.CompileAction``)."""
 
     name = "compile"
-    past = "compiled"
+    words = Wording("compiled")
 
     def key(self, action: CompileAction, keys: KeyComputer, *, fresh: bool) -> ActionKey:
-        return compile_key(action, keys, fresh=fresh)
-
-    def refuse(self, action: CompileAction, key: ActionKey, keys: KeyComputer) -> UserError | None:
-        """A ctx model that would embed a context past protobuf's 2 GB limit."""
-        from epbuild.planning import staleness
-
-        if action.group.context.embed_mode != 1:
-            return None
-        for m in key.components["models"]:
-            size = sum(
-                keys.stats.digest(keys.root, rel).size for rel in (m["path"], *m["external"])
-            )
-            if size >= staleness.EMBED_LIMIT:
-                return ModelError(
-                    f"{m['path']}: {size / (1 << 30):.1f} GB with its external data; with "
-                    "embed_mode = 1 its ctx model would pass protobuf's 2 GB limit",
-                    hint=f"set embed_mode = 0 for group {action.group.name!r} (and "
-                    "external_initializers for weights that stay on the CPU EP)",
-                )
-        return None
+        """``compile_key``; a ctx model that would embed a context past protobuf's 2 GB
+        limit can never be built (``ModelError``)."""
+        key = compile_key(action, keys, fresh=fresh)
+        if action.group.context.embed_mode == 1:
+            for m in key.components["models"]:
+                _refuse_embedding(action, m["path"], (m["path"], *m["external"]), keys)
+        return key
 
     def job(
         self, action: CompileAction, key: ActionKey, staging: str, ctx: RunContext
@@ -71,31 +61,49 @@ class CompileKind(BaseKind):
         return work.as_job(key.inputs, ctx.predicted_peak, _boot(action, ctx)), warnings
 
     def check(
-        self, action: CompileAction, staging: str, ctx: RunContext
-    ) -> tuple[list[str], list[Problem]]:
+        self,
+        action: CompileAction,
+        staging: str,
+        ctx: RunContext,
+        result: Mapping[str, Any] | None,
+    ) -> tuple[list[str], list[str]]:
         """The staged ctx models (``onnx.staged.check_staged``), against the build
-        machine's paths and the action's toolchain's."""
-        from epbuild.onnx.context import toolchain_dirs
-        from epbuild.onnx.staged import check_staged
-
+        machine's paths and the action's toolchain's, and what the worker reported of each
+        model, against the rules (``report_problems``)."""
         # lookup, not get: restoring never makes a toolchain (one not made names no path)
         made = ctx.keys.toolchains.lookup(action.provider)
         machine = ctx.machine.with_dirs(toolchain_dirs(made))
-        return check_staged(
+        names, problems = check_staged(
             ctx.root, staging, action.ctx_names, action.models, _shared_by(action), machine
         )
+        if result is not None:
+            problems += _reported(action, result)
+        return names, warning_lines(problems)
 
-    def problems(self, action: CompileAction, result: Mapping[str, Any]) -> list[Problem]:
-        """The worker's report about each model, against the rules."""
-        from epbuild.onnx.context import report_problems
 
-        adapter = get_provider(action.provider.ep)
-        prefix = action.group.context.node_name_prefix
-        return [
-            p
-            for model, report in result.get("detail", {}).get("models", {}).items()
-            for p in report_problems(model, report, adapter, action.provider, prefix)
-        ]
+def _refuse_embedding(
+    action: CompileAction, model: str, files: tuple[str, ...], keys: KeyComputer
+) -> None:
+    """Raise for a model whose ctx model would embed a context past protobuf's limit."""
+    size = sum(keys.stats.digest(keys.root, rel).size for rel in files)
+    if size >= staleness.EMBED_LIMIT:
+        raise ModelError(
+            f"{model}: {size / (1 << 30):.1f} GB with its external data; with "
+            "embed_mode = 1 its ctx model would pass protobuf's 2 GB limit",
+            hint=f"set embed_mode = 0 for group {action.group.name!r} (and "
+            "external_initializers for weights that stay on the CPU EP)",
+        )
+
+
+def _reported(action: CompileAction, result: Mapping[str, Any]) -> list[Problem]:
+    """The worker's report about each model, against the rules."""
+    adapter = get_provider(action.provider.ep)
+    prefix = action.group.context.node_name_prefix
+    return [
+        p
+        for model, report in result.get("detail", {}).get("models", {}).items()
+        for p in report_problems(model, report, adapter, action.provider, prefix)
+    ]
 
 
 def compile_actions(request: GraphRequest) -> list[CompileAction]:

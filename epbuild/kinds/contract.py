@@ -1,30 +1,33 @@
 """The kinds of action: what each sort of work in the build graph supplies to the engine.
 
 An action is a kind plus its inputs (source files, or the outputs of the actions it depends
-on). A kind supplies, through ``Kind``: the action's key (a digest of a canonical
-description: kind, the kind's settings, its inputs' digests and the tool versions it
-declares), the job a worker runs, the check of what the worker staged, and what the worker
-reported against the rules. The engine knows only this interface: restore, commit, the
-cache, the journal, the farm and ``status`` work the same for every kind. Adding a kind is
-a module with a ``Kind`` and its actions, registered here (``register``).
+on). A kind decides, through ``Kind``, one verb per question: the action's inputs and key
+(``key``: a digest of a canonical description: kind, the kind's settings, its inputs'
+digests and the tool versions it declares; it raises for what cannot be built), the job
+that stages its outputs (``job``), and the check of what the job wrote and reported
+(``check``); how its actions are spoken of is apart (``Wording``). The engine knows only
+this interface: restore, commit, the cache, the journal, the farm and ``status`` work the
+same for every kind. Every kind, built-in or not, is in one registry here, with what lists
+its actions (``register``).
 """
 
 from __future__ import annotations
 
 import hashlib
 import importlib
+import json
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol, cast
 
 from epbuild._dataclass import dataclass
 from epbuild.executors.job import Job
+from epbuild.planning.keys import ActionKey
 
 if TYPE_CHECKING:
-    from epbuild.errors import UserError
     from epbuild.manifest.model import Group, Manifest
-    from epbuild.onnx.context import MachinePaths, Problem
-    from epbuild.planning.keys import ActionKey, KeyComputer
+    from epbuild.onnx.context import MachinePaths
+    from epbuild.planning.keys import KeyComputer
     from epbuild.toolchains.spec import ToolchainSpec
 
 
@@ -75,10 +78,6 @@ class GraphAction(Protocol):
 
 def make_key(components: Mapping[str, Any], inputs: Mapping[str, str]) -> ActionKey:
     """The key of a kind's action: the digest of its components' canonical JSON."""
-    import json
-
-    from epbuild.planning.keys import ActionKey
-
     blob = json.dumps(components, sort_keys=True, separators=(",", ":")).encode()
     return ActionKey(hashlib.sha256(blob).hexdigest(), dict(components), dict(inputs))
 
@@ -125,81 +124,82 @@ class RunContext:
     """The action's predicted peak memory in bytes (0: unknown)."""
 
 
+@dataclass(frozen=True)
+class Wording:
+    """How progress, results and ``status`` speak of a kind's actions; nothing the engine
+    decides by."""
+
+    past: str
+    """What results and progress say of an action that ran (``compiled``, ``prepared``)."""
+    doing: str = ""
+    """What progress says of a running one (``calibrating``); empty: nothing."""
+    waits: str = "{a.id} is stale: planned again once it has run"
+    """What ``status`` says of an action that reads the outputs of a stale one of this
+    kind: a ``str.format`` template of that stale action, ``a``."""
+
+    def waits_note(self, action: GraphAction) -> str:
+        """``waits`` of the stale ``action``."""
+        return self.waits.format(a=action)
+
+
 class Kind(Protocol):
-    """One sort of action."""
+    """One sort of action: what it decides (its inputs and key, its job, the check of what
+    the job wrote), each by one verb, apart from how it is worded (``words``)."""
 
     name: str
-    past: str
-    """What progress says of an action of this kind that ran (``compiled``)."""
+    words: Wording
     follows: bool
     """A selection that takes every action it depends on takes it too (an LLM's package
     follows its graphs' compiles)."""
     inline: bool
-    """Its jobs run in the building process, never in a worker (``executors.local.run_inline``)."""
+    """Its jobs run in the building process, never in a worker
+    (``executors.local.run_inline``)."""
+    checks_input: bool
+    """Its job's user errors are bad input: a build failed only by them exits 2."""
 
     def key(self, action: Any, keys: KeyComputer, *, fresh: bool) -> ActionKey:
-        """The action's key and its components; raises ``ModelError`` (or another
-        ``UserError``) for a broken input. ``fresh``: look at the inputs again instead of
-        taking this run's memoised digests."""
-        ...
-
-    def refuse(self, action: Any, key: ActionKey, keys: KeyComputer) -> UserError | None:
-        """Why an action with this key cannot be built at all (None: it can)."""
+        """The action's inputs and key (``ActionKey``: key, components, inputs by digest).
+        Raises ``ModelError`` (or ``ToolchainError``) for what cannot be built: a broken
+        input, or an action that never can be (a context past protobuf's limit). ``fresh``:
+        look at the inputs again instead of taking this run's memoised digests."""
         ...
 
     def job(
         self, action: Any, key: ActionKey, staging: str, ctx: RunContext
     ) -> tuple[Job, list[str]]:
-        """The job a worker runs to stage the action's outputs into ``staging``, and
-        warnings found making it (raises ``UserError`` for what cannot be built)."""
+        """The job that stages the action's outputs into ``staging``, and the warnings
+        found making it (raises ``UserError`` for what cannot be built)."""
         ...
 
-    def check(self, action: Any, staging: str, ctx: RunContext) -> tuple[list[str], list[Problem]]:
-        """Check what was staged (by a worker, or restored from the cache): the output file
-        names and the warnings; raises ``VerificationError`` for an output it must refuse."""
-        ...
-
-    def problems(self, action: Any, result: Mapping[str, Any]) -> list[Problem]:
-        """What the worker's result document reports, against the kind's rules."""
-        ...
-
-    def waits_note(self, action: Any) -> str:
-        """What ``status`` says of an action that reads the outputs of this stale one."""
+    def check(
+        self, action: Any, staging: str, ctx: RunContext, result: Mapping[str, Any] | None
+    ) -> tuple[list[str], list[str]]:
+        """Judge what was staged and what its job reported (``result``, the worker's
+        result document; None: restored from the cache): the output file names and the
+        warnings; raises ``VerificationError`` for anything it must refuse."""
         ...
 
 
 class BaseKind:
     """What kinds answer alike, for a kind to override where it differs (a kind need not
-    derive from it: ``Kind`` is the interface). Its jobs run in a worker; it refuses no
-    key and reports nothing against its rules."""
+    derive from it: ``Kind`` is the interface): its job is its ``runner`` with its
+    ``payload``, in a worker."""
 
     name: ClassVar[str]
-    past: ClassVar[str]
+    words: ClassVar[Wording]
     runner: ClassVar[str] = ""
     """``module:function`` a worker calls with a job (``Job``) and the workspace root."""
     format: ClassVar[int] = 1
     """Bump when the same inputs make other outputs (a key component)."""
-    doing: ClassVar[str] = ""
-    """How progress names a running one (``calibrating``); empty: not said."""
     follows: ClassVar[bool] = False
     inline: ClassVar[bool] = False
     checks_input: ClassVar[bool] = False
-    """Its job's user errors are bad input: a build failed only by them exits 2."""
 
     def keyed(self, inputs: Mapping[str, str], **settings: Any) -> ActionKey:
         """The key of an action of this kind that reads ``inputs`` ({path: digest}) with
         ``settings`` (JSON values): the kind, its format, the inputs, the settings."""
         components = {"kind": self.name, "format": self.format, "inputs": dict(inputs)}
         return make_key({**components, **settings}, inputs)
-
-    def refuse(self, action: Any, key: ActionKey, keys: KeyComputer) -> UserError | None:
-        return None
-
-    def problems(self, action: Any, result: Mapping[str, Any]) -> list[Problem]:
-        return []
-
-    def waits_note(self, action: Any) -> str:
-        return f"{action.id} is stale: planned again once it has run"
 
     def job(
         self, action: Any, key: ActionKey, staging: str, ctx: RunContext
