@@ -134,13 +134,14 @@ def record_built(root: Path) -> int:
     """Record every action as built through the journal writer, as a build does (``begin``,
     then ``done`` with the detail a QNN compile reports), its outputs in place (a ctx model
     and a context binary of a few bytes); returns the number of actions."""
+    from epbuild.kinds.compilekey import compile_key
     from epbuild.planning.workspace import open_workspace
     from epbuild.state.journal import ActionRecord, OutputRecord
     from epbuild.state.statcache import hash_file
 
     ws = open_workspace(root)
     for n, action in enumerate(ws.actions):
-        key = ws.keys.compute(action)
+        key = compile_key(action, ws.keys)
         ctx = action.ctx_paths[0]
         outputs = {}
         for rel, payload in ((ctx, b"ctx"), (ctx[: -len(".onnx")] + "_qnn.bin", b"bin")):

@@ -71,6 +71,7 @@ def make_workspace(root: Path, count: int) -> None:
 def fabricate_state(root: Path) -> None:
     """Record every action as built, with a small output file in place (no compile)."""
     from epbuild.fs import atomic_write_bytes
+    from epbuild.kinds.compilekey import compile_key
     from epbuild.planning.workspace import open_workspace
     from epbuild.state.journal import _HEADER_LINE, ActionRecord, OutputRecord, _done_dict, _line
     from epbuild.state.statcache import hash_file
@@ -78,7 +79,7 @@ def fabricate_state(root: Path) -> None:
     ws = open_workspace(root)
     lines = [_HEADER_LINE]
     for action in ws.actions:
-        key = ws.keys.compute(action)
+        key = compile_key(action, ws.keys)
         rel = action.ctx_paths[0]
         full = root / rel
         full.parent.mkdir(parents=True, exist_ok=True)

@@ -415,17 +415,19 @@ def orphaned_actions(ws: Workspace) -> list[str]:
     """Recorded actions the manifest no longer has (their outputs are still on disk); the
     numerical check of a compile it has is not one, though only some commands plan it."""
     from epbuild.kinds.check import check_id
-    from epbuild.planning.actions import Action
+    from epbuild.planning.actions import CompileAction
 
     graph = ws.graph
     if ws.selectors:
-        from epbuild.planning.actions import make_actions
+        from epbuild.kinds.contract import GraphRequest
         from epbuild.planning.graph import make_graph
         from epbuild.planning.llms import llm_shapes
 
-        graph = make_graph(ws.manifest, make_actions(ws.manifest, llm_shapes(ws.manifest)))
+        graph = make_graph(GraphRequest(ws.manifest, tuple(llm_shapes(ws.manifest))))
     # else the workspace's graph is the whole graph
-    current = {a.id for a in graph} | {check_id(a.id) for a in graph if isinstance(a, Action)}
+    current = {a.id for a in graph} | {
+        check_id(a.id) for a in graph if isinstance(a, CompileAction)
+    }
     return sorted(i for i in ws.state.records if i not in current)
 
 

@@ -16,7 +16,12 @@ if TYPE_CHECKING:
 class Outcome(enum.Enum):
     """How an action ended in a build (or would, in a dry run)."""
 
-    COMPILED = "compiled"
+    RAN = "compiled"
+    """Its job ran and its outputs were committed. Results and progress say so in its kind's
+    words (``compiled``, ``prepared``: ``BuildResult.summary``); ``--json`` writes
+    ``compiled``, as it always has."""
+    COMPILED = RAN
+    """``RAN``, by the name the API gave it before there were other kinds (an alias)."""
     RESTORED = "restored"
     UP_TO_DATE = "up_to_date"
     FAILED = "failed"
@@ -101,21 +106,20 @@ class BuildResult:
         codes = {a.exit_code for a in failed}
         if not codes or 3 in codes:
             return 0 if not codes else 3
-        if codes == {2} and all(getattr(kind_named(a.kind), "checks_input", False) for a in failed):
+        if codes == {2} and all(kind_named(a.kind).checks_input for a in failed):
             return 2
         return 1
 
     def summary(self) -> dict[str, Any]:
-        """Counts per outcome plus the wall time; an action of another kind than compile
-        that ran counts under its kind's word (``prepared``), not as ``compiled``."""
+        """Counts per outcome plus the wall time; the actions that ran count under their
+        kinds' words (``compiled``, always present, then ``prepared``, ...)."""
         data: dict[str, Any] = {}
         for o in Outcome:
-            data[o.value] = self.count(o)
-            if o is Outcome.COMPILED:
+            data[o.value] = 0 if o is Outcome.RAN else self.count(o)
+            if o is Outcome.RAN:
                 ran = sorted(a.kind for a in self.actions if a.outcome is o)
-                for kind in dict.fromkeys(k for k in ran if k != "compile"):
-                    data[kind_named(kind).past] = ran.count(kind)
-                data[o.value] = ran.count("compile")
+                for kind in dict.fromkeys(ran):
+                    data[kind_named(kind).words.past] = ran.count(kind)
         data["total"] = len(self.actions)
         data["seconds"] = round(self.seconds, 3)
         return data

@@ -51,7 +51,7 @@ from epbuild.toolchains.env import same_interpreter
 if TYPE_CHECKING:
     from types import TracebackType
 
-    from epbuild.planning.actions import Action
+    from epbuild.planning.actions import CompileAction
     from epbuild.planning.workspace import Workspace
     from epbuild.providers.contract import ProviderConfig
 
@@ -321,7 +321,7 @@ def open_action(
     return built
 
 
-def _check_environment(ws: Workspace, action: Action) -> None:
+def _check_environment(ws: Workspace, action: CompileAction) -> None:
     """An action compiled in a provider's toolchain opens only in that toolchain's Python:
     any other ONNX Runtime (this one, with other EPs) cannot load what it wrote."""
     toolchain = ws.keys.toolchains.get(action.provider)

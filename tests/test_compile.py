@@ -24,6 +24,7 @@ from epbuild.executors import worker
 from epbuild.executors.job import Job
 from epbuild.inspection.detail import render, status_detail
 from epbuild.inspection.verify import verify_outputs
+from epbuild.kinds.compilework import CompileWork
 from epbuild.manifest import defaults as defaults_module
 from epbuild.manifest.load import load_manifest
 from epbuild.manifest.model import SESSION_SETTINGS, CompileSettings, ContextSettings
@@ -246,7 +247,7 @@ class _Adapter(BaseProvider):
         return {"onnxruntime-qnn": "0"}  # the worker reports what it compiled with
 
 
-def _job(**kw: Any) -> Job:
+def _job(**kw: Any) -> CompileWork:
     fields: dict[str, Any] = {
         "action_id": "g/htp",
         "provider": ProviderConfig("htp", "qnn", {}, {"user.entry": "x"}, {}),
@@ -256,7 +257,7 @@ def _job(**kw: Any) -> Job:
         "initializer_names": ("a_w.bin", "b_w.bin"),
         "compile": CompileSettings("compile_api", "disabled", True, 3, None),
     }
-    return Job(**{**fields, **kw})
+    return CompileWork(**{**fields, **kw})
 
 
 def test_compile_api_worker_loop(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -264,8 +265,8 @@ def test_compile_api_worker_loop(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "onnxruntime", _fake_ort(log))
     monkeypatch.setitem(epbuild.providers._cache, "qnn", _Adapter())
     monkeypatch.setattr(worker, "check_outputs", lambda *a: {"models": {}})
-    job = Job.from_json(_job().to_json())  # what crosses to the worker process
-    result = worker._result_of(job)
+    job = Job.from_json(_job().as_job().to_json())  # what crosses to the worker process
+    result = worker.result_of(job, ".")
     assert result["ok"], result
     assert result["detail"]["compiler"] == "compile_api"
     (a, b) = log
@@ -293,7 +294,7 @@ def test_compile_api_bytes_with_a_data_folder(
     settings = CompileSettings("compile_api", "all", False, None, "weights")
     job = _job(models=("m/a.onnx",), context=ContextSettings(load="bytes"), initializer_names=(),
                compile=settings)  # fmt: skip
-    assert worker._result_of(job)["ok"]
+    assert worker.result_of(job.as_job(), ".")["ok"]
     ((model, _, entries, threads, kw),) = log
     assert model == b"model-bytes" and threads == 0 and kw["graph_optimization_level"] == 99
     assert entries["session.model_external_initializers_file_folder_path"] == "weights"
@@ -305,7 +306,7 @@ def test_compile_api_nothing_compiled_is_the_clear_failure(
 ) -> None:
     monkeypatch.setitem(sys.modules, "onnxruntime", _fake_ort([], fail="b"))
     monkeypatch.setitem(epbuild.providers._cache, "qnn", _Adapter())
-    result = worker._result_of(_job())
+    result = worker.result_of(_job().as_job(), ".")
     assert not result["ok"] and "traceback" not in result
     assert result["error"].startswith("m/b.onnx: no EPContext model was written — the EP compiled")
     assert "unsupported ops" in result["hint"]

@@ -251,8 +251,8 @@ def test_no_worker_starts_once_interrupted(tmp_path: Path, monkeypatch: pytest.M
     """A job whose slot thread reaches the executor after Ctrl-C's cancel starts nothing:
     the interrupted build would otherwise wait for that whole compile (on a busy machine the
     thread often starts late)."""
-    from epbuild.executors.job import Job
     from epbuild.executors.local import LocalExecutor
+    from epbuild.kinds.compilework import CompileWork
     from epbuild.manifest.model import ContextSettings
     from epbuild.providers.base import ProviderConfig
 
@@ -260,10 +260,15 @@ def test_no_worker_starts_once_interrupted(tmp_path: Path, monkeypatch: pytest.M
     spawned: list[tuple[str, ...]] = []
     monkeypatch.setattr(executor, "_spawn", spawned.append)
     executor.cancel()
-    job = Job(action_id="g/qnn/a", provider=ProviderConfig("qnn", "qnn", {}, {}, {}),
-              models=("m/a.onnx",), staging="build/.staging/x", context=ContextSettings(),
-              initializer_names=())  # fmt: skip
-    outcome = executor.run(job)
+    work = CompileWork(
+        action_id="g/qnn/a",
+        provider=ProviderConfig("qnn", "qnn", {}, {}, {}),
+        models=("m/a.onnx",),
+        staging="build/.staging/x",
+        context=ContextSettings(),
+        initializer_names=(),
+    )
+    outcome = executor.run(work.as_job())
     assert not outcome.ok and outcome.error == "interrupted before its worker started"
     assert spawned == []
 

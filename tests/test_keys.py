@@ -14,6 +14,7 @@ from conftest import HTP73, HTP75, Workspace
 from modelgen import matmul_model
 
 from epbuild.errors import ModelError, UserError
+from epbuild.kinds.compilekey import compile_key
 from epbuild.onnx import proto
 from epbuild.planning.workspace import open_workspace
 
@@ -52,14 +53,16 @@ def test_every_key_is_the_digest_of_its_components(workspace: Workspace) -> None
     assert len(ws.actions) == 7
     first = {}
     for action in ws.actions:
-        key = ws.keys.compute(action)
+        key = compile_key(action, ws.keys)
         assert key.key == _canonical_digest(key.components), action.id
         first[action.id] = key.key
-    kinds = {a.id: bool(ws.keys.compute(a).components.get("initializer_names")) for a in ws.actions}
+    kinds = {
+        a.id: bool(compile_key(a, ws.keys).components.get("initializer_names")) for a in ws.actions
+    }
     assert any(kinds.values()) and not all(kinds.values())
     for action in ws.actions:
         ws.keys.versions(action, fresh=True)  # new version dicts: the shared text is made again
-        key = ws.keys.compute(action)
+        key = compile_key(action, ws.keys)
         assert key.key == first[action.id] == _canonical_digest(key.components)
 
 
@@ -94,7 +97,7 @@ def test_keys_read_the_external_data_references_alone(
         }
     )
     ws = open_workspace(workspace.root)
-    keys = {a.id: ws.keys.compute(a) for a in ws.actions}
+    keys = {a.id: compile_key(a, ws.keys) for a in ws.actions}
     assert len(keys) == 8
     external = {
         m["path"]: sorted(m["external"]) for k in keys.values() for m in k.components["models"]
@@ -114,7 +117,7 @@ def test_keys_read_the_external_data_references_alone(
 
     monkeypatch.setattr(proto, "read_external_refs", whole_model)
     again = open_workspace(workspace.root)
-    assert {a.id: again.keys.compute(a) for a in again.actions} == keys
+    assert {a.id: compile_key(a, again.keys) for a in again.actions} == keys
     assert len(read) == 4  # once per model, not once per provider
 
 
@@ -131,5 +134,5 @@ def test_a_model_cut_short_is_named(workspace: Workspace) -> None:
     ws = open_workspace(workspace.root)
     (cut,) = [a for a in ws.actions if "models/cut.onnx" in a.models]
     with pytest.raises(ModelError, match=r"^models/cut\.onnx: not a valid ONNX model") as caught:
-        ws.keys.compute(cut)
+        compile_key(cut, ws.keys)
     assert isinstance(caught.value, UserError)

@@ -262,6 +262,7 @@ def test_a_changed_ep_library_with_the_same_version_changes_the_key(
 ) -> None:
     """The sha256 of the EP library that compiles is keyed (stat-cached): a rebuilt or
     patched ``onnxruntime-qnn`` under the same version number is another EP."""
+    from epbuild.kinds.compilekey import compile_key
     from epbuild.planning.keys import explain_difference
     from epbuild.planning.workspace import open_workspace
     from epbuild.providers import get_provider
@@ -280,7 +281,7 @@ def test_a_changed_ep_library_with_the_same_version_changes_the_key(
     def key() -> tuple[str, dict[str, object]]:
         ws = open_workspace(workspace.root)
         with scanning((str(site),)):
-            computed = ws.keys.compute(ws.actions[0])
+            computed = compile_key(ws.actions[0], ws.keys)
             inputs = get_provider("qnn").version_inputs(ws.actions[0].provider)
         assert str(library) in inputs  # the no-op fingerprint stamps the library
         return computed.key, computed.components

@@ -19,6 +19,7 @@ from epbuild._names import ctx_name
 from epbuild.errors import Interrupted
 from epbuild.executors.job import Job
 from epbuild.executors.local import WorkerOutcome
+from epbuild.kinds.compilework import CompileWork
 from epbuild.results import Outcome
 
 if TYPE_CHECKING:
@@ -64,19 +65,20 @@ class FakeExecutor:
         if job.action_id in self.raising:
             raise self.raising[job.action_id]
         staging = os.path.join(self.root, job.staging)
+        work = CompileWork.from_job(job)
         shared = None
-        if job.context.share_weights:
-            shared = ctx_name(job.models[0]).removesuffix(".onnx") + "_qnn.bin"
+        if work.context.share_weights:
+            shared = ctx_name(work.models[0]).removesuffix(".onnx") + "_qnn.bin"
             with open(os.path.join(staging, shared), "wb") as f:
                 f.write(b"context-binary")
-        for model in job.models:
+        for model in work.models:
             onnx.save(_ctx_model(shared), os.path.join(staging, ctx_name(model)))
         from epbuild import __version__
         from epbuild.executors.worker import compiled_with
 
-        versions = compiled_with(job.provider)  # as a real worker reports them
-        return WorkerOutcome(True, {"seconds": 0.01, "peak_rss": 1 << 20, "detail": {},
-                                    "versions": versions, "epbuild": __version__})  # fmt: skip
+        versions = compiled_with(work.provider)  # as a real worker reports them
+        result = {"seconds": 0.01, "peak_rss": 1 << 20, "detail": {}, "versions": versions}
+        return WorkerOutcome(True, {**result, "epbuild": __version__})
 
     def cancel(self) -> None:
         pass
@@ -121,12 +123,12 @@ def test_the_job_is_complete_and_survives_json(simple_ws: Callable[..., Workspac
     fake = FakeExecutor(str(ws.root), {})
     assert ws.build(executor=fake).ok
     jobs = {j.action_id: j for j in fake.jobs}
-    pair = jobs["pair/htp"]
-    assert pair.models == ("models/a.onnx", "models/b.onnx")
-    assert pair.initializer_names == ("a_weights.bin", "b_weights.bin")
+    pair, work = jobs["pair/htp"], CompileWork.from_job(jobs["pair/htp"])
+    assert work.models == ("models/a.onnx", "models/b.onnx")
+    assert work.initializer_names == ("a_weights.bin", "b_weights.bin")
     assert set(pair.inputs) == {"models/a.onnx", "models/b.onnx"}
     assert pair.predicted_peak > 0
-    assert jobs["single/htp/c"].initializer_names == ()
+    assert CompileWork.from_job(jobs["single/htp/c"]).initializer_names == ()
     for job in fake.jobs:  # base_dir stays behind: the worker runs in the workspace
         data = json.loads(json.dumps(job.to_json()))
         assert Job.from_json(data).to_json() == data

@@ -204,15 +204,16 @@ def test_a_symbolic_dimension_fails_before_compiling(workspace: Workspace) -> No
 
 
 def _job(**kw: Any) -> Any:
-    from epbuild.executors.job import Job
+    from epbuild.kinds.compilework import CompileWork
     from epbuild.manifest.model import ContextSettings
     from epbuild.providers import get_provider
     from epbuild.providers.base import ProviderConfig
 
     options, _ = get_provider("qnn").validate_options(HTP73["options"], {}, key="p")
     config = ProviderConfig("htp", "qnn", options)
-    return Job("llm/htp/llm", config, ("models/llm.onnx",), "out", ContextSettings(), (),
-               **kw)  # fmt: skip
+    return CompileWork(
+        "llm/htp/llm", config, ("models/llm.onnx",), "out", ContextSettings(), (), **kw
+    )
 
 
 def test_without_the_check_the_compile_writes_nothing(

@@ -16,7 +16,7 @@ import pytest
 
 import epbuild.providers
 from epbuild.executors import worker
-from epbuild.executors.job import Job
+from epbuild.kinds.compilework import CompileWork
 from epbuild.manifest.model import ContextSettings
 from epbuild.providers.base import BaseProvider, ProviderConfig
 
@@ -66,7 +66,7 @@ class _Adapter(BaseProvider):
         return {"onnxruntime-qnn": "0"}  # the worker reports what it compiled with
 
 
-def _fake(monkeypatch: pytest.MonkeyPatch, fail: str | None) -> tuple[list[str], Job]:
+def _fake(monkeypatch: pytest.MonkeyPatch, fail: str | None) -> tuple[list[str], CompileWork]:
     log: list[str] = []
     monkeypatch.setitem(sys.modules, "onnxruntime", _fake_ort(log, fail))
     # The registry's entry, not the function: a module first imported in this window binds
@@ -78,7 +78,7 @@ def _fake(monkeypatch: pytest.MonkeyPatch, fail: str | None) -> tuple[list[str],
         return {"models": {}}
 
     monkeypatch.setattr(worker, "check_outputs", check_outputs)
-    job = Job(
+    job = CompileWork(
         action_id="g/qnn",
         provider=ProviderConfig("qnn", "qnn", {}, {}, {}),
         models=("m/a.onnx", "m/b.onnx", "m/c.onnx"),
@@ -93,7 +93,7 @@ def test_sessions_are_released_in_reverse_before_the_outputs_are_checked(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     log, job = _fake(monkeypatch, fail=None)
-    result = worker._result_of(job)
+    result = worker.result_of(job.as_job(), ".")
     assert result["ok"], result
     assert log == [
         "open a", "open b", "open c (stop)", "close c", "close b", "close a", "check outputs",
@@ -108,6 +108,6 @@ def test_a_failed_compile_releases_the_first_in_reverse(monkeypatch: pytest.Monk
     assert info.value.__traceback__ is not None
     assert log == ["open a", "open b", "close b", "close a"]
     log.clear()
-    result = worker._result_of(job)  # what the worker process reports
+    result = worker.result_of(job.as_job(), ".")  # what the worker process reports
     assert not result["ok"] and "cannot compile c" in result["error"]
     assert log == ["open a", "open b", "close b", "close a"]

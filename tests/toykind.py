@@ -13,9 +13,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from epbuild.errors import ModelError, UserError, VerificationError
-from epbuild.executors.job import KindJob
-from epbuild.kinds.contract import ActionIdentity, RunContext
+from epbuild.errors import ModelError, VerificationError
+from epbuild.executors.job import Job
+from epbuild.kinds.contract import ActionIdentity, RunContext, Wording
 from epbuild.planning.keys import ActionKey, KeyComputer
 
 SOURCE = "notes.txt"
@@ -35,23 +35,25 @@ class TextAction(ActionIdentity):
     toolchain: None = None
 
 
-def toy_actions(manifest: Any) -> list[Any]:
-    """A workspace with ``notes.txt`` has both actions."""
+def toy_actions(request: Any) -> list[Any]:
+    """A workspace with ``notes.txt`` has both actions (``request``: a ``GraphRequest``)."""
+    manifest = request.manifest
     if not os.path.isfile(os.path.join(str(manifest.root), SOURCE)):
         return []
     out = posixpath.join(manifest.workspace.out_dir, "notes", "text")
     lower = TextAction("notes/lower", "lower", SOURCE, "lower.txt", out)
-    count = TextAction("notes/count", "count", posixpath.join(out, "lower.txt"), "count.txt",
-                       out, deps=(lower.id,))  # fmt: skip
+    lowered = posixpath.join(out, "lower.txt")
+    count = TextAction("notes/count", "count", lowered, "count.txt", out, deps=(lower.id,))
     return [count, lower]  # out of order on purpose: the graph orders them
 
 
 class TextKind:
     def __init__(self, name: str, past: str) -> None:
         self.name = name
-        self.past = past
+        self.words = Wording(past, waits="{a.id} runs first")
         self.follows = False
         self.inline = False
+        self.checks_input = False
 
     def key(self, action: TextAction, keys: KeyComputer, *, fresh: bool) -> ActionKey:
         try:
@@ -62,19 +64,15 @@ class TextKind:
         blob = json.dumps(components, sort_keys=True).encode()
         return ActionKey(hashlib.sha256(blob).hexdigest(), components, {action.source: digest})
 
-    def refuse(self, action: TextAction, key: ActionKey, keys: KeyComputer) -> UserError | None:
-        return None
-
     def job(
         self, action: TextAction, key: ActionKey, staging: str, ctx: RunContext
-    ) -> tuple[KindJob, list[str]]:
+    ) -> tuple[Job, list[str]]:
         payload = {"source": action.source, "output": action.output, "op": self.name}
-        return KindJob(action.id, self.name, "toykind:run", staging, payload,
-                       dict(key.inputs)), []  # fmt: skip
+        return Job(action.id, "toykind:run", staging, payload, dict(key.inputs)), []
 
     def check(
-        self, action: TextAction, staging: str, ctx: RunContext
-    ) -> tuple[list[str], list[Any]]:
+        self, action: TextAction, staging: str, ctx: RunContext, result: Mapping[str, Any] | None
+    ) -> tuple[list[str], list[str]]:
         from epbuild.onnx.staged import staged_names
 
         names = staged_names(ctx.root, staging)
@@ -82,18 +80,12 @@ class TextKind:
             raise VerificationError(f"staged {names}, expected {action.output}")
         return names, []
 
-    def problems(self, action: TextAction, result: Mapping[str, Any]) -> list[Any]:
-        return []
-
-    def waits_note(self, action: TextAction) -> str:
-        return f"{action.id} runs first"
-
 
 LOWER = TextKind("lower", "lowered")
 COUNT = TextKind("count", "counted")
 
 
-def run(job: KindJob, root: str) -> dict[str, Any]:
+def run(job: Job, root: str) -> dict[str, Any]:
     """In the worker (``root``: its working directory, the workspace)."""
     with open(os.path.join(root, str(job.payload["source"])), encoding="utf-8") as f:
         text = f.read()

@@ -1,4 +1,4 @@
-"""Running one build's stale actions: restore or compile each, verify, commit, record."""
+"""Running one build's stale actions: restore or run each, verify, commit, record."""
 
 from __future__ import annotations
 
@@ -16,8 +16,8 @@ from epbuild.docsite import page_url
 from epbuild.engine.staging import WRITE_HINT, commit_journaled, hash_staged, make_staging
 from epbuild.errors import EpbuildError, StorageError, VerificationError
 from epbuild.fs import format_bytes, os_error_text, remove_tree
-from epbuild.kinds.contract import GraphAction, RunContext, kind_named, kind_of
-from epbuild.onnx.context import Severity, machine_paths
+from epbuild.kinds.contract import GraphAction, Kind, RunContext, kind_of
+from epbuild.onnx.context import machine_paths
 from epbuild.planning.keys import ActionKey
 from epbuild.planning.moves import moved_from
 from epbuild.planning.staleness import ActionPlan, plan_action
@@ -32,9 +32,9 @@ if TYPE_CHECKING:
     from epbuild.engine.memory import MemoryPlan
     from epbuild.engine.scheduler import Execution
     from epbuild.engine.trace import Tracer
-    from epbuild.executors.job import AnyJob
+    from epbuild.executors.job import Job
     from epbuild.executors.local import Executor, WorkerOutcome
-    from epbuild.onnx.context import MachinePaths, Problem
+    from epbuild.onnx.context import MachinePaths
 
 
 def _leave_behind(ws: Workspace, action: GraphAction, previous: ActionRecord) -> list[str]:
@@ -70,7 +70,7 @@ class Builder:
         self.jobs = run.jobs
         """Actions run at once."""
         self.executor: Executor = run.executor
-        """Runs the compiles; it belongs to the caller, who closes it."""
+        """Runs the jobs; it belongs to the caller, who closes it."""
         self.memory: MemoryPlan = run.memory
         self.keep_going = keep_going
         """Start the remaining actions after one failed."""
@@ -118,7 +118,7 @@ class Builder:
             return self.run_one(plan)
 
     def _locked(self, plan: ActionPlan) -> ActionResult:
-        """Under the action lock: re-check staleness, then restore, else compile — under
+        """Under the action lock: re-check staleness, then restore, else run — under
         the cache's lock on the key when the cache is a directory, so that builds sharing
         it (several CI jobs, a cache on NFS) compile each key once and the others restore."""
         ws, action = self.ws, plan.action
@@ -134,7 +134,7 @@ class Builder:
             assert again.key is not None
             lock = self.cache.key_lock(again.key.key) if self.cache is not None else None
             if lock is None:
-                return self._restore_or_compile(plan, again.key, state)
+                return self._restore_or_run(plan, again.key, state)
             done = self._under_key_lock(plan, again.key, lock, state)
             if done is not None:
                 return done
@@ -143,7 +143,7 @@ class Builder:
     def _under_key_lock(
         self, plan: ActionPlan, key: ActionKey, lock: str, state: State
     ) -> ActionResult | None:
-        """Restore or compile ``key`` holding the cache's lock on it; None when, after
+        """Restore or run ``key`` holding the cache's lock on it; None when, after
         waiting for that lock, the action must be planned again (its key changed)."""
         action = plan.action
         waited: list[str] = []
@@ -169,13 +169,13 @@ class Builder:
                 f"the cache {where} cannot be locked ({os_error_text(exc, self.ws.root)}); "
                 "builds sharing it may compile the same key twice"
             )
-            return self._restore_or_compile(plan, key, state)
+            return self._restore_or_run(plan, key, state)
         with held:
             if waited:  # the other build stored it meanwhile, or the inputs changed
                 after, state = self._replan(plan)
                 if after.key is None or after.key.key != key.key or not after.stale:
                     return None  # decide again, under the right key's lock
-            return self._restore_or_compile(plan, key, state)
+            return self._restore_or_run(plan, key, state)
 
     def _replan(self, plan: ActionPlan) -> tuple[ActionPlan, State]:
         """The action's plan against the latest state and its inputs as they are now: the
@@ -188,8 +188,8 @@ class Builder:
             again = plan_action(plan.action, state, ws.keys, ws.stats, ws.root, fresh=True)
         return again, state
 
-    def _restore_or_compile(self, plan: ActionPlan, key: ActionKey, state: State) -> ActionResult:
-        """Restore ``key`` from the cache, else compile it (or fail: --cache-only)."""
+    def _restore_or_run(self, plan: ActionPlan, key: ActionKey, state: State) -> ActionResult:
+        """Restore ``key`` from the cache, else run its job (or fail: --cache-only)."""
         cache_note = None
         if self.cache is not None:
             with self.tracer.span("restore", plan.action.id):
@@ -201,7 +201,7 @@ class Builder:
             return self._not_cached(plan, key, cache_note)
         if self.cache is not None and cache_note is None:
             plan.reasons.append("not in the cache: " + self._miss(plan, key))
-        return self._compile(plan, key, state, cache_note)
+        return self._run(plan, key, state, cache_note)
 
     def _miss(self, plan: ActionPlan, key: ActionKey) -> str:
         """Why the cache has no entry for the key: the nearest entry of the same action id
@@ -212,7 +212,7 @@ class Builder:
         except Exception as exc:  # an unreachable remote must not fail the compile
             return f"cache unreadable ({self.cache.describe()}): {exc}"
 
-    def _compile(
+    def _run(
         self, plan: ActionPlan, key: ActionKey, state: State, cache_note: str | None
     ) -> ActionResult:
         """Run the action's job in a fresh worker, verify what it staged, commit it, store it
@@ -225,7 +225,7 @@ class Builder:
             early_warnings = [self._warn(w) for w in self._new(found_early)]
             self.reporter.action_started(action.id)
             started = tracer.now()
-            outcome = self._execute(job)
+            outcome = self._execute(job, kind)
             peak = outcome.result.get("peak_rss")
             tracer.add("compile", started, action.id, ok=outcome.ok, peak_rss=peak)
             if not outcome.ok and outcome.killed:
@@ -240,9 +240,9 @@ class Builder:
             if mismatch is not None:
                 return _failed(plan, mismatch, VERSIONS_HINT)
             started = tracer.now()
-            names, found = kind.check(action, staging, ctx)
-            record = self._compiled_record(action, key, staging, names, outcome)
-            warnings = early_warnings + self._verdict(found + kind.problems(action, outcome.result))
+            names, found = kind.check(action, staging, ctx, outcome.result)
+            record = self._run_record(action, key, staging, names, outcome)
+            warnings = early_warnings + [self._warn(w) for w in self._new(found)]
             changed = [
                 rel for rel, d in key.inputs.items() if ws.stats.digest(ws.root, rel).digest != d
             ]
@@ -260,7 +260,7 @@ class Builder:
             warnings += self._store(action, record, cache_note)
             return action_result(
                 action,
-                Outcome.COMPILED,
+                Outcome.RAN,
                 seconds=record.seconds,
                 outputs=sorted(record.outputs),
                 reasons=plan.reasons,
@@ -281,18 +281,16 @@ class Builder:
                 hint=WRITE_HINT,
             ) from exc
 
-    def _execute(self, job: AnyJob) -> WorkerOutcome:
-        """Run a job: in a worker of the executor, or here when it is ``inline``; what it
+    def _execute(self, job: Job, kind: Kind) -> WorkerOutcome:
+        """Run a job: in a worker of the executor, or here for an ``inline`` kind; what it
         says of its progress goes to the reporter (``engine.progress``)."""
-        from epbuild.executors.job import KindJob
-
-        if isinstance(job, KindJob) and job.inline:
-            from epbuild.executors.worker import run_inline
+        if kind.inline:
+            from epbuild.executors.local import run_inline
 
             return run_inline(job, self.ws.root)
         from epbuild.engine.progress import watching
 
-        doing = getattr(kind_named(job.kind) if isinstance(job, KindJob) else None, "doing", "")
+        doing = kind.words.doing
         path = os.path.join(self.ws.root, job.staging, PROGRESS_NAME)
 
         def said(text: str) -> None:
@@ -323,7 +321,7 @@ class Builder:
         peak = self.memory.peaks.get(action.id, 0)
         return RunContext(self.ws.root, self.ws.keys, self._machine, peak)
 
-    def _compiled_record(
+    def _run_record(
         self,
         action: GraphAction,
         key: ActionKey,
@@ -331,7 +329,7 @@ class Builder:
         names: list[str],
         outcome: WorkerOutcome,
     ) -> ActionRecord:
-        """The journal record of a compile whose staged outputs passed ``check_staged``."""
+        """The journal record of a job whose staged outputs passed its kind's check."""
         result = outcome.result
         return ActionRecord(
             id=action.id,
@@ -417,7 +415,7 @@ class Builder:
             hit = self.cache.restore(key.key, os.path.join(self.ws.root, staging))
             if hit is None:
                 return None, [], None
-            names, _ = kind_of(action).check(action, staging, self._context(action))
+            names, _ = kind_of(action).check(action, staging, self._context(action), None)
             if set(names) != set(hit.entry.outputs):
                 raise VerificationError("outputs do not match the entry")
         except (CacheDamagedError, VerificationError) as exc:
@@ -433,7 +431,7 @@ class Builder:
     def _new(self, warnings: list[str]) -> list[str]:
         """Those of ``warnings`` not said yet in this build (each is said once)."""
         with self._warn_lock:
-            found = [w for w in warnings if w not in self.warned]
+            found = [w for w in dict.fromkeys(warnings) if w not in self.warned]
             self.warned.update(found)
         return found
 
@@ -472,7 +470,7 @@ class Builder:
         )
 
     def _store(self, action: GraphAction, record: ActionRecord, note: str | None) -> list[str]:
-        """Put a compiled action into the cache; returns warnings (never fails the build)."""
+        """Put an action that ran into the cache; returns warnings (never fails the build)."""
         warnings = [note] if note else []
         if self.cache is None:
             return warnings
@@ -484,19 +482,6 @@ class Builder:
             warnings.append(self._warn(f"{action.id} not stored in the cache {where}: {why}"))
         outage = self._outage_warning()  # --cache-push to a remote that went down
         return warnings + ([outage] if outage else [])
-
-    def _verdict(self, problems: list[Problem]) -> list[str]:
-        """An error fails the action; a warning is said once per build and returned."""
-        warnings: list[str] = []
-        for p in problems:
-            if p.severity is Severity.ERROR:
-                raise VerificationError(p.line())
-            line = p.line() if p.node or p.attribute else p.message
-            if line not in self.warned:
-                self.warned.add(line)
-                self.reporter.message(f"warning: {line}")
-                warnings.append(line)
-        return warnings
 
 
 def version_mismatch(keyed: dict[str, str], result: dict[str, Any]) -> str | None:

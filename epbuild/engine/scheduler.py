@@ -258,7 +258,7 @@ def _stale_deps(plan: ActionPlan, stale: list[ActionPlan]) -> tuple[str, ...]:
 
 def _usable(result: ActionResult) -> bool:
     """Its outputs are there for the actions that depend on it."""
-    return result.outcome in (Outcome.COMPILED, Outcome.RESTORED, Outcome.UP_TO_DATE)
+    return result.outcome in (Outcome.RAN, Outcome.RESTORED, Outcome.UP_TO_DATE)
 
 
 def _skipped(plan: ActionPlan, dep: str, why: ActionResult) -> ActionResult:

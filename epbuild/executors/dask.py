@@ -35,7 +35,7 @@ from epbuild.fs import is_safe_reference
 if TYPE_CHECKING:
     from distributed import Client, Future
 
-    from epbuild.executors.job import AnyJob
+    from epbuild.executors.job import Job
 
 SCATTER_OVER = 8 << 20
 """Inputs larger than this are scattered to the workers once instead of riding in the task."""
@@ -55,7 +55,7 @@ def _sha256(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def remote_compile(job: AnyJob, files: dict[str, tuple[str, bytes]]) -> dict[str, Any]:
+def remote_run(job: Job, files: dict[str, tuple[str, bytes]]) -> dict[str, Any]:
     """Runs on a Dask worker: lay out the inputs, run one worker subprocess, return outputs."""
     tmp = tempfile.mkdtemp(prefix="epbuild-dask-")
     try:
@@ -159,7 +159,7 @@ class DaskExecutor:
             return None
         return {MEMORY_RESOURCE: float(min(peak, max(caps)))}  # too big for any: the biggest
 
-    def _inputs(self, job: AnyJob) -> dict[str, Any]:
+    def _inputs(self, job: Job) -> dict[str, Any]:
         """The job's inputs as task arguments: small ones inline, big ones scattered once."""
         files: dict[str, Any] = {}
         for rel, digest in sorted(job.inputs.items()):
@@ -183,20 +183,15 @@ class DaskExecutor:
                 files[rel] = (digest, data)
         return files
 
-    def run(self, job: AnyJob) -> WorkerOutcome:
+    def run(self, job: Job) -> WorkerOutcome:
         """Run one job on the cluster; its outputs land in the local staging directory."""
         from distributed import KilledWorker
 
         if job.boot:
-            from epbuild.executors.job import Job
-
-            who = f"action {job.action_id!r}"
-            if isinstance(job, Job):
-                who = f"provider {job.provider.name!r}"
             return WorkerOutcome(
                 False,
-                error=f"{who} has a toolchain, and the Dask executor "
-                "compiles only in the farm workers' own environment",
+                error=f"action {job.action_id!r} runs in its provider's toolchain, and the Dask "
+                "executor runs jobs only in the farm workers' own environment",
                 hint="build this provider with the local executor (epbuild build --executor "
                 "local), or install its packages on the farm and drop its toolchain",
             )
@@ -208,7 +203,7 @@ class DaskExecutor:
         except InputChanged as exc:
             return WorkerOutcome(False, error=str(exc), hint="run the build again")
         future = self.client.submit(
-            remote_compile,
+            remote_run,
             job,
             files,
             key=token,

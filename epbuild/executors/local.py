@@ -3,6 +3,7 @@
 ``LocalExecutor`` starts ``python -m epbuild.executors.worker`` subprocesses. To keep start-up
 cheap it keeps one spare worker warm per slot (already past ``import onnxruntime``, waiting for its
 job): still a fresh process per action, but its start-up overlaps the previous compile.
+``run_inline`` runs an inline kind's job in the building process instead.
 """
 
 from __future__ import annotations
@@ -17,11 +18,12 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from epbuild._dataclass import dataclass
 from epbuild._names import LOG_NAME, RESULT_NAME
+from epbuild.executors.worker import COMPILING, result_of
 
 if TYPE_CHECKING:
     import subprocess
 
-    from epbuild.executors.job import AnyJob
+    from epbuild.executors.job import Job
 
 
 @dataclass
@@ -42,7 +44,7 @@ class WorkerOutcome:
 class Executor(Protocol):
     """Runs jobs; ``cancel`` stops everything running."""
 
-    def run(self, job: AnyJob) -> WorkerOutcome:
+    def run(self, job: Job) -> WorkerOutcome:
         """Run one job to completion (blocking); its outputs land in ``job.staging``."""
         ...
 
@@ -96,8 +98,6 @@ def _describe_exit(code: int, log_path: str | None = None) -> str:
 
 def _compiling(log_path: str) -> str | None:
     """The model a worker's log says it was compiling last (the worker writes the line)."""
-    from epbuild.executors.worker import COMPILING  # plain constants; no onnxruntime
-
     try:
         with open(log_path, "rb") as f:
             lines = f.read().decode("utf-8", "replace").splitlines()
@@ -135,7 +135,7 @@ def _wait(proc: subprocess.Popen[bytes]) -> tuple[int, int]:
     return proc.returncode, usage.ru_maxrss * scale
 
 
-def send_job(proc: subprocess.Popen[bytes], job: AnyJob) -> None:
+def send_job(proc: subprocess.Popen[bytes], job: Job) -> None:
     """Hand a worker its job line; its stdin then stays open until the coordinator goes."""
     assert proc.stdin is not None
     try:
@@ -165,6 +165,12 @@ def outcome_of(result: Any, code: int, log_path: str) -> WorkerOutcome:
             log_tail=_tail(log_path) if "traceback" in result else [],
         )
     return WorkerOutcome(True, result)
+
+
+def run_inline(job: Job, root: str) -> WorkerOutcome:
+    """Run a job in this process (an inline kind's, in the building process: no
+    onnxruntime here)."""
+    return outcome_of(result_of(job, root), 0, os.path.join(root, job.staging, "none"))
 
 
 class LocalExecutor:
@@ -221,7 +227,7 @@ class LocalExecutor:
             self._running.add(proc)
             return proc
 
-    def run(self, job: AnyJob) -> WorkerOutcome:
+    def run(self, job: Job) -> WorkerOutcome:
         """Run one job in a fresh worker subprocess (a warm spare when there is one)."""
         staging = os.path.join(self.root, job.staging)
         log_path = os.path.join(staging, LOG_NAME)

@@ -1,14 +1,17 @@
-"""The worker: one fresh process per action, compiling with ONNX Runtime's compile API or sessions.
+"""The worker: one fresh process per action, running its job's runner; and the compile
+kind's runner, compiling with ONNX Runtime's compile API or sessions.
 
 Run as ``python -m epbuild.executors.worker`` with the workspace root as working directory. It reads
 one JSON job line on stdin and keeps stdin open: when the coordinator dies, stdin closes and
-the worker exits at once (no orphaned compiles). It writes the ctx models into the job's
-staging directory, checks what it produced, and writes a JSON result file.
+the worker exits at once (no orphaned compiles). The job's runner writes the outputs into the
+job's staging directory (a compile: the ctx models, checked here), and the worker writes a
+JSON result file.
 """
 
 from __future__ import annotations
 
 import contextlib
+import importlib
 import json
 import os
 import posixpath
@@ -20,23 +23,23 @@ from typing import TYPE_CHECKING, Any
 
 from epbuild._names import RESULT_NAME, ctx_name, ctx_stem, model_label
 from epbuild.docsite import page_url
+from epbuild.errors import ActionFailedError, EpbuildError
 from epbuild.executors.hostinfo import peak_rss, write_trouble
-from epbuild.executors.job import Job, KindJob, job_from_json
+from epbuild.executors.job import Job
 from epbuild.executors.testhooks import hook_for, run_test_hook
 from epbuild.fs import atomic_write_text
+from epbuild.kinds.compilework import CompileWork
 
 if TYPE_CHECKING:
-    from epbuild.executors.local import WorkerOutcome
     from epbuild.onnx.proto import ModelInfo
     from epbuild.providers.contract import Provider, ProviderConfig
 
 
-class CompileFailure(Exception):
+class CompileFailure(ActionFailedError):
     """The compile ran but did not produce a valid EPContext model."""
 
     def __init__(self, message: str, hint: str | None = None) -> None:
-        super().__init__(message)
-        self.hint = hint
+        super().__init__(message, hint=hint)
 
 
 def _watch_parent() -> None:
@@ -75,7 +78,12 @@ AUTO_LEVELS = ("all", "basic", "disabled")
 left on the CPU EP."""
 
 
-def compile_action(job: Job) -> dict[str, Any]:
+def run_compile(job: Job, root: str) -> dict[str, Any]:
+    """The compile kind's runner (``root``: this process's working directory)."""
+    return compile_action(CompileWork.from_job(job))
+
+
+def compile_action(job: CompileWork) -> dict[str, Any]:
     """Compile the models of one action in order with the job's compiler, check outputs."""
     t0 = time.perf_counter()
     if job.compile.graph_optimization_level == "auto":
@@ -87,10 +95,8 @@ def compile_action(job: Job) -> dict[str, Any]:
     return {
         "ok": True,
         "seconds": seconds,
-        "peak_rss": peak_rss(),
         "detail": detail,
         "versions": compiled_with(job.provider),
-        "epbuild": _epbuild_version(),
     }
 
 
@@ -115,7 +121,7 @@ def _epbuild_version() -> str:
     return __version__
 
 
-def _compile_checked(job: Job) -> dict[str, Any]:
+def _compile_checked(job: CompileWork) -> dict[str, Any]:
     """Compile the job into its staging directory; the checked outputs' detail."""
     import onnxruntime as ort
 
@@ -141,7 +147,7 @@ def _compile_checked(job: Job) -> dict[str, Any]:
     )
 
 
-def _compile_auto(job: Job) -> dict[str, Any]:
+def _compile_auto(job: CompileWork) -> dict[str, Any]:
     """``graph_optimization_level = "auto"``: compile at ``all``; only where nodes are left
     on the CPU EP, also at ``basic`` and ``disabled`` (each in a folder of its own and a
     process of its own: the EP crashes on some graphs at lower levels, which must cost only
@@ -153,22 +159,20 @@ def _compile_auto(job: Job) -> dict[str, Any]:
     import shutil
     from dataclasses import replace
 
-    from epbuild.errors import EpbuildError
-
     def score(detail: dict[str, Any]) -> tuple[int, int]:
         models = detail["models"].values()
         return sum(m["cpu_nodes"] for m in models), sum(m["context_nodes"] for m in models)
 
     best: dict[str, Any] | None = None
-    failure: CompileFailure | EpbuildError | None = None
+    failure: EpbuildError | None = None
     try:
         best = _compile_checked(
             replace(job, compile=replace(job.compile, graph_optimization_level="all"))
         )
         tried: dict[str, list[int] | str] = {"all": list(score(best))}
-    except (CompileFailure, EpbuildError) as exc:
+    except EpbuildError as exc:  # a CompileFailure among them
         failure = exc
-        tried = {"all": f"failed: {exc.message if isinstance(exc, EpbuildError) else exc}"}
+        tried = {"all": f"failed: {exc.message}"}
     level = "all"
     for lower in AUTO_LEVELS[1:]:
         if best is not None and score(best)[0] == 0:
@@ -200,7 +204,7 @@ def _compile_auto(job: Job) -> dict[str, Any]:
     return {**best, "optimization_level": level, "optimization_tried": tried}
 
 
-def _try_level(job: Job, level: str, staging: str) -> dict[str, Any] | str:
+def _try_level(job: CompileWork, level: str, staging: str) -> dict[str, Any] | str:
     """Compile the job at ``level`` into ``staging`` in a child worker; its checked detail,
     or why it failed."""
     import subprocess
@@ -217,7 +221,7 @@ def _try_level(job: Job, level: str, staging: str) -> dict[str, Any] | str:
     # Its output goes to this worker's log.
     with subprocess.Popen([sys.executable, "-I", "-c", code], stdin=subprocess.PIPE) as child:
         assert child.stdin is not None
-        child.stdin.write(json.dumps(attempt.to_json()).encode() + b"\n")
+        child.stdin.write(json.dumps(attempt.as_job().to_json()).encode() + b"\n")
         child.stdin.flush()
         code_ = child.wait()  # its stdin stays open until it ends (it exits when it closes)
     try:
@@ -232,7 +236,7 @@ def _try_level(job: Job, level: str, staging: str) -> dict[str, Any] | str:
     return detail
 
 
-def _compile_with_sessions(ort: Any, job: Job, adapter: Provider) -> None:
+def _compile_with_sessions(ort: Any, job: CompileWork, adapter: Provider) -> None:
     """Create the sessions in order (each writes its ctx model), destroy them in reverse."""
     sessions: list[Any] = []
     try:
@@ -248,7 +252,7 @@ def _compile_with_sessions(ort: Any, job: Job, adapter: Provider) -> None:
             sessions.pop()
 
 
-def _compile_with_api(ort: Any, job: Job, adapter: Provider) -> None:
+def _compile_with_api(ort: Any, job: CompileWork, adapter: Provider) -> None:
     """One ``onnxruntime.ModelCompiler`` per model, in order. A sharing group is the loop
     ONNX Runtime recommends in place of its ``ep_weight_sharing_ctx_gen`` tool: the same
     ``ep.share_ep_contexts`` entries as sessions, the stop entry on the last model."""
@@ -259,7 +263,7 @@ def _compile_with_api(ort: Any, job: Job, adapter: Provider) -> None:
         _compile_model(ort, job, index, so)
 
 
-def session_options(ort: Any, job: Job, index: int, adapter: Provider) -> Any:
+def session_options(ort: Any, job: CompileWork, index: int, adapter: Provider) -> Any:
     """The ``SessionOptions`` that compile model ``index`` of the job, for either compiler:
     config entries, graph optimisation level, threads, and the EP attached."""
     so = ort.SessionOptions()
@@ -284,7 +288,7 @@ def _optimization_level(ort: Any, level: str | None) -> Any:
     return getattr(ort.GraphOptimizationLevel, OPTIMIZATION_LEVELS[level or "all"])
 
 
-def _session_entries(job: Job, index: int, ctx_path: str) -> dict[str, str]:
+def _session_entries(job: CompileWork, index: int, ctx_path: str) -> dict[str, str]:
     """The session config entries of model ``index`` of the job: with sessions, those that
     make it write its ctx model; with either compiler, sharing and session settings."""
     model = job.models[index]
@@ -314,7 +318,7 @@ def _session_entries(job: Job, index: int, ctx_path: str) -> dict[str, str]:
     return entries
 
 
-def _open_session(ort: Any, job: Job, model: str, so: Any) -> Any:
+def _open_session(ort: Any, job: CompileWork, model: str, so: Any) -> Any:
     """One session (the compile happens here); an ONNX Runtime error is a CompileFailure."""
     try:
         if job.context.load == "bytes":
@@ -325,7 +329,7 @@ def _open_session(ort: Any, job: Job, model: str, so: Any) -> Any:
         raise ort_failure(job, model, exc) from exc
 
 
-def ort_failure(job: Job, model: str, exc: Exception) -> CompileFailure:
+def ort_failure(job: CompileWork, model: str, exc: Exception) -> CompileFailure:
     """The failure of an ONNX Runtime error while compiling ``model``."""
     hint = None
     if job.compile.disable_cpu_ep_fallback and FALLBACK_REFUSED in str(exc):
@@ -341,7 +345,7 @@ def ort_failure(job: Job, model: str, exc: Exception) -> CompileFailure:
     return CompileFailure(f"{model}: ONNX Runtime failed: {_ort_message(exc)}", hint)
 
 
-def _compile_model(ort: Any, job: Job, index: int, so: Any) -> None:
+def _compile_model(ort: Any, job: CompileWork, index: int, so: Any) -> None:
     """Compile model ``index`` with the compile API; it fails when no node was compiled."""
     # A source repeated in the group gets a distinct path spelling (``Job.repeat_prefix``):
     # the EP names its graphs by the path, and one shared context cannot hold two of a name.
@@ -466,7 +470,7 @@ def _checked_ctx(
 
 
 def main() -> None:
-    """Entry point: read one job line, compile, write the result file."""
+    """Entry point: read one job line, run it, write the result file."""
     import epbuild._stacks as _stacks
 
     _stacks.register()
@@ -474,8 +478,8 @@ def main() -> None:
 
     line = sys.stdin.buffer.readline()
     threading.Thread(target=_watch_parent, daemon=True).start()
-    job = job_from_json(json.loads(line))
-    result = _result_of(job) if isinstance(job, Job) else _kind_result(job, ".")
+    job = Job.from_json(json.loads(line))
+    result = result_of(job, ".")
     result_path = posixpath.join(job.staging, RESULT_NAME)
     try:
         atomic_write_text(result_path, json.dumps(result), durable=False)
@@ -493,36 +497,10 @@ NO_RESULT = 75
 """The worker's exit status when it could not write its result document."""
 
 
-def _result_of(job: Job) -> dict[str, Any]:
-    """The result document of a job: what it produced, or why it failed."""
-    from epbuild.errors import EpbuildError
-
-    try:
-        return compile_action(job)
-    except CompileFailure as exc:
-        return _failure(job, str(exc), exc.hint)
-    except EpbuildError as exc:
-        return _failure(job, exc.message, exc.hint)
-    except Exception as exc:
-        failed = _failure(job, f"{type(exc).__name__}: {exc}", None)
-        return {**failed, "traceback": traceback.format_exc()}
-
-
-def run_inline(job: KindJob, root: str) -> WorkerOutcome:
-    """Run an ``inline`` job in this process (the coordinator's: no onnxruntime here)."""
-    from epbuild.executors.local import outcome_of
-
-    return outcome_of(_kind_result(job, root), 0, os.path.join(root, job.staging, "none"))
-
-
-def _kind_result(job: KindJob, root: str) -> dict[str, Any]:
-    """The result document of another kind's job: what its runner reports, or why it
-    failed (``UserError``: the message and hint; anything else: a bug, with its
+def result_of(job: Job, root: str) -> dict[str, Any]:
+    """The result document of a job: what its runner reports, or why it failed (an
+    ``EpbuildError``: the message, hint and exit code; anything else: a bug, with its
     traceback)."""
-    import importlib
-
-    from epbuild.errors import EpbuildError
-
     module, _, name = job.runner.partition(":")
     try:
         report = getattr(importlib.import_module(module), name)(job, root)
@@ -534,7 +512,7 @@ def _kind_result(job: KindJob, root: str) -> dict[str, Any]:
     return {"ok": True, "peak_rss": peak_rss(), **report, "epbuild": _epbuild_version()}
 
 
-def _failure(job: Job | KindJob, error: str, hint: str | None) -> dict[str, Any]:
+def _failure(job: Job, error: str, hint: str | None) -> dict[str, Any]:
     """A failed result; says so when a write limit explains it (an EP's own message, such
     as ONNX Runtime's "Failed to write context cache file", often does not)."""
     trouble = write_trouble(job.staging)

@@ -11,7 +11,6 @@ from epbuild.kinds.contract import kind_named
 from epbuild.results import ActionResult, Outcome, Reporter
 
 _MARK = {
-    Outcome.COMPILED: "compiled",
     Outcome.RESTORED: "restored",
     Outcome.UP_TO_DATE: "up to date",
     Outcome.FAILED: "FAILED",
@@ -72,10 +71,9 @@ class ConsoleReporter(Reporter):
             self.progress.pop(result.id, None)
             self.done += 1
             if result.outcome is Outcome.FAILED or not self.quiet:
-                extra = f" ({result.seconds:.1f}s)" if result.outcome is Outcome.COMPILED else ""
-                mark = _MARK[result.outcome]
-                if result.outcome is Outcome.COMPILED and result.kind != "compile":
-                    mark = kind_named(result.kind).past
+                ran = result.outcome is Outcome.RAN
+                extra = f" ({result.seconds:.1f}s)" if ran else ""
+                mark = kind_named(result.kind).words.past if ran else _MARK[result.outcome]
                 self._line(f"[{self.done}/{self.total}] {mark} {result.id}{extra}")
             if result.outcome is Outcome.FAILED:
                 self._line(f"  error: {result.error}")

@@ -32,7 +32,7 @@ from epbuild.planning.llms import LlmGroup
 from epbuild.results import CheckStatus
 
 if TYPE_CHECKING:
-    from epbuild.planning.actions import Action
+    from epbuild.planning.actions import CompileAction
     from epbuild.planning.workspace import Workspace
 
 SHARED_ON_X86 = (
@@ -92,7 +92,7 @@ def check_generation(
     ws: Workspace, *, tokens: int, prompt: str | None = None
 ) -> list[GenerationCheck]:
     """One check per selected LLM × provider; ``prompt`` wins over the entry's own."""
-    targets: dict[tuple[str, str], list[Action]] = {}
+    targets: dict[tuple[str, str], list[CompileAction]] = {}
     for action in ws.actions:
         if isinstance(action.group, LlmGroup):
             targets.setdefault((action.group.name, action.provider.name), []).append(action)
@@ -100,7 +100,7 @@ def check_generation(
 
 
 def _check(
-    ws: Workspace, name: str, actions: list[Action], tokens: int, given: str | None
+    ws: Workspace, name: str, actions: list[CompileAction], tokens: int, given: str | None
 ) -> GenerationCheck:
     llm = ws.manifest.llms[name]
     prompt = given or llm.prompt or DEFAULT_PROMPT

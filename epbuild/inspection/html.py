@@ -319,7 +319,7 @@ def _graph_nodes(ws: Workspace) -> list[GraphNode]:
         a = plan.action
         rec = ws.state.records.get(a.id)
         state = "never built" if rec is None else "stale" if plan.stale else "up to date"
-        made = "" if rec is None else "restored" if rec.restored else kind_of(a).past
+        made = "" if rec is None else "restored" if rec.restored else kind_of(a).words.past
         seconds = rec.seconds if rec is not None else 0.0
         nodes.append(GraphNode(a.id, a.kind, a.deps, state, made, seconds))
     return nodes

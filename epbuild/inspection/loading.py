@@ -19,7 +19,7 @@ from typing import Any
 
 from epbuild._dataclass import dataclass
 from epbuild.executors.local import own_command
-from epbuild.planning.actions import Action
+from epbuild.planning.actions import CompileAction
 from epbuild.planning.workspace import Workspace
 from epbuild.providers import get_provider
 from epbuild.providers.contract import ProviderConfig
@@ -68,7 +68,7 @@ class LoadCheck:
 
 def load_check(
     ws: Workspace,
-    action: Action,
+    action: CompileAction,
     index: int,
     toolchain: Toolchain | str | None,
     extra: dict[str, Any] | None = None,
@@ -86,7 +86,9 @@ def load_check(
     return run_load(ws.root, load_spec(action, index, extra), python, standalone=standalone)
 
 
-def load_spec(action: Action, index: int, extra: dict[str, Any] | None = None) -> dict[str, Any]:
+def load_spec(
+    action: CompileAction, index: int, extra: dict[str, Any] | None = None
+) -> dict[str, Any]:
     """What a loader run of the ``index``-th ctx model of ``action`` needs (JSON values):
     the loader's job, and ``share_weights`` (whether the EP can load it here)."""
     job: dict[str, Any] = {

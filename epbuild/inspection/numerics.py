@@ -29,7 +29,7 @@ from epbuild.api import run_plans
 from epbuild.errors import ModelError, ToolchainError, UserError
 from epbuild.kinds.check import CHECK, CheckAction, check_action
 from epbuild.manifest.model import NumericsSettings
-from epbuild.planning.actions import Action
+from epbuild.planning.actions import CompileAction
 from epbuild.planning.quantize import QuantizedGroup
 from epbuild.planning.staleness import make_plan, outputs_intact
 from epbuild.planning.workspace import Workspace, open_workspace
@@ -176,7 +176,7 @@ def _finite(value: Any) -> Any:
     return None if isinstance(value, float) and not math.isfinite(value) else value
 
 
-def tolerance_of(action: Action, index: int) -> Tolerance | QuantTolerance:
+def tolerance_of(action: CompileAction, index: int) -> Tolerance | QuantTolerance:
     """What the ``index``-th ctx model's figures are judged by."""
     group, entry = action.group, action.entries[index]
     if isinstance(group, QuantizedGroup) and group.recipe is not None:
@@ -208,7 +208,7 @@ def judged(
     return out
 
 
-def last_checks(ws: Workspace, action: Action) -> list[NumericsCheck] | None:
+def last_checks(ws: Workspace, action: CompileAction) -> list[NumericsCheck] | None:
     """The recorded checks of a committed action's ctx models, as its outputs and settings
     are now (for ``status --detail`` and packages); None when none is recorded or the
     record is of other inputs. Runs nothing."""
@@ -274,7 +274,7 @@ def build_verdicts(
 ) -> list[NumericsCheck]:
     """The verdicts of the numerical checks a ``build(numerics=True)`` ran or restored (up
     to date ones were judged when they ran)."""
-    done = (Outcome.COMPILED, Outcome.RESTORED, Outcome.FAILED)
+    done = (Outcome.RAN, Outcome.RESTORED, Outcome.FAILED)
     ran = {r.id: r for r in result.actions if r.kind == CHECK.name and r.outcome in done}
     if not ran:
         return []
@@ -288,7 +288,7 @@ def build_verdicts(
     return out
 
 
-def run_checks(ws: Workspace, actions: list[Action]) -> list[NumericsCheck]:
+def run_checks(ws: Workspace, actions: list[CompileAction]) -> list[NumericsCheck]:
     """Check ``actions`` (committed): the check actions that are stale run (a loader per
     ctx model), the others' recorded figures are judged again. An action whose toolchain
     is not usable here is not checkable (nothing is recorded: it may be next time)."""
@@ -323,6 +323,6 @@ def run_checks(ws: Workspace, actions: list[Action]) -> list[NumericsCheck]:
         failure = plan.error.message if plan.error is not None else None
         if result is not None and result.outcome in (Outcome.FAILED, Outcome.SKIPPED):
             failure = result.error or "; ".join(result.reasons) or "the check did not run"
-        cached = result is None or result.outcome is not Outcome.COMPILED  # ran elsewhere
+        cached = result is None or result.outcome is not Outcome.RAN  # ran elsewhere
         out += judged(ws, check, cached=cached, failure=failure)
     return out

@@ -42,7 +42,7 @@ from epbuild.onnx.context import (
     toolchain_dirs,
 )
 from epbuild.onnx.proto import ModelInfo, ProtoError, read_model
-from epbuild.planning.actions import Action
+from epbuild.planning.actions import CompileAction
 from epbuild.planning.damage import record_damage
 from epbuild.planning.moves import moved_from
 from epbuild.planning.workspace import Workspace, open_workspace
@@ -158,15 +158,15 @@ def verify_outputs(
 
 def _check_actions(
     ws: Workspace, result: VerifyResult, pool: Executor | None
-) -> tuple[list[Future[LoadCheck]], list[Action]]:
+) -> tuple[list[Future[LoadCheck]], list[CompileAction]]:
     """Check each action's outputs into ``result``; with a ``pool``, start the loads of its
     ctx models there. Also returns the compile actions whose outputs are as recorded (what
     ``--numerics`` checks)."""
     machine = machine_paths(ws.root)
     loads: list[Future[LoadCheck]] = []
-    intact: list[Action] = []
+    intact: list[CompileAction] = []
     for other in ws.graph:  # an LLM's preparation and package: their outputs' digests
-        if not isinstance(other, Action):
+        if not isinstance(other, CompileAction):
             _check_record(ws, other, result)
     for action in ws.actions:
         changed = _check_record(ws, action, result)
@@ -220,7 +220,7 @@ def _check_record(
     return changed
 
 
-def _toolchain(ws: Workspace, action: Action) -> Toolchain | str | None:
+def _toolchain(ws: Workspace, action: CompileAction) -> Toolchain | str | None:
     """The action's toolchain; a string saying why it is unusable; None: epbuild's own
     environment."""
     try:
@@ -260,7 +260,7 @@ def _check_outputs(
 
 def _check_ctx(
     ws: Workspace,
-    action: Action,
+    action: CompileAction,
     ctx: str,
     text: tuple[LazySourceText, MachinePaths],
     result: VerifyResult,
@@ -289,7 +289,9 @@ def _check_ctx(
     return info
 
 
-def _check_sharing(action: Action, infos: list[ModelInfo | None], result: VerifyResult) -> None:
+def _check_sharing(
+    action: CompileAction, infos: list[ModelInfo | None], result: VerifyResult
+) -> None:
     """A weight-sharing action's ctx models share one binary (once all could be read: a
     missing or unreadable one is reported already)."""
     read = [info for info in infos if info is not None]
@@ -299,7 +301,7 @@ def _check_sharing(action: Action, infos: list[ModelInfo | None], result: Verify
 
 
 def _load_checks(
-    ws: Workspace, action: Action, toolchain: Toolchain | str | None, pool: Executor
+    ws: Workspace, action: CompileAction, toolchain: Toolchain | str | None, pool: Executor
 ) -> list[Future[LoadCheck]]:
     """Start the load checks of the action's ctx models in ``pool``, each in a copy of this
     thread's context (the toolchain's ``scanning`` view of the EP goes along)."""

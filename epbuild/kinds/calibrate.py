@@ -11,16 +11,14 @@ from __future__ import annotations
 
 import os
 import posixpath
-from typing import TYPE_CHECKING, Any
+from collections.abc import Mapping
+from typing import Any
 
 from epbuild._dataclass import dataclass
 from epbuild.errors import VerificationError
-from epbuild.kinds.contract import BaseKind, OwnStep, RunContext
+from epbuild.kinds.contract import BaseKind, OwnStep, RunContext, Wording
 from epbuild.manifest.model import Group, ModelEntry, Quantization
 from epbuild.planning.keys import ActionKey, KeyComputer
-
-if TYPE_CHECKING:
-    from epbuild.onnx.context import Problem
 
 CALIBRATE_FORMAT = 2
 """Bump when the same inputs make other ranges or another preprocessed model."""
@@ -79,8 +77,11 @@ class CalibrateKind(BaseKind):
     name = "calibrate"
     runner = "epbuild.quant.work:calibrate"
     format = CALIBRATE_FORMAT
-    past = "calibrated"
-    doing = "calibrating"
+    words = Wording(
+        "calibrated",
+        "calibrating",
+        "{a.entry.path} is not calibrated yet for its current inputs ({a.id} runs first)",
+    )
     checks_input = True
 
     def key(self, action: CalibrateAction, keys: KeyComputer, *, fresh: bool) -> ActionKey:
@@ -113,8 +114,12 @@ class CalibrateKind(BaseKind):
         return payload
 
     def check(
-        self, action: CalibrateAction, staging: str, ctx: RunContext
-    ) -> tuple[list[str], list[Problem]]:
+        self,
+        action: CalibrateAction,
+        staging: str,
+        ctx: RunContext,
+        result: Mapping[str, Any] | None,
+    ) -> tuple[list[str], list[str]]:
         """The preprocessed model (and its external data) and readable ranges, nothing
         else."""
         import json
@@ -137,12 +142,6 @@ class CalibrateKind(BaseKind):
         if not isinstance(ranges, dict) or not ranges.get("data"):
             raise VerificationError(f"{RANGES}: the calibration found no tensor to quantize")
         return names, []
-
-    def waits_note(self, action: CalibrateAction) -> str:
-        return (
-            f"{action.entry.path} is not calibrated yet for its current inputs "
-            f"({action.id} runs first)"
-        )
 
 
 CALIBRATE = CalibrateKind()

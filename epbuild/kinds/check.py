@@ -24,17 +24,17 @@ import platform
 import posixpath
 import sys
 import time
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from epbuild._dataclass import dataclass
 from epbuild.errors import ModelError, UserError, VerificationError
-from epbuild.executors.job import KindJob
-from epbuild.kinds.contract import ActionIdentity, BaseKind, RunContext
-from epbuild.planning.actions import Action
+from epbuild.executors.job import Job
+from epbuild.kinds.contract import ActionIdentity, BaseKind, GraphRequest, RunContext, Wording
+from epbuild.planning.actions import CompileAction
 from epbuild.planning.keys import ActionKey, KeyComputer
 
 if TYPE_CHECKING:
-    from epbuild.onnx.context import Problem
     from epbuild.toolchains.spec import ToolchainSpec
 
 CHECK_FORMAT = 1
@@ -49,7 +49,7 @@ class CheckAction(ActionIdentity):
     """The numerical check of one compile action's ctx models."""
 
     id: str
-    compile: Action
+    compile: CompileAction
     out_dir: str
     """``<state_dir>/checks/<group>/<provider>``."""
 
@@ -86,15 +86,16 @@ def check_id(compile_id: str) -> str:
     return compile_id + "/check"
 
 
-def check_action(compile: Action, state_dir: str) -> CheckAction:
+def check_action(compile: CompileAction, state_dir: str) -> CheckAction:
     """The check of ``compile``, its figures under ``state_dir`` (workspace-relative)."""
     out_dir = posixpath.join(state_dir, "checks", compile.group_name, compile.provider_name)
     return CheckAction(check_id(compile.id), compile, out_dir)
 
 
-def check_actions(compiles: list[Action], state_dir: str) -> list[CheckAction]:
-    """The checks of ``compiles``."""
-    return [check_action(a, state_dir) for a in compiles]
+def check_actions(request: GraphRequest) -> list[CheckAction]:
+    """The checks of the compiles (the check kind's actions)."""
+    state_dir = request.manifest.workspace.state_dir
+    return [check_action(a, state_dir) for a in request.made if isinstance(a, CompileAction)]
 
 
 class CheckKind(BaseKind):
@@ -104,8 +105,7 @@ class CheckKind(BaseKind):
     name = "check"
     runner = "epbuild.kinds.check:run"
     format = CHECK_FORMAT
-    past = "checked"
-    doing = "checking"
+    words = Wording("checked", "checking")
     follows = True
     inline = True
     checks_input = True
@@ -152,8 +152,12 @@ class CheckKind(BaseKind):
         return payload
 
     def check(
-        self, action: CheckAction, staging: str, ctx: RunContext
-    ) -> tuple[list[str], list[Problem]]:
+        self,
+        action: CheckAction,
+        staging: str,
+        ctx: RunContext,
+        result: Mapping[str, Any] | None,
+    ) -> tuple[list[str], list[str]]:
         """One readable figures document per ctx model, nothing else."""
         from epbuild.onnx.staged import staged_names
 
@@ -192,7 +196,7 @@ def _sample_files(root: str, patterns: tuple[str, ...]) -> list[str]:
     return list(found)
 
 
-def check_inputs(root: str, action: Action) -> list[str]:
+def check_inputs(root: str, action: CompileAction) -> list[str]:
     """The files a check of ``action`` reads besides its ctx models (workspace-relative):
     the source models, the samples, and for a quantized group the float sources and the
     models its calibrations wrote. A pattern that matches nothing is a ``ModelError``."""
@@ -206,12 +210,12 @@ def check_inputs(root: str, action: Action) -> list[str]:
     return list(files)
 
 
-def loader_extra(root: str, action: Action, index: int) -> dict[str, Any]:
+def loader_extra(root: str, action: CompileAction, index: int) -> dict[str, Any]:
     """The loader job's part beyond the models, for the ``index``-th ctx model."""
     return _inputs(root, action, index)[1]
 
 
-def _inputs(root: str, action: Action, index: int) -> tuple[list[str], dict[str, Any]]:
+def _inputs(root: str, action: CompileAction, index: int) -> tuple[list[str], dict[str, Any]]:
     """What one check compares on: the files it reads beyond the models, and the loader
     job's part beyond the models. A quantized group's model is compared with its float
     source on the recipe's validation samples, the QDQ model beside it."""
@@ -231,7 +235,7 @@ def _inputs(root: str, action: Action, index: int) -> tuple[list[str], dict[str,
     return samples, {**entry.numerics.to_json(), "inputs": samples}
 
 
-def run(job: KindJob, root: str) -> dict[str, Any]:
+def run(job: Job, root: str) -> dict[str, Any]:
     """Run each ctx model's loader and stage its figures (the loader's result document)."""
     from epbuild.errors import ActionFailedError
     from epbuild.fs import atomic_write_bytes

@@ -1,29 +1,33 @@
 """The kinds of action: what each sort of work in the build graph supplies to the engine.
 
 An action is a kind plus its inputs (source files, or the outputs of the actions it depends
-on). A kind supplies, through ``Kind``: the action's key (a digest of a canonical
-description: kind, the kind's settings, its inputs' digests and the tool versions it
-declares), the job a worker runs, the check of what the worker staged, and what the worker
-reported against the rules. The engine knows only this interface: restore, commit, the
-cache, the journal, the farm and ``status`` work the same for every kind. Adding a kind is
-a module with a ``Kind`` and its actions, registered here (``register``).
+on). A kind decides, through ``Kind``, one verb per question: the action's inputs and key
+(``key``: a digest of a canonical description: kind, the kind's settings, its inputs'
+digests and the tool versions it declares; it raises for what cannot be built), the job
+that stages its outputs (``job``), and the check of what the job wrote and reported
+(``check``); how its actions are spoken of is apart (``Wording``). The engine knows only
+this interface: restore, commit, the cache, the journal, the farm and ``status`` work the
+same for every kind. Every kind, built-in or not, is in one registry here, with what lists
+its actions (``register``).
 """
 
 from __future__ import annotations
 
 import hashlib
 import importlib
-from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any, ClassVar, Protocol
+import json
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol, cast
 
 from epbuild._dataclass import dataclass
+from epbuild.executors.job import Job
+from epbuild.planning.keys import ActionKey
 
 if TYPE_CHECKING:
-    from epbuild.errors import UserError
-    from epbuild.executors.job import AnyJob
-    from epbuild.manifest.model import Manifest
-    from epbuild.onnx.context import MachinePaths, Problem
-    from epbuild.planning.keys import ActionKey, KeyComputer
+    from epbuild.manifest.model import Group, Manifest
+    from epbuild.onnx.context import MachinePaths
+    from epbuild.planning.keys import KeyComputer
     from epbuild.toolchains.spec import ToolchainSpec
 
 
@@ -74,10 +78,6 @@ class GraphAction(Protocol):
 
 def make_key(components: Mapping[str, Any], inputs: Mapping[str, str]) -> ActionKey:
     """The key of a kind's action: the digest of its components' canonical JSON."""
-    import json
-
-    from epbuild.planning.keys import ActionKey
-
     blob = json.dumps(components, sort_keys=True, separators=(",", ":")).encode()
     return ActionKey(hashlib.sha256(blob).hexdigest(), dict(components), dict(inputs))
 
@@ -124,66 +124,76 @@ class RunContext:
     """The action's predicted peak memory in bytes (0: unknown)."""
 
 
+@dataclass(frozen=True)
+class Wording:
+    """How progress, results and ``status`` speak of a kind's actions; nothing the engine
+    decides by."""
+
+    past: str
+    """What results and progress say of an action that ran (``compiled``, ``prepared``)."""
+    doing: str = ""
+    """What progress says of a running one (``calibrating``); empty: nothing."""
+    waits: str = "{a.id} is stale: planned again once it has run"
+    """What ``status`` says of an action that reads the outputs of a stale one of this
+    kind: a ``str.format`` template of that stale action, ``a``."""
+
+    def waits_note(self, action: GraphAction) -> str:
+        """``waits`` of the stale ``action``."""
+        return self.waits.format(a=action)
+
+
 class Kind(Protocol):
-    """One sort of action."""
+    """One sort of action: what it decides (its inputs and key, its job, the check of what
+    the job wrote), each by one verb, apart from how it is worded (``words``)."""
 
     name: str
-    past: str
-    """What progress says of an action of this kind that ran (``compiled``)."""
+    words: Wording
     follows: bool
     """A selection that takes every action it depends on takes it too (an LLM's package
     follows its graphs' compiles)."""
     inline: bool
-    """Its jobs run in the building process, never in a worker (``KindJob.inline``)."""
+    """Its jobs run in the building process, never in a worker
+    (``executors.local.run_inline``)."""
+    checks_input: bool
+    """Its job's user errors are bad input: a build failed only by them exits 2."""
 
     def key(self, action: Any, keys: KeyComputer, *, fresh: bool) -> ActionKey:
-        """The action's key and its components; raises ``ModelError`` (or another
-        ``UserError``) for a broken input. ``fresh``: look at the inputs again instead of
-        taking this run's memoised digests."""
-        ...
-
-    def refuse(self, action: Any, key: ActionKey, keys: KeyComputer) -> UserError | None:
-        """Why an action with this key cannot be built at all (None: it can)."""
+        """The action's inputs and key (``ActionKey``: key, components, inputs by digest).
+        Raises ``ModelError`` (or ``ToolchainError``) for what cannot be built: a broken
+        input, or an action that never can be (a context past protobuf's limit). ``fresh``:
+        look at the inputs again instead of taking this run's memoised digests."""
         ...
 
     def job(
         self, action: Any, key: ActionKey, staging: str, ctx: RunContext
-    ) -> tuple[AnyJob, list[str]]:
-        """The job a worker runs to stage the action's outputs into ``staging``, and
-        warnings found making it (raises ``UserError`` for what cannot be built)."""
+    ) -> tuple[Job, list[str]]:
+        """The job that stages the action's outputs into ``staging``, and the warnings
+        found making it (raises ``UserError`` for what cannot be built)."""
         ...
 
-    def check(self, action: Any, staging: str, ctx: RunContext) -> tuple[list[str], list[Problem]]:
-        """Check what was staged (by a worker, or restored from the cache): the output file
-        names and the warnings; raises ``VerificationError`` for an output it must refuse."""
-        ...
-
-    def problems(self, action: Any, result: Mapping[str, Any]) -> list[Problem]:
-        """What the worker's result document reports, against the kind's rules."""
-        ...
-
-    def waits_note(self, action: Any) -> str:
-        """What ``status`` says of an action that reads the outputs of this stale one."""
+    def check(
+        self, action: Any, staging: str, ctx: RunContext, result: Mapping[str, Any] | None
+    ) -> tuple[list[str], list[str]]:
+        """Judge what was staged and what its job reported (``result``, the worker's
+        result document; None: restored from the cache): the output file names and the
+        warnings; raises ``VerificationError`` for anything it must refuse."""
         ...
 
 
 class BaseKind:
     """What kinds answer alike, for a kind to override where it differs (a kind need not
-    derive from it: ``Kind`` is the interface). Its jobs run in a worker; it refuses no
-    key and reports nothing against its rules."""
+    derive from it: ``Kind`` is the interface): its job is its ``runner`` with its
+    ``payload``, in a worker."""
 
     name: ClassVar[str]
-    past: ClassVar[str]
+    words: ClassVar[Wording]
     runner: ClassVar[str] = ""
-    """``module:function`` a worker calls with a job (``KindJob``) and the workspace root."""
+    """``module:function`` a worker calls with a job (``Job``) and the workspace root."""
     format: ClassVar[int] = 1
     """Bump when the same inputs make other outputs (a key component)."""
-    doing: ClassVar[str] = ""
-    """How progress names a running one (``calibrating``); empty: not said."""
     follows: ClassVar[bool] = False
     inline: ClassVar[bool] = False
     checks_input: ClassVar[bool] = False
-    """Its job's user errors are bad input: a build failed only by them exits 2."""
 
     def keyed(self, inputs: Mapping[str, str], **settings: Any) -> ActionKey:
         """The key of an action of this kind that reads ``inputs`` ({path: digest}) with
@@ -191,40 +201,91 @@ class BaseKind:
         components = {"kind": self.name, "format": self.format, "inputs": dict(inputs)}
         return make_key({**components, **settings}, inputs)
 
-    def refuse(self, action: Any, key: ActionKey, keys: KeyComputer) -> UserError | None:
-        return None
-
-    def problems(self, action: Any, result: Mapping[str, Any]) -> list[Problem]:
-        return []
-
-    def waits_note(self, action: Any) -> str:
-        return f"{action.id} is stale: planned again once it has run"
-
     def job(
         self, action: Any, key: ActionKey, staging: str, ctx: RunContext
-    ) -> tuple[AnyJob, list[str]]:
+    ) -> tuple[Job, list[str]]:
         """Its ``runner`` with the action's ``payload``, in a worker (or inline)."""
-        from epbuild.executors.job import KindJob
-
         payload = self.payload(action, key, ctx)
-        return KindJob(action.id, self.name, self.runner, staging, payload, dict(key.inputs),
-                       predicted_peak=ctx.predicted_peak, inline=self.inline), []  # fmt: skip
+        inputs = dict(key.inputs)
+        return Job(action.id, self.runner, staging, payload, inputs, ctx.predicted_peak), []
 
     def payload(self, action: Any, key: ActionKey, ctx: RunContext) -> dict[str, Any]:
         """What its runner needs of one action (JSON values)."""
         raise NotImplementedError(f"kind {self.name} makes no jobs")
 
 
-_BUILT_IN = {
-    "compile": "epbuild.kinds.compile:COMPILE",
-    "prepare": "epbuild.kinds.prepare:PREPARE",
-    "package": "epbuild.kinds.package:PACKAGE",
-    "calibrate": "epbuild.kinds.calibrate:CALIBRATE",
-    "quantize": "epbuild.kinds.quantize:QUANTIZE",
-    "check": "epbuild.kinds.check:CHECK",
+@dataclass(frozen=True)
+class GraphRequest:
+    """What the kinds make a workspace's actions from (``planning.graph.make_graph``)."""
+
+    manifest: Manifest
+    llm_groups: tuple[Group, ...] = ()
+    """The compile groups of its LLM entries (``planning.llms``: with their prepared
+    graphs, or only their shapes)."""
+    numerics: bool = False
+    """The command asks for the compiles' numerical checks."""
+    made: tuple[GraphAction, ...] = ()
+    """The actions the kinds registered before have made (an LLM's package, a numerical
+    check reads the compiles among them)."""
+
+    @property
+    def quantized(self) -> bool:
+        """A group of the manifest is quantized."""
+        return any(g.quantize is not None for g in self.manifest.groups.values())
+
+    @property
+    def llms(self) -> bool:
+        """The manifest has LLM entries."""
+        return bool(self.manifest.llms)
+
+
+ActionsOf = Callable[[GraphRequest], Sequence[GraphAction]]
+"""What lists a kind's actions: the actions of that kind a request's manifest has."""
+
+
+@dataclass
+class Registration:
+    """A kind in the registry, and where its actions come from. A built-in kind names its
+    ``Kind`` and its ``ActionsOf`` by ``module:attribute``, imported on first use, and
+    ``when``: the ``GraphRequest`` flag without which it has no action (so a workspace that
+    has none never imports it)."""
+
+    kind: Kind | str
+    actions: ActionsOf | str | None = None
+    """None: another kind's function lists its actions (calibrations come with their
+    quantizations)."""
+    when: str = ""
+    """``quantized``, ``llms`` or ``numerics``; empty: every workspace."""
+
+
+_REGISTRY: dict[str, Registration] = {
+    "calibrate": Registration("epbuild.kinds.calibrate:CALIBRATE"),
+    "quantize": Registration(
+        "epbuild.kinds.quantize:QUANTIZE",
+        "epbuild.planning.quantize:quantization_actions",
+        when="quantized",
+    ),
+    "prepare": Registration(
+        "epbuild.kinds.prepare:PREPARE", "epbuild.planning.llms:llm_preparations", when="llms"
+    ),
+    "compile": Registration(
+        "epbuild.kinds.compile:COMPILE", "epbuild.kinds.compile:compile_actions"
+    ),
+    "package": Registration(
+        "epbuild.kinds.package:PACKAGE", "epbuild.planning.llms:llm_packages", when="llms"
+    ),
+    "check": Registration(
+        "epbuild.kinds.check:CHECK", "epbuild.kinds.check:check_actions", when="numerics"
+    ),
 }
-_KINDS: dict[str, Kind] = {}
-_SOURCES: dict[str, Callable[[Manifest], list[GraphAction]]] = {}
+"""The kinds, in the order their actions join a graph: the built-in ones, then those
+added by ``register``."""
+
+
+def _load(where: str) -> Any:
+    """The object ``module:attribute`` names."""
+    module, _, attr = where.partition(":")
+    return getattr(importlib.import_module(module), attr)
 
 
 def kind_of(action: GraphAction) -> Kind:
@@ -233,27 +294,32 @@ def kind_of(action: GraphAction) -> Kind:
 
 
 def kind_named(name: str) -> Kind:
-    """The registered kind ``name`` (built-in kinds are imported on first use)."""
-    if name not in _KINDS:
-        module, _, attr = _BUILT_IN[name].partition(":")
-        _KINDS[name] = getattr(importlib.import_module(module), attr)
-    return _KINDS[name]
+    """The registered kind ``name`` (a built-in kind is imported on first use)."""
+    entry = _REGISTRY[name]
+    if isinstance(entry.kind, str):
+        entry.kind = _load(entry.kind)
+    return cast("Kind", entry.kind)
 
 
-def register(kind: Kind, actions: Callable[[Manifest], list[GraphAction]] | None = None) -> None:
-    """Add a kind; ``actions`` gives the actions of that kind a manifest has (they join
-    every workspace's graph after the built-in kinds' actions)."""
-    _KINDS[kind.name] = kind
-    if actions is not None:
-        _SOURCES[kind.name] = actions
+def register(kind: Kind, actions: ActionsOf | None = None) -> None:
+    """Add a kind; ``actions`` lists the actions of that kind a request's manifest has
+    (they join every workspace's graph after the built-in kinds' actions)."""
+    _REGISTRY[kind.name] = Registration(kind, actions)
 
 
 def unregister(name: str) -> None:
     """Remove a kind added by ``register``."""
-    _KINDS.pop(name, None)
-    _SOURCES.pop(name, None)
+    _REGISTRY.pop(name, None)
 
 
-def registered_actions(manifest: Manifest) -> list[GraphAction]:
-    """The actions of the kinds added by ``register``."""
-    return [a for source in _SOURCES.values() for a in source(manifest)]
+def registered_actions(request: GraphRequest) -> list[GraphAction]:
+    """The actions of every registered kind, in registry order; each kind's function sees
+    those made before it (``GraphRequest.made``)."""
+    made: list[GraphAction] = []
+    for entry in _REGISTRY.values():
+        if entry.actions is None or (entry.when and not getattr(request, entry.when)):
+            continue
+        if isinstance(entry.actions, str):
+            entry.actions = cast("ActionsOf", _load(entry.actions))
+        made += entry.actions(replace(request, made=tuple(made)))
+    return made

@@ -18,19 +18,16 @@ import os
 import posixpath
 import time
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from epbuild._dataclass import dataclass
 from epbuild.errors import ModelError, VerificationError
-from epbuild.executors.job import KindJob
-from epbuild.kinds.contract import BaseKind, RunContext, make_key
+from epbuild.executors.job import Job
+from epbuild.kinds.contract import BaseKind, RunContext, Wording, make_key
 from epbuild.kinds.prepare import LlmStep
 from epbuild.manifest.model import Llm
 from epbuild.planning.keys import ActionKey, KeyComputer
 from epbuild.providers.contract import ProviderConfig
-
-if TYPE_CHECKING:
-    from epbuild.onnx.context import Problem
 
 PACKAGE_FORMAT = 1
 """Bump when the same source makes another package."""
@@ -58,7 +55,7 @@ class PackageKind(BaseKind):
 
     name = "package"
     runner = "epbuild.kinds.package:run"
-    past = "packaged"
+    words = Wording("packaged")
     follows = True
     inline = True
 
@@ -90,8 +87,12 @@ class PackageKind(BaseKind):
         return payload
 
     def check(
-        self, action: PackageAction, staging: str, ctx: RunContext
-    ) -> tuple[list[str], list[Problem]]:
+        self,
+        action: PackageAction,
+        staging: str,
+        ctx: RunContext,
+        result: Mapping[str, Any] | None,
+    ) -> tuple[list[str], list[str]]:
         """Exactly the config and the copies were staged."""
         from epbuild.llm.genai_schema import GENAI_CONFIG
         from epbuild.onnx.staged import staged_names
@@ -127,7 +128,7 @@ def _plan(root: str, action: PackageAction) -> Any:
         ) from exc
 
 
-def run(job: KindJob, root: str) -> dict[str, Any]:
+def run(job: Job, root: str) -> dict[str, Any]:
     """Write the config and copy the source files into the staging directory."""
     from epbuild.fs import atomic_copy, atomic_write_bytes
     from epbuild.llm.genai_schema import GENAI_CONFIG

@@ -17,18 +17,16 @@ import posixpath
 import re
 import shutil
 import time
-from typing import TYPE_CHECKING, Any
+from collections.abc import Mapping
+from typing import Any
 
 from epbuild._dataclass import dataclass
-from epbuild.errors import ModelError, UserError, VerificationError
-from epbuild.executors.job import KindJob
-from epbuild.kinds.contract import BaseKind, OwnStep, RunContext
+from epbuild.errors import ModelError, VerificationError
+from epbuild.executors.job import Job
+from epbuild.kinds.contract import BaseKind, OwnStep, RunContext, Wording
 from epbuild.llm.prepare import AFFINITY, AFFINITY_JSON, PREP_FORMAT, STAGES
 from epbuild.manifest.model import Llm
 from epbuild.planning.keys import ActionKey, KeyComputer
-
-if TYPE_CHECKING:
-    from epbuild.onnx.context import Problem
 
 PREPARED = "prepared"
 """The folder of the prepared graphs inside ``<state_dir>/llm/<name>/``."""
@@ -84,7 +82,11 @@ class PrepareKind(BaseKind):
     name = "prepare"
     runner = "epbuild.kinds.prepare:run"
     format = PREP_FORMAT
-    past = "prepared"
+    words = Wording(
+        "prepared",
+        waits="llms.{a.llm.name}: its static graphs are not prepared yet for its current "
+        "source ({a.id} runs first)",
+    )
     checks_input = True
     """A source whose config contradicts its graph, or whose decoder cannot be prepared, is
     a source mistake like any other: exit 2."""
@@ -93,6 +95,9 @@ class PrepareKind(BaseKind):
         from epbuild.providers.distributions import dist_version
 
         inputs = keys.model_digests(action.model, fresh=fresh)
+        refused = _config_against_graph(keys.root, action)
+        if refused is not None:  # the package would name inputs the graphs do not have
+            raise refused
         llm = action.llm
         return self.keyed(
             inputs,
@@ -101,11 +106,6 @@ class PrepareKind(BaseKind):
             head_size=llm.head_size,
             versions={"onnx": dist_version("onnx")},
         )
-
-    def refuse(self, action: PrepareAction, key: ActionKey, keys: KeyComputer) -> UserError | None:
-        """A config whose layers, KV heads or head size are not the graph's: the package
-        would name inputs the graphs do not have, and its sizes would be wrong."""
-        return _config_against_graph(keys.root, action)
 
     def payload(self, action: PrepareAction, key: ActionKey, ctx: RunContext) -> dict[str, Any]:
         llm = action.llm
@@ -118,8 +118,12 @@ class PrepareKind(BaseKind):
         return payload
 
     def check(
-        self, action: PrepareAction, staging: str, ctx: RunContext
-    ) -> tuple[list[str], list[Problem]]:
+        self,
+        action: PrepareAction,
+        staging: str,
+        ctx: RunContext,
+        result: Mapping[str, Any] | None,
+    ) -> tuple[list[str], list[str]]:
         """The graphs and the affinity file were staged, each graph is readable and its
         external data are files staged beside it; nothing else was staged. Also removes
         what older epbuild versions left beside the prepared folder (a keyed folder per
@@ -150,14 +154,10 @@ class PrepareKind(BaseKind):
         _remove_legacy(os.path.join(ctx.root, posixpath.dirname(action.out_dir)))
         return names, []
 
-    def waits_note(self, action: PrepareAction) -> str:
-        return (
-            f"llms.{action.llm.name}: its static graphs are not prepared yet for its current "
-            f"source ({action.id} runs first)"
-        )
 
-
-def _config_against_graph(root: str, action: PrepareAction) -> UserError | None:
+def _config_against_graph(root: str, action: PrepareAction) -> ModelError | None:
+    """A config whose layers, KV heads or head size are not the graph's: the package
+    would name inputs the graphs do not have, and its sizes would be wrong."""
     import json
 
     from epbuild.kinds.shapes import graph_inputs
@@ -222,7 +222,7 @@ def _remove_legacy(folder: str) -> None:
                     pass
 
 
-def run(job: KindJob, root: str) -> dict[str, Any]:
+def run(job: Job, root: str) -> dict[str, Any]:
     """In the worker: write the static graphs and ``op_affinity.json`` into the staging
     directory (``ModelError`` with the reason when the decoder cannot be prepared)."""
     import importlib.metadata

@@ -12,17 +12,15 @@ from __future__ import annotations
 
 import os
 import posixpath
-from typing import TYPE_CHECKING, Any
+from collections.abc import Mapping
+from typing import Any
 
 from epbuild._dataclass import dataclass
 from epbuild.errors import VerificationError
 from epbuild.kinds.calibrate import CalibrateAction, QuantStep
-from epbuild.kinds.contract import BaseKind, RunContext
+from epbuild.kinds.contract import BaseKind, RunContext, Wording
 from epbuild.manifest.model import Group, ModelEntry, Quantization
 from epbuild.planning.keys import ActionKey, KeyComputer
-
-if TYPE_CHECKING:
-    from epbuild.onnx.context import Problem
 
 QUANTIZE_FORMAT = 1
 """Bump when the same inputs make another QDQ model."""
@@ -53,7 +51,10 @@ class QuantizeKind(BaseKind):
     name = "quantize"
     runner = "epbuild.quant.work:quantize"
     format = QUANTIZE_FORMAT
-    past = "quantized"
+    words = Wording(
+        "quantized",
+        waits="{a.output} is not quantized yet for its current inputs ({a.id} runs first)",
+    )
     checks_input = True
 
     def key(self, action: QuantizeAction, keys: KeyComputer, *, fresh: bool) -> ActionKey:
@@ -74,8 +75,12 @@ class QuantizeKind(BaseKind):
         return {"calibrated": action.calibration.model, "label": action.label, **_settings(action)}
 
     def check(
-        self, action: QuantizeAction, staging: str, ctx: RunContext
-    ) -> tuple[list[str], list[Problem]]:
+        self,
+        action: QuantizeAction,
+        staging: str,
+        ctx: RunContext,
+        result: Mapping[str, Any] | None,
+    ) -> tuple[list[str], list[str]]:
         """The QDQ model (and its external data), readable and holding Q/DQ nodes,
         nothing else."""
         from epbuild.fs import is_safe_reference
@@ -98,11 +103,6 @@ class QuantizeKind(BaseKind):
         if extra:
             raise VerificationError(f"unexpected output {extra[0]} staged by the quantization")
         return names, []
-
-    def waits_note(self, action: QuantizeAction) -> str:
-        return (
-            f"{action.output} is not quantized yet for its current inputs ({action.id} runs first)"
-        )
 
 
 def _settings(action: QuantizeAction) -> dict[str, Any]:

@@ -22,7 +22,7 @@ from epbuild._names import model_label
 from epbuild.errors import ModelError
 from epbuild.manifest.model import Group, ModelEntry
 from epbuild.onnx.proto import Dim, GraphInput, ProtoError, read_model
-from epbuild.planning.actions import Action
+from epbuild.planning.actions import CompileAction
 from epbuild.providers import get_provider
 
 _INPUTS: dict[tuple[str, int, int, int], tuple[GraphInput, ...]] = {}
@@ -37,7 +37,7 @@ class ShapeCheck:
     """Overrides that name no dimension of the models they apply to."""
 
 
-def check_shapes(root: str, action: Action) -> ShapeCheck:
+def check_shapes(root: str, action: CompileAction) -> ShapeCheck:
     """Raise ``ModelError`` for an input dimension the action's NPU provider cannot compile
     (naming model, input, dimension and the manifest key to set); return the warnings."""
     config = action.provider
@@ -56,7 +56,9 @@ def check_shapes(root: str, action: Action) -> ShapeCheck:
     return ShapeCheck(_unused(root, action))
 
 
-def _require_static(action: Action, entry: ModelEntry, inputs: tuple[GraphInput, ...]) -> None:
+def _require_static(
+    action: CompileAction, entry: ModelEntry, inputs: tuple[GraphInput, ...]
+) -> None:
     """Raise for the first input dimension that stays unknown under the overrides."""
     dims = action.group.free_dimensions_of(entry)
     label = _label(entry)
@@ -112,7 +114,7 @@ def _where_to_set(group: Group, entry: ModelEntry, names: list[str]) -> str:
     )
 
 
-def _unused(root: str, action: Action) -> list[str]:
+def _unused(root: str, action: CompileAction) -> list[str]:
     """Overrides that no model they apply to has as an input dimension."""
     group, warnings = action.group, []
     for entry in action.entries:

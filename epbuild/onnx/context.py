@@ -29,6 +29,7 @@ from dataclasses import asdict
 from typing import TYPE_CHECKING, Any
 
 from epbuild._dataclass import dataclass
+from epbuild.errors import VerificationError
 from epbuild.fs import CHUNK, reference_problem
 from epbuild.onnx.proto import ProtoError, read_model
 from epbuild.providers import get_provider
@@ -86,6 +87,17 @@ class Problem:
     def to_json(self) -> dict[str, Any]:
         """The ``--json`` form."""
         return {**asdict(self), "severity": self.severity.value}
+
+
+def warning_lines(problems: Iterable[Problem]) -> list[str]:
+    """The warnings among ``problems``, each as a line (a problem of a node or attribute
+    says where; another, its message); the first error raises ``VerificationError``."""
+    lines: list[str] = []
+    for p in problems:
+        if p.severity is Severity.ERROR:
+            raise VerificationError(p.line())
+        lines.append(p.line() if p.node or p.attribute else p.message)
+    return lines
 
 
 # ---------------------------------------------------------------------------------------

@@ -21,7 +21,7 @@ A = TypeVar("A", bound="GraphAction")
 
 
 @dataclass(frozen=True)
-class Action(ActionIdentity):
+class CompileAction(ActionIdentity):
     """One unit of compile work: a sharing group × provider, or one model × provider."""
 
     id: str
@@ -99,11 +99,11 @@ class Action(ActionIdentity):
         return tuple(posixpath.join(self.out_dir, n) for n in self.ctx_names)
 
 
-def make_actions(manifest: Manifest, extra: Sequence[Group] = ()) -> list[Action]:
+def make_actions(manifest: Manifest, extra: Sequence[Group] = ()) -> list[CompileAction]:
     """All actions of a manifest, groups and providers in manifest order, then those of
     ``extra`` groups (LLM entries: ``planning.llms``), whose ``provider_configs`` may
     replace a provider's configuration."""
-    actions: list[Action] = []
+    actions: list[CompileAction] = []
     groups = list(manifest.groups.values())
     if any(g.quantize is not None for g in groups):  # else the quantization kinds stay unloaded
         from epbuild.planning.quantize import compiled_group
@@ -117,12 +117,16 @@ def make_actions(manifest: Manifest, extra: Sequence[Group] = ()) -> list[Action
             if group.context.share_weights:
                 action_id = f"{group.name}/{pname}"
                 deps = group.deps_for(group.entries)
-                actions.append(Action(action_id, group, provider, group.entries, out_dir, deps))
+                actions.append(
+                    CompileAction(action_id, group, provider, group.entries, out_dir, deps)
+                )
             else:
                 for entry in group.entries:
                     action_id = f"{group.name}/{pname}/{entry.name}"
                     deps = group.deps_for((entry,))
-                    actions.append(Action(action_id, group, provider, (entry,), out_dir, deps))
+                    actions.append(
+                        CompileAction(action_id, group, provider, (entry,), out_dir, deps)
+                    )
     return actions
 
 

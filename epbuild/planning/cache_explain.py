@@ -70,7 +70,7 @@ def _explain(
         except EpbuildError:  # (a restore that is not at hand to read)
             plan.reasons.append(f"whether the cache has it is known once {waits[0]} is restored")
             return True
-        again = plan_keyed(action, key, ws.state, keys, ws.stats, ws.root)
+        again = plan_keyed(action, key, ws.state, ws.stats, ws.root)
         if again.error is not None:
             return True
         if not again.stale:

@@ -12,7 +12,7 @@ from epbuild.errors import NotBuiltError
 from epbuild.planning.moves import moved_from
 
 if TYPE_CHECKING:
-    from epbuild.planning.actions import Action
+    from epbuild.planning.actions import CompileAction
     from epbuild.planning.workspace import Workspace
     from epbuild.state.journal import ActionRecord, State
 
@@ -34,7 +34,7 @@ def stat_of(root: str, rel: str) -> OutputStat | None:
 
 
 def committed_outputs(
-    ws: Workspace, actions: Sequence[Action], *, rehash: bool = False
+    ws: Workspace, actions: Sequence[CompileAction], *, rehash: bool = False
 ) -> dict[str, OutputStat | None]:
     """The stats of every recorded output of ``actions``, once they are checked to be what
     the journal says a build committed; otherwise ``NotBuiltError`` naming the action.
@@ -78,7 +78,7 @@ def committed_outputs(
     return snapshot
 
 
-def _complete_record(state: State, a: Action, build: str) -> ActionRecord:
+def _complete_record(state: State, a: CompileAction, build: str) -> ActionRecord:
     """The action's record, if its last build completed and put every ctx model where the
     manifest puts them now; otherwise ``NotBuiltError`` saying why (``build``: the hint)."""
     if a.id in state.damaged:

@@ -6,34 +6,16 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from epbuild.errors import UserError
-from epbuild.kinds.contract import GraphAction, kind_of, registered_actions
-from epbuild.manifest.model import Manifest
-from epbuild.planning.actions import Action, select
+from epbuild.kinds.contract import GraphAction, GraphRequest, kind_of, registered_actions
+from epbuild.planning.actions import select
 
 
-def make_graph(
-    manifest: Manifest, compiles: Sequence[Action], *, numerics: bool = False
-) -> list[GraphAction]:
-    """The actions of every kind: calibrations and quantizations, LLM preparations, the
-    compiles, LLM packages, the compiles' numerical checks (``numerics``: only when a
-    command asks for them), then those of kinds added by ``kinds.contract.register``; each
-    after its dependencies."""
-    before: list[GraphAction] = []
-    after: list[GraphAction] = []
-    if any(g.quantize is not None for g in manifest.groups.values()):  # else not imported
-        from epbuild.planning.quantize import quantization_actions
-
-        before += quantization_actions(manifest)
-    if manifest.llms:
-        from epbuild.planning.llms import llm_packages, llm_preparations
-
-        before += llm_preparations(manifest)
-        after += llm_packages(manifest, compiles)
-    if numerics:
-        from epbuild.kinds.check import check_actions
-
-        after += check_actions(list(compiles), manifest.workspace.state_dir)
-    return ordered([*before, *compiles, *after, *registered_actions(manifest)])
+def make_graph(request: GraphRequest) -> list[GraphAction]:
+    """The actions of every registered kind, in registry order (``kinds.contract``):
+    calibrations and quantizations, LLM preparations, the compiles, LLM packages, the
+    compiles' numerical checks (only when a command asks for them), then those of kinds
+    added by ``register``; each after its dependencies."""
+    return ordered(registered_actions(request))
 
 
 def ordered(actions: Sequence[GraphAction]) -> list[GraphAction]:

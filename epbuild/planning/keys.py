@@ -1,4 +1,6 @@
-"""Action keys: a digest of everything that can change an action's outputs.
+"""Action keys: a digest of everything that can change an action's outputs, and the
+service every kind computes its key with (``KeyComputer``: input digests and toolchain
+versions, each found once per run; the compile kind's key: ``kinds.compilekey``).
 
 Inputs are hashed through the stat cache; toolchain versions come from package metadata.
 Nothing here imports onnx or onnxruntime: this is the no-op path.
@@ -6,26 +8,21 @@ Nothing here imports onnx or onnxruntime: this is the no-op path.
 
 from __future__ import annotations
 
-import functools
-import hashlib
 import json
 import os
 import posixpath
 from collections.abc import Callable, Mapping
-from dataclasses import replace
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
 from epbuild._dataclass import dataclass
 from epbuild._names import model_label, model_stem
 from epbuild.errors import ModelError, ToolchainError, UserError
 from epbuild.fs import is_safe_reference
-from epbuild.manifest.model import SESSION_SETTINGS, CompileSettings, ModelEntry
-from epbuild.planning.actions import Action
+from epbuild.manifest.model import SESSION_SETTINGS
 from epbuild.providers import get_provider, library
 from epbuild.providers.contract import Provider, ProviderConfig
 from epbuild.providers.distributions import (
     dist_version,
-    has_compile_api,
     onnxruntime_version,
     scanning,
 )
@@ -35,7 +32,9 @@ from epbuild.toolchains.resolve import Toolchains
 ORT_KEY = "onnxruntime (toolchain)"
 """The version key naming a toolchain's ONNX Runtime, whichever package installs it."""
 FORMAT_VERSION = "1"
-"""epbuild's output-format version: bump it when the same inputs give different outputs."""
+"""epbuild's output-format version of a compile (its key's ``format``): bump it when the same
+inputs give different outputs."""
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -56,6 +55,13 @@ class Expected:
     copy: str | None
     """A local file with those bytes (the cache's object) to read a model's references
     from; None: none at hand."""
+
+
+class ForProvider(Protocol):
+    """An action that builds for a provider (a compile, a numerical check's compile)."""
+
+    @property
+    def provider(self) -> ProviderConfig: ...
 
 
 class KeyComputer:
@@ -86,11 +92,7 @@ class KeyComputer:
         kind whose inputs are another action's outputs reads them by it)."""
         self._versions: dict[tuple[object, ...], dict[str, str]] = {}
         self._models: dict[tuple[str, str | None], tuple[str, dict[str, str]]] = {}
-        self._compiles: dict[CompileSettings, dict[str, Any]] = {}
-        self._layouts: dict[
-            tuple[object, ...],
-            tuple[tuple[object, ...], tuple[dict[str, Any], list[tuple[str, str | None]]]],
-        ] = {}
+        self._memos: dict[Callable[[], Any], Any] = {}
         self._by_provider: dict[int, tuple[ProviderConfig, tuple[object, ...], dict[str, str]]] = {}
 
     def model_inputs(
@@ -210,7 +212,15 @@ class KeyComputer:
                 )
         return tuple(refs)
 
-    def versions(self, action: Action, *, fresh: bool = False) -> dict[str, str]:
+    def memo(self, make: Callable[[], T]) -> T:
+        """A kind's own memo for this run (what its keys share): ``make()``, made the first
+        time it is asked for."""
+        found: T | None = self._memos.get(make)
+        if found is None:
+            found = self._memos[make] = make()
+        return found
+
+    def versions(self, action: ForProvider, *, fresh: bool = False) -> dict[str, str]:
         """Toolchain versions for the action's provider (memoised unless ``fresh``): from
         epbuild's own environment, or from the provider's toolchain, whose Python version
         joins them (``ToolchainError`` when the toolchain is unusable, ``ToolchainPending``
@@ -230,25 +240,6 @@ class KeyComputer:
     def _read_versions(self, cfg: ProviderConfig) -> dict[str, str]:
         return read_versions(cfg, self.toolchains)
 
-    def settings(self, action: Action) -> CompileSettings:
-        """The action's compile settings; for a provider with a toolchain, the compiler
-        its ONNX Runtime supports when the manifest leaves it to epbuild."""
-        settings = action.compile
-        if action.provider.toolchain is None:
-            return settings
-        ort = self.versions(action)[ORT_KEY]
-        adapter = get_provider(action.provider.ep)
-        if settings.compiler is None:
-            api = adapter.compile_api and has_compile_api(ort)
-            return replace(settings, compiler="compile_api" if api else "session")
-        if settings.compiler == "compile_api" and not has_compile_api(ort):
-            raise ToolchainError(
-                f"provider {action.provider.name!r}: the onnxruntime {ort} of its toolchain "
-                "has no compile API with the options epbuild needs (1.23 or newer)",
-                hint='use compiler = "session", or a newer onnxruntime in the toolchain',
-            )
-        return settings
-
     def file_digest(self, rel: str) -> str:
         """The digest of an input file that is not a model (the stand-in of an upstream
         action's output, ``upstream``); raises ``OSError`` when it cannot be read."""
@@ -258,19 +249,6 @@ class KeyComputer:
         if rel in self.expected:
             return self.expected[rel].digest
         return self.stats.digest(self.root, rel).digest
-
-    def option_files(self, action: Action) -> dict[str, str]:
-        """{path: digest} of the files the provider's options name (``file_options``)."""
-        names = get_provider(action.provider.ep).file_options
-        found: dict[str, str] = {}
-        for name in sorted(names & action.provider.options.keys()):
-            rel = action.provider.options[name]
-            found[rel] = self.input_digest(
-                rel,
-                f"the file provider option {name!r} names",
-                f"restore it, or remove {name} from [providers.{action.provider.name}]",
-            )
-        return found
 
     def model_digests(self, model: str, *, fresh: bool = False) -> dict[str, str]:
         """{path: digest} of a source model and its external-data files (``model_inputs``):
@@ -285,128 +263,6 @@ class KeyComputer:
             return self.file_digest(rel)
         except OSError as exc:
             raise ModelError(f"{rel}: {what} cannot be read ({exc.strerror})", hint=hint) from exc
-
-    def compute(self, action: Action, *, fresh: bool = False) -> ActionKey:
-        """The action's key (raises ModelError for a broken input); ``fresh`` looks at the
-        inputs again instead of taking this run's memoised digests (after a wait: another
-        process or the user may have changed them meanwhile)."""
-        models = []
-        inputs: dict[str, str] = {}
-        versions = self.versions(action)
-        settings = self.settings(action)
-        for entry, dims in zip(action.entries, action.free_dimensions, strict=True):
-            digest, external = self.model_inputs(
-                entry.path, settings.external_data_folder, fresh=fresh
-            )
-            models.append(
-                {"path": entry.path, "digest": digest, "external": external, **_shape(entry, dims)}
-            )
-            inputs[entry.path] = digest
-            inputs.update(external)
-        g, provider = action.group, action.provider
-        names = action.initializer_names
-        files = self.option_files(action) if self._file_options(provider) else {}
-        present = ("models", *(("initializer_names",) if names else ()),
-                   *(("option_files",) if files else ()))  # fmt: skip
-        template, layout = self._shared(provider, g, versions, settings, present)
-        components = dict(template)
-        components["models"] = models
-        inputs.update(getattr(g, "source_inputs", {}))  # an LLM's source decoder
-        if files:  # only then, so other keys stay as they were
-            components["option_files"] = files
-            inputs.update(files)
-        if names:
-            # The names depend on the group's size (one model keeps the configured name,
-            # more get a stem prefix): a group that grows renames this action's outputs.
-            # Only present when initializers go to a file, so other keys stay as they were.
-            components["initializer_names"] = list(names)
-        members = [
-            text if name is None else text + _dumps(components[name]) for text, name in layout
-        ]
-        blob = ("{" + ",".join(members) + "}").encode()
-        return ActionKey(hashlib.sha256(blob).hexdigest(), components, inputs)
-
-    def _shared(
-        self,
-        provider: ProviderConfig,
-        g: Any,
-        versions: dict[str, str],
-        settings: CompileSettings,
-        present: tuple[str, ...],
-    ) -> tuple[dict[str, Any], list[tuple[str, str | None]]]:
-        """What every action of one provider and group shares: its components, in key
-        order, with ``models`` to fill in (actions share these values: nothing changes a
-        key's components once made), and how to write the key's canonical JSON (sorted,
-        compact) with the per-action components ``present`` (of ``_PER_ACTION``): the
-        members in key order, each either whole (text, None), for a shared component, or
-        its start (``"name":``, name), written per action. A sorted object is its members'
-        texts in key order, so the bytes are ``json.dumps(components, sort_keys=True,
-        ...)``'s. Made once per set of ``sources`` (compared by identity, and kept so that
-        their ids stay theirs) and ``present``."""
-        sources = (provider, g, versions, settings)
-        memo = (id(provider), id(g), id(versions), id(settings), present)
-        hit = self._layouts.get(memo)
-        if hit is not None and all(a is b for a, b in zip(hit[0], sources, strict=True)):
-            return hit[1]
-        components: dict[str, Any] = {
-            "format": FORMAT_VERSION,
-            "ep": provider.ep,
-            "provider_options": dict(provider.options),
-            "session_options": dict(provider.session_options),
-            "settings": dict(provider.settings),
-            "versions": versions,
-            "group": g.context.to_json(),
-            "models": None,
-            "compile": dict(self._compile_json(settings)),
-        }
-        if provider.toolchain is not None:  # only then, so other keys stay as they were
-            components["toolchain"] = provider.toolchain.key()
-        rewrite = get_provider(provider.ep).sharing_rewrite
-        if g.context.share_weights and (done := rewrite(provider)):
-            # Present only where a rewrite applies, so other keys stay as they were.
-            components["group"]["rewrite"] = done
-        layout: list[tuple[str, str | None]] = []
-        for name in sorted({*components, *present}):
-            start = f"{_dumps(name)}:"
-            if name in _PER_ACTION:
-                layout.append((start, name))
-            else:
-                layout.append((start + _dumps(components[name]), None))
-        self._layouts[memo] = (sources, (components, layout))
-        return components, layout
-
-    def _file_options(self, provider: ProviderConfig) -> bool:
-        """Whether the provider's options name files (``option_files`` has some to hash)."""
-        names = get_provider(provider.ep).file_options
-        return bool(names and not names.isdisjoint(provider.options))
-
-    def _compile_json(self, settings: CompileSettings) -> dict[str, Any]:
-        """``settings.to_json()``, made once per value (callers copy it)."""
-        found = self._compiles.get(settings)
-        if found is None:
-            found = self._compiles[settings] = settings.to_json()
-        return found
-
-
-_PER_ACTION = ("models", "initializer_names", "option_files")
-"""Key components that differ between actions of one provider and group."""
-
-
-def _canonical_dumps() -> Callable[[Any], str]:
-    """``json.dumps(value, sort_keys=True, separators=(",", ":"))``: the C encoder that
-    ``JSONEncoder.encode`` makes on every call, made once (the key's per-action members
-    are written 5,000 times for 5,000 actions); without the C encoder, the encoder's own
-    ``encode``. Components are never circular, so no check for it."""
-    encoder = json.JSONEncoder(sort_keys=True, separators=(",", ":"))
-    make = getattr(json.encoder, "c_make_encoder", None)  # (typeshed does not name it)
-    if make is None:
-        return encoder.encode
-    write = make(None, encoder.default, json.encoder.encode_basestring_ascii, None,
-                 ":", ",", True, False, True)  # fmt: skip
-    return lambda value: "".join(write(value, 0))
-
-
-_dumps = _canonical_dumps()
 
 
 def read_versions(cfg: ProviderConfig, toolchains: Toolchains) -> dict[str, str]:
@@ -442,21 +298,6 @@ def with_library(adapter: Provider, cfg: ProviderConfig, found: dict[str, str]) 
     if path is not None:
         found[library.KEY] = library.library_sha256(path)
     return found
-
-
-_stem = functools.lru_cache(maxsize=None)(model_stem)
-"""``model_stem``, once per path (each model is keyed once per provider)."""
-
-
-def _shape(entry: ModelEntry, dims: dict[str, int]) -> dict[str, Any]:
-    """A model's output name and free dimensions, as key components: each only where the
-    manifest sets it, so the keys of models that use neither stay as they were."""
-    part: dict[str, Any] = {}
-    if entry.name != _stem(entry.path):
-        part["name"] = entry.name
-    if dims:
-        part["free_dimensions"] = dict(sorted(dims.items()))
-    return part
 
 
 def explain_difference(old: dict[str, Any], new: dict[str, Any]) -> list[str]:

@@ -12,7 +12,7 @@ import os
 import posixpath
 from collections.abc import Mapping, Sequence
 from dataclasses import field, replace
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from epbuild._dataclass import dataclass
 from epbuild.errors import ModelError
@@ -21,10 +21,13 @@ from epbuild.kinds.prepare import PrepareAction, prepare_action
 from epbuild.llm.prepare import AFFINITY, STAGES, write_affinity
 from epbuild.llm.source import DECODER, static_stages
 from epbuild.manifest.model import ContextSettings, Group, Llm, Manifest, ModelEntry
-from epbuild.planning.actions import Action
+from epbuild.planning.actions import CompileAction
 from epbuild.planning.keys import KeyComputer
 from epbuild.providers import get_provider
 from epbuild.providers.contract import ProviderConfig
+
+if TYPE_CHECKING:
+    from epbuild.kinds.contract import GraphRequest
 
 
 @dataclass(frozen=True)
@@ -61,10 +64,10 @@ def llm_groups(
     return groups
 
 
-def llm_preparations(manifest: Manifest) -> list[PrepareAction]:
-    """The preparation action of each single-decoder LLM entry."""
-    state_dir = manifest.workspace.state_dir
-    return [prepare_action(llm, state_dir) for llm in manifest.llms.values() if llm.form == DECODER]
+def llm_preparations(request: GraphRequest) -> list[PrepareAction]:
+    """The preparation action of each single-decoder LLM entry (the prepare kind's)."""
+    llms, state_dir = request.manifest.llms, request.manifest.workspace.state_dir
+    return [prepare_action(llm, state_dir) for llm in llms.values() if llm.form == DECODER]
 
 
 def compiled_stages(root: str, llm: Llm) -> tuple[tuple[str, str], ...]:
@@ -189,12 +192,13 @@ class PackageTarget:
     provider: ProviderConfig
     out_dir: str
     """Workspace-relative ``<out_dir>/<llm>/<provider>``."""
-    actions: tuple[Action, ...]
+    actions: tuple[CompileAction, ...]
 
 
-def llm_packages(manifest: Manifest, compiles: Sequence[Action]) -> list[PackageAction]:
-    """The package action of each LLM × provider whose graphs all compile (``compiles``:
-    every compile action of the manifest), after them."""
+def llm_packages(request: GraphRequest) -> list[PackageAction]:
+    """The package action of each LLM × provider whose graphs all compile (the package
+    kind's), after them."""
+    compiles = [a for a in request.made if isinstance(a, CompileAction)]
     return [
         PackageAction(
             f"{t.llm.name}/{t.provider.name}/package",
@@ -203,14 +207,14 @@ def llm_packages(manifest: Manifest, compiles: Sequence[Action]) -> list[Package
             t.out_dir,
             tuple(a.id for a in t.actions),
         )
-        for t in package_targets(manifest, compiles)
+        for t in package_targets(request.manifest, compiles)
     ]
 
 
-def package_targets(manifest: Manifest, actions: Sequence[Action]) -> list[PackageTarget]:
+def package_targets(manifest: Manifest, actions: Sequence[CompileAction]) -> list[PackageTarget]:
     """The packages whose graphs are all among ``actions`` (a selection of some of an LLM's
     graphs makes no package), sorted by LLM and provider."""
-    found: dict[tuple[str, str], list[Action]] = {}
+    found: dict[tuple[str, str], list[CompileAction]] = {}
     for action in actions:
         if isinstance(action.group, LlmGroup):
             found.setdefault((action.group.name, action.provider.name), []).append(action)

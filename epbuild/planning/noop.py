@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 from epbuild._names import JOURNAL_NAME, MANIFEST_NAME, NOOP_NAME, state_dir_setting, tomllib
 
 if TYPE_CHECKING:
-    from epbuild.planning.actions import Action
+    from epbuild.planning.actions import CompileAction
     from epbuild.planning.staleness import ActionPlan
     from epbuild.planning.workspace import Workspace
     from epbuild.toolchains.env import Toolchain
@@ -201,7 +201,7 @@ def stamp_sources(
 
 def _stamp_toolchain(
     ws: Workspace,
-    action: Action,
+    action: CompileAction,
     files: dict[str, list[int] | None],
     dirs: dict[str, list[int] | None],
 ) -> Toolchain | None:

@@ -6,12 +6,16 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import field
+from typing import TYPE_CHECKING
 
 from epbuild._dataclass import dataclass
 from epbuild.kinds.calibrate import CalibrateAction
 from epbuild.kinds.quantize import QuantizeAction, quant_actions, quantized_entry
 from epbuild.manifest.model import Group, Manifest, ModelEntry, Quantization
 from epbuild.providers.contract import ProviderConfig
+
+if TYPE_CHECKING:
+    from epbuild.kinds.contract import GraphRequest
 
 
 @dataclass(frozen=True)
@@ -35,12 +39,13 @@ class QuantizedGroup(Group):
         return tuple(self.quantized_by[e.name] for e in entries)
 
 
-def quantization_actions(manifest: Manifest) -> list[CalibrateAction | QuantizeAction]:
-    """The calibrate and quantize actions of every quantized group, in manifest order."""
+def quantization_actions(request: GraphRequest) -> list[CalibrateAction | QuantizeAction]:
+    """The calibrate and quantize actions of every quantized group, in manifest order
+    (the quantize kind's actions, with their calibrations)."""
     actions: list[CalibrateAction | QuantizeAction] = []
-    for group in manifest.groups.values():
+    for group in request.manifest.groups.values():
         if group.quantize is not None:
-            actions += _actions(manifest, group)
+            actions += _actions(request.manifest, group)
     return actions
 
 

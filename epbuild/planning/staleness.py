@@ -63,11 +63,11 @@ def plan_action(
     fresh: bool = False,
 ) -> ActionPlan:
     """Decide whether one action is stale; ``fresh`` re-checks the inputs' digests instead
-    of taking those memoised earlier in the run (``KeyComputer.compute``)."""
+    of taking those memoised earlier in the run (``KeyComputer.model_inputs``)."""
     keyed = _key(action, state, keys, fresh=fresh)
     if isinstance(keyed, ActionPlan):
         return keyed
-    return _plan_keyed(action, keyed, state, keys, stats, root)
+    return _plan_keyed(action, keyed, state, stats, root)
 
 
 def _key(
@@ -87,26 +87,21 @@ def plan_keyed(
     action: GraphAction,
     key: ActionKey,
     state: State,
-    keys: KeyComputer,
     stats: StatCache,
     root: str,
 ) -> ActionPlan:
     """The plan of an action under a key computed elsewhere (``status``: the key the build
     will compute once it has restored the actions whose outputs this one reads)."""
-    return _plan_keyed(action, key, state, keys, stats, root)
+    return _plan_keyed(action, key, state, stats, root)
 
 
 def _plan_keyed(
     action: GraphAction,
     key: ActionKey,
     state: State,
-    keys: KeyComputer,
     stats: StatCache,
     root: str,
 ) -> ActionPlan:
-    refused = kind_of(action).refuse(action, key, keys)
-    if refused is not None:
-        return ActionPlan(action, key, True, [refused.message], error=refused)
     if action.id in state.damaged:
         return ActionPlan(action, key, True, [state.damaged[action.id].reason()])
     if action.id in state.interrupted:
@@ -157,11 +152,11 @@ def make_plan(
     keyed = [_key(a, state, keys) for a in actions]
     plans: dict[str, ActionPlan] = {}
     for action, k in zip(actions, keyed, strict=True):
-        plan = k if isinstance(k, ActionPlan) else _plan_keyed(action, k, state, keys, stats, root)
+        plan = k if isinstance(k, ActionPlan) else _plan_keyed(action, k, state, stats, root)
         waits = [plans[d].action for d in action.deps if d in plans and plans[d].stale]
         if waits:
             now = plan.reasons if plan.error is None else []
-            reasons = [kind_of(waits[0]).waits_note(waits[0]), *now]
+            reasons = [kind_of(waits[0]).words.waits_note(waits[0]), *now]
             key = plan.key if plan.error is None else None
             plan = ActionPlan(action, key, True, reasons)
         plans[action.id] = plan

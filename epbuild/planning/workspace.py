@@ -10,9 +10,9 @@ from epbuild._dataclass import dataclass
 from epbuild._names import JOURNAL_NAME, LOCKS_DIR, STATCACHE_NAME, STATE_LOCK_NAME
 from epbuild.cache.location import open_cache, resolve
 from epbuild.fs import ensure_dir_inside, refuse_outward
-from epbuild.kinds.contract import GraphAction
+from epbuild.kinds.contract import GraphAction, GraphRequest
 from epbuild.manifest.load import Manifest, find_manifest, load_manifest
-from epbuild.planning.actions import Action, make_actions
+from epbuild.planning.actions import CompileAction
 from epbuild.planning.graph import make_graph, select_graph
 from epbuild.planning.keys import KeyComputer
 from epbuild.state.journal import Journal, State, load_state
@@ -33,7 +33,7 @@ class Workspace:
     state: State
     stats: StatCache
     keys: KeyComputer
-    actions: list[Action]
+    actions: list[CompileAction]
     """The selected compile actions."""
     graph: list[GraphAction]
     """Every selected action of every kind (the compiles among them), each after the
@@ -98,8 +98,8 @@ def open_workspace(
 
         prepare = toolchains is not None and toolchains.create
         extra = llm_groups(m, keys, m.workspace.state_dir, prepare=prepare)
-    graph = select_graph(make_graph(m, make_actions(m, extra), numerics=numerics), selectors)
-    actions = [a for a in graph if isinstance(a, Action)]
+    graph = select_graph(make_graph(GraphRequest(m, tuple(extra), numerics)), selectors)
+    actions = [a for a in graph if isinstance(a, CompileAction)]
     lock_timeout = toolchains.lock_timeout if toolchains is not None else None
     ws = Workspace(
         m, root, state_dir, state, stats, keys, actions, graph, lock_timeout, tuple(selectors)

@@ -23,7 +23,7 @@ from epbuild.quant.samples import input_specs, iterate
 if TYPE_CHECKING:
     import onnx
 
-    from epbuild.executors.job import KindJob
+    from epbuild.executors.job import Job
 
 PROGRESS_EVERY = 0.2
 """Seconds between writes of a calibration's progress (a write per sample costs more than
@@ -47,7 +47,7 @@ def versions() -> dict[str, str]:
     }
 
 
-def calibrate(job: KindJob, root: str) -> dict[str, Any]:
+def calibrate(job: Job, root: str) -> dict[str, Any]:
     """Preprocess the float source and calibrate it on the samples."""
 
     t0 = time.perf_counter()
@@ -256,7 +256,7 @@ def _qtype(name: str) -> Any:
     return _ort_member("QuantType", f"q{name}")
 
 
-def quantize(job: KindJob, root: str) -> dict[str, Any]:
+def quantize(job: Job, root: str) -> dict[str, Any]:
     """Write the QDQ model from the calibrated model and its ranges."""
     t0 = time.perf_counter()
     args = job.payload

@@ -21,7 +21,7 @@ from typing import Any
 from epbuild._dataclass import dataclass
 from epbuild._names import CTX_SUFFIX, PACKAGE_MANIFEST, model_label
 from epbuild.manifest.model import PackageSettings
-from epbuild.planning.actions import Action
+from epbuild.planning.actions import CompileAction
 from epbuild.providers import get_provider
 from epbuild.state.journal import ActionRecord
 
@@ -81,7 +81,7 @@ def _sha256(data: bytes) -> str:
 
 def package_contents(
     out_dir: str,
-    committed: list[tuple[Action, ActionRecord]],
+    committed: list[tuple[CompileAction, ActionRecord]],
     settings: PackageSettings,
     figures: dict[tuple[str, int], dict[str, Any]] | None = None,
 ) -> Contents:
@@ -121,7 +121,7 @@ def package_contents(
 
 
 def describe_action(
-    action: Action, rec: ActionRecord, variant_dir: str, settings: PackageSettings
+    action: CompileAction, rec: ActionRecord, variant_dir: str, settings: PackageSettings
 ) -> dict[str, Any]:
     """One action in the deployment manifest: key, EP, target, toolchain versions,
     compiler, per model its source digests and partition coverage, and its files."""
@@ -153,7 +153,7 @@ def describe_action(
     }
 
 
-def variant_target(action: Action, settings: PackageSettings) -> tuple[str, str | None]:
+def variant_target(action: CompileAction, settings: PackageSettings) -> tuple[str, str | None]:
     """The EP name and device constraint of an action's variants (``[package] ep_names``
     and ``devices`` over the adapter's own). The EP name is the one an app must register the
     EP under for ONNX Runtime to select the variant."""
@@ -163,7 +163,9 @@ def variant_target(action: Action, settings: PackageSettings) -> tuple[str, str 
     return str(ep_name), None if chosen in (None, ANY_DEVICE) else str(chosen)
 
 
-def _model_entry(rec: ActionRecord, action: Action, i: int, variant_dir: str) -> dict[str, Any]:
+def _model_entry(
+    rec: ActionRecord, action: CompileAction, i: int, variant_dir: str
+) -> dict[str, Any]:
     entry = action.entries[i]
     info = rec.detail.get("models", {}).get(model_label(entry.path, entry.name), {})
     sources = rec.components.get("models", [])
@@ -182,7 +184,7 @@ def _model_entry(rec: ActionRecord, action: Action, i: int, variant_dir: str) ->
     }
 
 
-def _component(action: Action, name: str) -> dict[str, Any]:
+def _component(action: CompileAction, name: str) -> dict[str, Any]:
     group = action.group
     return {
         "component_name": f"{group.name}/{name}",

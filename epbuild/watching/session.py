@@ -22,7 +22,7 @@ from epbuild.watching.targets import Sig, glob_match, make_targets, signature
 
 if TYPE_CHECKING:
     from epbuild.manifest.load import Manifest
-    from epbuild.planning.actions import Action
+    from epbuild.planning.actions import CompileAction
     from epbuild.results import ActionResult, BuildResult
 
 
@@ -292,6 +292,6 @@ class Session:
         return late
 
 
-def _selected(m: Manifest, selectors: list[str] | tuple[str, ...]) -> list[Action]:
+def _selected(m: Manifest, selectors: list[str] | tuple[str, ...]) -> list[CompileAction]:
     """The selected actions of ``m``, its LLMs' included (their ids, read from nothing)."""
     return select(make_actions(m, llm_shapes(m)), selectors)

@@ -22,7 +22,7 @@ from epbuild.planning.workspace import open_workspace
 
 if TYPE_CHECKING:
     from epbuild.manifest.load import Manifest
-    from epbuild.planning.actions import Action
+    from epbuild.planning.actions import CompileAction
     from epbuild.planning.workspace import Workspace
 
 GLOB_CHARS = re.compile(r"[*?\[]")
@@ -205,7 +205,7 @@ def _action_inputs(
     return inputs
 
 
-def _llm_inputs(action: Action, root: str, folders: dict[str, str]) -> set[str]:
+def _llm_inputs(action: CompileAction, root: str, folders: dict[str, str]) -> set[str]:
     """The source files of an LLM action (its folder joins ``folders``); none for others."""
     group = action.group
     if not isinstance(group, LlmGroup) or group.llm is None:
