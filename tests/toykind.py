@@ -9,13 +9,12 @@ import hashlib
 import json
 import os
 import posixpath
-from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from epbuild.errors import ModelError, VerificationError
 from epbuild.executors.job import Job
-from epbuild.kinds.contract import ActionIdentity, RunContext, Wording
+from epbuild.kinds.contract import ActionIdentity, Checked, Reported, RunContext, Wording
 from epbuild.planning.keys import ActionKey, KeyComputer
 
 SOURCE = "notes.txt"
@@ -70,9 +69,7 @@ class TextKind:
         payload = {"source": action.source, "output": action.output, "op": self.name}
         return Job(action.id, "toykind:run", staging, payload, dict(key.inputs)), []
 
-    def check(
-        self, action: TextAction, staging: str, ctx: RunContext, result: Mapping[str, Any] | None
-    ) -> tuple[list[str], list[str]]:
+    def check(self, action: TextAction, staging: str, ctx: RunContext, result: Reported) -> Checked:
         from epbuild.onnx.staged import staged_names
 
         names = staged_names(ctx.root, staging)

@@ -11,12 +11,11 @@ from __future__ import annotations
 
 import os
 import posixpath
-from collections.abc import Mapping
 from typing import Any
 
 from epbuild._dataclass import dataclass
 from epbuild.errors import VerificationError
-from epbuild.kinds.contract import BaseKind, OwnStep, RunContext, Wording
+from epbuild.kinds.contract import BaseKind, Checked, OwnStep, Reported, RunContext, Wording
 from epbuild.manifest.model import Group, ModelEntry, Quantization
 from epbuild.planning.keys import ActionKey, KeyComputer
 
@@ -114,12 +113,8 @@ class CalibrateKind(BaseKind):
         return payload
 
     def check(
-        self,
-        action: CalibrateAction,
-        staging: str,
-        ctx: RunContext,
-        result: Mapping[str, Any] | None,
-    ) -> tuple[list[str], list[str]]:
+        self, action: CalibrateAction, staging: str, ctx: RunContext, result: Reported
+    ) -> Checked:
         """The preprocessed model (and its external data) and readable ranges, nothing
         else."""
         import json

@@ -24,13 +24,20 @@ import platform
 import posixpath
 import sys
 import time
-from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from epbuild._dataclass import dataclass
 from epbuild.errors import ModelError, UserError, VerificationError
 from epbuild.executors.job import Job
-from epbuild.kinds.contract import ActionIdentity, BaseKind, GraphRequest, RunContext, Wording
+from epbuild.kinds.contract import (
+    ActionIdentity,
+    BaseKind,
+    Checked,
+    GraphRequest,
+    Reported,
+    RunContext,
+    Wording,
+)
 from epbuild.planning.actions import CompileAction
 from epbuild.planning.keys import ActionKey, KeyComputer
 
@@ -152,12 +159,8 @@ class CheckKind(BaseKind):
         return payload
 
     def check(
-        self,
-        action: CheckAction,
-        staging: str,
-        ctx: RunContext,
-        result: Mapping[str, Any] | None,
-    ) -> tuple[list[str], list[str]]:
+        self, action: CheckAction, staging: str, ctx: RunContext, result: Reported
+    ) -> Checked:
         """One readable figures document per ctx model, nothing else."""
         from epbuild.onnx.staged import staged_names
 

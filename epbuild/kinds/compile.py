@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 from epbuild.errors import ModelError
 from epbuild.kinds.compilekey import compile_key
 from epbuild.kinds.compilework import CompileWork
-from epbuild.kinds.contract import BaseKind, GraphRequest, RunContext, Wording
+from epbuild.kinds.contract import BaseKind, Checked, GraphRequest, Reported, RunContext, Wording
 from epbuild.manifest.model import CompileSettings
 from epbuild.onnx.context import report_problems, toolchain_dirs, warning_lines
 from epbuild.onnx.staged import check_staged
@@ -61,12 +61,8 @@ class CompileKind(BaseKind):
         return work.as_job(key.inputs, ctx.predicted_peak, _boot(action, ctx)), warnings
 
     def check(
-        self,
-        action: CompileAction,
-        staging: str,
-        ctx: RunContext,
-        result: Mapping[str, Any] | None,
-    ) -> tuple[list[str], list[str]]:
+        self, action: CompileAction, staging: str, ctx: RunContext, result: Reported
+    ) -> Checked:
         """The staged ctx models (``onnx.staged.check_staged``), against the build
         machine's paths and the action's toolchain's, and what the worker reported of each
         model, against the rules (``report_problems``)."""

@@ -142,6 +142,13 @@ class Wording:
         return self.waits.format(a=action)
 
 
+Reported = Mapping[str, Any] | None
+"""What an action's job reported (the worker's result document); None: its outputs were
+restored from the cache."""
+Checked = tuple[list[str], list[str]]
+"""What a kind's ``check`` returns: the output file names and the warnings."""
+
+
 class Kind(Protocol):
     """One sort of action: what it decides (its inputs and key, its job, the check of what
     the job wrote), each by one verb, apart from how it is worded (``words``)."""
@@ -171,9 +178,7 @@ class Kind(Protocol):
         found making it (raises ``UserError`` for what cannot be built)."""
         ...
 
-    def check(
-        self, action: Any, staging: str, ctx: RunContext, result: Mapping[str, Any] | None
-    ) -> tuple[list[str], list[str]]:
+    def check(self, action: Any, staging: str, ctx: RunContext, result: Reported) -> Checked:
         """Judge what was staged and what its job reported (``result``, the worker's
         result document; None: restored from the cache): the output file names and the
         warnings; raises ``VerificationError`` for anything it must refuse."""

@@ -23,7 +23,7 @@ from typing import Any
 from epbuild._dataclass import dataclass
 from epbuild.errors import ModelError, VerificationError
 from epbuild.executors.job import Job
-from epbuild.kinds.contract import BaseKind, RunContext, Wording, make_key
+from epbuild.kinds.contract import BaseKind, Checked, Reported, RunContext, Wording, make_key
 from epbuild.kinds.prepare import LlmStep
 from epbuild.manifest.model import Llm
 from epbuild.planning.keys import ActionKey, KeyComputer
@@ -87,12 +87,8 @@ class PackageKind(BaseKind):
         return payload
 
     def check(
-        self,
-        action: PackageAction,
-        staging: str,
-        ctx: RunContext,
-        result: Mapping[str, Any] | None,
-    ) -> tuple[list[str], list[str]]:
+        self, action: PackageAction, staging: str, ctx: RunContext, result: Reported
+    ) -> Checked:
         """Exactly the config and the copies were staged."""
         from epbuild.llm.genai_schema import GENAI_CONFIG
         from epbuild.onnx.staged import staged_names

@@ -17,13 +17,12 @@ import posixpath
 import re
 import shutil
 import time
-from collections.abc import Mapping
 from typing import Any
 
 from epbuild._dataclass import dataclass
 from epbuild.errors import ModelError, VerificationError
 from epbuild.executors.job import Job
-from epbuild.kinds.contract import BaseKind, OwnStep, RunContext, Wording
+from epbuild.kinds.contract import BaseKind, Checked, OwnStep, Reported, RunContext, Wording
 from epbuild.llm.prepare import AFFINITY, AFFINITY_JSON, PREP_FORMAT, STAGES
 from epbuild.manifest.model import Llm
 from epbuild.planning.keys import ActionKey, KeyComputer
@@ -118,12 +117,8 @@ class PrepareKind(BaseKind):
         return payload
 
     def check(
-        self,
-        action: PrepareAction,
-        staging: str,
-        ctx: RunContext,
-        result: Mapping[str, Any] | None,
-    ) -> tuple[list[str], list[str]]:
+        self, action: PrepareAction, staging: str, ctx: RunContext, result: Reported
+    ) -> Checked:
         """The graphs and the affinity file were staged, each graph is readable and its
         external data are files staged beside it; nothing else was staged. Also removes
         what older epbuild versions left beside the prepared folder (a keyed folder per

@@ -12,13 +12,12 @@ from __future__ import annotations
 
 import os
 import posixpath
-from collections.abc import Mapping
 from typing import Any
 
 from epbuild._dataclass import dataclass
 from epbuild.errors import VerificationError
 from epbuild.kinds.calibrate import CalibrateAction, QuantStep
-from epbuild.kinds.contract import BaseKind, RunContext, Wording
+from epbuild.kinds.contract import BaseKind, Checked, Reported, RunContext, Wording
 from epbuild.manifest.model import Group, ModelEntry, Quantization
 from epbuild.planning.keys import ActionKey, KeyComputer
 
@@ -75,12 +74,8 @@ class QuantizeKind(BaseKind):
         return {"calibrated": action.calibration.model, "label": action.label, **_settings(action)}
 
     def check(
-        self,
-        action: QuantizeAction,
-        staging: str,
-        ctx: RunContext,
-        result: Mapping[str, Any] | None,
-    ) -> tuple[list[str], list[str]]:
+        self, action: QuantizeAction, staging: str, ctx: RunContext, result: Reported
+    ) -> Checked:
         """The QDQ model (and its external data), readable and holding Q/DQ nodes,
         nothing else."""
         from epbuild.fs import is_safe_reference
