@@ -464,6 +464,21 @@ class _Reader:
             return name, found.get(kind, (0.0, 0, "")[kind - 1])
         return None
 
+    def beyond_graph(self, f: int, s: int, e: int) -> None:
+        """A model's graphs outside its main graph: its training graphs (field 20) and its
+        functions' nodes and attributes (field 25)."""
+        buf = self.buf
+        if f == 20:
+            for g, s2, e2 in _fields(buf, s, e, _TRAINING):
+                if g in (1, 2):
+                    self.graph(s2, e2, 1, False)
+        else:
+            for g, s2, e2 in _fields(buf, s, e, _FUNCTION):
+                if g == 7:
+                    self.node(s2, e2, 1, False)
+                elif g == 11:
+                    self.attribute(s2, e2, 1, False)
+
     def model(self) -> ModelInfo:
         buf = self.buf
         ir_version, has_graph = 0, False
@@ -490,16 +505,8 @@ class _Reader:
                 metadata[key] = value
                 if self.strings is not None and value:
                     self.strings.append(StringField(f"metadata_props[{key!r}]", value))
-            elif f == 20:
-                for g, s2, e2 in _fields(buf, s, e, _TRAINING):
-                    if g in (1, 2):
-                        self.graph(s2, e2, 1, False)
-            elif f == 25:
-                for g, s2, e2 in _fields(buf, s, e, _FUNCTION):
-                    if g == 7:
-                        self.node(s2, e2, 1, False)
-                    elif g == 11:
-                        self.attribute(s2, e2, 1, False)
+            elif f in (20, 25):
+                self.beyond_graph(f, s, e)
         if not has_graph:
             raise ProtoError("no graph in the model")
         return ModelInfo(
@@ -615,16 +622,8 @@ def _external_refs(buf: _Buf) -> list[ExternalRef]:
                             reader.tensor(s2, e2)
                         else:
                             reader.sparse(s2, e2)
-        elif f == 20 and may_hold(s, e):
-            for g, s2, e2 in _fields(buf, s, e, _TRAINING):
-                if g in (1, 2):
-                    reader.graph(s2, e2, 1, False)
-        elif f == 25 and may_hold(s, e):
-            for g, s2, e2 in _fields(buf, s, e, _FUNCTION):
-                if g == 7:
-                    reader.node(s2, e2, 1, False)
-                elif g == 11:
-                    reader.attribute(s2, e2, 1, False)
+        elif f in (20, 25) and may_hold(s, e):
+            reader.beyond_graph(f, s, e)
     if not has_graph:
         raise ProtoError("no graph in the model")
     return reader.refs

@@ -67,7 +67,7 @@ def plan_action(
     keyed = _key(action, state, keys, fresh=fresh)
     if isinstance(keyed, ActionPlan):
         return keyed
-    return _plan_keyed(action, keyed, state, stats, root)
+    return plan_keyed(action, keyed, state, stats, root)
 
 
 def _key(
@@ -90,18 +90,8 @@ def plan_keyed(
     stats: StatCache,
     root: str,
 ) -> ActionPlan:
-    """The plan of an action under a key computed elsewhere (``status``: the key the build
-    will compute once it has restored the actions whose outputs this one reads)."""
-    return _plan_keyed(action, key, state, stats, root)
-
-
-def _plan_keyed(
-    action: GraphAction,
-    key: ActionKey,
-    state: State,
-    stats: StatCache,
-    root: str,
-) -> ActionPlan:
+    """The plan of an action under its key (``status`` also plans one under the key the
+    build will compute once it has restored the actions whose outputs this one reads)."""
     if action.id in state.damaged:
         return ActionPlan(action, key, True, [state.damaged[action.id].reason()])
     if action.id in state.interrupted:
@@ -152,7 +142,7 @@ def make_plan(
     keyed = [_key(a, state, keys) for a in actions]
     plans: dict[str, ActionPlan] = {}
     for action, k in zip(actions, keyed, strict=True):
-        plan = k if isinstance(k, ActionPlan) else _plan_keyed(action, k, state, stats, root)
+        plan = k if isinstance(k, ActionPlan) else plan_keyed(action, k, state, stats, root)
         waits = [plans[d].action for d in action.deps if d in plans and plans[d].stale]
         if waits:
             now = plan.reasons if plan.error is None else []
