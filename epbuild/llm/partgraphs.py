@@ -17,6 +17,7 @@ Imports onnx: call it only from a worker.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 from collections.abc import Sequence
@@ -26,15 +27,17 @@ import onnx
 from onnx import TensorProto, helper
 
 from epbuild._dataclass import dataclass
+from epbuild.llm.genai_config import EMBEDDINGS
 from epbuild.llm.parts import (
-    EMBEDDINGS,
+    PARTS_JSON,
     STAGE_SEQUENCES,
     data_name,
+    part_name,
     split_layers,
     stage_name,
     weight_sizes,
 )
-from epbuild.llm.static import StaticPrepError, StaticShape, make_static
+from epbuild.llm.static import GQA, StaticPrepError, StaticShape, make_static
 
 _NODE_LAYER = re.compile(r"/layers\.(\d+)/")
 _INPUT_IDS = "input_ids"
@@ -56,7 +59,6 @@ class PartShape:
     window: int
     context: int
     head_size: int
-    layers: int
     parts: int
 
 
@@ -64,8 +66,12 @@ def write_parts(model_path: str, out_dir: str, shape: PartShape) -> tuple[range,
     """Write ``embeddings.onnx`` and each part's ``context``/``iterator`` graphs with their
     data files into ``out_dir``; returns the layers of each part. ``StaticPrepError`` when
     the decoder cannot be cut."""
-    split = split_layers(weight_sizes(model_path, shape.layers), shape.parts)
     source = onnx.load(model_path, load_external_data=False)
+    layers = sum(n.op_type == GQA for n in source.graph.node)
+    try:
+        split = split_layers(weight_sizes(model_path, layers), shape.parts)
+    except ValueError as exc:
+        raise StaticPrepError(f"it has {layers} layers, too few for {shape.parts} parts") from exc
     base = os.path.dirname(model_path)
     statics = {
         graph: make_static(
@@ -78,9 +84,10 @@ def write_parts(model_path: str, out_dir: str, shape: PartShape) -> tuple[range,
     stages = _assign(first.graph, split)
     cuts = _Cuts(first.graph, stages)
     hidden_type, hidden = _hidden(first.graph, cuts)
-    embed = _stage_model(first, cuts, EMBED_STAGE, ("batch_size", "sequence_length", hidden),
-                         hidden_type, dynamic=True)  # fmt: skip
+    free = ("batch_size", "sequence_length", hidden)
+    embed = _stage_model(first, cuts, EMBED_STAGE, free, hidden_type, dynamic=True)
     _write(embed, base, out_dir, f"{EMBEDDINGS}.onnx", f"{EMBEDDINGS}.onnx.data")
+    described: dict[str, dict[str, list[str] | list[int]]] = {EMBEDDINGS: _io(embed)}
     for index in range(1, len(split) + 1):
         placed: dict[str, tuple[int, int]] = {}
         for graph, sequence in STAGE_SEQUENCES:
@@ -90,7 +97,19 @@ def write_parts(model_path: str, out_dir: str, shape: PartShape) -> tuple[range,
             part = _stage_model(static, cut, index, (1, seq, hidden), hidden_type, dynamic=False)
             name = stage_name(index, graph)
             _write(part, base, out_dir, f"{name}.onnx", data_name(index), placed)
+        layers = split[index - 1]
+        described[part_name(index)] = {**_io(part), "layers": [layers.start, layers.stop - 1]}
+    with open(os.path.join(out_dir, PARTS_JSON), "w", encoding="utf-8") as f:
+        json.dump(described, f, indent=1)
     return split
+
+
+def _io(model: onnx.ModelProto) -> dict[str, list[str] | list[int]]:
+    """A stage's input and output names, for genai's pipeline config."""
+    return {
+        "inputs": [v.name for v in model.graph.input],
+        "outputs": [v.name for v in model.graph.output],
+    }
 
 
 def _assign(graph: onnx.GraphProto, split: Sequence[range]) -> list[int]:

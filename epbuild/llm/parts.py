@@ -24,12 +24,9 @@ import re
 from collections.abc import Sequence
 
 from epbuild._dataclass import dataclass
+from epbuild.llm.genai_config import CONTEXT, EMBEDDINGS, ITERATOR
 from epbuild.onnx.proto import read_model
 
-EMBEDDINGS = "embeddings"
-"""The CPU stage that turns token ids into the first part's hidden states."""
-CONTEXT = "context"
-ITERATOR = "iterator"
 STAGE_SEQUENCES = ((CONTEXT, None), (ITERATOR, 1))
 """A part's graphs, in session order, and their sequence (None: ``window_size``)."""
 
@@ -63,11 +60,12 @@ def data_name(index: int) -> str:
     return f"{part_name(index)}.onnx.data"
 
 
-def prepared_files(parts: int) -> tuple[str, ...]:
-    """Every file the preparation of ``parts`` parts writes (besides ``op_affinity.json``)."""
-    graphs = [f"{stage}.onnx" for stage, _ in part_stages(parts)]
-    data = [data_name(i) for i in range(1, parts + 1)]
-    return (f"{EMBEDDINGS}.onnx", f"{EMBEDDINGS}.onnx.data", *graphs, *data)
+EMBEDDING_FILES = (f"{EMBEDDINGS}.onnx", f"{EMBEDDINGS}.onnx.data")
+"""The CPU stage's graph and data, copied into the package as they are."""
+PARTS_JSON = "parts.json"
+"""What the preparation says about the parts: each stage's inputs and outputs, and each
+part's layers (``{"embeddings": {"inputs": [...], "outputs": [...]}, "part1": {...,
+"layers": [0, 1]}, ...}``)."""
 
 
 def layer_of(tensor: str) -> int | None:
