@@ -95,8 +95,13 @@ def deepen(folder: Path, layers: int, *, seed: int = 7) -> Path:
     del graph.node[:]
     graph.node.extend(nodes)
     (folder / "model.onnx.data").unlink()
-    onnx.save(model, folder / "model.onnx", save_as_external_data=True,
-              location="model.onnx.data", size_threshold=0)  # fmt: skip
+    onnx.save(
+        model,
+        folder / "model.onnx",
+        save_as_external_data=True,
+        location="model.onnx.data",
+        size_threshold=0,
+    )
     config_path = folder / "genai_config.json"
     config = json.loads(config_path.read_text())
     config["model"]["decoder"]["num_hidden_layers"] = layers
