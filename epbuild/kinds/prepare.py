@@ -1,6 +1,8 @@
 """The prepare kind: an ``[llms]`` entry's single decoder made into its two static graphs
 (``context``, ``iterator``) and the default ``op_affinity.json``, in a worker, as an action
-of the graph like any other (keyed, cached, journaled, restorable, farmed out).
+of the graph like any other (keyed, cached, journaled, restorable, farmed out). With
+``parts`` it writes the CPU ``embeddings`` stage, each part's two graphs and data file, and
+``parts.json`` instead (``llm.partgraphs``; ``parts`` joins the key).
 
 Its outputs go to ``<state_dir>/llm/<name>/prepared/``; the LLM's compile actions read them
 and depend on it. Its key holds the source decoder's digests (and its external data's),

@@ -1,5 +1,6 @@
 """LLM entries as compile groups: each ``[llms.<name>]`` whose source is a single decoder
-becomes a group of its two prepared graphs (``context``, ``iterator``); one whose source is a
+becomes a group of its two prepared graphs (``context``, ``iterator``), or with ``parts``
+one group per part (``partK_context``, ``partK_iterator``: ``llm.parts``); one whose source is a
 ``decoder-pipeline`` already, a group of the stages a provider can take (static input
 shapes: ``compiled_stages``; the others, e.g. a CPU ``embeddings`` or ``lm_head``, are
 copied into the package as they are). Each group compiles for each provider through the
