@@ -124,7 +124,6 @@ def _llm(
             f"{window} is above context_length ({context}): a prompt window must fit the KV cache",
             f"use window_size = {context} or less",
         )
-    parts = _parts(where, base, root, source, table, found, pipeline=found.form == PIPELINE)
     llm = Llm(
         name=name,
         source=source,
@@ -138,7 +137,7 @@ def _llm(
         head_size=found.head_size,
         prompt=table.get("prompt"),
         stages=found.stages,
-        parts=parts,
+        parts=_parts(where, base, root, source, table, found, pipeline=found.form == PIPELINE),
     )
     return llm, (found.layers, found.kv_heads)
 
@@ -182,13 +181,25 @@ def _parts(
                 f"use parts = 1 to {layers}",
             )
         return int(count)
-    limit = parse_size(str(size))
+    return _parts_for_size(where, base, (root, source), found, str(size))
+
+
+def _parts_for_size(
+    where: Where, base: tuple[str, str], at: tuple[Path, str], found: LlmSource, size: str
+) -> int:
+    """The fewest parts none of which holds more than ``max_part_size`` weight bytes
+    (``at``: the workspace root and the source folder in it)."""
+    root, source = at
+    limit = parse_size(size)
     if limit is None:
         raise where.error(
             (*base, "max_part_size"),
             f"{size!r} is not a size",
             'write e.g. "1 GiB" or "512 MiB"',
         )
+    layers = found.layers
+    if layers < 1:
+        return 1
     model = root / source / found.files[0]
     try:
         sizes = weight_sizes(model, layers)
@@ -198,8 +209,6 @@ def _parts(
             f"{source}/{found.files[0]}: cannot read its weights' sizes ({exc})",
             "restore the source model",
         ) from exc
-    if layers < 1:
-        return 1
     try:
         return parts_for_size(sizes, limit)
     except ValueError as exc:
