@@ -38,3 +38,72 @@ def place_source(root: Path, family: str = "llama") -> Path:
     if not folder.exists():
         shutil.copytree(LLM_FIXTURES / family, folder)
     return folder
+
+
+def deepen(folder: Path, layers: int, *, seed: int = 7) -> Path:
+    """Give the builder-made decoder in ``folder`` ``layers`` layers (in place): layer 1's
+    nodes are repeated, renumbered, with fresh seeded random weights (of the spread the
+    fixtures were made with), and ``genai_config.json`` says so. Returns ``folder``."""
+    import json
+    import re
+
+    import numpy as np
+    import onnx
+    from onnx import numpy_helper
+
+    model = onnx.load(folder / "model.onnx")
+    graph = model.graph
+    have = sum(1 for i in graph.input if i.name.endswith(".key"))
+    layer = re.compile(r"(layers|past_key_values|present)\.(\d+)")
+    rng = np.random.default_rng(seed)
+
+    def shift(text: str, by: int) -> str:
+        return layer.sub(lambda m: f"{m.group(1)}.{int(m.group(2)) + by}", text)
+
+    def renamed(node: onnx.NodeProto, by: int) -> onnx.NodeProto:
+        copy = onnx.NodeProto()
+        copy.CopyFrom(node)
+        copy.name = shift(node.name, by)
+        copy.input[:] = [shift(x, by) if layer.search(x) else x for x in node.input]
+        copy.output[:] = [shift(x, by) for x in node.output]
+        return copy
+
+    template = [n for n in graph.node if f"/layers.{have - 1}/" in n.name]
+    tail = [n for n in graph.node if f"/layers.{have}/" in n.name or n.name.startswith("/lm_head")]
+    head = [n for n in graph.node if n not in template and n not in tail]
+    nodes = head + template
+    for tensor in graph.initializer:  # the final norm's weight is named after no layer
+        if f"layers.{have}." in tensor.name:
+            tensor.name = shift(tensor.name, layers - have)
+    weights = {t.name: t for t in graph.initializer}
+    for k in range(have, layers):
+        by = k - have + 1
+        nodes += [renamed(n, by) for n in template]
+        for name, tensor in list(weights.items()):
+            if f"layers.{have - 1}." not in name:
+                continue
+            values = numpy_helper.to_array(tensor)
+            if values.ndim == 2:
+                values = rng.normal(0.0, 0.2, values.shape).astype(values.dtype)
+            graph.initializer.append(numpy_helper.from_array(values, shift(name, by)))
+        for values in (graph.input, graph.output):
+            for v in [v for v in values if f".{have - 1}." in v.name]:
+                values.append(onnx.ValueInfoProto())
+                values[-1].CopyFrom(v)
+                values[-1].name = shift(v.name, by)
+    nodes += [renamed(n, layers - have) for n in tail]
+    del graph.node[:]
+    graph.node.extend(nodes)
+    (folder / "model.onnx.data").unlink()
+    onnx.save(
+        model,
+        folder / "model.onnx",
+        save_as_external_data=True,
+        location="model.onnx.data",
+        size_threshold=0,
+    )
+    config_path = folder / "genai_config.json"
+    config = json.loads(config_path.read_text())
+    config["model"]["decoder"]["num_hidden_layers"] = layers
+    config_path.write_text(json.dumps(config, indent=4))
+    return folder

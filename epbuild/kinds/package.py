@@ -44,6 +44,9 @@ class PackageAction(LlmStep):
     out_dir: str
     """``<out_dir>/<llm>/<provider>``: beside the ctx models."""
     deps: tuple[str, ...] = ()
+    prepared: str = ""
+    """The workspace-relative folder of a single decoder's preparation (a decoder in parts
+    copies its ``embeddings`` stage from there)."""
 
     @property
     def provider_name(self) -> str:
@@ -111,7 +114,9 @@ def _plan(root: str, action: PackageAction) -> Any:
 
     adapter = get_provider(action.provider.ep)
     try:
-        return package_plan(root, action.llm, action.provider, adapter.file_options)
+        return package_plan(
+            root, action.llm, action.provider, adapter.file_options, action.prepared
+        )
     except OSError as exc:
         raise ModelError(
             f"{action.llm.source}/{GENAI_CONFIG}: cannot read ({exc.strerror})",

@@ -1,6 +1,8 @@
 """The prepare kind: an ``[llms]`` entry's single decoder made into its two static graphs
 (``context``, ``iterator``) and the default ``op_affinity.json``, in a worker, as an action
-of the graph like any other (keyed, cached, journaled, restorable, farmed out).
+of the graph like any other (keyed, cached, journaled, restorable, farmed out). With
+``parts`` it writes the CPU ``embeddings`` stage, each part's two graphs and data file, and
+``parts.json`` instead (``llm.partgraphs``; ``parts`` joins the key).
 
 Its outputs go to ``<state_dir>/llm/<name>/prepared/``; the LLM's compile actions read them
 and depend on it. Its key holds the source decoder's digests (and its external data's),
@@ -17,12 +19,14 @@ import posixpath
 import re
 import shutil
 import time
+from collections.abc import Mapping
 from typing import Any
 
 from epbuild._dataclass import dataclass
 from epbuild.errors import ModelError, VerificationError
 from epbuild.executors.job import Job
 from epbuild.kinds.contract import BaseKind, Checked, OwnStep, Reported, RunContext, Wording
+from epbuild.llm.parts import EMBEDDING_FILES, PARTS_JSON, part_stages
 from epbuild.llm.prepare import AFFINITY, AFFINITY_JSON, PREP_FORMAT, STAGES
 from epbuild.manifest.model import Llm
 from epbuild.planning.keys import ActionKey, KeyComputer
@@ -30,7 +34,14 @@ from epbuild.planning.keys import ActionKey, KeyComputer
 PREPARED = "prepared"
 """The folder of the prepared graphs inside ``<state_dir>/llm/<name>/``."""
 GRAPHS = tuple(f"{stage}.onnx" for stage, _ in STAGES)
-"""The graphs it writes, in session order."""
+"""The graphs it writes, in session order (one part)."""
+
+
+def graph_files(parts: int) -> tuple[str, ...]:
+    """The compiled graphs of a preparation into ``parts`` parts, in session order."""
+    if parts == 1:
+        return GRAPHS
+    return tuple(f"{stage}.onnx" for stage, _ in part_stages(parts))
 
 
 class LlmStep(OwnStep):
@@ -59,8 +70,8 @@ class PrepareAction(LlmStep):
 
     @property
     def graphs(self) -> tuple[str, ...]:
-        """Workspace-relative paths of the prepared graphs, in session order."""
-        return tuple(posixpath.join(self.out_dir, g) for g in GRAPHS)
+        """Workspace-relative paths of the compiled graphs, in session order."""
+        return tuple(posixpath.join(self.out_dir, g) for g in graph_files(self.llm.parts))
 
     @property
     def affinity(self) -> str:
@@ -98,11 +109,13 @@ class PrepareKind(BaseKind):
         if refused is not None:  # the package would name inputs the graphs do not have
             raise refused
         llm = action.llm
+        more: dict[str, Any] = {"parts": llm.parts} if llm.parts > 1 else {}
         return self.keyed(
             inputs,
             window_size=llm.window_size,
             context_length=llm.context_length,
             head_size=llm.head_size,
+            **more,
             versions={"onnx": dist_version("onnx")},
         )
 
@@ -114,6 +127,8 @@ class PrepareKind(BaseKind):
             "context": llm.context_length,
             "head_size": llm.head_size,
         }
+        if llm.parts > 1:
+            payload["parts"] = llm.parts
         return payload
 
     def check(
@@ -128,11 +143,15 @@ class PrepareKind(BaseKind):
         from epbuild.onnx.staged import staged_names
 
         names = staged_names(ctx.root, staging)
-        for required in (*GRAPHS, AFFINITY):
+        graphs = graph_files(action.llm.parts)
+        more: tuple[str, ...] = ()
+        if action.llm.parts > 1:
+            graphs, more = (EMBEDDING_FILES[0], *graphs), (PARTS_JSON,)
+        for required in (*graphs, *more, AFFINITY):
             if required not in names:
                 raise VerificationError(f"expected output {required} was not written")
         data: set[str] = set()
-        for graph in GRAPHS:
+        for graph in graphs:
             try:
                 info = read_model(os.path.join(ctx.root, staging, graph))
             except ProtoError as exc:
@@ -143,7 +162,7 @@ class PrepareKind(BaseKind):
                         f"{graph}: external data {ref.location!r} was not written beside it"
                     )
                 data.add(ref.location)
-        extra = sorted(set(names) - {*GRAPHS, AFFINITY} - data)
+        extra = sorted(set(names) - {*graphs, *more, AFFINITY} - data)
         if extra:
             raise VerificationError(f"unexpected output {extra[0]} staged by the preparation")
         _remove_legacy(os.path.join(ctx.root, posixpath.dirname(action.out_dir)))
@@ -223,12 +242,47 @@ def run(job: Job, root: str) -> dict[str, Any]:
     import importlib.metadata
     import json
 
+    t0 = time.perf_counter()
+    args = job.payload
+    if int(args.get("parts", 1)) > 1:
+        detail = _run_parts(args, root, job.staging)
+    else:
+        _run_whole(args, root, job.staging)
+        detail = {}
+    with open(os.path.join(root, job.staging, AFFINITY), "w", encoding="utf-8") as f:
+        json.dump(AFFINITY_JSON, f)
+    return {
+        "seconds": time.perf_counter() - t0,
+        "detail": detail,
+        "versions": {"onnx": importlib.metadata.version("onnx")},
+    }
+
+
+def _run_parts(args: Mapping[str, Any], root: str, staging: str) -> dict[str, Any]:
+    """Write the CPU embeddings stage and each part's graphs (``llm.partgraphs``)."""
+    from epbuild.llm.partgraphs import PartShape, write_parts
+    from epbuild.llm.static import StaticPrepError
+
+    shape = PartShape(
+        int(args["window"]), int(args["context"]), int(args["head_size"]), int(args["parts"])
+    )
+    model = os.path.join(root, str(args["model"]))
+    try:
+        split = write_parts(model, os.path.join(root, staging), shape)
+    except StaticPrepError as exc:
+        raise ModelError(
+            f"{args['model']}: splitting into parts failed: {exc}",
+            hint="epbuild splits decoders as genai's model builder writes them",
+        ) from exc
+    return {"layers": [[r.start, r.stop - 1] for r in split]}
+
+
+def _run_whole(args: Mapping[str, Any], root: str, staging: str) -> None:
+    """Write the two static graphs of one part."""
     import onnx
 
     from epbuild.llm.static import StaticPrepError, StaticShape, make_static
 
-    t0 = time.perf_counter()
-    args = job.payload
     model = onnx.load(os.path.join(root, str(args["model"])))
     for stage, sequence in STAGES:
         shape = StaticShape(sequence or int(args["window"]), int(args["context"]),
@@ -242,17 +296,10 @@ def run(job: Job, root: str) -> dict[str, Any]:
             ) from exc
         onnx.save(
             static,
-            os.path.join(root, job.staging, f"{stage}.onnx"),
+            os.path.join(root, staging, f"{stage}.onnx"),
             save_as_external_data=True,
             location=f"{stage}.onnx.data",
         )
-    with open(os.path.join(root, job.staging, AFFINITY), "w", encoding="utf-8") as f:
-        json.dump(AFFINITY_JSON, f)
-    return {
-        "seconds": time.perf_counter() - t0,
-        "detail": {},
-        "versions": {"onnx": importlib.metadata.version("onnx")},
-    }
 
 
 PREPARE = PrepareKind()

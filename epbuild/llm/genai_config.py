@@ -9,7 +9,7 @@ Pure JSON, standard library only. Fields of the source that do not describe a gr
 from __future__ import annotations
 
 import copy
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 PAST_SEQ_LEN = "past_seq_len"
@@ -19,6 +19,8 @@ TOTAL_SEQ_LEN = "total_seq_len"
 """The static graphs' int32 ``[1]`` input (genai sets it to ``max_length``)."""
 CONTEXT = "context"
 ITERATOR = "iterator"
+EMBEDDINGS = "embeddings"
+"""The CPU stage of a decoder in parts (``llm.parts``)."""
 
 
 def _io_names(decoder: Mapping[str, Any]) -> tuple[list[str], list[str]]:
@@ -47,10 +49,14 @@ def pipeline_config(
     provider_options: Mapping[str, Mapping[str, Any]],
     context_length: int,
     window_size: int,
+    parts: Mapping[str, StageIO] | None = None,
 ) -> dict[str, Any]:
     """The package's config. ``files`` maps ``context``/``iterator`` to their ctx model
     file names (relative to the config); ``provider_options`` is genai's form, e.g.
-    ``{"qnn": {"htp_arch": "73", ...}}``."""
+    ``{"qnn": {"htp_arch": "73", ...}}``. With ``parts`` (the inputs and outputs of the
+    ``embeddings`` stage and of each part, ``llm.parts``), ``files`` maps every stage
+    (``embeddings``, ``part1_context``, ...) and the pipeline is the CPU embeddings stage,
+    then each part's prompt and token graphs."""
     config = copy.deepcopy(dict(source))
     model = config["model"]
     decoder = model["decoder"]
@@ -64,17 +70,10 @@ def pipeline_config(
     decoder_inputs["total_sequence_length"] = TOTAL_SEQ_LEN
     stages = []
     for stage, flag in ((CONTEXT, "run_on_token_gen"), (ITERATOR, "run_on_prompt")):
-        stages.append(
-            {
-                stage: {
-                    "filename": files[stage],
-                    "session_options": session,
-                    "inputs": inputs,
-                    "outputs": outputs,
-                    flag: False,
-                }
-            }
-        )
+        if parts is None:
+            stages.append(_stage(stage, files[stage], session, (inputs, outputs), flag))
+    if parts is not None:
+        stages = _part_stages(files, session, parts)
     new_decoder = {k: v for k, v in decoder.items() if k not in ("filename", "inputs")}
     new_decoder.update(
         session_options=session,
@@ -92,6 +91,42 @@ def pipeline_config(
     search["max_length"] = min(int(search.get("max_length", context_length)), context_length)
     search["past_present_share_buffer"] = True
     return config
+
+
+StageIO = tuple[Sequence[str], Sequence[str]]
+"""A pipeline stage's input and output names."""
+
+
+def _stage(
+    name: str, filename: str, session: Mapping[str, Any], io: StageIO, flag: str | None
+) -> dict[str, Any]:
+    """One ``pipeline`` entry (``flag``: ``run_on_token_gen`` or ``run_on_prompt``, set
+    false; None: it runs on both)."""
+    stage: dict[str, Any] = {
+        "filename": filename,
+        "session_options": session,
+        "inputs": list(io[0]),
+        "outputs": list(io[1]),
+    }
+    if flag is not None:
+        stage[flag] = False
+    return {name: stage}
+
+
+def _part_stages(
+    files: Mapping[str, str], session: Mapping[str, Any], parts: Mapping[str, StageIO]
+) -> list[dict[str, Any]]:
+    """The pipeline of a decoder in parts: ``embeddings`` on the CPU, then each part's
+    ``context`` (prompt) and ``iterator`` (token) graphs."""
+    cpu = {**{k: v for k, v in session.items() if k != "provider_options"}, "provider_options": []}
+    stages = [_stage(EMBEDDINGS, files[EMBEDDINGS], cpu, parts[EMBEDDINGS], None)]
+    for part, io in parts.items():
+        if part == EMBEDDINGS:
+            continue
+        for graph, flag in ((CONTEXT, "run_on_token_gen"), (ITERATOR, "run_on_prompt")):
+            name = f"{part}_{graph}"
+            stages.append(_stage(name, files[name], session, io, flag))
+    return stages
 
 
 def stages_config(

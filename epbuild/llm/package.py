@@ -12,12 +12,20 @@ import json
 import os
 import posixpath
 from collections.abc import Iterable
+from typing import Any
 
 from epbuild._dataclass import dataclass
 from epbuild._names import CTX_SUFFIX
 from epbuild.fs import reference_problem
-from epbuild.llm.genai_config import CONTEXT, ITERATOR, pipeline_config, stages_config
+from epbuild.llm.genai_config import (
+    CONTEXT,
+    EMBEDDINGS,
+    ITERATOR,
+    pipeline_config,
+    stages_config,
+)
 from epbuild.llm.genai_schema import GENAI_CONFIG
+from epbuild.llm.parts import EMBEDDING_FILES, PARTS_JSON, part_name, part_stages
 from epbuild.llm.source import PIPELINE, static_stages
 from epbuild.manifest.model import Llm
 from epbuild.onnx.proto import read_external_refs
@@ -45,10 +53,16 @@ class PackagePlan:
 
 
 def package_plan(
-    root: str, llm: Llm, provider: ProviderConfig, file_options: Iterable[str]
+    root: str,
+    llm: Llm,
+    provider: ProviderConfig,
+    file_options: Iterable[str],
+    prepared: str = "",
 ) -> PackagePlan:
     """The package's config, and the source files it copies as they are (tokenizer files,
-    templates, a pipeline's CPU stages and their external data)."""
+    templates, a pipeline's CPU stages and their external data; for a decoder in parts,
+    the ``embeddings`` stage from ``prepared``, the workspace-relative folder of its
+    preparation)."""
     source = os.path.join(root, llm.source)
     with open(os.path.join(source, GENAI_CONFIG), encoding="utf-8") as f:
         config = json.load(f)
@@ -58,7 +72,7 @@ def package_plan(
         compiled = {stage: stage + CTX_SUFFIX for stage, _ in static_stages(source, llm.stages)}
         package = stages_config(config, compiled=compiled, provider_options=options)
         copied = _stage_files(source, [f for s, f in llm.stages if s not in compiled])
-    else:
+    elif llm.parts == 1:
         package = pipeline_config(
             config,
             files={CONTEXT: CONTEXT + CTX_SUFFIX, ITERATOR: ITERATOR + CTX_SUFFIX},
@@ -66,11 +80,41 @@ def package_plan(
             context_length=llm.context_length,
             window_size=llm.window_size,
         )
+    else:
+        package, embedding = _parts_config(root, llm, config, options, prepared)
     names = [*_companions(source, llm.files), *copied]
-    return PackagePlan(
-        (json.dumps(package, indent=4) + "\n").encode(),
-        {name: posixpath.join(llm.source, name) for name in names},
+    copies = {name: posixpath.join(llm.source, name) for name in names}
+    if llm.form != PIPELINE and llm.parts > 1:
+        copies.update({name: posixpath.join(prepared, name) for name in embedding})
+    return PackagePlan((json.dumps(package, indent=4) + "\n").encode(), copies)
+
+
+def _parts_config(
+    root: str,
+    llm: Llm,
+    config: dict[str, Any],
+    options: dict[str, dict[str, str]],
+    prepared: str,
+) -> tuple[dict[str, Any], list[str]]:
+    """The config of a decoder in parts (each stage's inputs and outputs as the
+    preparation's ``parts.json`` lists them), and the CPU stage's files it copies."""
+    folder = os.path.join(root, prepared)
+    with open(os.path.join(folder, PARTS_JSON), encoding="utf-8") as f:
+        described = json.load(f)
+    io = {stage: (found["inputs"], found["outputs"]) for stage, found in described.items()}
+    if list(io) != [EMBEDDINGS, *(part_name(i) for i in range(1, llm.parts + 1))]:
+        raise ValueError(f"{prepared}/{PARTS_JSON} does not list the {llm.parts} parts")
+    embedding = EMBEDDING_FILES[0]
+    files = {EMBEDDINGS: embedding} | {s: s + CTX_SUFFIX for s, _ in part_stages(llm.parts)}
+    package = pipeline_config(
+        config,
+        files=files,
+        provider_options=options,
+        context_length=llm.context_length,
+        window_size=llm.window_size,
+        parts=io,
     )
+    return package, _stage_files(folder, [embedding])
 
 
 def _stage_files(source: str, models: list[str]) -> list[str]:
@@ -110,7 +154,10 @@ def _copied(root: str, llm: Llm) -> list[str]:
 def package_files(root: str, llm: Llm, out_dir: str) -> list[str]:
     """Workspace-relative paths of the files ``write_package`` writes (config and
     companions), whether or not they exist now."""
-    return [posixpath.join(out_dir, n) for n in (GENAI_CONFIG, *_copied(root, llm))]
+    names = [GENAI_CONFIG, *_copied(root, llm)]
+    if llm.form != PIPELINE and llm.parts > 1:
+        names += EMBEDDING_FILES
+    return [posixpath.join(out_dir, n) for n in names]
 
 
 def _companions(source: str, models: Iterable[str]) -> list[str]:

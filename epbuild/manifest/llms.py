@@ -8,10 +8,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from epbuild.errors import UnsafePathError
-from epbuild.fs import safe_relpath
+from epbuild.fs import format_bytes, safe_relpath
+from epbuild.llm.parts import parse_size, parts_for_size, weight_sizes
 from epbuild.manifest.locate import Where
 from epbuild.manifest.model import DEFAULT_CONTEXT_LENGTH, DEFAULT_WINDOW_SIZE, Llm
 from epbuild.manifest.refs import check_provider_list
+from epbuild.onnx.proto import ProtoError
 from epbuild.providers.contract import ProviderConfig
 
 if TYPE_CHECKING:
@@ -135,8 +137,94 @@ def _llm(
         head_size=found.head_size,
         prompt=table.get("prompt"),
         stages=found.stages,
+        parts=_parts(where, base, root, source, table, found, pipeline=found.form == PIPELINE),
     )
     return llm, (found.layers, found.kv_heads)
+
+
+def _parts(
+    where: Where,
+    base: tuple[str, str],
+    root: Path,
+    source: str,
+    table: dict[str, Any],
+    found: LlmSource,
+    *,
+    pipeline: bool,
+) -> int:
+    """How many parts ``parts`` or ``max_part_size`` asks for (1 when neither is set)."""
+    count, size = table.get("parts"), table.get("max_part_size")
+    if count is None and size is None:
+        return 1
+    if count is not None and size is not None:
+        raise where.error(
+            (*base, "max_part_size"),
+            "is set together with parts: give the number of parts or the largest part's "
+            "size, not both",
+            "remove parts or max_part_size",
+        )
+    key = "parts" if count is not None else "max_part_size"
+    if pipeline:
+        raise where.error(
+            (*base, key),
+            f"{source} is a decoder-pipeline already: epbuild splits only a single decoder "
+            "(model.decoder.filename) into parts",
+            f"remove {key} from [llms.{base[1]}]",
+        )
+    layers = found.layers
+    if count is not None:
+        if not 1 <= count <= layers:
+            raise where.error(
+                (*base, "parts"),
+                f"{count} is not between 1 and the model's {layers} layers "
+                f"({source}/genai_config.json: model.decoder.num_hidden_layers)",
+                f"use parts = 1 to {layers}",
+            )
+        return int(count)
+    return _parts_for_size(where, base, (root, source), found, str(size))
+
+
+def _parts_for_size(
+    where: Where, base: tuple[str, str], at: tuple[Path, str], found: LlmSource, size: str
+) -> int:
+    """The fewest parts none of which holds more than ``max_part_size`` weight bytes
+    (``at``: the workspace root and the source folder in it)."""
+    root, source = at
+    limit = parse_size(size)
+    if limit is None:
+        raise where.error(
+            (*base, "max_part_size"),
+            f"{size!r} is not a size",
+            'write e.g. "1 GiB" or "512 MiB"',
+        )
+    layers = found.layers
+    if layers < 1:
+        return 1
+    model = root / source / found.files[0]
+    try:
+        sizes = weight_sizes(model, layers)
+    except (OSError, ProtoError) as exc:
+        raise where.error(
+            (*base, "source"),
+            f"{source}/{found.files[0]}: cannot read its weights' sizes ({exc})",
+            "restore the source model",
+        ) from exc
+    try:
+        return parts_for_size(sizes, limit)
+    except ValueError as exc:
+        smallest = int(exc.args[0])
+        raise where.error(
+            (*base, "max_part_size"),
+            f"{size} is smaller than one layer's weights ({format_bytes(smallest)}, the "
+            "last layer's with the final norm and lm_head)",
+            f'use max_part_size = "{_ceil_size(smallest)}" or more',
+        ) from exc
+
+
+def _ceil_size(size: int) -> str:
+    """``size`` rounded up to whole MiB (KiB below one MiB)."""
+    unit, scale = ("MiB", 1 << 20) if size >= 1 << 20 else ("KiB", 1 << 10)
+    return f"{-(-size // scale)} {unit}"
 
 
 def _source(where: Where, base: tuple[str, ...], root: Path, source: str) -> LlmSource:

@@ -258,6 +258,9 @@ class Llm:
     """What ``verify --generate`` generates from (None: its default)."""
     stages: tuple[tuple[str, str], ...] = ()
     """A ``decoder-pipeline`` source's stages: (name, ONNX file relative to the folder)."""
+    parts: int = 1
+    """How many parts a ``decoder`` source is split into at layer boundaries (1: one
+    context + iterator pair; more: ``epbuild.llm.parts``)."""
 
 
 @dataclass(frozen=True)

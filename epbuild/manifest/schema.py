@@ -410,6 +410,19 @@ SCHEMA: dict[str, Any] = {
                     "description": "One context binary for both graphs (N+1), as "
                     "devices want (default true).",
                 },
+                "parts": {
+                    "type": "integer",
+                    "minimum": 1,
+                    "description": "Split the decoder at layer boundaries into this many "
+                    "parts, each its own prompt + token graph (default 1); the embedding "
+                    "runs on the CPU.",
+                },
+                "max_part_size": {
+                    "type": "string",
+                    "minLength": 1,
+                    "description": "Split the decoder into as few parts as keep each part's "
+                    'weights under this size (e.g. "1 GiB"); instead of parts.',
+                },
                 "prompt": {
                     "type": "string",
                     "minLength": 1,

@@ -115,7 +115,8 @@ def make_actions(manifest: Manifest, extra: Sequence[Group] = ()) -> list[Compil
             provider = own.get(pname) or manifest.providers[pname]
             out_dir = posixpath.join(manifest.workspace.out_dir, group.name, pname)
             if group.context.share_weights:
-                action_id = f"{group.name}/{pname}"
+                part = getattr(group, "part", "")  # an LLM split into parts: one per part
+                action_id = f"{group.name}/{pname}" + (f"/{part}" if part else "")
                 deps = group.deps_for(group.entries)
                 actions.append(
                     CompileAction(action_id, group, provider, group.entries, out_dir, deps)

@@ -1,5 +1,6 @@
 """LLM entries as compile groups: each ``[llms.<name>]`` whose source is a single decoder
-becomes a group of its two prepared graphs (``context``, ``iterator``); one whose source is a
+becomes a group of its two prepared graphs (``context``, ``iterator``), or with ``parts``
+one group per part (``partK_context``, ``partK_iterator``: ``llm.parts``); one whose source is a
 ``decoder-pipeline`` already, a group of the stages a provider can take (static input
 shapes: ``compiled_stages``; the others, e.g. a CPU ``embeddings`` or ``lm_head``, are
 copied into the package as they are). Each group compiles for each provider through the
@@ -18,6 +19,7 @@ from epbuild._dataclass import dataclass
 from epbuild.errors import ModelError
 from epbuild.kinds.package import PackageAction
 from epbuild.kinds.prepare import PrepareAction, prepare_action
+from epbuild.llm.parts import STAGE_SEQUENCES, part_name, part_stages
 from epbuild.llm.prepare import AFFINITY, STAGES, write_affinity
 from epbuild.llm.source import DECODER, static_stages
 from epbuild.manifest.model import ContextSettings, Group, Llm, Manifest, ModelEntry
@@ -42,6 +44,10 @@ class LlmGroup(Group):
     """Provider name → its configuration for this LLM (``op_affinity`` defaulted)."""
     deps: tuple[str, ...] = ()
     """The actions whose outputs its graphs are (a single decoder's preparation)."""
+    part: str = ""
+    """The part of a decoder split into parts (``part1``, …; ``llm.parts``): each is a
+    group of its own, compiled (and weight-shared) apart from the others; empty: the
+    whole decoder."""
 
     def deps_for(self, entries: Sequence[ModelEntry]) -> tuple[str, ...]:
         return self.deps
@@ -55,13 +61,24 @@ def llm_groups(
     pipeline's stages compile as they are, with the default ``op_affinity.json``, which
     ``prepare`` writes (a build) where it is missing. A pipeline source that cannot be read
     becomes a problem of the group's models (its actions fail, the others build)."""
-    groups = []
+    groups: list[LlmGroup] = []
     for llm in manifest.llms.values():
         providers = {p: manifest.providers[p] for p in llm.providers}
         # A pipeline with no compiled stage has nothing to compile: the build says so.
         if llm.form == DECODER or compiled_stages(keys.root, llm):
-            groups.append(_group(llm, providers, keys, state_dir, prepare))
+            groups.extend(by_part(_group(llm, providers, keys, state_dir, prepare), llm))
     return groups
+
+
+def by_part(group: LlmGroup, llm: Llm) -> list[LlmGroup]:
+    """``group`` as one group per part of ``llm`` (itself when it has one part)."""
+    if llm.parts == 1:
+        return [group]
+    stages = len(STAGE_SEQUENCES)
+    return [
+        replace(group, entries=group.entries[i * stages : (i + 1) * stages], part=part_name(i + 1))
+        for i in range(llm.parts)
+    ]
 
 
 def llm_preparations(request: GraphRequest) -> list[PrepareAction]:
@@ -139,9 +156,17 @@ def _decoder_graphs(llm: Llm, keys: KeyComputer, state_dir: str, prepare: bool) 
     prep = prepare_action(llm, state_dir)
     entries = tuple(
         ModelEntry(path=path, name=stage)
-        for path, (stage, _) in zip(prep.graphs, STAGES, strict=True)
+        for path, stage in zip(prep.graphs, decoder_stages(llm), strict=True)
     )
     return _Graphs(entries, prep.out_dir, None, {}, (prep.id,))
+
+
+def decoder_stages(llm: Llm) -> tuple[str, ...]:
+    """The compiled stages of a single decoder, in session order: ``context`` and
+    ``iterator``, or each part's (``llm.parts``)."""
+    if llm.parts == 1:
+        return tuple(stage for stage, _ in STAGES)
+    return tuple(stage for stage, _ in part_stages(llm.parts))
 
 
 def _llm_group(entry: Llm, entries: tuple[ModelEntry, ...], **more: Any) -> LlmGroup:
@@ -165,13 +190,13 @@ def llm_shapes(manifest: Manifest) -> list[LlmGroup]:
     for llm in manifest.llms.values():
         deps: tuple[str, ...] = ()
         if llm.form == DECODER:
-            stages = [stage for stage, _ in STAGES]
+            stages = list(decoder_stages(llm))
             deps = (prepare_action(llm, manifest.workspace.state_dir).id,)
         else:
             stages = [stage for stage, _ in compiled_stages(str(manifest.root), llm)]
         if stages:
             entries = tuple(ModelEntry(path="", name=n) for n in stages)
-            groups.append(_llm_group(llm, entries, deps=deps))
+            groups.extend(by_part(_llm_group(llm, entries, deps=deps), llm))
     return groups
 
 
@@ -206,6 +231,9 @@ def llm_packages(request: GraphRequest) -> list[PackageAction]:
             t.provider,
             t.out_dir,
             tuple(a.id for a in t.actions),
+            prepare_action(t.llm, request.manifest.workspace.state_dir).out_dir
+            if t.llm.parts > 1
+            else "",
         )
         for t in package_targets(request.manifest, compiles)
     ]
@@ -221,7 +249,9 @@ def package_targets(manifest: Manifest, actions: Sequence[CompileAction]) -> lis
     targets = []
     for (name, _), mine in sorted(found.items()):
         first = mine[0]
-        if len({e.name for a in mine for e in a.entries}) < len(first.group.entries):
+        llm = manifest.llms[name]
+        wanted = decoder_stages(llm) if llm.form == DECODER else first.group.entries
+        if len({e.name for a in mine for e in a.entries}) < len(wanted):
             continue
         targets.append(
             PackageTarget(manifest.llms[name], first.provider, first.out_dir, tuple(mine))
