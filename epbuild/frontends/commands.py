@@ -14,6 +14,7 @@ import gc
 import sys
 from collections.abc import Callable, Iterator
 
+from epbuild._names import GENERATE_TIMEOUT
 from epbuild.errors import UserError
 from epbuild.frontends import args as checks
 from epbuild.frontends import render
@@ -127,6 +128,9 @@ def _report(args: argparse.Namespace) -> int:
 def _verify(args: argparse.Namespace) -> int:
     from epbuild.inspection.verify import verify_outputs
 
+    if args.timeout is not None and not args.generate:
+        raise UserError("--timeout applies to verify --generate only", hint="add --generate")
+    limit = checks.timeout(args.timeout, "--timeout", GENERATE_TIMEOUT)
     result = verify_outputs(
         args.directory,
         args.manifest,
@@ -136,6 +140,7 @@ def _verify(args: argparse.Namespace) -> int:
         jobs=args.jobs,
         generate=args.tokens if args.generate else None,
         prompt=args.prompt,
+        generate_timeout=limit,
     )
     if args.json:
         print_json(result.to_json(), command="verify", ok=result.ok)

@@ -19,6 +19,7 @@ from typing import Any
 from epbuild.errors import ToolchainError, UserError
 from epbuild.fs import digest_file
 from epbuild.inspection.generation import (
+    DEFAULT_TIMEOUT,
     GenerationCheck,
     check_generation,
     require_genai,
@@ -131,10 +132,13 @@ def verify_outputs(
     jobs: int | None = None,
     generate: int | None = None,
     prompt: str | None = None,
+    generate_timeout: float | None = DEFAULT_TIMEOUT,
 ) -> VerifyResult:
     """Check every selected action's built outputs; with ``load``, also run them, ``jobs``
     loader processes at once (default: the workspace's ``jobs``); with ``numerics``, compare
-    each one's outputs with its source's (``epbuild.inspection.numerics``)."""
+    each one's outputs with its source's (``epbuild.inspection.numerics``); with
+    ``generate`` (tokens), generate from each LLM package and its source, each generation
+    given ``generate_timeout`` seconds (None: no limit)."""
     from concurrent.futures import ThreadPoolExecutor
 
     if jobs is not None and jobs < 1:
@@ -142,6 +146,11 @@ def verify_outputs(
     if generate is not None:
         if generate < 1:
             raise UserError("--tokens must be at least 1")
+        if generate_timeout is not None and not 0 < generate_timeout < float("inf"):
+            raise UserError(
+                f"--timeout {generate_timeout:g} is not a number of seconds",
+                hint="write e.g. 1200, or 0 for no limit",
+            )
         require_genai()
     ws = open_workspace(directory, manifest, selectors)
     result = VerifyResult()
@@ -152,7 +161,9 @@ def verify_outputs(
     if numerics:
         result.numerics = run_checks(ws, intact)
     if generate is not None:
-        result.generations = check_generation(ws, tokens=generate, prompt=prompt)
+        result.generations = check_generation(
+            ws, tokens=generate, prompt=prompt, timeout=generate_timeout
+        )
     return result
 
 
