@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import platform
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from epbuild._dataclass import dataclass
@@ -217,22 +218,19 @@ def _check(
         return verdict(CheckStatus.FAILED, "not built: run 'epbuild build'")
     if llm.share_weights and first.provider.ep == "qnn" and _x86():
         return verdict(CheckStatus.NOT_CHECKABLE, SHARED_ON_X86)
-    run = {"tokens": tokens, "prompts": prompts, "max_length": llm.context_length}
+    run = partial(
+        generate_all, tokens=tokens, prompts=prompts, max_length=llm.context_length, timeout=timeout
+    )
     try:
-        sources = generate_all(os.path.join(ws.root, llm.source), qnn=False, timeout=timeout, **run)
+        sources = run(os.path.join(ws.root, llm.source), qnn=False)
     except GenerationTimeout as exc:
         reason = f"the CPU source: {exc.reason}; {TIMEOUT_HINT}"
         return verdict(CheckStatus.FAILED, reason, timed_out=True)
     except GenerationError as exc:
         return verdict(CheckStatus.NOT_CHECKABLE, f"the CPU source: {exc.reason}")
-    try:
-        built_gens = generate_all(
-            folder,
-            qnn=first.provider.ep == "qnn",
-            forced=[s.tokens for s in sources],
-            timeout=timeout,
-            **run,
-        )
+    try:  # teacher-forced on the source's tokens (epbuild.llm.agreement)
+        qnn = first.provider.ep == "qnn"
+        built_gens = run(folder, qnn=qnn, forced=[s.tokens for s in sources])
     except GenerationTimeout as exc:
         return verdict(CheckStatus.FAILED, f"{exc.reason}; {TIMEOUT_HINT}", timed_out=True)
     except GenerationError as exc:

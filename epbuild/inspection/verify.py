@@ -19,7 +19,6 @@ from typing import Any
 from epbuild.errors import ToolchainError, UserError
 from epbuild.fs import digest_file
 from epbuild.inspection.generation import (
-    DEFAULT_TIMEOUT,
     GenerationCheck,
     check_generation,
     require_genai,
@@ -28,6 +27,7 @@ from epbuild.inspection.loading import LoadCheck, LoadOutcome, load_check
 from epbuild.inspection.numerics import NumericsCheck, run_checks
 from epbuild.inspection.ortcompat import OrtCompatibility, ort_compatibility
 from epbuild.kinds.contract import GraphAction
+from epbuild.llm.generate import DEFAULT_TIMEOUT
 from epbuild.onnx.context import (
     COMPAT_PREFIX,
     LazySourceText,
