@@ -133,3 +133,43 @@ def test_an_llm_compile_under_a_memory_cap_names_the_entry(
     assert "out of memory compiling .epbuild/llm/chat/prepared/context.onnx (peak " in (proc.stderr)
     assert "[llms.chat]" in proc.stderr and "lower -j" in proc.stderr
     assert "dynamo" not in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_a_worker_killed_by_the_kernel_reads_out_of_memory(
+    workspace: Workspace, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """SIGKILL after growing (what the kernel's out-of-memory killer does): the same form."""
+    workspace.model("m/a.onnx", matmul_model(1))
+    group = {"models": ["m/a.onnx"], "providers": ["htp"]}
+    workspace.manifest({"providers": {"htp": HTP73}, "groups": {"g": group}})
+    monkeypatch.setenv("EPBUILD_TEST_HOOK", "oom:m/a.onnx:64")
+    (bad,) = workspace.build(jobs=1).actions
+    error = bad.error or ""
+    assert error.startswith("out of memory compiling m/a.onnx (peak "), error
+    assert "killed by SIGKILL after reaching that peak, most likely by the kernel" in error
+    assert "lower -j" in (bad.hint or "") and "dynamo" not in error
+
+
+@pytest.mark.parametrize(
+    ("exc", "memory"),
+    [
+        (MemoryError(), True),
+        (MemoryError("Unable to allocate 2.0 GiB"), True),
+        (RuntimeError("Load model from m.onnx failed:std::bad_alloc"), True),
+        (ValueError("a bug"), False),
+    ],
+)
+def test_an_unexpected_error_is_memory_or_a_bug(
+    tmp_path: Path, exc: Exception, memory: bool
+) -> None:
+    from epbuild.executors.worker import unexpected_failure
+
+    job = SimpleNamespace(staging=str(tmp_path))
+    try:
+        raise exc
+    except Exception as raised:
+        failed = unexpected_failure(job, raised)  # type: ignore[arg-type]
+    assert failed["ok"] is False and failed.get("out_of_memory", False) is memory
+    assert ("traceback" in failed) is not memory
+    if memory:
+        assert failed["peak_rss"] > 0 and failed["error"].startswith(type(exc).__name__)

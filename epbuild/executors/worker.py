@@ -514,13 +514,8 @@ def _result_of(job: Job) -> dict[str, Any]:
         return _failure(job, str(exc), exc.hint, memory=exc.memory)
     except EpbuildError as exc:
         return _failure(job, exc.message, exc.hint)
-    except MemoryError as exc:
-        return _failure(job, f"MemoryError: {exc}".rstrip(": "), None, memory=True)
     except Exception as exc:
-        text = f"{type(exc).__name__}: {exc}"
-        if says_out_of_memory(text):
-            return _failure(job, text, None, memory=True)
-        return {**_failure(job, text, None), "traceback": traceback.format_exc()}
+        return unexpected_failure(job, exc)
 
 
 def run_inline(job: KindJob, root: str) -> WorkerOutcome:
@@ -543,12 +538,18 @@ def _kind_result(job: KindJob, root: str) -> dict[str, Any]:
         report = getattr(importlib.import_module(module), name)(job, root)
     except EpbuildError as exc:  # a user error (a bad sample, say) keeps its exit code
         return {**_failure(job, exc.message, exc.hint), "exit_code": exc.exit_code}
-    except MemoryError as exc:
-        return _failure(job, f"MemoryError: {exc}".rstrip(": "), None, memory=True)
     except Exception as exc:
-        failed = _failure(job, f"{type(exc).__name__}: {exc}", None)
-        return {**failed, "traceback": traceback.format_exc()}
+        return unexpected_failure(job, exc)
     return {"ok": True, "peak_rss": peak_rss(), **report, "epbuild": _epbuild_version()}
+
+
+def unexpected_failure(job: Job | KindJob, exc: Exception) -> dict[str, Any]:
+    """The failed result of an error no check expected: out of memory (a ``MemoryError``,
+    an ``std::bad_alloc`` from native code), else a bug, with its traceback."""
+    text = f"{type(exc).__name__}: {exc}".removesuffix(": ")
+    if isinstance(exc, MemoryError) or says_out_of_memory(text):
+        return _failure(job, text, None, memory=True)
+    return {**_failure(job, text, None), "traceback": traceback.format_exc()}
 
 
 def _failure(

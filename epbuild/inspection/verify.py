@@ -149,7 +149,7 @@ def verify_outputs(
         if generate_timeout is not None and not 0 < generate_timeout < float("inf"):
             raise UserError(
                 f"--timeout {generate_timeout:g} is not a number of seconds",
-                hint="write e.g. 1200, or 0 for no limit",
+                hint="give a positive number of seconds (None: no limit)",
             )
         require_genai()
     ws = open_workspace(directory, manifest, selectors)
