@@ -129,6 +129,10 @@ WEIGHT_TYPES = ("uint8", "int8", "uint16", "int16", "uint4", "int4")
 CALIBRATION_METHODS = ("minmax", "entropy", "percentile", "distribution")
 """What a quantization's ``method`` takes: ONNX Runtime's ``CalibrationMethod`` names."""
 
+GENERATE_TIMEOUT = 600.0
+"""Seconds one ``verify --generate`` generation (a package's or its source's, every
+prompt) may take by default (``--timeout``)."""
+
 PROGRESS_NAME = ".progress"
 """A running job's progress (``37/128 samples``), in its staging directory: a job writes it
 (whole, by rename) and the building process shows it (``engine.progress``)."""

@@ -94,3 +94,94 @@ def test_without_genai_says_how_to_install(
         verify_outputs(workspace.root, generate=4)
     assert "needs onnxruntime-genai" in str(info.value)
     assert 'pip install "epbuild[genai]"' in str(info.value)
+
+
+def test_a_generation_past_its_timeout_fails_saying_how_far_it_got(workspace: Workspace) -> None:
+    """Real children, a limit no generation can meet: exit 1, what got done, the option."""
+    _built(workspace, share=False)
+    proc = workspace.cli("verify", "--generate", "--timeout", "0.001")
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
+    line = next(ln for ln in proc.stdout.splitlines() if "generate:" in ln)
+    assert line == (
+        "chat/htp-v73: generate: failed: the CPU source: generation did not finish within "
+        "0.001 s: still loading the model, 0 of 10 tokens; give it more time with --timeout "
+        "SECONDS (0: no limit)"
+    )
+    (check,) = workspace.cli_json("verify", "--generate", "--timeout", "0.001")["generate"]
+    assert check["status"] == "failed" and check["timed_out"] is True
+
+
+def test_a_bad_timeout_is_exit_2_naming_the_option(workspace: Workspace) -> None:
+    workspace.llm("llama", share=False)
+    for args in (("--generate", "--timeout", "soon"), ("--generate", "--timeout", "-5")):
+        proc = workspace.cli("verify", *args)
+        assert proc.returncode == 2, proc.stderr
+        assert f"epbuild: error: --timeout '{args[-1]}' is not a number of seconds" in proc.stderr
+    proc = workspace.cli("verify", "--timeout", "5")
+    assert proc.returncode == 2 and "--timeout applies to verify --generate only" in proc.stderr
+
+
+def test_the_token_limit_comes_from_the_llms_quantization_table() -> None:
+    from types import SimpleNamespace
+
+    from epbuild.inspection.generation import token_limit
+    from epbuild.manifest.model import QuantCheck, Quantization
+
+    recipe = Quantization("w8a16", ("p.txt",), check=QuantCheck(min_token_agreement=0.8))
+    manifest = SimpleNamespace(quantization={"w8a16": recipe})
+    quantized = SimpleNamespace(quantize="w8a16")
+    limit = token_limit(manifest, quantized)  # type: ignore[arg-type]
+    assert limit is not None and limit.share == 0.8
+    assert limit.key == "[quantization.w8a16.check] min_token_agreement"
+    assert token_limit(manifest, SimpleNamespace(quantize=None)) is None  # type: ignore[arg-type]
+    assert token_limit(manifest, SimpleNamespace()) is None  # type: ignore[arg-type]
+
+
+def test_min_token_agreement_is_a_check_key(workspace: Workspace) -> None:
+    from epbuild.errors import ManifestError
+    from epbuild.manifest.load import load_manifest
+    from epbuild.manifest.model import QuantCheck
+
+    (workspace.root / "calib").mkdir(parents=True)
+    (workspace.root / "calib" / "a.npy").write_bytes(b"")
+    base = '[quantization.q]\ncalibration = "calib/a.npy"\n'
+    (workspace.root / "epbuild.toml").write_text(base)
+    recipe = load_manifest(workspace.root / "epbuild.toml").quantization["q"]
+    assert recipe.check == QuantCheck() and recipe.check.min_token_agreement == 0.9
+    (workspace.root / "epbuild.toml").write_text(base + "check = { min_token_agreement = 0.95 }\n")
+    recipe = load_manifest(workspace.root / "epbuild.toml").quantization["q"]
+    assert recipe.check.min_token_agreement == 0.95
+    (workspace.root / "epbuild.toml").write_text(base + "check = { min_token_agreement = 1.5 }\n")
+    with pytest.raises(ManifestError) as info:
+        load_manifest(workspace.root / "epbuild.toml")
+    assert "min_token_agreement" in str(info.value) and info.value.exit_code == 2
+
+
+@pytest.mark.slow
+def test_a_quantized_package_is_held_to_its_agreement_limit(
+    workspace: Workspace, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With a limit (what a quantized LLM gets), a package that matches passes with its
+    agreement said, and one whose source now computes something else (junk, as the emulated
+    HTP generates from int4 weights) fails naming how few agree and where it starts."""
+    from epbuild.inspection.generation import TokenLimit
+
+    _built(workspace, share=False)
+    limit = TokenLimit(0.9, "[quantization.w8a16.check] min_token_agreement")
+    monkeypatch.setattr("epbuild.inspection.generation.token_limit", lambda *_: limit)
+    (good,) = verify_outputs(workspace.root, generate=6).generations or []
+    assert good.status.value == "ok", good.line()
+    assert good.line().startswith(
+        "chat/htp-v73: generate: 6 of 6 greedy tokens agree with the source (at least 90% needed) ("
+    )
+    assert good.line().endswith("[[quantization.w8a16.check] min_token_agreement]")
+    for name in ("model.onnx", "model.onnx.data"):
+        shutil.copy(FIXTURES / "qwen2" / name, workspace.root / "models" / "tiny" / name)
+    result = verify_outputs(workspace.root, generate=6)
+    (bad,) = result.generations or []
+    assert not result.ok and bad.status.value == "failed"
+    assert bad.line().startswith("chat/htp-v73: generate: too few agree: ")
+    assert "greedy tokens agree with the source (at least 90% needed)" in bad.line()
+    assert "first difference at step 0: token " in bad.line()
+    doc = bad.to_json()
+    assert doc["min_token_agreement"] == 0.9 and doc["prompts"][0]["agreement"]["compared"] == 6

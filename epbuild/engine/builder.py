@@ -15,7 +15,8 @@ from epbuild.cache.actioncache import CacheDamagedError
 from epbuild.docsite import page_url
 from epbuild.engine.staging import WRITE_HINT, commit_journaled, hash_staged, make_staging
 from epbuild.errors import EpbuildError, StorageError, VerificationError
-from epbuild.fs import format_bytes, os_error_text, remove_tree
+from epbuild.executors.outofmemory import MemorySettings, explain, killed_cause, strip_model
+from epbuild.fs import os_error_text, remove_tree
 from epbuild.kinds.contract import GraphAction, Kind, RunContext, kind_of
 from epbuild.onnx.context import machine_paths
 from epbuild.planning.keys import ActionKey
@@ -228,8 +229,8 @@ class Builder:
             outcome = self._execute(job, kind)
             peak = outcome.result.get("peak_rss")
             tracer.add("compile", started, action.id, ok=outcome.ok, peak_rss=peak)
-            if not outcome.ok and outcome.killed:
-                error, hint = self._killed(action, outcome)
+            if not outcome.ok and (outcome.killed or outcome.result.get("out_of_memory")):
+                error, hint = self._out_of_memory(action, kind.name, outcome)
                 return _failed(plan, error, hint, log_tail=outcome.log_tail)
             if not outcome.ok:
                 code = outcome.result.get("exit_code", 1)  # a kind's runner: its error's
@@ -299,19 +300,29 @@ class Builder:
         with watching(path, said):
             return self.executor.run(job)
 
-    def _killed(self, action: GraphAction, outcome: WorkerOutcome) -> tuple[str, str]:
-        """What to say of a worker ended by SIGKILL: what the kernel does when memory runs
-        out, with the peak it reached, the budget and -j."""
-        reached = f"after reaching {format_bytes(outcome.peak_rss)}" if outcome.peak_rss else ""
-        budget = self.memory.budget
-        plan = f"memory budget {format_bytes(budget)}" if budget is not None else "no memory budget"
-        predicted = self.memory.peaks.get(action.id, 0)
-        guess = f", predicted {format_bytes(predicted)}" if predicted else ""
-        return (
-            f"{outcome.error} {reached} — most likely by the kernel for lack of memory "
-            f"({plan}, -j {self.jobs}{guess})".replace("  ", " "),
-            "build with a lower -j or --memory-budget, or free memory on the machine; an LLM "
-            "needs memory in proportion to its context_length",
+    def _out_of_memory(
+        self, action: GraphAction, kind: str, outcome: WorkerOutcome
+    ) -> tuple[str, str]:
+        """What to say of a worker that ran out of memory (``executors.outofmemory``): an
+        allocation refused inside it, or SIGKILL, what the kernel does when memory runs out;
+        with the peak it reached, the budget, -j, and what to change."""
+        result = outcome.result
+        peak = max(outcome.peak_rss, int(result.get("peak_rss") or 0))
+        what = outcome.compiling or action.id
+        if outcome.killed:
+            cause = killed_cause(outcome.error, peak)
+        else:
+            cause = strip_model(outcome.error or "", outcome.compiling)
+        llm = getattr(getattr(action, "group", None), "llm", None)  # an LLM's compile
+        plan = MemorySettings(self.jobs, self.memory.budget, self.memory.peaks.get(action.id, 0))
+        return explain(
+            doing="compiling" if kind == "compile" else f"in {kind} of",
+            what=what,
+            peak=peak,
+            cause=cause,
+            plan=plan,
+            llm=llm.name if llm is not None else None,
+            limit=int(result.get("memory_limit") or 0),
         )
 
     def _context(self, action: GraphAction) -> RunContext:

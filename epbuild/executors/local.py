@@ -39,6 +39,8 @@ class WorkerOutcome:
     """SIGKILL ended it: the kernel's answer to running out of memory, most often."""
     peak_rss: int = 0
     """Its peak resident memory, as the kernel accounted it (0: not known)."""
+    compiling: str | None = None
+    """The model its log says it was compiling last, when it failed."""
 
 
 class Executor(Protocol):
@@ -155,7 +157,13 @@ def outcome_of(result: Any, code: int, log_path: str) -> WorkerOutcome:
             return WorkerOutcome(False, error=trouble[0], hint=trouble[1])
         error = _describe_exit(code, log_path)
         killed = code == -signal.SIGKILL
-        return WorkerOutcome(False, error=error, log_tail=_tail(log_path), killed=killed)
+        return WorkerOutcome(
+            False,
+            error=error,
+            log_tail=_tail(log_path),
+            killed=killed,
+            compiling=_compiling(log_path),
+        )
     if not result.get("ok"):
         return WorkerOutcome(
             False,
@@ -163,6 +171,7 @@ def outcome_of(result: Any, code: int, log_path: str) -> WorkerOutcome:
             error=result.get("error", _describe_exit(code)),
             hint=result.get("hint"),
             log_tail=_tail(log_path) if "traceback" in result else [],
+            compiling=_compiling(log_path),
         )
     return WorkerOutcome(True, result)
 

@@ -12,7 +12,9 @@ def run_test_hook(model: str) -> None:
 
     Before the session of a model whose path contains SUBSTRING: ``segv`` kills the worker
     with SIGSEGV, ``oom`` grows by ARGUMENT MB and is killed by SIGKILL (as the kernel kills
-    a process when memory runs out), ``abort`` aborts it (what a crashing native SDK does),
+    a process when memory runs out), ``memcap`` caps its address space (``ulimit -v``,
+    Linux) at what it maps plus ARGUMENT MB, so that the compile itself runs out of memory,
+    ``abort`` aborts it (what a crashing native SDK does),
     ``sleep`` waits SECONDS (a slow compile), ``wait`` waits until the file named by the
     argument exists (a compile a test holds open until it says go; ``wait:SUBSTRING:PATH``).
     ``noshare`` leaves out the weight-sharing session entries (as if the EP ignored
@@ -35,6 +37,11 @@ def run_test_hook(model: str) -> None:
         grown = bytearray(int(arg or 64) << 20)
         grown[::4096] = b"x" * len(grown[::4096])  # touched: resident
         os.kill(os.getpid(), signal.SIGKILL)
+    elif kind == "memcap":  # a real memory cap (ulimit -v): what it maps now + ARGUMENT MB
+        import resource
+
+        _, hard = resource.getrlimit(resource.RLIMIT_AS)
+        resource.setrlimit(resource.RLIMIT_AS, (_mapped() + (int(arg or 16) << 20), hard))
     elif kind == "abort":
         os.abort()
     elif kind == "sleep":
@@ -43,6 +50,13 @@ def run_test_hook(model: str) -> None:
         deadline = time.monotonic() + 600
         while not os.path.exists(arg) and time.monotonic() < deadline:
             time.sleep(0.05)
+
+
+def _mapped() -> int:
+    """This process's mapped address space in bytes (Linux: ``VmSize``)."""
+    with open("/proc/self/status", encoding="ascii") as f:
+        line = next(ln for ln in f if ln.startswith("VmSize:"))
+    return int(line.split()[1]) << 10
 
 
 def hook_for(model: str) -> tuple[str, str] | None:

@@ -26,6 +26,12 @@ from epbuild.docsite import page_url
 from epbuild.errors import ActionFailedError, EpbuildError
 from epbuild.executors.hostinfo import peak_rss, write_trouble
 from epbuild.executors.job import Job
+from epbuild.executors.outofmemory import (
+    QNN_MEM_ALLOC,
+    address_space_limit,
+    dynamo_export,
+    says_out_of_memory,
+)
 from epbuild.executors.testhooks import hook_for, run_test_hook
 from epbuild.fs import atomic_write_text
 from epbuild.kinds.compilework import CompileWork
@@ -38,8 +44,10 @@ if TYPE_CHECKING:
 class CompileFailure(ActionFailedError):
     """The compile ran but did not produce a valid EPContext model."""
 
-    def __init__(self, message: str, hint: str | None = None) -> None:
+    def __init__(self, message: str, hint: str | None = None, *, memory: bool = False) -> None:
         super().__init__(message, hint=hint)
+        self.memory = memory
+        """It ran out of memory (``executors.outofmemory``)."""
 
 
 def _watch_parent() -> None:
@@ -62,8 +70,6 @@ NOTHING_COMPILED = "Unable to compile any nodes"
 """ONNX Runtime's message when ``ERROR_IF_NO_NODES_COMPILED`` fails a compile."""
 FALLBACK_REFUSED = "fallback to CPU EP has been explicitly disabled"
 """ONNX Runtime's message when ``session.disable_cpu_ep_fallback`` fails a compile."""
-QNN_MEM_ALLOC = "QNN_COMMON_ERROR_MEM_ALLOC"
-"""The QNN EP's error when it fails to finalize a graph it accepted (``EP_FAIL``)."""
 OPTIMIZATION_LEVELS = {
     "disabled": "ORT_DISABLE_ALL",
     "basic": "ORT_ENABLE_BASIC",
@@ -338,11 +344,16 @@ def ort_failure(job: CompileWork, model: str, exc: Exception) -> CompileFailure:
             "set it to false to leave them on the CPU EP"
         )
     elif QNN_MEM_ALLOC in str(exc):
-        hint = (
-            "the QNN EP could not finalize this graph (seen with torch dynamo exports); "
-            f"see {page_url('troubleshooting.md', 'qnn-mem-alloc')}"
-        )
-    return CompileFailure(f"{model}: ONNX Runtime failed: {_ort_message(exc)}", hint)
+        dynamo = dynamo_export(model)  # out of memory, unless a known failure of the EP
+        if dynamo is not False:  # a dynamo export, or a model that cannot be read
+            seen = "seen with torch dynamo exports" if dynamo else "memory, or a dynamo export"
+            hint = (
+                f"the QNN EP could not finalize this graph ({seen}); "
+                f"see {page_url('troubleshooting.md', 'qnn-mem-alloc')}"
+            )
+    memory = hint is None and says_out_of_memory(str(exc))
+    message = f"{model}: ONNX Runtime failed: {_ort_message(exc)}"
+    return CompileFailure(message, hint, memory=memory)
 
 
 def _compile_model(ort: Any, job: CompileWork, index: int, so: Any) -> None:
@@ -505,20 +516,35 @@ def result_of(job: Job, root: str) -> dict[str, Any]:
     try:
         report = getattr(importlib.import_module(module), name)(job, root)
     except EpbuildError as exc:  # a user error (a bad sample, say) keeps its exit code
-        return {**_failure(job, exc.message, exc.hint), "exit_code": exc.exit_code}
+        memory = isinstance(exc, CompileFailure) and exc.memory
+        failed = _failure(job, exc.message, exc.hint, memory=memory)
+        return {**failed, "exit_code": exc.exit_code}
     except Exception as exc:
-        failed = _failure(job, f"{type(exc).__name__}: {exc}", None)
-        return {**failed, "traceback": traceback.format_exc()}
+        return unexpected_failure(job, exc)
     return {"ok": True, "peak_rss": peak_rss(), **report, "epbuild": _epbuild_version()}
 
 
-def _failure(job: Job, error: str, hint: str | None) -> dict[str, Any]:
+def unexpected_failure(job: Job, exc: Exception) -> dict[str, Any]:
+    """The failed result of an error no check expected: out of memory (a ``MemoryError``,
+    an ``std::bad_alloc`` from native code), else a bug, with its traceback."""
+    text = f"{type(exc).__name__}: {exc}".removesuffix(": ")
+    if isinstance(exc, MemoryError) or says_out_of_memory(text):
+        return _failure(job, text, None, memory=True)
+    return {**_failure(job, text, None), "traceback": traceback.format_exc()}
+
+
+def _failure(job: Job, error: str, hint: str | None, *, memory: bool = False) -> dict[str, Any]:
     """A failed result; says so when a write limit explains it (an EP's own message, such
-    as ONNX Runtime's "Failed to write context cache file", often does not)."""
+    as ONNX Runtime's "Failed to write context cache file", often does not). ``memory``:
+    it ran out of memory, which the coordinator explains (``executors.outofmemory``) with
+    the peak and the limit given here."""
     trouble = write_trouble(job.staging)
     if trouble is not None:
         error, hint = f"{error} ({trouble[0]})", trouble[1]
-    return {"ok": False, "error": error, "hint": hint}
+    failed: dict[str, Any] = {"ok": False, "error": error, "hint": hint}
+    if memory and trouble is None:
+        failed.update(out_of_memory=True, peak_rss=peak_rss(), memory_limit=address_space_limit())
+    return failed
 
 
 if __name__ == "__main__":

@@ -28,6 +28,34 @@ def seconds(value: float | None, option: str) -> float | None:
     return value
 
 
+NO_LIMIT = ("0", "none")
+"""``--timeout`` spellings of no limit."""
+
+
+def timeout(value: str | None, option: str, default: float) -> float | None:
+    """A time limit in seconds (``verify --timeout``): ``default`` when not given, None
+    (no limit) for ``0`` or ``none``, else a positive, finite number."""
+    import math
+
+    if value is None:
+        return default
+    text = value.strip().lower()
+    if text in NO_LIMIT:
+        return None
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = math.nan
+    if math.isfinite(seconds) and seconds == 0:
+        return None
+    if not math.isfinite(seconds) or seconds < 0:
+        raise UserError(
+            f"{option} {value!r} is not a number of seconds",
+            hint=f"write e.g. {option} 1200, or {option} 0 for no limit",
+        )
+    return seconds
+
+
 def output_file(value: str, option: str) -> str:
     """A file a command writes (``--html``): a name, not a directory."""
     import os

@@ -14,7 +14,12 @@ import argparse
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, NoReturn, TypeAlias
 
-from epbuild._names import ACTIVATION_TYPES, CALIBRATION_METHODS, WEIGHT_TYPES
+from epbuild._names import (
+    ACTIVATION_TYPES,
+    CALIBRATION_METHODS,
+    GENERATE_TIMEOUT,
+    WEIGHT_TYPES,
+)
 from epbuild._version import __version__
 from epbuild.docsite import page_url
 from epbuild.errors import UsageError
@@ -322,6 +327,13 @@ def _verify(sub: _Commands) -> None:
         "--prompt",
         metavar="TEXT",
         help=f"--generate: the prompt (default {DEFAULT_PROMPT!r})",
+    )
+    v.add_argument(
+        "--timeout",
+        metavar="SECONDS",
+        help="--generate: give up on a generation (one package's or its source's, every "
+        f"prompt) after this long, saying how far it got (default {GENERATE_TIMEOUT:g}; 0 or "
+        "none: no limit; an LLM on the emulated HTP can take minutes per prompt window)",
     )
 
 

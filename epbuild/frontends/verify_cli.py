@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 
+from epbuild._names import GENERATE_TIMEOUT
 from epbuild.errors import UserError
 from epbuild.frontends import args as checks
 from epbuild.frontends import render
@@ -14,6 +15,9 @@ from epbuild.inspection.verify import verify_outputs
 
 
 def run_verify(args: argparse.Namespace) -> int:
+    if args.timeout is not None and not args.generate:
+        raise UserError("--timeout applies to verify --generate only", hint="add --generate")
+    limit = checks.timeout(args.timeout, "--timeout", GENERATE_TIMEOUT)
     result = verify_outputs(
         args.directory,
         args.manifest,
@@ -23,6 +27,7 @@ def run_verify(args: argparse.Namespace) -> int:
         jobs=args.jobs,
         generate=args.tokens if args.generate else None,
         prompt=args.prompt,
+        generate_timeout=limit,
     )
     if args.json:
         print_json(result.to_json(), command="verify", ok=result.ok)

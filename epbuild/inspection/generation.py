@@ -1,10 +1,12 @@
 """``verify --generate``: each built LLM package generates greedily through its provider
 (onnxruntime-genai in a child process), its source folder on the CPU the same way, and the
-token ids are compared step by step (``epbuild.llm.generate``).
+token ids are compared step by step (``epbuild.llm.generate``, ``epbuild.llm.agreement``).
 
-Verdicts: ``ok`` (all compared steps match, or the first difference is a near tie),
-``failed`` (a clear-margin divergence, or the package could not generate), and
-``not_checkable`` with the reason (a weight-shared HTP package on x86_64, whose loading
+Verdicts, per prompt: ``ok`` (an unquantized package: all compared steps match, or the first
+difference is a near tie; a quantized one: its tokens agree with the source's at
+``min_token_agreement`` of the steps or more), ``failed`` (a clear-margin divergence, too
+little agreement, a generation that could not run or did not finish within ``--timeout``),
+and ``not_checkable`` with the reason (a weight-shared HTP package on x86_64, whose loading
 crashes ONNX Runtime's emulation; the source could not generate).
 """
 
@@ -12,26 +14,32 @@ from __future__ import annotations
 
 import os
 import platform
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from epbuild._dataclass import dataclass
 from epbuild.errors import UserError
+from epbuild.llm.agreement import Agreement, token_agreement
 from epbuild.llm.genai_schema import GENAI_CONFIG
 from epbuild.llm.generate import (
     DEFAULT_NEAR_TIE,
     DEFAULT_PROMPT,
+    DEFAULT_TIMEOUT,
     INSTALL_HINT,
     Comparison,
+    Generation,
     GenerationError,
+    GenerationTimeout,
     Verdict,
     compare,
     genai_installed,
-    generate,
+    generate_all,
 )
 from epbuild.planning.llms import LlmGroup
 from epbuild.results import CheckStatus
 
 if TYPE_CHECKING:
+    from epbuild.manifest.model import Llm, Manifest
     from epbuild.planning.actions import CompileAction
     from epbuild.planning.workspace import Workspace
 
@@ -40,6 +48,55 @@ SHARED_ON_X86 = (
     "emulation when loaded (in onnxruntime-genai and plain ONNX Runtime alike): check it on "
     "a device, or build with share_weights = false to check it here"
 )
+TIMEOUT_HINT = "give it more time with --timeout SECONDS (0: no limit)"
+
+
+@dataclass(frozen=True)
+class TokenLimit:
+    """The agreement a quantized LLM's package must reach, and the key that sets it."""
+
+    share: float
+    key: str
+    """Where it comes from: ``[quantization.NAME.check] min_token_agreement``."""
+
+
+@dataclass
+class PromptCheck:
+    """One prompt's comparison of a package with its source."""
+
+    prompt: str
+    status: CheckStatus
+    comparison: Comparison
+    agreement: Agreement
+    tokens_per_second: float
+    source_tokens_per_second: float
+
+    def describe(self) -> str:
+        """The verdict in words: ``compare``'s for an unquantized package (with the
+        agreement after a difference), the agreement for a quantized one."""
+        if self.agreement.min_agreement is None:
+            text = self.comparison.describe()
+            if self.comparison.verdict is not Verdict.MATCH:
+                text += f"; {self.agreement.agreed} of {self.agreement.compared} agree"
+            return text
+        text = self.agreement.describe()
+        c = self.comparison
+        if c.step is not None:
+            text += (
+                f", first difference at step {c.step}: token {c.package_token} vs the "
+                f"source's {c.source_token} (source top-2 margin {c.margin:.3f})"
+            )
+        return text if self.status is CheckStatus.OK else "too few agree: " + text
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "prompt": self.prompt,
+            "status": self.status.value,
+            "comparison": self.comparison.to_json(),
+            "agreement": self.agreement.to_json(),
+            "tokens_per_second": self.tokens_per_second,
+            "source_tokens_per_second": self.source_tokens_per_second,
+        }
 
 
 @dataclass
@@ -53,21 +110,36 @@ class GenerationCheck:
     status: CheckStatus
     reason: str = ""
     comparison: Comparison | None = None
+    """The first prompt's (``prompts`` has each one's)."""
     tokens_per_second: float | None = None
     source_tokens_per_second: float | None = None
     prompt: str | None = None
+    """The first prompt."""
+    prompts: tuple[PromptCheck, ...] = ()
+    limit: TokenLimit | None = None
+    """A quantized package's agreement limit (None: it must match)."""
+    timed_out: bool = False
 
     def line(self) -> str:
-        """One line for the report."""
+        """One line for the report (one more per prompt where there are several)."""
         head = f"{self.package}: generate: "
-        if self.comparison is None:
+        if not self.prompts:
             word = "not checkable" if self.status is CheckStatus.NOT_CHECKABLE else "failed"
             return f"{head}{word}: {self.reason}"
         rate = (
             f" ({self.tokens_per_second:.1f} tokens/s; "
             f"CPU source {self.source_tokens_per_second:.1f} tokens/s)"
         )
-        return head + self.comparison.describe() + rate
+        limit = f" [{self.limit.key}]" if self.limit is not None else ""
+        if len(self.prompts) == 1:
+            return head + self.prompts[0].describe() + rate + limit
+        bad = sum(1 for p in self.prompts if p.status is CheckStatus.FAILED)
+        verdict = f"{bad} of {len(self.prompts)} prompts fail" if bad else "every prompt passes"
+        lines = [f"{head}{len(self.prompts)} prompts: {verdict}{rate}{limit}"]
+        lines += [
+            f"  prompt {i} {p.prompt!r}: {p.describe()}" for i, p in enumerate(self.prompts, 1)
+        ]
+        return "\n".join(lines)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -79,6 +151,9 @@ class GenerationCheck:
             "tokens_per_second": self.tokens_per_second,
             "source_tokens_per_second": self.source_tokens_per_second,
             "prompt": self.prompt,
+            "prompts": [p.to_json() for p in self.prompts],
+            "min_token_agreement": self.limit.share if self.limit is not None else None,
+            "timed_out": self.timed_out,
         }
 
 
@@ -89,26 +164,53 @@ def require_genai() -> None:
 
 
 def check_generation(
-    ws: Workspace, *, tokens: int, prompt: str | None = None
+    ws: Workspace,
+    *,
+    tokens: int,
+    prompt: str | None = None,
+    timeout: float | None = DEFAULT_TIMEOUT,
 ) -> list[GenerationCheck]:
-    """One check per selected LLM × provider; ``prompt`` wins over the entry's own."""
+    """One check per selected LLM × provider; ``prompt`` wins over the entry's own.
+    ``timeout``: seconds each generation (a package's, a source's: every prompt) may take
+    (None: no limit)."""
     targets: dict[tuple[str, str], list[CompileAction]] = {}
     for action in ws.actions:
         if isinstance(action.group, LlmGroup):
             targets.setdefault((action.group.name, action.provider.name), []).append(action)
-    return [_check(ws, name, actions, tokens, prompt) for (name, _), actions in targets.items()]
+    return [
+        _check(ws, name, actions, tokens, prompt, timeout) for (name, _), actions in targets.items()
+    ]
+
+
+def token_limit(manifest: Manifest, llm: Llm) -> TokenLimit | None:
+    """The agreement an LLM's package must reach: None (it must match the source) unless the
+    LLM is quantized, then its recipe's ``check.min_token_agreement``. The one place where an
+    LLM's quantization meets ``verify --generate``: ``quantize = "NAME"`` on ``[llms.X]``
+    names the ``[quantization.NAME]`` table (absent from ``Llm`` until LLMs can be
+    quantized, hence the ``getattr``)."""
+    name = getattr(llm, "quantize", None)
+    recipe = manifest.quantization.get(name) if isinstance(name, str) else None
+    if recipe is None:
+        return None
+    key = f"[quantization.{recipe.name}.check] min_token_agreement"
+    return TokenLimit(recipe.check.min_token_agreement, key)
 
 
 def _check(
-    ws: Workspace, name: str, actions: list[CompileAction], tokens: int, given: str | None
+    ws: Workspace,
+    name: str,
+    actions: list[CompileAction],
+    tokens: int,
+    given: str | None,
+    timeout: float | None,
 ) -> GenerationCheck:
     llm = ws.manifest.llms[name]
-    prompt = given or llm.prompt or DEFAULT_PROMPT
+    prompts = [given or llm.prompt or DEFAULT_PROMPT]
     first = actions[0]
     package = f"{name}/{first.provider.name}"
 
-    def verdict(status: CheckStatus, reason: str) -> GenerationCheck:
-        return GenerationCheck(package, first.out_dir, status, reason)
+    def verdict(status: CheckStatus, reason: str, *, timed_out: bool = False) -> GenerationCheck:
+        return GenerationCheck(package, first.out_dir, status, reason, timed_out=timed_out)
 
     folder = os.path.join(ws.root, first.out_dir)
     built = all(a.id in ws.state.records for a in actions)
@@ -116,36 +218,59 @@ def _check(
         return verdict(CheckStatus.FAILED, "not built: run 'epbuild build'")
     if llm.share_weights and first.provider.ep == "qnn" and _x86():
         return verdict(CheckStatus.NOT_CHECKABLE, SHARED_ON_X86)
-    qnn = first.provider.ep == "qnn"
+    run = partial(
+        generate_all, tokens=tokens, prompts=prompts, max_length=llm.context_length, timeout=timeout
+    )
     try:
-        source = generate(
-            os.path.join(ws.root, llm.source),
-            qnn=False,
-            tokens=tokens,
-            prompt=prompt,
-            max_length=llm.context_length,
-        )
+        sources = run(os.path.join(ws.root, llm.source), qnn=False)
+    except GenerationTimeout as exc:
+        reason = f"the CPU source: {exc.reason}; {TIMEOUT_HINT}"
+        return verdict(CheckStatus.FAILED, reason, timed_out=True)
     except GenerationError as exc:
         return verdict(CheckStatus.NOT_CHECKABLE, f"the CPU source: {exc.reason}")
-    try:
-        built_gen = generate(
-            folder, qnn=qnn, tokens=tokens, prompt=prompt, max_length=llm.context_length
-        )
+    try:  # teacher-forced on the source's tokens (epbuild.llm.agreement)
+        qnn = first.provider.ep == "qnn"
+        built_gens = run(folder, qnn=qnn, forced=[s.tokens for s in sources])
+    except GenerationTimeout as exc:
+        return verdict(CheckStatus.FAILED, f"{exc.reason}; {TIMEOUT_HINT}", timed_out=True)
     except GenerationError as exc:
         return verdict(CheckStatus.FAILED, exc.reason)
-    result = compare(built_gen, source, DEFAULT_NEAR_TIE)
-    if result.compared == 0:
+    limit = token_limit(ws.manifest, llm)
+    checks = tuple(
+        _prompt_check(text, gen, source, limit)
+        for text, gen, source in zip(prompts, built_gens, sources, strict=True)
+    )
+    if any(c.comparison.compared == 0 for c in checks):
         return verdict(CheckStatus.FAILED, "no token was generated")
-    status = CheckStatus.FAILED if result.verdict is Verdict.DIVERGED else CheckStatus.OK
+    failed = any(c.status is CheckStatus.FAILED for c in checks)
     return GenerationCheck(
         package,
         first.out_dir,
-        status,
+        CheckStatus.FAILED if failed else CheckStatus.OK,
         "",
-        result,
-        built_gen.tokens_per_second,
-        source.tokens_per_second,
+        checks[0].comparison,
+        checks[0].tokens_per_second,
+        checks[0].source_tokens_per_second,
+        prompts[0],
+        checks,
+        limit,
+    )
+
+
+def _prompt_check(
+    prompt: str, package: Generation, source: Generation, limit: TokenLimit | None
+) -> PromptCheck:
+    """One prompt's verdict: the match rule without a ``limit``, the agreement with one."""
+    comparison = compare(package, source, DEFAULT_NEAR_TIE)
+    agreement = token_agreement(package, source, limit.share if limit is not None else None)
+    good = comparison.verdict is not Verdict.DIVERGED if limit is None else agreement.passes
+    return PromptCheck(
         prompt,
+        CheckStatus.OK if good else CheckStatus.FAILED,
+        comparison,
+        agreement,
+        package.tokens_per_second,
+        source.tokens_per_second,
     )
 
 

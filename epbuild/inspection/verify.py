@@ -27,6 +27,7 @@ from epbuild.inspection.loading import LoadCheck, LoadOutcome, load_check
 from epbuild.inspection.numerics import NumericsCheck, run_checks
 from epbuild.inspection.ortcompat import OrtCompatibility, ort_compatibility
 from epbuild.kinds.contract import GraphAction
+from epbuild.llm.generate import DEFAULT_TIMEOUT
 from epbuild.onnx.context import (
     COMPAT_PREFIX,
     LazySourceText,
@@ -131,10 +132,13 @@ def verify_outputs(
     jobs: int | None = None,
     generate: int | None = None,
     prompt: str | None = None,
+    generate_timeout: float | None = DEFAULT_TIMEOUT,
 ) -> VerifyResult:
     """Check every selected action's built outputs; with ``load``, also run them, ``jobs``
     loader processes at once (default: the workspace's ``jobs``); with ``numerics``, compare
-    each one's outputs with its source's (``epbuild.inspection.numerics``)."""
+    each one's outputs with its source's (``epbuild.inspection.numerics``); with
+    ``generate`` (tokens), generate from each LLM package and its source, each generation
+    given ``generate_timeout`` seconds (None: no limit)."""
     from concurrent.futures import ThreadPoolExecutor
 
     if jobs is not None and jobs < 1:
@@ -142,6 +146,11 @@ def verify_outputs(
     if generate is not None:
         if generate < 1:
             raise UserError("--tokens must be at least 1")
+        if generate_timeout is not None and not 0 < generate_timeout < float("inf"):
+            raise UserError(
+                f"--timeout {generate_timeout:g} is not a number of seconds",
+                hint="give a positive number of seconds (None: no limit)",
+            )
         require_genai()
     ws = open_workspace(directory, manifest, selectors)
     result = VerifyResult()
@@ -152,7 +161,9 @@ def verify_outputs(
     if numerics:
         result.numerics = run_checks(ws, intact)
     if generate is not None:
-        result.generations = check_generation(ws, tokens=generate, prompt=prompt)
+        result.generations = check_generation(
+            ws, tokens=generate, prompt=prompt, timeout=generate_timeout
+        )
     return result
 
 

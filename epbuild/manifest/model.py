@@ -273,6 +273,9 @@ class QuantCheck:
     top1: float | None = None
     """Smallest allowed top-1 agreement with the float source for outputs shaped
     ``[batch, classes]`` (None: not checked)."""
+    min_token_agreement: float = 0.9
+    """A quantized LLM: the smallest share of greedy tokens ``verify --generate`` must find
+    equal to the float source's on the CPU, per prompt."""
 
 
 @dataclass(frozen=True)

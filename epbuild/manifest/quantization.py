@@ -53,6 +53,9 @@ def load_quantization(
             check=QuantCheck(
                 min_sqnr_db=float(check.get("min_sqnr_db", QuantCheck.min_sqnr_db)),
                 top1=check.get("top1"),
+                min_token_agreement=float(
+                    check.get("min_token_agreement", QuantCheck.min_token_agreement)
+                ),
             ),
             listed=listed,
         )

@@ -151,7 +151,8 @@ QUANTIZATION: dict[str, Any] = {
     "check": {
         "type": "object",
         "additionalProperties": False,
-        "description": "Limits of 'verify --numerics' against the float source.",
+        "description": "Limits of 'verify --numerics' (and of 'verify --generate' for an "
+        "LLM) against the float source.",
         "properties": {
             "min_sqnr_db": {
                 "type": "number",
@@ -162,6 +163,14 @@ QUANTIZATION: dict[str, Any] = {
                 "minimum": 0,
                 "maximum": 1,
                 "description": "Smallest top-1 agreement of [batch, classes] outputs.",
+            },
+            "min_token_agreement": {
+                "type": "number",
+                "minimum": 0,
+                "maximum": 1,
+                "description": "A quantized LLM: smallest share of greedy tokens "
+                "'verify --generate' must find equal to the float source's, per prompt "
+                "(default 0.9).",
             },
         },
     },
