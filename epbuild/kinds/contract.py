@@ -222,6 +222,8 @@ _BUILT_IN = {
     "calibrate": "epbuild.kinds.calibrate:CALIBRATE",
     "quantize": "epbuild.kinds.quantize:QUANTIZE",
     "check": "epbuild.kinds.check:CHECK",
+    "llm-calibrate": "epbuild.kinds.llmquant:LLM_CALIBRATE",
+    "llm-quantize": "epbuild.kinds.llmquant:LLM_QUANTIZE",
 }
 _KINDS: dict[str, Kind] = {}
 _SOURCES: dict[str, Callable[[Manifest], list[GraphAction]]] = {}

@@ -17,11 +17,13 @@ Imports numpy and onnxruntime (and onnxruntime-genai to tokenize): call it from 
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator, Sequence
+import tempfile
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from epbuild._dataclass import dataclass
-from epbuild.llm.genai_config import PAST_SEQ_LEN, TOTAL_SEQ_LEN
+from epbuild.llm.genai_config import PAST_SEQ_LEN, TOTAL_SEQ_LEN, io_names
+from epbuild.quant.work import _canonical
 
 if TYPE_CHECKING:
     import numpy as np
@@ -31,45 +33,12 @@ ITERATOR = "iterator"
 GENERATED = 16
 """Tokens each prompt is continued by (greedily, with the float graphs), whose iterator
 runs are calibration feeds too (fewer where the KV cache ends first)."""
-MAX_PROMPT_BYTES = 1 << 20
-"""A prompts file larger than this is refused (prompts are sentences, not corpora)."""
-
-
-class PromptError(Exception):
-    """A prompts file that cannot calibrate: ``message`` says which file (and line) and
-    why."""
-
-    def __init__(self, message: str) -> None:
-        super().__init__(message)
-        self.message = message
-
-
-def read_prompts(path: str, shown: str) -> list[str]:
-    """The prompts of one text file (``shown``: how messages name it): one a line, blank
-    lines skipped. A missing, unreadable, non-UTF-8, oversized or blank file is a
-    ``PromptError``."""
-    try:
-        with open(path, "rb") as f:
-            data = f.read(MAX_PROMPT_BYTES + 1)
-    except FileNotFoundError:
-        raise PromptError(f"{shown} does not exist") from None
-    except IsADirectoryError:
-        raise PromptError(f"{shown} is a folder, not a text file of prompts") from None
-    except OSError as exc:
-        raise PromptError(f"{shown} cannot be read ({exc.strerror})") from exc
-    if len(data) > MAX_PROMPT_BYTES:
-        raise PromptError(f"{shown} is larger than {MAX_PROMPT_BYTES >> 20} MiB")
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise PromptError(
-            f"{shown} is not UTF-8 text (byte {exc.start}: {data[exc.start : exc.start + 1]!r})"
-        ) from None
-    prompts = [line.strip() for line in text.lstrip("\ufeff").splitlines()]
-    prompts = [p for p in prompts if p]
-    if not prompts:
-        raise PromptError(f"{shown} holds no prompt (one a line)")
-    return prompts
+CHUNK = 16
+"""Feeds of one graph whose activations a calibration holds at once (folded into the
+ranges chunk by chunk, as ``quant.work`` does)."""
+EXCLUDED_OPS = ("Cast",)
+"""Op types ONNX Runtime's QNN config leaves unquantized (its ``OP_TYPES_TO_EXCLUDE``):
+every other op's tensors are calibrated, ``GroupQueryAttention``'s KV cache included."""
 
 
 def tokenize(folder: str, prompts: Sequence[str]) -> list[list[int]]:
@@ -181,3 +150,86 @@ def cpu_session(path: str) -> Any:
     options = ort.SessionOptions()
     options.log_severity_level = 3
     return ort.InferenceSession(os.fspath(path), options, providers=["CPUExecutionProvider"])
+
+
+def static_io(config: Mapping[str, Any], window: int, context_length: int) -> StaticIo:
+    """The static graphs' names and pad token, from the source's ``genai_config.json``."""
+    model = config["model"]
+    inputs, outputs = io_names(model["decoder"])
+    pad = model.get("pad_token_id", 0)
+    pad = pad[0] if isinstance(pad, list) and pad else pad
+    past = inputs[3:]  # input_ids, past_seq_len, total_seq_len, then the KV cache
+    return StaticIo(
+        window,
+        context_length,
+        int(pad) if isinstance(pad, int) else 0,
+        tuple(zip(past, outputs[1:], strict=True)),
+        input_ids=inputs[0],
+        logits=outputs[0],
+    )
+
+
+def calibrate(
+    graphs: Mapping[str, str],
+    prompts: Sequence[Sequence[int]],
+    io: StaticIo,
+    method: Any,
+    ranges: Mapping[str, str],
+    progress: Callable[[int, int], None] | None = None,
+) -> dict[str, int]:
+    """Calibrate the float static graphs (``graphs``: ``context``/``iterator`` → path) on
+    the tokenized ``prompts``, each run as genai runs it (``run_prompt``) and continued by
+    up to ``GENERATED`` tokens; write each graph's ranges (ORT's calibration cache, tensors
+    in name order) at ``ranges[graph]``; returns each graph's count of calibrated tensors.
+    ``method``: ORT's ``CalibrationMethod``."""
+    import onnx
+    from onnxruntime.quantization import CalibrationDataReader, save_tensors_data
+    from onnxruntime.quantization.calibrate import create_calibrator
+
+    from epbuild.llm.quantize import infer_shapes, save_graph
+
+    class Chunk(CalibrationDataReader):  # type: ignore[misc]
+        def __init__(self, feeds: list[dict[str, np.ndarray]]) -> None:
+            self.feeds = iter(feeds)
+
+        def get_next(self) -> Any:
+            return next(self.feeds, None)
+
+    with tempfile.TemporaryDirectory(prefix="epbuild-llmcalib-") as tmp:
+        calibrators = {}
+        for graph, path in graphs.items():
+            model = infer_shapes(onnx.load(path))
+            ops = sorted({n.op_type for n in model.graph.node} - set(EXCLUDED_OPS))
+            inferred = os.path.join(tmp, f"{graph}.onnx")
+            save_graph(model, inferred)
+            del model
+            calibrators[graph] = create_calibrator(
+                inferred,
+                ops,
+                augmented_model_path=os.path.join(tmp, f"{graph}.augmented.onnx"),
+                calibrate_method=method,
+                use_external_data_format=True,
+                providers=["CPUExecutionProvider"],
+            )
+        sessions = {graph: cpu_session(path) for graph, path in graphs.items()}
+        pending: dict[str, list[dict[str, np.ndarray]]] = {g: [] for g in graphs}
+        for done, tokens in enumerate(prompts, 1):
+            runs = run_prompt(
+                sessions[CONTEXT], sessions[ITERATOR], tokens, io, io.fits(len(tokens))
+            )
+            for graph, feed, _ in runs:
+                pending[graph].append(feed)
+                if len(pending[graph]) >= CHUNK:
+                    calibrators[graph].collect_data(Chunk(pending[graph]))
+                    pending[graph] = []
+            if progress is not None:
+                progress(done, len(prompts))
+        counts = {}
+        for graph, calibrator in calibrators.items():
+            if pending[graph]:
+                calibrator.collect_data(Chunk(pending[graph]))
+            found = calibrator.compute_data()
+            save_tensors_data(found, ranges[graph])
+            _canonical(ranges[graph])
+            counts[graph] = len(found.data)
+    return counts

@@ -10,8 +10,9 @@ from typing import TYPE_CHECKING, Any
 from epbuild.errors import UnsafePathError
 from epbuild.fs import safe_relpath
 from epbuild.manifest.locate import Where
-from epbuild.manifest.model import DEFAULT_CONTEXT_LENGTH, DEFAULT_WINDOW_SIZE, Llm
+from epbuild.manifest.model import DEFAULT_CONTEXT_LENGTH, DEFAULT_WINDOW_SIZE, Llm, Quantization
 from epbuild.manifest.refs import check_provider_list
+from epbuild.providers import get_provider
 from epbuild.providers.contract import ProviderConfig
 
 if TYPE_CHECKING:
@@ -25,14 +26,19 @@ def load_llms(
     providers: dict[str, ProviderConfig],
     group_names: set[str],
     budget: int | None = None,
+    quantization: dict[str, Quantization] | None = None,
 ) -> dict[str, Llm]:
     """Every ``[llms.*]`` table, validated against the schema already. ``budget``: the
     workspace's memory budget (None: this machine's memory), which one graph's KV cache
-    must fit."""
+    must fit; ``quantization``: the ``[quantization.*]`` tables an entry's ``quantize`` may
+    name."""
     found = {
         name: _llm(where, root, name, table, providers, group_names)
         for name, table in tables.items()
     }
+    for llm, _ in found.values():
+        if llm.quantize is not None:
+            check_quantized_llm(where, llm, quantization or {}, providers)
     for name, (llm, kv) in found.items():
         _check_kv(where, name, llm, kv, budget)
     return {name: llm for name, (llm, _) in found.items()}
@@ -135,6 +141,7 @@ def _llm(
         head_size=found.head_size,
         prompt=table.get("prompt"),
         stages=found.stages,
+        quantize=table.get("quantize"),
     )
     return llm, (found.layers, found.kv_heads)
 
@@ -165,3 +172,43 @@ def _check_static(
         f"{source}/genai_config.json); it cannot be built with {key} = {value}",
         f"remove {key} from [llms.{base[1]}]",
     )
+
+
+def check_quantized_llm(
+    where: Where,
+    llm: Llm,
+    tables: dict[str, Quantization],
+    providers: dict[str, ProviderConfig],
+) -> None:
+    """An entry's ``quantize`` names a table, its source is a single decoder (whose static
+    graphs epbuild prepares), and each of its providers takes the table's types."""
+    from epbuild.llm.source import DECODER
+
+    at = ("llms", llm.name, "quantize")
+    recipe = tables.get(llm.quantize or "")
+    if recipe is None:
+        defined = ", ".join(tables) or "none"
+        raise where.error(
+            at,
+            f"no [quantization.{llm.quantize}] table",
+            f"add one whose calibration names .txt files of prompts (defined: {defined})",
+        )
+    if llm.form != DECODER:
+        raise where.error(
+            at,
+            f"{llm.source} is a {llm.form} (static stages already): epbuild quantizes the "
+            "static graphs it prepares from a single decoder",
+            "build from the decoder genai's model builder writes, or quantize the stages before",
+        )
+    for name in llm.providers:
+        refused = get_provider(providers[name].ep).refuse_quantization(
+            recipe.activations, recipe.weights, recipe.per_channel, recipe.overrides
+        )
+        if refused is not None:
+            key, why, hint = refused
+            raise where.error(
+                ("quantization", recipe.name, key),
+                f"provider {name!r} ({providers[name].ep}) cannot run it: {why} "
+                f"(llms.{llm.name} compiles for it)",
+                hint,
+            )

@@ -138,11 +138,14 @@ def load_manifest(path: str | os.PathLike[str], *, text: str | None = None) -> M
         }
         groups[name] = replace(group, compile=resolved)
     excluded = (workspace.out_dir, workspace.state_dir)
-    quantization = load_quantization(where, root, data.get("quantization", {}), excluded)
+    prompts = {t["quantize"] for t in data.get("llms", {}).values() if "quantize" in t}
+    quantization = load_quantization(where, root, data.get("quantization", {}), excluded, prompts)
     check_quantized_groups(where, groups, quantization, providers)
     package = _package(where, data, providers)
     budget = workspace.memory_budget
-    llms = load_llms(where, root, data.get("llms", {}), providers, set(groups), budget)
+    llms = load_llms(
+        where, root, data.get("llms", {}), providers, set(groups), budget, quantization
+    )
     for name, llm in llms.items():
         shape = Group(name, (), llm.providers, ContextSettings(llm.share_weights), ())
         resolved = {

@@ -258,6 +258,8 @@ class Llm:
     """What ``verify --generate`` generates from (None: its default)."""
     stages: tuple[tuple[str, str], ...] = ()
     """A ``decoder-pipeline`` source's stages: (name, ONNX file relative to the folder)."""
+    quantize: str | None = None
+    """The ``[quantization.<name>]`` its static graphs are quantized with (None: float)."""
 
 
 @dataclass(frozen=True)
@@ -294,6 +296,8 @@ class Quantization:
     listed: tuple[str, ...] = ()
     """Workspace-relative folders whose listing decided the samples (glob bases and sample
     folders): a new file there changes them (the no-op fingerprint stamps them)."""
+    text: bool = False
+    """Its samples are text prompts (``.txt`` files): an ``[llms]`` entry's recipe."""
 
     @property
     def feeds(self) -> tuple[str, ...]:

@@ -7,9 +7,11 @@ from __future__ import annotations
 
 import os
 import posixpath
+from collections.abc import Collection
 from pathlib import Path
 from typing import Any
 
+from epbuild.llm.prompts import PROMPT_SUFFIX, PromptError, read_prompts
 from epbuild.manifest.expand import is_pattern
 from epbuild.manifest.locate import Where
 from epbuild.manifest.model import Group, QuantCheck, Quantization
@@ -25,17 +27,28 @@ QUANTIZED = "quantized"
 
 
 def load_quantization(
-    where: Where, root: Path, tables: dict[str, Any], excluded: tuple[str, ...]
+    where: Where,
+    root: Path,
+    tables: dict[str, Any],
+    excluded: tuple[str, ...],
+    text: Collection[str] = (),
 ) -> dict[str, Quantization]:
     """Every ``[quantization.*]`` table, validated against the schema already; samples are
-    never looked for inside ``excluded`` (the output and state directories)."""
+    never looked for inside ``excluded`` (the output and state directories). The tables
+    named in ``text`` (an ``[llms]`` entry's) take text prompts instead: ``.txt`` files,
+    each read now (``llm.prompts``)."""
     found = {}
     for name, table in tables.items():
         base = ("quantization", name)
-        calibration, listed = _samples(where, root, (*base, "calibration"), table, excluded)
+        prompts = name in text
+        calibration, listed = _samples(
+            where, root, (*base, "calibration"), table, excluded, prompts
+        )
         validation: tuple[str, ...] = ()
         if "validation" in table:
-            validation, more = _samples(where, root, (*base, "validation"), table, excluded)
+            validation, more = _samples(
+                where, root, (*base, "validation"), table, excluded, prompts
+            )
             listed = (*listed, *(d for d in more if d not in listed))
         check = table.get("check", {})
         found[name] = Quantization(
@@ -53,6 +66,7 @@ def load_quantization(
                 top1=check.get("top1"),
             ),
             listed=listed,
+            text=prompts,
         )
     return found
 
@@ -77,6 +91,13 @@ def check_quantized_groups(
                 at,
                 f"no [quantization.{group.quantize}] table",
                 f"add one with its calibration samples (defined: {defined})",
+            )
+        if recipe.text:
+            raise where.error(
+                at,
+                f"[quantization.{group.quantize}] calibrates an [llms] entry on text prompts; "
+                "a group's models need samples of their inputs",
+                "give the group a [quantization] table of its own",
             )
         if QUANTIZED in group.providers:
             raise where.error(
@@ -121,9 +142,15 @@ def _check_providers(
 
 
 def _samples(
-    where: Where, root: Path, at: tuple[str, ...], table: dict[str, Any], excluded: tuple[str, ...]
+    where: Where,
+    root: Path,
+    at: tuple[str, ...],
+    table: dict[str, Any],
+    excluded: tuple[str, ...],
+    prompts: bool = False,
 ) -> tuple[tuple[str, ...], tuple[str, ...]]:
-    """The samples one key names, in order, and the folders whose listing decided them."""
+    """The samples one key names, in order, and the folders whose listing decided them
+    (``prompts``: text prompts files, each read and checked now)."""
     raw = table[at[-1]]
     entries = [raw] if isinstance(raw, str) else list(raw)
     samples: list[str] = []
@@ -137,12 +164,19 @@ def _samples(
                 f"{entry!r} is inside epbuild's own directories ({', '.join(excluded)})",
                 "keep calibration samples beside the models",
             )
-        found, folders = _expand(root, rel, excluded)
+        if prompts:
+            found, folders = _expand_text(where, here, root, rel, excluded)
+        else:
+            found, folders = _expand(root, rel, excluded)
         if not found:
             raise where.error(
                 here,
-                f"{entry!r} names no samples",
-                "give .npz files (arrays named after the model's inputs), .npy files (a "
+                f"{entry!r} names no .txt files of prompts"
+                if prompts
+                else f"{entry!r} names no samples",
+                _PROMPTS_HINT
+                if prompts
+                else "give .npz files (arrays named after the model's inputs), .npy files (a "
                 "single-input model) or ONNX test-data folders (test_data_set_N/input_K.pb); "
                 "paths are relative to the manifest",
             )
@@ -189,6 +223,52 @@ def _expand(root: Path, rel: str, excluded: tuple[str, ...]) -> tuple[list[str],
         ]
     files = [n for n in names if n.endswith(SAMPLE_SUFFIXES) and (full / n).is_file()]
     return [posixpath.join(rel, n) for n in files], [rel]
+
+
+def _expand_text(
+    where: Where, at: tuple[str, ...], root: Path, rel: str, excluded: tuple[str, ...]
+) -> tuple[list[str], list[str]]:
+    """The prompts files ``rel`` names (a glob, a folder or a file), each one readable,
+    UTF-8 and holding a prompt, and the folders listed."""
+    if is_pattern(rel):
+        import glob
+
+        head = rel.partition("*")[0].partition("?")[0].partition("[")[0]
+        folders = [posixpath.dirname(head) or "."]
+        if "**" in rel:
+            folders = [
+                posixpath.relpath(d, root).replace(os.sep, "/")
+                for d, _, _ in os.walk(root / folders[0])
+            ]
+        matches = sorted(glob.glob(rel, root_dir=str(root), recursive=True))
+        found = [posixpath.normpath(m.replace(os.sep, "/")) for m in matches]
+        found = [
+            m
+            for m in found
+            if m.endswith(PROMPT_SUFFIX)
+            and not any(m == d or m.startswith(d + "/") for d in excluded)
+        ]
+    elif (root / rel).is_dir():
+        folders = [rel]
+        found = [
+            posixpath.join(rel, n)
+            for n in sorted(os.listdir(root / rel))
+            if n.endswith(PROMPT_SUFFIX) and (root / rel / n).is_file()
+        ]
+    else:
+        folders, found = [], [rel]
+    for file in found:
+        try:
+            read_prompts(str(root / file), file)
+        except PromptError as exc:
+            raise where.error(at, exc.message, _PROMPTS_HINT) from exc
+    return found, folders
+
+
+_PROMPTS_HINT = (
+    "an [llms] entry calibrates on text: .txt files in UTF-8, one prompt a line, relative "
+    "to the manifest"
+)
 
 
 def _is_test_data(path: Path) -> bool:

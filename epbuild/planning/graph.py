@@ -25,9 +25,10 @@ def make_graph(
 
         before += quantization_actions(manifest)
     if manifest.llms:
-        from epbuild.planning.llms import llm_packages, llm_preparations
+        from epbuild.planning.llms import llm_packages, llm_preparations, llm_quantizations
 
         before += llm_preparations(manifest)
+        before += llm_quantizations(manifest)
         after += llm_packages(manifest, compiles)
     if numerics:
         from epbuild.kinds.check import check_actions

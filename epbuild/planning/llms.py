@@ -16,6 +16,7 @@ from typing import Any, NamedTuple
 
 from epbuild._dataclass import dataclass
 from epbuild.errors import ModelError
+from epbuild.kinds.llmquant import LlmCalibrateAction, LlmQuantizeAction, llm_quant_actions
 from epbuild.kinds.package import PackageAction
 from epbuild.kinds.prepare import PrepareAction, prepare_action
 from epbuild.llm.prepare import AFFINITY, STAGES, write_affinity
@@ -57,7 +58,7 @@ def llm_groups(
         providers = {p: manifest.providers[p] for p in llm.providers}
         # A pipeline with no compiled stage has nothing to compile: the build says so.
         if llm.form == DECODER or compiled_stages(keys.root, llm):
-            groups.append(_group(llm, providers, keys, state_dir, prepare))
+            groups.append(_group(manifest, llm, providers, keys, state_dir, prepare))
     return groups
 
 
@@ -65,6 +66,25 @@ def llm_preparations(manifest: Manifest) -> list[PrepareAction]:
     """The preparation action of each single-decoder LLM entry."""
     state_dir = manifest.workspace.state_dir
     return [prepare_action(llm, state_dir) for llm in manifest.llms.values() if llm.form == DECODER]
+
+
+def llm_quantizations(manifest: Manifest) -> list[LlmCalibrateAction | LlmQuantizeAction]:
+    """The calibration and the graphs' quantizations of each quantized LLM entry."""
+    state_dir = manifest.workspace.state_dir
+    actions: list[LlmCalibrateAction | LlmQuantizeAction] = []
+    for llm in manifest.llms.values():
+        if llm.quantize is not None and llm.form == DECODER:
+            recipe = manifest.quantization[llm.quantize]
+            prep = prepare_action(llm, state_dir)
+            calibrate, quantize = llm_quant_actions(llm, recipe, prep, state_dir)
+            actions += [calibrate, *quantize]
+    return actions
+
+
+def _quantized(cfg: ProviderConfig) -> ProviderConfig:
+    """``cfg`` for QDQ graphs (QNN: the graph's I/O quantization on the HTP too: one
+    EPContext node with float inputs and outputs)."""
+    return get_provider(cfg.ep).for_quantized(cfg)
 
 
 def compiled_stages(root: str, llm: Llm) -> tuple[tuple[str, str], ...]:
@@ -84,6 +104,7 @@ class _Graphs(NamedTuple):
 
 
 def _group(
+    manifest: Manifest,
     llm: Llm,
     providers: Mapping[str, ProviderConfig],
     keys: KeyComputer,
@@ -92,9 +113,10 @@ def _group(
 ) -> LlmGroup:
     """The group of an LLM entry's graphs; a problem becomes each graph's (its actions
     fail), and each provider gets the graphs' ``op_affinity`` (``with_affinity``)."""
-    graphs = (_decoder_graphs if llm.form == DECODER else _pipeline_graphs)(
-        llm, keys, state_dir, prepare
-    )
+    if llm.form == DECODER:
+        graphs = _decoder_graphs(llm, keys, state_dir, prepare, manifest)
+    else:
+        graphs = _pipeline_graphs(llm, keys, state_dir, prepare)
     if graphs.problem is not None:
         hint = getattr(graphs.problem, "hint", None)
         message = getattr(graphs.problem, "message", None) or str(graphs.problem)
@@ -106,7 +128,10 @@ def _group(
         compile=dict(llm.compile),
         llm=llm,
         source_inputs=graphs.source_inputs,
-        provider_configs={p: with_affinity(cfg, graphs.folder) for p, cfg in providers.items()},
+        provider_configs={
+            p: with_affinity(_quantized(cfg) if llm.quantize else cfg, graphs.folder)
+            for p, cfg in providers.items()
+        },
         deps=graphs.deps,
     )
 
@@ -130,10 +155,18 @@ def _pipeline_graphs(llm: Llm, keys: KeyComputer, state_dir: str, prepare: bool)
     return _Graphs(entries, folder, problem, {})
 
 
-def _decoder_graphs(llm: Llm, keys: KeyComputer, state_dir: str, prepare: bool) -> _Graphs:
+def _decoder_graphs(
+    llm: Llm, keys: KeyComputer, state_dir: str, prepare: bool, manifest: Manifest
+) -> _Graphs:
     """A single decoder's two static graphs (``context``, ``iterator``): the outputs of
-    its preparation, which the compile actions depend on."""
+    its preparation, or of their quantizations (``quantize``), which the compile actions
+    depend on."""
     prep = prepare_action(llm, state_dir)
+    if llm.quantize is not None:
+        recipe = manifest.quantization[llm.quantize]
+        _, quantize = llm_quant_actions(llm, recipe, prep, state_dir)
+        entries = tuple(ModelEntry(path=q.output, name=q.stage) for q in quantize)
+        return _Graphs(entries, prep.out_dir, None, {}, tuple(q.id for q in quantize))
     entries = tuple(
         ModelEntry(path=path, name=stage)
         for path, (stage, _) in zip(prep.graphs, STAGES, strict=True)
@@ -163,7 +196,12 @@ def llm_shapes(manifest: Manifest) -> list[LlmGroup]:
         deps: tuple[str, ...] = ()
         if llm.form == DECODER:
             stages = [stage for stage, _ in STAGES]
-            deps = (prepare_action(llm, manifest.workspace.state_dir).id,)
+            prep = prepare_action(llm, manifest.workspace.state_dir)
+            deps = (prep.id,)
+            if llm.quantize is not None:
+                recipe = manifest.quantization[llm.quantize]
+                _, quantize = llm_quant_actions(llm, recipe, prep, manifest.workspace.state_dir)
+                deps = tuple(q.id for q in quantize)
         else:
             stages = [stage for stage, _ in compiled_stages(str(manifest.root), llm)]
         if stages:
