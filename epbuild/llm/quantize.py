@@ -24,7 +24,7 @@ from typing import Any
 
 import onnx
 
-from epbuild.quant.work import _check_names, _config, _quantize
+from epbuild.quant.work import _check_names, _config, _qtype, _quantize
 
 QDQ_OPS = ("QuantizeLinear", "DequantizeLinear")
 RENAMED = ("_DequantizeLinear_Output", "_QuantizeLinear_Input")
@@ -42,7 +42,10 @@ def infer_shapes(model: onnx.ModelProto) -> onnx.ModelProto:
 
 def save_graph(model: onnx.ModelProto, path: str) -> None:
     """Write ``model`` with its weights in one external-data file beside it
-    (``<name>.data``), as the prepared graphs are."""
+    (``<name>.data``), as the prepared graphs are (replacing one written before)."""
+    data = path + ".data"
+    if os.path.lexists(data):  # onnx refuses to write over it
+        os.unlink(data)
     onnx.save(
         model,
         path,
@@ -83,6 +86,28 @@ def restore_shapes(qdq: onnx.ModelProto, floating: onnx.ModelProto) -> int:
     return added
 
 
+def per_channel_matmuls(
+    model: onnx.ModelProto, extra_options: dict[str, Any], settings: Mapping[str, Any]
+) -> int:
+    """Quantize each MatMul weight per output channel (axis 1), symmetric: ORT's QNN
+    config keeps MatMul weights per tensor even with ``per_channel`` (its Conv weights
+    only follow it), while an LLM's weights are MatMuls; the HTP runs these (measured:
+    int8 and uint8 per channel generate the float model's tokens). A tensor in
+    ``overrides`` keeps its type there. Returns the count of weights."""
+    weights = {t.name for t in model.graph.initializer}
+    overrides = extra_options.setdefault("TensorQuantOverrides", {})
+    types = dict(settings["overrides"])
+    count = 0
+    for node in model.graph.node:
+        if node.op_type != "MatMul" or len(node.input) < 2 or node.input[1] not in weights:
+            continue
+        name = node.input[1]
+        kind = _qtype(types.get(name, settings["weights"]))
+        overrides[name] = [{"quant_type": kind, "symmetric": True, "axis": 1}]
+        count += 1
+    return count
+
+
 def quantize_graph(
     source: str, ranges: str, output: str, settings: Mapping[str, Any], label: str
 ) -> int:
@@ -100,6 +125,8 @@ def quantize_graph(
         shutil.copyfile(ranges, cache)
         written = os.path.join(tmp, "qdq.onnx")
         config = _config(inferred, {**settings, "flavour": "qnn"})
+        if settings["per_channel"]:
+            per_channel_matmuls(floating, config.extra_options, settings)
         _quantize(inferred, written, cache, config, True)
         qdq = onnx.load(written)
     restore_shapes(qdq, floating)

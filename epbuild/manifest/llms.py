@@ -174,25 +174,36 @@ def _check_static(
     )
 
 
+def quantize_names(where: Where, tables: dict[str, Any], recipes: dict[str, Any]) -> set[str]:
+    """The ``[quantization.*]`` tables the ``[llms.*]`` tables name (their calibration is
+    text), each one defined; checked before the tables' samples are looked for."""
+    names = set()
+    for name, table in tables.items():
+        if "quantize" not in table:
+            continue
+        if table["quantize"] not in recipes:
+            defined = ", ".join(recipes) or "none"
+            raise where.error(
+                ("llms", name, "quantize"),
+                f"no [quantization.{table['quantize']}] table",
+                f"add one whose calibration names .txt files of prompts (defined: {defined})",
+            )
+        names.add(table["quantize"])
+    return names
+
+
 def check_quantized_llm(
     where: Where,
     llm: Llm,
     tables: dict[str, Quantization],
     providers: dict[str, ProviderConfig],
 ) -> None:
-    """An entry's ``quantize`` names a table, its source is a single decoder (whose static
-    graphs epbuild prepares), and each of its providers takes the table's types."""
+    """An entry's source is a single decoder (whose static graphs epbuild prepares), and
+    each of its providers takes its ``quantize`` table's types."""
     from epbuild.llm.source import DECODER
 
     at = ("llms", llm.name, "quantize")
-    recipe = tables.get(llm.quantize or "")
-    if recipe is None:
-        defined = ", ".join(tables) or "none"
-        raise where.error(
-            at,
-            f"no [quantization.{llm.quantize}] table",
-            f"add one whose calibration names .txt files of prompts (defined: {defined})",
-        )
+    recipe = tables[llm.quantize or ""]  # defined: ``quantize_names``
     if llm.form != DECODER:
         raise where.error(
             at,

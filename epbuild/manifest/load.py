@@ -26,7 +26,7 @@ from epbuild._names import (
 from epbuild.errors import ManifestError
 from epbuild.manifest.defaults import compile_api_missing, default_compiler, default_jobs
 from epbuild.manifest.expand import check_model, expand_entry, is_pattern
-from epbuild.manifest.llms import load_llms
+from epbuild.manifest.llms import load_llms, quantize_names
 from epbuild.manifest.locate import Where
 from epbuild.manifest.model import (
     DEFAULT_OPTIMIZATION_LEVEL,
@@ -138,7 +138,7 @@ def load_manifest(path: str | os.PathLike[str], *, text: str | None = None) -> M
         }
         groups[name] = replace(group, compile=resolved)
     excluded = (workspace.out_dir, workspace.state_dir)
-    prompts = {t["quantize"] for t in data.get("llms", {}).values() if "quantize" in t}
+    prompts = quantize_names(where, data.get("llms", {}), data.get("quantization", {}))
     quantization = load_quantization(where, root, data.get("quantization", {}), excluded, prompts)
     check_quantized_groups(where, groups, quantization, providers)
     package = _package(where, data, providers)

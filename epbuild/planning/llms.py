@@ -39,9 +39,15 @@ class LlmGroup(Group):
     provider_configs: Mapping[str, ProviderConfig] = field(default_factory=dict)
     """Provider name → its configuration for this LLM (``op_affinity`` defaulted)."""
     deps: tuple[str, ...] = ()
-    """The actions whose outputs its graphs are (a single decoder's preparation)."""
+    """The actions whose outputs its graphs are (a single decoder's preparation, or its
+    graphs' quantizations)."""
+    deps_by_graph: Mapping[str, str] = field(default_factory=dict)
+    """Graph name → the one action whose output it is (a quantized LLM's: each graph's
+    compile waits for its own quantization only)."""
 
     def deps_for(self, entries: Sequence[ModelEntry]) -> tuple[str, ...]:
+        if self.deps_by_graph:
+            return tuple(dict.fromkeys(self.deps_by_graph[e.name] for e in entries))
         return self.deps
 
 
@@ -101,6 +107,7 @@ class _Graphs(NamedTuple):
     problem: Exception | None
     source_inputs: dict[str, str]
     deps: tuple[str, ...] = ()
+    deps_by_graph: dict[str, str] = {}
 
 
 def _group(
@@ -133,6 +140,7 @@ def _group(
             for p, cfg in providers.items()
         },
         deps=graphs.deps,
+        deps_by_graph=graphs.deps_by_graph,
     )
 
 
@@ -166,7 +174,8 @@ def _decoder_graphs(
         recipe = manifest.quantization[llm.quantize]
         _, quantize = llm_quant_actions(llm, recipe, prep, state_dir)
         entries = tuple(ModelEntry(path=q.output, name=q.stage) for q in quantize)
-        return _Graphs(entries, prep.out_dir, None, {}, tuple(q.id for q in quantize))
+        by_graph = {q.stage: q.id for q in quantize}
+        return _Graphs(entries, prep.out_dir, None, {}, tuple(by_graph.values()), by_graph)
     entries = tuple(
         ModelEntry(path=path, name=stage)
         for path, (stage, _) in zip(prep.graphs, STAGES, strict=True)
@@ -194,6 +203,7 @@ def llm_shapes(manifest: Manifest) -> list[LlmGroup]:
     groups = []
     for llm in manifest.llms.values():
         deps: tuple[str, ...] = ()
+        by_graph: dict[str, str] = {}
         if llm.form == DECODER:
             stages = [stage for stage, _ in STAGES]
             prep = prepare_action(llm, manifest.workspace.state_dir)
@@ -201,12 +211,13 @@ def llm_shapes(manifest: Manifest) -> list[LlmGroup]:
             if llm.quantize is not None:
                 recipe = manifest.quantization[llm.quantize]
                 _, quantize = llm_quant_actions(llm, recipe, prep, manifest.workspace.state_dir)
-                deps = tuple(q.id for q in quantize)
+                by_graph = {q.stage: q.id for q in quantize}
+                deps = tuple(by_graph.values())
         else:
             stages = [stage for stage, _ in compiled_stages(str(manifest.root), llm)]
         if stages:
             entries = tuple(ModelEntry(path="", name=n) for n in stages)
-            groups.append(_llm_group(llm, entries, deps=deps))
+            groups.append(_llm_group(llm, entries, deps=deps, deps_by_graph=by_graph))
     return groups
 
 
