@@ -30,6 +30,8 @@ from epbuild.errors import ModelError, UserError, VerificationError
 from epbuild.fs import atomic_write_text, is_safe_reference
 from epbuild.kinds.contract import BaseKind, RunContext
 from epbuild.kinds.prepare import LlmStep, PrepareAction
+from epbuild.llm.calibrate import GENERATED, static_io, tokenize
+from epbuild.llm.calibrate import calibrate as run_calibration
 from epbuild.llm.genai_schema import GENAI_CONFIG
 from epbuild.llm.package import source_files
 from epbuild.llm.prepare import STAGES
@@ -39,6 +41,7 @@ from epbuild.onnx.proto import ProtoError, read_model
 from epbuild.onnx.staged import staged_names
 from epbuild.planning.keys import ActionKey, KeyComputer
 from epbuild.providers.distributions import dist_version
+from epbuild.quant.work import _method, _quantize_hint, versions
 
 if TYPE_CHECKING:
     from epbuild.executors.job import KindJob
@@ -160,8 +163,6 @@ class LlmCalibrateKind(BaseKind):
     checks_input = True
 
     def key(self, action: LlmCalibrateAction, keys: KeyComputer, *, fresh: bool) -> ActionKey:
-        from epbuild.llm.calibrate import GENERATED
-
         inputs: dict[str, str] = {}
         for graph in action.graphs.values():
             inputs.update(keys.model_digests(graph, fresh=fresh))
@@ -309,10 +310,6 @@ def calibrate(job: KindJob, root: str) -> dict[str, Any]:
 
     if importlib.util.find_spec("onnxruntime_genai") is None:
         raise UserError("calibrating an LLM needs onnxruntime-genai", hint=GENAI_HINT)
-    from epbuild.llm.calibrate import calibrate as run_calibration
-    from epbuild.llm.calibrate import static_io, tokenize
-    from epbuild.quant.work import _method, versions
-
     t0 = time.perf_counter()
     args = job.payload
     label = str(args["label"])
@@ -362,8 +359,7 @@ _PROMPTS_HINT = "give .txt files of prompts, one a line, in UTF-8"
 
 def quantize(job: KindJob, root: str) -> dict[str, Any]:
     """In the worker: write one graph's QDQ graph from its ranges."""
-    from epbuild.llm.quantize import quantize_graph
-    from epbuild.quant.work import _quantize_hint, versions
+    from epbuild.llm.quantize import quantize_graph  # imports onnx: the worker's only
 
     t0 = time.perf_counter()
     args = job.payload

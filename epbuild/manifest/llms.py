@@ -109,6 +109,13 @@ def _llm(
 
     found = _source(where, base, root, source)
     limit = found.context_limit
+    if found.form == PIPELINE and "quantize" in table:
+        raise where.error(
+            (*base, "quantize"),
+            f"{source} is a {PIPELINE} (static stages already): epbuild quantizes the "
+            "static graphs it prepares from a single decoder",
+            "build from the decoder genai's model builder writes, or quantize the stages before",
+        )
     if found.form == PIPELINE:
         _check_static(where, base, source, table, "context_length", limit)
         _check_static(where, base, source, table, "window_size", found.window_size)
@@ -198,19 +205,8 @@ def check_quantized_llm(
     tables: dict[str, Quantization],
     providers: dict[str, ProviderConfig],
 ) -> None:
-    """An entry's source is a single decoder (whose static graphs epbuild prepares), and
-    each of its providers takes its ``quantize`` table's types."""
-    from epbuild.llm.source import DECODER
-
-    at = ("llms", llm.name, "quantize")
+    """Each of a quantized entry's providers takes its ``quantize`` table's types."""
     recipe = tables[llm.quantize or ""]  # defined: ``quantize_names``
-    if llm.form != DECODER:
-        raise where.error(
-            at,
-            f"{llm.source} is a {llm.form} (static stages already): epbuild quantizes the "
-            "static graphs it prepares from a single decoder",
-            "build from the decoder genai's model builder writes, or quantize the stages before",
-        )
     for name in llm.providers:
         refused = get_provider(providers[name].ep).refuse_quantization(
             recipe.activations, recipe.weights, recipe.per_channel, recipe.overrides
