@@ -7,8 +7,10 @@ import shutil
 from pathlib import Path
 
 LLM_FIXTURES = Path(__file__).resolve().parent / "fixtures" / "llm"
-"""One folder per family: ``llama``, ``qwen2``, ``llama-pipeline`` (``make_*_fixture.py``
-made them)."""
+"""One folder per family: ``llama``, ``qwen2``, ``llama-pipeline``, ``llama-text``
+(``make_*_fixture.py`` made them)."""
+TEXT_PROMPTS = LLM_FIXTURES / "text-prompts.txt"
+"""Ten prompts, one a line, that ``llama-text`` continues with clear margins."""
 
 
 def chat_manifest(*, share: bool = False, context: int | None = 64, window: int | None = 16) -> str:

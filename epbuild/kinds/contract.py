@@ -282,6 +282,12 @@ _REGISTRY: dict[str, Registration] = {
     "check": Registration(
         "epbuild.kinds.check:CHECK", "epbuild.kinds.check:check_actions", when="numerics"
     ),
+    "llm-calibrate": Registration("epbuild.kinds.llmquant:LLM_CALIBRATE"),
+    "llm-quantize": Registration(
+        "epbuild.kinds.llmquant:LLM_QUANTIZE",
+        "epbuild.planning.llms:llm_quantizations",
+        when="llms",
+    ),
 }
 """The kinds, in the order their actions join a graph: the built-in ones, then those
 added by ``register``."""

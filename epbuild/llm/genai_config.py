@@ -23,8 +23,10 @@ EMBEDDINGS = "embeddings"
 """The CPU stage of a decoder in parts (``llm.parts``)."""
 
 
-def _io_names(decoder: Mapping[str, Any]) -> tuple[list[str], list[str]]:
-    """Input and output names of both static graphs, in the source's naming."""
+def io_names(decoder: Mapping[str, Any]) -> tuple[list[str], list[str]]:
+    """Input and output names of both static graphs, in the source's naming: inputs
+    ``input_ids``, ``past_seq_len``, ``total_seq_len``, then each layer's past key and
+    value; outputs ``logits``, then each layer's present key and value."""
     layers = int(decoder["num_hidden_layers"])
     ins = decoder.get("inputs", {})
     outs = decoder.get("outputs", {})
@@ -60,7 +62,7 @@ def pipeline_config(
     config = copy.deepcopy(dict(source))
     model = config["model"]
     decoder = model["decoder"]
-    inputs, outputs = _io_names(decoder)
+    inputs, outputs = io_names(decoder)
     session = {
         **{k: v for k, v in decoder.get("session_options", {}).items() if k != "provider_options"},
         "provider_options": [{name: dict(opts)} for name, opts in provider_options.items()],

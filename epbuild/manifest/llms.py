@@ -11,9 +11,10 @@ from epbuild.errors import UnsafePathError
 from epbuild.fs import format_bytes, safe_relpath
 from epbuild.llm.parts import parse_size, parts_for_size, weight_sizes
 from epbuild.manifest.locate import Where
-from epbuild.manifest.model import DEFAULT_CONTEXT_LENGTH, DEFAULT_WINDOW_SIZE, Llm
+from epbuild.manifest.model import DEFAULT_CONTEXT_LENGTH, DEFAULT_WINDOW_SIZE, Llm, Quantization
 from epbuild.manifest.refs import check_provider_list
 from epbuild.onnx.proto import ProtoError
+from epbuild.providers import get_provider
 from epbuild.providers.contract import ProviderConfig
 
 if TYPE_CHECKING:
@@ -27,14 +28,19 @@ def load_llms(
     providers: dict[str, ProviderConfig],
     group_names: set[str],
     budget: int | None = None,
+    quantization: dict[str, Quantization] | None = None,
 ) -> dict[str, Llm]:
     """Every ``[llms.*]`` table, validated against the schema already. ``budget``: the
     workspace's memory budget (None: this machine's memory), which one graph's KV cache
-    must fit."""
+    must fit; ``quantization``: the ``[quantization.*]`` tables an entry's ``quantize`` may
+    name."""
     found = {
         name: _llm(where, root, name, table, providers, group_names)
         for name, table in tables.items()
     }
+    for llm, _ in found.values():
+        if llm.quantize is not None:
+            check_quantized_llm(where, llm, quantization or {}, providers)
     for name, (llm, kv) in found.items():
         _check_kv(where, name, llm, kv, budget)
     return {name: llm for name, (llm, _) in found.items()}
@@ -105,6 +111,13 @@ def _llm(
 
     found = _source(where, base, root, source)
     limit = found.context_limit
+    if found.form == PIPELINE and "quantize" in table:
+        raise where.error(
+            (*base, "quantize"),
+            f"{source} is a {PIPELINE} (static stages already): epbuild quantizes the "
+            "static graphs it prepares from a single decoder",
+            "build from the decoder genai's model builder writes, or quantize the stages before",
+        )
     if found.form == PIPELINE:
         _check_static(where, base, source, table, "context_length", limit)
         _check_static(where, base, source, table, "window_size", found.window_size)
@@ -138,6 +151,7 @@ def _llm(
         prompt=table.get("prompt"),
         stages=found.stages,
         parts=_parts(where, base, root, source, table, found, pipeline=found.form == PIPELINE),
+        quantize=table.get("quantize"),
     )
     return llm, (found.layers, found.kv_heads)
 
@@ -253,3 +267,52 @@ def _check_static(
         f"{source}/genai_config.json); it cannot be built with {key} = {value}",
         f"remove {key} from [llms.{base[1]}]",
     )
+
+
+def quantize_names(where: Where, tables: dict[str, Any], recipes: dict[str, Any]) -> set[str]:
+    """The ``[quantization.*]`` tables the ``[llms.*]`` tables name (their calibration is
+    text), each one defined; checked before the tables' samples are looked for."""
+    names = set()
+    for name, table in tables.items():
+        if "quantize" not in table:
+            continue
+        if table["quantize"] not in recipes:
+            defined = ", ".join(recipes) or "none"
+            raise where.error(
+                ("llms", name, "quantize"),
+                f"no [quantization.{table['quantize']}] table",
+                f"add one whose calibration names .txt files of prompts (defined: {defined})",
+            )
+        names.add(table["quantize"])
+    return names
+
+
+def check_quantized_llm(
+    where: Where,
+    llm: Llm,
+    tables: dict[str, Quantization],
+    providers: dict[str, ProviderConfig],
+) -> None:
+    """Each of a quantized entry's providers takes its ``quantize`` table's types; a
+    quantized decoder is built in one part (quantizing part by part is not there yet)."""
+    recipe = tables[llm.quantize or ""]  # defined: ``quantize_names``
+    if llm.parts > 1:
+        raise where.error(
+            ("llms", llm.name, "quantize"),
+            f"llms.{llm.name} is split into {llm.parts} parts: a quantized decoder is built in "
+            "one part for now",
+            "leave out parts/max_part_size to quantize it, or leave out quantize to build it "
+            "in parts",
+        )
+    for name in llm.providers:
+        refused = get_provider(providers[name].ep).refuse_quantization(
+            recipe.activations, recipe.weights, recipe.per_channel, recipe.overrides
+        )
+        if refused is not None:
+            key, why, hint = refused
+            raise where.error(
+                ("quantization", recipe.name, key),
+                f"provider {name!r} ({providers[name].ep}) cannot run it: {why} "
+                f"(llms.{llm.name} compiles for it)",
+                hint,
+            )

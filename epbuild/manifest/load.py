@@ -26,7 +26,7 @@ from epbuild._names import (
 from epbuild.errors import ManifestError
 from epbuild.manifest.defaults import compile_api_missing, default_compiler, default_jobs
 from epbuild.manifest.expand import check_model, expand_entry, is_pattern
-from epbuild.manifest.llms import load_llms
+from epbuild.manifest.llms import load_llms, quantize_names
 from epbuild.manifest.locate import Where
 from epbuild.manifest.model import (
     DEFAULT_OPTIMIZATION_LEVEL,
@@ -138,11 +138,14 @@ def load_manifest(path: str | os.PathLike[str], *, text: str | None = None) -> M
         }
         groups[name] = replace(group, compile=resolved)
     excluded = (workspace.out_dir, workspace.state_dir)
-    quantization = load_quantization(where, root, data.get("quantization", {}), excluded)
+    prompts = quantize_names(where, data.get("llms", {}), data.get("quantization", {}))
+    quantization = load_quantization(where, root, data.get("quantization", {}), excluded, prompts)
     check_quantized_groups(where, groups, quantization, providers)
     package = _package(where, data, providers)
     budget = workspace.memory_budget
-    llms = load_llms(where, root, data.get("llms", {}), providers, set(groups), budget)
+    llms = load_llms(
+        where, root, data.get("llms", {}), providers, set(groups), budget, quantization
+    )
     for name, llm in llms.items():
         shape = Group(name, (), llm.providers, ContextSettings(llm.share_weights), ())
         resolved = {

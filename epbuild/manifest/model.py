@@ -261,6 +261,8 @@ class Llm:
     parts: int = 1
     """How many parts a ``decoder`` source is split into at layer boundaries (1: one
     context + iterator pair; more: ``epbuild.llm.parts``)."""
+    quantize: str | None = None
+    """The ``[quantization.<name>]`` its static graphs are quantized with (None: float)."""
 
 
 @dataclass(frozen=True)
@@ -300,6 +302,8 @@ class Quantization:
     listed: tuple[str, ...] = ()
     """Workspace-relative folders whose listing decided the samples (glob bases and sample
     folders): a new file there changes them (the no-op fingerprint stamps them)."""
+    text: bool = False
+    """Its samples are text prompts (``.txt`` files): an ``[llms]`` entry's recipe."""
 
     @property
     def feeds(self) -> tuple[str, ...]:

@@ -8,9 +8,11 @@ from __future__ import annotations
 import os
 import posixpath
 import stat
+from collections.abc import Collection
 from pathlib import Path
 from typing import Any
 
+from epbuild.llm.prompts import PROMPT_SUFFIX, PromptError, read_prompts
 from epbuild.manifest.expand import is_pattern
 from epbuild.manifest.globwalk import FILE, FOLDER, OTHER, folder_kinds, glob_kinds
 from epbuild.manifest.locate import Where
@@ -27,17 +29,28 @@ QUANTIZED = "quantized"
 
 
 def load_quantization(
-    where: Where, root: Path, tables: dict[str, Any], excluded: tuple[str, ...]
+    where: Where,
+    root: Path,
+    tables: dict[str, Any],
+    excluded: tuple[str, ...],
+    text: Collection[str] = (),
 ) -> dict[str, Quantization]:
     """Every ``[quantization.*]`` table, validated against the schema already; samples are
-    never looked for inside ``excluded`` (the output and state directories)."""
+    never looked for inside ``excluded`` (the output and state directories). The tables
+    named in ``text`` (an ``[llms]`` entry's) take text prompts instead: ``.txt`` files,
+    each read now (``llm.prompts``)."""
     found = {}
     for name, table in tables.items():
         base = ("quantization", name)
-        calibration, listed = _samples(where, root, (*base, "calibration"), table, excluded)
+        prompts = name in text
+        calibration, listed = _samples(
+            where, root, (*base, "calibration"), table, excluded, prompts
+        )
         validation: tuple[str, ...] = ()
         if "validation" in table:
-            validation, more = _samples(where, root, (*base, "validation"), table, excluded)
+            validation, more = _samples(
+                where, root, (*base, "validation"), table, excluded, prompts
+            )
             listed = tuple(dict.fromkeys((*listed, *more)))
         check = table.get("check", {})
         found[name] = Quantization(
@@ -58,6 +71,7 @@ def load_quantization(
                 ),
             ),
             listed=listed,
+            text=prompts,
         )
     return found
 
@@ -82,6 +96,13 @@ def check_quantized_groups(
                 at,
                 f"no [quantization.{group.quantize}] table",
                 f"add one with its calibration samples (defined: {defined})",
+            )
+        if recipe.text:
+            raise where.error(
+                at,
+                f"[quantization.{group.quantize}] calibrates an [llms] entry on text prompts; "
+                "a group's models need samples of their inputs",
+                "give the group a [quantization] table of its own",
             )
         if QUANTIZED in group.providers:
             raise where.error(
@@ -126,10 +147,16 @@ def _check_providers(
 
 
 def _samples(
-    where: Where, root: Path, at: tuple[str, ...], table: dict[str, Any], excluded: tuple[str, ...]
+    where: Where,
+    root: Path,
+    at: tuple[str, ...],
+    table: dict[str, Any],
+    excluded: tuple[str, ...],
+    prompts: bool = False,
 ) -> tuple[tuple[str, ...], tuple[str, ...]]:
     """The samples one key names, in order, each once, and the folders whose listing
-    decided them (dicts keep the order: a list's ``in`` made 40,000 samples take minutes)."""
+    decided them (dicts keep the order: a list's ``in`` made 40,000 samples take minutes;
+    ``prompts``: text prompts files, each read and checked now)."""
     raw = table[at[-1]]
     entries = [raw] if isinstance(raw, str) else list(raw)
     samples: dict[str, None] = {}
@@ -143,20 +170,27 @@ def _samples(
                 f"{entry!r} is inside epbuild's own directories ({', '.join(excluded)})",
                 "keep calibration samples beside the models",
             )
-        found, folders, special = _expand(root, rel, excluded)
-        if special:
-            path, kind = special[0]
-            raise where.error(
-                here,
-                f"{path!r} is {kind}, not a regular file",
-                "samples are read from regular files only: replace it with the sample's file "
-                "(a FIFO or a device would never end)",
-            )
+        if prompts:
+            found, folders = _expand_text(where, here, root, rel, excluded)
+        else:
+            found, folders, special = _expand(root, rel, excluded)
+            if special:
+                path, kind = special[0]
+                raise where.error(
+                    here,
+                    f"{path!r} is {kind}, not a regular file",
+                    "samples are read from regular files only: replace it with the sample's file "
+                    "(a FIFO or a device would never end)",
+                )
         if not found:
             raise where.error(
                 here,
-                f"{entry!r} names no samples",
-                "give .npz files (arrays named after the model's inputs), .npy files (a "
+                f"{entry!r} names no .txt files of prompts"
+                if prompts
+                else f"{entry!r} names no samples",
+                _PROMPTS_HINT
+                if prompts
+                else "give .npz files (arrays named after the model's inputs), .npy files (a "
                 "single-input model) or ONNX test-data folders (test_data_set_N/input_K.pb); "
                 "paths are relative to the manifest",
             )
@@ -262,6 +296,49 @@ def _describe(path: str | os.PathLike[str], mode: int) -> str:
     )
     kind = next((what for test, what in kinds if test(mode)), "a special file")
     return kind + (" (through a link)" if os.path.islink(path) else "")
+
+
+def _expand_text(
+    where: Where, at: tuple[str, ...], root: Path, rel: str, excluded: tuple[str, ...]
+) -> tuple[list[str], list[str]]:
+    """The prompts files ``rel`` names (a glob, a folder or a file), each one readable,
+    UTF-8 and holding a prompt, and the folders listed."""
+    if is_pattern(rel):
+        head = rel.partition("*")[0].partition("?")[0].partition("[")[0]
+        base = posixpath.dirname(head)
+        folders = [base or "."]
+        if "**" in rel:
+            folders = [
+                posixpath.relpath(d, root).replace(os.sep, "/") for d, _, _ in os.walk(root / base)
+            ]
+        found = [
+            m
+            for m, kind in glob_kinds(str(root), rel)
+            if kind != FOLDER
+            and m.endswith(PROMPT_SUFFIX)
+            and not any(m == d or m.startswith(d + "/") for d in excluded)
+        ]
+    elif (root / rel).is_dir():
+        folders = [rel]
+        found = [
+            posixpath.join(rel, n)
+            for n in sorted(os.listdir(root / rel))
+            if n.endswith(PROMPT_SUFFIX) and (root / rel / n).is_file()
+        ]
+    else:
+        folders, found = [], [rel]
+    for file in found:
+        try:
+            read_prompts(str(root / file), file)
+        except PromptError as exc:
+            raise where.error(at, exc.message, _PROMPTS_HINT) from exc
+    return found, folders
+
+
+_PROMPTS_HINT = (
+    "an [llms] entry calibrates on text: .txt files in UTF-8, one prompt a line, relative "
+    "to the manifest"
+)
 
 
 def _is_test_data(path: str | os.PathLike[str]) -> bool:

@@ -115,7 +115,9 @@ QUANTIZATION: dict[str, Any] = {
         **_SAMPLES,
         "description": "Calibration samples relative to the manifest: .npz files (arrays "
         "named after the model's inputs), .npy files (a single-input model), ONNX test-data "
-        "folders (test_data_set_N/input_K.pb), folders of them, or globs.",
+        "folders (test_data_set_N/input_K.pb), folders of them, or globs; for an [llms] "
+        "entry, text prompts: .txt files (one prompt a line, UTF-8), folders of them, or "
+        "globs.",
     },
     "validation": {
         **_SAMPLES,
@@ -437,6 +439,13 @@ SCHEMA: dict[str, Any] = {
                     "minLength": 1,
                     "description": "The prompt 'verify --generate' generates from "
                     "(default a fixed sentence; --prompt wins).",
+                },
+                "quantize": {
+                    "type": "string",
+                    "pattern": NAME_PATTERN,
+                    "description": "A [quantization.*] table whose calibration names text "
+                    "prompts: the static graphs are calibrated on them and quantized (QDQ, "
+                    "e.g. uint16 activations and uint8 weights: w8a16) before they compile.",
                 },
             },
         ),

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 from epbuild._dataclass import dataclass
 from epbuild.errors import ModelError
+from epbuild.kinds.llmquant import LlmCalibrateAction, LlmQuantizeAction, llm_quant_actions
 from epbuild.kinds.package import PackageAction
 from epbuild.kinds.prepare import PrepareAction, prepare_action
 from epbuild.llm.parts import STAGE_SEQUENCES, part_name, part_stages
@@ -48,8 +49,15 @@ class LlmGroup(Group):
     """The part of a decoder split into parts (``part1``, …; ``llm.parts``): each is a
     group of its own, compiled (and weight-shared) apart from the others; empty: the
     whole decoder."""
+    """The actions whose outputs its graphs are (a single decoder's preparation, or its
+    graphs' quantizations)."""
+    deps_by_graph: Mapping[str, str] = field(default_factory=dict)
+    """Graph name → the one action whose output it is (a quantized LLM's: each graph's
+    compile waits for its own quantization only)."""
 
     def deps_for(self, entries: Sequence[ModelEntry]) -> tuple[str, ...]:
+        if self.deps_by_graph:
+            return tuple(dict.fromkeys(self.deps_by_graph[e.name] for e in entries))
         return self.deps
 
 
@@ -66,7 +74,7 @@ def llm_groups(
         providers = {p: manifest.providers[p] for p in llm.providers}
         # A pipeline with no compiled stage has nothing to compile: the build says so.
         if llm.form == DECODER or compiled_stages(keys.root, llm):
-            groups.extend(by_part(_group(llm, providers, keys, state_dir, prepare), llm))
+            groups.extend(by_part(_group(manifest, llm, providers, keys, state_dir, prepare), llm))
     return groups
 
 
@@ -87,6 +95,25 @@ def llm_preparations(request: GraphRequest) -> list[PrepareAction]:
     return [prepare_action(llm, state_dir) for llm in llms.values() if llm.form == DECODER]
 
 
+def llm_quantizations(manifest: Manifest) -> list[LlmCalibrateAction | LlmQuantizeAction]:
+    """The calibration and the graphs' quantizations of each quantized LLM entry."""
+    state_dir = manifest.workspace.state_dir
+    actions: list[LlmCalibrateAction | LlmQuantizeAction] = []
+    for llm in manifest.llms.values():
+        if llm.quantize is not None and llm.form == DECODER:
+            recipe = manifest.quantization[llm.quantize]
+            prep = prepare_action(llm, state_dir)
+            calibrate, quantize = llm_quant_actions(llm, recipe, prep, state_dir)
+            actions += [calibrate, *quantize]
+    return actions
+
+
+def _quantized(cfg: ProviderConfig) -> ProviderConfig:
+    """``cfg`` for QDQ graphs (QNN: the graph's I/O quantization on the HTP too: one
+    EPContext node with float inputs and outputs)."""
+    return get_provider(cfg.ep).for_quantized(cfg)
+
+
 def compiled_stages(root: str, llm: Llm) -> tuple[tuple[str, str], ...]:
     """The stages of a ``decoder-pipeline`` source that are compiled (``static_stages``)."""
     return static_stages(os.path.join(root, llm.source), llm.stages)
@@ -101,9 +128,11 @@ class _Graphs(NamedTuple):
     problem: Exception | None
     source_inputs: dict[str, str]
     deps: tuple[str, ...] = ()
+    deps_by_graph: dict[str, str] = {}
 
 
 def _group(
+    manifest: Manifest,
     llm: Llm,
     providers: Mapping[str, ProviderConfig],
     keys: KeyComputer,
@@ -112,9 +141,10 @@ def _group(
 ) -> LlmGroup:
     """The group of an LLM entry's graphs; a problem becomes each graph's (its actions
     fail), and each provider gets the graphs' ``op_affinity`` (``with_affinity``)."""
-    graphs = (_decoder_graphs if llm.form == DECODER else _pipeline_graphs)(
-        llm, keys, state_dir, prepare
-    )
+    if llm.form == DECODER:
+        graphs = _decoder_graphs(llm, keys, state_dir, prepare, manifest)
+    else:
+        graphs = _pipeline_graphs(llm, keys, state_dir, prepare)
     if graphs.problem is not None:
         hint = getattr(graphs.problem, "hint", None)
         message = getattr(graphs.problem, "message", None) or str(graphs.problem)
@@ -126,8 +156,12 @@ def _group(
         compile=dict(llm.compile),
         llm=llm,
         source_inputs=graphs.source_inputs,
-        provider_configs={p: with_affinity(cfg, graphs.folder) for p, cfg in providers.items()},
+        provider_configs={
+            p: with_affinity(_quantized(cfg) if llm.quantize else cfg, graphs.folder)
+            for p, cfg in providers.items()
+        },
         deps=graphs.deps,
+        deps_by_graph=graphs.deps_by_graph,
     )
 
 
@@ -150,10 +184,19 @@ def _pipeline_graphs(llm: Llm, keys: KeyComputer, state_dir: str, prepare: bool)
     return _Graphs(entries, folder, problem, {})
 
 
-def _decoder_graphs(llm: Llm, keys: KeyComputer, state_dir: str, prepare: bool) -> _Graphs:
+def _decoder_graphs(
+    llm: Llm, keys: KeyComputer, state_dir: str, prepare: bool, manifest: Manifest
+) -> _Graphs:
     """A single decoder's two static graphs (``context``, ``iterator``): the outputs of
-    its preparation, which the compile actions depend on."""
+    its preparation, or of their quantizations (``quantize``), which the compile actions
+    depend on."""
     prep = prepare_action(llm, state_dir)
+    if llm.quantize is not None:
+        recipe = manifest.quantization[llm.quantize]
+        _, quantize = llm_quant_actions(llm, recipe, prep, state_dir)
+        entries = tuple(ModelEntry(path=q.output, name=q.stage) for q in quantize)
+        by_graph = {q.stage: q.id for q in quantize}
+        return _Graphs(entries, prep.out_dir, None, {}, tuple(by_graph.values()), by_graph)
     entries = tuple(
         ModelEntry(path=path, name=stage)
         for path, stage in zip(prep.graphs, decoder_stages(llm), strict=True)
@@ -189,14 +232,21 @@ def llm_shapes(manifest: Manifest) -> list[LlmGroup]:
     groups = []
     for llm in manifest.llms.values():
         deps: tuple[str, ...] = ()
+        by_graph: dict[str, str] = {}
         if llm.form == DECODER:
             stages = list(decoder_stages(llm))
-            deps = (prepare_action(llm, manifest.workspace.state_dir).id,)
+            prep = prepare_action(llm, manifest.workspace.state_dir)
+            deps = (prep.id,)
+            if llm.quantize is not None:
+                recipe = manifest.quantization[llm.quantize]
+                _, quantize = llm_quant_actions(llm, recipe, prep, manifest.workspace.state_dir)
+                by_graph = {q.stage: q.id for q in quantize}
+                deps = tuple(by_graph.values())
         else:
             stages = [stage for stage, _ in compiled_stages(str(manifest.root), llm)]
         if stages:
             entries = tuple(ModelEntry(path="", name=n) for n in stages)
-            groups.extend(by_part(_llm_group(llm, entries, deps=deps), llm))
+            groups.extend(by_part(_llm_group(llm, entries, deps=deps, deps_by_graph=by_graph), llm))
     return groups
 
 

@@ -1,0 +1,382 @@
+"""The LLM calibrate and quantize kinds: an ``[llms]`` entry with ``quantize = "<name>"``
+gets, after its static preparation, one calibration of both graphs and one quantization
+per graph, whose QDQ graphs its compile actions take instead of the float ones.
+
+- ``llm-calibrate`` runs the text prompts of ``[quantization.<name>].calibration``, tokenized
+  by the source's tokenizer, through the float static graphs on the CPU as genai runs them
+  (``epbuild.llm.calibrate``), and writes each graph's ranges
+  (``<state_dir>/llm/<name>/calibrated/<graph>.ranges.json``). Its key holds the prepared
+  graphs' digests, each prompts file's, the source's config and tokenizer files', the
+  method and the tool versions: an edit of types, exclusions or overrides keys nothing
+  here.
+- ``llm-quantize`` makes one graph's QDQ graph (``<state_dir>/llm/<name>/quantized/
+  <graph>.onnx``: ``epbuild.llm.quantize``). Its key holds the prepared graph's digests, its
+  ranges' digest and the recipe's settings: prompts that give the same ranges (the same
+  ranges file) quantize nothing, and a QDQ graph that comes out byte-identical leaves the
+  compiles up to date (early cutoff).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import posixpath
+import time
+from typing import TYPE_CHECKING, Any
+
+from epbuild._dataclass import dataclass
+from epbuild._names import PROGRESS_NAME
+from epbuild.errors import ModelError, UserError, VerificationError
+from epbuild.fs import atomic_write_text, is_safe_reference
+from epbuild.kinds.contract import BaseKind, Checked, Reported, RunContext, Wording
+from epbuild.kinds.prepare import LlmStep, PrepareAction
+from epbuild.llm.calibrate import GENERATED, static_io, tokenize
+from epbuild.llm.calibrate import calibrate as run_calibration
+from epbuild.llm.genai_schema import GENAI_CONFIG
+from epbuild.llm.package import source_files
+from epbuild.llm.prepare import STAGES
+from epbuild.llm.prompts import PromptError, read_prompts
+from epbuild.manifest.model import Llm, Quantization
+from epbuild.onnx.proto import ProtoError, read_model
+from epbuild.onnx.staged import staged_names
+from epbuild.planning.keys import ActionKey, KeyComputer
+from epbuild.providers.distributions import dist_version
+from epbuild.quant.work import _method, _quantize_hint, versions
+
+if TYPE_CHECKING:
+    from epbuild.executors.job import Job
+
+LLM_CALIBRATE_FORMAT = 1
+"""Bump when the same inputs make other ranges."""
+LLM_QUANTIZE_FORMAT = 1
+"""Bump when the same inputs make another QDQ graph."""
+CALIBRATED = "calibrated"
+QUANTIZED = "quantized"
+"""The folders of the ranges and of the QDQ graphs inside ``<state_dir>/llm/<name>/``."""
+_VERSIONS = ("onnxruntime", "onnx")
+GENAI_HINT = (
+    'install onnxruntime-genai (its tokenizer reads the prompts): pip install "epbuild[genai]"'
+)
+
+
+def ranges_name(stage: str) -> str:
+    """The file a graph's ranges are written to."""
+    return f"{stage}.ranges.json"
+
+
+@dataclass(frozen=True)
+class LlmCalibrateAction(LlmStep):
+    """The calibration of one LLM's static graphs."""
+
+    KIND = "llm-calibrate"
+    id: str
+    llm: Llm
+    recipe: Quantization
+    prepare: PrepareAction
+    out_dir: str
+    """``<state_dir>/llm/<name>/calibrated``."""
+
+    @property
+    def deps(self) -> tuple[str, ...]:
+        return (self.prepare.id,)
+
+    @property
+    def graphs(self) -> dict[str, str]:
+        """Graph name → workspace-relative prepared float graph, in session order."""
+        return {stage: g for (stage, _), g in zip(STAGES, self.prepare.graphs, strict=True)}
+
+    @property
+    def ranges(self) -> dict[str, str]:
+        """Graph name → workspace-relative ranges it writes."""
+        return {stage: posixpath.join(self.out_dir, ranges_name(stage)) for stage, _ in STAGES}
+
+    @property
+    def label(self) -> str:
+        """How messages name the prompts."""
+        return f"quantization.{self.recipe.name}.calibration"
+
+
+@dataclass(frozen=True)
+class LlmQuantizeAction(LlmStep):
+    """One static graph's quantization."""
+
+    KIND = "llm-quantize"
+    id: str
+    llm: Llm
+    recipe: Quantization
+    stage: str
+    calibration: LlmCalibrateAction
+    out_dir: str
+    """``<state_dir>/llm/<name>/quantized``."""
+
+    @property
+    def deps(self) -> tuple[str, ...]:
+        return (self.calibration.id, self.calibration.prepare.id)
+
+    @property
+    def graph(self) -> str:
+        """Workspace-relative prepared float graph."""
+        return self.calibration.graphs[self.stage]
+
+    @property
+    def output(self) -> str:
+        """Workspace-relative QDQ graph."""
+        return posixpath.join(self.out_dir, f"{self.stage}.onnx")
+
+    @property
+    def label(self) -> str:
+        return f"llms.{self.llm.name} {self.stage} graph (quantization.{self.recipe.name})"
+
+
+def llm_quant_actions(
+    llm: Llm, recipe: Quantization, prepare: PrepareAction, state_dir: str
+) -> tuple[LlmCalibrateAction, tuple[LlmQuantizeAction, ...]]:
+    """A quantized LLM's calibration and its graphs' quantizations, in session order."""
+    folder = posixpath.join(state_dir, "llm", llm.name)
+    calibrate = LlmCalibrateAction(
+        f"{llm.name}/calibrate", llm, recipe, prepare, posixpath.join(folder, CALIBRATED)
+    )
+    quantize = tuple(
+        LlmQuantizeAction(
+            f"{llm.name}/{stage}/quantize",
+            llm,
+            recipe,
+            stage,
+            calibrate,
+            posixpath.join(folder, QUANTIZED),
+        )
+        for stage, _ in STAGES
+    )
+    return calibrate, quantize
+
+
+class LlmCalibrateKind(BaseKind):
+    """``Kind`` of the LLM calibrations (``LlmCalibrateAction``); its job's user errors (a
+    prompts file that cannot be read, a prompt longer than the KV cache) are bad input."""
+
+    name = "llm-calibrate"
+    runner = "epbuild.kinds.llmquant:calibrate"
+    format = LLM_CALIBRATE_FORMAT
+    words = Wording(
+        "calibrated",
+        "calibrating",
+        "llms.{a.llm.name}: its static graphs are not calibrated yet for their current "
+        "prompts ({a.id} runs first)",
+    )
+    checks_input = True
+
+    def key(self, action: LlmCalibrateAction, keys: KeyComputer, *, fresh: bool) -> ActionKey:
+        inputs: dict[str, str] = {}
+        for graph in action.graphs.values():
+            inputs.update(keys.model_digests(graph, fresh=fresh))
+        for rel in action.recipe.calibration:
+            inputs[rel] = keys.input_digest(
+                rel, f"prompts file of {action.label}", "restore it, or fix the calibration entry"
+            )
+        for rel in source_files(keys.root, action.llm):
+            hint = f"restore it: {action.llm.source} is the source of llms.{action.llm.name}"
+            inputs[rel] = keys.input_digest(rel, "the source's tokenizer or config", hint)
+        return self.keyed(
+            inputs,
+            prompts=list(action.recipe.calibration),
+            method=action.recipe.method,
+            generated=GENERATED,
+            window_size=action.llm.window_size,
+            context_length=action.llm.context_length,
+            versions={d: dist_version(d) for d in (*_VERSIONS, "onnxruntime-genai")},
+        )
+
+    def payload(
+        self, action: LlmCalibrateAction, key: ActionKey, ctx: RunContext
+    ) -> dict[str, Any]:
+        return {
+            "graphs": action.graphs,
+            "source": action.llm.source,
+            "prompts": list(action.recipe.calibration),
+            "method": action.recipe.method,
+            "window": action.llm.window_size,
+            "context": action.llm.context_length,
+            "label": action.label,
+        }
+
+    def check(
+        self, action: LlmCalibrateAction, staging: str, ctx: RunContext, result: Reported
+    ) -> Checked:
+        """Each graph's readable, non-empty ranges, nothing else."""
+        names = staged_names(ctx.root, staging)
+        wanted = [posixpath.basename(r) for r in action.ranges.values()]
+        for name in wanted:
+            if name not in names:
+                raise VerificationError(f"expected output {name} was not written")
+            try:
+                with open(os.path.join(ctx.root, staging, name), encoding="utf-8") as f:
+                    ranges = json.load(f)
+            except (OSError, ValueError) as exc:
+                raise VerificationError(f"{name}: unreadable calibration ranges ({exc})") from exc
+            if not isinstance(ranges, dict) or not ranges.get("data"):
+                raise VerificationError(f"{name}: the calibration found no tensor to quantize")
+        extra = sorted(set(names) - set(wanted))
+        if extra:
+            raise VerificationError(f"unexpected output {extra[0]} staged by the calibration")
+        return names, []
+
+
+def _settings(action: LlmQuantizeAction) -> dict[str, Any]:
+    """What makes the QDQ graph besides its inputs: in its key, and given to its job."""
+    recipe = action.recipe
+    return {
+        "method": recipe.method,
+        "activations": recipe.activations,
+        "weights": recipe.weights,
+        "per_channel": recipe.per_channel,
+        "exclude": sorted(recipe.exclude),
+        "overrides": dict(sorted(recipe.overrides.items())),
+    }
+
+
+class LlmQuantizeKind(BaseKind):
+    """``Kind`` of the LLM graphs' quantizations (``LlmQuantizeAction``); its job's user
+    errors (a name the graph lacks) are bad input."""
+
+    name = "llm-quantize"
+    runner = "epbuild.kinds.llmquant:quantize"
+    format = LLM_QUANTIZE_FORMAT
+    words = Wording(
+        "quantized",
+        waits="llms.{a.llm.name}: its {a.stage} graph is not quantized yet for its current "
+        "ranges ({a.id} runs first)",
+    )
+    checks_input = True
+
+    def key(self, action: LlmQuantizeAction, keys: KeyComputer, *, fresh: bool) -> ActionKey:
+        inputs = keys.model_digests(action.graph, fresh=fresh)
+        ranges = action.calibration.ranges[action.stage]
+        calibrate = f"run 'epbuild build {action.calibration.id}'"
+        inputs[ranges] = keys.input_digest(ranges, "calibration ranges", calibrate)
+        return self.keyed(
+            inputs,
+            **_settings(action),
+            output=posixpath.basename(action.output),
+            versions={d: dist_version(d) for d in _VERSIONS},
+        )
+
+    def payload(self, action: LlmQuantizeAction, key: ActionKey, ctx: RunContext) -> dict[str, Any]:
+        return {
+            "graph": action.graph,
+            "ranges": action.calibration.ranges[action.stage],
+            "output": posixpath.basename(action.output),
+            "label": action.label,
+            "settings": _settings(action),
+        }
+
+    def check(
+        self, action: LlmQuantizeAction, staging: str, ctx: RunContext, result: Reported
+    ) -> Checked:
+        """The QDQ graph (and its external data), readable, nothing else."""
+        name = posixpath.basename(action.output)
+        names = staged_names(ctx.root, staging)
+        if name not in names:
+            raise VerificationError(f"expected output {name} was not written")
+        try:
+            info = read_model(os.path.join(ctx.root, staging, name))
+        except ProtoError as exc:
+            raise VerificationError(f"{name}: unreadable QDQ graph ({exc})") from exc
+        data = {ref.location for ref in info.external_refs}
+        for location in data:
+            if not is_safe_reference(location) or location not in names:
+                raise VerificationError(f"{name}: external data {location!r} was not written")
+        extra = sorted(set(names) - {name} - data)
+        if extra:
+            raise VerificationError(f"unexpected output {extra[0]} staged by the quantization")
+        return names, []
+
+
+LLM_CALIBRATE = LlmCalibrateKind()
+LLM_QUANTIZE = LlmQuantizeKind()
+
+PROGRESS_EVERY = 0.2
+"""Seconds between writes of a calibration's progress."""
+
+
+def calibrate(job: Job, root: str) -> dict[str, Any]:
+    """In the worker: read and tokenize the prompts, check each fits the KV cache, and
+    calibrate both graphs on them."""
+    import importlib.util
+
+    if importlib.util.find_spec("onnxruntime_genai") is None:
+        raise UserError("calibrating an LLM needs onnxruntime-genai", hint=GENAI_HINT)
+    t0 = time.perf_counter()
+    args = job.payload
+    label = str(args["label"])
+    source = os.path.join(root, str(args["source"]))
+    with open(os.path.join(source, GENAI_CONFIG), encoding="utf-8") as f:
+        io = static_io(json.load(f), int(args["window"]), int(args["context"]))
+    prompts: list[list[int]] = []
+    for rel in args["prompts"]:
+        try:
+            texts = read_prompts(os.path.join(root, str(rel)), str(rel))
+        except PromptError as exc:
+            raise ModelError(f"{label}: {exc.message}", hint=_PROMPTS_HINT) from exc
+        for line, tokens in enumerate(tokenize(source, texts), 1):
+            if io.fits(len(tokens)) < 1:
+                raise ModelError(
+                    f"{label}: prompt {line} of {rel} is {len(tokens)} tokens: read in windows "
+                    f"of {io.window}, it leaves no room in the KV cache of {io.context_length}",
+                    hint="shorten the prompt, or raise context_length",
+                )
+            prompts.append(tokens)
+    staging = os.path.join(root, job.staging)
+    progress = os.path.join(staging, PROGRESS_NAME)
+    written = [0.0]
+
+    def report(done: int, total: int) -> None:  # whole, by rename: the builder reads it
+        now = time.monotonic()
+        if now - written[0] >= PROGRESS_EVERY or done == total:
+            written[0] = now
+            atomic_write_text(progress, f"{done}/{total} prompts", durable=False)
+
+    graphs = {stage: os.path.join(root, str(p)) for stage, p in dict(args["graphs"]).items()}
+    ranges = {stage: os.path.join(staging, ranges_name(stage)) for stage in graphs}
+    try:
+        counts = run_calibration(graphs, prompts, io, _method(str(args["method"])), ranges, report)
+    finally:
+        if os.path.exists(progress):
+            os.unlink(progress)
+    return {
+        "seconds": time.perf_counter() - t0,
+        "detail": {"prompts": len(prompts), "tensors": counts},
+        "versions": {**versions(), "onnxruntime-genai": dist_version("onnxruntime-genai")},
+    }
+
+
+_PROMPTS_HINT = "give .txt files of prompts, one a line, in UTF-8"
+
+
+def quantize(job: Job, root: str) -> dict[str, Any]:
+    """In the worker: write one graph's QDQ graph from its ranges."""
+    from epbuild.llm.quantize import quantize_graph  # imports onnx: the worker's only
+
+    t0 = time.perf_counter()
+    args = job.payload
+    label = str(args["label"])
+    output = os.path.join(root, job.staging, str(args["output"]))
+    try:
+        qdq = quantize_graph(
+            os.path.join(root, str(args["graph"])),
+            os.path.join(root, str(args["ranges"])),
+            output,
+            dict(args["settings"]),
+            label,
+        )
+    except ModelError:
+        raise
+    except Exception as exc:
+        raise ModelError(
+            f"{label}: ONNX Runtime's quantizer failed: {type(exc).__name__}: {exc}",
+            hint=_quantize_hint(exc),
+        ) from exc
+    return {
+        "seconds": time.perf_counter() - t0,
+        "detail": {"qdq_nodes": qdq},
+        "versions": versions(),
+    }

@@ -1,0 +1,235 @@
+"""Calibration feeds of an LLM's static graphs: text prompts, tokenized with the source's
+own tokenizer (onnxruntime-genai's), run through the float ``context`` and ``iterator``
+graphs on the CPU exactly as genai's ``decoder-pipeline`` runs them on the device, so that
+the feeds a calibration sees are the graphs' real inputs, KV cache included.
+
+The recipe genai follows (measured: the CPU tokens of the static graphs fed this way are
+genai's CPU tokens of the source): the prompt left-aligned and padded with the pad token to
+whole windows; each window run by the context graph with ``past_seq_len = [[end - 1]]`` and
+``total_seq_len = [end]`` (``end``: the window's last position + 1); then each generated
+token run by the iterator graph at its position ``pos`` with ``past_seq_len = [[pos]]`` and
+``total_seq_len = [pos + 1]``; one fixed-size KV cache throughout, each graph's ``present``
+outputs fed back as the next run's ``past`` inputs.
+
+Imports numpy and onnxruntime (and onnxruntime-genai to tokenize): call it from a worker.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+from epbuild._dataclass import dataclass
+from epbuild.llm.genai_config import PAST_SEQ_LEN, TOTAL_SEQ_LEN, io_names
+from epbuild.quant.work import _canonical
+
+if TYPE_CHECKING:
+    import numpy as np
+
+CONTEXT = "context"
+ITERATOR = "iterator"
+GENERATED = 16
+"""Tokens each prompt is continued by (greedily, with the float graphs), whose iterator
+runs are calibration feeds too (fewer where the KV cache ends first)."""
+CHUNK = 16
+"""Feeds of one graph whose activations a calibration holds at once (folded into the
+ranges chunk by chunk, as ``quant.work`` does)."""
+EXCLUDED_OPS = ("Cast",)
+"""Op types ONNX Runtime's QNN config leaves unquantized (its ``OP_TYPES_TO_EXCLUDE``):
+every other op's tensors are calibrated, ``GroupQueryAttention``'s KV cache included."""
+
+
+def tokenize(folder: str, prompts: Sequence[str]) -> list[list[int]]:
+    """Each prompt's token ids, by the tokenizer of the genai model ``folder`` (genai's
+    own: the ids genai feeds the package)."""
+    import onnxruntime_genai as og
+
+    tokenizer = og.Tokenizer(og.Config(folder))
+    return [[int(t) for t in tokenizer.encode(p)] for p in prompts]
+
+
+@dataclass(frozen=True)
+class StaticIo:
+    """The static graphs' names and sizes a feed needs."""
+
+    window: int
+    """The context graph's tokens per run."""
+    context_length: int
+    """The KV cache's length."""
+    pad_token: int
+    """What pads a prompt to whole windows (genai pads with the config's ``pad_token_id``)."""
+    kv: tuple[tuple[str, str], ...]
+    """(past input, present output) of each KV-cache tensor."""
+    input_ids: str = "input_ids"
+    logits: str = "logits"
+
+    def fits(self, tokens: int) -> int:
+        """How many tokens a prompt of ``tokens`` may be continued by (<= 0: none: its
+        padded windows fill the KV cache)."""
+        padded = -(-tokens // self.window) * self.window
+        return min(GENERATED, self.context_length - max(padded, tokens))
+
+
+def _int32(value: int, shape: tuple[int, ...]) -> np.ndarray:
+    import numpy as np
+
+    return np.full(shape, value, dtype=np.int32)
+
+
+def run_prompt(
+    context: Any, iterator: Any, tokens: Sequence[int], io: StaticIo, generate: int
+) -> Iterator[tuple[str, dict[str, np.ndarray], int]]:
+    """Run one prompt as genai does: yields each run's graph name, feed and the token the
+    run chose greedily (the context graph's last window chooses the first new token), then
+    continues by ``generate`` tokens. ``context``/``iterator``: ORT sessions of the float
+    graphs (``run(None, feed)``)."""
+    import numpy as np
+
+    past = {
+        name: np.zeros(tuple(shape), dtype=np.float32)
+        for name, shape in _kv_shapes(context, io).items()
+    }
+    last = len(tokens) - 1
+    chosen = 0
+    for start in range(0, len(tokens), io.window):
+        end = start + io.window
+        chunk = list(tokens[start:end]) + [io.pad_token] * max(0, end - len(tokens))
+        feed = {
+            io.input_ids: np.asarray([chunk], dtype=np.int64),
+            PAST_SEQ_LEN: _int32(end - 1, (1, 1)),
+            TOTAL_SEQ_LEN: _int32(end, (1,)),
+            **past,
+        }
+        logits, past = _step(context, feed, io)
+        if start <= last < end:
+            chosen = int(np.argmax(logits[0, last - start]))
+        yield CONTEXT, feed, chosen
+    pos = len(tokens)
+    for _ in range(generate):
+        feed = {
+            io.input_ids: np.asarray([[chosen]], dtype=np.int64),
+            PAST_SEQ_LEN: _int32(pos, (1, 1)),
+            TOTAL_SEQ_LEN: _int32(pos + 1, (1,)),
+            **past,
+        }
+        logits, past = _step(iterator, feed, io)
+        chosen = int(np.argmax(logits[0, -1]))
+        yield ITERATOR, feed, chosen
+        pos += 1
+
+
+def _kv_shapes(session: Any, io: StaticIo) -> dict[str, list[int]]:
+    shapes = {i.name: i.shape for i in session.get_inputs()}
+    return {past: shapes[past] for past, _ in io.kv}
+
+
+def _step(
+    session: Any, feed: dict[str, np.ndarray], io: StaticIo
+) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+    names = [io.logits, *(present for _, present in io.kv)]
+    outputs = session.run(names, feed)
+    return outputs[0], {past: out for (past, _), out in zip(io.kv, outputs[1:], strict=True)}
+
+
+def greedy(
+    context: Any, iterator: Any, tokens: Sequence[int], io: StaticIo, generate: int
+) -> list[int]:
+    """The tokens the float static graphs generate from ``tokens`` (the first from the
+    prompt's last window, then ``generate - 1`` by the iterator)."""
+    chosen = [t for graph, _, t in run_prompt(context, iterator, tokens, io, generate - 1)]
+    windows = -(-len(tokens) // io.window)
+    return chosen[windows - 1 :]
+
+
+def cpu_session(path: str) -> Any:
+    """An ORT CPU session of one graph (what calibration runs)."""
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.log_severity_level = 3
+    return ort.InferenceSession(os.fspath(path), options, providers=["CPUExecutionProvider"])
+
+
+def static_io(config: Mapping[str, Any], window: int, context_length: int) -> StaticIo:
+    """The static graphs' names and pad token, from the source's ``genai_config.json``."""
+    model = config["model"]
+    inputs, outputs = io_names(model["decoder"])
+    pad = model.get("pad_token_id", 0)
+    pad = pad[0] if isinstance(pad, list) and pad else pad
+    past = inputs[3:]  # input_ids, past_seq_len, total_seq_len, then the KV cache
+    return StaticIo(
+        window,
+        context_length,
+        int(pad) if isinstance(pad, int) else 0,
+        tuple(zip(past, outputs[1:], strict=True)),
+        input_ids=inputs[0],
+        logits=outputs[0],
+    )
+
+
+def calibrate(
+    graphs: Mapping[str, str],
+    prompts: Sequence[Sequence[int]],
+    io: StaticIo,
+    method: Any,
+    ranges: Mapping[str, str],
+    progress: Callable[[int, int], None] | None = None,
+) -> dict[str, int]:
+    """Calibrate the float static graphs (``graphs``: ``context``/``iterator`` → path) on
+    the tokenized ``prompts``, each run as genai runs it (``run_prompt``) and continued by
+    up to ``GENERATED`` tokens; write each graph's ranges (ORT's calibration cache, tensors
+    in name order) at ``ranges[graph]``; returns each graph's count of calibrated tensors.
+    ``method``: ORT's ``CalibrationMethod``."""
+    import onnx
+    from onnxruntime.quantization import CalibrationDataReader, save_tensors_data
+    from onnxruntime.quantization.calibrate import create_calibrator
+
+    from epbuild.llm.quantize import infer_shapes, save_graph
+
+    class Chunk(CalibrationDataReader):  # type: ignore[misc]
+        def __init__(self, feeds: list[dict[str, np.ndarray]]) -> None:
+            self.feeds = iter(feeds)
+
+        def get_next(self) -> Any:
+            return next(self.feeds, None)
+
+    with tempfile.TemporaryDirectory(prefix="epbuild-llmcalib-") as tmp:
+        calibrators = {}
+        for graph, path in graphs.items():
+            model = infer_shapes(onnx.load(path))
+            ops = sorted({n.op_type for n in model.graph.node} - set(EXCLUDED_OPS))
+            inferred = os.path.join(tmp, f"{graph}.onnx")
+            save_graph(model, inferred)
+            del model
+            calibrators[graph] = create_calibrator(
+                inferred,
+                ops,
+                augmented_model_path=os.path.join(tmp, f"{graph}.augmented.onnx"),
+                calibrate_method=method,
+                use_external_data_format=True,
+                providers=["CPUExecutionProvider"],
+            )
+        sessions = {graph: cpu_session(path) for graph, path in graphs.items()}
+        pending: dict[str, list[dict[str, np.ndarray]]] = {g: [] for g in graphs}
+        for done, tokens in enumerate(prompts, 1):
+            runs = run_prompt(
+                sessions[CONTEXT], sessions[ITERATOR], tokens, io, io.fits(len(tokens))
+            )
+            for graph, feed, _ in runs:
+                pending[graph].append(feed)
+                if len(pending[graph]) >= CHUNK:
+                    calibrators[graph].collect_data(Chunk(pending[graph]))
+                    pending[graph] = []
+            if progress is not None:
+                progress(done, len(prompts))
+        counts = {}
+        for graph, calibrator in calibrators.items():
+            if pending[graph]:
+                calibrator.collect_data(Chunk(pending[graph]))
+            found = calibrator.compute_data()
+            save_tensors_data(found, ranges[graph])
+            _canonical(ranges[graph])
+            counts[graph] = len(found.data)
+    return counts

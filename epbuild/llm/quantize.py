@@ -1,0 +1,134 @@
+"""One static LLM graph (``epbuild.llm.static``) made a QDQ graph the QNN EP compiles into
+one EPContext node, from its calibrated ranges, through ONNX Runtime's QNN quantization
+config, past the two traps measured on these graphs:
+
+- ONNX's shape inference stops at ``GroupQueryAttention`` (a contrib op), and the quantizer
+  skips every tensor whose type it does not know: the graph is first given every tensor's
+  type and shape by ORT's symbolic shape inference (``auto_merge``), for the calibration and
+  the quantization alike (``infer_shapes``);
+- the quantizer renames ``GroupQueryAttention``'s inputs and outputs (``X`` becomes
+  ``X_DequantizeLinear_Output`` / ``X_QuantizeLinear_Input``) without their shapes, and the
+  QNN EP refuses a node whose input has none ("Cannot get shape"), leaving every attention
+  on the CPU: the float tensors' shapes are copied onto them (``restore_shapes``).
+
+Imports onnx and onnxruntime: call it from a worker.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from collections.abc import Mapping
+from typing import Any
+
+import onnx
+
+from epbuild.quant.work import _check_names, _config, _qtype, _quantize
+
+QDQ_OPS = ("QuantizeLinear", "DequantizeLinear")
+RENAMED = ("_DequantizeLinear_Output", "_QuantizeLinear_Input")
+"""Suffixes ONNX Runtime's quantizer gives the float tensors it puts a Q/DQ pair on."""
+
+
+def infer_shapes(model: onnx.ModelProto) -> onnx.ModelProto:
+    """``model`` with every tensor's type and shape (symbolic shape inference, which knows
+    ORT's contrib ops)."""
+    from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference
+
+    inferred: onnx.ModelProto = SymbolicShapeInference.infer_shapes(model, auto_merge=True)
+    return inferred
+
+
+def save_graph(model: onnx.ModelProto, path: str) -> None:
+    """Write ``model`` with its weights in one external-data file beside it
+    (``<name>.data``), as the prepared graphs are (replacing one written before)."""
+    data = path + ".data"
+    if os.path.lexists(data):  # onnx refuses to write over it
+        os.unlink(data)
+    onnx.save(
+        model,
+        path,
+        save_as_external_data=True,
+        all_tensors_to_one_file=True,
+        location=os.path.basename(path) + ".data",
+    )
+
+
+def restore_shapes(qdq: onnx.ModelProto, floating: onnx.ModelProto) -> int:
+    """Give each tensor the quantizer renamed without a type (``RENAMED``) the float
+    tensor's type and shape (from ``floating``, the inferred float graph); returns how many
+    it gave."""
+    graph = qdq.graph
+    known = {v.name for v in (*graph.value_info, *graph.input, *graph.output)}
+    known |= {t.name for t in graph.initializer}
+    values = {v.name: v for v in (*floating.graph.value_info, *floating.graph.input)}
+    values.update({v.name: v for v in floating.graph.output})
+    weights = {t.name: t for t in floating.graph.initializer}
+    added = 0
+    for node in graph.node:
+        for name in (*node.input, *node.output):
+            if not name or name in known:
+                continue
+            original = next((name[: -len(s)] for s in RENAMED if name.endswith(s)), None)
+            if original in values:
+                value = onnx.ValueInfoProto()
+                value.CopyFrom(values[original])
+                value.name = name
+            elif original in weights:
+                weight = weights[original]
+                value = onnx.helper.make_tensor_value_info(name, weight.data_type, weight.dims)
+            else:
+                continue
+            graph.value_info.append(value)
+            known.add(name)
+            added += 1
+    return added
+
+
+def per_channel_matmuls(
+    model: onnx.ModelProto, extra_options: dict[str, Any], settings: Mapping[str, Any]
+) -> int:
+    """Quantize each MatMul weight per output channel (axis 1), symmetric: ORT's QNN
+    config keeps MatMul weights per tensor even with ``per_channel`` (its Conv weights
+    only follow it), while an LLM's weights are MatMuls; the HTP runs these (measured:
+    int8 and uint8 per channel generate the float model's tokens). A tensor in
+    ``overrides`` keeps its type there. Returns the count of weights."""
+    weights = {t.name for t in model.graph.initializer}
+    overrides = extra_options.setdefault("TensorQuantOverrides", {})
+    types = dict(settings["overrides"])
+    count = 0
+    for node in model.graph.node:
+        if node.op_type != "MatMul" or len(node.input) < 2 or node.input[1] not in weights:
+            continue
+        name = node.input[1]
+        kind = _qtype(types.get(name, settings["weights"]))
+        overrides[name] = [{"quant_type": kind, "symmetric": True, "axis": 1}]
+        count += 1
+    return count
+
+
+def quantize_graph(
+    source: str, ranges: str, output: str, settings: Mapping[str, Any], label: str
+) -> int:
+    """Write the QDQ graph of the float static graph ``source`` at ``output`` (external data
+    beside it) from the calibration's ``ranges`` (ORT's calibration cache) with
+    ``settings`` (``activations``, ``weights``, ``per_channel``, ``method``, ``exclude``,
+    ``overrides``: the manifest's); returns its count of Q/DQ nodes. ``label`` names the
+    graph and recipe in a ``ModelError`` (a name the graph lacks)."""
+    floating = infer_shapes(onnx.load(source))
+    _check_names(floating, label, list(settings["exclude"]), dict(settings["overrides"]))
+    with tempfile.TemporaryDirectory(prefix="epbuild-llmquant-") as tmp:
+        inferred = os.path.join(tmp, "float.onnx")
+        save_graph(floating, inferred)
+        cache = os.path.join(tmp, "ranges.json")  # ORT may rewrite a cache: never the committed one
+        shutil.copyfile(ranges, cache)
+        written = os.path.join(tmp, "qdq.onnx")
+        config = _config(inferred, {**settings, "flavour": "qnn"})
+        if settings["per_channel"]:
+            per_channel_matmuls(floating, config.extra_options, settings)
+        _quantize(inferred, written, cache, config, True)
+        qdq = onnx.load(written)
+    restore_shapes(qdq, floating)
+    save_graph(qdq, output)
+    return sum(1 for n in qdq.graph.node if n.op_type in QDQ_OPS)
