@@ -108,7 +108,7 @@ def _model_paths(data: dict[str, object]) -> list[str]:
 
 
 def _workspace(root: Path, data: dict[str, object]) -> None:
-    """The files a manifest names: tiny models, an LLM folder, numerics samples."""
+    """The files a manifest names: tiny models, an LLM folder, numerics samples, prompts."""
     for rel in _model_paths(data):
         path = root / rel
         if not path.exists():
@@ -129,7 +129,10 @@ def _workspace(root: Path, data: dict[str, object]) -> None:
             for rel in [recipe[key]] if isinstance(recipe.get(key), str) else recipe.get(key, []):
                 path = root / re.sub(r"[*?]", "a", rel)
                 path.parent.mkdir(parents=True, exist_ok=True)
-                np.savez(path, x=np.zeros((1, 32), dtype=np.float32))
+                if path.suffix == ".txt":  # an LLM's calibration: text prompts
+                    path.write_text("The quick brown fox\n", encoding="utf-8")
+                else:
+                    np.savez(path, x=np.zeros((1, 32), dtype=np.float32))
 
 
 @pytest.mark.parametrize("snippet", TOML, ids=_ids(TOML))

@@ -95,8 +95,10 @@ def llm_preparations(request: GraphRequest) -> list[PrepareAction]:
     return [prepare_action(llm, state_dir) for llm in llms.values() if llm.form == DECODER]
 
 
-def llm_quantizations(manifest: Manifest) -> list[LlmCalibrateAction | LlmQuantizeAction]:
-    """The calibration and the graphs' quantizations of each quantized LLM entry."""
+def llm_quantizations(request: GraphRequest) -> list[LlmCalibrateAction | LlmQuantizeAction]:
+    """The calibration and the graphs' quantizations of each quantized LLM entry (the LLM
+    quantize kind's actions, with their calibrations)."""
+    manifest = request.manifest
     state_dir = manifest.workspace.state_dir
     actions: list[LlmCalibrateAction | LlmQuantizeAction] = []
     for llm in manifest.llms.values():
