@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 import shutil
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +16,7 @@ from conftest import Workspace, write_simple
 from epbuild.results import Outcome
 
 TESTS = Path(__file__).parent
+BuiltOnce = Callable[[str, Callable[[Workspace], None], Workspace], Workspace]
 
 
 @pytest.fixture
@@ -190,14 +191,13 @@ def test_a_checkout_with_a_cache_restores_the_preparation_and_never_runs_it(
     ).read_bytes()
 
 
-def test_a_preparation_with_the_same_graphs_compiles_nothing(workspace: Workspace) -> None:
+def test_a_preparation_with_the_same_graphs_compiles_nothing(llm_built: Workspace) -> None:
     """Early cutoff on a real preparation: a node the static graphs drop (dead code in the
     source) prepares again, and the compiles stay up to date."""
     import onnx
     from onnx import helper
 
-    workspace.llm()
-    assert workspace.cli("build").returncode == 0
+    workspace = llm_built  # workspace.llm() built once per session, copied
     source = workspace.root / "models" / "tiny" / "model.onnx"
     model = onnx.load(source, load_external_data=False)
     model.graph.node.append(helper.make_node("Identity", [model.graph.input[0].name], ["dead"]))
@@ -231,10 +231,9 @@ def test_cache_entries_and_journal_records_share_one_record_and_codec() -> None:
 
 
 def test_an_edited_or_missing_package_file_is_named_refused_and_repaired(
-    workspace: Workspace,
+    llm_built: Workspace,
 ) -> None:
-    workspace.llm()
-    assert workspace.cli("build").returncode == 0
+    workspace = llm_built  # workspace.llm() built once per session, copied
     out = workspace.root / "build" / "chat" / "htp-v73"
     good = (out / "genai_config.json").read_bytes()
     (out / "genai_config.json").write_text(good.decode().replace('"top_k"', '"top_p"'))
@@ -254,15 +253,26 @@ def test_an_edited_or_missing_package_file_is_named_refused_and_repaired(
     assert (out / "genai_config.json").read_bytes() == good and (out / "tokenizer.json").is_file()
 
 
-def test_clean_orphaned_removes_only_what_no_action_owns(workspace: Workspace) -> None:
-    """Switching an LLM to share_weights leaves the iterator's binary behind, referenced by
-    nothing: status says how much it holds, clean --orphaned removes it and nothing else."""
+def _build_switched_to_sharing(workspace: Workspace) -> None:
+    """An LLM built without share_weights, then with it: the iterator's binary is left."""
     workspace.llm(share=False)
     assert workspace.cli("build").returncode == 0
-    out = workspace.root / "build" / "chat" / "htp-v73"
-    left = out / "iterator_ctx_qnn.bin"
     workspace.llm(share=True)
     assert workspace.cli("build").returncode == 0
+
+
+@pytest.fixture
+def switched(built_once: BuiltOnce, workspace: Workspace) -> Workspace:
+    """``_build_switched_to_sharing`` made once per session: the test's own copy."""
+    return built_once("llm-switched-to-sharing", _build_switched_to_sharing, workspace)
+
+
+def test_clean_orphaned_removes_only_what_no_action_owns(switched: Workspace) -> None:
+    """Switching an LLM to share_weights leaves the iterator's binary behind, referenced by
+    nothing: status says how much it holds, clean --orphaned removes it and nothing else."""
+    workspace = switched  # built without share_weights, then with it (once per session)
+    out = workspace.root / "build" / "chat" / "htp-v73"
+    left = out / "iterator_ctx_qnn.bin"
     before = sorted(p.name for p in out.iterdir())
     doc = workspace.cli_json("status")
     assert doc["orphaned"] == ["chat/htp-v73/context", "chat/htp-v73/iterator"]
@@ -297,14 +307,11 @@ def test_the_html_report_draws_the_graph_with_states_and_times(
     assert "lowered in " in svg and "compiled in " in svg
 
 
-def test_two_clean_orphaned_at_once_remove_the_file_once(workspace: Workspace) -> None:
+def test_two_clean_orphaned_at_once_remove_the_file_once(switched: Workspace) -> None:
     import subprocess
     import sys
 
-    workspace.llm(share=False)
-    assert workspace.cli("build").returncode == 0
-    workspace.llm(share=True)
-    assert workspace.cli("build").returncode == 0
+    workspace = switched  # built without share_weights, then with it (once per session)
     command = [sys.executable, "-m", "epbuild", "-C", str(workspace.root), "clean",
                "--orphaned", "--json"]  # fmt: skip
     procs = [subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE,

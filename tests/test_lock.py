@@ -307,6 +307,11 @@ REAL_TOOLCHAINS = os.environ.get("EPBUILD_TOOLCHAINS") or os.path.join(
 OpenVINO environment is made there once per machine, as in test_toolchain.py."""
 
 
+# Makes (or reuses) the real OpenVINO toolchain with pip, as test_toolchain.py's slow tests do.
+# Fast: the keys from the lock where the EP is absent (test_a_machine_without_the_ep_takes_its_
+# keys_from_the_lock), no toolchain made by status (test_toolchain.py's
+# test_status_does_not_make_toolchains), a lock entry naming the toolchain (above).
+@pytest.mark.slow
 def test_fresh_clone_restores_a_toolchain_provider_from_the_lock_without_making_it(
     workspace: Workspace, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
