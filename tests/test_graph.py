@@ -71,9 +71,9 @@ def test_a_toy_kind_builds_caches_restores_and_shows_in_status(
 
 
 def test_early_cutoff_an_upstream_rerun_with_the_same_bytes_rebuilds_nothing_downstream(
-    toy: None, workspace: Workspace
+    toy: None, simple_built: Workspace
 ) -> None:
-    write_simple(workspace)
+    workspace = simple_built  # write_simple's workspace built once per session, copied
     (workspace.root / "notes.txt").write_text("Hello World")
     assert workspace.build().ok
     (workspace.root / "notes.txt").write_text("HELLO WORLD")  # the same lower-cased copy
@@ -288,11 +288,11 @@ def test_clean_orphaned_removes_only_what_no_action_owns(switched: Workspace) ->
 
 
 def test_the_html_report_draws_the_graph_with_states_and_times(
-    toy: None, workspace: Workspace, tmp_path: Path
+    toy: None, simple_built: Workspace, tmp_path: Path
 ) -> None:
     from epbuild.inspection.html import write_html_report
 
-    write_simple(workspace)
+    workspace = simple_built  # write_simple's workspace built once per session, copied
     (workspace.root / "notes.txt").write_text("Hello")
     assert workspace.build().ok
     (workspace.root / "notes.txt").write_text("Hello again")  # both toy actions go stale
