@@ -71,7 +71,7 @@ def test_a_toy_kind_builds_caches_restores_and_shows_in_status(
 
 
 def test_early_cutoff_an_upstream_rerun_with_the_same_bytes_rebuilds_nothing_downstream(
-    toy: None, simple_built: Workspace
+    simple_built: Workspace, toy: None
 ) -> None:
     workspace = simple_built  # write_simple's workspace built once per session, copied
     (workspace.root / "notes.txt").write_text("Hello World")
@@ -288,7 +288,7 @@ def test_clean_orphaned_removes_only_what_no_action_owns(switched: Workspace) ->
 
 
 def test_the_html_report_draws_the_graph_with_states_and_times(
-    toy: None, simple_built: Workspace, tmp_path: Path
+    simple_built: Workspace, toy: None, tmp_path: Path
 ) -> None:
     from epbuild.inspection.html import write_html_report
 
