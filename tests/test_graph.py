@@ -5,6 +5,7 @@ preparation on the graph (restored, never re-run, by a checkout that has a cache
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -26,7 +27,8 @@ def toy(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
 
     from epbuild.kinds.contract import register, unregister
 
-    monkeypatch.setenv("PYTHONPATH", str(TESTS))
+    search = [str(TESTS), os.environ.get("PYTHONPATH", "")]  # a checkout on it stays first
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, search)))
     register(toykind.LOWER, toykind.toy_actions)
     register(toykind.COUNT)
     try:
