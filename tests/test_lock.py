@@ -375,10 +375,9 @@ def test_a_toolchain_not_made_yet_takes_its_keys_from_the_lock(
             "groups": {"g": {"models": ["models/a.onnx"], "providers": ["ov"]}},
         }
     )
-    env = EnvironmentLock(
-        "ov", "3.11.7", machine_platform(), {"numpy": Distribution("2.4.6", "ab" * 32)},
-        requirements=("onnxruntime-openvino==1.24.1",),
-    )  # fmt: skip
+    numpy = {"numpy": Distribution("2.4.6", "ab" * 32)}
+    requirements = ("onnxruntime-openvino==1.24.1",)
+    env = EnvironmentLock("ov", "3.11.7", machine_platform(), numpy, requirements=requirements)
     pinned = {"onnxruntime-openvino": "1.24.1", ORT_KEY: "1.24.1", "python": "3.11.7"}
     lock = Lock({"ov": env}, {"ov": ProviderLock("ov", "openvino", "ov", pinned)})
     (workspace.root / LOCK_NAME).write_text(lock.to_toml())
