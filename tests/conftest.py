@@ -276,3 +276,18 @@ def simple_built(
     compiles saved per test). Its first status or build re-hashes (new inodes) and finds
     everything up to date."""
     return built_once("simple", _build_simple, workspace)
+
+
+def _build_llm(ws: Workspace) -> None:
+    ws.llm()
+    ws.cli("build", check=True)
+
+
+@pytest.fixture
+def llm_built(
+    built_once: Callable[[str, Callable[[Workspace], None], Workspace], Workspace],
+    workspace: Workspace,
+) -> Workspace:
+    """``workspace.llm()`` built (prepared, two compiles, packaged): the test's own copy of a
+    build made once per session."""
+    return built_once("llm", _build_llm, workspace)

@@ -13,6 +13,10 @@ from epbuild.llm.generate import genai_installed
 SCRIPT = Path(__file__).resolve().parent.parent / "benchmarks" / "bench_genai.py"
 
 
+# A benchmark's whole pipeline (a cold build, two re-builds, generation on the CPU and the
+# emulated HTP). Fast: the builds in test_llm_build.py test_unshared_build_noop_and_rebuilds,
+# the generation in test_llm_pipeline.py test_verify_generate_matches_the_source.
+@pytest.mark.slow
 @pytest.mark.skipif(not genai_installed(), reason="pip install -e '.[genai]'")
 def test_bench_genai_reports_its_figures() -> None:
     proc = subprocess.run(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import functools
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parent.parent / "epbuild"
@@ -19,7 +20,9 @@ RENAMES_ALLOWED = {
 }
 
 
+@functools.cache
 def _modules() -> list[tuple[str, ast.Module]]:
+    """Every module of epbuild parsed, once per test process (the rules only read the trees)."""
     found = []
     for path in sorted(PACKAGE.rglob("*.py")):
         rel = path.relative_to(PACKAGE).as_posix()

@@ -5,8 +5,9 @@ preparation on the graph (restored, never re-run, by a checkout that has a cache
 from __future__ import annotations
 
 import json
+import os
 import shutil
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +17,7 @@ from conftest import Workspace, write_simple
 from epbuild.results import Outcome
 
 TESTS = Path(__file__).parent
+BuiltOnce = Callable[[str, Callable[[Workspace], None], Workspace], Workspace]
 
 
 @pytest.fixture
@@ -25,7 +27,8 @@ def toy(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
 
     from epbuild.kinds.contract import register, unregister
 
-    monkeypatch.setenv("PYTHONPATH", str(TESTS))
+    search = [str(TESTS), os.environ.get("PYTHONPATH", "")]  # a checkout on it stays first
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, search)))
     register(toykind.LOWER, toykind.toy_actions)
     register(toykind.COUNT)
     try:
@@ -70,9 +73,9 @@ def test_a_toy_kind_builds_caches_restores_and_shows_in_status(
 
 
 def test_early_cutoff_an_upstream_rerun_with_the_same_bytes_rebuilds_nothing_downstream(
-    toy: None, workspace: Workspace
+    simple_built: Workspace, toy: None
 ) -> None:
-    write_simple(workspace)
+    workspace = simple_built  # write_simple's workspace built once per session, copied
     (workspace.root / "notes.txt").write_text("Hello World")
     assert workspace.build().ok
     (workspace.root / "notes.txt").write_text("HELLO WORLD")  # the same lower-cased copy
@@ -190,14 +193,13 @@ def test_a_checkout_with_a_cache_restores_the_preparation_and_never_runs_it(
     ).read_bytes()
 
 
-def test_a_preparation_with_the_same_graphs_compiles_nothing(workspace: Workspace) -> None:
+def test_a_preparation_with_the_same_graphs_compiles_nothing(llm_built: Workspace) -> None:
     """Early cutoff on a real preparation: a node the static graphs drop (dead code in the
     source) prepares again, and the compiles stay up to date."""
     import onnx
     from onnx import helper
 
-    workspace.llm()
-    assert workspace.cli("build").returncode == 0
+    workspace = llm_built  # workspace.llm() built once per session, copied
     source = workspace.root / "models" / "tiny" / "model.onnx"
     model = onnx.load(source, load_external_data=False)
     model.graph.node.append(helper.make_node("Identity", [model.graph.input[0].name], ["dead"]))
@@ -231,10 +233,9 @@ def test_cache_entries_and_journal_records_share_one_record_and_codec() -> None:
 
 
 def test_an_edited_or_missing_package_file_is_named_refused_and_repaired(
-    workspace: Workspace,
+    llm_built: Workspace,
 ) -> None:
-    workspace.llm()
-    assert workspace.cli("build").returncode == 0
+    workspace = llm_built  # workspace.llm() built once per session, copied
     out = workspace.root / "build" / "chat" / "htp-v73"
     good = (out / "genai_config.json").read_bytes()
     (out / "genai_config.json").write_text(good.decode().replace('"top_k"', '"top_p"'))
@@ -254,15 +255,26 @@ def test_an_edited_or_missing_package_file_is_named_refused_and_repaired(
     assert (out / "genai_config.json").read_bytes() == good and (out / "tokenizer.json").is_file()
 
 
-def test_clean_orphaned_removes_only_what_no_action_owns(workspace: Workspace) -> None:
-    """Switching an LLM to share_weights leaves the iterator's binary behind, referenced by
-    nothing: status says how much it holds, clean --orphaned removes it and nothing else."""
+def _build_switched_to_sharing(workspace: Workspace) -> None:
+    """An LLM built without share_weights, then with it: the iterator's binary is left."""
     workspace.llm(share=False)
     assert workspace.cli("build").returncode == 0
-    out = workspace.root / "build" / "chat" / "htp-v73"
-    left = out / "iterator_ctx_qnn.bin"
     workspace.llm(share=True)
     assert workspace.cli("build").returncode == 0
+
+
+@pytest.fixture
+def switched(built_once: BuiltOnce, workspace: Workspace) -> Workspace:
+    """``_build_switched_to_sharing`` made once per session: the test's own copy."""
+    return built_once("llm-switched-to-sharing", _build_switched_to_sharing, workspace)
+
+
+def test_clean_orphaned_removes_only_what_no_action_owns(switched: Workspace) -> None:
+    """Switching an LLM to share_weights leaves the iterator's binary behind, referenced by
+    nothing: status says how much it holds, clean --orphaned removes it and nothing else."""
+    workspace = switched  # built without share_weights, then with it (once per session)
+    out = workspace.root / "build" / "chat" / "htp-v73"
+    left = out / "iterator_ctx_qnn.bin"
     before = sorted(p.name for p in out.iterdir())
     doc = workspace.cli_json("status")
     assert doc["orphaned"] == ["chat/htp-v73/context", "chat/htp-v73/iterator"]
@@ -278,11 +290,11 @@ def test_clean_orphaned_removes_only_what_no_action_owns(workspace: Workspace) -
 
 
 def test_the_html_report_draws_the_graph_with_states_and_times(
-    toy: None, workspace: Workspace, tmp_path: Path
+    simple_built: Workspace, toy: None, tmp_path: Path
 ) -> None:
     from epbuild.inspection.html import write_html_report
 
-    write_simple(workspace)
+    workspace = simple_built  # write_simple's workspace built once per session, copied
     (workspace.root / "notes.txt").write_text("Hello")
     assert workspace.build().ok
     (workspace.root / "notes.txt").write_text("Hello again")  # both toy actions go stale
@@ -297,14 +309,11 @@ def test_the_html_report_draws_the_graph_with_states_and_times(
     assert "lowered in " in svg and "compiled in " in svg
 
 
-def test_two_clean_orphaned_at_once_remove_the_file_once(workspace: Workspace) -> None:
+def test_two_clean_orphaned_at_once_remove_the_file_once(switched: Workspace) -> None:
     import subprocess
     import sys
 
-    workspace.llm(share=False)
-    assert workspace.cli("build").returncode == 0
-    workspace.llm(share=True)
-    assert workspace.cli("build").returncode == 0
+    workspace = switched  # built without share_weights, then with it (once per session)
     command = [sys.executable, "-m", "epbuild", "-C", str(workspace.root), "clean",
                "--orphaned", "--json"]  # fmt: skip
     procs = [subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE,

@@ -8,7 +8,6 @@ import json
 import os
 import shutil
 import sys
-from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -18,18 +17,11 @@ from llmfixture import LLM_FIXTURES
 
 from epbuild.planning.noop import fast_noop
 
-BuiltOnce = Callable[[str, Callable[[Workspace], None], Workspace], Workspace]
-
-
-def _make(ws: Workspace) -> None:
-    ws.llm()
-    ws.cli("build", check=True)
-
 
 @pytest.fixture
-def llm_ws(built_once: BuiltOnce, workspace: Workspace) -> Workspace:
+def llm_ws(llm_built: Workspace) -> Workspace:
     """A built LLM workspace whose next build is answered by the fast path."""
-    ws = built_once("llm-noop", _make, workspace)
+    ws = llm_built  # workspace.llm() built once per session (conftest), copied
     ws.cli("build", check=True)  # all up to date: records the fingerprint
     assert fast_noop(str(ws.root), None, []) is not None
     return ws
@@ -43,13 +35,11 @@ def _compiled_or_written(ws: Workspace) -> None:
     assert fast_noop(str(ws.root), None, []) is not None
 
 
-def test_second_build_imports_neither_onnx_nor_onnxruntime(
-    built_once: BuiltOnce, workspace: Workspace
-) -> None:
+def test_second_build_imports_neither_onnx_nor_onnxruntime(llm_built: Workspace) -> None:
     """The build after the one that compiled plans without onnx or onnxruntime and records
     the fingerprint; the one after it answers from stats alone (epbuild.api not even
     imported)."""
-    ws = built_once("llm-noop", _make, workspace)
+    ws = llm_built
     code = (
         "import sys; from epbuild.frontends.cli import main; "
         "rc = main(['-C', sys.argv[1], 'build']); "

@@ -308,6 +308,11 @@ REAL_TOOLCHAINS = os.environ.get("EPBUILD_TOOLCHAINS") or os.path.join(
 OpenVINO environment is made there once per machine, as in test_toolchain.py."""
 
 
+# Makes (or reuses) the real OpenVINO toolchain with pip, as test_toolchain.py's slow tests do.
+# Fast: a toolchain not made yet keyed from the lock, nothing made
+# (test_a_toolchain_not_made_yet_takes_its_keys_from_the_lock, below), a lock entry naming
+# the toolchain (test_a_current_lock_entry_names_the_toolchain_and_prune_keeps_it).
+@pytest.mark.slow
 def test_fresh_clone_restores_a_toolchain_provider_from_the_lock_without_making_it(
     workspace: Workspace, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -352,6 +357,37 @@ def test_fresh_clone_restores_a_toolchain_provider_from_the_lock_without_making_
     made = [p.name for p in fresh.iterdir() if p.is_dir()] if fresh.exists() else []
     assert made == []  # no environment made, not even started
     assert (clone.root / "build/g/ov/a_ctx.onnx").is_file()
+
+
+def test_a_toolchain_not_made_yet_takes_its_keys_from_the_lock(
+    workspace: Workspace, private_toolchains: Path
+) -> None:
+    """The fresh clone's rule without pip: a ``requirements`` toolchain that is not made has
+    the key versions its current lock entry pins; ``cache key`` and ``status`` make
+    nothing."""
+    from epbuild.manifest.load import load_manifest
+    from epbuild.planning.keys import ORT_KEY, read_versions
+
+    workspace.model("models/a.onnx", matmul_model(1))
+    ov = {"ep": "openvino", "toolchain": {"requirements": ["onnxruntime-openvino==1.24.1"]}}
+    path = workspace.manifest(
+        {
+            "providers": {"ov": ov},
+            "groups": {"g": {"models": ["models/a.onnx"], "providers": ["ov"]}},
+        }
+    )
+    numpy = {"numpy": Distribution("2.4.6", "ab" * 32)}
+    requirements = ("onnxruntime-openvino==1.24.1",)
+    env = EnvironmentLock("ov", "3.11.7", machine_platform(), numpy, requirements=requirements)
+    pinned = {"onnxruntime-openvino": "1.24.1", ORT_KEY: "1.24.1", "python": "3.11.7"}
+    lock = Lock({"ov": env}, {"ov": ProviderLock("ov", "openvino", "ov", pinned)})
+    (workspace.root / LOCK_NAME).write_text(lock.to_toml())
+    cfg = load_manifest(path).providers["ov"]
+    assert read_versions(cfg, Toolchains(create=False)) == pinned
+    workspace.cli("cache", "key", check=True)
+    (action,) = workspace.cli_json("status")["actions"]
+    assert action["stale"] and action["id"] == "g/ov/a", action
+    assert not private_toolchains.exists() or not any(private_toolchains.iterdir())
 
 
 def test_build_json_names_what_differs_from_the_nearest_cache_entry(

@@ -10,6 +10,7 @@ from pathlib import Path
 import onnx
 import pytest
 from conftest import Workspace
+from modelgen import matmul_model
 
 from epbuild.errors import ManifestError
 from epbuild.llm.static import StaticShape, make_static
@@ -45,6 +46,10 @@ def _ctx_ops(ws: Workspace) -> list[str]:
     return [n.op_type for n in ctx.graph.node]
 
 
+# Three compiles of a decoder. Fast: an option file keyed by its content (below, on a tiny
+# model); a prepared LLM's affinity puts attention on the HTP (test_llm_build.py
+# test_unshared_build_noop_and_rebuilds: its ctx models are one EPContext node).
+@pytest.mark.slow
 def test_affinity_offloads_attention_and_is_keyed_by_content(workspace: Workspace) -> None:
     _workspace(workspace)
     workspace.manifest(_manifest(None))
@@ -64,6 +69,22 @@ def test_affinity_offloads_attention_and_is_keyed_by_content(workspace: Workspac
     assert "option file affinity.json changed" in reasons
     workspace.cli("build", check=True)
     assert "GroupQueryAttention" in _ctx_ops(workspace)
+
+
+def test_an_option_file_is_keyed_by_its_content(workspace: Workspace) -> None:
+    """The same bytes written again leave the action up to date; other bytes at the same
+    path make it stale, and status says which file changed."""
+    workspace.model("models/iterator.onnx", matmul_model(1))
+    affinity = workspace.root / "affinity.json"
+    affinity.write_text(json.dumps(HTP))
+    workspace.manifest(_manifest("affinity.json"))
+    assert workspace.cli_json("build")["summary"]["compiled"] == 1
+    affinity.write_text(json.dumps(HTP))  # a new mtime, the same content
+    (action,) = workspace.cli_json("status")["actions"]
+    assert not action["stale"], action
+    affinity.write_text(json.dumps({"op_type": {}}))
+    (action,) = workspace.cli_json("status")["actions"]
+    assert action["stale"] and "option file affinity.json changed" in action["reasons"], action
 
 
 def test_missing_affinity_file_names_the_line(workspace: Workspace) -> None:

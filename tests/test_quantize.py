@@ -22,6 +22,7 @@ from test_two_at_once import together
 CORPUS = Path(__file__).parent / "corpus"
 HTP79 = {"ep": "qnn", "options": {"htp_arch": "79", "soc_model": "69"}}
 QDQ = ("QuantizeLinear", "DequantizeLinear")
+BuiltOnce = Callable[[str, Callable[[Workspace], None], Workspace], Workspace]
 
 
 def samples(ws: Workspace, folder: str = "calib", n: int = 6, seed: int = 0, **feed: Any) -> None:
@@ -60,11 +61,26 @@ def manifest(ws: Workspace, recipe: dict[str, Any] | None = None, **group: Any) 
 @pytest.fixture
 def qws(workspace: Workspace) -> Workspace:
     """The corpus CNN in a quantized group for HTP v73 and v79, with six samples."""
+    return _write_qws(workspace)
+
+
+def _write_qws(workspace: Workspace) -> Workspace:
     (workspace.root / "models").mkdir(parents=True)
     shutil.copy(CORPUS / "cnn_torchscript.onnx", workspace.root / "models" / "cnn.onnx")
     samples(workspace)
     manifest(workspace)
     return workspace
+
+
+def _build_qws(ws: Workspace) -> None:
+    counts(_write_qws(ws))
+
+
+@pytest.fixture
+def qws_built(built_once: BuiltOnce, workspace: Workspace) -> Workspace:
+    """``qws`` built (one calibrate, one quantize, two compiles): the test's own copy of a
+    build made once per session."""
+    return built_once("quantize", _build_qws, workspace)
 
 
 def counts(ws: Workspace) -> dict[str, int]:
@@ -106,8 +122,8 @@ def test_one_calibrate_one_quantize_two_compiles(qws: Workspace) -> None:
     assert counts(qws) == {"up_to_date": 4}
 
 
-def test_edits_run_exactly_the_actions_they_concern(qws: Workspace) -> None:
-    counts(qws)
+def test_edits_run_exactly_the_actions_they_concern(qws_built: Workspace) -> None:
+    qws = qws_built  # built once per session (calibrated, quantized, compiled), copied
     manifest(qws, {"exclude": ["/8/Gemm"]})  # the head stays float: no calibration
     assert counts(qws) == {"quantized": 1, "compiled": 2, "up_to_date": 1}
     manifest(qws, {"exclude": ["/8/Gemm"], "weights": "int8"})
@@ -136,8 +152,8 @@ def test_a_sample_that_changes_nothing_calibrates_and_stops_there(qws: Workspace
     assert counts(qws) == {"calibrated": 1, "up_to_date": 3}  # early cutoff
 
 
-def test_a_clean_rebuild_gives_the_same_bytes(qws: Workspace) -> None:
-    counts(qws)
+def test_a_clean_rebuild_gives_the_same_bytes(qws_built: Workspace) -> None:
+    qws = qws_built  # built once per session (calibrated, quantized, compiled), copied
     first = digests(qws.root)
     shutil.rmtree(qws.root / "build")
     shutil.rmtree(qws.root / ".epbuild")
@@ -212,8 +228,8 @@ def test_a_bad_sample_is_named_and_nothing_is_committed(
     assert not (qws.root / "build/vision/quantized").exists()
 
 
-def test_a_wrong_sample_after_a_good_build_keeps_the_good_outputs(qws: Workspace) -> None:
-    counts(qws)
+def test_a_wrong_sample_after_a_good_build_keeps_the_good_outputs(qws_built: Workspace) -> None:
+    qws = qws_built  # built once per session (calibrated, quantized, compiled), copied
     before = digests(qws.root)
     _bad_sample("wrong shape")(qws)
     assert qws.cli("build").returncode == 2
@@ -293,7 +309,8 @@ def numerics(ws: Workspace) -> tuple[int, list[dict[str, Any]]]:
     return proc.returncode, json.loads(proc.stdout)["numerics"]
 
 
-def test_numerics_compare_with_the_float_source(qws: Workspace) -> None:
+def test_numerics_compare_with_the_float_source(qws_built: Workspace) -> None:
+    qws = qws_built  # built once per session, copied: the build below only re-hashes
     samples(qws, "val", n=4, seed=9)
     manifest(qws, {"validation": "val/*.npz", "check": {"min_sqnr_db": 20, "top1": 0.75}})
     counts(qws)
@@ -355,8 +372,8 @@ def test_add_quantization_and_add_model_quantize(workspace: Workspace) -> None:
     assert "(the QDQ model of models/cnn.onnx)" in detail
 
 
-def test_the_report_plots_sqnr_per_layer(qws: Workspace, tmp_path: Path) -> None:
-    counts(qws)
+def test_the_report_plots_sqnr_per_layer(qws_built: Workspace, tmp_path: Path) -> None:
+    qws = qws_built  # built once per session (calibrated, quantized, compiled), copied
     assert numerics(qws)[0] == 0
     page = tmp_path / "report.html"
     qws.cli("report", "-o", str(page), check=True)
@@ -395,6 +412,10 @@ def test_progress_a_job_writes_reaches_the_reporter(tmp_path: Path) -> None:
     ]
 
 
+# A whole pipeline (1,500 samples, then a full build). Fast: nothing of a calibration that
+# fails is committed (test_a_bad_sample_is_named_and_nothing_is_committed), Ctrl-C during a
+# compile cleans up (test_crash.py), a job's progress reaches the reporter (above).
+@pytest.mark.slow
 def test_ctrl_c_during_calibration_leaves_nothing_half_written(qws: Workspace) -> None:
     import signal
     import subprocess
@@ -439,13 +460,13 @@ def test_a_shared_group_is_keyed_alike_before_and_after_a_build(
     assert qws.cli("cache", "key", check=True).stdout != fresh
 
 
-def test_npy_samples_and_onnx_test_data_folders(qws: Workspace) -> None:
+def test_npy_samples_and_onnx_test_data_folders(qws_built: Workspace) -> None:
     """The other sample forms: ``.npy`` for a single-input model, and the ONNX model zoo's
     test-data folders (``test_data_set_N/input_0.pb``), named by their folder; the same
     arrays calibrate to the same ranges whatever form they come in."""
     from onnx import numpy_helper
 
-    counts(qws)
+    qws = qws_built  # built once per session (calibrated, quantized, compiled), copied
     ranges = (qws.root / ".epbuild/quant/vision/cnn/ranges.json").read_bytes()
     arrays = [np.load(p)["image"] for p in sorted((qws.root / "calib").glob("*.npz"))]
     (qws.root / "npy").mkdir()
@@ -464,8 +485,10 @@ def test_npy_samples_and_onnx_test_data_folders(qws: Workspace) -> None:
     assert proc.returncode == 2 and "zoo/test_data_set_0/input_0.pb" in proc.stderr, proc.stderr
 
 
-def test_status_detail_calls_a_compile_stale_while_its_quantization_is(qws: Workspace) -> None:
-    counts(qws)
+def test_status_detail_calls_a_compile_stale_while_its_quantization_is(
+    qws_built: Workspace,
+) -> None:
+    qws = qws_built  # built once per session (calibrated, quantized, compiled), copied
     manifest(qws, {"exclude": ["/8/Gemm"]})  # not built: the QDQ model is the old one
     detail = qws.cli("status", "--detail", check=True).stdout
     assert "vision/htp-v73/cnn  (stale;" in detail, detail

@@ -69,9 +69,8 @@ def test_trace_of_a_build(simple_ws: Callable[..., Workspace], tmp_path: Path) -
     assert (ws.root / ".epbuild" / "trace.json").is_file()
 
 
-def test_noop_build_writes_a_trace_too(simple_ws: Callable[..., Workspace],
-                                       tmp_path: Path) -> None:  # fmt: skip
-    ws = simple_ws()
+def test_noop_build_writes_a_trace_too(simple_built: Workspace, tmp_path: Path) -> None:
+    ws = simple_built  # built once per session, copied: this build only re-hashes
     assert ws.build().ok
     path = tmp_path / "noop.json"
     result = ws.build(trace=path)

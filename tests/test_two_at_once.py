@@ -131,7 +131,14 @@ def test_two_toolchain_prunes(simple_ws: Callable[..., Workspace], toolchain_dir
 
 
 @pytest.mark.parametrize(
-    "other", [("init", "--from", "models"), ("init",)], ids=["init-from", "init"]
+    "other",
+    [
+        ("init", "--from", "models"),
+        # Plain init holds the same manifest lock as init --from, whose race stays fast above;
+        # add's edits under that lock: test_add_layouts.py test_two_edits_at_once_both_land.
+        pytest.param(("init",), marks=pytest.mark.slow),
+    ],
+    ids=["init-from", "init"],
 )
 def test_init_from_and_another_init_at_once(tmp_path: Path, other: tuple[str, ...]) -> None:
     """``init --from`` holds the lock ``add`` holds across check and write: of two inits at

@@ -464,11 +464,11 @@ def test_polling_observer(
 
 
 def test_model_directory_removed_and_restored(
-    simple_ws: Callable[..., Workspace], watcher: Callable[..., Watcher], tmp_path: Path
+    simple_built: Workspace, watcher: Callable[..., Watcher], tmp_path: Path
 ) -> None:
     import shutil
 
-    ws = simple_ws()
+    ws = simple_built  # built once per session, copied: the first cycle only re-hashes
     models = ws.root / "models"
     w = watcher(ws.root)
     w.next()
