@@ -1,6 +1,10 @@
 """The LLM calibrate and quantize kinds: an ``[llms]`` entry with ``quantize = "<name>"``
 gets, after its static preparation, one calibration of both graphs and one quantization
-per graph, whose QDQ graphs its compile actions take instead of the float ones.
+per graph, whose QDQ graphs its compile actions take instead of the float ones. A decoder
+in ``parts`` gets one calibration of the chain of its parts (the CPU embeddings stage, then
+each part's graphs on what the parts before it give them) writing one ranges file per part
+graph, and one quantization per part graph: an edit in the last part changes no earlier
+part's graph or ranges, so their quantizations and compiles are cut off early.
 
 - ``llm-calibrate`` runs the text prompts of ``[quantization.<name>].calibration``, tokenized
   by the source's tokenizer, through the float static graphs on the CPU as genai runs them
@@ -29,12 +33,12 @@ from epbuild._names import PROGRESS_NAME
 from epbuild.errors import ModelError, UserError, VerificationError
 from epbuild.fs import atomic_write_text, is_safe_reference
 from epbuild.kinds.contract import BaseKind, Checked, Reported, RunContext, Wording
-from epbuild.kinds.prepare import LlmStep, PrepareAction
+from epbuild.kinds.prepare import LlmStep, PrepareAction, graph_stages
 from epbuild.llm.calibrate import GENERATED, static_io, tokenize
 from epbuild.llm.calibrate import calibrate as run_calibration
 from epbuild.llm.genai_schema import GENAI_CONFIG
 from epbuild.llm.package import source_files
-from epbuild.llm.prepare import STAGES
+from epbuild.llm.parts import EMBEDDING_FILES
 from epbuild.llm.prompts import PromptError, read_prompts
 from epbuild.manifest.model import Llm, Quantization
 from epbuild.onnx.proto import ProtoError, read_model
@@ -82,13 +86,23 @@ class LlmCalibrateAction(LlmStep):
 
     @property
     def graphs(self) -> dict[str, str]:
-        """Graph name → workspace-relative prepared float graph, in session order."""
-        return {stage: g for (stage, _), g in zip(STAGES, self.prepare.graphs, strict=True)}
+        """Graph name → workspace-relative prepared float graph, in session order (each
+        part's, for a decoder in parts)."""
+        stages = graph_stages(self.llm.parts)
+        return dict(zip(stages, self.prepare.graphs, strict=True))
+
+    @property
+    def embeddings(self) -> str | None:
+        """Workspace-relative CPU embeddings stage that feeds the parts (None: one part)."""
+        if self.llm.parts == 1:
+            return None
+        return posixpath.join(self.prepare.out_dir, EMBEDDING_FILES[0])
 
     @property
     def ranges(self) -> dict[str, str]:
         """Graph name → workspace-relative ranges it writes."""
-        return {stage: posixpath.join(self.out_dir, ranges_name(stage)) for stage, _ in STAGES}
+        stages = graph_stages(self.llm.parts)
+        return {stage: posixpath.join(self.out_dir, ranges_name(stage)) for stage in stages}
 
     @property
     def label(self) -> str:
@@ -145,7 +159,7 @@ def llm_quant_actions(
             calibrate,
             posixpath.join(folder, QUANTIZED),
         )
-        for stage, _ in STAGES
+        for stage in graph_stages(llm.parts)
     )
     return calibrate, quantize
 
@@ -169,6 +183,8 @@ class LlmCalibrateKind(BaseKind):
         inputs: dict[str, str] = {}
         for graph in action.graphs.values():
             inputs.update(keys.model_digests(graph, fresh=fresh))
+        if action.embeddings is not None:
+            inputs.update(keys.model_digests(action.embeddings, fresh=fresh))
         for rel in action.recipe.calibration:
             inputs[rel] = keys.input_digest(
                 rel, f"prompts file of {action.label}", "restore it, or fix the calibration entry"
@@ -189,7 +205,9 @@ class LlmCalibrateKind(BaseKind):
     def payload(
         self, action: LlmCalibrateAction, key: ActionKey, ctx: RunContext
     ) -> dict[str, Any]:
+        more = {} if action.embeddings is None else {"embeddings": action.embeddings}
         return {
+            **more,
             "graphs": action.graphs,
             "source": action.llm.source,
             "prompts": list(action.recipe.calibration),
@@ -338,7 +356,16 @@ def calibrate(job: Job, root: str) -> dict[str, Any]:
     graphs = {stage: os.path.join(root, str(p)) for stage, p in dict(args["graphs"]).items()}
     ranges = {stage: os.path.join(staging, ranges_name(stage)) for stage in graphs}
     try:
-        counts = run_calibration(graphs, prompts, io, _method(str(args["method"])), ranges, report)
+        embeddings = args.get("embeddings")
+        counts = run_calibration(
+            graphs,
+            prompts,
+            io,
+            _method(str(args["method"])),
+            ranges,
+            report,
+            None if embeddings is None else os.path.join(root, str(embeddings)),
+        )
     finally:
         if os.path.exists(progress):
             os.unlink(progress)

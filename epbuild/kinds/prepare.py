@@ -37,11 +37,17 @@ GRAPHS = tuple(f"{stage}.onnx" for stage, _ in STAGES)
 """The graphs it writes, in session order (one part)."""
 
 
+def graph_stages(parts: int) -> tuple[str, ...]:
+    """The names of the compiled graphs of a preparation into ``parts`` parts, in session
+    order (``context``, ``iterator``, or each part's)."""
+    return tuple(stage for stage, _ in (STAGES if parts == 1 else part_stages(parts)))
+
+
 def graph_files(parts: int) -> tuple[str, ...]:
     """The compiled graphs of a preparation into ``parts`` parts, in session order."""
     if parts == 1:
         return GRAPHS
-    return tuple(f"{stage}.onnx" for stage, _ in part_stages(parts))
+    return tuple(f"{stage}.onnx" for stage in graph_stages(parts))
 
 
 class LlmStep(OwnStep):

@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from epbuild._dataclass import dataclass
-from epbuild.llm.genai_config import PAST_SEQ_LEN, TOTAL_SEQ_LEN, io_names
+from epbuild.llm.genai_config import EMBEDDINGS, PAST_SEQ_LEN, TOTAL_SEQ_LEN, io_names
 from epbuild.quant.work import _canonical
 
 if TYPE_CHECKING:
@@ -169,6 +169,51 @@ def static_io(config: Mapping[str, Any], window: int, context_length: int) -> St
     )
 
 
+class Chain:
+    """Stages run one after another as one graph (what ``run_prompt`` takes for a
+    session): each stage reads what the feed and the stages before it give, by name, as
+    genai's ``decoder-pipeline`` feeds them. The feed each stage named in ``recorded``
+    runs on is kept in ``runs`` (the calibration takes them)."""
+
+    def __init__(self, stages: Sequence[tuple[str, Any]], recorded: Sequence[str]) -> None:
+        self.stages = list(stages)
+        self.recorded = set(recorded)
+        self.runs: list[tuple[str, dict[str, np.ndarray]]] = []
+
+    def get_inputs(self) -> list[Any]:
+        """Every stage's inputs (a later stage's repeat an earlier one's)."""
+        return [i for _, session in self.stages for i in session.get_inputs()]
+
+    def run(self, names: Sequence[str] | None, feed: Mapping[str, np.ndarray]) -> list[Any]:
+        store = dict(feed)
+        for stage, session in self.stages:
+            inputs = {i.name: store[i.name] for i in session.get_inputs()}
+            if stage in self.recorded:
+                self.runs.append((stage, inputs))
+            outputs = session.run(None, inputs)
+            store.update(zip([o.name for o in session.get_outputs()], outputs, strict=True))
+        return [store[n] for n in names or ()]
+
+    def drain(self) -> list[tuple[str, dict[str, np.ndarray]]]:
+        """The runs recorded since the last drain."""
+        runs, self.runs = self.runs, []
+        return runs
+
+
+def chains(graphs: Mapping[str, str], embeddings: str | None) -> tuple[Chain, Chain]:
+    """The CPU chains genai runs for a prompt window and for a token: the whole ``context``
+    and ``iterator`` graphs, or (``embeddings``: the CPU stage of a decoder in parts) the
+    embeddings stage then each part's ``partK_context`` (``partK_iterator``) graph, in
+    ``graphs``' order. Every graph of ``graphs`` is recorded, the embeddings stage not."""
+    sessions = {graph: cpu_session(path) for graph, path in graphs.items()}
+    first = [] if embeddings is None else [(EMBEDDINGS, cpu_session(embeddings))]
+    found = []
+    for suffix in (CONTEXT, ITERATOR):
+        mine = [(g, s) for g, s in sessions.items() if g == suffix or g.endswith("_" + suffix)]
+        found.append(Chain([*first, *mine], [g for g, _ in mine]))
+    return found[0], found[1]
+
+
 def calibrate(
     graphs: Mapping[str, str],
     prompts: Sequence[Sequence[int]],
@@ -176,11 +221,15 @@ def calibrate(
     method: Any,
     ranges: Mapping[str, str],
     progress: Callable[[int, int], None] | None = None,
+    embeddings: str | None = None,
 ) -> dict[str, int]:
-    """Calibrate the float static graphs (``graphs``: ``context``/``iterator`` → path) on
-    the tokenized ``prompts``, each run as genai runs it (``run_prompt``) and continued by
-    up to ``GENERATED`` tokens; write each graph's ranges (ORT's calibration cache, tensors
-    in name order) at ``ranges[graph]``; returns each graph's count of calibrated tensors.
+    """Calibrate the float static graphs (``graphs``: ``context``/``iterator`` → path, or
+    each part's ``partK_context``/``partK_iterator`` in session order with the CPU
+    ``embeddings`` stage that feeds them) on the tokenized ``prompts``, each run as genai
+    runs it (``run_prompt`` through ``chains``) and continued by up to ``GENERATED``
+    tokens; write each graph's ranges (ORT's calibration cache, tensors in name order) at
+    ``ranges[graph]``; returns each graph's count of calibrated tensors. A part's ranges
+    depend on the parts before it and the tokens the whole chain chooses only.
     ``method``: ORT's ``CalibrationMethod``."""
     import onnx
     from onnxruntime.quantization import CalibrationDataReader, save_tensors_data
@@ -211,17 +260,15 @@ def calibrate(
                 use_external_data_format=True,
                 providers=["CPUExecutionProvider"],
             )
-        sessions = {graph: cpu_session(path) for graph, path in graphs.items()}
+        context, iterator = chains(graphs, embeddings)
         pending: dict[str, list[dict[str, np.ndarray]]] = {g: [] for g in graphs}
         for done, tokens in enumerate(prompts, 1):
-            runs = run_prompt(
-                sessions[CONTEXT], sessions[ITERATOR], tokens, io, io.fits(len(tokens))
-            )
-            for graph, feed, _ in runs:
-                pending[graph].append(feed)
-                if len(pending[graph]) >= CHUNK:
-                    calibrators[graph].collect_data(Chunk(pending[graph]))
-                    pending[graph] = []
+            for _ in run_prompt(context, iterator, tokens, io, io.fits(len(tokens))):
+                for graph, feed in (*context.drain(), *iterator.drain()):
+                    pending[graph].append(feed)
+                    if len(pending[graph]) >= CHUNK:
+                        calibrators[graph].collect_data(Chunk(pending[graph]))
+                        pending[graph] = []
             if progress is not None:
                 progress(done, len(prompts))
         counts = {}

@@ -293,17 +293,10 @@ def check_quantized_llm(
     tables: dict[str, Quantization],
     providers: dict[str, ProviderConfig],
 ) -> None:
-    """Each of a quantized entry's providers takes its ``quantize`` table's types; a
-    quantized decoder is built in one part (quantizing part by part is not there yet)."""
+    """Each of a quantized entry's providers takes its ``quantize`` table's types (a
+    decoder in parts is quantized part by part, each part's graphs calibrated on the inputs
+    the parts before it give them)."""
     recipe = tables[llm.quantize or ""]  # defined: ``quantize_names``
-    if llm.parts > 1:
-        raise where.error(
-            ("llms", llm.name, "quantize"),
-            f"llms.{llm.name} is split into {llm.parts} parts: a quantized decoder is built in "
-            "one part for now",
-            "leave out parts/max_part_size to quantize it, or leave out quantize to build it "
-            "in parts",
-        )
     for name in llm.providers:
         refused = get_provider(providers[name].ep).refuse_quantization(
             recipe.activations, recipe.weights, recipe.per_channel, recipe.overrides

@@ -1,0 +1,144 @@
+"""``quantize`` with ``parts``: the text-trained tiny Llama, deepened to 3 layers, built as
+w8a16 in 3 parts through the real QNN EP. One calibration runs the float parts in a chain
+on the CPU (the embeddings stage first) and writes each part graph's ranges; each part
+graph is quantized and compiled to one EPContext node with float I/O; genai + QNN (emulated
+HTP) generates the float source's greedy tokens; an edit of one weight in the last layer
+re-quantizes and recompiles the last part's graphs only."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from typing import Any
+
+import onnx
+import pytest
+from conftest import Workspace
+from llmfixture import LLM_FIXTURES, TEXT_PROMPTS, chat_manifest, deepen
+from onnx import numpy_helper
+
+from epbuild.llm.generate import genai_installed, generate
+from epbuild.manifest.load import load_manifest
+
+pytestmark = pytest.mark.skipif(not genai_installed(), reason="pip install -e '.[genai]'")
+
+TOKENS = 10
+STAGES = [f"part{k}_{g}" for k in (1, 2, 3) for g in ("context", "iterator")]
+RECIPE = (
+    '[quantization.w8a16]\ncalibration = "prompts.txt"\nactivations = "uint16"\n'
+    'weights = "uint8"\n'
+)
+
+
+@pytest.fixture(scope="module")
+def deep_text(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The text-trained tiny Llama with 3 layers."""
+    folder = tmp_path_factory.mktemp("deep") / "llama-text"
+    shutil.copytree(LLM_FIXTURES / "llama-text", folder)
+    return deepen(folder, 3)
+
+
+def _workspace(ws: Workspace, deep: Path) -> Workspace:
+    target = ws.root / "models" / "tiny"
+    if not target.exists():
+        shutil.copytree(deep, target)
+    shutil.copy(TEXT_PROMPTS, ws.root / "prompts.txt")
+    ws.manifest(chat_manifest(share=False) + 'parts = 3\nquantize = "w8a16"\n\n' + RECIPE)
+    return ws
+
+
+def _outcomes(ws: Workspace) -> dict[str, str]:
+    doc = ws.cli_json("build")
+    assert doc["ok"], doc
+    return {a["id"]: a["outcome"] for a in doc["actions"]}
+
+
+def test_a_decoder_in_parts_gets_a_quantization_per_part_graph(
+    workspace: Workspace, deep_text: Path
+) -> None:
+    ws = _workspace(workspace, deep_text)
+    assert load_manifest(ws.root / "epbuild.toml").llms["chat"].parts == 3
+    actions = {a["id"]: (a["kind"], a["deps"]) for a in ws.cli_json("status")["actions"]}
+    assert actions["chat/calibrate"] == ("llm-calibrate", ["chat/prepare"])
+    for stage in STAGES:
+        assert actions[f"chat/{stage}/quantize"] == (
+            "llm-quantize",
+            ["chat/calibrate", "chat/prepare"],
+        )
+    for k in (1, 2, 3):  # unshared: one compile per part graph, each after its quantization
+        for graph in ("context", "iterator"):
+            assert actions[f"chat/htp-v73/part{k}_{graph}"] == (
+                "compile",
+                [f"chat/part{k}_{graph}/quantize"],
+            )
+
+
+def _io(values: Any) -> set[tuple[str, int]]:
+    return {(v.name, v.type.tensor_type.elem_type) for v in values}
+
+
+def _edit_last_layer(folder: Path) -> None:
+    model = onnx.load(folder / "model.onnx")
+    for tensor in model.graph.initializer:
+        if tensor.name == "model.layers.2.mlp.down_proj.MatMul.weight":
+            values = numpy_helper.to_array(tensor).copy()
+            values[0, 0] += 0.05
+            tensor.CopyFrom(numpy_helper.from_array(values, tensor.name))
+            break
+    else:
+        raise AssertionError("no down_proj weight in layer 2")
+    (folder / "model.onnx.data").unlink()
+    onnx.save(
+        model,
+        folder / "model.onnx",
+        save_as_external_data=True,
+        location="model.onnx.data",
+        size_threshold=0,
+    )
+
+
+@pytest.mark.slow
+def test_w8a16_in_3_parts_generates_the_float_sources_tokens(
+    workspace: Workspace, deep_text: Path
+) -> None:
+    ws = _workspace(workspace, deep_text)
+    first = _outcomes(ws)
+    assert set(first.values()) == {"compiled"}, first
+    assert len(first) == 1 + 1 + 6 + 6 + 1  # prepare, calibrate, quantizations, compiles, package
+    state = ws.root / ".epbuild" / "llm" / "chat"
+    package = ws.root / "build" / "chat" / "htp-v73"
+    for stage in STAGES:
+        assert (state / "calibrated" / f"{stage}.ranges.json").is_file()
+        qdq = onnx.load(state / "quantized" / f"{stage}.onnx", load_external_data=False)
+        assert {n.op_type for n in qdq.graph.node} >= {"QuantizeLinear", "DequantizeLinear"}
+        ctx = onnx.load(package / f"{stage}_ctx.onnx", load_external_data=False)
+        assert [n.op_type for n in ctx.graph.node] == ["EPContext"], stage
+        prepared = onnx.load(state / "prepared" / f"{stage}.onnx", load_external_data=False)
+        assert _io(ctx.graph.input) == _io(prepared.graph.input), stage
+        assert _io(ctx.graph.output) == _io(prepared.graph.output), stage
+    assert (package / "embeddings.onnx").is_file()
+    source = ws.root / "models" / "tiny"
+    for prompt in TEXT_PROMPTS.read_text().splitlines():
+        want = generate(source, qnn=False, tokens=TOKENS, prompt=prompt, max_length=64)
+        got = generate(package, qnn=True, tokens=TOKENS, prompt=prompt, max_length=64)
+        same = sum(a == b for a, b in zip(want.tokens, got.tokens, strict=True))
+        assert same >= 9, (prompt, want.tokens, got.tokens)
+
+    # One weight of the last layer: the earlier parts' graphs and ranges come out the same.
+    before = {p.name: p.read_bytes() for p in (state / "calibrated").iterdir()}
+    _edit_last_layer(source)
+    again = _outcomes(ws)
+    ran = {"chat/prepare", "chat/calibrate", "chat/htp-v73/package"}
+    ran |= {"chat/part3_context/quantize", "chat/part3_iterator/quantize"}
+    ran |= {"chat/htp-v73/part3_context", "chat/htp-v73/part3_iterator"}
+    assert {i for i, o in again.items() if o != "up_to_date"} <= ran, again
+    assert {i for i, o in again.items() if o == "compiled"} >= ran - {"chat/htp-v73/package"}
+    for k in (1, 2):
+        for graph in ("context", "iterator"):
+            assert again[f"chat/part{k}_{graph}/quantize"] == "up_to_date"
+            assert again[f"chat/htp-v73/part{k}_{graph}"] == "up_to_date"
+            name = f"part{k}_{graph}.ranges.json"
+            assert (state / "calibrated" / name).read_bytes() == before[name]
+    assert (state / "calibrated" / "part3_context.ranges.json").read_bytes() != before[
+        "part3_context.ranges.json"
+    ]
