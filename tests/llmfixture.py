@@ -42,10 +42,11 @@ def place_source(root: Path, family: str = "llama") -> Path:
     return folder
 
 
-def deepen(folder: Path, layers: int, *, seed: int = 7) -> Path:
+def deepen(folder: Path, layers: int, *, seed: int = 7, spread: float = 0.2) -> Path:
     """Give the builder-made decoder in ``folder`` ``layers`` layers (in place): layer 1's
-    nodes are repeated, renumbered, with fresh seeded random weights (of the spread the
-    fixtures were made with), and ``genai_config.json`` says so. Returns ``folder``."""
+    nodes are repeated, renumbered, with fresh seeded random weights (of ``spread``: by
+    default the one the random fixtures were made with; a small one keeps a trained
+    model's tokens), and ``genai_config.json`` says so. Returns ``folder``."""
     import json
     import re
 
@@ -86,7 +87,7 @@ def deepen(folder: Path, layers: int, *, seed: int = 7) -> Path:
                 continue
             values = numpy_helper.to_array(tensor)
             if values.ndim == 2:
-                values = rng.normal(0.0, 0.2, values.shape).astype(values.dtype)
+                values = rng.normal(0.0, spread, values.shape).astype(values.dtype)
             graph.initializer.append(numpy_helper.from_array(values, shift(name, by)))
         for values in (graph.input, graph.output):
             for v in [v for v in values if f".{have - 1}." in v.name]:

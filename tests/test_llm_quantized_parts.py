@@ -25,17 +25,17 @@ pytestmark = pytest.mark.skipif(not genai_installed(), reason="pip install -e '.
 TOKENS = 10
 STAGES = [f"part{k}_{g}" for k in (1, 2, 3) for g in ("context", "iterator")]
 RECIPE = (
-    '[quantization.w8a16]\ncalibration = "prompts.txt"\nactivations = "uint16"\n'
-    'weights = "uint8"\n'
+    '[quantization.w8a16]\ncalibration = "prompts.txt"\nactivations = "uint16"\nweights = "uint8"\n'
 )
 
 
 @pytest.fixture(scope="module")
 def deep_text(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The text-trained tiny Llama with 3 layers."""
+    """The text-trained tiny Llama with 3 layers (the new one small: its tokens stay the
+    trained model's, with clear margins)."""
     folder = tmp_path_factory.mktemp("deep") / "llama-text"
     shutil.copytree(LLM_FIXTURES / "llama-text", folder)
-    return deepen(folder, 3)
+    return deepen(folder, 3, spread=0.02)
 
 
 def _workspace(ws: Workspace, deep: Path) -> Workspace:
@@ -128,15 +128,12 @@ def test_w8a16_in_3_parts_generates_the_float_sources_tokens(
     before = {p.name: p.read_bytes() for p in (state / "calibrated").iterdir()}
     _edit_last_layer(source)
     again = _outcomes(ws)
-    ran = {"chat/prepare", "chat/calibrate", "chat/htp-v73/package"}
-    ran |= {"chat/part3_context/quantize", "chat/part3_iterator/quantize"}
-    ran |= {"chat/htp-v73/part3_context", "chat/htp-v73/part3_iterator"}
-    assert {i for i, o in again.items() if o != "up_to_date"} <= ran, again
-    assert {i for i, o in again.items() if o == "compiled"} >= ran - {"chat/htp-v73/package"}
-    for k in (1, 2):
+    ran = {"chat/prepare", "chat/calibrate"}  # the package is up to date, as without quantize
+    ran |= {f"chat/part3_{g}/quantize" for g in ("context", "iterator")}
+    ran |= {f"chat/htp-v73/part3_{g}" for g in ("context", "iterator")}
+    assert again == {i: "compiled" if i in ran else "up_to_date" for i in first}, again
+    for k in (1, 2):  # their ranges were rewritten the same: cut off early
         for graph in ("context", "iterator"):
-            assert again[f"chat/part{k}_{graph}/quantize"] == "up_to_date"
-            assert again[f"chat/htp-v73/part{k}_{graph}"] == "up_to_date"
             name = f"part{k}_{graph}.ranges.json"
             assert (state / "calibrated" / name).read_bytes() == before[name]
     assert (state / "calibrated" / "part3_context.ranges.json").read_bytes() != before[
