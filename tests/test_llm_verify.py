@@ -134,7 +134,6 @@ def test_the_token_limit_comes_from_the_llms_quantization_table() -> None:
     assert limit is not None and limit.share == 0.8
     assert limit.key == "[quantization.w8a16.check] min_token_agreement"
     assert token_limit(manifest, SimpleNamespace(quantize=None)) is None  # type: ignore[arg-type]
-    assert token_limit(manifest, SimpleNamespace()) is None  # type: ignore[arg-type]
 
 
 def test_min_token_agreement_is_a_check_key(workspace: Workspace) -> None:

@@ -14,11 +14,13 @@ from __future__ import annotations
 
 import os
 import platform
+import time
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from epbuild._dataclass import dataclass
 from epbuild.errors import UserError
+from epbuild.kinds.llmquant import LlmQuantizeAction
 from epbuild.llm.agreement import Agreement, token_agreement
 from epbuild.llm.genai_schema import GENAI_CONFIG
 from epbuild.llm.generate import (
@@ -35,6 +37,7 @@ from epbuild.llm.generate import (
     genai_installed,
     generate_all,
 )
+from epbuild.llm.qdqgen import qdq_tokens
 from epbuild.planning.llms import LlmGroup
 from epbuild.results import CheckStatus
 
@@ -70,6 +73,10 @@ class PromptCheck:
     agreement: Agreement
     tokens_per_second: float
     source_tokens_per_second: float
+    qdq: Agreement | None = None
+    """A quantized package's QDQ graphs on the CPU against the source (None: not run)."""
+    versus_qdq: Agreement | None = None
+    """The package against its QDQ graphs on the CPU, step by step."""
 
     def describe(self) -> str:
         """The verdict in words: ``compare``'s for an unquantized package (with the
@@ -86,7 +93,32 @@ class PromptCheck:
                 f", first difference at step {c.step}: token {c.package_token} vs the "
                 f"source's {c.source_token} (source top-2 margin {c.margin:.3f})"
             )
+        text += self._reference()
         return text if self.status is CheckStatus.OK else "too few agree: " + text
+
+    def _reference(self) -> str:
+        """What the QDQ graphs on the CPU say: where the package's tokens leave the source's
+        while theirs do not, the EP runs the quantized graphs differently; where theirs leave
+        it too, the quantization itself loses them."""
+        qdq, versus = self.qdq, self.versus_qdq
+        if qdq is None or versus is None:
+            return ""
+        text = (
+            f"; the QDQ model on the CPU: {qdq.agreed} of {qdq.compared} agree with the "
+            f"source{_from(qdq)}, the package {versus.agreed} of {versus.compared} with it"
+            f"{_from(versus)}"
+        )
+        if self.status is CheckStatus.OK:
+            return text
+        if qdq.passes:
+            return text + (
+                ": the EP runs the quantized graphs differently from ONNX Runtime's QDQ "
+                "reference (the quantization keeps the tokens; try other weight types)"
+            )
+        return text + (
+            ": the quantization itself loses them (give the layers 'verify --numerics' names "
+            "another type in overrides, or exclude them)"
+        )
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -96,7 +128,14 @@ class PromptCheck:
             "agreement": self.agreement.to_json(),
             "tokens_per_second": self.tokens_per_second,
             "source_tokens_per_second": self.source_tokens_per_second,
+            "qdq_agreement": self.qdq.to_json() if self.qdq is not None else None,
+            "agreement_with_qdq": self.versus_qdq.to_json() if self.versus_qdq else None,
         }
+
+
+def _from(agreement: Agreement) -> str:
+    step = agreement.first_difference
+    return "" if step is None else f" (first difference at step {step})"
 
 
 @dataclass
@@ -119,6 +158,8 @@ class GenerationCheck:
     limit: TokenLimit | None = None
     """A quantized package's agreement limit (None: it must match)."""
     timed_out: bool = False
+    qdq_reason: str = ""
+    """Why a quantized package's QDQ graphs could not run on the CPU (empty: they ran)."""
 
     def line(self) -> str:
         """One line for the report (one more per prompt where there are several)."""
@@ -131,6 +172,8 @@ class GenerationCheck:
             f"CPU source {self.source_tokens_per_second:.1f} tokens/s)"
         )
         limit = f" [{self.limit.key}]" if self.limit is not None else ""
+        if self.qdq_reason:
+            limit += f"; the QDQ model on the CPU could not run: {self.qdq_reason}"
         if len(self.prompts) == 1:
             return head + self.prompts[0].describe() + rate + limit
         bad = sum(1 for p in self.prompts if p.status is CheckStatus.FAILED)
@@ -154,6 +197,7 @@ class GenerationCheck:
             "prompts": [p.to_json() for p in self.prompts],
             "min_token_agreement": self.limit.share if self.limit is not None else None,
             "timed_out": self.timed_out,
+            "qdq_reason": self.qdq_reason or None,
         }
 
 
@@ -184,12 +228,9 @@ def check_generation(
 
 def token_limit(manifest: Manifest, llm: Llm) -> TokenLimit | None:
     """The agreement an LLM's package must reach: None (it must match the source) unless the
-    LLM is quantized, then its recipe's ``check.min_token_agreement``. The one place where an
-    LLM's quantization meets ``verify --generate``: ``quantize = "NAME"`` on ``[llms.X]``
-    names the ``[quantization.NAME]`` table (absent from ``Llm`` until LLMs can be
-    quantized, hence the ``getattr``)."""
-    name = getattr(llm, "quantize", None)
-    recipe = manifest.quantization.get(name) if isinstance(name, str) else None
+    LLM is quantized (``quantize = "NAME"`` on ``[llms.X]``), then its
+    ``[quantization.NAME]`` recipe's ``check.min_token_agreement``."""
+    recipe = manifest.quantization.get(llm.quantize) if llm.quantize is not None else None
     if recipe is None:
         return None
     key = f"[quantization.{recipe.name}.check] min_token_agreement"
@@ -236,9 +277,16 @@ def _check(
     except GenerationError as exc:
         return verdict(CheckStatus.FAILED, exc.reason)
     limit = token_limit(ws.manifest, llm)
+    references: list[Generation | None] = [None] * len(prompts)
+    qdq_reason = ""
+    if limit is not None:
+        try:
+            references = list(_qdq_generations(ws, llm, prompts, sources, timeout))
+        except GenerationError as exc:
+            qdq_reason = exc.reason
     checks = tuple(
-        _prompt_check(text, gen, source, limit)
-        for text, gen, source in zip(prompts, built_gens, sources, strict=True)
+        _prompt_check(text, gen, source, limit, qdq)
+        for text, gen, source, qdq in zip(prompts, built_gens, sources, references, strict=True)
     )
     if any(c.comparison.compared == 0 for c in checks):
         return verdict(CheckStatus.FAILED, "no token was generated")
@@ -254,15 +302,50 @@ def _check(
         prompts[0],
         checks,
         limit,
+        qdq_reason=qdq_reason,
     )
 
 
+def _qdq_generations(
+    ws: Workspace, llm: Llm, prompts: list[str], sources: list[Generation], timeout: float | None
+) -> list[Generation]:
+    """A quantized LLM's QDQ graphs on the CPU, teacher-forced on the source's tokens
+    (``epbuild.llm.qdqgen``): the reference its package is told apart by."""
+    graphs = {
+        a.stage: os.path.join(ws.root, a.output)
+        for a in ws.graph
+        if isinstance(a, LlmQuantizeAction) and a.llm.name == llm.name
+    }
+    missing = [g for g in graphs.values() if not os.path.isfile(g)]
+    if not graphs or missing:
+        raise GenerationError("its QDQ graphs are not built: run 'epbuild build'")
+    started = time.perf_counter()
+    found = qdq_tokens(
+        os.path.join(ws.root, llm.source),
+        graphs,
+        window=llm.window_size,
+        context_length=llm.context_length,
+        prompts=prompts,
+        forced=[s.tokens for s in sources],
+        timeout=timeout,
+    )
+    seconds = (time.perf_counter() - started) / max(1, len(found))
+    return [Generation(tokens, (), seconds) for tokens in found]
+
+
 def _prompt_check(
-    prompt: str, package: Generation, source: Generation, limit: TokenLimit | None
+    prompt: str,
+    package: Generation,
+    source: Generation,
+    limit: TokenLimit | None,
+    qdq: Generation | None = None,
 ) -> PromptCheck:
-    """One prompt's verdict: the match rule without a ``limit``, the agreement with one."""
+    """One prompt's verdict: the match rule without a ``limit``, the agreement with one;
+    ``qdq``: a quantized package's QDQ graphs' tokens on the CPU (the reference that tells
+    an EP's difference from the quantization's)."""
     comparison = compare(package, source, DEFAULT_NEAR_TIE)
-    agreement = token_agreement(package, source, limit.share if limit is not None else None)
+    share = limit.share if limit is not None else None
+    agreement = token_agreement(package, source, share)
     good = comparison.verdict is not Verdict.DIVERGED if limit is None else agreement.passes
     return PromptCheck(
         prompt,
@@ -271,6 +354,8 @@ def _prompt_check(
         agreement,
         package.tokens_per_second,
         source.tokens_per_second,
+        token_agreement(qdq, source, share) if qdq is not None else None,
+        token_agreement(package, qdq, share) if qdq is not None else None,
     )
 
 

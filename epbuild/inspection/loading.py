@@ -151,9 +151,11 @@ def _run_loader(
 ) -> LoadCheck:
     """One loader process in ``python`` (a toolchain, its interpreter, or None: ours);
     ``module``: the loader (None: ``loadcheck``, or for a quantized model ``quantcheck``,
-    which compares it with its float source, with the QDQ model beside it)."""
+    which compares it with its float source, with the QDQ model beside it; for a quantized
+    LLM's graph ``llmnumerics``, on its prompts' feeds)."""
     if module is None:
         module = "epbuild.inspection.quantcheck" if job.get("quantized") else LOADCHECK
+        module = "epbuild.inspection.llmnumerics" if job.get("llm") else module
     if isinstance(python, Toolchain):
         python = python.python
     command = own_command(module) if python is None else boot_command(python, module)

@@ -204,7 +204,9 @@ def judged(
             why = f"the recorded figures cannot be read ({exc}); run it again"
             out.append(NumericsCheck(action.id, ctx, CheckStatus.FAILED, why))
             continue
-        out.append(_judge(action.id, ctx, recorded, tolerance_of(action, index), cached=cached))
+        out.append(
+            judge_figures(action.id, ctx, recorded, tolerance_of(action, index), cached=cached)
+        )
     return out
 
 
@@ -227,7 +229,7 @@ def last_checks(ws: Workspace, action: CompileAction) -> list[NumericsCheck] | N
     return judged(ws, check, cached=True)
 
 
-def _judge(
+def judge_figures(
     action: str,
     ctx: str,
     recorded: dict[str, Any],

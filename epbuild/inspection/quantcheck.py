@@ -157,6 +157,8 @@ class LayerErrors:
         for tensor, (signal, noise) in self._sums.items():
             if not (math.isfinite(signal) and math.isfinite(noise)):
                 continue
+            if signal == 0.0 and noise == 0.0:  # zeros both (an empty KV cache): no figure
+                continue
             db = 10.0 * math.log10(max(signal, floor) / max(noise, floor))
             scored.append([tensor, db])
         return sorted(scored, key=lambda t: (t[1], t[0]))[:LAYERS]

@@ -23,6 +23,7 @@ from epbuild.inspection.generation import (
     check_generation,
     require_genai,
 )
+from epbuild.inspection.llmnumerics import check_llm_numerics, quantized_llm
 from epbuild.inspection.loading import LoadCheck, LoadOutcome, load_check
 from epbuild.inspection.numerics import NumericsCheck, run_checks
 from epbuild.inspection.ortcompat import OrtCompatibility, ort_compatibility
@@ -158,8 +159,10 @@ def verify_outputs(
     with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="epbuild-load") as pool:
         loads, intact = _check_actions(ws, result, pool if load else None)
         result.loads.extend(f.result() for f in loads)  # in action order
-    if numerics:
-        result.numerics = run_checks(ws, intact)
+    if numerics:  # a quantized LLM's graphs: on its prompts' feeds, against the float graphs
+        llms = [a for a in intact if quantized_llm(ws, a) is not None]
+        result.numerics = run_checks(ws, [a for a in intact if a not in llms])
+        result.numerics += check_llm_numerics(ws, llms)
     if generate is not None:
         result.generations = check_generation(
             ws, tokens=generate, prompt=prompt, timeout=generate_timeout

@@ -79,12 +79,18 @@ def _int32(value: int, shape: tuple[int, ...]) -> np.ndarray:
 
 
 def run_prompt(
-    context: Any, iterator: Any, tokens: Sequence[int], io: StaticIo, generate: int
+    context: Any,
+    iterator: Any,
+    tokens: Sequence[int],
+    io: StaticIo,
+    generate: int,
+    forced: Sequence[int] | None = None,
 ) -> Iterator[tuple[str, dict[str, np.ndarray], int]]:
     """Run one prompt as genai does: yields each run's graph name, feed and the token the
     run chose greedily (the context graph's last window chooses the first new token), then
     continues by ``generate`` tokens. ``context``/``iterator``: ORT sessions of the float
-    graphs (``run(None, feed)``)."""
+    graphs (``run(None, feed)``). ``forced``: the tokens to continue by instead of the
+    chosen ones (teacher forcing: each run still yields its own choice)."""
     import numpy as np
 
     past = {
@@ -107,7 +113,9 @@ def run_prompt(
             chosen = int(np.argmax(logits[0, last - start]))
         yield CONTEXT, feed, chosen
     pos = len(tokens)
-    for _ in range(generate):
+    for step in range(generate):
+        if forced is not None:
+            chosen = forced[step]
         feed = {
             io.input_ids: np.asarray([[chosen]], dtype=np.int64),
             PAST_SEQ_LEN: _int32(pos, (1, 1)),
@@ -139,6 +147,21 @@ def greedy(
     """The tokens the float static graphs generate from ``tokens`` (the first from the
     prompt's last window, then ``generate - 1`` by the iterator)."""
     chosen = [t for graph, _, t in run_prompt(context, iterator, tokens, io, generate - 1)]
+    windows = -(-len(tokens) // io.window)
+    return chosen[windows - 1 :]
+
+
+def teacher_forced(
+    context: Any, iterator: Any, tokens: Sequence[int], io: StaticIo, forced: Sequence[int]
+) -> list[int]:
+    """The static graphs' own greedy choice at each of ``len(forced)`` steps after the
+    prompt ``tokens``, each step continuing from ``forced``'s token (as
+    ``epbuild.llm.generate`` teacher-forces a package), up to where the KV cache ends."""
+    room = io.context_length - len(tokens)
+    steps = min(len(forced), room)
+    if steps < 1:
+        return []
+    chosen = [t for _, _, t in run_prompt(context, iterator, tokens, io, steps - 1, forced)]
     windows = -(-len(tokens) // io.window)
     return chosen[windows - 1 :]
 
