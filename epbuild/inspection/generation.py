@@ -270,20 +270,13 @@ def _check(
     except GenerationError as exc:
         return verdict(CheckStatus.NOT_CHECKABLE, f"the CPU source: {exc.reason}")
     try:  # teacher-forced on the source's tokens (epbuild.llm.agreement)
-        qnn = first.provider.ep == "qnn"
-        built_gens = run(folder, qnn=qnn, forced=[s.tokens for s in sources])
+        built_gens = run(folder, qnn=first.provider.ep == "qnn", forced=[s.tokens for s in sources])
     except GenerationTimeout as exc:
         return verdict(CheckStatus.FAILED, f"{exc.reason}; {TIMEOUT_HINT}", timed_out=True)
     except GenerationError as exc:
         return verdict(CheckStatus.FAILED, exc.reason)
     limit = token_limit(ws.manifest, llm)
-    references: list[Generation | None] = [None] * len(prompts)
-    qdq_reason = ""
-    if limit is not None:
-        try:
-            references = list(_qdq_generations(ws, llm, prompts, sources, timeout))
-        except GenerationError as exc:
-            qdq_reason = exc.reason
+    references, qdq_reason = _references(ws, llm, prompts, sources, timeout, limit)
     checks = tuple(
         _prompt_check(text, gen, source, limit, qdq)
         for text, gen, source, qdq in zip(prompts, built_gens, sources, references, strict=True)
@@ -304,6 +297,25 @@ def _check(
         limit,
         qdq_reason=qdq_reason,
     )
+
+
+def _references(
+    ws: Workspace,
+    llm: Llm,
+    prompts: list[str],
+    sources: list[Generation],
+    timeout: float | None,
+    limit: TokenLimit | None,
+) -> tuple[list[Generation | None], str]:
+    """Per prompt, what the QDQ graphs generate on the CPU for a quantized package
+    (``limit``: its ``min_token_agreement``; None: not quantized, no reference), and why
+    there is none where they could not run."""
+    if limit is None:
+        return [None] * len(prompts), ""
+    try:
+        return list(_qdq_generations(ws, llm, prompts, sources, timeout)), ""
+    except GenerationError as exc:
+        return [None] * len(prompts), exc.reason
 
 
 def _qdq_generations(

@@ -45,7 +45,7 @@ from epbuild.onnx.proto import ProtoError, read_model
 from epbuild.onnx.staged import staged_names
 from epbuild.planning.keys import ActionKey, KeyComputer
 from epbuild.providers.distributions import dist_version
-from epbuild.quant.work import _method, _quantize_hint, versions
+from epbuild.quant.work import _method, _quantize_hint, scratch, versions
 
 if TYPE_CHECKING:
     from epbuild.executors.job import Job
@@ -355,17 +355,18 @@ def calibrate(job: Job, root: str) -> dict[str, Any]:
 
     graphs = {stage: os.path.join(root, str(p)) for stage, p in dict(args["graphs"]).items()}
     ranges = {stage: os.path.join(staging, ranges_name(stage)) for stage in graphs}
+    embeddings = args.get("embeddings")
     try:
-        embeddings = args.get("embeddings")
-        counts = run_calibration(
-            graphs,
-            prompts,
-            io,
-            _method(str(args["method"])),
-            ranges,
-            report,
-            None if embeddings is None else os.path.join(root, str(embeddings)),
-        )
+        with scratch(staging):  # temporary files in the staging directory, never /tmp
+            counts = run_calibration(
+                graphs,
+                prompts,
+                io,
+                _method(str(args["method"])),
+                ranges,
+                report,
+                None if embeddings is None else os.path.join(root, str(embeddings)),
+            )
     finally:
         if os.path.exists(progress):
             os.unlink(progress)
@@ -388,13 +389,14 @@ def quantize(job: Job, root: str) -> dict[str, Any]:
     label = str(args["label"])
     output = os.path.join(root, job.staging, str(args["output"]))
     try:
-        qdq = quantize_graph(
-            os.path.join(root, str(args["graph"])),
-            os.path.join(root, str(args["ranges"])),
-            output,
-            dict(args["settings"]),
-            label,
-        )
+        with scratch(os.path.join(root, job.staging)):  # ORT's temporary files: not in /tmp
+            qdq = quantize_graph(
+                os.path.join(root, str(args["graph"])),
+                os.path.join(root, str(args["ranges"])),
+                output,
+                dict(args["settings"]),
+                label,
+            )
     except ModelError:
         raise
     except Exception as exc:

@@ -254,11 +254,7 @@ def calibrate(
     ``ranges[graph]``; returns each graph's count of calibrated tensors. A part's ranges
     depend on the parts before it and the tokens the whole chain chooses only.
     ``method``: ORT's ``CalibrationMethod``."""
-    import onnx
     from onnxruntime.quantization import CalibrationDataReader, save_tensors_data
-    from onnxruntime.quantization.calibrate import create_calibrator
-
-    from epbuild.llm.quantize import infer_shapes, save_graph
 
     class Chunk(CalibrationDataReader):  # type: ignore[misc]
         def __init__(self, feeds: list[dict[str, np.ndarray]]) -> None:
@@ -268,21 +264,7 @@ def calibrate(
             return next(self.feeds, None)
 
     with tempfile.TemporaryDirectory(prefix="epbuild-llmcalib-") as tmp:
-        calibrators = {}
-        for graph, path in graphs.items():
-            model = infer_shapes(onnx.load(path))
-            ops = sorted({n.op_type for n in model.graph.node} - set(EXCLUDED_OPS))
-            inferred = os.path.join(tmp, f"{graph}.onnx")
-            save_graph(model, inferred)
-            del model
-            calibrators[graph] = create_calibrator(
-                inferred,
-                ops,
-                augmented_model_path=os.path.join(tmp, f"{graph}.augmented.onnx"),
-                calibrate_method=method,
-                use_external_data_format=True,
-                providers=["CPUExecutionProvider"],
-            )
+        calibrators = _calibrators(graphs, method, tmp)
         context, iterator = chains(graphs, embeddings)
         pending: dict[str, list[dict[str, np.ndarray]]] = {g: [] for g in graphs}
         for done, tokens in enumerate(prompts, 1):
@@ -303,3 +285,29 @@ def calibrate(
             _canonical(ranges[graph])
             counts[graph] = len(found.data)
     return counts
+
+
+def _calibrators(graphs: Mapping[str, str], method: Any, tmp: str) -> dict[str, Any]:
+    """An ORT calibrator per graph, of every op type but ``EXCLUDED_OPS``, on its graph with
+    the shapes inferred (written into ``tmp``, with the augmented graph)."""
+    import onnx
+    from onnxruntime.quantization.calibrate import create_calibrator
+
+    from epbuild.llm.quantize import infer_shapes, save_graph
+
+    calibrators = {}
+    for graph, path in graphs.items():
+        model = infer_shapes(onnx.load(path))
+        ops = sorted({n.op_type for n in model.graph.node} - set(EXCLUDED_OPS))
+        inferred = os.path.join(tmp, f"{graph}.onnx")
+        save_graph(model, inferred)
+        del model
+        calibrators[graph] = create_calibrator(
+            inferred,
+            ops,
+            augmented_model_path=os.path.join(tmp, f"{graph}.augmented.onnx"),
+            calibrate_method=method,
+            use_external_data_format=True,
+            providers=["CPUExecutionProvider"],
+        )
+    return calibrators

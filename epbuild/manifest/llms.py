@@ -110,7 +110,6 @@ def _llm(
     from epbuild.llm.source import PIPELINE  # read only for an [llms] entry
 
     found = _source(where, base, root, source)
-    limit = found.context_limit
     if found.form == PIPELINE and "quantize" in table:
         raise where.error(
             (*base, "quantize"),
@@ -118,7 +117,40 @@ def _llm(
             "static graphs it prepares from a single decoder",
             "build from the decoder genai's model builder writes, or quantize the stages before",
         )
-    if found.form == PIPELINE:
+    pipeline = found.form == PIPELINE
+    context, window = _sizes(where, base, source, table, found, pipeline=pipeline)
+    llm = Llm(
+        name=name,
+        source=source,
+        providers=tuple(names),
+        context_length=context,
+        window_size=window,
+        share_weights=table.get("share_weights", True),
+        form=found.form,
+        model_type=found.model_type,
+        files=found.files,
+        head_size=found.head_size,
+        prompt=table.get("prompt"),
+        stages=found.stages,
+        parts=_parts(where, base, root, source, table, found, pipeline=pipeline),
+        quantize=table.get("quantize"),
+    )
+    return llm, (found.layers, found.kv_heads)
+
+
+def _sizes(
+    where: Where,
+    base: tuple[str, str],
+    source: str,
+    table: dict[str, Any],
+    found: LlmSource,
+    *,
+    pipeline: bool,
+) -> tuple[int, int]:
+    """The entry's ``context_length`` and ``window_size``: within the model's limit, the
+    window within the context; a pipeline's (``pipeline``) as its static stages have them."""
+    limit = found.context_limit
+    if pipeline:
         _check_static(where, base, source, table, "context_length", limit)
         _check_static(where, base, source, table, "window_size", found.window_size)
     context = table.get("context_length", min(DEFAULT_CONTEXT_LENGTH, limit))
@@ -137,23 +169,7 @@ def _llm(
             f"{window} is above context_length ({context}): a prompt window must fit the KV cache",
             f"use window_size = {context} or less",
         )
-    llm = Llm(
-        name=name,
-        source=source,
-        providers=tuple(names),
-        context_length=context,
-        window_size=window,
-        share_weights=table.get("share_weights", True),
-        form=found.form,
-        model_type=found.model_type,
-        files=found.files,
-        head_size=found.head_size,
-        prompt=table.get("prompt"),
-        stages=found.stages,
-        parts=_parts(where, base, root, source, table, found, pipeline=found.form == PIPELINE),
-        quantize=table.get("quantize"),
-    )
-    return llm, (found.layers, found.kv_heads)
+    return context, window
 
 
 def _parts(
