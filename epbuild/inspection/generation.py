@@ -310,7 +310,7 @@ def _references(
     """Per prompt, what the QDQ graphs generate on the CPU for a quantized package
     (``limit``: its ``min_token_agreement``; None: not quantized, no reference), and why
     there is none where they could not run."""
-    if limit is None:
+    if limit is None or llm.quantize is None:  # QDQ graphs: a quantized LLM's only
         return [None] * len(prompts), ""
     try:
         return list(_qdq_generations(ws, llm, prompts, sources, timeout)), ""
