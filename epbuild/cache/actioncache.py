@@ -19,10 +19,9 @@ import os
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import replace
 from typing import Any, TypeVar
 
-from epbuild._dataclass import dataclass
+from epbuild._dataclass import dataclass, replace
 from epbuild.cache import trust
 from epbuild.cache.layout import entry_path, key_lock_path, object_path
 from epbuild.cache.local import LocalBackend

@@ -13,8 +13,8 @@ import hashlib
 import json
 import re
 import time
-from dataclasses import replace
 
+from epbuild._dataclass import replace
 from epbuild.cache.backend import Backend
 from epbuild.cache.layout import ENTRIES, IDS, entry_path, object_path
 from epbuild.cache.layout import LAYOUT as LAYOUT  # (the store's names, as they were)

@@ -15,9 +15,9 @@ import functools
 import hashlib
 import json
 from collections.abc import Callable
-from dataclasses import replace
 from typing import Any
 
+from epbuild._dataclass import replace
 from epbuild._names import model_stem
 from epbuild.errors import ToolchainError
 from epbuild.manifest.model import CompileSettings, Group, ModelEntry

@@ -17,10 +17,9 @@ import hashlib
 import importlib
 import json
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import replace
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol, cast
 
-from epbuild._dataclass import dataclass
+from epbuild._dataclass import dataclass, replace
 from epbuild.executors.job import Job
 from epbuild.planning.keys import ActionKey
 

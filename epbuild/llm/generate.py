@@ -16,11 +16,10 @@ import json
 import signal
 import subprocess
 import sys
-from dataclasses import field
 from pathlib import Path
 from typing import Any
 
-from epbuild._dataclass import dataclass
+from epbuild._dataclass import dataclass, field
 
 INSTALL_HINT = 'install onnxruntime-genai: pip install "epbuild[genai]"'
 DEFAULT_PROMPT = "The quick brown fox"

@@ -25,10 +25,9 @@ import posixpath
 import re
 import sys
 from collections.abc import Iterable, Mapping
-from dataclasses import asdict
 from typing import TYPE_CHECKING, Any
 
-from epbuild._dataclass import dataclass
+from epbuild._dataclass import asdict, dataclass
 from epbuild.errors import VerificationError
 from epbuild.fs import CHUNK, reference_problem
 from epbuild.onnx.proto import ProtoError, read_model

@@ -11,10 +11,9 @@ from __future__ import annotations
 import os
 import posixpath
 from collections.abc import Mapping, Sequence
-from dataclasses import field, replace
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from epbuild._dataclass import dataclass
+from epbuild._dataclass import dataclass, field, replace
 from epbuild.errors import ModelError
 from epbuild.kinds.package import PackageAction
 from epbuild.kinds.prepare import PrepareAction, prepare_action

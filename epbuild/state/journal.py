@@ -23,11 +23,10 @@ import os
 import posixpath
 import time
 from collections.abc import Iterator, MutableMapping
-from dataclasses import field, replace
 from json.scanner import make_scanner
 from typing import Any, TypeVar, overload
 
-from epbuild._dataclass import dataclass
+from epbuild._dataclass import dataclass, field, replace
 from epbuild._names import SNAPSHOT_SUFFIX
 from epbuild.fs import atomic_write_bytes, is_safe_reference, open_read
 from epbuild.state import journalfile
