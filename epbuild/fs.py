@@ -10,8 +10,9 @@ import errno
 import os
 import posixpath
 import stat
+from collections import namedtuple
 from collections.abc import Iterator, Sequence
-from typing import BinaryIO, NamedTuple
+from typing import BinaryIO
 
 from epbuild.errors import StorageError, UnsafePathError
 
@@ -19,13 +20,15 @@ CHUNK = 1 << 20
 """Files are read in pieces of this size: memory stays flat whatever the model size."""
 
 
-class FileDigest(NamedTuple):
+class FileDigest(namedtuple("FileDigest", "size sha256 found", defaults=(None,))):
     """A file's size and sha256, and the first of the searched strings it contains (a named
-    tuple: this module stays cheap to import, on the fast restore path too)."""
+    tuple: this module stays cheap to import, on the fast restore path too; made by
+    ``collections``, as ``typing.NamedTuple`` compiles each annotation)."""
 
+    __slots__ = ()
     size: int
     sha256: str
-    found: bytes | None = None
+    found: bytes | None
 
 
 def digest_file(path: str, needles: Sequence[bytes] = ()) -> FileDigest:

@@ -14,7 +14,7 @@ import json
 import os
 import stat
 import time
-from typing import NamedTuple
+from collections import namedtuple
 
 from epbuild.fs import atomic_write_bytes, digest_file, is_safe_reference
 
@@ -24,15 +24,17 @@ _RACY_NS = 20_000_000  # an mtime this close to "now" may still change within it
 _UNREADABLE = (OSError, ValueError, KeyError, TypeError, IndexError, AttributeError, RecursionError)
 
 
-class Entry(NamedTuple):
+class Entry(namedtuple("Entry", "ino size mtime_ns digest refs", defaults=(None,))):
     """What we know about one file's content (a named tuple: a stat cache holds thousands,
-    made at every load)."""
+    made at every load; made by ``collections``, as ``typing.NamedTuple`` compiles each
+    annotation)."""
 
+    __slots__ = ()
     ino: int
     size: int
     mtime_ns: int
     digest: str
-    refs: tuple[str, ...] | None = None
+    refs: tuple[str, ...] | None
     """External-data files (workspace-relative) of an ONNX model; None if not parsed."""
 
 
