@@ -14,7 +14,6 @@ way in.
 
 from __future__ import annotations
 
-import hashlib
 import os
 import threading
 import time
@@ -27,7 +26,7 @@ from epbuild.cache.layout import entry_path, key_lock_path, object_path
 from epbuild.cache.local import LocalBackend
 from epbuild.cache.store import CachedOutput, CacheEntry, CorruptEntryError, Store
 from epbuild.errors import CacheUnavailableError
-from epbuild.fs import CHUNK
+from epbuild.fs import CHUNK, new_sha256
 from epbuild.planning.keys import explain_difference
 from epbuild.state.journal import ActionRecord
 from epbuild.state.statcache import hash_file
@@ -219,7 +218,7 @@ class ActionCache:
         if present:
             self.local_backend.touch(path)  # keeps it out of a concurrent prune's reach
             return
-        h = hashlib.sha256()
+        h = new_sha256(out.size)
         with trust.sealed_object(self.local_backend.root, out.digest) as tmp:
             with open(src, "rb") as s, open(tmp, "wb") as d:
                 while chunk := s.read(CHUNK):

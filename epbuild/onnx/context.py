@@ -19,7 +19,6 @@ long workspace path, see ``LONG_PATH_MIN``).
 from __future__ import annotations
 
 import enum
-import hashlib
 import os
 import posixpath
 import re
@@ -302,7 +301,9 @@ def _extent_problem(full: str, ref: ExternalRef) -> tuple[str, str] | None:
 
 def _sha1_sums(full: str, start: int, end: int) -> set[str]:
     """SHA1 of the whole file and of ``[start, end)``, read in pieces (writers differ on
-    which one the ``checksum`` entry holds)."""
+    which one the ``checksum`` entry holds). Rare: OpenSSL's hashes are loaded for it."""
+    import hashlib
+
     whole, part = hashlib.sha1(), hashlib.sha1()
     at = 0
     with open(full, "rb") as f:
