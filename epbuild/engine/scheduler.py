@@ -174,7 +174,7 @@ class _Slots:
     (``logging`` among them: a restore's startup)."""
 
     def __init__(self, jobs: int, run: Callable[[ActionPlan], ActionResult]) -> None:
-        from queue import SimpleQueue
+        from _queue import SimpleQueue  # queue's, without the rest of queue (heapq, ...)
 
         self._run = run
         self._jobs = jobs
