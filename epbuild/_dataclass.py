@@ -269,7 +269,38 @@ if not TYPE_CHECKING:
     def _fields(cls, frozen):
         """({name: Field}, the class's own fields) as the standard decorator collects them,
         with its checks; None for a shape made by the standard decorator."""
-        all_fields = {}
+        inherited = _inherited(cls, frozen)
+        if inherited is None:
+            return None
+        all_fields = dict(inherited)
+        own_dict = cls.__dict__
+        annotations = own_dict.get("__annotations__", {})
+        module = sys.modules.get(cls.__module__)
+        namespace = module.__dict__ if module is not None else {}
+        own = []
+        for name, annotation in annotations.items():
+            f = _own_field(cls, name, annotation, namespace)
+            if f is None:
+                return None
+            own.append(f)
+            all_fields[name] = f
+        for name, value in own_dict.items():
+            if isinstance(value, _Field) and name not in annotations:
+                raise TypeError(f"{name!r} is a field but has no type annotation")
+        seen_default = False
+        for f in all_fields.values():
+            if f._classvar:
+                continue
+            if f.default is not _MISSING or f.default_factory is not _MISSING:
+                seen_default = True
+            elif seen_default:
+                raise TypeError(f"non-default argument {f.name!r} follows default argument")
+        return all_fields, own
+
+    def _inherited(cls, frozen):
+        """{name: Field} of the dataclasses ``cls`` derives from, checked for frozen and
+        not mixed; None if one of them has a shape not made here."""
+        found = {}
         any_frozen_base, all_frozen_bases = False, None
         for b in cls.__mro__[-1:0:-1]:
             d = b.__dict__
@@ -284,58 +315,44 @@ if not TYPE_CHECKING:
             else:
                 continue
             for f in base_fields:
-                all_fields[f.name] = f
+                found[f.name] = f
             all_frozen_bases = base_frozen and all_frozen_bases is not False
             any_frozen_base = any_frozen_base or base_frozen
-        own_dict = cls.__dict__
-        annotations = own_dict.get("__annotations__", {})
-        module = sys.modules.get(cls.__module__)
-        namespace = module.__dict__ if module is not None else {}
-        own = []
-        for name, annotation in annotations.items():
-            kind = _kind(annotation, namespace)
-            if kind is None:
-                return None
-            default = getattr(cls, name, _MISSING)
-            if isinstance(default, _Field):
-                f = default
-            elif _is_standard_field(default):
-                f = _field_from(default)
-            else:
-                if type(default).__name__ == "member_descriptor":  # a slot, not a default
-                    default = _MISSING
-                f = _Field(default, _MISSING, True, True, None, True, None, _MISSING)
-            if kind == "classvar":
-                if f.default_factory is not _MISSING:
-                    return None  # the standard decorator says what is wrong
-                f._classvar = True
-            elif f.init is not True or f.kw_only is True:
-                return None
-            elif f.default is not _MISSING and f.default.__class__.__hash__ is None:
-                raise ValueError(
-                    f"mutable default {type(f.default)} for field {name} is not allowed:"
-                    " use default_factory"
-                )
-            f.name, f.type = name, annotation
-            own.append(f)
-            all_fields[name] = f
-        for name, value in own_dict.items():
-            if isinstance(value, _Field) and name not in annotations:
-                raise TypeError(f"{name!r} is a field but has no type annotation")
         if all_frozen_bases is not None:
             if any_frozen_base and not frozen:
                 raise TypeError("cannot inherit non-frozen dataclass from a frozen one")
             if not all_frozen_bases and frozen:
                 raise TypeError("cannot inherit frozen dataclass from a non-frozen one")
-        seen_default = False
-        for f in all_fields.values():
-            if f._classvar:
-                continue
-            if f.default is not _MISSING or f.default_factory is not _MISSING:
-                seen_default = True
-            elif seen_default:
-                raise TypeError(f"non-default argument {f.name!r} follows default argument")
-        return all_fields, own
+        return found
+
+    def _own_field(cls, name, annotation, namespace):
+        """The field an annotation of the class body makes (a ``ClassVar`` a pseudo-field),
+        or None for one made by the standard decorator."""
+        kind = _kind(annotation, namespace)
+        if kind is None:
+            return None
+        default = getattr(cls, name, _MISSING)
+        if isinstance(default, _Field):
+            f = default
+        elif _is_standard_field(default):
+            f = _field_from(default)
+        else:
+            if type(default).__name__ == "member_descriptor":  # a slot, not a default
+                default = _MISSING
+            f = _Field(default, _MISSING, True, True, None, True, None, _MISSING)
+        if kind == "classvar":
+            if f.default_factory is not _MISSING:
+                return None  # the standard decorator says what is wrong
+            f._classvar = True
+        elif f.init is not True or f.kw_only is True:
+            return None
+        elif f.default is not _MISSING and f.default.__class__.__hash__ is None:
+            raise ValueError(
+                f"mutable default {type(f.default)} for field {name} is not allowed:"
+                " use default_factory"
+            )
+        f.name, f.type = name, annotation
+        return f
 
     def _kind(annotation, namespace):
         """``field``, ``classvar``, or None for an ``InitVar`` or ``KW_ONLY`` (the standard

@@ -101,15 +101,15 @@ def test_restoring_keeps_the_entries_recently_used(seeded: tuple[Workspace, Path
 
 def test_a_restore_imports_only_what_it_uses(seeded: tuple[Workspace, Path, Path]) -> None:
     """The one path stays lean: no onnx, no numpy, no worker machinery (it starts no
-    worker), and not the standard ``dataclasses`` (it imports ``inspect``; the package's
-    dataclasses are made without it)."""
+    worker), not the standard ``dataclasses`` (it imports ``inspect``; the package's
+    dataclasses are made without it), and no ``tomllib`` for a plain manifest."""
     src, cache, where = seeded
     ws = fresh(src.root, where)
     code = (
         "import sys; from epbuild.frontends.cli import main; "
         "rc = main(['-C', sys.argv[1], 'build', '--cache-only', '--cache', sys.argv[2]]); "
         "heavy = ('dataclasses', 'inspect', 'onnx', 'onnxruntime', 'numpy', "
-        "'epbuild.executors.local'); "
+        "'epbuild.executors.local', 'tomllib'); "
         "print('LOADED', [m for m in heavy if m in sys.modules]); sys.exit(rc)"
     )
     env = {**os.environ, "EPBUILD_CACHE": "off"}

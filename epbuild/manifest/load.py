@@ -1,6 +1,7 @@
 """Read ``epbuild.toml`` into typed, validated objects (``manifest.model``).
 
-Parsing uses the stdlib ``tomllib`` (fast, no comment preservation); commands that edit the
+Parsing uses the stdlib ``tomllib`` (fast, no comment preservation), or, for the plain TOML
+most manifests are, ``_toml.read``, which costs no import of it; commands that edit the
 manifest use tomlkit instead (see ``manifest.init``). Every error names file, line and key
 (``manifest.locate``). Facts several commands need (expanded models, the glob patterns
 behind them, the state directory) are computed here once and carried on the model.
@@ -14,15 +15,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from epbuild import _names
 from epbuild._dataclass import replace
-from epbuild._names import (
-    CTX_SUFFIX,
-    DEFAULT_OUT_DIR,
-    MANIFEST_NAME,
-    model_stem,
-    state_dir_setting,
-    tomllib,
-)
+from epbuild._names import CTX_SUFFIX, DEFAULT_OUT_DIR, MANIFEST_NAME, model_stem, state_dir_setting
+from epbuild._toml import read
 from epbuild.errors import ManifestError
 from epbuild.manifest.defaults import compile_api_missing, default_compiler, default_jobs
 from epbuild.manifest.expand import check_model, expand_entry, is_pattern
@@ -193,6 +189,10 @@ def _parse(file: Path, text: str) -> dict[str, Any]:
             line=1,
             hint="save the file as UTF-8 without a BOM (an editor's 'UTF-8', not 'UTF-8 with BOM')",
         )
+    data = read(text)  # most manifests: without importing tomllib
+    if data is not None:
+        return data
+    tomllib = _names.tomllib
     try:
         return tomllib.loads(text)
     except RecursionError as exc:

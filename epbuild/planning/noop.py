@@ -7,8 +7,8 @@ the directories globs were expanded in, and each LLM package's source files and 
 files (checked against what the source makes); a path that does not exist (a toolchain
 workspace's ``epbuild.lock`` before ``epbuild lock``) is stamped as absent. The next
 ``epbuild build`` stats exactly those paths (this module imports only ``os``, ``sys``, ``json``
-and ``tomllib``); if nothing changed it prints the recorded result without loading the rest of
-epbuild. Any difference falls back to the full
+and ``_toml``, or ``tomllib`` for a manifest beyond it); if nothing changed it prints the
+recorded result without loading the rest of epbuild. Any difference falls back to the full
 path, which re-plans from content as always. Every stat stored is taken *before* the value
 it vouches for is re-checked, so a change racing with the fingerprint makes it miss, never
 lie.
@@ -21,7 +21,9 @@ import os
 import sys
 from typing import TYPE_CHECKING, Any
 
-from epbuild._names import JOURNAL_NAME, MANIFEST_NAME, NOOP_NAME, state_dir_setting, tomllib
+from epbuild import _names
+from epbuild._names import JOURNAL_NAME, MANIFEST_NAME, NOOP_NAME, state_dir_setting
+from epbuild._toml import read
 
 if TYPE_CHECKING:
     from epbuild.planning.actions import CompileAction
@@ -68,7 +70,10 @@ def _state_dir_of(root: str, manifest_bytes: bytes) -> str | None:
     """The state directory the manifest names, if it is a tame relative path (the loader
     refuses the rest, so no fingerprint was ever written outside the workspace)."""
     try:
-        data = tomllib.loads(manifest_bytes.decode("utf-8"))
+        text = manifest_bytes.decode("utf-8")
+        data = read(text)
+        if data is None:
+            data = _names.tomllib.loads(text)
     except (UnicodeDecodeError, ValueError, RecursionError):
         return None
     state_dir = state_dir_setting(data)
