@@ -43,7 +43,8 @@ class _Reader:
         self.values: set[tuple[str, ...]] = set()  # keys given a value by a line
 
     def document(self) -> dict[str, Any]:
-        table, path = self.root, ()
+        table = self.root
+        path: tuple[str, ...] = ()
         while True:
             self.blank_lines()
             if self.i >= len(self.s):
@@ -150,7 +151,7 @@ class _Reader:
 
     def array(self) -> list[Any]:
         self.i += 1
-        out = []
+        out: list[Any] = []
         while True:
             self.blank_lines()
             if self.s[self.i] == "]":
