@@ -178,7 +178,9 @@ def build(
         if not dry_run and stale:
             from epbuild.engine.builder import Builder
 
-            run = executor_for(ws, stale, executor, scheduler, jobs, memory_budget)
+            run = executor_for(
+                ws, stale, executor, scheduler, jobs, memory_budget, restores_only=cache_only
+            )
             builder = functools.partial(Builder, keep_going=keep_going or cache_only,
                                         reporter=reporter, lock_timeout=lock_timeout,
                                         tracer=tracer, cache_only=cache_only)  # fmt: skip

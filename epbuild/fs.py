@@ -10,33 +10,72 @@ import errno
 import os
 import posixpath
 import stat
+from collections import namedtuple
 from collections.abc import Iterator, Sequence
-from typing import BinaryIO, NamedTuple
+from typing import TYPE_CHECKING, BinaryIO
 
 from epbuild.errors import StorageError, UnsafePathError
 
+if TYPE_CHECKING:
+    from collections.abc import Callable
+    from hashlib import _Hash
+
+_own_sha256: Callable[[], _Hash] | None
+try:  # the interpreter's own sha256 (Python 3.12 on: _sha2), which loads no OpenSSL
+    from _sha2 import sha256 as _own_sha256  # type: ignore[import-not-found,no-redef]
+except ImportError:
+    try:
+        from _sha256 import sha256 as _own_sha256  # type: ignore[import-not-found,no-redef]
+    except ImportError:  # an interpreter built without it: hashlib's alone
+        _own_sha256 = None
+
 CHUNK = 1 << 20
 """Files are read in pieces of this size: memory stays flat whatever the model size."""
+_own_budget = 1 << 20
+"""Bytes left to hash with the interpreter's own sha256. ``hashlib``'s is OpenSSL's,
+several times faster, but loading OpenSSL costs about 3 ms, as much as hashing a MiB the
+slower way: a process that hashes less (a restore of small models, a status) never loads
+it, and one that hashes more loses at most that."""
 
 
-class FileDigest(NamedTuple):
+def new_sha256(size: int) -> _Hash:
+    """A sha256 hash object for ``size`` bytes to come: the interpreter's own while
+    `_own_budget` lasts, then OpenSSL's (the digest is the same)."""
+    global _own_budget
+    if size <= _own_budget and _own_sha256 is not None:
+        _own_budget -= size  # threads may race here: the budget is a bound, not a count
+        return _own_sha256()
+    import hashlib
+
+    return hashlib.sha256()
+
+
+def sha256_hex(data: bytes | memoryview) -> str:
+    """The sha256 hex digest of ``data`` (`new_sha256`)."""
+    h = new_sha256(len(data))
+    h.update(data)
+    return h.hexdigest()
+
+
+class FileDigest(namedtuple("FileDigest", "size sha256 found", defaults=(None,))):
     """A file's size and sha256, and the first of the searched strings it contains (a named
-    tuple: this module stays cheap to import, on the fast restore path too)."""
+    tuple: this module stays cheap to import, on the fast restore path too; made by
+    ``collections``, as ``typing.NamedTuple`` compiles each annotation)."""
 
+    __slots__ = ()
     size: int
     sha256: str
-    found: bytes | None = None
+    found: bytes | None
 
 
 def digest_file(path: str, needles: Sequence[bytes] = ()) -> FileDigest:
     """Hash ``path`` in `CHUNK` pieces, searching for ``needles`` across piece boundaries
     on the way (one read serves both)."""
-    import hashlib
-
-    h, size, found = hashlib.sha256(), 0, None
+    size, found = 0, None
     keep = max((len(n) for n in needles), default=1) - 1
     tail = b""
     with open(path, "rb") as f:
+        h = new_sha256(os.fstat(f.fileno()).st_size)
         while chunk := f.read(CHUNK):
             h.update(chunk)
             size += len(chunk)

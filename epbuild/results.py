@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from epbuild.kinds.contract import kind_named
+
+if not TYPE_CHECKING:
+    from epbuild._dataclass import dataclass, field
+else:  # what type checkers and the API reference (which labels a dataclass by it) read
+    from dataclasses import dataclass, field
 
 if TYPE_CHECKING:
     from epbuild.kinds.contract import GraphAction

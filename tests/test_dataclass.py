@@ -11,12 +11,13 @@ import importlib
 import inspect
 import re
 from collections.abc import Callable
+from operator import attrgetter
 from pathlib import Path
 from typing import Any, ClassVar
 
 import pytest
 
-from epbuild._dataclass import dataclass
+from epbuild._dataclass import asdict, dataclass, field, fields, replace
 
 PACKAGE = Path(__file__).resolve().parent.parent / "epbuild"
 
@@ -228,3 +229,193 @@ def test_every_module_takes_the_decorator_from_here() -> None:
         if standard and path not in documented:
             wrong.append(str(path.relative_to(PACKAGE)))
     assert wrong == [], "use epbuild._dataclass.dataclass in:\n" + "\n".join(wrong)
+
+
+@pytest.mark.parametrize("shape", [plain, frozen, one_field, no_field, family, recursive])
+def test_same_init_signature_and_doc(shape: Callable[..., type]) -> None:
+    std, ours = both(shape)
+    assert str(inspect.signature(std)) == str(inspect.signature(ours))
+    assert std.__init__.__annotations__ == ours.__init__.__annotations__
+    assert std.__init__.__qualname__ == ours.__init__.__qualname__
+    assert std.__doc__ == ours.__doc__
+    assert std.__match_args__ == ours.__match_args__
+    assert std.__dataclass_params__.__repr__() == ours.__dataclass_params__.__repr__()
+    described = attrgetter("name", "type", "default", "repr", "compare", "hash")
+    assert [described(f) for f in dataclasses.fields(std)] == [
+        described(f) for f in dataclasses.fields(ours)
+    ]
+    assert dataclasses.is_dataclass(ours) and dataclasses.is_dataclass(ours.__mro__[0])
+
+
+def shapes_of_init(deco: Callable[..., Any], fld: Callable[..., Any]) -> list[type]:
+    @deco
+    class Factories:
+        a: int
+        b: list[int] = fld(default_factory=list)
+        c: str = "c"
+        d: dict[str, int] = fld(default_factory=dict)
+
+    @deco(frozen=True)
+    class Self:
+        self: int
+        other: tuple[int, ...] = fld(default_factory=tuple)
+
+    @deco
+    class Post:
+        a: int
+        doubled: int = 0
+
+        def __post_init__(self) -> None:
+            self.doubled = self.a * 2
+
+    @deco(frozen=True)
+    class Hidden:
+        a: int
+        b: bytes = fld(default=b"", repr=False, compare=False)
+
+    return [Factories, Self, Post, Hidden]
+
+
+def test_init_does_what_the_standard_one_does() -> None:
+    std = shapes_of_init(dataclasses.dataclass, dataclasses.field)
+    ours = shapes_of_init(dataclass, field)
+    calls: list[tuple[tuple[Any, ...], dict[str, Any]]] = [((1,), {}), ((1, [2]), {"c": "x"})]
+    calls += [((), {"a": 3, "d": {"k": 1}}), ((), {"self": 1}), ((1, (2,)), {}), ((), {})]
+    calls += [((1, 2, 3, 4, 5), {}), ((1,), {"a": 1}), ((1,), {"nope": 1}), ((1, b"x"), {})]
+    for s, o in zip(std, ours, strict=True):
+        assert str(inspect.signature(s)) == str(inspect.signature(o))
+        for args, kwargs in calls:
+            try:
+                expected = text(s(*args, **kwargs))
+            except TypeError as e:
+                with pytest.raises(TypeError) as got:
+                    o(*args, **kwargs)
+                assert str(got.value) == str(e)
+            else:
+                assert text(o(*args, **kwargs)) == expected
+    first, second = ours[0](1), ours[0](1)
+    assert first.b is not second.b  # a new list per instance
+    assert ours[2](4).doubled == 8
+    with pytest.raises(dataclasses.FrozenInstanceError, match="cannot delete field 'self'"):
+        del ours[1](1).self
+
+
+def test_the_functions_here_and_the_standard_ones_agree() -> None:
+    std = shapes_of_init(dataclasses.dataclass, dataclasses.field)
+    ours = shapes_of_init(dataclass, field)
+    for s, o in zip(std, ours, strict=True):
+        s1, o1 = s(1), o(1)
+        assert [f.name for f in fields(o1)] == [f.name for f in dataclasses.fields(s1)]
+        assert [f.name for f in fields(s1)] == [f.name for f in dataclasses.fields(s1)]
+        assert asdict(o1) == dataclasses.asdict(o1) == dataclasses.asdict(s1) == asdict(s1)
+        assert text(replace(o1)) == text(dataclasses.replace(o1)) == text(replace(s1))
+        name = fields(o1)[0].name
+        assert text(replace(o1, **{name: 5})) == text(dataclasses.replace(s1, **{name: 5}))
+    nested = ours[0](1, [ours[3](2)], d={"k": ours[1](3)})
+    assert asdict(nested) == dataclasses.asdict(nested)
+    assert asdict(nested)["b"][0] == {"a": 2, "b": b""}
+    with pytest.raises(TypeError):
+        replace(1)
+    with pytest.raises(TypeError):
+        fields(int)
+
+
+def test_inheriting_across_the_two_decorators() -> None:
+    @dataclasses.dataclass(frozen=True)
+    class StdBase:
+        a: int
+        b: str = "b"
+
+    @dataclass(frozen=True)
+    class OursChild(StdBase):
+        c: int = 3
+
+    @dataclass(frozen=True)
+    class OursBase:
+        a: int
+        b: list[int] = field(default_factory=list, compare=False)
+
+    @dataclasses.dataclass(frozen=True)
+    class StdChild(OursBase):
+        c: int = 3
+
+    for cls in (OursChild, StdChild):
+        assert list(inspect.signature(cls).parameters) == ["a", "b", "c"]
+        assert [f.name for f in dataclasses.fields(cls)] == ["a", "b", "c"]
+        assert cls(1).c == 3
+    assert OursChild(1) == OursChild(1, "b", 3) != OursChild(2)
+    assert StdChild(1, [1]) == StdChild(1, [2])  # b is not compared
+
+
+def test_shapes_left_to_the_standard_decorator() -> None:
+    @dataclass(order=True, frozen=True)
+    class Ordered:
+        a: int
+
+    @dataclass
+    class KeywordOnly:
+        a: int
+        b: int = field(default=0, kw_only=True)
+
+    @dataclass
+    class WithInitVar:
+        a: int
+        scale: dataclasses.InitVar[int] = 1
+
+        def __post_init__(self, scale: int) -> None:
+            self.a *= scale
+
+    @dataclass
+    class NotInInit:
+        a: int
+        b: int = field(default=7, init=False)
+
+    assert Ordered(1) < Ordered(2)
+    assert str(inspect.signature(KeywordOnly)) == "(a: 'int', *, b: 'int' = 0) -> None"
+    assert WithInitVar(2, 3).a == 6
+    assert NotInInit(1).b == 7
+    assert repr(NotInInit(1)).endswith("NotInInit(a=1, b=7)")
+
+
+def test_the_standard_decorators_errors() -> None:
+    def mutable(deco: Callable[..., Any], fld: Callable[..., Any]) -> None:
+        @deco
+        class Mutable:
+            a: list[int] = []
+
+    def order(deco: Callable[..., Any], fld: Callable[..., Any]) -> None:
+        @deco
+        class Order:
+            a: int = 0
+            b: int
+
+    def unannotated(deco: Callable[..., Any], fld: Callable[..., Any]) -> None:
+        @deco
+        class Unannotated:
+            a = fld(default=1)
+
+    def thawed(deco: Callable[..., Any], fld: Callable[..., Any]) -> None:
+        @deco(frozen=True)
+        class Base:
+            a: int
+
+        @deco
+        class Child(Base):
+            b: int = 0
+
+    def own_setattr(deco: Callable[..., Any], fld: Callable[..., Any]) -> None:
+        @deco(frozen=True)
+        class Own:
+            a: int
+
+            def __setattr__(self, name: str, value: Any) -> None:
+                pass
+
+    def both_defaults(deco: Callable[..., Any], fld: Callable[..., Any]) -> None:
+        fld(default=1, default_factory=list)
+
+    for body in (mutable, order, unannotated, thawed, own_setattr, both_defaults):
+        with pytest.raises((TypeError, ValueError)) as std:
+            body(dataclasses.dataclass, dataclasses.field)
+        with pytest.raises(std.type, match=re.escape(str(std.value))):
+            body(dataclass, field)

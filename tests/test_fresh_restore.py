@@ -99,6 +99,26 @@ def test_restoring_keeps_the_entries_recently_used(seeded: tuple[Workspace, Path
     assert all(e.stat().st_mtime > 1 for e in entries)  # prune evicts by last use
 
 
+def test_a_restore_imports_only_what_it_uses(seeded: tuple[Workspace, Path, Path]) -> None:
+    """The one path stays lean: no onnx, no numpy, no worker machinery (it starts no
+    worker), not the standard ``dataclasses`` (it imports ``inspect``; the package's
+    dataclasses are made without it)."""
+    src, cache, where = seeded
+    ws = fresh(src.root, where)
+    code = (
+        "import sys; from epbuild.frontends.cli import main; "
+        "rc = main(['-C', sys.argv[1], 'build', '--cache-only', '--cache', sys.argv[2]]); "
+        "heavy = ('dataclasses', 'inspect', 'onnx', 'onnxruntime', 'numpy', "
+        "'epbuild.executors.local'); "
+        "print('LOADED', [m for m in heavy if m in sys.modules]); sys.exit(rc)"
+    )
+    env = {**os.environ, "EPBUILD_CACHE": "off"}
+    proc = waits.run([sys.executable, "-c", code, str(ws.root), str(cache)], "the restore", env=env)
+    assert proc.returncode == 0, proc.stderr
+    assert "LOADED []" in proc.stdout, proc.stdout
+    assert "2 restored" in proc.stdout + proc.stderr
+
+
 def test_a_damaged_object_is_discarded_and_the_rest_restored(
     seeded: tuple[Workspace, Path, Path],
 ) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
 import stat
 from pathlib import Path
@@ -105,3 +106,20 @@ def test_making_a_toolchain_honours_the_lock_timeout(
         create.ensure(spec, "p", say=said.append, lock_timeout=0.2)
     assert said == ["waiting for epbuild making the toolchain of p (onnxruntime==1.0.0) to "
                     "release its lock"]  # fmt: skip
+
+
+def test_sha256_is_the_same_from_either_implementation(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The interpreter's own sha256 while the budget lasts, then OpenSSL's: one digest."""
+    data = os.urandom(3 * fs.CHUNK // 2)
+    (tmp_path / "f").write_bytes(data)
+    want = hashlib.sha256(data).hexdigest()
+    for budget in (0, 1 << 30):
+        monkeypatch.setattr(fs, "_own_budget", budget)
+        assert fs.sha256_hex(data) == want
+        assert fs.digest_file(str(tmp_path / "f")) == (len(data), want, None)
+        assert fs.sha256_hex(memoryview(data)[:10]) == hashlib.sha256(data[:10]).hexdigest()
+    monkeypatch.setattr(fs, "_own_budget", 100)
+    assert "_hashlib" not in type(fs.new_sha256(60)).__module__
+    assert "_hashlib" in type(fs.new_sha256(60)).__module__  # the budget is spent

@@ -14,21 +14,19 @@ way in.
 
 from __future__ import annotations
 
-import hashlib
 import os
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import replace
 from typing import Any, TypeVar
 
-from epbuild._dataclass import dataclass
+from epbuild._dataclass import dataclass, replace
 from epbuild.cache import trust
 from epbuild.cache.layout import entry_path, key_lock_path, object_path
 from epbuild.cache.local import LocalBackend
 from epbuild.cache.store import CachedOutput, CacheEntry, CorruptEntryError, Store
 from epbuild.errors import CacheUnavailableError
-from epbuild.fs import CHUNK
+from epbuild.fs import CHUNK, new_sha256
 from epbuild.planning.keys import explain_difference
 from epbuild.state.journal import ActionRecord
 from epbuild.state.statcache import hash_file
@@ -220,7 +218,7 @@ class ActionCache:
         if present:
             self.local_backend.touch(path)  # keeps it out of a concurrent prune's reach
             return
-        h = hashlib.sha256()
+        h = new_sha256(out.size)
         with trust.sealed_object(self.local_backend.root, out.digest) as tmp:
             with open(src, "rb") as s, open(tmp, "wb") as d:
                 while chunk := s.read(CHUNK):

@@ -8,7 +8,8 @@ remote tier, with the per-user directory as the local tier in front of it.
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING, NamedTuple
+from collections import namedtuple
+from typing import TYPE_CHECKING
 
 from epbuild.errors import UserError
 from epbuild.userdirs import default_cache_dir
@@ -20,14 +21,16 @@ OFF = ("off", "none", "no", "0", "false")
 ENV = "EPBUILD_CACHE"
 
 
-class CacheConfig(NamedTuple):
-    """A resolved cache location (a named tuple: cheap to import)."""
+class CacheConfig(namedtuple("CacheConfig", "local remote push", defaults=(None, False))):
+    """A resolved cache location (a named tuple: cheap to import; made by ``collections``,
+    as ``typing.NamedTuple`` compiles each annotation)."""
 
+    __slots__ = ()
     local: str
     """Absolute path of the local cache directory."""
-    remote: str | None = None
+    remote: str | None
     """fsspec URL of the remote tier, if any."""
-    push: bool = False
+    push: bool
     """Write compiled actions to the remote tier too."""
 
 

@@ -9,17 +9,17 @@ restore detects by verifying every digest.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import re
 import time
-from dataclasses import replace
 
+from epbuild._dataclass import replace
 from epbuild.cache.backend import Backend
 from epbuild.cache.layout import ENTRIES, IDS, entry_path, object_path
 from epbuild.cache.layout import LAYOUT as LAYOUT  # (the store's names, as they were)
 from epbuild.cache.layout import LOCKS as LOCKS
 from epbuild.cache.layout import OBJECTS as OBJECTS
+from epbuild.fs import sha256_hex
 from epbuild.state.journal import ActionRecord, OutputRecord
 
 CachedOutput = OutputRecord
@@ -66,7 +66,7 @@ def parse_entry(raw: bytes, key: str) -> CacheEntry:
 
 def id_dir(action_id: str) -> str:
     """Where the markers of one action id's entries live."""
-    return f"{IDS}/{hashlib.sha256(action_id.encode()).hexdigest()[:24]}"
+    return f"{IDS}/{sha256_hex(action_id.encode())[:24]}"
 
 
 def is_key(text: str) -> bool:

@@ -6,9 +6,9 @@ import os
 import threading
 import time
 from contextlib import ExitStack
-from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
+from epbuild._dataclass import replace
 from epbuild._names import PROGRESS_NAME, left_id
 from epbuild._version import __version__
 from epbuild.cache.actioncache import CacheDamagedError

@@ -13,7 +13,8 @@ if TYPE_CHECKING:
     from collections.abc import Callable
 
     from epbuild.engine.memory import MemoryPlan
-    from epbuild.executors.local import Executor
+    from epbuild.executors.job import Job
+    from epbuild.executors.local import Executor, WorkerOutcome
     from epbuild.planning.staleness import ActionPlan
     from epbuild.planning.workspace import Workspace
 
@@ -58,10 +59,13 @@ def executor_for(
     scheduler: str | None,
     jobs: int | None,
     memory_budget: int | None,
+    *,
+    restores_only: bool = False,
 ) -> Execution:
-    """The executor, slot count and memory plan of a build."""
+    """The executor, slot count and memory plan of a build. ``restores_only`` (``build
+    --cache-only``): its actions start no worker, so the local executor is not made (nor
+    its module imported: a restore's startup)."""
     from epbuild.engine.memory import MemoryPlan, default_budget, predict_peak, spare_cost
-    from epbuild.executors.local import LocalExecutor
     from epbuild.kinds.contract import kind_of
 
     peaks = {p.action.id: predict_peak(p, ws.state, ws.stats, ws.root) for p in stale}
@@ -82,7 +86,11 @@ def executor_for(
         raise UserError(f"unknown executor {kind!r}", hint="use local or dask")
     budget = memory_budget or ws.manifest.workspace.memory_budget or default_budget()
     slots = max(1, jobs or ws.manifest.workspace.jobs)
+    if kind == "local" and restores_only:
+        return Execution(_NoWorkers(), slots, MemoryPlan(budget, peaks), owned=True)
     if isinstance(kind, str):
+        from epbuild.executors.local import LocalExecutor
+
         # The warm spares (one per worker command: epbuild's own, or a toolchain's) hold
         # memory the compiles cannot have; inline jobs take no worker.
         workers = [p for p in stale if not kind_of(p.action).inline]
@@ -90,6 +98,19 @@ def executor_for(
         local = LocalExecutor(ws.root, prewarm=True, jobs=len(workers))
         return Execution(local, slots, MemoryPlan(budget, peaks), owned=True)
     return Execution(kind, slots, MemoryPlan(budget, peaks), owned=False)
+
+
+class _NoWorkers:
+    """The executor of a build whose actions start no worker (``restores_only``)."""
+
+    def run(self, job: Job) -> WorkerOutcome:
+        raise AssertionError("a --cache-only build runs no job")
+
+    def cancel(self) -> None:
+        """Nothing runs."""
+
+    def close(self) -> None:
+        """Nothing was started."""
 
 
 def schedule(runner: ActionRunner, stale: list[ActionPlan]) -> dict[str, ActionResult]:
@@ -153,7 +174,7 @@ class _Slots:
     (``logging`` among them: a restore's startup)."""
 
     def __init__(self, jobs: int, run: Callable[[ActionPlan], ActionResult]) -> None:
-        from queue import SimpleQueue
+        from _queue import SimpleQueue  # queue's, without the rest of queue (heapq, ...)
 
         self._run = run
         self._jobs = jobs

@@ -24,9 +24,9 @@ import sys
 import tempfile
 import threading
 import uuid
-from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
+from epbuild._dataclass import replace
 from epbuild._names import LOG_NAME, RESULT_NAME
 from epbuild.errors import UserError
 from epbuild.executors.local import WORKER_BOOT, WorkerOutcome, outcome_of, send_job

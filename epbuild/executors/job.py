@@ -12,10 +12,9 @@ same way (``executors.local.run_inline``).
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import field
 from typing import Any
 
-from epbuild._dataclass import dataclass
+from epbuild._dataclass import dataclass, field
 
 
 @dataclass(frozen=True)

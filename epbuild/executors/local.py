@@ -13,10 +13,9 @@ import os
 import signal
 import sys
 import threading
-from dataclasses import field
 from typing import TYPE_CHECKING, Any, Protocol
 
-from epbuild._dataclass import dataclass
+from epbuild._dataclass import dataclass, field
 from epbuild._names import LOG_NAME, RESULT_NAME
 from epbuild.executors.worker import COMPILING, result_of
 

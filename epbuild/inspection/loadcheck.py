@@ -15,9 +15,9 @@ from __future__ import annotations
 import json
 import sys
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import replace
 from typing import Any
 
+from epbuild._dataclass import replace
 from epbuild.errors import EpbuildError, ProviderUnavailableError
 from epbuild.executors.worker import compiled_with
 from epbuild.providers.contract import ProviderConfig

@@ -14,10 +14,9 @@ import json
 import re
 import signal
 import subprocess
-from dataclasses import asdict, field
 from typing import Any
 
-from epbuild._dataclass import dataclass
+from epbuild._dataclass import asdict, dataclass, field
 from epbuild.executors.local import own_command
 from epbuild.planning.actions import CompileAction
 from epbuild.planning.workspace import Workspace

@@ -21,10 +21,9 @@ from __future__ import annotations
 import json
 import math
 import os
-from dataclasses import field
 from typing import Any
 
-from epbuild._dataclass import dataclass
+from epbuild._dataclass import dataclass, field
 from epbuild.api import run_plans
 from epbuild.errors import ModelError, ToolchainError, UserError
 from epbuild.kinds.check import CHECK, CheckAction, check_action

@@ -11,9 +11,9 @@ from __future__ import annotations
 import math
 import os
 import tempfile
-from dataclasses import replace
 from typing import Any
 
+from epbuild._dataclass import replace
 from epbuild.errors import EpbuildError, ModelError, ProviderUnavailableError
 from epbuild.inspection.loadcheck import (
     _NUMPY_TYPES,

@@ -12,14 +12,14 @@ onnx or onnxruntime: this is the no-op path.
 from __future__ import annotations
 
 import functools
-import hashlib
 import json
 from collections.abc import Callable
-from dataclasses import replace
 from typing import Any
 
+from epbuild._dataclass import replace
 from epbuild._names import model_stem
 from epbuild.errors import ToolchainError
+from epbuild.fs import sha256_hex
 from epbuild.manifest.model import CompileSettings, Group, ModelEntry
 from epbuild.planning.actions import CompileAction
 from epbuild.planning.keys import FORMAT_VERSION, ORT_KEY, ActionKey, KeyComputer
@@ -79,7 +79,7 @@ def compile_key(action: CompileAction, keys: KeyComputer, *, fresh: bool = False
         components["initializer_names"] = list(names)
     members = [text if name is None else text + _dumps(components[name]) for text, name in layout]
     blob = ("{" + ",".join(members) + "}").encode()
-    return ActionKey(hashlib.sha256(blob).hexdigest(), components, inputs)
+    return ActionKey(sha256_hex(blob), components, inputs)
 
 
 def compile_settings(action: CompileAction, keys: KeyComputer) -> CompileSettings:

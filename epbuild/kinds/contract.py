@@ -13,15 +13,14 @@ its actions (``register``).
 
 from __future__ import annotations
 
-import hashlib
 import importlib
 import json
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import replace
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol, cast
 
-from epbuild._dataclass import dataclass
+from epbuild._dataclass import dataclass, replace
 from epbuild.executors.job import Job
+from epbuild.fs import sha256_hex
 from epbuild.planning.keys import ActionKey
 
 if TYPE_CHECKING:
@@ -79,7 +78,7 @@ class GraphAction(Protocol):
 def make_key(components: Mapping[str, Any], inputs: Mapping[str, str]) -> ActionKey:
     """The key of a kind's action: the digest of its components' canonical JSON."""
     blob = json.dumps(components, sort_keys=True, separators=(",", ":")).encode()
-    return ActionKey(hashlib.sha256(blob).hexdigest(), dict(components), dict(inputs))
+    return ActionKey(sha256_hex(blob), dict(components), dict(inputs))
 
 
 class ActionIdentity:
@@ -90,7 +89,7 @@ class ActionIdentity:
     @property
     def slug(self) -> str:
         """A short, file-name-safe, stable token for locks and staging directories."""
-        return hashlib.sha256(self.id.encode()).hexdigest()[:16]
+        return sha256_hex(self.id.encode())[:16]
 
 
 class OwnStep(ActionIdentity):

@@ -15,9 +15,8 @@ shapes are read with the proto reader, memoised by file stat.
 from __future__ import annotations
 
 import os
-from dataclasses import field
 
-from epbuild._dataclass import dataclass
+from epbuild._dataclass import dataclass, field
 from epbuild._names import model_label
 from epbuild.errors import ModelError
 from epbuild.manifest.model import Group, ModelEntry

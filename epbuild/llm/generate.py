@@ -24,11 +24,10 @@ import signal
 import subprocess
 import sys
 from collections.abc import Sequence
-from dataclasses import field
 from pathlib import Path
 from typing import Any
 
-from epbuild._dataclass import dataclass
+from epbuild._dataclass import dataclass, field
 from epbuild._names import GENERATE_TIMEOUT
 
 INSTALL_HINT = 'install onnxruntime-genai: pip install "epbuild[genai]"'

@@ -11,10 +11,10 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Callable
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from epbuild._dataclass import replace
 from epbuild._names import (
     CTX_SUFFIX,
     DEFAULT_OUT_DIR,

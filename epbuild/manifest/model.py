@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import field, fields, replace
 from pathlib import Path
 from typing import Any
 
-from epbuild._dataclass import dataclass
+from epbuild._dataclass import dataclass, field, fields, replace
 from epbuild.errors import ManifestError
 from epbuild.providers.contract import ProviderConfig
 

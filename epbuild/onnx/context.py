@@ -19,16 +19,14 @@ long workspace path, see ``LONG_PATH_MIN``).
 from __future__ import annotations
 
 import enum
-import hashlib
 import os
 import posixpath
 import re
 import sys
 from collections.abc import Iterable, Mapping
-from dataclasses import asdict
 from typing import TYPE_CHECKING, Any
 
-from epbuild._dataclass import dataclass
+from epbuild._dataclass import asdict, dataclass
 from epbuild.errors import VerificationError
 from epbuild.fs import CHUNK, reference_problem
 from epbuild.onnx.proto import ProtoError, read_model
@@ -303,7 +301,9 @@ def _extent_problem(full: str, ref: ExternalRef) -> tuple[str, str] | None:
 
 def _sha1_sums(full: str, start: int, end: int) -> set[str]:
     """SHA1 of the whole file and of ``[start, end)``, read in pieces (writers differ on
-    which one the ``checksum`` entry holds)."""
+    which one the ``checksum`` entry holds). Rare: OpenSSL's hashes are loaded for it."""
+    import hashlib
+
     whole, part = hashlib.sha1(), hashlib.sha1()
     at = 0
     with open(full, "rb") as f:

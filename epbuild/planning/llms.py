@@ -12,10 +12,9 @@ from __future__ import annotations
 import os
 import posixpath
 from collections.abc import Mapping, Sequence
-from dataclasses import field, replace
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from epbuild._dataclass import dataclass
+from epbuild._dataclass import dataclass, field, replace
 from epbuild.errors import ModelError
 from epbuild.kinds.llmquant import LlmCalibrateAction, LlmQuantizeAction, llm_quant_actions
 from epbuild.kinds.package import PackageAction

@@ -5,10 +5,9 @@ take the QDQ models instead of the float ones, each after its model's quantizati
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import field
 from typing import TYPE_CHECKING
 
-from epbuild._dataclass import dataclass
+from epbuild._dataclass import dataclass, field
 from epbuild.kinds.calibrate import CalibrateAction
 from epbuild.kinds.quantize import QuantizeAction, quant_actions, quantized_entry
 from epbuild.manifest.model import Group, Manifest, ModelEntry, Quantization

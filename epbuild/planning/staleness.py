@@ -6,9 +6,8 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Mapping, Sequence
-from dataclasses import field
 
-from epbuild._dataclass import dataclass
+from epbuild._dataclass import dataclass, field
 from epbuild.errors import ModelError, ToolchainError, UserError
 from epbuild.kinds.contract import GraphAction, kind_of
 from epbuild.planning.keys import ActionKey, KeyComputer, explain_difference

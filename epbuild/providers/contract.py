@@ -11,10 +11,9 @@ from __future__ import annotations
 import abc
 import os
 from collections.abc import Mapping
-from dataclasses import field
 from typing import TYPE_CHECKING, Any
 
-from epbuild._dataclass import dataclass
+from epbuild._dataclass import dataclass, field
 from epbuild.errors import ManifestError, ProviderUnavailableError
 from epbuild.toolchains.spec import ToolchainSpec
 

@@ -10,13 +10,12 @@ inputs.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import threading
 import time
 
-from epbuild.fs import atomic_write_bytes
+from epbuild.fs import atomic_write_bytes, new_sha256
 from epbuild.userdirs import default_cache_dir
 
 KEY = "ep-library"
@@ -57,7 +56,7 @@ def library_sha256(path: str) -> str:
         hit = memo.get(full)
         if isinstance(hit, list) and len(hit) == 4 and hit[:3] == stamp:
             return str(hit[3])
-    digest = hashlib.sha256()
+    digest = new_sha256(st.st_size)
     try:
         with open(full, "rb") as f:
             while chunk := f.read(1 << 20):

@@ -15,10 +15,9 @@ from __future__ import annotations
 
 import json
 import posixpath
-from dataclasses import field
 from typing import Any
 
-from epbuild._dataclass import dataclass
+from epbuild._dataclass import dataclass, field
 from epbuild._names import CTX_SUFFIX, PACKAGE_MANIFEST, model_label
 from epbuild.manifest.model import PackageSettings
 from epbuild.planning.actions import CompileAction

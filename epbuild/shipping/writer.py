@@ -31,9 +31,8 @@ import shutil
 import socket
 import uuid
 from collections.abc import Callable
-from dataclasses import field
 
-from epbuild._dataclass import dataclass
+from epbuild._dataclass import dataclass, field
 from epbuild.errors import StorageError, UnsafePathError, VerificationError
 from epbuild.fs import digest_file, os_error_hint, os_error_text, remove_tree, replace_directory
 from epbuild.shipping.contents import DEPLOY_NAME, ORT_MANIFEST_NAME, PackagedFile

@@ -17,19 +17,17 @@ one (the journal compacted or rewritten) only costs a full replay, which writes 
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import posixpath
 import time
 from collections.abc import Iterator, MutableMapping
-from dataclasses import field, replace
 from json.scanner import make_scanner
 from typing import Any, TypeVar, overload
 
-from epbuild._dataclass import dataclass
+from epbuild._dataclass import dataclass, field, replace
 from epbuild._names import SNAPSHOT_SUFFIX
-from epbuild.fs import atomic_write_bytes, is_safe_reference, open_read
+from epbuild.fs import atomic_write_bytes, is_safe_reference, open_read, sha256_hex
 from epbuild.state import journalfile
 from epbuild.state.journalfile import HEADER_LINE, encode_line
 
@@ -414,7 +412,7 @@ def _write_snapshot(
 
 
 def _sha256(data: bytes | memoryview) -> str:
-    return hashlib.sha256(data).hexdigest()
+    return sha256_hex(data)
 
 
 _scan_once = make_scanner(json.JSONDecoder())  # type: ignore[arg-type]  # (json's own use)

@@ -9,14 +9,13 @@ processes wrote meanwhile, so concurrent writers never corrupt it.
 from __future__ import annotations
 
 import errno
-import hashlib
 import json
 import os
 import stat
 import time
-from typing import NamedTuple
+from collections import namedtuple
 
-from epbuild.fs import atomic_write_bytes, digest_file, is_safe_reference
+from epbuild.fs import atomic_write_bytes, digest_file, is_safe_reference, sha256_hex
 
 _VERSION = 2  # 2: a sha256 of the payload on the first line (a flipped byte is caught)
 _RACY_NS = 20_000_000  # an mtime this close to "now" may still change within its tick
@@ -24,15 +23,17 @@ _RACY_NS = 20_000_000  # an mtime this close to "now" may still change within it
 _UNREADABLE = (OSError, ValueError, KeyError, TypeError, IndexError, AttributeError, RecursionError)
 
 
-class Entry(NamedTuple):
+class Entry(namedtuple("Entry", "ino size mtime_ns digest refs", defaults=(None,))):
     """What we know about one file's content (a named tuple: a stat cache holds thousands,
-    made at every load)."""
+    made at every load; made by ``collections``, as ``typing.NamedTuple`` compiles each
+    annotation)."""
 
+    __slots__ = ()
     ino: int
     size: int
     mtime_ns: int
     digest: str
-    refs: tuple[str, ...] | None = None
+    refs: tuple[str, ...] | None
     """External-data files (workspace-relative) of an ONNX model; None if not parsed."""
 
 
@@ -79,7 +80,7 @@ class StatCache:
             header = json.loads(head)
             if header.get("version") != _VERSION:
                 return
-            if header.get("sha256") != hashlib.sha256(body).hexdigest():
+            if header.get("sha256") != sha256_hex(body):
                 return
             data = json.loads(body)
             if not isinstance(data, dict):
@@ -169,7 +170,7 @@ class StatCache:
             },
         }
         body = json.dumps(payload, separators=(",", ":")).encode()
-        head = {"version": _VERSION, "sha256": hashlib.sha256(body).hexdigest()}
+        head = {"version": _VERSION, "sha256": sha256_hex(body)}
         # Not synced: what a power cut leaves of it fails the sha256 and is dropped, which
         # only costs re-hashing (the files it vouches for are stat'ed against it anyway).
         atomic_write_bytes(self.path, json.dumps(head).encode() + b"\n" + body, durable=False)

@@ -13,10 +13,9 @@ import json
 import os
 import shutil
 from collections.abc import Iterable
-from dataclasses import asdict, field
 from typing import Any
 
-from epbuild._dataclass import dataclass
+from epbuild._dataclass import asdict, dataclass, field
 from epbuild.state import locks, sharedlock
 from epbuild.toolchains.boot import worker_path
 from epbuild.toolchains.env import MARKER, toolchain_root

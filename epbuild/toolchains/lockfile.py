@@ -14,10 +14,9 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from dataclasses import field
 from typing import Any
 
-from epbuild._dataclass import dataclass
+from epbuild._dataclass import dataclass, field
 from epbuild.errors import UserError
 
 LOCK_NAME = "epbuild.lock"

@@ -6,11 +6,11 @@ usable environment is ``toolchains.env`` (find, never create) and ``toolchains.c
 
 from __future__ import annotations
 
-import hashlib
 import json
 import sys
 
 from epbuild._dataclass import dataclass
+from epbuild.fs import sha256_hex
 
 FORMAT = 1
 """Layout version of an environment epbuild creates; bump it to stop trusting old ones."""
@@ -44,7 +44,7 @@ class ToolchainSpec:
             "platform": f"{sys.platform}-{platform.machine()}",
         }
         blob = json.dumps(data, sort_keys=True).encode()
-        return hashlib.sha256(blob).hexdigest()[:16]
+        return sha256_hex(blob)[:16]
 
     def key(self) -> dict[str, object]:
         """The part of an action key it contributes besides the versions it resolves to:

@@ -9,11 +9,10 @@ import os
 import posixpath
 import re
 from collections.abc import Mapping
-from dataclasses import field
 from fnmatch import fnmatchcase
 from typing import TYPE_CHECKING
 
-from epbuild._dataclass import dataclass
+from epbuild._dataclass import dataclass, field
 from epbuild.cache.location import resolve
 from epbuild.errors import EpbuildError
 from epbuild.llm.package import source_files
