@@ -27,7 +27,7 @@ from epbuild.errors import EpbuildError, ProviderUnavailableError, ToolchainErro
 from epbuild.inspection.loadcheck import NO_COMPILE, Figures, _explain, answer
 from epbuild.inspection.loading import load_spec, run_load
 from epbuild.inspection.numerics import NumericsCheck, QuantTolerance, judge_figures
-from epbuild.inspection.quantcheck import LayerErrors
+from epbuild.inspection.quantcheck import LayerErrors, passed
 from epbuild.kinds.llmquant import LlmCalibrateAction, LlmQuantizeAction
 from epbuild.llm.calibrate import cpu_session, run_prompt, static_io, tokenize
 from epbuild.llm.genai_config import TOTAL_SEQ_LEN
@@ -168,13 +168,7 @@ def check(job: dict[str, Any]) -> dict[str, Any]:
             return {"outcome": "failed", "message": _explain(exc.message)}
         finally:
             tempfile.tempdir = before
-    return {
-        **ctx_figures.result(),
-        "outcome": "passed",
-        "message": "",
-        "qdq": qdq_figures.result()["outputs"],
-        "layers": layers.worst(),
-    }
+    return passed(ctx_figures, qdq_figures, layers)
 
 
 def _valid(names: list[str], kv: set[str], total: int, outputs: list[Any]) -> list[Any]:

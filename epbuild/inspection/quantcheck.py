@@ -72,11 +72,17 @@ def check_quantized(job: dict[str, Any]) -> dict[str, Any]:
             return {"outcome": "failed", "message": _explain(exc.message)}
         finally:
             tempfile.tempdir = before
+    return passed(ctx_figures, qdq_figures, layers)
+
+
+def passed(ctx: Figures, qdq: Figures, layers: LayerErrors) -> dict[str, Any]:
+    """The loader's result for a quantized model that ran: the ctx model's figures against
+    the float source, the QDQ model's beside them (``qdq``) and the worst ``layers``."""
     return {
-        **ctx_figures.result(),
+        **ctx.result(),
         "outcome": "passed",
         "message": "",
-        "qdq": qdq_figures.result()["outputs"],
+        "qdq": qdq.result()["outputs"],
         "layers": layers.worst(),
     }
 

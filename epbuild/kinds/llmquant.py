@@ -31,9 +31,10 @@ from typing import TYPE_CHECKING, Any
 from epbuild._dataclass import dataclass
 from epbuild._names import PROGRESS_NAME
 from epbuild.errors import ModelError, UserError, VerificationError
-from epbuild.fs import atomic_write_text, is_safe_reference
+from epbuild.fs import atomic_write_text
 from epbuild.kinds.contract import BaseKind, Checked, Reported, RunContext, Wording
 from epbuild.kinds.prepare import LlmStep, PrepareAction, graph_stages
+from epbuild.kinds.quantize import check_qdq, recipe_settings
 from epbuild.llm.calibrate import GENERATED, static_io, tokenize
 from epbuild.llm.calibrate import calibrate as run_calibration
 from epbuild.llm.genai_schema import GENAI_CONFIG
@@ -41,11 +42,10 @@ from epbuild.llm.package import source_files
 from epbuild.llm.parts import EMBEDDING_FILES
 from epbuild.llm.prompts import PromptError, read_prompts
 from epbuild.manifest.model import Llm, Quantization
-from epbuild.onnx.proto import ProtoError, read_model
 from epbuild.onnx.staged import staged_names
 from epbuild.planning.keys import ActionKey, KeyComputer
 from epbuild.providers.distributions import dist_version
-from epbuild.quant.work import _method, _quantize_hint, scratch, versions
+from epbuild.quant.work import _method, quantizer_errors, scratch, versions
 
 if TYPE_CHECKING:
     from epbuild.executors.job import Job
@@ -241,15 +241,7 @@ class LlmCalibrateKind(BaseKind):
 
 def _settings(action: LlmQuantizeAction) -> dict[str, Any]:
     """What makes the QDQ graph besides its inputs: in its key, and given to its job."""
-    recipe = action.recipe
-    return {
-        "method": recipe.method,
-        "activations": recipe.activations,
-        "weights": recipe.weights,
-        "per_channel": recipe.per_channel,
-        "exclude": sorted(recipe.exclude),
-        "overrides": dict(sorted(recipe.overrides.items())),
-    }
+    return recipe_settings(action.recipe)
 
 
 class LlmQuantizeKind(BaseKind):
@@ -291,22 +283,7 @@ class LlmQuantizeKind(BaseKind):
         self, action: LlmQuantizeAction, staging: str, ctx: RunContext, result: Reported
     ) -> Checked:
         """The QDQ graph (and its external data), readable, nothing else."""
-        name = posixpath.basename(action.output)
-        names = staged_names(ctx.root, staging)
-        if name not in names:
-            raise VerificationError(f"expected output {name} was not written")
-        try:
-            info = read_model(os.path.join(ctx.root, staging, name))
-        except ProtoError as exc:
-            raise VerificationError(f"{name}: unreadable QDQ graph ({exc})") from exc
-        data = {ref.location for ref in info.external_refs}
-        for location in data:
-            if not is_safe_reference(location) or location not in names:
-                raise VerificationError(f"{name}: external data {location!r} was not written")
-        extra = sorted(set(names) - {name} - data)
-        if extra:
-            raise VerificationError(f"unexpected output {extra[0]} staged by the quantization")
-        return names, []
+        return check_qdq(ctx.root, staging, posixpath.basename(action.output), "QDQ graph"), []
 
 
 LLM_CALIBRATE = LlmCalibrateKind()
@@ -388,22 +365,14 @@ def quantize(job: Job, root: str) -> dict[str, Any]:
     args = job.payload
     label = str(args["label"])
     output = os.path.join(root, job.staging, str(args["output"]))
-    try:
-        with scratch(os.path.join(root, job.staging)):  # ORT's temporary files: not in /tmp
-            qdq = quantize_graph(
-                os.path.join(root, str(args["graph"])),
-                os.path.join(root, str(args["ranges"])),
-                output,
-                dict(args["settings"]),
-                label,
-            )
-    except ModelError:
-        raise
-    except Exception as exc:
-        raise ModelError(
-            f"{label}: ONNX Runtime's quantizer failed: {type(exc).__name__}: {exc}",
-            hint=_quantize_hint(exc),
-        ) from exc
+    with scratch(os.path.join(root, job.staging)), quantizer_errors(label):  # not in /tmp
+        qdq = quantize_graph(
+            os.path.join(root, str(args["graph"])),
+            os.path.join(root, str(args["ranges"])),
+            output,
+            dict(args["settings"]),
+            label,
+        )
     return {
         "seconds": time.perf_counter() - t0,
         "detail": {"qdq_nodes": qdq},

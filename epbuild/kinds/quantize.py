@@ -16,9 +16,12 @@ from typing import Any
 
 from epbuild._dataclass import dataclass
 from epbuild.errors import VerificationError
+from epbuild.fs import is_safe_reference
 from epbuild.kinds.calibrate import CalibrateAction, QuantStep
 from epbuild.kinds.contract import BaseKind, Checked, Reported, RunContext, Wording
 from epbuild.manifest.model import Group, ModelEntry, Quantization
+from epbuild.onnx.proto import ProtoError, read_model
+from epbuild.onnx.staged import staged_names
 from epbuild.planning.keys import ActionKey, KeyComputer
 
 QUANTIZE_FORMAT = 1
@@ -76,42 +79,50 @@ class QuantizeKind(BaseKind):
     def check(
         self, action: QuantizeAction, staging: str, ctx: RunContext, result: Reported
     ) -> Checked:
-        """The QDQ model (and its external data), readable and holding Q/DQ nodes,
-        nothing else."""
-        from epbuild.fs import is_safe_reference
-        from epbuild.onnx.proto import ProtoError, read_model
-        from epbuild.onnx.staged import staged_names
+        """The QDQ model (and its external data), readable, nothing else."""
+        return check_qdq(ctx.root, staging, posixpath.basename(action.output), "QDQ model"), []
 
-        name = posixpath.basename(action.output)
-        names = staged_names(ctx.root, staging)
-        if name not in names:
-            raise VerificationError(f"expected output {name} was not written")
-        try:
-            info = read_model(os.path.join(ctx.root, staging, name))
-        except ProtoError as exc:
-            raise VerificationError(f"{name}: unreadable QDQ model ({exc})") from exc
-        data = {ref.location for ref in info.external_refs}
-        for location in data:
-            if not is_safe_reference(location) or location not in names:
-                raise VerificationError(f"{name}: external data {location!r} was not written")
-        extra = sorted(set(names) - {name} - data)
-        if extra:
-            raise VerificationError(f"unexpected output {extra[0]} staged by the quantization")
-        return names, []
+
+def check_qdq(root: str, staging: str, name: str, what: str) -> list[str]:
+    """The staged file names, after refusing (``VerificationError``) a staging that lacks the
+    QDQ graph ``name`` (``what`` it is), holds it unreadable or with external data that was not
+    staged beside it, or holds anything else."""
+    names = staged_names(root, staging)
+    if name not in names:
+        raise VerificationError(f"expected output {name} was not written")
+    try:
+        info = read_model(os.path.join(root, staging, name))
+    except ProtoError as exc:
+        raise VerificationError(f"{name}: unreadable {what} ({exc})") from exc
+    data = {ref.location for ref in info.external_refs}
+    for location in data:
+        if not is_safe_reference(location) or location not in names:
+            raise VerificationError(f"{name}: external data {location!r} was not written")
+    extra = sorted(set(names) - {name} - data)
+    if extra:
+        raise VerificationError(f"unexpected output {extra[0]} staged by the quantization")
+    return names
 
 
 def _settings(action: QuantizeAction) -> dict[str, Any]:
     """What makes the QDQ model besides its inputs: in its key, and given to its job."""
-    recipe = action.recipe
     return {
         "flavour": action.flavour,
+        **recipe_settings(action.recipe),
+        "output": posixpath.basename(action.output),
+    }
+
+
+def recipe_settings(recipe: Quantization) -> dict[str, Any]:
+    """What a ``[quantization]`` table sets of how a QDQ graph is made (JSON values: in the
+    keys of the quantize actions, a group's and an LLM's, and given to their jobs)."""
+    return {
         "method": recipe.method,
         "activations": recipe.activations,
         "weights": recipe.weights,
         "per_channel": recipe.per_channel,
         "exclude": sorted(recipe.exclude),
         "overrides": dict(sorted(recipe.overrides.items())),
-        "output": posixpath.basename(action.output),
     }
 
 

@@ -208,13 +208,7 @@ def _expand(
     found: list[str] = []
     special: list[tuple[str, str]] = []
     if is_pattern(rel):
-        head = rel.partition("*")[0].partition("?")[0].partition("[")[0]
-        base = posixpath.dirname(head)
-        folders = [base or "."]
-        if "**" in rel:
-            folders = [
-                posixpath.relpath(d, root).replace(os.sep, "/") for d, _, _ in os.walk(root / base)
-            ]
+        folders = _pattern_folders(root, rel)
         for match, kind in glob_kinds(base_dir, rel):
             if any(match == d or match.startswith(d + "/") for d in excluded):
                 continue
@@ -298,19 +292,23 @@ def _describe(path: str | os.PathLike[str], mode: int) -> str:
     return kind + (" (through a link)" if os.path.islink(path) else "")
 
 
+def _pattern_folders(root: Path, pattern: str) -> list[str]:
+    """The folders whose listing decides what ``pattern`` matches: the one its fixed head
+    names, and for ``**`` every folder below it (walked without following links)."""
+    head = pattern.partition("*")[0].partition("?")[0].partition("[")[0]
+    base = posixpath.dirname(head)
+    if "**" not in pattern:
+        return [base or "."]
+    return [posixpath.relpath(d, root).replace(os.sep, "/") for d, _, _ in os.walk(root / base)]
+
+
 def _expand_text(
     where: Where, at: tuple[str, ...], root: Path, rel: str, excluded: tuple[str, ...]
 ) -> tuple[list[str], list[str]]:
     """The prompts files ``rel`` names (a glob, a folder or a file), each one readable,
     UTF-8 and holding a prompt, and the folders listed."""
     if is_pattern(rel):
-        head = rel.partition("*")[0].partition("?")[0].partition("[")[0]
-        base = posixpath.dirname(head)
-        folders = [base or "."]
-        if "**" in rel:
-            folders = [
-                posixpath.relpath(d, root).replace(os.sep, "/") for d, _, _ in os.walk(root / base)
-            ]
+        folders = _pattern_folders(root, rel)
         found = [
             m
             for m, kind in glob_kinds(str(root), rel)

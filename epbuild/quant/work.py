@@ -169,6 +169,22 @@ activations). ORT's own bound (``max_intermediate_outputs``) drops a full batch 
 
 
 @contextmanager
+def quantizer_errors(label: str) -> Iterator[None]:
+    """ONNX Runtime's quantizer failing inside: a ``ModelError`` naming ``label`` (the model
+    or graph) with what to do (``_quantize_hint``); epbuild's own ``ModelError`` passes as
+    it is."""
+    try:
+        yield
+    except ModelError:
+        raise
+    except Exception as exc:
+        raise ModelError(
+            f"{label}: ONNX Runtime's quantizer failed: {type(exc).__name__}: {exc}",
+            hint=_quantize_hint(exc),
+        ) from exc
+
+
+@contextmanager
 def scratch(staging: str) -> Iterator[str]:
     """A folder for a job's temporary files, ONNX Runtime's own included (its quantization
     tools take their temporary folders from ``tempfile``): in the staging directory, which
@@ -271,15 +287,8 @@ def quantize(job: Job, root: str) -> dict[str, Any]:
         cache = os.path.join(tmp, RANGES)  # ORT may rewrite a cache: never the committed one
         shutil.copyfile(os.path.join(os.path.dirname(calibrated), RANGES), cache)
         config = _config(calibrated, args)
-        try:
+        with quantizer_errors(label):
             _quantize(calibrated, output, cache, config, external)
-        except ModelError:
-            raise
-        except Exception as exc:
-            raise ModelError(
-                f"{label}: ONNX Runtime's quantizer failed: {type(exc).__name__}: {exc}",
-                hint=_quantize_hint(exc),
-            ) from exc
     return {
         "seconds": time.perf_counter() - t0,
         "detail": {"qdq_nodes": _count_qdq(output)},
