@@ -29,9 +29,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from epbuild._dataclass import dataclass
-from epbuild._names import PROGRESS_NAME
 from epbuild.errors import ModelError, UserError, VerificationError
-from epbuild.fs import atomic_write_text
 from epbuild.kinds.contract import BaseKind, Checked, Reported, RunContext, Wording
 from epbuild.kinds.prepare import LlmStep, PrepareAction, graph_stages
 from epbuild.kinds.quantize import check_qdq, recipe_settings
@@ -45,7 +43,7 @@ from epbuild.manifest.model import Llm, Quantization
 from epbuild.onnx.staged import staged_names
 from epbuild.planning.keys import ActionKey, KeyComputer
 from epbuild.providers.distributions import dist_version
-from epbuild.quant.work import _method, quantizer_errors, scratch, versions
+from epbuild.quant.work import _method, progress, quantizer_errors, scratch, versions
 
 if TYPE_CHECKING:
     from epbuild.executors.job import Job
@@ -289,9 +287,6 @@ class LlmQuantizeKind(BaseKind):
 LLM_CALIBRATE = LlmCalibrateKind()
 LLM_QUANTIZE = LlmQuantizeKind()
 
-PROGRESS_EVERY = 0.2
-"""Seconds between writes of a calibration's progress."""
-
 
 def calibrate(job: Job, root: str) -> dict[str, Any]:
     """In the worker: read and tokenize the prompts, check each fits the KV cache, and
@@ -321,32 +316,19 @@ def calibrate(job: Job, root: str) -> dict[str, Any]:
                 )
             prompts.append(tokens)
     staging = os.path.join(root, job.staging)
-    progress = os.path.join(staging, PROGRESS_NAME)
-    written = [0.0]
-
-    def report(done: int, total: int) -> None:  # whole, by rename: the builder reads it
-        now = time.monotonic()
-        if now - written[0] >= PROGRESS_EVERY or done == total:
-            written[0] = now
-            atomic_write_text(progress, f"{done}/{total} prompts", durable=False)
-
     graphs = {stage: os.path.join(root, str(p)) for stage, p in dict(args["graphs"]).items()}
     ranges = {stage: os.path.join(staging, ranges_name(stage)) for stage in graphs}
     embeddings = args.get("embeddings")
-    try:
-        with scratch(staging):  # temporary files in the staging directory, never /tmp
-            counts = run_calibration(
-                graphs,
-                prompts,
-                io,
-                _method(str(args["method"])),
-                ranges,
-                report,
-                None if embeddings is None else os.path.join(root, str(embeddings)),
-            )
-    finally:
-        if os.path.exists(progress):
-            os.unlink(progress)
+    with progress(staging, "prompts") as report, scratch(staging):  # never /tmp
+        counts = run_calibration(
+            graphs,
+            prompts,
+            io,
+            _method(str(args["method"])),
+            ranges,
+            report,
+            None if embeddings is None else os.path.join(root, str(embeddings)),
+        )
     return {
         "seconds": time.perf_counter() - t0,
         "detail": {"prompts": len(prompts), "tensors": counts},

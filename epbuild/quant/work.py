@@ -11,7 +11,7 @@ import os
 import shutil
 import tempfile
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
@@ -67,25 +67,12 @@ def calibrate(job: Job, root: str) -> dict[str, Any]:
     for sample in samples[:1]:  # a wrong sample fails before the slow part
         next(iterate(root, [sample], specs))
     target = os.path.join(staging, MODEL)
-    progress = os.path.join(staging, PROGRESS_NAME)
-
-    written = [0.0]
-
-    def report(done: int, total: int) -> None:  # whole, by rename: the builder reads it
-        now = time.monotonic()
-        if now - written[0] >= PROGRESS_EVERY or done == total:
-            written[0] = now
-            atomic_write_text(progress, f"{done}/{total} samples", durable=False)
-
     with scratch(staging) as tmp:
         _preprocess(model, root, source, target, str(args["flavour"]))
         del model
-        try:
+        with progress(staging, "samples") as report:
             feeds = iterate(root, samples, specs, report)
             tensors = _calibrate(target, feeds, str(args["method"]), len(samples), tmp)
-        finally:
-            if os.path.exists(progress):
-                os.unlink(progress)
     return {
         "seconds": time.perf_counter() - t0,
         "detail": {"samples": len(samples), "tensors": tensors},
@@ -166,6 +153,27 @@ CHUNK = 16
 """Samples whose activations a calibration holds at once: it collects them chunk by chunk
 (each ``collect_data`` call folds its chunk into the ranges or histograms and lets go of the
 activations). ORT's own bound (``max_intermediate_outputs``) drops a full batch unseen."""
+
+
+@contextmanager
+def progress(staging: str, unit: str) -> Iterator[Callable[[int, int], None]]:
+    """A job's ``report(done, total)``: ``done/total UNIT`` written whole (by rename: the
+    builder reads it) to the staging directory's progress file, at most every
+    ``PROGRESS_EVERY`` seconds and at the end; the file goes when the job ends."""
+    path = os.path.join(staging, PROGRESS_NAME)
+    written = [0.0]
+
+    def report(done: int, total: int) -> None:
+        now = time.monotonic()
+        if now - written[0] >= PROGRESS_EVERY or done == total:
+            written[0] = now
+            atomic_write_text(path, f"{done}/{total} {unit}", durable=False)
+
+    try:
+        yield report
+    finally:
+        if os.path.exists(path):
+            os.unlink(path)
 
 
 @contextmanager
