@@ -85,9 +85,15 @@ class LocalBackend:
         return True
 
     def download(self, path: str, dest: str, size: int = 0) -> None:
-        with open_read(self.file(path)) as src, open(dest, "wb") as out:
-            while chunk := src.read(1 << 20):
-                out.write(chunk)
+        src = open_read(self.file(path))
+        try:
+            with src, open(dest, "wb") as out:
+                while chunk := src.read(1 << 20):
+                    out.write(chunk)
+        except OSError as exc:  # a write through an open file names no path: name dest
+            if exc.filename is None:
+                raise OSError(exc.errno, exc.strerror, dest) from exc
+            raise
 
     def upload(self, src: str, path: str) -> None:
         atomic_copy(src, self.checked(path), mode=0o444, durable=False, within=self.root)

@@ -109,7 +109,10 @@ class Builder:
         except EpbuildError as exc:
             return _failed(plan, exc.message, exc.hint, exit_code=exc.exit_code)
         except OSError as exc:  # a full disk, a vanished file: fails this action, not the build
-            return _failed(plan, os_error_text(exc, self.ws.root), WRITE_HINT)
+            text = os_error_text(exc, self.ws.root)
+            if exc.filename is None:  # written through an open file: say where it wrote
+                text = f"{text}: writing the outputs of {action.id} in {action.out_dir}"
+            return _failed(plan, text, WRITE_HINT)
         except Exception as exc:
             return _failed(plan, f"{type(exc).__name__}: {exc}")
 

@@ -246,10 +246,7 @@ class LocalExecutor:
         peak = 0
         try:
             send_job(proc, job)
-            with open(log_path, "wb") as log:
-                while chunk := os.read(proc.stdout.fileno(), 65536):
-                    log.write(chunk)
-                    log.flush()  # the log of a long compile can be followed as it runs
+            _drain(proc.stdout.fileno(), log_path)
             code, peak = _wait(proc)
         finally:
             _reap(proc)
@@ -279,3 +276,18 @@ class LocalExecutor:
             for _, proc in self._spares:
                 _reap(proc)
             self._spares.clear()
+
+
+def _drain(fd: int, log_path: str) -> None:
+    """Copy the worker's output into its log (unbuffered: the log of a long compile can be
+    followed as it runs) until the worker closes it. A log that cannot take more (a full
+    disk) is left as it is and the output still read to the end: the worker must not block
+    on a full pipe, and its own result says what the disk did to the job."""
+    with open(log_path, "wb", buffering=0) as log:
+        full = False
+        while chunk := os.read(fd, 65536):
+            if not full:
+                try:
+                    log.write(chunk)
+                except OSError:
+                    full = True
