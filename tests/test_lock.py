@@ -390,6 +390,34 @@ def test_a_toolchain_not_made_yet_takes_its_keys_from_the_lock(
     assert not private_toolchains.exists() or not any(private_toolchains.iterdir())
 
 
+def test_a_hand_made_lock_without_the_onnxruntime_pin_is_one_message(
+    workspace: Workspace, private_toolchains: Path
+) -> None:
+    """A lock written by hand whose provider entry pins no onnxruntime: ``cache key`` says
+    so and what to do, exit 2 (it was an internal ``KeyError``)."""
+    from epbuild.planning.keys import ORT_KEY
+
+    workspace.model("models/a.onnx", matmul_model(1))
+    ov = {"ep": "openvino", "toolchain": {"requirements": ["onnxruntime-openvino==1.24.1"]}}
+    workspace.manifest(
+        {
+            "providers": {"ov": ov},
+            "groups": {"g": {"models": ["models/a.onnx"], "providers": ["ov"]}},
+        }
+    )
+    numpy = {"numpy": Distribution("2.4.6", "ab" * 32)}
+    requirements = ("onnxruntime-openvino==1.24.1",)
+    env = EnvironmentLock("ov", "3.11.7", machine_platform(), numpy, requirements=requirements)
+    pinned = {"onnxruntime-openvino": "1.24.1", "python": "3.11.7"}
+    lock = Lock({"ov": env}, {"ov": ProviderLock("ov", "openvino", "ov", pinned)})
+    (workspace.root / LOCK_NAME).write_text(lock.to_toml())
+    proc = workspace.cli("cache", "key")
+    assert proc.returncode == 2, proc.stderr
+    assert "Traceback" not in proc.stderr and "internal error" not in proc.stderr
+    assert f"{LOCK_NAME} pins no onnxruntime version ({ORT_KEY!r})" in proc.stderr
+    assert "run 'epbuild lock' again" in proc.stderr
+
+
 def test_build_json_names_what_differs_from_the_nearest_cache_entry(
     workspace: Workspace, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -26,6 +26,7 @@ from epbuild.planning.keys import FORMAT_VERSION, ORT_KEY, ActionKey, KeyCompute
 from epbuild.providers import get_provider
 from epbuild.providers.contract import ProviderConfig
 from epbuild.providers.distributions import has_compile_api
+from epbuild.toolchains.lockfile import LOCK_NAME
 
 _Layout = list[tuple[str, str | None]]
 """A key's canonical JSON as members in key order: each either whole (text, None), for a
@@ -88,7 +89,14 @@ def compile_settings(action: CompileAction, keys: KeyComputer) -> CompileSetting
     settings = action.compile
     if action.provider.toolchain is None:
         return settings
-    ort = keys.versions(action)[ORT_KEY]
+    ort = keys.versions(action).get(ORT_KEY)
+    if ort is None:  # only a lock pins a toolchain's versions without it (one made by hand)
+        raise ToolchainError(
+            f"provider {action.provider.name!r}: {LOCK_NAME} pins no onnxruntime version "
+            f"({ORT_KEY!r}) for its toolchain, which its keys are made from",
+            hint=f"run 'epbuild lock' again (or remove {LOCK_NAME}) so that it pins the "
+            "toolchain's onnxruntime",
+        )
     adapter = get_provider(action.provider.ep)
     if settings.compiler is None:
         api = adapter.compile_api and has_compile_api(ort)
