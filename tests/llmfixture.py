@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import shutil
 from pathlib import Path
+from typing import Any
 
 LLM_FIXTURES = Path(__file__).resolve().parent / "fixtures" / "llm"
 """One folder per family: ``llama``, ``qwen2``, ``llama-pipeline``, ``llama-text``
@@ -97,6 +98,19 @@ def deepen(folder: Path, layers: int, *, seed: int = 7, spread: float = 0.2) -> 
     nodes += [renamed(n, layers - have) for n in tail]
     del graph.node[:]
     graph.node.extend(nodes)
+    save_decoder(model, folder)
+    config_path = folder / "genai_config.json"
+    config = json.loads(config_path.read_text())
+    config["model"]["decoder"]["num_hidden_layers"] = layers
+    config_path.write_text(json.dumps(config, indent=4))
+    return folder
+
+
+def save_decoder(model: Any, folder: Path) -> None:
+    """Write ``model`` as the folder's decoder, its weights in ``model.onnx.data`` (as genai's
+    model builder writes them), in place of the one there."""
+    import onnx
+
     (folder / "model.onnx.data").unlink()
     onnx.save(
         model,
@@ -105,8 +119,3 @@ def deepen(folder: Path, layers: int, *, seed: int = 7, spread: float = 0.2) -> 
         location="model.onnx.data",
         size_threshold=0,
     )
-    config_path = folder / "genai_config.json"
-    config = json.loads(config_path.read_text())
-    config["model"]["decoder"]["num_hidden_layers"] = layers
-    config_path.write_text(json.dumps(config, indent=4))
-    return folder

@@ -16,7 +16,7 @@ import onnx
 import onnxruntime as ort
 import pytest
 from conftest import Workspace
-from llmfixture import LLM_FIXTURES, chat_manifest, deepen
+from llmfixture import LLM_FIXTURES, chat_manifest, deepen, save_decoder
 from onnx import numpy_helper
 
 from epbuild.llm.generate import DEFAULT_NEAR_TIE, Verdict, compare, genai_installed, generate
@@ -224,14 +224,7 @@ def _edit_last_layer(folder: Path) -> None:
             values = numpy_helper.to_array(tensor).copy()
             values[0, 0] += 0.5
             tensor.CopyFrom(numpy_helper.from_array(values, tensor.name))
-    (folder / "model.onnx.data").unlink()
-    onnx.save(
-        model,
-        folder / "model.onnx",
-        save_as_external_data=True,
-        location="model.onnx.data",
-        size_threshold=0,
-    )
+    save_decoder(model, folder)
 
 
 @pytest.mark.slow

@@ -14,7 +14,7 @@ from typing import Any
 import onnx
 import pytest
 from conftest import Workspace
-from llmfixture import LLM_FIXTURES, TEXT_PROMPTS, chat_manifest, deepen
+from llmfixture import LLM_FIXTURES, TEXT_PROMPTS, chat_manifest, deepen, save_decoder
 from onnx import numpy_helper
 
 from epbuild.llm.generate import genai_installed, generate
@@ -87,14 +87,7 @@ def _edit_last_layer(folder: Path) -> None:
             break
     else:
         raise AssertionError("no down_proj weight in layer 2")
-    (folder / "model.onnx.data").unlink()
-    onnx.save(
-        model,
-        folder / "model.onnx",
-        save_as_external_data=True,
-        location="model.onnx.data",
-        size_threshold=0,
-    )
+    save_decoder(model, folder)
 
 
 @pytest.mark.slow

@@ -229,6 +229,17 @@ def _matrix(
     ]
 
 
+def _copies(built: Built, tmp_path: Path, command: str) -> tuple[Path, Path]:
+    """A copy of the built workspace (a fresh checkout of it for ``restore``) and of its
+    cache, links kept as they are."""
+    cache = tmp_path / "cache"
+    shutil.copytree(built.cache, cache, symlinks=True)
+    if command == "restore":
+        return _fresh_checkout(built, tmp_path / "ws"), cache
+    shutil.copytree(built.ws, tmp_path / "ws", symlinks=True)
+    return tmp_path / "ws", cache
+
+
 @pytest.mark.parametrize(
     ("command", "rel", "is_dir"),
     _matrix(
@@ -245,13 +256,7 @@ def _matrix(
 def test_a_link_planted_in_the_cache_is_never_followed(
     built: Built, tmp_path: Path, command: str, rel: str, is_dir: bool
 ) -> None:
-    cache = tmp_path / "cache"
-    shutil.copytree(built.cache, cache, symlinks=True)
-    if command == "restore":
-        ws = _fresh_checkout(built, tmp_path / "ws")
-    else:
-        shutil.copytree(built.ws, tmp_path / "ws", symlinks=True)
-        ws = tmp_path / "ws"
+    ws, cache = _copies(built, tmp_path, command)
     if command == "build":  # model 2: compiled, then stored under the second key
         Workspace(ws).model("m/a.onnx", matmul_model(2, n=16))
     keyed = built.second if command == "build" else built.first
@@ -341,13 +346,7 @@ takes); every other pair is named."""
 def test_a_link_planted_in_the_state_or_output_directory_is_never_followed(
     built: Built, tmp_path: Path, command: str, rel: str, is_dir: bool
 ) -> None:
-    cache = tmp_path / "cache"
-    shutil.copytree(built.cache, cache, symlinks=True)
-    if command == "restore":
-        ws = _fresh_checkout(built, tmp_path / "ws")
-    else:
-        shutil.copytree(built.ws, tmp_path / "ws", symlinks=True)
-        ws = tmp_path / "ws"
+    ws, cache = _copies(built, tmp_path, command)
     if command == "build":  # model 2: compiled over the outputs of model 1
         Workspace(ws).model("m/a.onnx", matmul_model(2, n=16))
     if command == "clean-orphaned":  # g/htp/a is no longer in the manifest
