@@ -71,8 +71,6 @@ class LlmCalibrateAction(LlmStep):
     """The calibration of one LLM's static graphs."""
 
     KIND = "llm-calibrate"
-    id: str
-    llm: Llm
     recipe: Quantization
     prepare: PrepareAction
     out_dir: str
@@ -113,8 +111,6 @@ class LlmQuantizeAction(LlmStep):
     """One static graph's quantization."""
 
     KIND = "llm-quantize"
-    id: str
-    llm: Llm
     recipe: Quantization
     stage: str
     calibration: LlmCalibrateAction

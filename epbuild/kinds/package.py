@@ -25,7 +25,6 @@ from epbuild.errors import ModelError, VerificationError
 from epbuild.executors.job import Job
 from epbuild.kinds.contract import BaseKind, Checked, Reported, RunContext, Wording, make_key
 from epbuild.kinds.prepare import LlmStep
-from epbuild.manifest.model import Llm
 from epbuild.planning.keys import ActionKey, KeyComputer
 from epbuild.providers.contract import ProviderConfig
 
@@ -38,8 +37,6 @@ class PackageAction(LlmStep):
     """One LLM × provider genai package."""
 
     KIND = "package"
-    id: str
-    llm: Llm
     provider: ProviderConfig
     out_dir: str
     """``<out_dir>/<llm>/<provider>``: beside the ctx models."""

@@ -50,10 +50,13 @@ def graph_files(parts: int) -> tuple[str, ...]:
     return tuple(f"{stage}.onnx" for stage in graph_stages(parts))
 
 
+@dataclass(frozen=True)
 class LlmStep(OwnStep):
-    """What the actions an ``[llms]`` entry adds around its compiles have alike: they are
-    named after the entry, run in epbuild's own environment, and their kind is ``KIND``."""
+    """What the actions an ``[llms]`` entry adds around its compiles have alike: an id and
+    the entry (their first fields), they are named after the entry, run in epbuild's own
+    environment, and their kind is ``KIND``."""
 
+    id: str
     llm: Llm
 
     @property
@@ -66,8 +69,6 @@ class PrepareAction(LlmStep):
     """One LLM's static preparation."""
 
     KIND = "prepare"
-    id: str
-    llm: Llm
     model: str
     """Workspace-relative source decoder."""
     out_dir: str
