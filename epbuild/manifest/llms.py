@@ -12,9 +12,9 @@ from epbuild.fs import format_bytes, safe_relpath
 from epbuild.llm.parts import parse_size, parts_for_size, weight_sizes
 from epbuild.manifest.locate import Where
 from epbuild.manifest.model import DEFAULT_CONTEXT_LENGTH, DEFAULT_WINDOW_SIZE, Llm, Quantization
+from epbuild.manifest.quantization import check_provider_runs
 from epbuild.manifest.refs import check_provider_list
 from epbuild.onnx.proto import ProtoError
-from epbuild.providers import get_provider
 from epbuild.providers.contract import ProviderConfig
 
 if TYPE_CHECKING:
@@ -314,14 +314,4 @@ def check_quantized_llm(
     the parts before it give them)."""
     recipe = tables[llm.quantize or ""]  # defined: ``quantize_names``
     for name in llm.providers:
-        refused = get_provider(providers[name].ep).refuse_quantization(
-            recipe.activations, recipe.weights, recipe.per_channel, recipe.overrides
-        )
-        if refused is not None:
-            key, why, hint = refused
-            raise where.error(
-                ("quantization", recipe.name, key),
-                f"provider {name!r} ({providers[name].ep}) cannot run it: {why} "
-                f"(llms.{llm.name} compiles for it)",
-                hint,
-            )
+        check_provider_runs(where, recipe, name, providers[name], f"llms.{llm.name}")

@@ -132,18 +132,25 @@ def _check_providers(
             + "); one quantized model feeds every provider of a group",
             "put the providers in groups of their own, one per kind",
         )
-    for p, adapter in adapters.items():
-        refused = adapter.refuse_quantization(
-            recipe.activations, recipe.weights, recipe.per_channel, recipe.overrides
+    for p in adapters:
+        check_provider_runs(where, recipe, p, providers[p], f"group {name!r}")
+
+
+def check_provider_runs(
+    where: Where, recipe: Quantization, name: str, config: ProviderConfig, user: str
+) -> None:
+    """Provider ``name`` takes the recipe's types (its adapter's ``refuse_quantization``);
+    ``user``: what compiles for it, as the message names it (``group 'g'``, ``llms.x``)."""
+    refused = get_provider(config.ep).refuse_quantization(
+        recipe.activations, recipe.weights, recipe.per_channel, recipe.overrides
+    )
+    if refused is not None:
+        key, why, hint = refused
+        raise where.error(
+            ("quantization", recipe.name, key),
+            f"provider {name!r} ({config.ep}) cannot run it: {why} ({user} compiles for it)",
+            hint,
         )
-        if refused is not None:
-            key, why, hint = refused
-            raise where.error(
-                ("quantization", recipe.name, key),
-                f"provider {p!r} ({providers[p].ep}) cannot run it: {why} (group {name!r} "
-                "compiles for it)",
-                hint,
-            )
 
 
 def _samples(
