@@ -165,6 +165,12 @@ def out(p: argparse.ArgumentParser, metavar: str, text: str, *, required: bool =
     p.add_argument("-o", "--out", metavar=metavar, help=text, required=required)
 
 
+def provider_options(p: argparse.ArgumentParser) -> None:
+    """``--option KEY=VALUE`` (repeatable): a provider's options, as ``add provider`` and
+    ``add target`` take them."""
+    p.add_argument("--option", action="append", metavar="KEY=VALUE", help=OPTION_HELP)
+
+
 def group(p: argparse.ArgumentParser, text: str, *, append: bool = False) -> None:
     if append:
         p.add_argument("-g", "--group", metavar="GROUP", help=text, action="append", default=[])
@@ -476,7 +482,7 @@ def _add_provider(kinds: _Commands) -> None:
     p = kinds.add_parser("provider", help="define a named provider configuration")
     p.add_argument("name", metavar="NAME", help="the provider's name")
     p.add_argument("--ep", required=True, help="adapter: qnn, openvino, tensorrt, plugin, ...")
-    p.add_argument("--option", action="append", metavar="KEY=VALUE", help=OPTION_HELP)
+    provider_options(p)
     flag(p, "--replace", text="overwrite an existing provider")
     tc = p.add_mutually_exclusive_group()
     tc.add_argument(
@@ -513,7 +519,7 @@ def _add_target(kinds: _Commands) -> None:
         "--ep",
         help="adapter (default: qnn for a known SoC; needed for any other TARGET)",
     )
-    t.add_argument("--option", action="append", metavar="KEY=VALUE", help=OPTION_HELP)
+    provider_options(t)
     flag(t, "--replace", text="overwrite a different provider of that name")
 
 
