@@ -9,6 +9,7 @@ here, so it re-quantizes without calibrating (``kinds.quantize``)."""
 
 from __future__ import annotations
 
+import json
 import os
 import posixpath
 from typing import Any
@@ -117,8 +118,6 @@ class CalibrateKind(BaseKind):
     ) -> Checked:
         """The preprocessed model (and its external data) and readable ranges, nothing
         else."""
-        import json
-
         from epbuild.onnx.staged import staged_names
         from epbuild.quant.work import MODEL, RANGES
 
@@ -129,14 +128,20 @@ class CalibrateKind(BaseKind):
         extra = sorted(set(names) - {MODEL, MODEL + ".data", RANGES})
         if extra:
             raise VerificationError(f"unexpected output {extra[0]} staged by the calibration")
-        try:
-            with open(os.path.join(ctx.root, staging, RANGES), encoding="utf-8") as f:
-                ranges = json.load(f)
-        except (OSError, ValueError) as exc:
-            raise VerificationError(f"{RANGES}: unreadable calibration ranges ({exc})") from exc
-        if not isinstance(ranges, dict) or not ranges.get("data"):
-            raise VerificationError(f"{RANGES}: the calibration found no tensor to quantize")
+        check_ranges(os.path.join(ctx.root, staging, RANGES), RANGES)
         return names, []
+
+
+def check_ranges(path: str, name: str) -> None:
+    """A calibration's ranges file (``name`` in messages): readable, with the ranges of at
+    least one tensor."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            ranges = json.load(f)
+    except (OSError, ValueError) as exc:
+        raise VerificationError(f"{name}: unreadable calibration ranges ({exc})") from exc
+    if not isinstance(ranges, dict) or not ranges.get("data"):
+        raise VerificationError(f"{name}: the calibration found no tensor to quantize")
 
 
 CALIBRATE = CalibrateKind()

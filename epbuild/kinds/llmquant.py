@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 from epbuild._dataclass import dataclass
 from epbuild.errors import ModelError, UserError, VerificationError
+from epbuild.kinds.calibrate import check_ranges
 from epbuild.kinds.contract import BaseKind, Checked, Reported, RunContext, Wording
 from epbuild.kinds.prepare import LlmStep, PrepareAction, graph_stages
 from epbuild.kinds.quantize import check_qdq, recipe_settings
@@ -220,13 +221,7 @@ class LlmCalibrateKind(BaseKind):
         for name in wanted:
             if name not in names:
                 raise VerificationError(f"expected output {name} was not written")
-            try:
-                with open(os.path.join(ctx.root, staging, name), encoding="utf-8") as f:
-                    ranges = json.load(f)
-            except (OSError, ValueError) as exc:
-                raise VerificationError(f"{name}: unreadable calibration ranges ({exc})") from exc
-            if not isinstance(ranges, dict) or not ranges.get("data"):
-                raise VerificationError(f"{name}: the calibration found no tensor to quantize")
+            check_ranges(os.path.join(ctx.root, staging, name), name)
         extra = sorted(set(names) - set(wanted))
         if extra:
             raise VerificationError(f"unexpected output {extra[0]} staged by the calibration")
