@@ -205,9 +205,10 @@ class Session:
         folders = {self.targets.rel(f): name for f, name in self.targets.folders.items()}
         touched = {folders[posixpath.dirname(r)] for r in rel if posixpath.dirname(r) in folders}
         ids = []
+        samples: dict[str, frozenset[str]] = {}
         for a in _selected(new, self.selectors):
             reads = self.targets.inputs.get(a.id, frozenset()) | set(a.models)
-            reads |= samples_of(new, a.group)
+            reads |= samples_of(new, a.group, samples)
             llm = a.group.name in touched and a.group.name in new.llms
             if a.id not in old or old[a.id].entries != a.entries or rel & reads or llm:
                 ids.append(a.id)

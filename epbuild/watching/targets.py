@@ -208,8 +208,9 @@ def _action_inputs(
     ``previous`` knew of a model missing or half-written now) and an LLM's sources."""
     externals: dict[tuple[str, str | None], set[str]] = {}
     inputs: dict[str, frozenset[str]] = {}
+    samples: dict[str, frozenset[str]] = {}
     for action in ws.actions:
-        mine: set[str] = _llm_inputs(action, root, folders) | samples_of(ws.manifest, action.group)
+        mine = _llm_inputs(action, root, folders) | samples_of(ws.manifest, action.group, samples)
         folder = action.compile.external_data_folder
         for model in action.models:
             if (model, folder) not in externals:
@@ -244,19 +245,27 @@ def recipe_of(m: Manifest, group: Group) -> Quantization | None:
     return m.quantization.get(name) if name is not None else None
 
 
-def samples_of(m: Manifest, group: Group) -> set[str]:
+def samples_of(
+    m: Manifest, group: Group, memo: dict[str, frozenset[str]] | None = None
+) -> frozenset[str]:
     """The workspace-relative calibration samples the quantization of ``group`` reads (a
-    test-data folder with its ``input_K.pb`` files); none for a group compiled as it is."""
+    test-data folder with its ``input_K.pb`` files); none for a group compiled as it is.
+    ``memo`` keeps each recipe's across the calls of one pass (a recipe may have thousands
+    of samples, and hundreds of actions)."""
     recipe = recipe_of(m, group)
     if recipe is None:
-        return set()
+        return frozenset()
+    if memo is not None and recipe.name in memo:
+        return memo[recipe.name]
     found = set(recipe.calibration)
     for sample in recipe.calibration:
         try:
             found.update(sample_files(str(m.root), sample))
         except OSError:  # a folder going away: its files are gone too
             pass
-    return found
+    if memo is not None:
+        memo[recipe.name] = frozenset(found)
+    return frozenset(found)
 
 
 def _recipes(m: Manifest, actions: list[CompileAction]) -> list[Quantization]:
