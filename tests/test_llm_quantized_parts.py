@@ -3,10 +3,12 @@ w8a16 in 3 parts through the real QNN EP. One calibration runs the float parts i
 on the CPU (the embeddings stage first) and writes each part graph's ranges; each part
 graph is quantized and compiled to one EPContext node with float I/O; genai + QNN (emulated
 HTP) generates the float source's greedy tokens; an edit of one weight in the last layer
-re-quantizes and recompiles the last part's graphs only."""
+re-quantizes and recompiles the last part's graphs only. With ``share_weights`` (the
+default) each part's two quantized graphs are linked into one weight-shared binary."""
 
 from __future__ import annotations
 
+import platform
 import shutil
 from pathlib import Path
 from typing import Any
@@ -38,12 +40,12 @@ def deep_text(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return deepen(folder, 3, spread=0.02)
 
 
-def _workspace(ws: Workspace, deep: Path) -> Workspace:
+def _workspace(ws: Workspace, deep: Path, *, share: bool = False) -> Workspace:
     target = ws.root / "models" / "tiny"
     if not target.exists():
         shutil.copytree(deep, target)
     shutil.copy(TEXT_PROMPTS, ws.root / "prompts.txt")
-    ws.manifest(chat_manifest(share=False) + 'parts = 3\nquantize = "w8a16"\n\n' + RECIPE)
+    ws.manifest(chat_manifest(share=share) + 'parts = 3\nquantize = "w8a16"\n\n' + RECIPE)
     return ws
 
 
@@ -71,6 +73,18 @@ def test_a_decoder_in_parts_gets_a_quantization_per_part_graph(
                 "compile",
                 [f"chat/part{k}_{graph}/quantize"],
             )
+
+
+def test_shared_parts_compile_each_parts_two_quantized_graphs_together(
+    workspace: Workspace, deep_text: Path
+) -> None:
+    ws = _workspace(workspace, deep_text, share=True)
+    actions = {a["id"]: (a["kind"], a["deps"]) for a in ws.cli_json("status")["actions"]}
+    compiles = {i: deps for i, (kind, deps) in actions.items() if kind == "compile"}
+    assert compiles == {  # one compile per part, after both its graphs' quantizations
+        f"chat/htp-v73/part{k}": [f"chat/part{k}_{g}/quantize" for g in ("context", "iterator")]
+        for k in (1, 2, 3)
+    }
 
 
 def _io(values: Any) -> set[tuple[str, int]]:
@@ -132,3 +146,38 @@ def test_w8a16_in_3_parts_generates_the_float_sources_tokens(
     assert (state / "calibrated" / "part3_context.ranges.json").read_bytes() != before[
         "part3_context.ranges.json"
     ]
+
+
+def _binaries(folder: Path) -> dict[str, int]:
+    return {p.name: p.stat().st_size for p in sorted(folder.glob("*.bin"))}
+
+
+@pytest.mark.slow  # its rule (a compile per part): test_shared_parts_compile_each_parts_two_...
+def test_w8a16_in_3_shared_parts_links_each_parts_graphs_into_one_binary(
+    workspace: Workspace, deep_text: Path
+) -> None:
+    ws = _workspace(workspace, deep_text, share=True)
+    first = _outcomes(ws)
+    assert set(first.values()) == {"compiled"}, first
+    package = ws.root / "build" / "chat" / "htp-v73"
+    shared = _binaries(package)
+    assert list(shared) == [f"part{k}_context_ctx_qnn.bin" for k in (1, 2, 3)]
+    for stage in STAGES:
+        ctx = onnx.load(package / f"{stage}_ctx.onnx", load_external_data=False)
+        (node,) = ctx.graph.node
+        assert node.op_type == "EPContext", stage
+        cache = next(a.s.decode() for a in node.attribute if a.name == "ep_cache_context")
+        assert cache == f"{stage.split('_')[0]}_context_ctx_qnn.bin", stage  # the part's binary
+    if platform.machine().lower() in ("x86_64", "amd64"):  # (it crashes the emulated HTP)
+        proc = ws.cli("verify", "--generate")
+        assert proc.returncode == 0 and "generate: not checkable" in proc.stdout, proc.stdout
+        assert "share_weights = false" in proc.stdout
+
+    # Unshared: the same quantized graphs (nothing calibrates again), a binary per graph.
+    _workspace(workspace, deep_text, share=False)
+    again = _outcomes(ws)
+    compiled = {i for i, o in again.items() if o == "compiled"}
+    assert compiled == {f"chat/htp-v73/{stage}" for stage in STAGES}, again
+    unshared = _binaries(package)
+    assert len(unshared) == 6
+    assert sum(shared.values()) < sum(unshared.values()), (shared, unshared)

@@ -356,6 +356,26 @@ def test_targets_are_the_inputs_never_the_outputs(
     assert not t.wants(os.path.join(root, "models", "a.onnx.tmp"), False)
 
 
+def test_targets_of_a_quantized_group_are_its_samples(workspace: Workspace) -> None:
+    import numpy as np
+
+    from epbuild.manifest.load import load_manifest
+
+    workspace.model("models/a.onnx", matmul_model(1))
+    (workspace.root / "calib").mkdir()
+    np.savez(workspace.root / "calib" / "s0.npz", x=np.ones((1, 4), "f4"))
+    path = workspace.manifest({
+        "providers": {"htp": HTP73},
+        "groups": {"g": {"models": ["models/a.onnx"], "providers": ["htp"], "quantize": "q"}},
+    })  # fmt: skip
+    path.write_text(path.read_text() + '\n[quantization.q]\ncalibration = "calib/*.npz"\n')
+    t = make_targets(load_manifest(path), [])
+    calib = os.path.join(str(workspace.root), "calib")
+    assert os.path.join(calib, "s0.npz") in t.files
+    assert "calib/s0.npz" in t.inputs["g/htp/a"]
+    assert t.listed == {calib} and t.wants(os.path.join(calib, "s1.npz"), False)
+
+
 def _wait_for_worker(proc: subprocess.Popen[str]) -> list[Any]:
     """Wait until ``proc`` has started a worker; returns its workers (psutil processes)."""
     import psutil

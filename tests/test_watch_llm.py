@@ -1,16 +1,24 @@
 """``epbuild watch`` follows LLM sources: an edit of genai_config.json rewrites the package
 (and compiles nothing), a new file in the source folder is copied into it, a changed source
-decoder recompiles the LLM's graphs, and a broken genai_config.json is a manifest error."""
+decoder recompiles the LLM's graphs, and a broken genai_config.json is a manifest error. A
+quantized LLM's prompts files are followed too: an edit, or a new file its glob matches,
+calibrates it again."""
 
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Iterator
 
 import onnx
 import pytest
 from conftest import Workspace
+from llmfixture import TEXT_PROMPTS
+from test_llm_quantize import quantized
 from test_watch import Watcher, built
+
+from epbuild.manifest.load import load_manifest
+from epbuild.watching import make_targets
 
 
 @pytest.fixture
@@ -67,3 +75,54 @@ def test_watch_follows_llm_sources(llm_watch: tuple[Workspace, Watcher]) -> None
         "chat/prepare",
     ], cycle
     w.quiet(1.0)
+
+
+def _prompted(ws: Workspace) -> Workspace:
+    """The quantized text Llama, calibrated on ``prompts/*.txt`` (``a.txt``: the first five
+    prompts)."""
+    (ws.root / "prompts").mkdir(parents=True)
+    lines = TEXT_PROMPTS.read_text().splitlines()
+    (ws.root / "prompts" / "a.txt").write_text("\n".join(lines[:5]) + "\n")
+    return quantized(ws, calibration="prompts/*.txt")
+
+
+def test_watch_targets_a_quantized_llms_prompts(workspace: Workspace) -> None:
+    ws = _prompted(workspace)
+    t = make_targets(load_manifest(ws.root / "epbuild.toml"), [])
+    root = str(ws.root)
+    folder = os.path.join(root, "prompts")
+    assert os.path.join(folder, "a.txt") in t.files
+    for graph in ("context", "iterator"):
+        assert "prompts/a.txt" in t.inputs[f"chat/htp-v73/{graph}"]
+    assert t.listed == {folder} and (folder, False) in t.dirs
+    assert t.wants(os.path.join(folder, "b.txt"), False)  # a new file the glob may match
+    assert not t.wants(os.path.join(folder, ".b.txt.swp"), False)
+    assert not t.wants(os.path.join(root, "elsewhere", "b.txt"), False)
+
+
+@pytest.mark.slow  # its rule (the prompts are inputs): test_watch_targets_a_quantized_llms_prompts
+def test_watch_calibrates_again_when_the_prompts_change(workspace: Workspace) -> None:
+    ws = _prompted(workspace)
+    prompts = ws.root / "prompts"
+    lines = TEXT_PROMPTS.read_text().splitlines()
+    w = Watcher(ws.root)
+    try:
+        first = w.next()
+        assert first["summary"]["failed"] == 0, first
+        assert "chat/calibrate" in built(first) and "chat/htp-v73/package" in built(first)
+
+        # A prompt said twice gives the same ranges: calibrated again, cut off there.
+        (prompts / "a.txt").write_text("\n".join([*lines[:5], lines[0]]) + "\n")
+        cycle = w.next()
+        assert cycle["changed"] == ["prompts/a.txt"], cycle
+        assert built(cycle) == {"chat/calibrate": "compiled"}, cycle
+
+        # A new file the glob matches joins the calibration.
+        (prompts / "b.txt").write_text(lines[5] + "\n")
+        cycle = w.next()
+        assert cycle["changed"] == ["prompts/b.txt"] and cycle["manifest_reloaded"], cycle
+        assert "chat/calibrate" in built(cycle), cycle
+        assert cycle["summary"]["failed"] == 0, cycle
+        assert ws.cli_json("build")["summary"]["up_to_date"] == 7  # nothing left stale
+    finally:
+        w.close()

@@ -305,6 +305,26 @@ def test_a_quantized_group_survives_an_out_dir_move(quantized: Workspace) -> Non
     assert built(ws) == dict.fromkeys(QUANTIZED, "up_to_date")
 
 
+def test_a_quantized_groups_compile_restores_after_an_out_dir_move(
+    quantized: Workspace, tmp_path: Path
+) -> None:
+    """The compile is keyed by its QDQ model's place below out_dir, not the workspace's: the
+    moved out_dir restores the quantization and then the compile from the cache."""
+    ws, cache = quantized, str(tmp_path / "cache")
+    ws.cli("build", "--cache", cache, check=True)  # stores the up-to-date actions
+    place(ws, out_dir="a/b/out")
+    moved = {
+        "vision/cnn/calibrate": "up_to_date",  # (in the state directory)
+        "vision/cnn/quantize": "restored",
+        "vision/htp/cnn": "restored",
+    }
+    assert built(ws, "--cache", cache) == moved
+    verified(ws)
+    place(ws)  # and back: a move again, nothing compiles
+    assert built(ws, "--cache", cache) == moved
+    assert built(ws, "--cache", cache) == dict.fromkeys(QUANTIZED, "up_to_date")
+
+
 def test_a_quantized_group_survives_a_state_dir_move(quantized: Workspace) -> None:
     """The state folder moved along: the calibration is stale where it was recorded and is
     made again in the new place; the build succeeds and verifies."""

@@ -35,8 +35,8 @@ class CompileKind(BaseKind):
         limit can never be built (``ModelError``)."""
         key = compile_key(action, keys, fresh=fresh)
         if action.group.context.embed_mode == 1:
-            for m in key.components["models"]:
-                _refuse_embedding(action, m["path"], (m["path"], *m["external"]), keys)
+            for entry, m in zip(action.entries, key.components["models"], strict=True):
+                _refuse_embedding(action, entry.path, (entry.path, *m["external"]), keys)
         return key
 
     def job(

@@ -1,6 +1,7 @@
 """The compile kind's key: a digest of everything that can change a compile's outputs.
 
-The source models' and their external data's digests, the provider's options, session
+The source models' and their external data's digests (a quantized group's QDQ models named
+by their place below ``out_dir``, not the workspace's), the provider's options, session
 options and settings, the toolchain versions, the group's context settings, the compile
 settings, and (only where present, so that other keys stay as they were) the files the
 provider's options name and the external-initializer file names. Compile keys are exactly
@@ -53,11 +54,12 @@ def compile_key(action: CompileAction, keys: KeyComputer, *, fresh: bool = False
     inputs: dict[str, str] = {}
     versions = keys.versions(action)
     settings = compile_settings(action, keys)
+    # A quantized group's QDQ models: named by their place below out_dir (``key_path``).
+    named: Callable[[str], str] | None = getattr(action.group, "key_path", None)
     for entry, dims in zip(action.entries, action.free_dimensions, strict=True):
         digest, external = keys.model_inputs(entry.path, settings.external_data_folder, fresh=fresh)
-        models.append(
-            {"path": entry.path, "digest": digest, "external": external, **_shape(entry, dims)}
-        )
+        path = entry.path if named is None else named(entry.path)
+        models.append({"path": path, "digest": digest, "external": external, **_shape(entry, dims)})
         inputs[entry.path] = digest
         inputs.update(external)
     g, provider = action.group, action.provider

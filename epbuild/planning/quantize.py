@@ -4,6 +4,7 @@ take the QDQ models instead of the float ones, each after its model's quantizati
 
 from __future__ import annotations
 
+import posixpath
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
@@ -33,6 +34,15 @@ class QuantizedGroup(Group):
     """Provider name → its configuration for QDQ models (``BaseProvider.for_quantized``)."""
     recipe: Quantization | None = None
     """The ``[quantization.<name>]`` it is made by (``verify --numerics`` checks by it)."""
+    out_dir: str = ""
+    """The workspace's ``out_dir``, where its QDQ models are (``key_path``)."""
+
+    def key_path(self, path: str) -> str:
+        """How a compile key names a QDQ model: by its place below ``out_dir``
+        (``<out_dir>/<group>/quantized/<name>.onnx``), so that a moved ``out_dir`` keeps the
+        compile's key (its cache entry restores it there) as it keeps the quantization's."""
+        rel = posixpath.relpath(path, self.out_dir or ".")
+        return path if rel.startswith("../") else posixpath.join("<out_dir>", rel)
 
     def deps_for(self, entries: Sequence[ModelEntry]) -> tuple[str, ...]:
         return tuple(self.quantized_by[e.name] for e in entries)
@@ -60,6 +70,7 @@ def compiled_group(manifest: Manifest, group: Group) -> Group:
         **{f: getattr(group, f) for f in Group.__dataclass_fields__},
         sources=group.entries,
         recipe=manifest.quantization[group.quantize],
+        out_dir=manifest.workspace.out_dir,
         quantized_by={a.entry.name: a.id for a in quantize},
         calibrated={a.entry.name: a.calibration.model for a in quantize},
         provider_configs={

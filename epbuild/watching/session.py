@@ -18,7 +18,7 @@ from epbuild.manifest.load import load_manifest
 from epbuild.planning.actions import make_actions, select
 from epbuild.planning.llms import llm_shapes
 from epbuild.results import Outcome, Reporter
-from epbuild.watching.targets import Sig, glob_match, make_targets, signature
+from epbuild.watching.targets import Sig, glob_match, make_targets, samples_of, signature
 
 if TYPE_CHECKING:
     from epbuild.manifest.load import Manifest
@@ -152,6 +152,7 @@ class Session:
         gone = {p for p in changed if not os.path.exists(p)}
         if any(glob_match(t.rel(p), pat) for p in gone for pat in t.patterns):
             candidates |= gone  # a globbed model went away: it leaves its group
+        candidates |= {p for p in gone if t.in_listed(p)}  # a listed sample left the listing
         manifest_changed = t.manifest in changed
         # The manifest reads each LLM source's genai_config.json: an edit is one of it.
         config_changed = any(
@@ -164,6 +165,7 @@ class Session:
         old_models = {m for g in self.manifest.groups.values() for m in g.models}
         new_models = {m for g in new.groups.values() for m in g.models}
         rel = {t.rel(p) for p in changed} | (old_models ^ new_models)
+        rel |= _samples(self.manifest) ^ _samples(new)  # a sample joined or left a calibration
         if manifest_changed and not reloaded and error is None:
             rel.discard(t.rel(t.manifest))  # re-saved with the same meaning
         if not rel and error is None:
@@ -197,13 +199,16 @@ class Session:
 
     def _affected(self, new: Manifest, rel: set[str]) -> list[str]:
         """Selected actions of ``new`` that are new, changed models, or read a path in ``rel``
-        (an LLM's actions: any file of its source folder)."""
+        (an LLM's actions: any file of its source folder; a quantized one's: its calibration
+        samples, those ``new`` names included)."""
         old = {a.id: a for a in _selected(self.manifest, self.selectors)}
         folders = {self.targets.rel(f): name for f, name in self.targets.folders.items()}
         touched = {folders[posixpath.dirname(r)] for r in rel if posixpath.dirname(r) in folders}
         ids = []
+        samples: dict[str, frozenset[str]] = {}
         for a in _selected(new, self.selectors):
             reads = self.targets.inputs.get(a.id, frozenset()) | set(a.models)
+            reads |= samples_of(new, a.group, samples)
             llm = a.group.name in touched and a.group.name in new.llms
             if a.id not in old or old[a.id].entries != a.entries or rel & reads or llm:
                 ids.append(a.id)
@@ -290,6 +295,11 @@ class Session:
             else:
                 self.seen[p] = sig
         return late
+
+
+def _samples(m: Manifest) -> set[str]:
+    """The calibration samples of every quantization of ``m`` (workspace-relative)."""
+    return {s for recipe in m.quantization.values() for s in recipe.calibration}
 
 
 def _selected(m: Manifest, selectors: list[str] | tuple[str, ...]) -> list[CompileAction]:

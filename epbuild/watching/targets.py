@@ -1,7 +1,8 @@
 """What a manifest makes watch observe: the selected actions' inputs, the manifest, the
 directories its model globs could match in, the source folders of its LLMs (any file there:
-genai_config.json, ONNX, external data, tokenizer), and what never counts (outputs, state,
-cache)."""
+genai_config.json, ONNX, external data, tokenizer), the calibration samples of their
+quantizations (a quantized group's samples, a quantized LLM's prompts files) and the folders
+whose listing decided them, and what never counts (outputs, state, cache)."""
 
 from __future__ import annotations
 
@@ -16,11 +17,13 @@ from epbuild._dataclass import dataclass, field
 from epbuild.cache.location import resolve
 from epbuild.errors import EpbuildError
 from epbuild.llm.package import source_files
+from epbuild.manifest.quantization import sample_files
 from epbuild.planning.llms import LlmGroup
 from epbuild.planning.workspace import open_workspace
 
 if TYPE_CHECKING:
     from epbuild.manifest.load import Manifest
+    from epbuild.manifest.model import Group, Quantization
     from epbuild.planning.actions import CompileAction
     from epbuild.planning.workspace import Workspace
 
@@ -91,10 +94,18 @@ class Targets:
     """An LLM's source folder (absolute) -> the LLM's name: a file directly in it (not a
     hidden one) is an input of the LLM's actions, and its genai_config.json is read by the
     manifest."""
+    listed: frozenset[str] = frozenset()
+    """The folders whose listing decided the selected actions' calibration samples (a glob's,
+    a folder's): a (non-hidden) file coming or going there may change the samples, so the
+    manifest is read again."""
 
     def in_folder(self, path: str) -> bool:
         """Is ``path`` a (non-hidden) file directly in an LLM's source folder?"""
         return os.path.dirname(path) in self.folders and not os.path.basename(path).startswith(".")
+
+    def in_listed(self, path: str) -> bool:
+        """Is ``path`` a (non-hidden) file directly in a folder that lists samples?"""
+        return os.path.dirname(path) in self.listed and not os.path.basename(path).startswith(".")
 
     def names(self, path: str) -> frozenset[str]:
         """The watched paths an event on ``path`` is about (itself, or the symlinks to it)."""
@@ -109,7 +120,7 @@ class Targets:
         if not under(path, self.root) or any(under(path, x) for x in self.excluded):
             return False
         if not is_dir:
-            if path in self.files or self.in_folder(path):
+            if path in self.files or self.in_folder(path) or self.in_listed(path):
                 return True
             return any(glob_match(self.rel(path), p) for p in self.patterns)
         # a directory created, deleted or moved: a watched one (or its parent) came or went,
@@ -154,6 +165,13 @@ def make_targets(
     # a trigger, so not watched.
     files = {f for f in files if f == manifest or not any(under(f, x) for x in excl)}
     dirs: set[tuple[str, bool]] = {(os.path.dirname(f), False) for f in files}
+    listed = {
+        os.path.normpath(os.path.join(root, folder))
+        for recipe in _recipes(m, ws.actions)
+        for folder in recipe.listed
+    }
+    listed = {d for d in listed if not any(under(d, x) for x in excl)}
+    dirs |= {(d, False) for d in listed}
     links: dict[str, set[str]] = {}
     for f in files:
         real = os.path.realpath(f)
@@ -179,6 +197,7 @@ def make_targets(
         inputs,
         {real: frozenset(paths) for real, paths in links.items()},
         folders,
+        frozenset(listed),
     )
 
 
@@ -189,8 +208,9 @@ def _action_inputs(
     ``previous`` knew of a model missing or half-written now) and an LLM's sources."""
     externals: dict[tuple[str, str | None], set[str]] = {}
     inputs: dict[str, frozenset[str]] = {}
+    samples: dict[str, frozenset[str]] = {}
     for action in ws.actions:
-        mine: set[str] = set(_llm_inputs(action, root, folders))
+        mine = _llm_inputs(action, root, folders) | samples_of(ws.manifest, action.group, samples)
         folder = action.compile.external_data_folder
         for model in action.models:
             if (model, folder) not in externals:
@@ -211,3 +231,48 @@ def _llm_inputs(action: CompileAction, root: str, folders: dict[str, str]) -> se
         return set()
     folders[os.path.join(root, group.llm.source)] = group.llm.name
     return {*group.source_inputs, *source_files(root, group.llm)}
+
+
+def recipe_of(m: Manifest, group: Group) -> Quantization | None:
+    """The ``[quantization.<name>]`` that quantizes the models of ``group`` (a quantized
+    group's, a quantized LLM's); None when they are compiled as they are."""
+    if isinstance(group, LlmGroup):
+        llm = m.llms.get(group.name)
+        name = llm.quantize if llm is not None else None
+    else:
+        found = m.groups.get(group.name)
+        name = found.quantize if found is not None else None
+    return m.quantization.get(name) if name is not None else None
+
+
+def samples_of(
+    m: Manifest, group: Group, memo: dict[str, frozenset[str]] | None = None
+) -> frozenset[str]:
+    """The workspace-relative calibration samples the quantization of ``group`` reads (a
+    test-data folder with its ``input_K.pb`` files); none for a group compiled as it is.
+    ``memo`` keeps each recipe's across the calls of one pass (a recipe may have thousands
+    of samples, and hundreds of actions)."""
+    recipe = recipe_of(m, group)
+    if recipe is None:
+        return frozenset()
+    if memo is not None and recipe.name in memo:
+        return memo[recipe.name]
+    found = set(recipe.calibration)
+    for sample in recipe.calibration:
+        try:
+            found.update(sample_files(str(m.root), sample))
+        except OSError:  # a folder going away: its files are gone too
+            pass
+    if memo is not None:
+        memo[recipe.name] = frozenset(found)
+    return frozenset(found)
+
+
+def _recipes(m: Manifest, actions: list[CompileAction]) -> list[Quantization]:
+    """The quantizations of the selected actions, each once."""
+    found: dict[str, Quantization] = {}
+    for action in actions:
+        recipe = recipe_of(m, action.group)
+        if recipe is not None:
+            found[recipe.name] = recipe
+    return list(found.values())
