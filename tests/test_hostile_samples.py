@@ -100,15 +100,25 @@ def hostile(name: str, path: Path) -> None:
         np.save(path, array) if path.suffix == ".npy" else np.savez(path, x=array)
 
 
+HOSTILE = [
+    ("member not an array", "s03.npz", "member 'x' is not an array"),
+    ("corrupt deflate", "s03.npz", "not a readable .npz file of arrays (Error -3"),
+    ("huge header", "s03.npz", "has shape [100000000000, 1000], the model takes x [1, 8]"),
+    ("npy wrong shape", "s03.npy", "has shape [1, 1099511627776], the model takes x [1, 8]"),
+    ("nan", "s03.npy", "input 'x' holds NaN at [0, 5]"),
+    ("inf", "s03.npz", "input 'x' holds an infinity at [0, 5]"),
+]
+"""Each hostile sample, the file it is written as, and what its message says."""
+END_TO_END = ("huge header", "nan")
+"""The hostile samples the inner loop builds: one refused from its header, one from its
+values; the others' messages are checked fast by test_the_reader_names_each_hostile_sample."""
+
+
 @pytest.mark.parametrize(
     ("name", "file", "said"),
     [
-        ("member not an array", "s03.npz", "member 'x' is not an array"),
-        ("corrupt deflate", "s03.npz", "not a readable .npz file of arrays (Error -3"),
-        ("huge header", "s03.npz", "has shape [100000000000, 1000], the model takes x [1, 8]"),
-        ("npy wrong shape", "s03.npy", "has shape [1, 1099511627776], the model takes x [1, 8]"),
-        ("nan", "s03.npy", "input 'x' holds NaN at [0, 5]"),
-        ("inf", "s03.npz", "input 'x' holds an infinity at [0, 5]"),
+        pytest.param(*case, marks=() if case[0] in END_TO_END else pytest.mark.slow)
+        for case in HOSTILE
     ],
 )
 def test_a_hostile_calibration_sample_is_exit_2_naming_it(
@@ -121,6 +131,18 @@ def test_a_hostile_calibration_sample_is_exit_2_naming_it(
     assert f"calib/{file}" in proc.stderr and said in proc.stderr, proc.stderr
     assert "Traceback" not in proc.stderr
     assert not (tws.root / ".epbuild/quant/g/tiny").exists()  # nothing half-written
+
+
+@pytest.mark.parametrize(("name", "file", "said"), HOSTILE)
+def test_the_reader_names_each_hostile_sample(
+    tmp_path: Path, name: str, file: str, said: str
+) -> None:
+    """What the calibration's reader says of each hostile sample (the build says it and
+    commits nothing: test_a_hostile_calibration_sample_is_exit_2_naming_it)."""
+    hostile(name, tmp_path / file)
+    with pytest.raises(ModelError, match=re.escape(f"{file}: ")) as info:
+        read_sample(str(tmp_path), file, SPECS)
+    assert said in info.value.message, info.value.message
 
 
 @pytest.mark.parametrize("special", ["fifo", "dev zero"])
@@ -350,6 +372,10 @@ def _interrupted_calibration(
     return proc, workers
 
 
+# Ctrl-C is the gentler end: the killed calibration below leaves no temporary file either
+# (test_a_killed_calibration_leaves_nothing_the_next_build_keeps), and Ctrl-C during a
+# compile exits 130 and cleans up (test_crash.py).
+@pytest.mark.slow
 def test_ctrl_c_during_calibration_leaves_nothing_in_tmpdir(tws: Workspace, tmp_path: Path) -> None:
     proc, _ = _interrupted_calibration(tws, tmp_path, signal.SIGINT)
     _, err = waits.communicate(proc, "the build to exit after SIGINT")

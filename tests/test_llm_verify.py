@@ -25,8 +25,8 @@ def _built(ws: Workspace, *, share: bool, family: str = "llama") -> None:
 
 
 @pytest.mark.slow
-def test_unshared_package_matches_the_source(workspace: Workspace) -> None:
-    _built(workspace, share=False)
+def test_unshared_package_matches_the_source(llm_built: Workspace) -> None:
+    workspace = llm_built  # _built(share=False): built once per session, copied
     proc = workspace.cli("verify", "--generate", "--tokens", "8")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "chat/htp-v73: generate: all 8 greedy tokens match the source (" in proc.stdout
@@ -41,8 +41,8 @@ def test_unshared_package_matches_the_source(workspace: Workspace) -> None:
 
 
 @pytest.mark.slow
-def test_prompt_from_the_manifest_and_the_command_line(workspace: Workspace) -> None:
-    _built(workspace, share=False)
+def test_prompt_from_the_manifest_and_the_command_line(llm_built: Workspace) -> None:
+    workspace = llm_built  # _built(share=False): built once per session, copied
     manifest = workspace.root / "epbuild.toml"
     manifest.write_text(manifest.read_text() + 'prompt = "Hello world"\n')
     (check,) = workspace.cli_json("verify", "--generate", "--tokens", "3")["generate"]
@@ -60,8 +60,8 @@ def test_shared_package_is_not_checkable_here(workspace: Workspace) -> None:
 
 
 @pytest.mark.slow
-def test_clear_divergence_fails_naming_step_tokens_and_margin(workspace: Workspace) -> None:
-    _built(workspace, share=False)
+def test_clear_divergence_fails_naming_step_tokens_and_margin(llm_built: Workspace) -> None:
+    workspace = llm_built  # _built(share=False): built once per session, copied
     # The source now holds other weights (the Qwen2 fixture's): the package no longer
     # computes what it does, with clear margins.
     for name in ("model.onnx", "model.onnx.data"):
@@ -74,8 +74,8 @@ def test_clear_divergence_fails_naming_step_tokens_and_margin(workspace: Workspa
 
 
 @pytest.mark.slow
-def test_a_broken_package_fails_with_the_reason(workspace: Workspace) -> None:
-    _built(workspace, share=False)
+def test_a_broken_package_fails_with_the_reason(llm_built: Workspace) -> None:
+    workspace = llm_built  # _built(share=False): built once per session, copied
     config = workspace.root / "build" / "chat" / "htp-v73" / "genai_config.json"
     data = json.loads(config.read_text())
     data["model"]["decoder"]["pipeline"][0]["context"]["filename"] = "missing_ctx.onnx"
@@ -86,9 +86,9 @@ def test_a_broken_package_fails_with_the_reason(workspace: Workspace) -> None:
 
 
 def test_without_genai_says_how_to_install(
-    workspace: Workspace, monkeypatch: pytest.MonkeyPatch
+    llm_built: Workspace, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    _built(workspace, share=False)
+    workspace = llm_built  # _built(share=False): built once per session, copied
     monkeypatch.setattr("epbuild.inspection.generation.genai_installed", lambda: False)
     with pytest.raises(UserError) as info:
         verify_outputs(workspace.root, generate=4)
@@ -96,9 +96,9 @@ def test_without_genai_says_how_to_install(
     assert 'pip install "epbuild[genai]"' in str(info.value)
 
 
-def test_a_generation_past_its_timeout_fails_saying_how_far_it_got(workspace: Workspace) -> None:
+def test_a_generation_past_its_timeout_fails_saying_how_far_it_got(llm_built: Workspace) -> None:
     """Real children, a limit no generation can meet: exit 1, what got done, the option."""
-    _built(workspace, share=False)
+    workspace = llm_built  # _built(share=False): built once per session, copied
     proc = workspace.cli("verify", "--generate", "--timeout", "0.001")
     assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
     line = next(ln for ln in proc.stdout.splitlines() if "generate:" in ln)
@@ -158,14 +158,14 @@ def test_min_token_agreement_is_a_check_key(workspace: Workspace) -> None:
 
 @pytest.mark.slow
 def test_a_quantized_package_is_held_to_its_agreement_limit(
-    workspace: Workspace, monkeypatch: pytest.MonkeyPatch
+    llm_built: Workspace, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """With a limit (what a quantized LLM gets), a package that matches passes with its
     agreement said, and one whose source now computes something else (junk, as the emulated
     HTP generates from int4 weights) fails naming how few agree and where it starts."""
     from epbuild.inspection.generation import TokenLimit
 
-    _built(workspace, share=False)
+    workspace = llm_built  # _built(share=False): built once per session, copied
     limit = TokenLimit(0.9, "[quantization.w8a16.check] min_token_agreement")
     monkeypatch.setattr("epbuild.inspection.generation.token_limit", lambda *_: limit)
     (good,) = verify_outputs(workspace.root, generate=6).generations or []

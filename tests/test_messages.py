@@ -269,12 +269,12 @@ def test_a_bug_is_one_line_and_a_hint(
     assert "Traceback" in err and "in broken" in err
 
 
-def test_every_json_document_shares_one_envelope(simple_ws: Callable[..., Workspace]) -> None:
+def test_every_json_document_shares_one_envelope(simple_built: Workspace) -> None:
     """Changing commands have --json too; each document says its command, schema version,
     whether it went well, and its warnings as structured problems."""
     import json
 
-    ws = simple_ws()
+    ws = simple_built  # built once per session, copied: the build compiles what is added
     ws.model("models/d.onnx")
     commands = [
         ["add", "model", "models/d.onnx", "--group", "single", "--json"],

@@ -161,9 +161,9 @@ def test_a_clean_rebuild_gives_the_same_bytes(qws_built: Workspace) -> None:
     assert digests(qws.root) == first
 
 
-def test_a_fresh_checkout_restores_every_action(qws: Workspace, tmp_path: Path) -> None:
-    cache = tmp_path / "cache"
-    qws.cli("build", "--cache", str(cache), check=True)
+def test_a_fresh_checkout_restores_every_action(qws_built: Workspace, tmp_path: Path) -> None:
+    qws, cache = qws_built, tmp_path / "cache"  # built once per session, copied
+    qws.cli("build", "--cache", str(cache), check=True)  # stores the up-to-date actions
     clone = Workspace(tmp_path / "clone")
     shutil.copytree(qws.root, clone.root, ignore=shutil.ignore_patterns("build", ".epbuild"))
     doc = clone.cli_json("build", "--cache-only", "--cache", str(cache))
@@ -205,15 +205,25 @@ def _bad_sample(name: str) -> Callable[[Workspace], None]:
     return write
 
 
+BAD_SAMPLES = [
+    ("missing input", "misses input 'image'"),
+    ("extra input", "has 'mask', which the model does not take"),
+    ("wrong shape", "has shape [1, 3, 16, 16]"),
+    ("wrong dtype", "is float64, the model takes float32"),
+    ("unreadable", "not a readable .npz file of arrays (not a zip archive)"),
+    ("not arrays", "holds object arrays (pickled data)"),
+]
+"""Each bad sample and what its message says."""
+END_TO_END = ("wrong shape", "unreadable")
+"""The bad samples the inner loop builds: one the arrays' headers refuse, one the archive's;
+the others' messages are checked fast by test_the_reader_names_each_bad_sample."""
+
+
 @pytest.mark.parametrize(
     ("name", "said"),
     [
-        ("missing input", "misses input 'image'"),
-        ("extra input", "has 'mask', which the model does not take"),
-        ("wrong shape", "has shape [1, 3, 16, 16]"),
-        ("wrong dtype", "is float64, the model takes float32"),
-        ("unreadable", "not a readable .npz file of arrays (not a zip archive)"),
-        ("not arrays", "holds object arrays (pickled data)"),
+        pytest.param(name, said, marks=() if name in END_TO_END else pytest.mark.slow)
+        for name, said in BAD_SAMPLES
     ],
 )
 def test_a_bad_sample_is_named_and_nothing_is_committed(
@@ -226,6 +236,20 @@ def test_a_bad_sample_is_named_and_nothing_is_committed(
     assert "Traceback" not in proc.stderr
     assert not (qws.root / ".epbuild/quant/vision/cnn").exists()  # nothing half-written
     assert not (qws.root / "build/vision/quantized").exists()
+
+
+@pytest.mark.parametrize(("name", "said"), BAD_SAMPLES)
+def test_the_reader_names_each_bad_sample(qws: Workspace, name: str, said: str) -> None:
+    """What the calibration's reader says of each bad sample (the build says it, naming the
+    file: test_a_bad_sample_is_named_and_nothing_is_committed)."""
+    from epbuild.errors import ModelError
+    from epbuild.quant.samples import InputSpec, read_sample
+
+    _bad_sample(name)(qws)
+    specs = [InputSpec("image", np.dtype("float32"), (1, 3, 32, 32))]
+    with pytest.raises(ModelError) as info:
+        read_sample(str(qws.root), "calib/s03.npz", specs)
+    assert "calib/s03.npz" in info.value.message and said in info.value.message, info.value
 
 
 def test_a_wrong_sample_after_a_good_build_keeps_the_good_outputs(qws_built: Workspace) -> None:
@@ -519,9 +543,9 @@ def said_and_done(ws: Workspace, cache: Path) -> tuple[dict[str, str], dict[str,
 
 
 def test_status_says_what_the_build_does_with_quantize_actions(
-    qws: Workspace, tmp_path: Path
+    qws_built: Workspace, tmp_path: Path
 ) -> None:
-    cache = tmp_path / "cache"
+    qws, cache = qws_built, tmp_path / "cache"  # built once per session (seed 0), copied
     qws.cli("build", "--cache", str(cache), check=True)  # seed 0, stored in the cache
     samples(qws, seed=1)  # calibrates again: its ranges, and so the QDQ model's key, unknown
     said, done = said_and_done(qws, cache)

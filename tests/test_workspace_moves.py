@@ -65,6 +65,12 @@ def files(ws: Workspace, top: str) -> list[str]:
     )
 
 
+# Two moves, one of them nested, each verified and cleaned. Fast: one move of out_dir with
+# its reasons, verify's word, the build there, the orphans' bytes and clean --orphaned
+# (test_a_changed_workspace_key[out_dir]); a nested out_dir
+# (test_a_quantized_group_survives_an_out_dir_move); a move back
+# (test_moving_back_takes_the_old_place_again).
+@pytest.mark.slow
 def test_a_moved_out_dir_is_stale_then_built_there_twice_and_nested(
     simple_built: Workspace,
 ) -> None:
@@ -191,10 +197,16 @@ def test_a_changed_workspace_key(simple_built: Workspace, key: str) -> None:
             i: [f"outputs moved from build/{g}/{p} to elsewhere/{g}/{p}"]
             for i, (g, p) in SIMPLE.items()
         }
+        proc = ws.cli("verify")
+        assert proc.returncode == 1 and "where the manifest puts them" in proc.stdout, proc.stdout
     else:
         assert stale(ws) == {i: ["never built"] for i in SIMPLE}
     assert built(ws) == dict.fromkeys(SIMPLE, "compiled")
     verified(ws)
+    if effect == "moves":
+        left = sum((ws.root / f).stat().st_size for f in files(ws, "build"))
+        assert ws.cli_json("status")["orphaned_bytes"] == left
+        assert "[workspace] changed" in ws.cli("status").stdout
     ws.cli("clean", "--orphaned", check=True)
     if effect == "moves":
         assert files(ws, "elsewhere") and not (ws.root / "build").exists()
