@@ -11,13 +11,13 @@ same environments always give the same bytes.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 from typing import Any
 
 from epbuild._dataclass import dataclass, field
 from epbuild.errors import UserError
+from epbuild.fs import sha256_hex
 
 LOCK_NAME = "epbuild.lock"
 FORMAT = 1
@@ -69,7 +69,7 @@ class EnvironmentLock:
             "distributions": {n: [d.version, d.sha256] for n, d in self.distributions.items()},
         }
         blob = json.dumps(data, sort_keys=True).encode()
-        return "lock-" + hashlib.sha256(blob).hexdigest()[:16]
+        return "lock-" + sha256_hex(blob)[:16]
 
 
 @dataclass
