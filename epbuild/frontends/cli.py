@@ -8,10 +8,10 @@ before the API (or anything heavier) is loaded.
 
 from __future__ import annotations
 
+import _signal  # type: ignore[import-not-found]  # signal's module less its enums
 import argparse
 import gc
 import os
-import signal
 import sys
 from collections.abc import Sequence
 from contextlib import AbstractContextManager
@@ -59,7 +59,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     debug = "--debug" in argv or os.environ.get("EPBUILD_DEBUG", "") not in ("", "0")
     command, directory, printed = "epbuild", ".", render.documents_printed()
     render.command_notes([])
-    signal.signal(signal.SIGTERM, _sigterm)
+    _signal.signal(_signal.SIGTERM, _sigterm)
     if as_json and "--version" in argv[: argv.index("--") if "--" in argv else len(argv)]:
         from epbuild._version import __version__
 
