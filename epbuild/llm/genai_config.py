@@ -8,7 +8,6 @@ Pure JSON, standard library only. Fields of the source that do not describe a gr
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -21,6 +20,20 @@ CONTEXT = "context"
 ITERATOR = "iterator"
 EMBEDDINGS = "embeddings"
 """The CPU stage of a decoder in parts (``llm.parts``)."""
+
+
+def json_copy(data: Mapping[str, Any]) -> dict[str, Any]:
+    """A deep copy of a parsed JSON object (what ``copy.deepcopy`` gives for one, without
+    importing ``copy``: the manifest reads this module on every load)."""
+    return {k: _copied(v) for k, v in data.items()}
+
+
+def _copied(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _copied(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return type(value)(_copied(v) for v in value)
+    return value
 
 
 def io_names(decoder: Mapping[str, Any]) -> tuple[list[str], list[str]]:
@@ -59,7 +72,7 @@ def pipeline_config(
     ``embeddings`` stage and of each part, ``llm.parts``), ``files`` maps every stage
     (``embeddings``, ``part1_context``, ...) and the pipeline is the CPU embeddings stage,
     then each part's prompt and token graphs."""
-    config = copy.deepcopy(dict(source))
+    config = json_copy(source)
     model = config["model"]
     decoder = model["decoder"]
     inputs, outputs = io_names(decoder)
@@ -140,7 +153,7 @@ def stages_config(
     """The package's config of a ``decoder-pipeline`` source: ``compiled`` maps the stages
     compiled for the provider to their ctx model file names, which run with
     ``provider_options``; every other stage (one meant for the CPU) is kept as it is."""
-    config = copy.deepcopy(dict(source))
+    config = json_copy(source)
     model = config["model"]
     for entry in model["decoder"]["pipeline"]:
         for name, stage in entry.items():
