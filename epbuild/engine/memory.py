@@ -40,9 +40,11 @@ _NO_LIMIT = 1 << 60
 
 
 def _meminfo(path: str = "/proc/meminfo") -> dict[str, int]:
+    """/proc/meminfo as {field: bytes} (read as UTF-8, which the interpreter decodes without
+    loading a codec module: ASCII is its subset)."""
     values: dict[str, int] = {}
     try:
-        with open(path, encoding="ascii") as f:
+        with open(path, encoding="utf-8") as f:
             for line in f:
                 name, _, rest = line.partition(":")
                 parts = rest.split()
@@ -56,7 +58,7 @@ def _meminfo(path: str = "/proc/meminfo") -> dict[str, int]:
 
 def _read_int(path: str) -> int | None:
     try:
-        with open(path, encoding="ascii") as f:
+        with open(path, encoding="utf-8") as f:
             text = f.read().strip()
     except OSError:
         return None
