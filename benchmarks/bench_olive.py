@@ -149,14 +149,16 @@ def last_error(log: Path) -> str | None:
     return found
 
 
-def split_assignments(layers: int, parts: int) -> str:
+def split_assignments(layers: int, parts: int) -> dict[str, int]:
     """SplitModel's assignments for a builder-made decoder: the embedding, ``parts`` runs of
-    layers (the final norm, ``model.layers.<layers>``, with the last) and the lm_head."""
-    found = ["model.embed_tokens=0"]
+    layers (the final norm, ``model.layers.<layers>``, with the last) and the lm_head. A dict:
+    Olive 0.13 takes the string form for a file path and fails past 255 characters
+    (``OSError: [Errno 36] File name too long``)."""
+    found = {"model.embed_tokens": 0}
     for layer in range(layers + 1):
-        found.append(f"model.layers.{layer}={1 + min(layer, layers - 1) * parts // layers}")
-    found.append(f"lm_head={parts + 1}")
-    return ";".join(found)
+        found[f"model.layers.{layer}"] = 1 + min(layer, layers - 1) * parts // layers
+    found["lm_head"] = parts + 1
+    return found
 
 
 def olive_config(
