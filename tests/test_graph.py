@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import Workspace, write_simple
+from conftest import Workspace, _build_llm, write_simple
 
 from epbuild.results import Outcome
 
@@ -162,22 +162,22 @@ def test_a_checkout_with_a_cache_restores_the_preparation_and_never_runs_it(
 ) -> None:
     workspace.llm()
     cache = str(tmp_path / "cache")
-    built = workspace.cli("build", "--cache", cache, "--json")
+    built = workspace.main("build", "--cache", cache, "--json")
     assert _summary(built)["prepared"] == 1 and _summary(built)["compiled"] == 2, built.stderr
 
     other = Workspace(tmp_path / "checkout")
     shutil.copytree(workspace.root / "models", other.root / "models")
     shutil.copy(workspace.root / "epbuild.toml", other.root / "epbuild.toml")
     # The CI cache key is known before anything is built, and is the built workspace's.
-    key = other.cli("cache", "key").stdout
-    assert key.startswith("epbuild-") and key == workspace.cli("cache", "key").stdout
+    key = other.main("cache", "key").stdout
+    assert key.startswith("epbuild-") and key == workspace.main("cache", "key").stdout
     # Commands that only read: nothing prepared, nothing written for the LLM.
     for args in (["status"], ["cache", "prune", "--max-size", "10G", "--cache", cache],
                  ["cache", "verify", "--cache", cache], ["cache", "key"]):  # fmt: skip
-        proc = other.cli(*args)
+        proc = other.main(*args)
         assert proc.returncode == 0, (args, proc.stderr)
         assert not (other.root / ".epbuild" / "llm").exists(), args
-    restored = other.cli("build", "--cache", cache, "--cache-only", "--json")
+    restored = other.main("build", "--cache", cache, "--cache-only", "--json")
     assert restored.returncode == 0, restored.stderr
     actions = {a["id"]: a["outcome"] for a in json.loads(restored.stdout)["actions"]}
     assert actions == {
@@ -204,7 +204,7 @@ def test_a_preparation_with_the_same_graphs_compiles_nothing(llm_built: Workspac
     model = onnx.load(source, load_external_data=False)
     model.graph.node.append(helper.make_node("Identity", [model.graph.input[0].name], ["dead"]))
     onnx.save(model, source)
-    again = workspace.cli("build", "--json")
+    again = workspace.main("build", "--json")
     summary = _summary(again)
     assert summary["prepared"] == 1 and summary["compiled"] == 0 and summary["up_to_date"] == 3
 
@@ -240,33 +240,33 @@ def test_an_edited_or_missing_package_file_is_named_refused_and_repaired(
     good = (out / "genai_config.json").read_bytes()
     (out / "genai_config.json").write_text(good.decode().replace('"top_k"', '"top_p"'))
     (out / "tokenizer.json").unlink()
-    status = workspace.cli("status").stdout
+    status = workspace.main("status").stdout
     assert "stale       chat/htp-v73/package" in status
     assert "output build/chat/htp-v73/genai_config.json was modified" in status
     assert "output build/chat/htp-v73/tokenizer.json is missing" in status
     verify = workspace.cli("verify")
     assert verify.returncode == 1
     assert "genai_config.json: content does not match the digest" in verify.stdout
-    package = workspace.cli("package", "-o", "dist")
+    package = workspace.main("package", "-o", "dist")
     assert package.returncode != 0 and "chat/htp-v73/package" in package.stderr
     assert not (workspace.root / "dist").exists()
-    repaired = workspace.cli("build", "--json")
+    repaired = workspace.main("build", "--json")
     assert _summary(repaired)["packaged"] == 1 and _summary(repaired)["compiled"] == 0
     assert (out / "genai_config.json").read_bytes() == good and (out / "tokenizer.json").is_file()
 
 
-def _build_switched_to_sharing(workspace: Workspace) -> None:
-    """An LLM built without share_weights, then with it: the iterator's binary is left."""
-    workspace.llm(share=False)
-    assert workspace.cli("build").returncode == 0
-    workspace.llm(share=True)
-    assert workspace.cli("build").returncode == 0
-
-
 @pytest.fixture
 def switched(built_once: BuiltOnce, workspace: Workspace) -> Workspace:
-    """``_build_switched_to_sharing`` made once per session: the test's own copy."""
-    return built_once("llm-switched-to-sharing", _build_switched_to_sharing, workspace)
+    """An LLM built without share_weights, then with it: the iterator's binary is left.
+    Made once per session from the session's ``llm_built`` (built without share_weights);
+    the test's own copy."""
+
+    def switch_to_sharing(ws: Workspace) -> None:
+        built_once("llm", _build_llm, ws)  # workspace.llm(share=False), built
+        ws.llm(share=True)
+        assert ws.main("build").returncode == 0
+
+    return built_once("llm-switched-to-sharing", switch_to_sharing, workspace)
 
 
 def test_clean_orphaned_removes_only_what_no_action_owns(switched: Workspace) -> None:
@@ -276,15 +276,15 @@ def test_clean_orphaned_removes_only_what_no_action_owns(switched: Workspace) ->
     out = workspace.root / "build" / "chat" / "htp-v73"
     left = out / "iterator_ctx_qnn.bin"
     before = sorted(p.name for p in out.iterdir())
-    doc = workspace.cli_json("status")
+    doc = workspace.main_json("status")
     assert doc["orphaned"] == ["chat/htp-v73/context", "chat/htp-v73/iterator"]
     assert doc["orphaned_bytes"] == left.stat().st_size > 0
-    assert "'epbuild clean --orphaned' removes them" in workspace.cli("status").stdout
-    assert workspace.cli("clean", "--orphaned", "chat").returncode == 2  # no selectors
-    removed = workspace.cli_json("clean", "--orphaned")["removed"]
+    assert "'epbuild clean --orphaned' removes them" in workspace.main("status").stdout
+    assert workspace.main("clean", "--orphaned", "chat").returncode == 2  # no selectors
+    removed = workspace.main_json("clean", "--orphaned")["removed"]
     assert removed == ["build/chat/htp-v73/iterator_ctx_qnn.bin"]
     assert sorted(p.name for p in out.iterdir()) == sorted(set(before) - {left.name})
-    after = workspace.cli_json("status")
+    after = workspace.main_json("status")
     assert after["orphaned"] == [] and after["orphaned_bytes"] == 0
     assert all(not a["stale"] for a in after["actions"])
 
@@ -324,5 +324,5 @@ def test_two_clean_orphaned_at_once_remove_the_file_once(switched: Workspace) ->
         assert proc.returncode == 0 and "Traceback" not in err, err
         removed += json.loads(out)["removed"]
     assert removed == ["build/chat/htp-v73/iterator_ctx_qnn.bin"]  # by one of the two
-    after = workspace.cli_json("status")
+    after = workspace.main_json("status")
     assert after["orphaned"] == [] and all(not a["stale"] for a in after["actions"])

@@ -283,7 +283,7 @@ def test_nan_in_a_validation_sample_is_exit_2_naming_it(tws: Workspace) -> None:
     """Not "SQNR -inf dB … so it is the quantization": the sample is the user's to fix."""
     samples(tws, "valid", n=3)  # the first calibration samples again: within their ranges
     manifest(tws, validation="valid/*.npy")
-    assert tws.cli("build").returncode == 0
+    assert tws.main("build").returncode == 0
     good = tws.cli_json("verify", "--numerics")
     assert [c["status"] for c in good["numerics"]] == ["ok"], good
     hostile("nan", tws.root / "valid" / "s01.npy")
@@ -398,5 +398,5 @@ def test_a_killed_calibration_leaves_nothing_the_next_build_keeps(
     )
     assert left_in(tmp_path / "tmpdir") == []
     manifest(tws, "calib/s0[0-5].npy")
-    assert tws.cli("build").returncode == 0
+    assert tws.main("build").returncode == 0
     assert list((tws.root / "build" / ".staging").glob("*")) == []

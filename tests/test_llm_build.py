@@ -33,27 +33,27 @@ def _compiled(proc_stdout: str) -> list[str]:
 @pytest.mark.parametrize("family", ["llama", pytest.param("qwen2", marks=pytest.mark.slow)])
 def test_unshared_build_noop_and_rebuilds(workspace: Workspace, family: str) -> None:
     _ws(workspace, share=False, family=family)
-    first = workspace.cli("build", check=True)
+    first = workspace.main("build", check=True)
     assert sorted(_compiled(first.stderr)) == ["chat/htp-v73/context", "chat/htp-v73/iterator"]
     out = workspace.root / "build" / "chat" / "htp-v73"
     for stage in ("context", "iterator"):
         assert _ops(out / f"{stage}_ctx.onnx") == ["EPContext"]  # attention on the HTP too
         assert (out / f"{stage}_ctx_qnn.bin").is_file()
-    assert "4 up to date" in workspace.cli("build", check=True).stdout
+    assert "4 up to date" in workspace.main("build", check=True).stdout
 
     # A config-only edit of the source (search options) compiles nothing.
     config_path = workspace.root / "models" / "tiny" / "genai_config.json"
     config = json.loads(config_path.read_text())
     config["search"]["top_k"] = 5
     config_path.write_text(json.dumps(config))
-    again = workspace.cli("build", check=True)
+    again = workspace.main("build", check=True)
     assert "3 up to date" in again.stdout and _compiled(again.stderr) == []  # + 1 packaged
     written = json.loads((out / "genai_config.json").read_text())
     assert written["search"]["top_k"] == 5  # the package's config follows the source's
 
     # context_length shapes both graphs: both recompile.
     _ws(workspace, share=False, context=96, family=family)
-    second = workspace.cli("build", check=True)
+    second = workspace.main("build", check=True)
     assert sorted(_compiled(second.stderr)) == ["chat/htp-v73/context", "chat/htp-v73/iterator"]
     ctx = onnx.load(out / "iterator_ctx.onnx", load_external_data=False)
     cache = {i.name: [d.dim_value for d in i.type.tensor_type.shape.dim] for i in ctx.graph.input}
@@ -62,7 +62,7 @@ def test_unshared_build_noop_and_rebuilds(workspace: Workspace, family: str) -> 
 
 def test_shared_build_is_one_action_n_plus_one(workspace: Workspace) -> None:
     _ws(workspace, share=True)
-    first = workspace.cli("build", check=True)
+    first = workspace.main("build", check=True)
     assert _compiled(first.stderr) == ["chat/htp-v73"]
     out = workspace.root / "build" / "chat" / "htp-v73"
     assert sorted(p.name for p in out.iterdir()) == [
@@ -73,7 +73,7 @@ def test_shared_build_is_one_action_n_plus_one(workspace: Workspace) -> None:
         "tokenizer.json",
         "tokenizer_config.json",
     ]
-    assert "3 up to date" in workspace.cli("build", check=True).stdout
+    assert "3 up to date" in workspace.main("build", check=True).stdout
 
 
 @pytest.mark.slow

@@ -29,7 +29,7 @@ def _edit(ws: Workspace, change: Callable[[dict[str, Any]], None]) -> None:
 
 
 def _refused(ws: Workspace, *needles: str, command: str = "build") -> str:
-    proc = ws.cli(command)
+    proc = ws.main(command)
     assert proc.returncode == 2, (proc.returncode, proc.stdout, proc.stderr)
     assert "Traceback" not in proc.stderr and "bug in epbuild" not in proc.stderr
     for needle in needles:
@@ -53,7 +53,7 @@ def test_a_link_out_of_the_source_folder_is_refused(llm_ws: Workspace, tmp_path:
 
 def test_a_link_inside_the_folder_is_fine(llm_ws: Workspace) -> None:
     os.symlink("tokenizer.json", llm_ws.root / "models" / "tiny" / "extra_tokens.json")
-    assert llm_ws.cli("status").returncode == 0
+    assert llm_ws.main("status").returncode == 0
 
 
 def test_a_decoder_file_outside_the_folder_is_refused(llm_ws: Workspace) -> None:
@@ -170,7 +170,7 @@ def test_random_config_mutations_never_end_in_a_traceback(llm_ws: Workspace, see
     config = _mutations(_mutations(_config(llm_ws), rng), rng)
     (llm_ws.root / CONFIG).write_text(json.dumps(config))
     for command in ("status", "build"):
-        proc = llm_ws.cli(command)
+        proc = llm_ws.main(command)
         assert proc.returncode in (0, 1, 2), (command, proc.returncode, proc.stderr)
         assert "Traceback" not in proc.stderr and "bug in epbuild" not in proc.stderr, proc.stderr
     if proc.returncode == 0:  # a package was written: exactly what the source makes now
@@ -200,8 +200,8 @@ def test_sizes_that_are_not_the_graphs_are_refused_before_preparing(
     llm_ws: Workspace, change: Callable[[dict[str, Any]], None], needle: str
 ) -> None:
     _edit(llm_ws, lambda c: change(c["model"]["decoder"]))
-    proc = llm_ws.cli("build")  # a source mistake like any other: exit 2, one message
+    proc = llm_ws.main("build")  # a source mistake like any other: exit 2, one message
     assert proc.returncode == 2 and needle in proc.stderr, proc.stderr
     assert "models/tiny/genai_config.json" in proc.stderr and "Traceback" not in proc.stderr
     assert not (llm_ws.root / ".epbuild" / "llm" / "chat" / "prepared").exists()
-    assert needle in llm_ws.cli("status").stdout
+    assert needle in llm_ws.main("status").stdout

@@ -78,12 +78,12 @@ def test_an_option_file_is_keyed_by_its_content(workspace: Workspace) -> None:
     affinity = workspace.root / "affinity.json"
     affinity.write_text(json.dumps(HTP))
     workspace.manifest(_manifest("affinity.json"))
-    assert workspace.cli_json("build")["summary"]["compiled"] == 1
+    assert workspace.main_json("build")["summary"]["compiled"] == 1
     affinity.write_text(json.dumps(HTP))  # a new mtime, the same content
-    (action,) = workspace.cli_json("status")["actions"]
+    (action,) = workspace.main_json("status")["actions"]
     assert not action["stale"], action
     affinity.write_text(json.dumps({"op_type": {}}))
-    (action,) = workspace.cli_json("status")["actions"]
+    (action,) = workspace.main_json("status")["actions"]
     assert action["stale"] and "option file affinity.json changed" in action["reasons"], action
 
 

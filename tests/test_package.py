@@ -139,14 +139,14 @@ def test_onnxruntime_strict_parser_accepts_the_manifest(built: Workspace) -> Non
 
 def test_stale_action_exits_1_naming_it_and_build_fixes_it(built: Workspace) -> None:
     built.model("models/c.onnx", matmul_model(99))
-    proc = built.cli("package", "-o", "dist")
+    proc = built.main("package", "-o", "dist")
     assert proc.returncode == 1, proc.stderr
     assert "single/htp/c (model models/c.onnx changed)" in proc.stderr
     assert "epbuild package --build" in proc.stderr and "Traceback" not in proc.stderr
     assert not (built.root / "dist").exists()
     with pytest.raises(OutOfDateError, match="single/htp/c"):
         package(built.root, out="dist")
-    proc = built.cli("package", "-o", "dist", "--build")
+    proc = built.main("package", "-o", "dist", "--build")
     assert proc.returncode == 0, proc.stderr
     assert "packaged 3 component(s)" in proc.stdout
     assert (built.root / "dist" / "single" / "htp" / "c_ctx.onnx").is_file()
@@ -176,7 +176,7 @@ def test_unchanged_files_keep_their_inodes(built: Workspace) -> None:
 
 
 def test_deployment_manifest_lists_every_file_and_action(built: Workspace) -> None:
-    doc = built.cli_json("package", "-o", "dist")
+    doc = built.main_json("package", "-o", "dist")
     dist = built.root / "dist"
     deploy = json.loads((dist / DEPLOY_NAME).read_text())
     assert doc["deployment"] == deploy
@@ -185,7 +185,7 @@ def test_deployment_manifest_lists_every_file_and_action(built: Workspace) -> No
     for rel, entry in deploy["files"].items():
         data = (dist / rel).read_bytes()
         assert entry == {"size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
-    status = {a["id"]: a["key"] for a in built.cli_json("status")["actions"]}
+    status = {a["id"]: a["key"] for a in built.main_json("status")["actions"]}
     actions = {a["id"]: a for a in deploy["actions"]}
     assert {i: a["key"] for i, a in actions.items()} == status
     pair = actions["pair/htp"]
@@ -208,9 +208,7 @@ def test_reproducible_across_workspace_paths(simple_ws: Any, tmp_path: Path) -> 
     other = tmp_path / "elsewhere" / "deeper" / "ws2"
     shutil.copytree(ws.root, other)
     for root in (ws.root, other):
-        proc = subprocess.run([sys.executable, "-m", "epbuild", "-C", str(root), "package",
-                               "-o", "dist", "--build"], capture_output=True, text=True,
-                              timeout=waits.scaled(300))  # fmt: skip
+        proc = Workspace(root).main("package", "-o", "dist", "--build")
         assert proc.returncode == 0, proc.stderr
     assert tree(ws.root / "dist") == tree(other / "dist")
 
@@ -219,7 +217,7 @@ def test_refuses_unsafe_destinations(built: Workspace, tmp_path: Path) -> None:
     mine = built.root / "mine"
     mine.mkdir()
     (mine / "notes.txt").write_text("keep me")
-    proc = built.cli("package", "-o", "mine")
+    proc = built.main("package", "-o", "mine")
     assert proc.returncode == 2 and "is not an epbuild package" in proc.stderr, proc.stderr
     assert (mine / "notes.txt").read_text() == "keep me"
     (mine / DEPLOY_NAME).write_text("not json")
@@ -263,12 +261,12 @@ def test_failed_swap_leaves_the_old_package(built: Workspace, monkeypatch: Any) 
 def test_package_table_sets_directory_and_labels(built: Workspace) -> None:
     text = (built.root / "epbuild.toml").read_text()
     built.manifest(text + '\n[package]\nout_dir = "ship"\nname = "demo"\nversion = "1.2"\n')
-    proc = built.cli("package")
+    proc = built.main("package")
     assert proc.returncode == 0, proc.stderr
     manifest = json.loads((built.root / "ship" / "manifest.json").read_text())
     assert (manifest["package_name"], manifest["package_version"]) == ("demo", "1.2")
     built.manifest(text + '\n[package]\ndevices = { nope = "npu" }\n')
-    proc = built.cli("package", "-o", "dist")
+    proc = built.main("package", "-o", "dist")
     assert proc.returncode == 2
     assert "epbuild.toml:" in proc.stderr and "package.devices.nope" in proc.stderr
     assert "no provider named 'nope'" in proc.stderr
@@ -514,7 +512,7 @@ def test_files_the_package_does_not_list_are_the_users(built: Workspace) -> None
     (dist / "assets" / "strings.txt").write_text("hello")
     (dist / "empty").mkdir()
     before = tree(dist)
-    proc = built.cli("package", "-o", "dist")  # even with nothing to update
+    proc = built.main("package", "-o", "dist")  # even with nothing to update
     assert proc.returncode == 2, proc.stderr
     assert "holds 3 file(s) its epbuild-package.json does not list" in proc.stderr
     assert "assets/, empty/, logo.png" in proc.stderr and "--force" in proc.stderr
@@ -523,7 +521,7 @@ def test_files_the_package_does_not_list_are_the_users(built: Workspace) -> None
     with pytest.raises(UnsafePathError, match=r"logo\.png"):
         package(built.root, out="dist", build=True)
     assert tree(dist) == before
-    proc = built.cli("package", "-o", "dist", "--force")
+    proc = built.main("package", "-o", "dist", "--force")
     assert proc.returncode == 0, proc.stderr
     assert "deleted assets/, empty/, logo.png" in proc.stdout
     assert not (dist / "logo.png").exists() and not (dist / "assets").exists()
@@ -657,17 +655,17 @@ def test_model_globs_never_pick_up_epbuilds_own_outputs(workspace: Workspace) ->
                                                        "providers": ["htp"]}}}
     )  # fmt: skip
     workspace.manifest(text)
-    proc = workspace.cli("build", "--cache", "models/cache")
+    proc = workspace.main("build", "--cache", "models/cache")
     assert proc.returncode == 0, proc.stderr
     assert list((workspace.root / "models" / "cache" / "v1" / "objects").rglob("*"))
-    proc = workspace.cli("package", "-o", "models/dist")
+    proc = workspace.main("package", "-o", "models/dist")
     assert proc.returncode == 0, proc.stderr
     shutil.copyfile(workspace.root / "build" / "g" / "htp" / "a_ctx.onnx",
                     workspace.root / "models" / "copied_ctx.onnx")  # fmt: skip
     manifest = load_manifest(workspace.root / "epbuild.toml")
     assert [e.path for e in manifest.groups["g"].entries] == [
         "models/a.onnx", "models/plain_ctx.onnx"]  # fmt: skip
-    status = workspace.cli_json("status")
+    status = workspace.main_json("status")
     assert [(a["id"], a["stale"]) for a in status["actions"]] == [
         ("g/htp/a", False), ("g/htp/plain_ctx", False)]  # fmt: skip
 
@@ -692,7 +690,7 @@ def test_apps_registering_the_conventional_name_select_and_run_the_package(
     """onnxruntime-genai and Windows ML register the QNN plugin as QNNExecutionProvider:
     a package built with defaults declares that name, and ONNX Runtime selects and runs it."""
     ws = shippable(workspace)
-    proc = ws.cli("package", "-o", "dist", "--build")
+    proc = ws.main("package", "-o", "dist", "--build")
     assert proc.returncode == 0, proc.stderr
     assert "registering the execution provider as QNNExecutionProvider (htp)" in proc.stdout
     dist = ws.root / "dist"
@@ -715,7 +713,7 @@ def test_apps_registering_the_conventional_name_select_and_run_the_package(
 
 def test_ep_names_packages_for_an_app_that_registers_another_name(workspace: Workspace) -> None:
     ws = shippable(workspace, 'ep_names = { htp = "qnn" }\n')
-    proc = ws.cli("package", "-o", "dist", "--build")
+    proc = ws.main("package", "-o", "dist", "--build")
     assert proc.returncode == 0, proc.stderr
     assert "registering the execution provider as qnn (htp)" in proc.stdout
     dist = ws.root / "dist"
@@ -769,12 +767,12 @@ def test_ep_names_are_checked(workspace: Workspace) -> None:
         ('ep_names = { htp = "" }', "package.ep_names.htp"),
     ):
         ws.manifest(base + extra + "\n")
-        proc = ws.cli("package", "-o", "dist")
+        proc = ws.main("package", "-o", "dist")
         assert proc.returncode == 2 and message in proc.stderr, proc.stderr
         assert "Traceback" not in proc.stderr
     trt = base.replace("[package]", '[providers.gpu]\nep = "tensorrt"\n\n[package]')
     ws.manifest(trt + 'ep_names = { gpu = "trt" }\n')
-    proc = ws.cli("package", "-o", "dist")
+    proc = ws.main("package", "-o", "dist")
     assert proc.returncode == 2 and "always named 'TensorrtExecutionProvider'" in proc.stderr
 
 

@@ -84,7 +84,7 @@ def qws_built(built_once: BuiltOnce, workspace: Workspace) -> Workspace:
 
 
 def counts(ws: Workspace) -> dict[str, int]:
-    doc = ws.cli_json("build")
+    doc = ws.main_json("build")
     assert doc["ok"], doc
     found: dict[str, int] = {}
     for action in doc["actions"]:
@@ -111,7 +111,7 @@ def test_one_calibrate_one_quantize_two_compiles(qws: Workspace) -> None:
     for target in ("htp-v73", "htp-v79"):
         ctx = onnx.load(qws.root / f"build/vision/{target}/cnn_ctx.onnx")
         assert [n.op_type for n in ctx.graph.node] == ["EPContext"]  # no Q/DQ outside it
-    doc = qws.cli_json("status")
+    doc = qws.main_json("status")
     kinds = {a["id"]: (a["kind"], a["deps"]) for a in doc["actions"]}
     assert kinds == {
         "vision/cnn/calibrate": ("calibrate", []),
@@ -140,6 +140,11 @@ def test_edits_run_exactly_the_actions_they_concern(qws_built: Workspace) -> Non
     assert counts(qws) == {"compiled": 1, "up_to_date": 4}
 
 
+# A whole pipeline from scratch, twice. Fast: early cutoff below a rerun whose outputs are
+# the same bytes (test_graph's test_early_cutoff_an_upstream_rerun_with_the_same_bytes_...),
+# and a changed calibration that runs only its own actions
+# (test_edits_run_exactly_the_actions_they_concern).
+@pytest.mark.slow
 def test_a_sample_that_changes_nothing_calibrates_and_stops_there(qws: Workspace) -> None:
     samples(qws, n=40)  # more than one chunk of 16: every sample counts
     counts(qws)
@@ -163,14 +168,18 @@ def test_a_clean_rebuild_gives_the_same_bytes(qws_built: Workspace) -> None:
 
 def test_a_fresh_checkout_restores_every_action(qws_built: Workspace, tmp_path: Path) -> None:
     qws, cache = qws_built, tmp_path / "cache"  # built once per session, copied
-    qws.cli("build", "--cache", str(cache), check=True)  # stores the up-to-date actions
+    qws.main("build", "--cache", str(cache), check=True)  # stores the up-to-date actions
     clone = Workspace(tmp_path / "clone")
     shutil.copytree(qws.root, clone.root, ignore=shutil.ignore_patterns("build", ".epbuild"))
-    doc = clone.cli_json("build", "--cache-only", "--cache", str(cache))
+    doc = clone.main_json("build", "--cache-only", "--cache", str(cache))
     assert doc["ok"] and {a["outcome"] for a in doc["actions"]} == {"restored"}, doc
     assert digests(clone.root) == digests(qws.root)
 
 
+# A whole pipeline in two processes at once. Fast: two builds at once run each action once
+# (test_workspace_moves' test_two_builds_at_once_after_a_move; test_two_at_once.py), whatever
+# the kind: the lock and the journal are the engine's, not a kind's.
+@pytest.mark.slow
 def test_two_builds_at_once_run_each_action_once(qws: Workspace) -> None:
     first, second = together(qws.root, ("build", "--json"), ("build", "--json"))
     assert first.returncode == second.returncode == 0, (first.stderr, second.stderr)
@@ -477,11 +486,11 @@ def test_a_shared_group_is_keyed_alike_before_and_after_a_build(
     their QDQ models are not there: a fresh checkout and a built workspace agree."""
     shutil.copy(qws.root / "models/cnn.onnx", qws.root / "models/cnn2.onnx")
     manifest(qws, share_weights=True)
-    fresh = qws.cli("cache", "key", check=True).stdout
+    fresh = qws.main("cache", "key", check=True).stdout
     counts(qws)
-    assert qws.cli("cache", "key", check=True).stdout == fresh
+    assert qws.main("cache", "key", check=True).stdout == fresh
     (qws.root / "calib/s00.npz").unlink()  # another calibration: every key changes
-    assert qws.cli("cache", "key", check=True).stdout != fresh
+    assert qws.main("cache", "key", check=True).stdout != fresh
 
 
 def test_npy_samples_and_onnx_test_data_folders(qws_built: Workspace) -> None:
@@ -524,7 +533,7 @@ def said_and_done(ws: Workspace, cache: Path) -> tuple[dict[str, str], dict[str,
     """What ``status`` says the build will do with each stale action (restore it from
     ``cache``, run it, find it up to date, or not known yet), and what the build then did."""
     said: dict[str, str] = {}
-    for action in ws.cli_json("status", "--cache", str(cache))["actions"]:
+    for action in ws.main_json("status", "--cache", str(cache))["actions"]:
         last = action["reasons"][-1] if action["stale"] else "up to date"
         for start, word in (
             ("in the cache (", "restored"),
@@ -537,7 +546,7 @@ def said_and_done(ws: Workspace, cache: Path) -> tuple[dict[str, str], dict[str,
                 break
         else:
             raise AssertionError(f"status says nothing of the cache for {action}")
-    doc = ws.cli_json("build", "--cache", str(cache))
+    doc = ws.main_json("build", "--cache", str(cache))
     assert doc["ok"], doc
     return said, {a["id"]: a["outcome"] for a in doc["actions"]}
 
@@ -546,14 +555,14 @@ def test_status_says_what_the_build_does_with_quantize_actions(
     qws_built: Workspace, tmp_path: Path
 ) -> None:
     qws, cache = qws_built, tmp_path / "cache"  # built once per session (seed 0), copied
-    qws.cli("build", "--cache", str(cache), check=True)  # seed 0, stored in the cache
+    qws.main("build", "--cache", str(cache), check=True)  # seed 0, stored in the cache
     samples(qws, seed=1)  # calibrates again: its ranges, and so the QDQ model's key, unknown
     said, done = said_and_done(qws, cache)
     assert said["vision/cnn/calibrate"] == done["vision/cnn/calibrate"] == "compiled"
     for quantized in ("vision/cnn/quantize", "vision/htp-v73/cnn"):
         assert said[quantized] == "unknown" and done[quantized] == "compiled", (said, done)
     samples(qws, seed=2)
-    qws.cli("build", check=True)  # seed 2 is here, not in the cache (EPBUILD_CACHE=off)
+    qws.main("build", check=True)  # seed 2 is here, not in the cache (EPBUILD_CACHE=off)
     samples(qws, seed=0)  # back: every action restores, keyed by what the cache restores
     said, done = said_and_done(qws, cache)
     assert said == done and set(done.values()) == {"restored"}, (said, done)

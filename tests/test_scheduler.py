@@ -345,14 +345,14 @@ def test_status_shows_kinds_and_deps_and_draws_the_graph(
     simple_ws: Callable[..., Workspace],
 ) -> None:
     ws = simple_ws()
-    doc = ws.cli_json("status")
+    doc = ws.main_json("status")
     assert [(a["id"], a["kind"], a["deps"]) for a in doc["actions"]] == [
         ("pair/htp", "compile", []),
         ("single/htp/c", "compile", []),
     ]
-    mermaid = ws.cli("status", "--graph", "mermaid", check=True).stdout
+    mermaid = ws.main("status", "--graph", "mermaid", check=True).stdout
     assert mermaid.startswith("flowchart LR\n") and '["pair/htp<br/>compile, stale"]' in mermaid
-    dot = ws.cli("status", "--graph", "dot", check=True).stdout
+    dot = ws.main("status", "--graph", "dot", check=True).stdout
     assert dot.startswith("digraph epbuild {") and dot.rstrip().endswith("}")
     assert 'label="single/htp/c\\ncompile, stale"' in dot
     refused = ws.cli("status", "--graph", "dot", "--json")

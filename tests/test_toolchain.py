@@ -220,9 +220,9 @@ def test_bad_toolchains_fail_their_provider_only(
 
 def test_status_does_not_make_toolchains(workspace: Workspace, private_toolchains: Path) -> None:
     _mixed(workspace)
-    status = _by_id(workspace.cli_json("status"))
+    status = _by_id(workspace.main_json("status"))
     assert "is not made yet" in status["g/intel-cpu/a"]["reasons"][0]
-    dry = workspace.cli_json("build", "--dry-run")
+    dry = workspace.main_json("build", "--dry-run")
     assert dry["summary"]["failed"] == 0
     assert not private_toolchains.exists() or not any(private_toolchains.iterdir())
 
@@ -238,10 +238,10 @@ def test_python_toolchain_builds(workspace: Workspace, private_toolchains: Path)
             "groups": {"g": {"models": ["models/a.onnx"], "providers": ["htp"]}},
         }
     )
-    doc = workspace.cli_json("build")
+    doc = workspace.main_json("build")
     assert doc["summary"]["compiled"] == 1, doc
     assert workspace.cli_json("verify")["ok"]
-    assert workspace.cli_json("build")["summary"]["up_to_date"] == 1
+    assert workspace.main_json("build")["summary"]["up_to_date"] == 1
 
 
 @pytest.fixture

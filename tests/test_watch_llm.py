@@ -38,6 +38,30 @@ def llm_watch(workspace: Workspace) -> Iterator[tuple[Workspace, Watcher]]:
         w.close()
 
 
+def test_watch_targets_an_llms_source_folder(workspace: Workspace) -> None:
+    """What the watcher wakes for in an LLM's source folder: its files, a new file beside
+    them (copied into the package), the source decoder; never the prepared graphs or the
+    package (the build writes those)."""
+    ws = workspace.llm()
+    t = make_targets(load_manifest(ws.root / "epbuild.toml"), [])
+    root = str(ws.root)
+    source = os.path.join(root, "models", "tiny")
+    assert os.path.join(source, "genai_config.json") in t.files
+    for graph in ("context", "iterator"):
+        assert "models/tiny/genai_config.json" in t.inputs[f"chat/htp-v73/{graph}"]
+    assert (source, False) in t.dirs
+    for name in ("chat_template.jinja", "model.onnx", "model.onnx.data"):
+        assert t.wants(os.path.join(source, name), False), name
+    assert not t.wants(os.path.join(source, ".genai_config.json.swp"), False)
+    for written in (".epbuild/llm/chat/prepared/context.onnx", "build/chat/htp-v73/x.json"):
+        assert not t.wants(os.path.join(root, written), False), written
+
+
+# A watcher over a whole LLM pipeline (five builds). Fast: what it wakes for in the source
+# folder (test_watch_targets_an_llms_source_folder); what an edit of each source file rebuilds
+# (test_llm_noop.py, test_graph's test_a_preparation_with_the_same_graphs_compiles_nothing);
+# a broken genai_config.json named (test_llm_hostile.py); a watcher's cycles (test_watch.py).
+@pytest.mark.slow
 def test_watch_follows_llm_sources(llm_watch: tuple[Workspace, Watcher]) -> None:
     ws, w = llm_watch
     source = ws.root / "models" / "tiny"

@@ -39,13 +39,13 @@ def place(ws: Workspace, **settings: Any) -> None:
 
 def stale(ws: Workspace) -> dict[str, list[str]]:
     """``status``: each stale action's reasons."""
-    doc = ws.cli_json("status")
+    doc = ws.main_json("status")
     return {a["id"]: a["reasons"] for a in doc["actions"] if a["stale"]}
 
 
 def built(ws: Workspace, *args: str) -> dict[str, str]:
     """``build``: each action's outcome (the build must succeed)."""
-    doc = ws.cli_json("build", *args)
+    doc = ws.main_json("build", *args)
     assert doc["ok"], doc
     return {a["id"]: a["outcome"] for a in doc["actions"]}
 
@@ -90,18 +90,18 @@ def test_a_moved_out_dir_is_stale_then_built_there_twice_and_nested(
         assert built(ws) == dict.fromkeys(SIMPLE, "compiled")  # never "up to date"
         assert files(ws, new) == [f.replace("build/", f"{new}/", 1) for f in before]
         verified(ws)
-        doc = ws.cli_json("status")
+        doc = ws.main_json("status")
         assert not any(a["stale"] for a in doc["actions"])
         assert doc["orphaned"] == sorted(
             f"{i} (left in {old}/{g}/{p})" for i, (g, p) in SIMPLE.items()
         )
         assert doc["orphaned_bytes"] == sum((ws.root / f).stat().st_size for f in files(ws, old))
-        assert "[workspace] changed" in ws.cli("status").stdout
+        assert "[workspace] changed" in ws.main("status").stdout
         left = files(ws, old)
-        removed = ws.cli_json("clean", "--orphaned")["removed"]
+        removed = ws.main_json("clean", "--orphaned")["removed"]
         assert sorted(removed) == left and left
         assert not (ws.root / old).exists()  # the old place goes, its staging folder too
-        doc = ws.cli_json("status")
+        doc = ws.main_json("status")
         assert doc["orphaned"] == [] and doc["orphaned_bytes"] == 0
         assert built(ws) == dict.fromkeys(SIMPLE, "up_to_date")
     assert (ws.root / "a/b").is_dir()  # never above the old out_dir
@@ -111,11 +111,11 @@ def test_a_moved_out_dir_restores_from_the_cache(simple_built: Workspace, tmp_pa
     """The key is the same (where outputs go is no part of it): the cache's entry restores
     into the new place, nothing compiles."""
     ws, cache = simple_built, str(tmp_path / "cache")
-    ws.cli("build", "--cache", cache, check=True)  # stores the up-to-date actions
+    ws.main("build", "--cache", cache, check=True)  # stores the up-to-date actions
     place(ws, out_dir="out")
     assert built(ws, "--cache", cache) == dict.fromkeys(SIMPLE, "restored")
     verified(ws)
-    assert ws.cli_json("clean", "--orphaned")["removed"]
+    assert ws.main_json("clean", "--orphaned")["removed"]
     assert not (ws.root / "build").exists()
 
 
@@ -123,7 +123,7 @@ def test_plain_clean_after_a_move_removes_the_old_outputs(simple_built: Workspac
     ws = simple_built
     before = files(ws, "build")
     place(ws, out_dir="out")
-    proc = ws.cli("clean", "--json")
+    proc = ws.main("clean", "--json")
     assert proc.returncode == 0, proc.stderr
     assert sorted(json.loads(proc.stdout)["removed"]) == before
     assert not (ws.root / "build").exists()
@@ -138,14 +138,14 @@ def test_clean_orphaned_keeps_what_the_user_put_in_the_old_place(simple_built: W
     mine = ws.root / "build/single/htp/c_ctx.onnx"
     mine.write_bytes(b"the user's own file now")
     (ws.root / "build/notes.txt").write_text("mine")
-    removed = ws.cli_json("clean", "--orphaned")["removed"]
+    removed = ws.main_json("clean", "--orphaned")["removed"]
     assert sorted(removed) == [
         "build/pair/htp/a_ctx.onnx", "build/pair/htp/a_ctx_qnn.bin", "build/pair/htp/b_ctx.onnx",
         "build/single/htp/c_ctx_qnn.bin"]  # fmt: skip
     assert mine.read_bytes() == b"the user's own file now"
     assert (ws.root / "build/notes.txt").read_text() == "mine"
     assert not (ws.root / "build/pair").exists()
-    assert ws.cli_json("status")["orphaned"] == []
+    assert ws.main_json("status")["orphaned"] == []
     verified(ws)
 
 
@@ -156,9 +156,9 @@ def test_moving_back_takes_the_old_place_again(simple_built: Workspace) -> None:
     place(ws, out_dir="build")
     assert all(r[0].startswith("outputs moved from out/") for r in stale(ws).values())
     assert built(ws) == dict.fromkeys(SIMPLE, "compiled")
-    doc = ws.cli_json("status")
+    doc = ws.main_json("status")
     assert doc["orphaned"] == sorted(f"{i} (left in out/{g}/{p})" for i, (g, p) in SIMPLE.items())
-    ws.cli("clean", "--orphaned", check=True)
+    ws.main("clean", "--orphaned", check=True)
     assert not (ws.root / "out").exists() and files(ws, "build")
     verified(ws)
 
@@ -189,7 +189,7 @@ def test_a_changed_workspace_key(simple_built: Workspace, key: str) -> None:
     place(ws, **settings)
     if effect == "same":
         assert stale(ws) == {}
-        assert ws.cli_json("status")["orphaned"] == []
+        assert ws.main_json("status")["orphaned"] == []
         assert built(ws) == dict.fromkeys(SIMPLE, "up_to_date")
         return
     if effect == "moves":
@@ -205,9 +205,9 @@ def test_a_changed_workspace_key(simple_built: Workspace, key: str) -> None:
     verified(ws)
     if effect == "moves":
         left = sum((ws.root / f).stat().st_size for f in files(ws, "build"))
-        assert ws.cli_json("status")["orphaned_bytes"] == left
-        assert "[workspace] changed" in ws.cli("status").stdout
-    ws.cli("clean", "--orphaned", check=True)
+        assert ws.main_json("status")["orphaned_bytes"] == left
+        assert "[workspace] changed" in ws.main("status").stdout
+    ws.main("clean", "--orphaned", check=True)
     if effect == "moves":
         assert files(ws, "elsewhere") and not (ws.root / "build").exists()
     else:
@@ -236,9 +236,9 @@ def test_two_builds_at_once_after_a_move(simple_built: Workspace) -> None:
             ran.setdefault(a["id"], []).append(a["outcome"])
     assert {i: sorted(o) for i, o in ran.items()} == {i: ["compiled", "up_to_date"] for i in SIMPLE}
     verified(ws)
-    doc = ws.cli_json("status")
+    doc = ws.main_json("status")
     assert doc["orphaned"] == sorted(f"{i} (left in build/{g}/{p})" for i, (g, p) in SIMPLE.items())
-    ws.cli("clean", "--orphaned", check=True)
+    ws.main("clean", "--orphaned", check=True)
     assert not (ws.root / "build").exists() and files(ws, "out")
 
 
@@ -282,7 +282,7 @@ def _build_quantized(ws: Workspace) -> None:
         '[quantization.q]\ncalibration = "calib/*.npz"\nactivations = "uint16"\n'
         'weights = "uint8"\n'
     )
-    ws.cli("build", check=True)
+    ws.main("build", check=True)
 
 
 @pytest.fixture
@@ -312,7 +312,7 @@ def test_a_quantized_group_survives_an_out_dir_move(quantized: Workspace) -> Non
         "a/b/out/vision/htp/cnn_ctx.onnx", "a/b/out/vision/htp/cnn_ctx_qnn.bin",
         "a/b/out/vision/quantized/cnn.onnx"]  # fmt: skip
     verified(ws)
-    ws.cli("clean", "--orphaned", check=True)
+    ws.main("clean", "--orphaned", check=True)
     assert not (ws.root / "build").exists()
     assert built(ws) == dict.fromkeys(QUANTIZED, "up_to_date")
 
@@ -323,7 +323,7 @@ def test_a_quantized_groups_compile_restores_after_an_out_dir_move(
     """The compile is keyed by its QDQ model's place below out_dir, not the workspace's: the
     moved out_dir restores the quantization and then the compile from the cache."""
     ws, cache = quantized, str(tmp_path / "cache")
-    ws.cli("build", "--cache", cache, check=True)  # stores the up-to-date actions
+    ws.main("build", "--cache", cache, check=True)  # stores the up-to-date actions
     place(ws, out_dir="a/b/out")
     moved = {
         "vision/cnn/calibrate": "up_to_date",  # (in the state directory)
