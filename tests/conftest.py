@@ -123,22 +123,18 @@ class Workspace:
 
     def main_json(self, *args: str) -> dict[str, Any]:
         """``main(*args, "--json")``'s document."""
-        proc = self.main(*args, "--json")
-        try:
-            return json.loads(proc.stdout)  # type: ignore[no-any-return]
-        except ValueError as exc:
-            raise AssertionError(
-                f"no JSON ({proc.returncode}): {proc.stdout}\n{proc.stderr}"
-            ) from exc
+        return _document(self.main(*args, "--json"))
 
     def cli_json(self, *args: str) -> dict[str, Any]:
-        proc = self.cli(*args, "--json")
-        try:
-            return json.loads(proc.stdout)  # type: ignore[no-any-return]
-        except ValueError as exc:
-            raise AssertionError(
-                f"no JSON ({proc.returncode}): {proc.stdout}\n{proc.stderr}"
-            ) from exc
+        return _document(self.cli(*args, "--json"))
+
+
+def _document(proc: subprocess.CompletedProcess[str]) -> dict[str, Any]:
+    """The JSON document a command printed."""
+    try:
+        return json.loads(proc.stdout)  # type: ignore[no-any-return]
+    except ValueError as exc:
+        raise AssertionError(f"no JSON ({proc.returncode}): {proc.stdout}\n{proc.stderr}") from exc
 
 
 @pytest.fixture(autouse=True)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import sys
 from pathlib import Path
@@ -13,6 +12,7 @@ import onnx
 import pytest
 import waits
 from onnx import numpy_helper
+from scriptload import load_script
 
 from epbuild import status
 
@@ -20,11 +20,7 @@ SCRIPT = Path(__file__).resolve().parent.parent / "benchmarks" / "bench_llm.py"
 
 
 def _bench() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("bench_llm", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("benchmarks/bench_llm.py")
 
 
 def _external(model: onnx.ModelProto) -> dict[str, dict[str, str]]:

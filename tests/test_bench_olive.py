@@ -3,22 +3,18 @@ no Olive), and the split it asks Olive for puts every layer in one of the parts.
 
 from __future__ import annotations
 
-import importlib.util
 import sys
 from pathlib import Path
 from types import ModuleType
 
 import waits
+from scriptload import load_script
 
 SCRIPT = Path(__file__).resolve().parent.parent / "benchmarks" / "bench_olive.py"
 
 
 def _bench() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("bench_olive", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("benchmarks/bench_olive.py")
 
 
 def test_without_olive_it_says_how_to_install_it_and_exits_0(tmp_path: Path) -> None:

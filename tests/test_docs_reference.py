@@ -5,32 +5,19 @@ added without regenerating them fails here."""
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import re
-import sys
 from pathlib import Path
-from types import ModuleType
 
 import pytest
+from scriptload import load_script
 
 from epbuild.docsite import SITE_URL
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def _generator() -> ModuleType:
-    spec = importlib.util.spec_from_file_location(
-        "gen_reference", ROOT / "scripts" / "gen_reference.py"
-    )
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["gen_reference"] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-gen = _generator()
+gen = load_script("scripts/gen_reference.py")
 PAGES = gen.pages()
 
 
