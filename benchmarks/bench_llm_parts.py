@@ -7,7 +7,12 @@ built with ``parts`` (default 4, shared binaries, ``-j 2``); the build's trace g
 action's wall time and its worker's peak RSS. Then one weight of the last layer is edited
 and the build run again (only the last part compiles).
 
-    python benchmarks/bench_llm_parts.py [--parts 4] [--context 1024] [--window 64] [DIR]
+With ``--quantize w8a16`` (or ``w4a16``) the decoder is calibrated on text prompts
+(``--prompts``, default the tiny fixtures' ten) and quantized part by part before it
+compiles; the report adds the calibration's and the quantizations' rows.
+
+    python benchmarks/bench_llm_parts.py [--parts 4] [--context 1024] [--window 64]
+        [--quantize w8a16|w4a16] [--prompts FILE] [DIR]
 """
 
 from __future__ import annotations
@@ -29,6 +34,14 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "tests"))
 
 from llmfixture import LLM_FIXTURES, deepen  # noqa: E402
+
+RECIPES = {
+    "w8a16": 'activations = "uint16"\nweights = "uint8"\n',
+    "w4a16": 'activations = "uint16"\nweights = "int4"\nper_channel = true\n',
+}
+"""The ``[quantization.NAME]`` settings ``--quantize`` names (beside the prompts)."""
+CACHE = "cache"
+"""The workspace's own cache (a cold build finds nothing of another workspace's)."""
 
 HIDDEN, HEADS, KV_HEADS, HEAD = 896, 14, 2, 64
 INTER, LAYERS, VOCAB, POSITIONS = 4864, 24, 151936, 4096
@@ -132,10 +145,10 @@ def _build(root: Path, trace: Path) -> dict[str, object]:
     actions = {
         e["args"]["action"]: {
             "seconds": round(e["dur"] / 1e6, 1),
-            "peak_rss_mb": round(e["args"].get("peak_rss", 0) / 2**20),
+            "peak_rss_mb": round((e["args"].get("peak_rss") or 0) / 2**20),
         }
         for e in events
-        if e.get("cat") == "compile"
+        if e.get("cat") == "compile" and "args" in e
     }
     outcomes = {a.id: a.outcome.value for a in result.actions}
     return {"ok": result.ok, "wall_s": round(wall, 1), "actions": actions, "outcomes": outcomes}
@@ -148,17 +161,30 @@ def main() -> None:
     parser.add_argument("--context", type=int, default=1024)
     parser.add_argument("--window", type=int, default=64)
     parser.add_argument("--unshared", action="store_true", help="share_weights = false")
+    parser.add_argument("--quantize", choices=sorted(RECIPES), help="quantize the parts")
+    parser.add_argument(
+        "--prompts",
+        type=Path,
+        default=HERE.parent / "tests" / "fixtures" / "llm" / "text-prompts.txt",
+        help="calibration prompts, one a line (with --quantize)",
+    )
     args = parser.parse_args()
     root = Path(args.dir or tempfile.mkdtemp(prefix="llm-parts-"))
     t0 = time.perf_counter()
     if not (root / "models" / "tiny").exists():
         make_decoder(root / "models" / "tiny")
     made = time.perf_counter() - t0
+    quantize = ""
+    if args.quantize:
+        shutil.copyfile(args.prompts, root / "prompts.txt")
+        quantize = f'quantize = "{args.quantize}"\n\n[quantization.{args.quantize}]\n'
+        quantize += f'calibration = "prompts.txt"\n{RECIPES[args.quantize]}'
     (root / "epbuild.toml").write_text(
+        f'[workspace]\ncache = "{CACHE}"\n\n'
         '[providers.htp-v73]\nep = "qnn"\noptions = { htp_arch = "73", soc_model = "60" }\n\n'
         f'[llms.chat]\nsource = "models/tiny"\nproviders = ["htp-v73"]\n'
         f"context_length = {args.context}\nwindow_size = {args.window}\n"
-        f"share_weights = {str(not args.unshared).lower()}\nparts = {args.parts}\n"
+        f"share_weights = {str(not args.unshared).lower()}\nparts = {args.parts}\n{quantize}"
     )
     report: dict[str, object] = {"decoder_made_s": round(made, 1)}
     report["cold"] = _build(root, root / "cold.json")

@@ -17,7 +17,6 @@ Imports numpy and onnxruntime (and onnxruntime-genai to tokenize): call it from 
 from __future__ import annotations
 
 import os
-import tempfile
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -195,13 +194,16 @@ def static_io(config: Mapping[str, Any], window: int, context_length: int) -> St
 class Chain:
     """Stages run one after another as one graph (what ``run_prompt`` takes for a
     session): each stage reads what the feed and the stages before it give, by name, as
-    genai's ``decoder-pipeline`` feeds them. The feed each stage named in ``recorded``
-    runs on is kept in ``runs`` (the calibration takes them)."""
+    genai's ``decoder-pipeline`` feeds them. ``collect(stage, outputs)`` is given each
+    stage's outputs by name (the calibration's statistics among them)."""
 
-    def __init__(self, stages: Sequence[tuple[str, Any]], recorded: Sequence[str]) -> None:
+    def __init__(
+        self,
+        stages: Sequence[tuple[str, Any]],
+        collect: Callable[[str, dict[str, np.ndarray]], None],
+    ) -> None:
         self.stages = list(stages)
-        self.recorded = set(recorded)
-        self.runs: list[tuple[str, dict[str, np.ndarray]]] = []
+        self.collect = collect
 
     def get_inputs(self) -> list[Any]:
         """Every stage's inputs (a later stage's repeat an earlier one's)."""
@@ -211,30 +213,32 @@ class Chain:
         store = dict(feed)
         for stage, session in self.stages:
             inputs = {i.name: store[i.name] for i in session.get_inputs()}
-            if stage in self.recorded:
-                self.runs.append((stage, inputs))
             outputs = session.run(None, inputs)
-            store.update(zip([o.name for o in session.get_outputs()], outputs, strict=True))
+            found = dict(zip([o.name for o in session.get_outputs()], outputs, strict=True))
+            self.collect(stage, found)
+            store.update(found)
         return [store[n] for n in names or ()]
 
-    def drain(self) -> list[tuple[str, dict[str, np.ndarray]]]:
-        """The runs recorded since the last drain."""
-        runs, self.runs = self.runs, []
-        return runs
+
+def graph_of(stage: str) -> str:
+    """``context`` or ``iterator``: which of its part's graphs ``stage`` is."""
+    return CONTEXT if stage == CONTEXT or stage.endswith("_" + CONTEXT) else ITERATOR
 
 
-def chains(graphs: Mapping[str, str], embeddings: str | None) -> tuple[Chain, Chain]:
-    """The CPU chains genai runs for a prompt window and for a token: the whole ``context``
-    and ``iterator`` graphs, or (``embeddings``: the CPU stage of a decoder in parts) the
-    embeddings stage then each part's ``partK_context`` (``partK_iterator``) graph, in
-    ``graphs``' order. Every graph of ``graphs`` is recorded, the embeddings stage not."""
-    sessions = {graph: cpu_session(path) for graph, path in graphs.items()}
-    first = [] if embeddings is None else [(EMBEDDINGS, cpu_session(embeddings))]
-    found = []
-    for suffix in (CONTEXT, ITERATOR):
-        mine = [(g, s) for g, s in sessions.items() if g == suffix or g.endswith("_" + suffix)]
-        found.append(Chain([*first, *mine], [g for g, _ in mine]))
-    return found[0], found[1]
+def _augmented(path: str, method: Any, weights: Any) -> tuple[Any, Any]:
+    """A session of the float graph at ``path`` that also gives its tensors' statistics
+    for ``method`` (``epbuild.llm.ranges``), its weights ``weights``' (``SharedWeights``),
+    without graph optimizations (as ORT's calibrators run); and its ``Ranges``."""
+    from epbuild.llm.quantize import infer_shapes
+    from epbuild.llm.ranges import Ranges, augment, calibrated_tensors
+    from epbuild.llm.sessions import structure
+
+    model = infer_shapes(structure(path))
+    ops = {n.op_type for n in model.graph.node} - {*EXCLUDED_OPS}
+    tensors = calibrated_tensors(model, ops)
+    model = augment(model, tensors, method.name == "MinMax")
+    folder = os.path.dirname(os.path.abspath(path))
+    return weights.session(model, folder, optimize=False), Ranges(tensors, method, CHUNK)
 
 
 def calibrate(
@@ -249,65 +253,53 @@ def calibrate(
     """Calibrate the float static graphs (``graphs``: ``context``/``iterator`` → path, or
     each part's ``partK_context``/``partK_iterator`` in session order with the CPU
     ``embeddings`` stage that feeds them) on the tokenized ``prompts``, each run as genai
-    runs it (``run_prompt`` through ``chains``) and continued by up to ``GENERATED``
-    tokens; write each graph's ranges (ORT's calibration cache, tensors in name order) at
-    ``ranges[graph]``; returns each graph's count of calibrated tensors. A part's ranges
-    depend on the parts before it and the tokens the whole chain chooses only.
-    ``method``: ORT's ``CalibrationMethod``."""
-    from onnxruntime.quantization import CalibrationDataReader, save_tensors_data
+    runs it (``run_prompt`` through the chains of ``graphs``' context and iterator graphs)
+    and continued by up to ``GENERATED`` tokens; write each graph's ranges (ORT's
+    calibration cache, tensors in name order) at ``ranges[graph]``; returns each graph's
+    count of calibrated tensors. A part's ranges depend on the parts before it and the
+    tokens the whole chain chooses only. ``method``: ORT's ``CalibrationMethod``.
 
-    class Chunk(CalibrationDataReader):  # type: ignore[misc]
-        def __init__(self, feeds: list[dict[str, np.ndarray]]) -> None:
-            self.feeds = iter(feeds)
+    Each graph runs once per step, as its own runner and calibrator at once (its
+    statistics are outputs of the same session), and a part's two graphs share each
+    weight, mapped from its data file (``SharedWeights``): the process holds one copy of
+    the float weights, the page cache's, where a plain session and a calibrator per graph
+    held four."""
+    from epbuild.llm.sessions import SharedWeights, structure
 
-        def get_next(self) -> Any:
-            return next(self.feeds, None)
+    weights = SharedWeights()
+    sessions, stats = {}, {}
+    for stage, path in graphs.items():
+        sessions[stage], stats[stage] = _augmented(path, method, weights)
+    first = []
+    if embeddings is not None:
+        folder = os.path.dirname(os.path.abspath(embeddings))
+        first = [(EMBEDDINGS, weights.session(structure(embeddings), folder))]
 
-    with tempfile.TemporaryDirectory(prefix="epbuild-llmcalib-") as tmp:
-        calibrators = _calibrators(graphs, method, tmp)
-        context, iterator = chains(graphs, embeddings)
-        pending: dict[str, list[dict[str, np.ndarray]]] = {g: [] for g in graphs}
-        for done, tokens in enumerate(prompts, 1):
-            for _ in run_prompt(context, iterator, tokens, io, io.fits(len(tokens))):
-                for graph, feed in (*context.drain(), *iterator.drain()):
-                    pending[graph].append(feed)
-                    if len(pending[graph]) >= CHUNK:
-                        calibrators[graph].collect_data(Chunk(pending[graph]))
-                        pending[graph] = []
-            if progress is not None:
-                progress(done, len(prompts))
-        counts = {}
-        for graph, calibrator in calibrators.items():
-            if pending[graph]:
-                calibrator.collect_data(Chunk(pending[graph]))
-            found = calibrator.compute_data()
-            save_tensors_data(found, ranges[graph])
-            _canonical(ranges[graph])
-            counts[graph] = len(found.data)
+    def collect(stage: str, outputs: dict[str, np.ndarray]) -> None:
+        if stage in stats:
+            stats[stage].add(outputs)
+
+    context, iterator = (
+        Chain([*first, *((s, sessions[s]) for s in graphs if graph_of(s) == graph)], collect)
+        for graph in (CONTEXT, ITERATOR)
+    )
+    for done, tokens in enumerate(prompts, 1):
+        for _ in run_prompt(context, iterator, tokens, io, io.fits(len(tokens))):
+            pass
+        if progress is not None:
+            progress(done, len(prompts))
+    del context, iterator, sessions
+    counts = {}
+    for stage, found in stats.items():
+        data = found.data()
+        _save(data, ranges[stage])
+        counts[stage] = len(data.data)
     return counts
 
 
-def _calibrators(graphs: Mapping[str, str], method: Any, tmp: str) -> dict[str, Any]:
-    """An ORT calibrator per graph, of every op type but ``EXCLUDED_OPS``, on its graph with
-    the shapes inferred (written into ``tmp``, with the augmented graph)."""
-    import onnx
-    from onnxruntime.quantization.calibrate import create_calibrator
+def _save(data: Any, path: str) -> None:
+    """Write ranges as ORT's calibration cache, tensors in name order."""
+    from onnxruntime.quantization import save_tensors_data
 
-    from epbuild.llm.quantize import infer_shapes, save_graph
-
-    calibrators = {}
-    for graph, path in graphs.items():
-        model = infer_shapes(onnx.load(path))
-        ops = sorted({n.op_type for n in model.graph.node} - set(EXCLUDED_OPS))
-        inferred = os.path.join(tmp, f"{graph}.onnx")
-        save_graph(model, inferred)
-        del model
-        calibrators[graph] = create_calibrator(
-            inferred,
-            ops,
-            augmented_model_path=os.path.join(tmp, f"{graph}.augmented.onnx"),
-            calibrate_method=method,
-            use_external_data_format=True,
-            providers=["CPUExecutionProvider"],
-        )
-    return calibrators
+    save_tensors_data(data, path)
+    _canonical(path)
