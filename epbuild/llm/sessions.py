@@ -76,3 +76,20 @@ class SharedWeights:
 def structure(path: str) -> onnx.ModelProto:
     """The graph at ``path`` without its external weights."""
     return onnx.load(os.fspath(path), load_external_data=False)
+
+
+def load_weights(model: onnx.ModelProto, folder: str) -> onnx.ModelProto:
+    """``model`` (read by ``structure``; changed in place and returned) with its external
+    weights read from their files in ``folder`` into it, as onnx's loader would but
+    without refusing a data file that has several hard links."""
+    for tensor in model.graph.initializer:
+        if tensor.data_location != TensorProto.EXTERNAL:
+            continue
+        ref = {e.key: e.value for e in tensor.external_data}
+        with open(os.path.join(folder, ref["location"]), "rb") as f:
+            f.seek(int(ref.get("offset", 0)))
+            length = ref.get("length")
+            tensor.raw_data = f.read(int(length)) if length else f.read()
+        del tensor.external_data[:]
+        tensor.data_location = TensorProto.DEFAULT
+    return model
