@@ -9,7 +9,9 @@ and the build run again (only the last part compiles).
 
 With ``--quantize w8a16`` (or ``w4a16``) the decoder is calibrated on text prompts
 (``--prompts``, default the tiny fixtures' ten) and quantized part by part before it
-compiles; the report adds the calibration's and the quantizations' rows.
+compiles; the report adds the calibration's and the quantizations' rows, and the time and
+peak memory of ``verify --numerics``. Between the cold build and the edit, the outputs and
+the state are removed and restored from the workspace's cache.
 
     python benchmarks/bench_llm_parts.py [--parts 4] [--context 1024] [--window 64]
         [--quantize w8a16|w4a16] [--prompts FILE] [DIR]
@@ -20,7 +22,9 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import resource
 import shutil
+import subprocess
 import sys
 import tempfile
 import time
@@ -154,6 +158,30 @@ def _build(root: Path, trace: Path) -> dict[str, object]:
     return {"ok": result.ok, "wall_s": round(wall, 1), "actions": actions, "outcomes": outcomes}
 
 
+_TREE = (
+    "import resource, subprocess, sys; code = subprocess.run(sys.argv[1:]).returncode; "
+    "print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss, file=sys.stderr); "
+    "sys.exit(code)"
+)
+"""Runs a command and says the peak RSS (KiB) of its every process (the waited-for ones)."""
+
+
+def _command(root: Path, *argv: str) -> dict[str, object]:
+    """``epbuild ARGV`` in ``root``: its exit code, wall time and the peak RSS of any of its
+    processes (loaders included)."""
+    t0 = time.perf_counter()
+    cmd = [sys.executable, "-c", _TREE, sys.executable, "-m", "epbuild", *argv]
+    done = subprocess.run(cmd, cwd=root, capture_output=True, text=True, check=False)
+    wall = time.perf_counter() - t0
+    peak = int(done.stderr.strip().splitlines()[-1])
+    return {
+        "exit": done.returncode,
+        "wall_s": round(wall, 1),
+        "peak_rss_mb": round(peak / 1024),
+        "tail": done.stdout.strip().splitlines()[-12:],
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("dir", nargs="?", help="workspace folder (default: a temporary one)")
@@ -193,8 +221,14 @@ def main() -> None:
         p.name: round(p.stat().st_size / 2**20) for p in sorted(out.glob("*.bin"))
     }
     report["embeddings_mb"] = round((out / "embeddings.onnx.data").stat().st_size / 2**20)
+    if args.quantize:
+        report["verify_numerics"] = _command(root, "verify", "--numerics")
+    for made in (root / "build", root / ".epbuild"):  # the cache stays
+        shutil.rmtree(made)
+    report["restore"] = _build(root, root / "restore.json")
     _edit_last_layer(root / "models" / "tiny")
     report["edit_last_layer"] = _build(root, root / "edit.json")
+    report["bench_peak_rss_mb"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
     print(json.dumps(report, indent=1))
     print(f"workspace: {root}", file=sys.stderr)
 

@@ -132,3 +132,28 @@ def test_w8a16_in_3_parts_generates_the_float_sources_tokens(
     assert (state / "calibrated" / "part3_context.ranges.json").read_bytes() != before[
         "part3_context.ranges.json"
     ]
+
+
+def _calibration_detail(ws: Workspace) -> dict[str, Any]:
+    """The detail the last run of ``chat/calibrate`` recorded (the state journal's)."""
+    import json
+
+    lines = (ws.root / ".epbuild" / "state.jsonl").read_text().splitlines()
+    done = [json.loads(line) for line in lines if '"chat/calibrate"' in line]
+    return [d for d in done if d.get("op") == "done"][-1]["detail"]
+
+
+@pytest.mark.slow
+def test_an_edit_of_the_last_layer_calibrates_the_last_part_alone(
+    workspace: Workspace, deep_text: Path
+) -> None:
+    ws = _workspace(workspace, deep_text)
+    _outcomes(ws)
+    assert _calibration_detail(ws)["kept"] == []
+    state = ws.root / ".epbuild" / "llm" / "chat" / "calibrated"
+    assert (state / "memo.json").is_file()
+    _edit_last_layer(ws.root / "models" / "tiny")
+    again = _outcomes(ws)
+    assert again["chat/calibrate"] == "compiled"
+    assert _calibration_detail(ws)["kept"] == ["part1", "part2"]
+    assert again["chat/htp-v73/part1_context"] == "up_to_date"

@@ -16,6 +16,7 @@ Imports numpy and onnxruntime (and onnxruntime-genai to tokenize): call it from 
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
@@ -26,6 +27,8 @@ from epbuild.quant.work import _canonical
 
 if TYPE_CHECKING:
     import numpy as np
+
+    from epbuild.llm.calibmemo import Keep
 
 CONTEXT = "context"
 ITERATOR = "iterator"
@@ -129,15 +132,15 @@ def run_prompt(
 
 def _kv_shapes(session: Any, io: StaticIo) -> dict[str, list[int]]:
     shapes = {i.name: i.shape for i in session.get_inputs()}
-    return {past: shapes[past] for past, _ in io.kv}
+    return {past: shapes[past] for past, _ in io.kv if past in shapes}
 
 
 def _step(
     session: Any, feed: dict[str, np.ndarray], io: StaticIo
 ) -> tuple[np.ndarray, dict[str, np.ndarray]]:
-    names = [io.logits, *(present for _, present in io.kv)]
-    outputs = session.run(names, feed)
-    return outputs[0], {past: out for (past, _), out in zip(io.kv, outputs[1:], strict=True)}
+    kv = [(past, present) for past, present in io.kv if past in feed]
+    outputs = session.run([io.logits, *(present for _, present in kv)], feed)
+    return outputs[0], {past: out for (past, _), out in zip(kv, outputs[1:], strict=True)}
 
 
 def greedy(
@@ -194,13 +197,13 @@ def static_io(config: Mapping[str, Any], window: int, context_length: int) -> St
 class Chain:
     """Stages run one after another as one graph (what ``run_prompt`` takes for a
     session): each stage reads what the feed and the stages before it give, by name, as
-    genai's ``decoder-pipeline`` feeds them. ``collect(stage, outputs)`` is given each
-    stage's outputs by name (the calibration's statistics among them)."""
+    genai's ``decoder-pipeline`` feeds them. ``collect(stage, inputs, outputs)`` is given
+    each stage's run by name (the calibration's statistics among its outputs)."""
 
     def __init__(
         self,
         stages: Sequence[tuple[str, Any]],
-        collect: Callable[[str, dict[str, np.ndarray]], None],
+        collect: Callable[[str, dict[str, np.ndarray], dict[str, np.ndarray]], None],
     ) -> None:
         self.stages = list(stages)
         self.collect = collect
@@ -215,7 +218,7 @@ class Chain:
             inputs = {i.name: store[i.name] for i in session.get_inputs()}
             outputs = session.run(None, inputs)
             found = dict(zip([o.name for o in session.get_outputs()], outputs, strict=True))
-            self.collect(stage, found)
+            self.collect(stage, inputs, found)
             store.update(found)
         return [store[n] for n in names or ()]
 
@@ -223,6 +226,41 @@ class Chain:
 def graph_of(stage: str) -> str:
     """``context`` or ``iterator``: which of its part's graphs ``stage`` is."""
     return CONTEXT if stage == CONTEXT or stage.endswith("_" + CONTEXT) else ITERATOR
+
+
+REPLAY = "replay"
+"""The stage that stands for the parts a calibration kept (``calibmemo.Replay``)."""
+
+
+def float_chains(
+    graphs: Mapping[str, str], embeddings: str | None, collect: Any
+) -> tuple[Chain, Chain]:
+    """The float chains genai runs for a prompt window and for a token (``graphs``'
+    context graphs, their iterator graphs, after the CPU ``embeddings`` stage of a decoder
+    in parts), each weight held once (``SharedWeights``); ``collect`` as ``Chain``'s."""
+    from epbuild.llm.sessions import SharedWeights, structure
+
+    weights = SharedWeights()
+
+    def session(path: str) -> Any:
+        return weights.session(structure(path), os.path.dirname(os.path.abspath(path)))
+
+    first = [] if embeddings is None else [(EMBEDDINGS, session(embeddings))]
+    context, iterator = (
+        Chain([*first, *((s, session(p)) for s, p in graphs.items() if graph_of(s) == g)], collect)
+        for g in (CONTEXT, ITERATOR)
+    )
+    return context, iterator
+
+
+def part_of(stage: str) -> str:
+    """The part ``stage`` belongs to (``partK``; ``""`` for a decoder in one part)."""
+    return stage[: -len(graph_of(stage))].rstrip("_")
+
+
+def _parts(graphs: Mapping[str, str]) -> list[str]:
+    """The parts of ``graphs``, in session order."""
+    return list(dict.fromkeys(part_of(s) for s in graphs))
 
 
 def _augmented(path: str, method: Any, weights: Any) -> tuple[Any, Any]:
@@ -249,6 +287,7 @@ def calibrate(
     ranges: Mapping[str, str],
     progress: Callable[[int, int], None] | None = None,
     embeddings: str | None = None,
+    keep: Keep | None = None,
 ) -> dict[str, int]:
     """Calibrate the float static graphs (``graphs``: ``context``/``iterator`` → path, or
     each part's ``partK_context``/``partK_iterator`` in session order with the CPU
@@ -263,37 +302,136 @@ def calibrate(
     statistics are outputs of the same session), and a part's two graphs share each
     weight, mapped from its data file (``SharedWeights``): the process holds one copy of
     the float weights, the page cache's, where a plain session and a calibrator per graph
-    held four."""
+    held four. ``keep`` (a decoder in parts): the memo of the last calibration is used
+    and this one's written (``epbuild.llm.calibmemo``): after an edit of a late part,
+    only that part and those after it run."""
+    from epbuild.llm.calibmemo import Diverged, first_changed
+
+    parts = _parts(graphs)
+    stages = stages_of(parts, graphs, ranges)
+    start, memo = (0, None) if keep is None else first_changed(keep, prompts, stages)
+    if memo is not None and keep is not None:
+        try:
+            return _calibrate(
+                graphs, prompts, io, method, ranges, progress, embeddings, keep, start, memo
+            )
+        except Diverged:
+            for name in os.listdir(keep.out):  # what the replay wrote goes
+                os.unlink(os.path.join(keep.out, name))
+    return _calibrate(graphs, prompts, io, method, ranges, progress, embeddings, keep, 0, None)
+
+
+def _calibrate(
+    graphs: Mapping[str, str],
+    prompts: Sequence[Sequence[int]],
+    io: StaticIo,
+    method: Any,
+    ranges: Mapping[str, str],
+    progress: Callable[[int, int], None] | None,
+    embeddings: str | None,
+    keep: Keep | None,
+    start: int,
+    memo: Mapping[str, Any] | None,
+) -> dict[str, int]:
+    """``calibrate`` from part ``start`` on (``memo``: what the parts before it read and
+    chose; ``Diverged`` when the chain chooses another token)."""
+    from epbuild.llm.calibmemo import Diverged, Replay, RunsWriter, chosen, recorded, runs_name
     from epbuild.llm.sessions import SharedWeights, structure
 
+    parts = _parts(graphs)
+    running = [s for s in graphs if parts.index(part_of(s)) >= start]
     weights = SharedWeights()
     sessions, stats = {}, {}
-    for stage, path in graphs.items():
-        sessions[stage], stats[stage] = _augmented(path, method, weights)
-    first = []
-    if embeddings is not None:
+    for stage in running:
+        sessions[stage], stats[stage] = _augmented(graphs[stage], method, weights)
+    first: list[tuple[str, Any]] = []
+    if memo is not None:
+        path = os.path.join(keep.previous if keep else "", runs_name(parts[start]))
+        first = [(REPLAY, Replay(path, recorded(memo, parts[start])))]
+    elif embeddings is not None:
         folder = os.path.dirname(os.path.abspath(embeddings))
         first = [(EMBEDDINGS, weights.session(structure(embeddings), folder))]
+    writer = None
+    if keep is not None:
+        skip = parts[: start + 1] if memo is not None else []
+        writer = RunsWriter(keep.out, [past for past, _ in io.kv], skip)
 
-    def collect(stage: str, outputs: dict[str, np.ndarray]) -> None:
+    def collect(stage: str, inputs: dict[str, np.ndarray], outputs: dict[str, np.ndarray]) -> None:
         if stage in stats:
             stats[stage].add(outputs)
+            if writer is not None:
+                writer.write(part_of(stage), inputs)
 
     context, iterator = (
-        Chain([*first, *((s, sessions[s]) for s in graphs if graph_of(s) == graph)], collect)
+        Chain([*first, *((s, sessions[s]) for s in running if graph_of(s) == graph)], collect)
         for graph in (CONTEXT, ITERATOR)
     )
-    for done, tokens in enumerate(prompts, 1):
-        for _ in run_prompt(context, iterator, tokens, io, io.fits(len(tokens))):
-            pass
-        if progress is not None:
-            progress(done, len(prompts))
+    expected = None if memo is None else list(chosen(memo))
+    tokens = []
+    try:
+        for done, prompt in enumerate(prompts, 1):
+            runs = run_prompt(context, iterator, prompt, io, io.fits(len(prompt)))
+            tokens.append([t for _, _, t in runs])
+            if expected is not None and tokens[-1] != expected[done - 1]:
+                raise Diverged(f"prompt {done} chose other tokens")
+            if progress is not None:
+                progress(done, len(prompts))
+    finally:
+        if writer is not None:
+            writer.close()
+        for _, stage in first:
+            if isinstance(stage, Replay):
+                stage.close()
     del context, iterator, sessions
     counts = {}
     for stage, found in stats.items():
         data = found.data()
         _save(data, ranges[stage])
         counts[stage] = len(data.data)
+    if keep is not None:
+        stages = stages_of(parts, graphs, ranges)
+        _keep(keep, memo, start, stages, (prompts, tokens), writer.names if writer else {})
+        if memo is not None:
+            counts.update(_counted(keep.previous, graphs, ranges, running))
+    return {stage: counts[stage] for stage in graphs}
+
+
+def _keep(
+    keep: Keep,
+    memo: Mapping[str, Any] | None,
+    start: int,
+    stages: Mapping[str, Sequence[str]],
+    runs: tuple[Sequence[Sequence[int]], Sequence[Sequence[int]]],
+    written: Mapping[str, Sequence[str]],
+) -> None:
+    """The memo's files of the parts that did not run copied, and the new memo written
+    (``runs``: the prompts' tokens and the tokens chosen)."""
+    from epbuild.llm.calibmemo import keep_files, write_memo
+
+    inputs: dict[str, Sequence[str]] = {}
+    if memo is not None:
+        keep_files(keep, start, stages)
+        inputs.update(memo["inputs"])
+    inputs.update(written)
+    write_memo(keep, runs[0], runs[1], inputs)
+
+
+def stages_of(
+    parts: Sequence[str], graphs: Mapping[str, str], ranges: Mapping[str, str]
+) -> dict[str, list[str]]:
+    """Part → the names of its graphs' ranges files."""
+    return {p: [os.path.basename(ranges[s]) for s in graphs if part_of(s) == p] for p in parts}
+
+
+def _counted(
+    folder: str, graphs: Mapping[str, str], ranges: Mapping[str, str], running: Sequence[str]
+) -> dict[str, int]:
+    """The tensor counts of the kept ranges (the graphs not in ``running``)."""
+    counts = {}
+    for stage in graphs:
+        if stage not in running:
+            with open(os.path.join(folder, os.path.basename(ranges[stage])), encoding="utf-8") as f:
+                counts[stage] = len(json.load(f)["data"])
     return counts
 
 
