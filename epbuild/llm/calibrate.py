@@ -335,8 +335,8 @@ def _calibrate(
 ) -> dict[str, int]:
     """``calibrate`` from part ``start`` on (``memo``: what the parts before it read and
     chose; ``Diverged`` when the chain chooses another token)."""
-    from epbuild.llm.calibmemo import Diverged, Replay, RunsWriter, chosen, recorded, runs_name
-    from epbuild.llm.sessions import SharedWeights, structure
+    from epbuild.llm.calibmemo import Replay, RunsWriter, chosen
+    from epbuild.llm.sessions import SharedWeights
 
     parts = _parts(graphs)
     running = [s for s in graphs if parts.index(part_of(s)) >= start]
@@ -344,13 +344,7 @@ def _calibrate(
     sessions, stats = {}, {}
     for stage in running:
         sessions[stage], stats[stage] = _augmented(graphs[stage], method, weights)
-    first: list[tuple[str, Any]] = []
-    if memo is not None:
-        path = os.path.join(keep.previous if keep else "", runs_name(parts[start]))
-        first = [(REPLAY, Replay(path, recorded(memo, parts[start])))]
-    elif embeddings is not None:
-        folder = os.path.dirname(os.path.abspath(embeddings))
-        first = [(EMBEDDINGS, weights.session(structure(embeddings), folder))]
+    first = _first(parts[start] if memo is not None else None, memo, keep, embeddings, weights)
     writer = None
     if keep is not None:
         skip = parts[: start + 1] if memo is not None else []
@@ -362,27 +356,20 @@ def _calibrate(
             if writer is not None:
                 writer.write(part_of(stage), inputs)
 
-    context, iterator = (
+    chains = [
         Chain([*first, *((s, sessions[s]) for s in running if graph_of(s) == graph)], collect)
         for graph in (CONTEXT, ITERATOR)
-    )
+    ]
     expected = None if memo is None else list(chosen(memo))
-    tokens = []
     try:
-        for done, prompt in enumerate(prompts, 1):
-            runs = run_prompt(context, iterator, prompt, io, io.fits(len(prompt)))
-            tokens.append([t for _, _, t in runs])
-            if expected is not None and tokens[-1] != expected[done - 1]:
-                raise Diverged(f"prompt {done} chose other tokens")
-            if progress is not None:
-                progress(done, len(prompts))
+        tokens = _run_prompts(chains, prompts, io, expected, progress)
     finally:
         if writer is not None:
             writer.close()
         for _, stage in first:
             if isinstance(stage, Replay):
                 stage.close()
-    del context, iterator, sessions
+    del chains, sessions
     counts = {}
     for stage, found in stats.items():
         data = found.data()
@@ -394,6 +381,49 @@ def _calibrate(
         if memo is not None:
             counts.update(_counted(keep.previous, graphs, ranges, running))
     return {stage: counts[stage] for stage in graphs}
+
+
+def _first(
+    part: str | None,
+    memo: Mapping[str, Any] | None,
+    keep: Keep | None,
+    embeddings: str | None,
+    weights: Any,
+) -> list[tuple[str, Any]]:
+    """The stage before the parts that run: the memo's runs of ``part`` (the first part
+    that runs, after parts kept), else the embeddings stage of a decoder in parts."""
+    from epbuild.llm.calibmemo import Replay, recorded, runs_name
+    from epbuild.llm.sessions import structure
+
+    if part is not None and memo is not None and keep is not None:
+        path = os.path.join(keep.previous, runs_name(part))
+        return [(REPLAY, Replay(path, recorded(memo, part)))]
+    if embeddings is not None:
+        folder = os.path.dirname(os.path.abspath(embeddings))
+        return [(EMBEDDINGS, weights.session(structure(embeddings), folder))]
+    return []
+
+
+def _run_prompts(
+    chains: Sequence[Chain],
+    prompts: Sequence[Sequence[int]],
+    io: StaticIo,
+    expected: Sequence[Sequence[int]] | None,
+    progress: Callable[[int, int], None] | None,
+) -> list[list[int]]:
+    """Each prompt run through the ``context`` and ``iterator`` chains; the tokens each
+    run chose (``Diverged`` where they are not ``expected``'s)."""
+    from epbuild.llm.calibmemo import Diverged
+
+    tokens = []
+    for done, prompt in enumerate(prompts, 1):
+        runs = run_prompt(chains[0], chains[1], prompt, io, io.fits(len(prompt)))
+        tokens.append([t for _, _, t in runs])
+        if expected is not None and tokens[-1] != expected[done - 1]:
+            raise Diverged(f"prompt {done} chose other tokens")
+        if progress is not None:
+            progress(done, len(prompts))
+    return tokens
 
 
 def _keep(
