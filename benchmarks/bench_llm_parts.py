@@ -129,14 +129,16 @@ def make_decoder(folder: Path) -> Path:
 
 
 def _edit_last_layer(folder: Path) -> None:
-    """Change one weight of the last layer in place (the data file's bytes)."""
+    """Change one weight of the last layer in place (the data file's bytes): 0.5 added."""
     model = onnx.load(folder / "model.onnx", load_external_data=False)
     name = f"model.layers.{LAYERS - 1}.mlp.down_proj.MatMul.weight"
     (tensor,) = [t for t in model.graph.initializer if t.name == name]
     offset = int({e.key: e.value for e in tensor.external_data}["offset"])
-    with open(folder / "model.onnx.data", "r+b") as f:
+    with open(folder / "model.onnx.data", "r+b") as f:  # another value each time it runs
         f.seek(offset)
-        f.write(np.float32(0.5).tobytes())
+        value = np.frombuffer(f.read(4), dtype=np.float32)[0] + np.float32(0.5)
+        f.seek(offset)
+        f.write(np.float32(value).tobytes())
 
 
 def _build(root: Path, trace: Path) -> dict[str, object]:
