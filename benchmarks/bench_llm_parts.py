@@ -7,7 +7,14 @@ built with ``parts`` (default 4, shared binaries, ``-j 2``); the build's trace g
 action's wall time and its worker's peak RSS. Then one weight of the last layer is edited
 and the build run again (only the last part compiles).
 
-    python benchmarks/bench_llm_parts.py [--parts 4] [--context 1024] [--window 64] [DIR]
+With ``--quantize w8a16`` (or ``w4a16``) the decoder is calibrated on text prompts
+(``--prompts``, default the tiny fixtures' ten) and quantized part by part before it
+compiles; the report adds the calibration's and the quantizations' rows, and the time and
+peak memory of ``verify --numerics``. Between the cold build and the edit, the outputs and
+the state are removed and restored from the workspace's cache.
+
+    python benchmarks/bench_llm_parts.py [--parts 4] [--context 1024] [--window 64]
+        [--quantize w8a16|w4a16] [--prompts FILE] [DIR]
 """
 
 from __future__ import annotations
@@ -15,7 +22,9 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import resource
 import shutil
+import subprocess
 import sys
 import tempfile
 import time
@@ -29,6 +38,14 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "tests"))
 
 from llmfixture import LLM_FIXTURES, deepen  # noqa: E402
+
+RECIPES = {
+    "w8a16": 'activations = "uint16"\nweights = "uint8"\n',
+    "w4a16": 'activations = "uint16"\nweights = "int4"\nper_channel = true\n',
+}
+"""The ``[quantization.NAME]`` settings ``--quantize`` names (beside the prompts)."""
+CACHE = "cache"
+"""The workspace's own cache (a cold build finds nothing of another workspace's)."""
 
 HIDDEN, HEADS, KV_HEADS, HEAD = 896, 14, 2, 64
 INTER, LAYERS, VOCAB, POSITIONS = 4864, 24, 151936, 4096
@@ -112,14 +129,16 @@ def make_decoder(folder: Path) -> Path:
 
 
 def _edit_last_layer(folder: Path) -> None:
-    """Change one weight of the last layer in place (the data file's bytes)."""
+    """Change one weight of the last layer in place (the data file's bytes): 0.5 added."""
     model = onnx.load(folder / "model.onnx", load_external_data=False)
     name = f"model.layers.{LAYERS - 1}.mlp.down_proj.MatMul.weight"
     (tensor,) = [t for t in model.graph.initializer if t.name == name]
     offset = int({e.key: e.value for e in tensor.external_data}["offset"])
-    with open(folder / "model.onnx.data", "r+b") as f:
+    with open(folder / "model.onnx.data", "r+b") as f:  # another value each time it runs
         f.seek(offset)
-        f.write(np.float32(0.5).tobytes())
+        value = np.frombuffer(f.read(4), dtype=np.float32)[0] + np.float32(0.5)
+        f.seek(offset)
+        f.write(np.float32(value).tobytes())
 
 
 def _build(root: Path, trace: Path) -> dict[str, object]:
@@ -132,13 +151,37 @@ def _build(root: Path, trace: Path) -> dict[str, object]:
     actions = {
         e["args"]["action"]: {
             "seconds": round(e["dur"] / 1e6, 1),
-            "peak_rss_mb": round(e["args"].get("peak_rss", 0) / 2**20),
+            "peak_rss_mb": round((e["args"].get("peak_rss") or 0) / 2**20),
         }
         for e in events
-        if e.get("cat") == "compile"
+        if e.get("cat") == "compile" and "args" in e
     }
     outcomes = {a.id: a.outcome.value for a in result.actions}
     return {"ok": result.ok, "wall_s": round(wall, 1), "actions": actions, "outcomes": outcomes}
+
+
+_TREE = (
+    "import resource, subprocess, sys; code = subprocess.run(sys.argv[1:]).returncode; "
+    "print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss, file=sys.stderr); "
+    "sys.exit(code)"
+)
+"""Runs a command and says the peak RSS (KiB) of its every process (the waited-for ones)."""
+
+
+def _command(root: Path, *argv: str) -> dict[str, object]:
+    """``epbuild ARGV`` in ``root``: its exit code, wall time and the peak RSS of any of its
+    processes (loaders included)."""
+    t0 = time.perf_counter()
+    cmd = [sys.executable, "-c", _TREE, sys.executable, "-m", "epbuild", *argv]
+    done = subprocess.run(cmd, cwd=root, capture_output=True, text=True, check=False)
+    wall = time.perf_counter() - t0
+    peak = int(done.stderr.strip().splitlines()[-1])
+    return {
+        "exit": done.returncode,
+        "wall_s": round(wall, 1),
+        "peak_rss_mb": round(peak / 1024),
+        "tail": done.stdout.strip().splitlines()[-12:],
+    }
 
 
 def main() -> None:
@@ -148,17 +191,30 @@ def main() -> None:
     parser.add_argument("--context", type=int, default=1024)
     parser.add_argument("--window", type=int, default=64)
     parser.add_argument("--unshared", action="store_true", help="share_weights = false")
+    parser.add_argument("--quantize", choices=sorted(RECIPES), help="quantize the parts")
+    parser.add_argument(
+        "--prompts",
+        type=Path,
+        default=HERE.parent / "tests" / "fixtures" / "llm" / "text-prompts.txt",
+        help="calibration prompts, one a line (with --quantize)",
+    )
     args = parser.parse_args()
     root = Path(args.dir or tempfile.mkdtemp(prefix="llm-parts-"))
     t0 = time.perf_counter()
     if not (root / "models" / "tiny").exists():
         make_decoder(root / "models" / "tiny")
     made = time.perf_counter() - t0
+    quantize = ""
+    if args.quantize:
+        shutil.copyfile(args.prompts, root / "prompts.txt")
+        quantize = f'quantize = "{args.quantize}"\n\n[quantization.{args.quantize}]\n'
+        quantize += f'calibration = "prompts.txt"\n{RECIPES[args.quantize]}'
     (root / "epbuild.toml").write_text(
+        f'[workspace]\ncache = "{CACHE}"\n\n'
         '[providers.htp-v73]\nep = "qnn"\noptions = { htp_arch = "73", soc_model = "60" }\n\n'
         f'[llms.chat]\nsource = "models/tiny"\nproviders = ["htp-v73"]\n'
         f"context_length = {args.context}\nwindow_size = {args.window}\n"
-        f"share_weights = {str(not args.unshared).lower()}\nparts = {args.parts}\n"
+        f"share_weights = {str(not args.unshared).lower()}\nparts = {args.parts}\n{quantize}"
     )
     report: dict[str, object] = {"decoder_made_s": round(made, 1)}
     report["cold"] = _build(root, root / "cold.json")
@@ -167,8 +223,14 @@ def main() -> None:
         p.name: round(p.stat().st_size / 2**20) for p in sorted(out.glob("*.bin"))
     }
     report["embeddings_mb"] = round((out / "embeddings.onnx.data").stat().st_size / 2**20)
+    if args.quantize:
+        report["verify_numerics"] = _command(root, "verify", "--numerics")
+    for made in (root / "build", root / ".epbuild"):  # the cache stays
+        shutil.rmtree(made)
+    report["restore"] = _build(root, root / "restore.json")
     _edit_last_layer(root / "models" / "tiny")
     report["edit_last_layer"] = _build(root, root / "edit.json")
+    report["bench_peak_rss_mb"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
     print(json.dumps(report, indent=1))
     print(f"workspace: {root}", file=sys.stderr)
 

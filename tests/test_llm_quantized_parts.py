@@ -181,3 +181,44 @@ def test_w8a16_in_3_shared_parts_links_each_parts_graphs_into_one_binary(
     unshared = _binaries(package)
     assert len(unshared) == 6
     assert sum(shared.values()) < sum(unshared.values()), (shared, unshared)
+
+
+def _calibration_detail(ws: Workspace) -> dict[str, Any]:
+    """The detail the last run of ``chat/calibrate`` recorded (the state journal's)."""
+    import json
+
+    lines = (ws.root / ".epbuild" / "state.jsonl").read_text().splitlines()
+    done = [json.loads(line) for line in lines if '"chat/calibrate"' in line]
+    return [d for d in done if d.get("op") == "done"][-1]["detail"]
+
+
+@pytest.mark.slow
+def test_an_edit_of_the_last_layer_calibrates_the_last_part_alone(
+    workspace: Workspace, deep_text: Path
+) -> None:
+    ws = _workspace(workspace, deep_text)
+    _outcomes(ws)
+    assert _calibration_detail(ws)["kept"] == []
+    state = ws.root / ".epbuild" / "llm" / "chat" / "calibrated"
+    assert (state / "memo.json").is_file()
+    _edit_last_layer(ws.root / "models" / "tiny")
+    again = _outcomes(ws)
+    assert again["chat/calibrate"] == "compiled"
+    assert _calibration_detail(ws)["kept"] == ["part1", "part2"]
+    assert again["chat/htp-v73/part1_context"] == "up_to_date"
+
+
+@pytest.mark.slow
+def test_numerics_of_each_part_graph(workspace: Workspace, deep_text: Path) -> None:
+    ws = _workspace(workspace, deep_text)
+    _outcomes(ws)
+    doc = ws.cli_json("verify", "--numerics")
+    assert doc["ok"], doc
+    checks = {c["model"]: c for c in doc["numerics"]}
+    assert set(checks) == {f"build/chat/htp-v73/{stage}_ctx.onnx" for stage in STAGES}
+    for stage in STAGES:
+        outputs = {o["name"]: o for o in checks[f"build/chat/htp-v73/{stage}_ctx.onnx"]["outputs"]}
+        assert all(o["sqnr_db"] is not None for o in outputs.values()), stage
+        if stage.startswith("part3"):  # the last part's logits
+            assert outputs["logits"]["sqnr_db"] >= 20, outputs
+            assert outputs["logits"]["qdq_sqnr_db"] >= 20, outputs

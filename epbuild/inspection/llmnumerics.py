@@ -29,7 +29,15 @@ from epbuild.inspection.loading import load_spec, run_load
 from epbuild.inspection.numerics import NumericsCheck, QuantTolerance, judge_figures
 from epbuild.inspection.quantcheck import LayerErrors, passed
 from epbuild.kinds.llmquant import LlmCalibrateAction, LlmQuantizeAction
-from epbuild.llm.calibrate import cpu_session, run_prompt, static_io, tokenize
+from epbuild.llm.calibrate import (
+    ITERATOR,
+    cpu_session,
+    float_chains,
+    graph_of,
+    run_prompt,
+    static_io,
+    tokenize,
+)
 from epbuild.llm.genai_config import TOTAL_SEQ_LEN
 from epbuild.llm.genai_schema import GENAI_CONFIG
 from epbuild.llm.prompts import PromptError, read_prompts
@@ -89,6 +97,7 @@ def check_llm_numerics(ws: Workspace, actions: list[CompileAction]) -> list[Nume
             job = {
                 "source": llm.source,
                 "graphs": graphs[0],
+                "embeddings": graphs[2],
                 "qdq": graphs[1][stage],
                 "stage": stage,
                 "window": llm.window_size,
@@ -118,16 +127,18 @@ def _prompts(ws: Workspace, files: tuple[str, ...], label: str) -> list[str]:
     return found[:PROMPTS]
 
 
-def _graphs(ws: Workspace, llm: Llm) -> tuple[dict[str, str], dict[str, str]]:
-    """The LLM's float static graphs and its QDQ graphs (stage → workspace-relative)."""
+def _graphs(ws: Workspace, llm: Llm) -> tuple[dict[str, str], dict[str, str], str | None]:
+    """The LLM's float static graphs and its QDQ graphs (stage → workspace-relative), and
+    the CPU embeddings stage of a decoder in parts (None: one part)."""
     floats: dict[str, str] = {}
     qdq: dict[str, str] = {}
+    embeddings = None
     for action in ws.graph:
         if isinstance(action, LlmCalibrateAction) and action.llm.name == llm.name:
-            floats = dict(action.graphs)
+            floats, embeddings = dict(action.graphs), action.embeddings
         elif isinstance(action, LlmQuantizeAction) and action.llm.name == llm.name:
             qdq[action.stage] = action.output
-    return floats, qdq
+    return floats, qdq, embeddings
 
 
 def check(job: dict[str, Any]) -> dict[str, Any]:
@@ -139,9 +150,8 @@ def check(job: dict[str, Any]) -> dict[str, Any]:
     with open(os.path.join(spec["source"], GENAI_CONFIG), encoding="utf-8") as f:
         io = static_io(json.load(f), int(spec["window"]), int(spec["context"]))
     stage = spec["stage"]
-    floats = {graph: cpu_session(path) for graph, path in spec["graphs"].items()}
-    feeds = _feeds(floats, tokenize(spec["source"], spec["prompts"]), io, stage)
-    reference = floats[stage]
+    feeds = _feeds(spec, tokenize(spec["source"], spec["prompts"]), io, stage)
+    reference = cpu_session(spec["graphs"][stage])
     names = [o.name for o in reference.get_outputs()]
     qdq = cpu_session(spec["qdq"])
     ctx_figures, qdq_figures = Figures(names), Figures(names)
@@ -205,15 +215,21 @@ def _copied(path: str, tmp: str, name: str) -> str:
 
 
 def _feeds(
-    floats: dict[str, Any], prompts: list[list[int]], io: Any, stage: str
+    spec: dict[str, Any], prompts: list[list[int]], io: Any, stage: str
 ) -> list[dict[str, Any]]:
-    """The first ``FEEDS`` feeds of ``stage`` the float graphs give the prompts."""
+    """The first ``FEEDS`` feeds of ``stage`` the float graphs (after the embeddings
+    stage of a decoder in parts) give the prompts (a context graph's: their windows, no
+    token generated)."""
     found: list[dict[str, Any]] = []
+
+    def collect(name: str, inputs: dict[str, Any], _: Any) -> None:
+        if name == stage and len(found) < FEEDS:
+            found.append(inputs)
+
+    context, iterator = float_chains(spec["graphs"], spec.get("embeddings"), collect)
     for tokens in prompts:
-        runs = run_prompt(floats["context"], floats["iterator"], tokens, io, io.fits(len(tokens)))
-        for graph, feed, _ in runs:
-            if graph == stage:
-                found.append(feed)
+        generate = io.fits(len(tokens)) if graph_of(stage) == ITERATOR else 0
+        for _ in run_prompt(context, iterator, tokens, io, generate):
             if len(found) >= FEEDS:
                 return found
     return found

@@ -30,15 +30,17 @@ from typing import TYPE_CHECKING, Any
 
 from epbuild._dataclass import dataclass
 from epbuild.errors import ModelError, UserError, VerificationError
+from epbuild.fs import sha256_hex
 from epbuild.kinds.calibrate import check_ranges
 from epbuild.kinds.contract import BaseKind, Checked, Reported, RunContext, Wording
 from epbuild.kinds.prepare import LlmStep, PrepareAction, graph_stages
 from epbuild.kinds.quantize import check_qdq, recipe_settings
+from epbuild.llm.calibmemo import MEMO, Keep, runs_name
 from epbuild.llm.calibrate import GENERATED, static_io, tokenize
 from epbuild.llm.calibrate import calibrate as run_calibration
 from epbuild.llm.genai_schema import GENAI_CONFIG
 from epbuild.llm.package import source_files
-from epbuild.llm.parts import EMBEDDING_FILES
+from epbuild.llm.parts import EMBEDDING_FILES, part_name
 from epbuild.llm.prompts import PromptError, read_prompts
 from epbuild.manifest.model import Llm, Quantization
 from epbuild.onnx.staged import staged_names
@@ -200,7 +202,13 @@ class LlmCalibrateKind(BaseKind):
     def payload(
         self, action: LlmCalibrateAction, key: ActionKey, ctx: RunContext
     ) -> dict[str, Any]:
-        more = {} if action.embeddings is None else {"embeddings": action.embeddings}
+        more: dict[str, Any] = {}
+        if action.embeddings is not None:
+            more["embeddings"] = action.embeddings
+            more["memo"] = {"previous": action.out_dir, "parts": _part_digests(action, ctx)}
+            more["memo"]["settings"] = {
+                k: v for k, v in key.components.items() if k not in ("inputs", "prompts")
+            }
         return {
             **more,
             "graphs": action.graphs,
@@ -215,9 +223,17 @@ class LlmCalibrateKind(BaseKind):
     def check(
         self, action: LlmCalibrateAction, staging: str, ctx: RunContext, result: Reported
     ) -> Checked:
-        """Each graph's readable, non-empty ranges, nothing else."""
+        """Each graph's readable, non-empty ranges, nothing else (but the memo of a
+        decoder in parts: its runs and ``memo.json``)."""
         names = staged_names(ctx.root, staging)
         wanted = [posixpath.basename(r) for r in action.ranges.values()]
+        if action.embeddings is not None:
+            parts = dict.fromkeys(part_name(k) for k in range(1, action.llm.parts + 1))
+            for name in (MEMO, *(runs_name(p) for p in parts)):
+                if name not in names:
+                    raise VerificationError(f"expected output {name} was not written")
+            memo = {MEMO, *(runs_name(p) for p in parts)}
+            names = [n for n in names if n not in memo]
         for name in wanted:
             if name not in names:
                 raise VerificationError(f"expected output {name} was not written")
@@ -225,7 +241,22 @@ class LlmCalibrateKind(BaseKind):
         extra = sorted(set(names) - set(wanted))
         if extra:
             raise VerificationError(f"unexpected output {extra[0]} staged by the calibration")
-        return names, []
+        return staged_names(ctx.root, staging), []
+
+
+def _part_digests(action: LlmCalibrateAction, ctx: RunContext) -> dict[str, str]:
+    """Each part's digest: of its graphs and their weights (the first part's with the
+    embeddings stage's), in session order."""
+    digests: dict[str, str] = {}
+    found: dict[str, dict[str, str]] = {}
+    if action.embeddings is not None:
+        found[part_name(1)] = dict(ctx.keys.model_digests(action.embeddings))
+    for stage, graph in action.graphs.items():
+        part = stage.rsplit("_", 1)[0]
+        found.setdefault(part, {}).update(ctx.keys.model_digests(graph))
+    for part, inputs in found.items():
+        digests[part] = sha256_hex(json.dumps(inputs, sort_keys=True).encode())
+    return digests
 
 
 def _settings(action: LlmQuantizeAction) -> dict[str, Any]:
@@ -310,6 +341,7 @@ def calibrate(job: Job, root: str) -> dict[str, Any]:
     graphs = {stage: os.path.join(root, str(p)) for stage, p in dict(args["graphs"]).items()}
     ranges = {stage: os.path.join(staging, ranges_name(stage)) for stage in graphs}
     embeddings = args.get("embeddings")
+    keep = _keep(root, staging, args.get("memo"))
     with progress(staging, "prompts") as report, scratch(staging):  # never /tmp
         counts = run_calibration(
             graphs,
@@ -319,15 +351,28 @@ def calibrate(job: Job, root: str) -> dict[str, Any]:
             ranges,
             report,
             None if embeddings is None else os.path.join(root, str(embeddings)),
+            keep,
         )
+    detail: dict[str, Any] = {"prompts": len(prompts), "tensors": counts}
+    if keep is not None:
+        detail["kept"] = keep.reused
     return {
         "seconds": time.perf_counter() - t0,
-        "detail": {"prompts": len(prompts), "tensors": counts},
+        "detail": detail,
         "versions": {**versions(), "onnxruntime-genai": dist_version("onnxruntime-genai")},
     }
 
 
 _PROMPTS_HINT = "give .txt files of prompts, one a line, in UTF-8"
+
+
+def _keep(root: str, staging: str, memo: Any) -> Keep | None:
+    """The calibration's memo (``epbuild.llm.calibmemo``) of a decoder in parts."""
+    if memo is None:
+        return None
+    previous = os.path.join(root, str(memo["previous"]))
+    settings = json.loads(json.dumps(memo["settings"], sort_keys=True))  # as the memo holds it
+    return Keep(previous, staging, dict(memo["parts"]), settings)
 
 
 def quantize(job: Job, root: str) -> dict[str, Any]:

@@ -16,8 +16,8 @@ Imports numpy and onnxruntime (and onnxruntime-genai to tokenize): call it from 
 
 from __future__ import annotations
 
+import json
 import os
-import tempfile
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -27,6 +27,8 @@ from epbuild.quant.work import _canonical
 
 if TYPE_CHECKING:
     import numpy as np
+
+    from epbuild.llm.calibmemo import Keep
 
 CONTEXT = "context"
 ITERATOR = "iterator"
@@ -130,15 +132,15 @@ def run_prompt(
 
 def _kv_shapes(session: Any, io: StaticIo) -> dict[str, list[int]]:
     shapes = {i.name: i.shape for i in session.get_inputs()}
-    return {past: shapes[past] for past, _ in io.kv}
+    return {past: shapes[past] for past, _ in io.kv if past in shapes}
 
 
 def _step(
     session: Any, feed: dict[str, np.ndarray], io: StaticIo
 ) -> tuple[np.ndarray, dict[str, np.ndarray]]:
-    names = [io.logits, *(present for _, present in io.kv)]
-    outputs = session.run(names, feed)
-    return outputs[0], {past: out for (past, _), out in zip(io.kv, outputs[1:], strict=True)}
+    kv = [(past, present) for past, present in io.kv if past in feed]
+    outputs = session.run([io.logits, *(present for _, present in kv)], feed)
+    return outputs[0], {past: out for (past, _), out in zip(kv, outputs[1:], strict=True)}
 
 
 def greedy(
@@ -195,13 +197,16 @@ def static_io(config: Mapping[str, Any], window: int, context_length: int) -> St
 class Chain:
     """Stages run one after another as one graph (what ``run_prompt`` takes for a
     session): each stage reads what the feed and the stages before it give, by name, as
-    genai's ``decoder-pipeline`` feeds them. The feed each stage named in ``recorded``
-    runs on is kept in ``runs`` (the calibration takes them)."""
+    genai's ``decoder-pipeline`` feeds them. ``collect(stage, inputs, outputs)`` is given
+    each stage's run by name (the calibration's statistics among its outputs)."""
 
-    def __init__(self, stages: Sequence[tuple[str, Any]], recorded: Sequence[str]) -> None:
+    def __init__(
+        self,
+        stages: Sequence[tuple[str, Any]],
+        collect: Callable[[str, dict[str, np.ndarray], dict[str, np.ndarray]], None],
+    ) -> None:
         self.stages = list(stages)
-        self.recorded = set(recorded)
-        self.runs: list[tuple[str, dict[str, np.ndarray]]] = []
+        self.collect = collect
 
     def get_inputs(self) -> list[Any]:
         """Every stage's inputs (a later stage's repeat an earlier one's)."""
@@ -211,30 +216,67 @@ class Chain:
         store = dict(feed)
         for stage, session in self.stages:
             inputs = {i.name: store[i.name] for i in session.get_inputs()}
-            if stage in self.recorded:
-                self.runs.append((stage, inputs))
             outputs = session.run(None, inputs)
-            store.update(zip([o.name for o in session.get_outputs()], outputs, strict=True))
+            found = dict(zip([o.name for o in session.get_outputs()], outputs, strict=True))
+            self.collect(stage, inputs, found)
+            store.update(found)
         return [store[n] for n in names or ()]
 
-    def drain(self) -> list[tuple[str, dict[str, np.ndarray]]]:
-        """The runs recorded since the last drain."""
-        runs, self.runs = self.runs, []
-        return runs
+
+def graph_of(stage: str) -> str:
+    """``context`` or ``iterator``: which of its part's graphs ``stage`` is."""
+    return CONTEXT if stage == CONTEXT or stage.endswith("_" + CONTEXT) else ITERATOR
 
 
-def chains(graphs: Mapping[str, str], embeddings: str | None) -> tuple[Chain, Chain]:
-    """The CPU chains genai runs for a prompt window and for a token: the whole ``context``
-    and ``iterator`` graphs, or (``embeddings``: the CPU stage of a decoder in parts) the
-    embeddings stage then each part's ``partK_context`` (``partK_iterator``) graph, in
-    ``graphs``' order. Every graph of ``graphs`` is recorded, the embeddings stage not."""
-    sessions = {graph: cpu_session(path) for graph, path in graphs.items()}
-    first = [] if embeddings is None else [(EMBEDDINGS, cpu_session(embeddings))]
-    found = []
-    for suffix in (CONTEXT, ITERATOR):
-        mine = [(g, s) for g, s in sessions.items() if g == suffix or g.endswith("_" + suffix)]
-        found.append(Chain([*first, *mine], [g for g, _ in mine]))
-    return found[0], found[1]
+REPLAY = "replay"
+"""The stage that stands for the parts a calibration kept (``calibmemo.Replay``)."""
+
+
+def float_chains(
+    graphs: Mapping[str, str], embeddings: str | None, collect: Any
+) -> tuple[Chain, Chain]:
+    """The float chains genai runs for a prompt window and for a token (``graphs``'
+    context graphs, their iterator graphs, after the CPU ``embeddings`` stage of a decoder
+    in parts), each weight held once (``SharedWeights``); ``collect`` as ``Chain``'s."""
+    from epbuild.llm.sessions import SharedWeights, structure
+
+    weights = SharedWeights()
+
+    def session(path: str) -> Any:
+        return weights.session(structure(path), os.path.dirname(os.path.abspath(path)))
+
+    first = [] if embeddings is None else [(EMBEDDINGS, session(embeddings))]
+    context, iterator = (
+        Chain([*first, *((s, session(p)) for s, p in graphs.items() if graph_of(s) == g)], collect)
+        for g in (CONTEXT, ITERATOR)
+    )
+    return context, iterator
+
+
+def part_of(stage: str) -> str:
+    """The part ``stage`` belongs to (``partK``; ``""`` for a decoder in one part)."""
+    return stage[: -len(graph_of(stage))].rstrip("_")
+
+
+def _parts(graphs: Mapping[str, str]) -> list[str]:
+    """The parts of ``graphs``, in session order."""
+    return list(dict.fromkeys(part_of(s) for s in graphs))
+
+
+def _augmented(path: str, method: Any, weights: Any) -> tuple[Any, Any]:
+    """A session of the float graph at ``path`` that also gives its tensors' statistics
+    for ``method`` (``epbuild.llm.ranges``), its weights ``weights``' (``SharedWeights``),
+    without graph optimizations (as ORT's calibrators run); and its ``Ranges``."""
+    from epbuild.llm.quantize import infer_shapes
+    from epbuild.llm.ranges import Ranges, augment, calibrated_tensors
+    from epbuild.llm.sessions import structure
+
+    model = infer_shapes(structure(path))
+    ops = {n.op_type for n in model.graph.node} - {*EXCLUDED_OPS}
+    tensors = calibrated_tensors(model, ops)
+    model = augment(model, tensors, method.name == "MinMax")
+    folder = os.path.dirname(os.path.abspath(path))
+    return weights.session(model, folder, optimize=False), Ranges(tensors, method, CHUNK)
 
 
 def calibrate(
@@ -245,69 +287,187 @@ def calibrate(
     ranges: Mapping[str, str],
     progress: Callable[[int, int], None] | None = None,
     embeddings: str | None = None,
+    keep: Keep | None = None,
 ) -> dict[str, int]:
     """Calibrate the float static graphs (``graphs``: ``context``/``iterator`` → path, or
     each part's ``partK_context``/``partK_iterator`` in session order with the CPU
     ``embeddings`` stage that feeds them) on the tokenized ``prompts``, each run as genai
-    runs it (``run_prompt`` through ``chains``) and continued by up to ``GENERATED``
-    tokens; write each graph's ranges (ORT's calibration cache, tensors in name order) at
-    ``ranges[graph]``; returns each graph's count of calibrated tensors. A part's ranges
-    depend on the parts before it and the tokens the whole chain chooses only.
-    ``method``: ORT's ``CalibrationMethod``."""
-    from onnxruntime.quantization import CalibrationDataReader, save_tensors_data
+    runs it (``run_prompt`` through the chains of ``graphs``' context and iterator graphs)
+    and continued by up to ``GENERATED`` tokens; write each graph's ranges (ORT's
+    calibration cache, tensors in name order) at ``ranges[graph]``; returns each graph's
+    count of calibrated tensors. A part's ranges depend on the parts before it and the
+    tokens the whole chain chooses only. ``method``: ORT's ``CalibrationMethod``.
 
-    class Chunk(CalibrationDataReader):  # type: ignore[misc]
-        def __init__(self, feeds: list[dict[str, np.ndarray]]) -> None:
-            self.feeds = iter(feeds)
+    Each graph runs once per step, as its own runner and calibrator at once (its
+    statistics are outputs of the same session), and a part's two graphs share each
+    weight, mapped from its data file (``SharedWeights``): the process holds one copy of
+    the float weights, the page cache's, where a plain session and a calibrator per graph
+    held four. ``keep`` (a decoder in parts): the memo of the last calibration is used
+    and this one's written (``epbuild.llm.calibmemo``): after an edit of a late part,
+    only that part and those after it run."""
+    from epbuild.llm.calibmemo import Diverged, first_changed
 
-        def get_next(self) -> Any:
-            return next(self.feeds, None)
+    parts = _parts(graphs)
+    stages = stages_of(parts, graphs, ranges)
+    start, memo = (0, None) if keep is None else first_changed(keep, prompts, stages)
+    if memo is not None and keep is not None:
+        try:
+            return _calibrate(
+                graphs, prompts, io, method, ranges, progress, embeddings, keep, start, memo
+            )
+        except Diverged:
+            for name in os.listdir(keep.out):  # what the replay wrote goes
+                os.unlink(os.path.join(keep.out, name))
+    return _calibrate(graphs, prompts, io, method, ranges, progress, embeddings, keep, 0, None)
 
-    with tempfile.TemporaryDirectory(prefix="epbuild-llmcalib-") as tmp:
-        calibrators = _calibrators(graphs, method, tmp)
-        context, iterator = chains(graphs, embeddings)
-        pending: dict[str, list[dict[str, np.ndarray]]] = {g: [] for g in graphs}
-        for done, tokens in enumerate(prompts, 1):
-            for _ in run_prompt(context, iterator, tokens, io, io.fits(len(tokens))):
-                for graph, feed in (*context.drain(), *iterator.drain()):
-                    pending[graph].append(feed)
-                    if len(pending[graph]) >= CHUNK:
-                        calibrators[graph].collect_data(Chunk(pending[graph]))
-                        pending[graph] = []
-            if progress is not None:
-                progress(done, len(prompts))
-        counts = {}
-        for graph, calibrator in calibrators.items():
-            if pending[graph]:
-                calibrator.collect_data(Chunk(pending[graph]))
-            found = calibrator.compute_data()
-            save_tensors_data(found, ranges[graph])
-            _canonical(ranges[graph])
-            counts[graph] = len(found.data)
+
+def _calibrate(
+    graphs: Mapping[str, str],
+    prompts: Sequence[Sequence[int]],
+    io: StaticIo,
+    method: Any,
+    ranges: Mapping[str, str],
+    progress: Callable[[int, int], None] | None,
+    embeddings: str | None,
+    keep: Keep | None,
+    start: int,
+    memo: Mapping[str, Any] | None,
+) -> dict[str, int]:
+    """``calibrate`` from part ``start`` on (``memo``: what the parts before it read and
+    chose; ``Diverged`` when the chain chooses another token)."""
+    from epbuild.llm.calibmemo import Replay, RunsWriter, chosen
+    from epbuild.llm.sessions import SharedWeights
+
+    parts = _parts(graphs)
+    running = [s for s in graphs if parts.index(part_of(s)) >= start]
+    weights = SharedWeights()
+    sessions, stats = {}, {}
+    for stage in running:
+        sessions[stage], stats[stage] = _augmented(graphs[stage], method, weights)
+    first = _first(parts[start] if memo is not None else None, memo, keep, embeddings, weights)
+    writer = None
+    if keep is not None:
+        skip = parts[: start + 1] if memo is not None else []
+        writer = RunsWriter(keep.out, [past for past, _ in io.kv], skip)
+
+    def collect(stage: str, inputs: dict[str, np.ndarray], outputs: dict[str, np.ndarray]) -> None:
+        if stage in stats:
+            stats[stage].add(outputs)
+            if writer is not None:
+                writer.write(part_of(stage), inputs)
+
+    chains = [
+        Chain([*first, *((s, sessions[s]) for s in running if graph_of(s) == graph)], collect)
+        for graph in (CONTEXT, ITERATOR)
+    ]
+    expected = None if memo is None else list(chosen(memo))
+    try:
+        tokens = _run_prompts(chains, prompts, io, expected, progress)
+    finally:
+        if writer is not None:
+            writer.close()
+        for _, stage in first:
+            if isinstance(stage, Replay):
+                stage.close()
+    del chains, sessions
+    counts = {}
+    for stage, found in stats.items():
+        data = found.data()
+        _save(data, ranges[stage])
+        counts[stage] = len(data.data)
+    if keep is not None:
+        stages = stages_of(parts, graphs, ranges)
+        _keep(keep, memo, start, stages, (prompts, tokens), writer.names if writer else {})
+        if memo is not None:
+            counts.update(_counted(keep.previous, graphs, ranges, running))
+    return {stage: counts[stage] for stage in graphs}
+
+
+def _first(
+    part: str | None,
+    memo: Mapping[str, Any] | None,
+    keep: Keep | None,
+    embeddings: str | None,
+    weights: Any,
+) -> list[tuple[str, Any]]:
+    """The stage before the parts that run: the memo's runs of ``part`` (the first part
+    that runs, after parts kept), else the embeddings stage of a decoder in parts."""
+    from epbuild.llm.calibmemo import Replay, recorded, runs_name
+    from epbuild.llm.sessions import structure
+
+    if part is not None and memo is not None and keep is not None:
+        path = os.path.join(keep.previous, runs_name(part))
+        return [(REPLAY, Replay(path, recorded(memo, part)))]
+    if embeddings is not None:
+        folder = os.path.dirname(os.path.abspath(embeddings))
+        return [(EMBEDDINGS, weights.session(structure(embeddings), folder))]
+    return []
+
+
+def _run_prompts(
+    chains: Sequence[Chain],
+    prompts: Sequence[Sequence[int]],
+    io: StaticIo,
+    expected: Sequence[Sequence[int]] | None,
+    progress: Callable[[int, int], None] | None,
+) -> list[list[int]]:
+    """Each prompt run through the ``context`` and ``iterator`` chains; the tokens each
+    run chose (``Diverged`` where they are not ``expected``'s)."""
+    from epbuild.llm.calibmemo import Diverged
+
+    tokens = []
+    for done, prompt in enumerate(prompts, 1):
+        runs = run_prompt(chains[0], chains[1], prompt, io, io.fits(len(prompt)))
+        tokens.append([t for _, _, t in runs])
+        if expected is not None and tokens[-1] != expected[done - 1]:
+            raise Diverged(f"prompt {done} chose other tokens")
+        if progress is not None:
+            progress(done, len(prompts))
+    return tokens
+
+
+def _keep(
+    keep: Keep,
+    memo: Mapping[str, Any] | None,
+    start: int,
+    stages: Mapping[str, Sequence[str]],
+    runs: tuple[Sequence[Sequence[int]], Sequence[Sequence[int]]],
+    written: Mapping[str, Sequence[str]],
+) -> None:
+    """The memo's files of the parts that did not run copied, and the new memo written
+    (``runs``: the prompts' tokens and the tokens chosen)."""
+    from epbuild.llm.calibmemo import keep_files, write_memo
+
+    inputs: dict[str, Sequence[str]] = {}
+    if memo is not None:
+        keep_files(keep, start, stages)
+        inputs.update(memo["inputs"])
+    inputs.update(written)
+    write_memo(keep, runs[0], runs[1], inputs)
+
+
+def stages_of(
+    parts: Sequence[str], graphs: Mapping[str, str], ranges: Mapping[str, str]
+) -> dict[str, list[str]]:
+    """Part → the names of its graphs' ranges files."""
+    return {p: [os.path.basename(ranges[s]) for s in graphs if part_of(s) == p] for p in parts}
+
+
+def _counted(
+    folder: str, graphs: Mapping[str, str], ranges: Mapping[str, str], running: Sequence[str]
+) -> dict[str, int]:
+    """The tensor counts of the kept ranges (the graphs not in ``running``)."""
+    counts = {}
+    for stage in graphs:
+        if stage not in running:
+            with open(os.path.join(folder, os.path.basename(ranges[stage])), encoding="utf-8") as f:
+                counts[stage] = len(json.load(f)["data"])
     return counts
 
 
-def _calibrators(graphs: Mapping[str, str], method: Any, tmp: str) -> dict[str, Any]:
-    """An ORT calibrator per graph, of every op type but ``EXCLUDED_OPS``, on its graph with
-    the shapes inferred (written into ``tmp``, with the augmented graph)."""
-    import onnx
-    from onnxruntime.quantization.calibrate import create_calibrator
+def _save(data: Any, path: str) -> None:
+    """Write ranges as ORT's calibration cache, tensors in name order."""
+    from onnxruntime.quantization import save_tensors_data
 
-    from epbuild.llm.quantize import infer_shapes, save_graph
-
-    calibrators = {}
-    for graph, path in graphs.items():
-        model = infer_shapes(onnx.load(path))
-        ops = sorted({n.op_type for n in model.graph.node} - set(EXCLUDED_OPS))
-        inferred = os.path.join(tmp, f"{graph}.onnx")
-        save_graph(model, inferred)
-        del model
-        calibrators[graph] = create_calibrator(
-            inferred,
-            ops,
-            augmented_model_path=os.path.join(tmp, f"{graph}.augmented.onnx"),
-            calibrate_method=method,
-            use_external_data_format=True,
-            providers=["CPUExecutionProvider"],
-        )
-    return calibrators
+    save_tensors_data(data, path)
+    _canonical(path)

@@ -24,6 +24,7 @@ from typing import Any
 
 import onnx
 
+from epbuild.llm.sessions import load_weights, structure
 from epbuild.quant.work import _check_names, _config, _qtype, _quantize
 
 QDQ_OPS = ("QuantizeLinear", "DequantizeLinear")
@@ -116,11 +117,14 @@ def quantize_graph(
     ``settings`` (``activations``, ``weights``, ``per_channel``, ``method``, ``exclude``,
     ``overrides``: the manifest's); returns its count of Q/DQ nodes. ``label`` names the
     graph and recipe in a ``ModelError`` (a name the graph lacks)."""
-    floating = infer_shapes(onnx.load(source))
+    floating = infer_shapes(structure(source))  # its weights are read once, to be written
     _check_names(floating, label, list(settings["exclude"]), dict(settings["overrides"]))
     with tempfile.TemporaryDirectory(prefix="epbuild-llmquant-") as tmp:
         inferred = os.path.join(tmp, "float.onnx")
-        save_graph(floating, inferred)
+        weighted = onnx.ModelProto()
+        weighted.CopyFrom(floating)
+        save_graph(load_weights(weighted, os.path.dirname(os.path.abspath(source))), inferred)
+        del weighted
         cache = os.path.join(tmp, "ranges.json")  # ORT may rewrite a cache: never the committed one
         shutil.copyfile(ranges, cache)
         written = os.path.join(tmp, "qdq.onnx")
