@@ -19,6 +19,7 @@ import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import numpy as np
 import onnx
 from onnx import TensorProto, helper
 
@@ -119,7 +120,9 @@ def chains(
     checked: Augmented,
     collect: Any,
 ) -> tuple[Chain, Chain]:
-    """``calibrate.float_chains``, with ``checked``'s session in ``stage``'s place."""
+    """``calibrate.float_chains``, with ``checked``'s session in ``stage``'s place; for a
+    context graph, the context chain up to it and no iterator chain (a context graph's
+    feeds are the prompts' windows: no later part and no token is run)."""
     weights = SharedWeights()
 
     def session(name: str, path: str) -> Any:
@@ -128,6 +131,11 @@ def chains(
         return weights.session(structure(path), os.path.dirname(os.path.abspath(path)))
 
     first = [] if embeddings is None else [(EMBEDDINGS, session(EMBEDDINGS, embeddings))]
+    if graph_of(stage) == CONTEXT:
+        upto = [s for s in graphs if graph_of(s) == CONTEXT]
+        upto = upto[: upto.index(stage) + 1]
+        stages = [*first, *((s, session(s, graphs[s])) for s in upto)]
+        return Upto(stages, collect), Chain([], collect)
     context, iterator = (
         Chain(
             [*first, *((s, session(s, p)) for s, p in graphs.items() if graph_of(s) == g)],
@@ -136,3 +144,21 @@ def chains(
         for g in (CONTEXT, ITERATOR)
     )
     return context, iterator
+
+
+class Upto(Chain):
+    """A context chain that stops at a part before the last: the logits it does not make
+    are zeros (one per position of the window, so that a window's greedy choice, which a
+    context graph's feeds do not read, is token 0)."""
+
+    def run(self, names: Sequence[str] | None, feed: Mapping[str, np.ndarray]) -> list[Any]:
+        store = dict(feed)
+        for stage, session in self.stages:
+            inputs = {i.name: store[i.name] for i in session.get_inputs()}
+            outputs = session.run(None, inputs)
+            found = dict(zip([o.name for o in session.get_outputs()], outputs, strict=True))
+            self.collect(stage, inputs, found)
+            store.update(found)
+        window = next(iter(feed.values())).shape[1]
+        absent = np.zeros((1, window, 1), np.float32)
+        return [store.get(n, absent) for n in names or ()]

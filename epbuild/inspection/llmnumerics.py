@@ -2,15 +2,19 @@
 (on the CPU EP) are compared with the *float* static graph on the feeds genai gives it for
 the recipe's prompts (its ``validation`` prompts, else its ``calibration`` ones), so that the
 EP's error and the quantization's can be told apart (SQNR per output, logits and KV cache
-alike), and each activation of the QDQ graph with the float graph's (ONNX Runtime's
-``qdq_loss_debug``, as ``inspection.quantcheck``): the worst layers named.
+alike), and each activation of the QDQ graph with the float graph's (matched as ONNX
+Runtime's ``qdq_loss_debug`` matches them, taken from the graphs' own sessions:
+``inspection.llmlayers``): the worst layers named.
 
 The feeds are the calibration's (``epbuild.llm.calibrate.run_prompt``: the float graphs run
-the prompts as genai does), ``FEEDS`` of each graph from the first ``PROMPTS`` prompts, so
-that a check takes seconds. The ctx model runs in the loader process ``verify --load`` uses
-(``inspection.loading``, this module's ``main``); its figures are judged by the recipe's
-``[quantization.NAME.check] min_sqnr_db`` (``inspection.numerics``). Nothing is recorded:
-the check runs each time it is asked for.
+the prompts as genai does), ``FEEDS`` of each graph from the first ``PROMPTS`` prompts, one
+of a graph of ``LARGE`` bytes (a feed of a large graph costs the emulated HTP tens of
+seconds; the verdict says so), so that a check takes seconds. The ctx model runs in the
+loader process ``verify --load`` uses (``inspection.loading``, this module's ``main``), one
+loader a graph, ``jobs // 2`` at once within the memory budget; in a loader one large
+session is alive at a time (the float graphs, then the QDQ graph, then the ctx model). Its
+figures are judged by the recipe's ``[quantization.NAME.check] min_sqnr_db``
+(``inspection.numerics``). Nothing is recorded: the check runs each time it is asked for.
 """
 
 from __future__ import annotations
