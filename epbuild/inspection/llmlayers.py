@@ -66,6 +66,18 @@ def float_graph(path: str) -> tuple[onnx.ModelProto, list[str]]:
     return model, calibrated_tensors(model, ops)
 
 
+def weight_bytes(model: onnx.ModelProto) -> int:
+    """The bytes of ``model``'s weights (read without them: their external data's)."""
+    total = 0
+    for tensor in model.graph.initializer:
+        if tensor.data_location == TensorProto.EXTERNAL:
+            ref = {e.key: e.value for e in tensor.external_data}
+            total += int(ref.get("length", 0))
+        else:
+            total += len(tensor.raw_data)
+    return total
+
+
 def qdq_graph(path: str, floats: onnx.ModelProto, tensors: Sequence[str]) -> Augmented:
     """A session of the QDQ graph at ``path`` that outputs the tensors paired with the
     float graph's ``tensors`` (``floats``: the float graph, whose types they take: ONNX's

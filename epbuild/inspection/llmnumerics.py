@@ -120,8 +120,11 @@ def check_llm_numerics(
             }
             spec = load_spec(action, index, {"llm": job})
             out.append(partial(_run, ws.root, spec, python, action.id, tol))
-            graphs_bytes = [*graphs[0].values(), graphs[1][stage], ctx]
-            peaks.append(sum(_size(os.path.join(ws.root, g)) for g in graphs_bytes))
+            folders = {os.path.dirname(os.path.join(ws.root, g)) for g in graphs[0].values()}
+            held = [graphs[1][stage], ctx, os.path.splitext(ctx)[0] + "_qnn.bin"]
+            peaks.append(
+                sum(map(_folder_size, folders)) + sum(_size(os.path.join(ws.root, g)) for g in held)
+            )
     pending = [o for o in out if callable(o)]
     with ThreadPoolExecutor(max_workers=loaders(jobs, peaks)) as pool:
         done = iter(list(pool.map(lambda run: run(), pending)))
@@ -131,7 +134,8 @@ def check_llm_numerics(
 def loaders(jobs: int, peaks: list[int]) -> int:
     """How many loaders run at once: ``jobs // 2`` (at least one), no more than the memory
     budget holds of the largest predicted peak (``peaks``: each loader's graphs' bytes:
-    the float graphs it runs the prompts through, its QDQ graph and its ctx model)."""
+    the float graphs it runs the prompts through (their folders), its QDQ graph and its
+    ctx model and binary)."""
     most = max(1, jobs // 2)
     if not peaks:
         return 1
@@ -152,10 +156,19 @@ def _run(
     return judge_figures(action, spec["job"]["ctx"], recorded, tol, cached=False)
 
 
-def _size(path: str) -> int:
-    """The bytes of a graph and its external data beside it (``<path>.data``; 0: none)."""
+def _folder_size(folder: str) -> int:
+    """The bytes of the files in ``folder`` (0: none)."""
+    try:
+        names = os.listdir(folder)
+    except OSError:
+        return 0
+    return sum(_size(os.path.join(folder, n), "") for n in names)
+
+
+def _size(path: str, data: str = ".data") -> int:
+    """The bytes of a file and of its external data beside it (``<path>.data``; 0: none)."""
     size = 0
-    for name in (path, path + ".data"):
+    for name in dict.fromkeys((path, path + data)):
         try:
             size += os.path.getsize(name)
         except OSError:
@@ -195,7 +208,13 @@ def check(job: dict[str, Any]) -> dict[str, Any]:
     alive at a time: the float graphs run the prompts first (the checked graph's session
     giving its outputs and activations as it goes), then the QDQ graph, then the ctx
     model."""
-    from epbuild.inspection.llmlayers import Augmented, chains, float_graph, qdq_graph
+    from epbuild.inspection.llmlayers import (
+        Augmented,
+        chains,
+        float_graph,
+        qdq_graph,
+        weight_bytes,
+    )
 
     spec = job["llm"]
     config = ProviderConfig.from_json(job["provider"])
@@ -206,7 +225,7 @@ def check(job: dict[str, Any]) -> dict[str, Any]:
     floats, tensors = float_graph(spec["graphs"][stage])
     checked = Augmented(floats, spec["graphs"][stage], tensors)
     names = list(checked.outputs)
-    count = feeds_of(spec["graphs"][stage])
+    count = feeds_of(weight_bytes(floats))
     make = partial(chains, spec["graphs"], spec.get("embeddings"), stage, checked)
     runs = _feeds(tokenize(spec["source"], spec["prompts"]), io, stage, checked, count, make)
     del checked, make
@@ -250,11 +269,11 @@ def _valid(names: list[str], kv: set[str], total: int, outputs: list[Any]) -> li
     ]
 
 
-def feeds_of(path: str) -> int:
-    """How many feeds a graph is compared on: ``FEEDS``, one of a graph of ``LARGE``
-    bytes or more (its weights included: each feed of a large graph costs the emulated
-    HTP tens of seconds)."""
-    return 1 if _size(path) >= LARGE else FEEDS
+def feeds_of(weights: int) -> int:
+    """How many feeds a graph of ``weights`` bytes of weights is compared on: ``FEEDS``,
+    one of a graph of ``LARGE`` bytes or more (each feed of a large graph costs the
+    emulated HTP tens of seconds)."""
+    return 1 if weights >= LARGE else FEEDS
 
 
 Run = tuple[dict[str, Any], list[Any], dict[str, list[Any]]]
