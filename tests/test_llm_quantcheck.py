@@ -12,6 +12,7 @@ import pytest
 from conftest import Workspace
 from llmfixture import TEXT_PROMPTS, chat_manifest, place_source
 
+from epbuild.inspection import llmnumerics
 from epbuild.inspection.generation import PromptCheck, TokenLimit, _prompt_check
 from epbuild.llm.generate import Generation, genai_installed
 from epbuild.results import CheckStatus
@@ -101,3 +102,18 @@ def test_a_package_the_qdq_model_disagrees_with_is_the_eps() -> None:
     passing = _prompt_check("p", source, source, limit, source)
     assert passing.status is CheckStatus.OK
     assert "the QDQ model on the CPU: 10 of 10" in passing.describe()
+
+
+def test_numerics_loaders_take_half_the_jobs_within_the_memory_budget(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(llmnumerics, "default_budget", lambda: 10 << 30)
+    eight = [3 << 30] * 8
+    assert [llmnumerics.loaders(jobs, eight) for jobs in (1, 2, 4, 8)] == [1, 1, 2, 3]
+    assert llmnumerics.loaders(8, [1 << 20]) == 1  # one graph
+    assert llmnumerics.loaders(8, [20 << 30] * 8) == 1  # more than the budget: alone
+
+
+def test_a_large_graph_is_compared_on_one_feed() -> None:
+    assert llmnumerics.feeds_of(llmnumerics.LARGE) == 1
+    assert llmnumerics.feeds_of(llmnumerics.LARGE - 1) == llmnumerics.FEEDS > 1

@@ -2,37 +2,41 @@
 (on the CPU EP) are compared with the *float* static graph on the feeds genai gives it for
 the recipe's prompts (its ``validation`` prompts, else its ``calibration`` ones), so that the
 EP's error and the quantization's can be told apart (SQNR per output, logits and KV cache
-alike), and each activation of the QDQ graph with the float graph's (ONNX Runtime's
-``qdq_loss_debug``, as ``inspection.quantcheck``): the worst layers named.
+alike), and each activation of the QDQ graph with the float graph's (matched as ONNX
+Runtime's ``qdq_loss_debug`` matches them, taken from the graphs' own sessions:
+``inspection.llmlayers``): the worst layers named.
 
 The feeds are the calibration's (``epbuild.llm.calibrate.run_prompt``: the float graphs run
-the prompts as genai does), ``FEEDS`` of each graph from the first ``PROMPTS`` prompts, so
-that a check takes seconds. The ctx model runs in the loader process ``verify --load`` uses
-(``inspection.loading``, this module's ``main``); its figures are judged by the recipe's
-``[quantization.NAME.check] min_sqnr_db`` (``inspection.numerics``). Nothing is recorded:
-the check runs each time it is asked for.
+the prompts as genai does), ``FEEDS`` of each graph from the first ``PROMPTS`` prompts, one
+of a graph of ``LARGE`` bytes (a feed of a large graph costs the emulated HTP tens of
+seconds; the verdict says so), so that a check takes seconds. The ctx model runs in the
+loader process ``verify --load`` uses (``inspection.loading``, this module's ``main``), one
+loader a graph, ``jobs // 2`` at once within the memory budget; in a loader one large
+session is alive at a time (the float graphs, then the QDQ graph, then the ctx model). Its
+figures are judged by the recipe's ``[quantization.NAME.check] min_sqnr_db``
+(``inspection.numerics``). Nothing is recorded: the check runs each time it is asked for.
 """
 
 from __future__ import annotations
 
+import gc
 import json
 import os
-import shutil
-import tempfile
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from functools import partial
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from epbuild.engine.memory import default_budget
 from epbuild.errors import EpbuildError, ProviderUnavailableError, ToolchainError
 from epbuild.inspection.loadcheck import NO_COMPILE, Figures, _explain, answer
 from epbuild.inspection.loading import load_spec, run_load
 from epbuild.inspection.numerics import NumericsCheck, QuantTolerance, judge_figures
-from epbuild.inspection.quantcheck import LayerErrors, passed
+from epbuild.inspection.quantcheck import LayerSums, passed
 from epbuild.kinds.llmquant import LlmCalibrateAction, LlmQuantizeAction
 from epbuild.llm.calibrate import (
     ITERATOR,
-    cpu_session,
-    float_chains,
     graph_of,
     run_prompt,
     static_io,
@@ -50,10 +54,15 @@ from epbuild.results import CheckStatus
 from epbuild.runtime import open_models
 from epbuild.toolchains.env import Toolchain
 
+if TYPE_CHECKING:
+    from epbuild.inspection.llmlayers import Augmented
+
 PROMPTS = 2
 """Prompts whose feeds a check runs."""
 FEEDS = 4
 """Feeds of each graph a check compares on (the first ones of those prompts)."""
+LARGE = 256 << 20
+"""A graph this large (bytes, weights included) is compared on one feed (``feeds_of``)."""
 
 
 def quantized_llm(ws: Workspace, action: CompileAction) -> Llm | None:
@@ -64,9 +73,14 @@ def quantized_llm(ws: Workspace, action: CompileAction) -> Llm | None:
     return None
 
 
-def check_llm_numerics(ws: Workspace, actions: list[CompileAction]) -> list[NumericsCheck]:
-    """One verdict per ctx model of ``actions`` (compiles of quantized LLM graphs)."""
-    out: list[NumericsCheck] = []
+def check_llm_numerics(
+    ws: Workspace, actions: list[CompileAction], jobs: int = 1
+) -> list[NumericsCheck]:
+    """One verdict per ctx model of ``actions`` (compiles of quantized LLM graphs), the
+    graphs checked in up to ``jobs // 2`` loader processes at once (each loader runs
+    several threads of its own), as many as the memory budget holds (``loaders``)."""
+    out: list[NumericsCheck | Callable[[], NumericsCheck]] = []
+    peaks: list[int] = []
     for action in actions:
         llm = quantized_llm(ws, action)
         assert llm is not None and llm.quantize is not None
@@ -104,15 +118,62 @@ def check_llm_numerics(ws: Workspace, actions: list[CompileAction]) -> list[Nume
                 "context": llm.context_length,
                 "prompts": prompts,
             }
-            check = run_load(ws.root, load_spec(action, index, {"llm": job}), python)
-            recorded = {
-                "outcome": check.outcome.value,
-                "message": check.message,
-                "outputs": check.outputs,
-                **check.more,
-            }
-            out.append(judge_figures(action.id, ctx, recorded, tol, cached=False))
-    return out
+            spec = load_spec(action, index, {"llm": job})
+            out.append(partial(_run, ws.root, spec, python, action.id, tol))
+            folders = {os.path.dirname(os.path.join(ws.root, g)) for g in graphs[0].values()}
+            held = [graphs[1][stage], ctx, os.path.splitext(ctx)[0] + "_qnn.bin"]
+            peaks.append(
+                sum(map(_folder_size, folders)) + sum(_size(os.path.join(ws.root, g)) for g in held)
+            )
+    pending = [o for o in out if callable(o)]
+    with ThreadPoolExecutor(max_workers=loaders(jobs, peaks)) as pool:
+        done = iter(list(pool.map(lambda run: run(), pending)))
+    return [next(done) if callable(o) else o for o in out]
+
+
+def loaders(jobs: int, peaks: list[int]) -> int:
+    """How many loaders run at once: ``jobs // 2`` (at least one), no more than the memory
+    budget holds of the largest predicted peak (``peaks``: each loader's graphs' bytes:
+    the float graphs it runs the prompts through (their folders), its QDQ graph and its
+    ctx model and binary)."""
+    most = max(1, jobs // 2)
+    if not peaks:
+        return 1
+    return max(1, min(most, len(peaks), default_budget() // max(1, max(peaks))))
+
+
+def _run(
+    root: str, spec: dict[str, Any], python: str | None, action: str, tol: QuantTolerance
+) -> NumericsCheck:
+    """One graph's check in its loader process, judged."""
+    check = run_load(root, spec, python)
+    recorded = {
+        "outcome": check.outcome.value,
+        "message": check.message,
+        "outputs": check.outputs,
+        **check.more,
+    }
+    return judge_figures(action, spec["job"]["ctx"], recorded, tol, cached=False)
+
+
+def _folder_size(folder: str) -> int:
+    """The bytes of the files in ``folder`` (0: none)."""
+    try:
+        names = os.listdir(folder)
+    except OSError:
+        return 0
+    return sum(_size(os.path.join(folder, n), "") for n in names)
+
+
+def _size(path: str, data: str = ".data") -> int:
+    """The bytes of a file and of its external data beside it (``<path>.data``; 0: none)."""
+    size = 0
+    for name in dict.fromkeys((path, path + data)):
+        try:
+            size += os.path.getsize(name)
+        except OSError:
+            pass
+    return size
 
 
 def _prompts(ws: Workspace, files: tuple[str, ...], label: str) -> list[str]:
@@ -143,42 +204,60 @@ def _graphs(ws: Workspace, llm: Llm) -> tuple[dict[str, str], dict[str, str], st
 
 def check(job: dict[str, Any]) -> dict[str, Any]:
     """In the loader: the ctx model's figures against the float graph on the prompts'
-    feeds, ``qdq`` (the QDQ graph's on the CPU) and ``layers``."""
+    feeds, ``qdq`` (the QDQ graph's on the CPU) and ``layers``. One large session is
+    alive at a time: the float graphs run the prompts first (the checked graph's session
+    giving its outputs and activations as it goes), then the QDQ graph, then the ctx
+    model."""
+    from epbuild.inspection.llmlayers import (
+        Augmented,
+        chains,
+        float_graph,
+        qdq_graph,
+        weight_bytes,
+    )
+
     spec = job["llm"]
     config = ProviderConfig.from_json(job["provider"])
     config = replace(config, session_options={**config.session_options, **NO_COMPILE})
     with open(os.path.join(spec["source"], GENAI_CONFIG), encoding="utf-8") as f:
         io = static_io(json.load(f), int(spec["window"]), int(spec["context"]))
     stage = spec["stage"]
-    feeds = _feeds(spec, tokenize(spec["source"], spec["prompts"]), io, stage)
-    reference = cpu_session(spec["graphs"][stage])
-    names = [o.name for o in reference.get_outputs()]
-    qdq = cpu_session(spec["qdq"])
-    ctx_figures, qdq_figures = Figures(names), Figures(names)
-    before = tempfile.tempdir
-    with tempfile.TemporaryDirectory(prefix="epbuild-llmlayers-", dir=job.get("scratch")) as tmp:
-        tempfile.tempdir = os.path.abspath(tmp)  # qdq_loss_debug's own temporary folders
-        try:
-            with open_models([job["ctx"]], config) as built:
-                layers = LayerErrors(
-                    _copied(spec["graphs"][stage], tmp, "float"),
-                    _copied(spec["qdq"], tmp, "qdq"),
-                    tmp,
-                )
-                kv = {present for _, present in io.kv}
-                for feed in feeds:
-                    valid = partial(_valid, names, kv, int(feed[TOTAL_SEQ_LEN][0]))
-                    want = valid(reference.run(names, feed))
-                    ctx_figures.add(valid(built.run(built.names[0], feed, names)), want)
-                    qdq_figures.add(valid(qdq.run(names, feed)), want)
-                    layers.add(feed)
-        except ProviderUnavailableError as exc:
-            return {"outcome": "not_loadable_here", "message": exc.message}
-        except EpbuildError as exc:
-            return {"outcome": "failed", "message": _explain(exc.message)}
-        finally:
-            tempfile.tempdir = before
-    return passed(ctx_figures, qdq_figures, layers)
+    floats, tensors = float_graph(spec["graphs"][stage])
+    checked = Augmented(floats, spec["graphs"][stage], tensors)
+    names = list(checked.outputs)
+    count = feeds_of(weight_bytes(floats))
+    make = partial(chains, spec["graphs"], spec.get("embeddings"), stage, checked)
+    runs = _feeds(tokenize(spec["source"], spec["prompts"]), io, stage, checked, count, make)
+    del checked, make
+    gc.collect()
+    kv = {present for _, present in io.kv}
+    ctx_figures, qdq_figures, layers = Figures(names), Figures(names), LayerSums()
+    feeds, wants = [], []
+    qdq = qdq_graph(spec["qdq"], floats, tensors)
+    for feed, outputs, activations in runs:
+        valid = partial(_valid, names, kv, int(feed[TOTAL_SEQ_LEN][0]))
+        want = valid(outputs)
+        got, found = qdq.run(feed, names)
+        qdq_figures.add(valid(got), want)
+        layers.fold(found, activations)
+        feeds.append(feed)
+        wants.append(want)
+        del got, found, outputs, activations
+    del qdq, runs
+    gc.collect()
+    try:
+        with open_models([job["ctx"]], config) as built:
+            for feed, want in zip(feeds, wants, strict=True):
+                valid = partial(_valid, names, kv, int(feed[TOTAL_SEQ_LEN][0]))
+                ctx_figures.add(valid(built.run(built.names[0], feed, names)), want)
+    except ProviderUnavailableError as exc:
+        return {"outcome": "not_loadable_here", "message": exc.message}
+    except EpbuildError as exc:
+        return {"outcome": "failed", "message": _explain(exc.message)}
+    result = passed(ctx_figures, qdq_figures, layers)
+    if count < FEEDS:  # a large graph: say on how little it was judged
+        result["message"] = f"compared on {len(feeds)} feed(s) of this graph (a large graph)"
+    return result
 
 
 def _valid(names: list[str], kv: set[str], total: int, outputs: list[Any]) -> list[Any]:
@@ -190,47 +269,42 @@ def _valid(names: list[str], kv: set[str], total: int, outputs: list[Any]) -> li
     ]
 
 
-def _copied(path: str, tmp: str, name: str) -> str:
-    """A copy of the graph ``path`` and its external data in ``tmp/name``: onnx refuses to
-    load external data with several hard links (the state directory's, linked from the
-    cache), which ``qdq_loss_debug`` loads."""
-    import onnx
+def feeds_of(weights: int) -> int:
+    """How many feeds a graph of ``weights`` bytes of weights is compared on: ``FEEDS``,
+    one of a graph of ``LARGE`` bytes or more (each feed of a large graph costs the
+    emulated HTP tens of seconds)."""
+    return 1 if weights >= LARGE else FEEDS
 
-    folder = os.path.join(tmp, name)
-    os.makedirs(folder)
-    model = onnx.load(path, load_external_data=False)
-    locations = {
-        entry.value
-        for tensor in model.graph.initializer
-        for entry in tensor.external_data
-        if entry.key == "location"
-    }
-    for location in locations:
-        shutil.copyfile(
-            os.path.join(os.path.dirname(path), location), os.path.join(folder, location)
-        )
-    copy = os.path.join(folder, os.path.basename(path))
-    shutil.copyfile(path, copy)
-    return copy
+
+Run = tuple[dict[str, Any], list[Any], dict[str, list[Any]]]
+"""One feed of the checked graph, its float outputs and its activations."""
 
 
 def _feeds(
-    spec: dict[str, Any], prompts: list[list[int]], io: Any, stage: str
-) -> list[dict[str, Any]]:
-    """The first ``FEEDS`` feeds of ``stage`` the float graphs (after the embeddings
+    prompts: list[list[int]],
+    io: Any,
+    stage: str,
+    checked: Augmented,
+    count: int,
+    make_chains: Callable[[Callable[..., None]], tuple[Any, Any]],
+) -> list[Run]:
+    """The first ``count`` feeds of ``stage`` the float graphs (after the embeddings
     stage of a decoder in parts) give the prompts (a context graph's: their windows, no
-    token generated)."""
-    found: list[dict[str, Any]] = []
+    token generated), with ``stage``'s float outputs and activations (``checked``: its
+    ``llmlayers.Augmented`` session, run in the chain in its place; ``make_chains``: the
+    float chains given a ``collect``)."""
+    found: list[Run] = []
 
-    def collect(name: str, inputs: dict[str, Any], _: Any) -> None:
-        if name == stage and len(found) < FEEDS:
-            found.append(inputs)
+    def collect(name: str, inputs: dict[str, Any], outputs: dict[str, Any]) -> None:
+        if name == stage and len(found) < count:
+            acts = {a: [outputs[a]] for a in checked.activations}
+            found.append((inputs, [outputs[n] for n in checked.outputs], acts))
 
-    context, iterator = float_chains(spec["graphs"], spec.get("embeddings"), collect)
+    context, iterator = make_chains(collect)
     for tokens in prompts:
         generate = io.fits(len(tokens)) if graph_of(stage) == ITERATOR else 0
         for _ in run_prompt(context, iterator, tokens, io, generate):
-            if len(found) >= FEEDS:
+            if len(found) >= count:
                 return found
     return found
 

@@ -75,7 +75,7 @@ def check_quantized(job: dict[str, Any]) -> dict[str, Any]:
     return passed(ctx_figures, qdq_figures, layers)
 
 
-def passed(ctx: Figures, qdq: Figures, layers: LayerErrors) -> dict[str, Any]:
+def passed(ctx: Figures, qdq: Figures, layers: LayerSums) -> dict[str, Any]:
     """The loader's result for a quantized model that ran: the ctx model's figures against
     the float source, the QDQ model's beside them (``qdq``) and the worst ``layers``."""
     return {
@@ -97,14 +97,56 @@ def _specs(session: Any) -> list[Any]:
     ]
 
 
-class LayerErrors:
-    """Each activation of the QDQ model against the float model's (ONNX Runtime's
-    ``qdq_loss_debug``: both models augmented to output every activation, matched by
-    name), as running sums over the samples: the signal's energy and the difference's, per
-    tensor. The SQNR of a tensor over all samples is their ratio (``qdq_loss_debug``
-    concatenates every sample's activations first, which held them all at once)."""
+class LayerSums:
+    """Each activation of a QDQ model against its float model's, matched by name as ONNX
+    Runtime's ``qdq_loss_debug`` matches them, as running sums over the samples: the
+    signal's energy and the difference's, per tensor. The SQNR of a tensor over all
+    samples is their ratio (``qdq_loss_debug`` concatenates every sample's activations
+    first, which held them all at once)."""
+
+    def __init__(self) -> None:
+        self._sums: dict[str, list[float]] = {}
+        """Per tensor: the float activation's energy, the difference's."""
+
+    def fold(self, qdq: dict[str, list[Any]], floats: dict[str, list[Any]]) -> None:
+        """One sample's activations (by tensor name, as ``collect_activations`` names
+        them), folded into the sums."""
+        import numpy as np
+        from onnxruntime.quantization.qdq_loss_debug import create_activation_matching
+
+        matched = create_activation_matching(qdq, floats)
+        for tensor, match in matched.items():
+            if "float" not in match:
+                continue
+            left = np.asarray(match["float"][0], np.float64).ravel()
+            right = np.asarray(match["post_qdq"][0], np.float64).ravel()
+            if left.shape != right.shape:
+                continue
+            sums = self._sums.setdefault(tensor, [0.0, 0.0])
+            with np.errstate(invalid="ignore", over="ignore"):
+                sums[0] += float(np.dot(left, left))
+                sums[1] += float(np.dot(left - right, left - right))
+
+    def worst(self) -> list[Any]:
+        """``[tensor, SQNR dB]``, the ``LAYERS`` worst first (ties by name)."""
+        floor = _EPS * _EPS
+        scored = []
+        for tensor, (signal, noise) in self._sums.items():
+            if not (math.isfinite(signal) and math.isfinite(noise)):
+                continue
+            if signal == 0.0 and noise == 0.0:  # zeros both (an empty KV cache): no figure
+                continue
+            db = 10.0 * math.log10(max(signal, floor) / max(noise, floor))
+            scored.append([tensor, db])
+        return sorted(scored, key=lambda t: (t[1], t[0]))[:LAYERS]
+
+
+class LayerErrors(LayerSums):
+    """``LayerSums`` of a QDQ model and its float model, each run by ONNX Runtime's
+    ``qdq_loss_debug`` (augmented to output every activation)."""
 
     def __init__(self, float_model: str, qdq_model: str, tmp: str) -> None:
+        super().__init__()
         import onnxruntime as ort
         from onnxruntime.quantization.qdq_loss_debug import (
             modify_model_output_intermediate_tensors,
@@ -120,27 +162,11 @@ class LayerErrors:
             self._sessions[name] = ort.InferenceSession(
                 augmented, so, providers=["CPUExecutionProvider"]
             )
-        self._sums: dict[str, list[float]] = {}
-        """Per tensor: the float activation's energy, the difference's."""
 
     def add(self, feed: dict[str, Any]) -> None:
         """One sample's activations, folded into the sums."""
-        import numpy as np
-        from onnxruntime.quantization.qdq_loss_debug import create_activation_matching
-
         found = {name: self._activations(session, feed) for name, session in self._sessions.items()}
-        matched = create_activation_matching(found["qdq"], found["float"])
-        for tensor, match in matched.items():
-            if "float" not in match:
-                continue
-            left = np.asarray(match["float"][0], np.float64).ravel()
-            right = np.asarray(match["post_qdq"][0], np.float64).ravel()
-            if left.shape != right.shape:
-                continue
-            sums = self._sums.setdefault(tensor, [0.0, 0.0])
-            with np.errstate(invalid="ignore", over="ignore"):
-                sums[0] += float(np.dot(left, left))
-                sums[1] += float(np.dot(left - right, left - right))
+        self.fold(found["qdq"], found["float"])
 
     @staticmethod
     def _activations(session: Any, feed: dict[str, Any]) -> dict[str, list[Any]]:
@@ -155,19 +181,6 @@ class LayerErrors:
             for o, value in zip(session.get_outputs(), outputs, strict=True)
             if o.name.endswith(suffix)
         }
-
-    def worst(self) -> list[Any]:
-        """``[tensor, SQNR dB]``, the ``LAYERS`` worst first (ties by name)."""
-        floor = _EPS * _EPS
-        scored = []
-        for tensor, (signal, noise) in self._sums.items():
-            if not (math.isfinite(signal) and math.isfinite(noise)):
-                continue
-            if signal == 0.0 and noise == 0.0:  # zeros both (an empty KV cache): no figure
-                continue
-            db = 10.0 * math.log10(max(signal, floor) / max(noise, floor))
-            scored.append([tensor, db])
-        return sorted(scored, key=lambda t: (t[1], t[0]))[:LAYERS]
 
 
 def _typed(qdq_model: str, path: str) -> str:

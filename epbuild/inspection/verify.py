@@ -162,7 +162,7 @@ def verify_outputs(
     if numerics:  # a quantized LLM's graphs: on its prompts' feeds, against the float graphs
         llms = [a for a in intact if quantized_llm(ws, a) is not None]
         result.numerics = run_checks(ws, [a for a in intact if a not in llms])
-        result.numerics += check_llm_numerics(ws, llms)
+        result.numerics += check_llm_numerics(ws, llms, workers)
     if generate is not None:
         result.generations = check_generation(
             ws, tokens=generate, prompt=prompt, timeout=generate_timeout
