@@ -11,7 +11,7 @@ the prompts as genai does), ``FEEDS`` of each graph from the first ``PROMPTS`` p
 of a graph of ``LARGE`` bytes (a feed of a large graph costs the emulated HTP tens of
 seconds; the verdict says so), so that a check takes seconds. The ctx model runs in the
 loader process ``verify --load`` uses (``inspection.loading``, this module's ``main``), one
-loader a graph, ``jobs // 2`` at once within the memory budget; in a loader one large
+loader a graph, ``jobs`` at once within the memory budget; in a loader one large
 session is alive at a time (the float graphs, then the QDQ graph, then the ctx model). Its
 figures are judged by the recipe's ``[quantization.NAME.check] min_sqnr_db``
 (``inspection.numerics``). Nothing is recorded: the check runs each time it is asked for.
@@ -77,8 +77,8 @@ def check_llm_numerics(
     ws: Workspace, actions: list[CompileAction], jobs: int = 1
 ) -> list[NumericsCheck]:
     """One verdict per ctx model of ``actions`` (compiles of quantized LLM graphs), the
-    graphs checked in up to ``jobs // 2`` loader processes at once (each loader runs
-    several threads of its own), as many as the memory budget holds (``loaders``)."""
+    graphs checked in up to ``jobs`` loader processes at once, as many as the memory budget
+    holds (``loaders``): the emulated HTP runs a graph on one core."""
     out: list[NumericsCheck | Callable[[], NumericsCheck]] = []
     peaks: list[int] = []
     for action in actions:
@@ -132,11 +132,11 @@ def check_llm_numerics(
 
 
 def loaders(jobs: int, peaks: list[int]) -> int:
-    """How many loaders run at once: ``jobs // 2`` (at least one), no more than the memory
+    """How many loaders run at once: ``jobs`` (at least one), no more than the memory
     budget holds of the largest predicted peak (``peaks``: each loader's graphs' bytes:
     the float graphs it runs the prompts through (their folders), its QDQ graph and its
     ctx model and binary)."""
-    most = max(1, jobs // 2)
+    most = max(1, jobs)
     if not peaks:
         return 1
     return max(1, min(most, len(peaks), default_budget() // max(1, max(peaks))))
