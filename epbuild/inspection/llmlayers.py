@@ -164,13 +164,7 @@ class Upto(Chain):
     context graph's feeds do not read, is token 0)."""
 
     def run(self, names: Sequence[str] | None, feed: Mapping[str, np.ndarray]) -> list[Any]:
-        store = dict(feed)
-        for stage, session in self.stages:
-            inputs = {i.name: store[i.name] for i in session.get_inputs()}
-            outputs = session.run(None, inputs)
-            found = dict(zip([o.name for o in session.get_outputs()], outputs, strict=True))
-            self.collect(stage, inputs, found)
-            store.update(found)
+        store = self.store(feed)
         window = next(iter(feed.values())).shape[1]
         absent = np.zeros((1, window, 1), np.float32)
         return [store.get(n, absent) for n in names or ()]

@@ -213,6 +213,12 @@ class Chain:
         return [i for _, session in self.stages for i in session.get_inputs()]
 
     def run(self, names: Sequence[str] | None, feed: Mapping[str, np.ndarray]) -> list[Any]:
+        store = self.store(feed)
+        return [store[n] for n in names or ()]
+
+    def store(self, feed: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """The feed and every stage's outputs by name, each stage run on what the feed and
+        the stages before it give (and given to ``collect``)."""
         store = dict(feed)
         for stage, session in self.stages:
             inputs = {i.name: store[i.name] for i in session.get_inputs()}
@@ -220,7 +226,7 @@ class Chain:
             found = dict(zip([o.name for o in session.get_outputs()], outputs, strict=True))
             self.collect(stage, inputs, found)
             store.update(found)
-        return [store[n] for n in names or ()]
+        return store
 
 
 def graph_of(stage: str) -> str:
