@@ -119,3 +119,16 @@ def save_decoder(model: Any, folder: Path) -> None:
         location="model.onnx.data",
         size_threshold=0,
     )
+
+
+def assert_generates_the_source(source: Path, package: Path, tokens: int, at_least: int) -> None:
+    """genai + QNN (the emulated HTP) on ``package`` generates at least ``at_least`` of the
+    float ``source``'s first ``tokens`` greedy tokens (genai on the CPU) for every prompt of
+    ``TEXT_PROMPTS``."""
+    from epbuild.llm.generate import generate
+
+    for prompt in TEXT_PROMPTS.read_text().splitlines():
+        want = generate(source, qnn=False, tokens=tokens, prompt=prompt, max_length=64)
+        got = generate(package, qnn=True, tokens=tokens, prompt=prompt, max_length=64)
+        same = sum(a == b for a, b in zip(want.tokens, got.tokens, strict=True))
+        assert same >= at_least, (prompt, want.tokens, got.tokens)

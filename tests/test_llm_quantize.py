@@ -12,10 +12,10 @@ from typing import Any
 import onnx
 import pytest
 from conftest import Workspace
-from llmfixture import TEXT_PROMPTS, chat_manifest, place_source
+from llmfixture import TEXT_PROMPTS, assert_generates_the_source, chat_manifest, place_source
 
 from epbuild.errors import ManifestError
-from epbuild.llm.generate import genai_installed, generate
+from epbuild.llm.generate import genai_installed
 from epbuild.manifest.load import load_manifest
 
 pytestmark = pytest.mark.skipif(not genai_installed(), reason="pip install -e '.[genai]'")
@@ -87,11 +87,7 @@ def test_w8a16_generates_the_float_sources_tokens(workspace: Workspace) -> None:
         outputs = {(o.name, o.type.tensor_type.elem_type) for o in prepared.graph.output}
         assert {(o.name, o.type.tensor_type.elem_type) for o in ctx.graph.output} == outputs
     source = ws.root / "models" / "tiny"
-    for prompt in TEXT_PROMPTS.read_text().splitlines():
-        want = generate(source, qnn=False, tokens=TOKENS, prompt=prompt, max_length=64)
-        got = generate(package, qnn=True, tokens=TOKENS, prompt=prompt, max_length=64)
-        same = sum(a == b for a, b in zip(want.tokens, got.tokens, strict=True))
-        assert same >= 9, (prompt, want.tokens, got.tokens)
+    assert_generates_the_source(source, package, TOKENS, at_least=9)
     assert counts(ws) == {"up_to_date": 7}
 
 
