@@ -206,6 +206,47 @@ def _reflink(src: str, dest: str) -> bool:
         return False
 
 
+_NOT_IN_KERNEL = frozenset({errno.EXDEV, errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP, errno.EBADF})
+"""``copy_file_range`` errors that mean "not between these files": copy by reading instead."""
+
+
+def copy_range(src: int, dest: int, start: int, length: int, at: int) -> int:
+    """Copy ``length`` bytes of the open file ``src`` from offset ``start`` into ``dest`` at
+    offset ``at`` (file descriptors; their positions are not used): in the kernel where it
+    can (``copy_file_range``, several times faster than reading and writing the bytes through
+    Python), else in pieces of 64 MiB. Returns the bytes copied: fewer than ``length``
+    when ``src`` ends before."""
+    done = 0
+    kernel = hasattr(os, "copy_file_range")
+    while done < length:
+        if kernel:
+            try:
+                n = os.copy_file_range(src, dest, length - done, start + done, at + done)
+            except OSError as exc:
+                if exc.errno not in _NOT_IN_KERNEL:
+                    raise
+                kernel = False
+                continue
+        else:
+            n = _copy_piece(src, dest, start + done, min(length - done, 64 * CHUNK), at + done)
+        if not n:
+            break
+        done += n
+    return done
+
+
+def _copy_piece(src: int, dest: int, start: int, size: int, at: int) -> int:
+    """Copy up to ``size`` bytes of ``src`` at ``start`` to ``dest`` at ``at`` by reading
+    them (any platform); returns how many (0: ``src`` ends at ``start``)."""
+    os.lseek(src, start, os.SEEK_SET)
+    view = memoryview(os.read(src, size))
+    os.lseek(dest, at, os.SEEK_SET)
+    written = 0
+    while written < len(view):
+        written += os.write(dest, view[written:])
+    return written
+
+
 def fsync_dir(directory: str) -> None:
     """Make the names in ``directory`` durable (a no-op where the platform cannot)."""
     try:

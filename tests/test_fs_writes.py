@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import os
 import stat
@@ -123,3 +124,27 @@ def test_sha256_is_the_same_from_either_implementation(
     monkeypatch.setattr(fs, "_own_budget", 100)
     assert "_hashlib" not in type(fs.new_sha256(60)).__module__
     assert "_hashlib" in type(fs.new_sha256(60)).__module__  # the budget is spent
+
+
+@pytest.mark.parametrize("kernel", [True, False])
+def test_copy_range_copies_a_slice_to_an_offset_in_the_kernel_or_by_reading(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, kernel: bool
+) -> None:
+    data = os.urandom(3 * fs.CHUNK + 17)
+    (tmp_path / "src").write_bytes(data)
+    if not kernel:  # another filesystem, or a platform without copy_file_range
+
+        def refuse(*_: object) -> int:
+            raise OSError(errno.EXDEV, "cross-device")
+
+        monkeypatch.setattr(os, "copy_file_range", refuse, raising=False)
+    with open(tmp_path / "src", "rb") as src, open(tmp_path / "dest", "w+b") as dest:
+        dest.write(b"head")
+        dest.flush()
+        assert fs.copy_range(src.fileno(), dest.fileno(), 5, len(data) - 10, 4096) == len(data) - 10
+        # the source ends first: what is there is copied, and the count says so
+        assert fs.copy_range(src.fileno(), dest.fileno(), len(data) - 3, 10, 0) == 3
+    written = (tmp_path / "dest").read_bytes()
+    assert written[:3] == data[-3:]
+    assert written[3:4096] == b"d" + b"\0" * (4096 - 4)
+    assert written[4096:] == data[5:-5]

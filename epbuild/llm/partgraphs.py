@@ -1,8 +1,8 @@
 """A builder-made decoder cut into the graphs of its parts (``llm.parts``), written one part
 at a time with bounded memory: the source is read without its weights, each static graph
 (``llm.static``) is cut at layer boundaries, and each part's weights are copied from the
-source's external data into the part's own data file in chunks, so that the preparing
-process holds graph structure and one chunk, never a part's weights.
+source's external data into the part's own data file (in the kernel where it can), so that
+the preparing process holds graph structure, never a part's weights.
 
 Each node goes to one stage: a node named after a layer (``/layers.<i>/``) to the part of
 its layer; a node that depends on ``input_ids`` alone (the embedding lookup) to the CPU
@@ -21,12 +21,12 @@ import json
 import os
 import re
 from collections.abc import Sequence
-from typing import BinaryIO
 
 import onnx
 from onnx import TensorProto, helper
 
 from epbuild._dataclass import dataclass
+from epbuild.fs import copy_range
 from epbuild.llm.genai_config import EMBEDDINGS
 from epbuild.llm.parts import (
     PARTS_JSON,
@@ -41,8 +41,6 @@ from epbuild.llm.static import GQA, StaticPrepError, StaticShape, make_static
 
 _NODE_LAYER = re.compile(r"/layers\.(\d+)/")
 _INPUT_IDS = "input_ids"
-_CHUNK = 64 << 20
-"""Bytes copied at a time from the source's external data."""
 _ALIGN_ABOVE = 1 << 20
 _ALIGNMENT = 4096
 """Tensors of at least ``_ALIGN_ABOVE`` bytes start at a multiple of ``_ALIGNMENT`` (as
@@ -260,12 +258,12 @@ def _write(
     same part wrote there, so that both graphs share one copy)."""
     placed = {} if placed is None else placed
     path = os.path.join(out_dir, data)
-    with open(path, "ab") as out:
+    with open(path, "r+b" if os.path.exists(path) else "w+b") as out:
         for tensor in model.graph.initializer:
             if tensor.data_location != TensorProto.EXTERNAL:
                 continue
             if tensor.name not in placed:
-                placed[tensor.name] = _append(out, source_dir, tensor)
+                placed[tensor.name] = _append(out.fileno(), source_dir, tensor)
             offset, length = placed[tensor.name]
             del tensor.external_data[:]
             for key, value in (("location", data), ("offset", offset), ("length", length)):
@@ -276,9 +274,9 @@ def _write(
     onnx.save_model(model, os.path.join(out_dir, name))
 
 
-def _append(out: BinaryIO, source_dir: str, tensor: onnx.TensorProto) -> tuple[int, int]:
-    """Copy ``tensor``'s bytes from its source data file to the end of ``out``; returns
-    where they now are."""
+def _append(out: int, source_dir: str, tensor: onnx.TensorProto) -> tuple[int, int]:
+    """Copy ``tensor``'s bytes from its source data file to the end of the open file
+    ``out`` (in the kernel where it can: ``copy_range``); returns where they now are."""
     info = {e.key: e.value for e in tensor.external_data}
     location = info.get("location", "")
     if not location or os.path.isabs(location) or ".." in location.replace("\\", "/").split("/"):
@@ -286,16 +284,9 @@ def _append(out: BinaryIO, source_dir: str, tensor: onnx.TensorProto) -> tuple[i
     start = int(info.get("offset", 0))
     with open(os.path.join(source_dir, location), "rb") as src:
         length = int(info["length"]) if "length" in info else os.fstat(src.fileno()).st_size - start
-        offset = out.tell()
+        offset = os.fstat(out).st_size
         if length >= _ALIGN_ABOVE and offset % _ALIGNMENT:
-            out.write(b"\0" * (_ALIGNMENT - offset % _ALIGNMENT))
-            offset = out.tell()
-        src.seek(start)
-        left = length
-        while left:
-            chunk = src.read(min(left, _CHUNK))
-            if not chunk:
-                raise StaticPrepError(f"{tensor.name}: {location} ends before its data")
-            out.write(chunk)
-            left -= len(chunk)
+            offset += _ALIGNMENT - offset % _ALIGNMENT  # the gap reads as zeros
+        if copy_range(src.fileno(), out, start, length, offset) != length:
+            raise StaticPrepError(f"{tensor.name}: {location} ends before its data")
     return offset, length
