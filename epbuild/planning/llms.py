@@ -43,13 +43,12 @@ class LlmGroup(Group):
     provider_configs: Mapping[str, ProviderConfig] = field(default_factory=dict)
     """Provider name → its configuration for this LLM (``op_affinity`` defaulted)."""
     deps: tuple[str, ...] = ()
-    """The actions whose outputs its graphs are (a single decoder's preparation)."""
+    """The actions whose outputs its graphs are (a single decoder's preparation, or its
+    graphs' quantizations)."""
     part: str = ""
     """The part of a decoder split into parts (``part1``, …; ``llm.parts``): each is a
     group of its own, compiled (and weight-shared) apart from the others; empty: the
     whole decoder."""
-    """The actions whose outputs its graphs are (a single decoder's preparation, or its
-    graphs' quantizations)."""
     deps_by_graph: Mapping[str, str] = field(default_factory=dict)
     """Graph name → the one action whose output it is (a quantized LLM's: each graph's
     compile waits for its own quantization only)."""
