@@ -8,9 +8,9 @@ from typing import TYPE_CHECKING, Any
 from epbuild.kinds.contract import kind_named
 
 if not TYPE_CHECKING:
-    from epbuild._dataclass import dataclass, field
+    from epbuild._dataclass import dataclass, field, fields
 else:  # what type checkers and the API reference (which labels a dataclass by it) read
-    from dataclasses import dataclass, field
+    from dataclasses import dataclass, field, fields
 
 if TYPE_CHECKING:
     from epbuild.kinds.contract import GraphAction
@@ -164,17 +164,8 @@ class ActionStatus:
         )
 
     def to_json(self) -> dict[str, Any]:
-        """One entry of ``status --json``."""
-        return {
-            "id": self.id,
-            "group": self.group,
-            "provider": self.provider,
-            "stale": self.stale,
-            "reasons": self.reasons,
-            "key": self.key,
-            "kind": self.kind,
-            "deps": list(self.deps),
-        }
+        """One entry of ``status --json``: every field, ``deps`` as a list."""
+        return {f.name: getattr(self, f.name) for f in fields(self)} | {"deps": list(self.deps)}
 
 
 @dataclass(frozen=True)

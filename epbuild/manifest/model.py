@@ -141,14 +141,9 @@ class ContextSettings:
     load: str = "path"
 
     def to_json(self) -> dict[str, Any]:
-        """Its JSON form: the ``group`` component of a compile key, and a job's."""
-        return {
-            "share_weights": self.share_weights,
-            "embed_mode": self.embed_mode,
-            "node_name_prefix": self.node_name_prefix,
-            "external_initializers": self.external_initializers,
-            "load": self.load,
-        }
+        """Its JSON form (every field): the ``group`` component of a compile key, and a
+        job's."""
+        return {f.name: getattr(self, f.name) for f in fields(self)}
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> ContextSettings:
