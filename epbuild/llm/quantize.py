@@ -24,7 +24,9 @@ from typing import Any
 
 import onnx
 
-from epbuild.llm.sessions import load_weights, structure
+from epbuild.errors import ModelError
+from epbuild.fs import is_safe_reference
+from epbuild.llm.sessions import structure
 from epbuild.quant.work import _check_names, _config, _qtype, _quantize
 
 QDQ_OPS = ("QuantizeLinear", "DequantizeLinear")
@@ -41,19 +43,30 @@ def infer_shapes(model: onnx.ModelProto) -> onnx.ModelProto:
     return inferred
 
 
-def save_graph(model: onnx.ModelProto, path: str) -> None:
-    """Write ``model`` with its weights in one external-data file beside it
-    (``<name>.data``), as the prepared graphs are (replacing one written before)."""
-    data = path + ".data"
-    if os.path.lexists(data):  # onnx refuses to write over it
-        os.unlink(data)
-    onnx.save(
-        model,
-        path,
-        save_as_external_data=True,
-        all_tensors_to_one_file=True,
-        location=os.path.basename(path) + ".data",
-    )
+def stage_float(floating: onnx.ModelProto, source: str, path: str) -> None:
+    """Write ``floating`` (the graph at ``source`` as ``structure`` read it, its weights
+    left in their files) at ``path`` for ONNX Runtime's quantizer, which reads a path: its
+    graph serialized, its external-data files beside it copies of ``source``'s, made by the
+    kernel (neither read into the process nor serialized again). Not links: ONNX's loader
+    refuses a data file with several hard links or a symbolic one."""
+    folder, into = os.path.dirname(os.path.abspath(source)), os.path.dirname(path)
+    locations = {
+        entry.value
+        for tensor in floating.graph.initializer
+        if tensor.data_location == onnx.TensorProto.EXTERNAL
+        for entry in tensor.external_data
+        if entry.key == "location"
+    }
+    for location in sorted(locations):
+        if not is_safe_reference(location):  # the prepare's check refuses it first
+            raise ModelError(
+                f"{source}: external data {location!r} is not beside the graph",
+                hint="remove the state directory's llm folder and build again",
+            )
+        target = os.path.join(into, location)
+        os.makedirs(os.path.dirname(target), exist_ok=True)
+        shutil.copyfile(os.path.join(folder, location), target)
+    onnx.save(floating, path)
 
 
 def restore_shapes(qdq: onnx.ModelProto, floating: onnx.ModelProto) -> int:
@@ -117,22 +130,21 @@ def quantize_graph(
     ``settings`` (``activations``, ``weights``, ``per_channel``, ``method``, ``exclude``,
     ``overrides``: the manifest's); returns its count of Q/DQ nodes. ``label`` names the
     graph and recipe in a ``ModelError`` (a name the graph lacks)."""
-    floating = infer_shapes(structure(source))  # its weights are read once, to be written
+    floating = infer_shapes(structure(source))  # its weights stay in their files
     _check_names(floating, label, list(settings["exclude"]), dict(settings["overrides"]))
+    for path in (output, output + ".data"):  # onnx appends to a data file there
+        if os.path.lexists(path):
+            os.unlink(path)
     with tempfile.TemporaryDirectory(prefix="epbuild-llmquant-") as tmp:
         inferred = os.path.join(tmp, "float.onnx")
-        weighted = onnx.ModelProto()
-        weighted.CopyFrom(floating)
-        save_graph(load_weights(weighted, os.path.dirname(os.path.abspath(source))), inferred)
-        del weighted
+        stage_float(floating, source, inferred)
         cache = os.path.join(tmp, "ranges.json")  # ORT may rewrite a cache: never the committed one
         shutil.copyfile(ranges, cache)
-        written = os.path.join(tmp, "qdq.onnx")
         config = _config(inferred, {**settings, "flavour": "qnn"})
         if settings["per_channel"]:
             per_channel_matmuls(floating, config.extra_options, settings)
-        _quantize(inferred, written, cache, config, True)
-        qdq = onnx.load(written)
+        _quantize(inferred, output, cache, config, True)  # its weights in <name>.onnx.data
+    qdq = onnx.load(output, load_external_data=False)
     restore_shapes(qdq, floating)
-    save_graph(qdq, output)
+    onnx.save(qdq, output)  # the graph alone: its weights stay where the quantizer wrote them
     return sum(1 for n in qdq.graph.node if n.op_type in QDQ_OPS)
