@@ -412,31 +412,47 @@ def is_link(path: str) -> bool:
     return _is_link_stat(path, st)
 
 
+_isjunction = getattr(os.path, "isjunction", None)  # Python 3.12+
+
+
 def _is_link_stat(path: str, st: os.stat_result) -> bool:
     if stat.S_ISLNK(st.st_mode):
         return True
-    isjunction = getattr(os.path, "isjunction", None)  # Python 3.12+
-    return bool(isjunction is not None and stat.S_ISDIR(st.st_mode) and isjunction(path))
+    return bool(_isjunction is not None and stat.S_ISDIR(st.st_mode) and _isjunction(path))
 
 
 def refuse_links(root: str, path: str) -> None:
     """Raise `LinkedPathError` for the first symbolic link among the existing components of
     ``path`` below the directory ``root`` (``path`` itself included, ``root`` not: the user
     chose it)."""
-    rel = os.path.relpath(path, root)
-    if rel == os.curdir:
-        return
-    if rel == os.pardir or rel.startswith(os.pardir + os.sep):
-        raise ValueError(f"{path} is not under {root}")
-    current = root
-    for part in rel.split(os.sep):
-        current = os.path.join(current, part)
+    current = root[:-1] if root.endswith(os.sep) else root
+    for part in _parts_below(root, path):
+        current = f"{current}{os.sep}{part}"
         try:
             st = os.lstat(current)
         except (FileNotFoundError, NotADirectoryError):
             return  # what is missing is made by epbuild, as a directory or by a rename
         if _is_link_stat(current, st):
             raise LinkedPathError(current)
+
+
+def _parts_below(root: str, path: str) -> list[str]:
+    """The components of ``path`` below the directory ``root`` (none for ``root`` itself),
+    as ``os.path.relpath`` finds them; ``ValueError`` when ``path`` is not under ``root``.
+    On POSIX a test of the absolute paths' prefix: every write and every restored file asks
+    it of each directory on its way, and ``relpath`` is most of that."""
+    if os.sep != "/":  # Windows compares without case: relpath's rules
+        rel = os.path.relpath(path, root)
+        if rel == os.pardir or rel.startswith(os.pardir + os.sep):
+            raise ValueError(f"{path} is not under {root}")
+        return [] if rel == os.curdir else rel.split(os.sep)
+    base, full = os.path.abspath(root), os.path.abspath(path)
+    if full == base:
+        return []
+    head = base if base.endswith("/") else base + "/"
+    if not full.startswith(head):
+        raise ValueError(f"{path} is not under {root}")
+    return full[len(head) :].split("/")
 
 
 def open_nofollow(path: str, flags: int, mode: int = 0o644) -> int:

@@ -419,3 +419,48 @@ def test_the_standard_decorators_errors() -> None:
             body(dataclasses.dataclass, dataclasses.field)
         with pytest.raises(std.type, match=re.escape(str(std.value))):
             body(dataclass, field)
+
+
+def test_init_is_made_when_first_looked_up() -> None:
+    """A class's ``__init__`` is compiled on first use, not when the class is made; the
+    first lookup may come through a subclass, an instance or ``inspect``."""
+    from epbuild import _dataclass
+
+    @dataclass(frozen=True)
+    class Base:
+        a: int
+        b: int
+        c: int
+        d: int
+        e: int
+        f: int
+        g: int
+        h: int
+        i: int
+        j: int
+        k: int
+        m: int
+        n: int
+        o: int
+        p: int
+        q: int
+        r: int
+        s: int
+        t: int
+        u: int
+        v: int
+        w: int
+        x: list[int] = field(default_factory=list)
+
+    class Sub(Base):
+        def __init__(self) -> None:
+            super().__init__(*range(22))
+
+    def made() -> bool:
+        return any(key[0] == 23 and key[1] for key in _dataclass._TEMPLATES)
+
+    assert not made() and not callable(Base.__dict__["__init__"])
+    assert Sub().x == [] and Sub().w == 21
+    assert made() and Base.__dict__["__init__"] is Base.__init__
+    assert str(inspect.signature(Base)).startswith("(a: 'int', b: 'int'")
+    assert Base(*range(22), x=[1]) == Base(*range(22), x=[1])

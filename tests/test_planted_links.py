@@ -409,6 +409,34 @@ def test_the_no_follow_primitives_refuse_and_report_links(tmp_path: Path) -> Non
     assert (user / "f").read_bytes() == b"mine"
 
 
+def test_refuse_links_reads_the_path_below_the_root_as_relpath_does(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The components below the root: however the two are spelled (a trailing separator,
+    relative, ``..`` on the way), never a sibling that only shares the root's spelling, and
+    the root itself none (it is the user's choice, a link or not)."""
+    owned, user = tmp_path / "owned", tmp_path / "user"
+    (owned / "a").mkdir(parents=True)
+    user.mkdir()
+    (owned / "a" / "link").symlink_to(user, target_is_directory=True)
+    (tmp_path / "ownedx").mkdir()
+    monkeypatch.chdir(tmp_path)
+    for root, path in [
+        (f"{owned}/", f"{owned}/a/link/f"),
+        ("owned", "owned/a/link"),
+        (str(owned), f"{owned}/a/../a/link/f"),
+        (f"{owned}/a/..", f"{owned}/a/link"),
+    ]:
+        with pytest.raises(LinkedPathError) as caught:
+            refuse_links(root, path)
+        assert os.path.abspath(caught.value.filename) == str(owned / "a" / "link"), (root, path)
+    for root, path in [(str(owned), f"{owned}x/f"), (str(owned), str(tmp_path)), ("owned", ".")]:
+        with pytest.raises(ValueError, match="is not under"):
+            refuse_links(root, path)
+    refuse_links(str(owned / "a" / "link"), f"{owned}/a/link/")  # the root itself
+    refuse_links(str(owned), f"{owned}/a//missing/link")  # stops at what is missing
+
+
 def test_a_lock_owner_note_hard_linked_to_a_users_file_is_made_anew(tmp_path: Path) -> None:
     mine = tmp_path / "mine.txt"
     mine.write_bytes(b"x" * USER_BYTES)

@@ -28,15 +28,8 @@ from onnx import TensorProto, helper
 from epbuild._dataclass import dataclass
 from epbuild.fs import copy_range
 from epbuild.llm.genai_config import EMBEDDINGS
-from epbuild.llm.parts import (
-    PARTS_JSON,
-    STAGE_SEQUENCES,
-    data_name,
-    part_name,
-    split_layers,
-    stage_name,
-    weight_sizes,
-)
+from epbuild.llm.parts import PARTS_JSON, STAGE_SEQUENCES, data_name, part_name, stage_name
+from epbuild.llm.sizes import split_layers, weight_sizes
 from epbuild.llm.static import GQA, StaticPrepError, StaticShape, make_static
 
 _NODE_LAYER = re.compile(r"/layers\.(\d+)/")

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from epbuild.errors import UnsafePathError
 from epbuild.fs import format_bytes, safe_relpath
-from epbuild.llm.parts import parse_size, parts_for_size, weight_sizes
+from epbuild.llm.sizes import parse_size, parts_for_size, weight_sizes
 from epbuild.manifest.locate import Where
 from epbuild.manifest.model import DEFAULT_CONTEXT_LENGTH, DEFAULT_WINDOW_SIZE, Llm, Quantization
 from epbuild.manifest.quantization import check_provider_runs
