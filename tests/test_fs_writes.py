@@ -148,3 +148,24 @@ def test_copy_range_copies_a_slice_to_an_offset_in_the_kernel_or_by_reading(
     assert written[:3] == data[-3:]
     assert written[3:4096] == b"d" + b"\0" * (4096 - 4)
     assert written[4096:] == data[5:-5]
+
+
+def test_a_commit_leaves_outputs_already_in_place_as_they_are(tmp_path: Path) -> None:
+    from epbuild.engine.staging import commit
+
+    out = tmp_path / "build" / "g" / "p"
+    out.mkdir(parents=True)
+    staged = tmp_path / "build" / ".staging" / "x"
+    staged.mkdir(parents=True)
+    for name, body in (("same.bin", b"same"), ("new.bin", b"new")):
+        (out / name).write_bytes(b"old" if name == "new.bin" else body)
+        (staged / name).write_bytes(body)
+    before = {p.name: p.stat().st_ino for p in out.iterdir()}
+    old = ["build/g/p/same.bin", "build/g/p/new.bin"]
+    commit(
+        str(tmp_path), "build/.staging/x", "build/g/p", ["same.bin", "new.bin"], old, ["same.bin"]
+    )
+    assert (out / "same.bin").stat().st_ino == before["same.bin"]  # kept, not replaced
+    assert (out / "new.bin").read_bytes() == b"new"
+    assert (out / "new.bin").stat().st_ino != before["new.bin"]
+    assert not staged.exists()  # the kept one's staged copy went with the staging directory

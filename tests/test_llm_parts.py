@@ -252,8 +252,13 @@ def test_an_edit_of_the_last_layer_recompiles_the_last_part_only(
     assert len(spans) == 3
     assert any(a[0] < b[1] and b[0] < a[1] for i, a in enumerate(spans) for b in spans[i + 1 :])
 
+    prepared = workspace.root / ".epbuild" / "llm" / "chat" / "prepared"
+    inodes = {p.name: p.stat().st_ino for p in prepared.iterdir()}
     _edit_last_layer(workspace.root / "models" / "tiny")
     again = workspace.build()
+    # the preparation wrote every part again: what came out the same stayed in place
+    assert (prepared / "part1.onnx.data").stat().st_ino == inodes["part1.onnx.data"]
+    assert (prepared / "part3.onnx.data").stat().st_ino != inodes["part3.onnx.data"]
     outcomes = {a.id: a.outcome for a in again.actions}
     assert outcomes == {
         "chat/prepare": Outcome.COMPILED,  # (the kind says "prepared")

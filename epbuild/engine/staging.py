@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 import posixpath
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from typing import TYPE_CHECKING, Any
 
 from epbuild._names import STAGING_DIR
@@ -169,8 +169,17 @@ def check_removable(root: str, top: str, rels: list[str]) -> None:
         refuse_links_below(root, top, posixpath.dirname(rel))
 
 
-def commit(root: str, staging: str, out_dir: str, names: list[str], old: list[str]) -> None:
-    """Replace an action's old outputs with the staged ones (caller journals begin/done)."""
+def commit(
+    root: str,
+    staging: str,
+    out_dir: str,
+    names: list[str],
+    old: list[str],
+    unchanged: Collection[str] = (),
+) -> None:
+    """Replace an action's old outputs with the staged ones (caller journals begin/done).
+    The names in ``unchanged`` are outputs already in place with the staged bytes: they stay
+    as they are (their staged copies go with the staging directory)."""
     target = os.path.join(root, out_dir)
     top = posixpath.dirname(posixpath.dirname(out_dir))  # <out_dir>/<group>/<provider>
     ensure_dir_inside(os.path.join(root, top), root, what="output directory")
@@ -182,7 +191,8 @@ def commit(root: str, staging: str, out_dir: str, names: list[str], old: list[st
         if os.path.lexists(path) and posixpath.basename(rel) not in names:
             os.unlink(path)
     for name in names:
-        os.replace(os.path.join(root, staging, name), os.path.join(target, name))
+        if name not in unchanged:
+            os.replace(os.path.join(root, staging, name), os.path.join(target, name))
     remove_tree(os.path.join(root, staging))
 
 
@@ -195,6 +205,7 @@ def commit_journaled(
     remember: Callable[[str, os.stat_result, str], None],
     *,
     durable: bool,
+    unchanged: Collection[str] = (),
 ) -> None:
     """The commit protocol, for every kind and both restore paths (callers hold the state
     lock): ``begin`` in the journal at ``journal`` → the ``staged`` outputs (staging
@@ -202,7 +213,8 @@ def commit_journaled(
     output's stat handed to ``remember`` with its digest → the ``done`` record (a journal
     ``done`` line: ``op``, then the record's JSON). So the journal never says ``done`` for
     outputs that are not there. ``durable=False`` leaves the done record's fsync to the
-    build's final journal sync: for restores, where losing it costs a re-restore."""
+    build's final journal sync: for restores, where losing it costs a re-restore.
+    ``unchanged``: see ``commit``."""
     staging, out_dir, names = staged
     try:
         journalfile.append(journal, journalfile.begin_line(done["id"], done["key"]), sync=False)
@@ -213,7 +225,7 @@ def commit_journaled(
             hint=WRITE_HINT,
         ) from exc
     try:
-        commit(root, staging, out_dir, names, old)
+        commit(root, staging, out_dir, names, old, unchanged)
         for rel, out in done["outputs"].items():
             remember(rel, os.stat(os.path.join(root, rel)), out["digest"])
     except OSError as exc:  # the journal ends with begin: the action reads as stale
