@@ -458,3 +458,36 @@ def test_inputs_are_hashed_again_after_waiting_for_the_action_lock(
     assert outcomes_of(json.loads(out))["single/htp/c"] == "up_to_date", out
     assert outputs(ws) == built_first
     assert ws.build(cache=str(cache)).count(Outcome.UP_TO_DATE) == 2
+
+
+def test_storing_an_object_again_leaves_the_outputs_linked_to_it_as_they_are(
+    tmp_path: Path,
+) -> None:
+    """A restore links outputs to the cache's objects; a later store of the same bytes marks
+    the object used by its access time only: the outputs' mtime, which the stat cache and
+    the trust records vouch by, stays (else every linked output is hashed again)."""
+    from epbuild.state.journal import ActionRecord, OutputRecord
+
+    body = b"x" * 100
+    digest = hashlib.sha256(body).hexdigest()
+
+    def record(key: str) -> ActionRecord:
+        outs = {"out/a.bin": OutputRecord(len(body), digest)}
+        return ActionRecord("g/p", key, {}, outs, 0.0, 0, 0.0)
+
+    cache = ActionCache(str(tmp_path / "cache"))
+    built = tmp_path / "built"
+    built.mkdir()
+    (built / "a.bin").write_bytes(body)
+    cache.save(record("1" * 64), str(built))
+    restored = tmp_path / "restored"
+    restored.mkdir()
+    assert cache.local_backend.materialize(object_path(digest), str(restored / "a.bin")) == "link"
+    obj = tmp_path / "cache" / object_path(digest)
+    os.utime(obj, ns=(1, obj.stat().st_mtime_ns))  # last used long ago
+    before = (restored / "a.bin").stat()
+    cache.save(record("2" * 64), str(restored))  # the same bytes, stored again
+    after = (restored / "a.bin").stat()
+    assert (after.st_ino, after.st_mtime_ns) == (before.st_ino, before.st_mtime_ns)
+    assert obj.stat().st_atime_ns > 1  # used now: a concurrent prune spares it
+    assert len(check_consistent(tmp_path / "cache")) == 2

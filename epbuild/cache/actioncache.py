@@ -216,7 +216,7 @@ class ActionCache:
         except FileNotFoundError:
             present = False
         if present:
-            self.local_backend.touch(path)  # keeps it out of a concurrent prune's reach
+            self.local_backend.mark_used(path)  # keeps it out of a concurrent prune's reach
             return
         h = new_sha256(out.size)
         with trust.sealed_object(self.local_backend.root, out.digest) as tmp:

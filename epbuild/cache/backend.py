@@ -17,6 +17,9 @@ class StoredFile:
     size: int
     mtime: float
     """Last write (or, for local entries, last use) as a POSIX timestamp."""
+    atime: float = 0.0
+    """Last access where the backend knows it (a local file's; 0 elsewhere): a local
+    object's last use (``LocalBackend.mark_used``)."""
 
 
 class Backend(Protocol):

@@ -11,6 +11,7 @@ touches what it points at).
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Iterator
 
 from epbuild.cache.backend import StoredFile
@@ -124,7 +125,7 @@ class LocalBackend:
         links: list[str] = []
         for full, st in walk_files(base, links):
             rel = os.path.relpath(full, self.root).replace(os.sep, "/")
-            yield StoredFile(rel, st.st_size, st.st_mtime)
+            yield StoredFile(rel, st.st_size, st.st_mtime, st.st_atime)
         for link in links:
             self._met(link)
 
@@ -143,6 +144,17 @@ class LocalBackend:
         """Mark a file as just used (prune evicts least recently used entries first)."""
         try:
             os.utime(self.file(path))
+        except OSError:
+            pass
+
+    def mark_used(self, path: str) -> None:
+        """Mark an object as just used (a concurrent prune spares it for its grace period)
+        by its access time alone: an object is the very file a restore linked into the
+        outputs, whose mtime the stat cache and the trust records vouch by; moving it
+        would make every output linked to it read as changed and be hashed again."""
+        try:
+            full = self.file(path)
+            os.utime(full, ns=(time.time_ns(), os.stat(full).st_mtime_ns))
         except OSError:
             pass
 

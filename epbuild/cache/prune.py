@@ -92,7 +92,7 @@ def _prune(store: Store, max_size: int, grace: float) -> PruneReport:
             removed += 1
     freed = 0
     for name, f in sizes.items():
-        if name not in kept_digests and (name in evicted or now - f.mtime > grace):
+        if name not in kept_digests and (name in evicted or now - max(f.mtime, f.atime) > grace):
             backend.delete(f.path)
             freed += f.size
     if isinstance(backend, LocalBackend):  # verified-stat records of objects that are gone
