@@ -491,3 +491,33 @@ def test_storing_an_object_again_leaves_the_outputs_linked_to_it_as_they_are(
     assert (after.st_ino, after.st_mtime_ns) == (before.st_ino, before.st_mtime_ns)
     assert obj.stat().st_atime_ns > 1  # used now: a concurrent prune spares it
     assert len(check_consistent(tmp_path / "cache")) == 2
+
+
+def test_a_vouched_state_output_becomes_its_object_by_a_hard_link(tmp_path: Path) -> None:
+    """Outputs in the state directory are epbuild's own: stored by a hard link (read-only,
+    as a restored output is), where the stat cache vouches for the file; any other stat
+    (replaced, written since) and it is copied and hashed as every other output."""
+    from epbuild.cache import trust
+    from epbuild.state.journal import ActionRecord, OutputRecord
+
+    state = tmp_path / "state"
+    state.mkdir()
+    files = {"a.bin": b"a" * 100, "b.bin": b"b" * 100}
+    outs = {}
+    for name, body in files.items():
+        (state / name).write_bytes(body)
+        outs[f"state/{name}"] = OutputRecord(len(body), hashlib.sha256(body).hexdigest())
+    os.utime(state / "a.bin", ns=(1, 10**18))  # written long enough ago to be vouched for
+    a, b = (state / "a.bin").stat(), (state / "b.bin").stat()
+    vouched = {
+        "a.bin": (a.st_ino, a.st_size, a.st_mtime_ns),
+        "b.bin": (b.st_ino, b.st_size, b.st_mtime_ns + 1),  # not the file as it is now
+    }
+    cache = ActionCache(str(tmp_path / "cache"))
+    cache.save(ActionRecord("g/p", "1" * 64, {}, outs, 0.0, 0, 0.0), str(state), vouched.get)
+    obj_a = tmp_path / "cache" / object_path(outs["state/a.bin"].digest)
+    obj_b = tmp_path / "cache" / object_path(outs["state/b.bin"].digest)
+    assert obj_a.stat().st_ino == a.st_ino and (state / "a.bin").stat().st_mode & 0o222 == 0
+    assert trust.is_trusted(str(tmp_path / "cache"), outs["state/a.bin"].digest, obj_a.stat())
+    assert obj_b.stat().st_ino != b.st_ino and obj_b.read_bytes() == files["b.bin"]
+    assert len(check_consistent(tmp_path / "cache")) == 1

@@ -188,12 +188,21 @@ class ActionCache:
 
     # -- store ---------------------------------------------------------------------------
 
-    def save(self, record: ActionRecord, src_dir: str) -> CacheEntry:
+    def save(
+        self,
+        record: ActionRecord,
+        src_dir: str,
+        vouched: Callable[[str], tuple[int, int, int] | None] | None = None,
+    ) -> CacheEntry:
         """Store an action's committed outputs (``record``: its journal record, outputs in
-        ``src_dir``; objects first, entry last); push if asked."""
+        ``src_dir``; objects first, entry last); push if asked. ``vouched``: output name →
+        the stat at which the workspace's stat cache vouches for its digest, for outputs in
+        the state directory, which become their objects by a hard link
+        (``trust.adopted_object``); None (or no ``vouched``): copied and hashed on the way."""
         entry = replace(record.named(), at=time.time(), restored=False)
         for name, out in entry.outputs.items():
-            self._ingest(os.path.join(src_dir, name), out)
+            stat_key = vouched(name) if vouched is not None else None
+            self._ingest(os.path.join(src_dir, name), out, stat_key)
         self.local.put_entry(entry)
         if self.push and self.remote is not None:
             self._remote(lambda _: self.push_entry(entry), None)
@@ -209,7 +218,7 @@ class ActionCache:
                 )
         self.remote.put_entry(entry)
 
-    def _ingest(self, src: str, out: CachedOutput) -> None:
+    def _ingest(self, src: str, out: CachedOutput, vouched: tuple[int, int, int] | None) -> None:
         path = object_path(out.digest)
         try:
             present = os.path.getsize(self.local_backend.file(path)) == out.size
@@ -218,8 +227,11 @@ class ActionCache:
         if present:
             self.local_backend.mark_used(path)  # keeps it out of a concurrent prune's reach
             return
+        root = self.local_backend.root
+        if vouched is not None and trust.adopted_object(root, out.digest, src, vouched):
+            return
         h = new_sha256(out.size)
-        with trust.sealed_object(self.local_backend.root, out.digest) as tmp:
+        with trust.sealed_object(root, out.digest) as tmp:
             with open(src, "rb") as s, open(tmp, "wb") as d:
                 while chunk := s.read(CHUNK):
                     h.update(chunk)

@@ -25,7 +25,15 @@ from collections.abc import Iterator
 from epbuild.cache.layout import VERIFIED, local_path, object_path, verified_path
 from epbuild.fs import LinkedPathError, atomic_output, atomic_write_bytes, open_read, refuse_links
 
-__all__ = ["VERIFIED", "forget", "is_trusted", "record", "sealed_object", "verified_path"]
+__all__ = [
+    "VERIFIED",
+    "adopted_object",
+    "forget",
+    "is_trusted",
+    "record",
+    "sealed_object",
+    "verified_path",
+]
 _RACY_NS = 20_000_000  # as in the stat cache: a write in the same tick may keep the mtime
 _BACKDATE_NS = 1_000_000_000
 
@@ -80,3 +88,30 @@ def sealed_object(root: str, digest: str) -> Iterator[str]:
         os.utime(tmp, ns=(then, then))
         st = os.stat(tmp)  # a rename keeps inode, size and mtime
     record(root, digest, st)
+
+
+class _NotAdopted(Exception):
+    pass
+
+
+def adopted_object(root: str, digest: str, src: str, vouched: tuple[int, int, int]) -> bool:
+    """Make the file ``src`` the object ``digest`` by a hard link, not a copy: an output
+    epbuild committed in its state directory, which its stat cache vouches holds ``digest``
+    at the stat ``vouched`` (inode, size, mtime_ns). It becomes read-only, as a restored
+    output is (the same file both ways), and is recorded as verified. False where it cannot
+    be: no hard links there (another filesystem), the file replaced or written since it was
+    vouched for, or an mtime in the racy window; the caller then copies it."""
+    final = local_path(root, object_path(digest))
+    try:
+        with atomic_output(final, durable=False, within=root) as tmp:
+            os.link(src, tmp)
+            st = os.stat(tmp)
+            if (st.st_ino, st.st_size, st.st_mtime_ns) != vouched:
+                raise _NotAdopted  # not the file the stat cache vouched for
+            if time.time_ns() - st.st_mtime_ns < _RACY_NS:
+                raise _NotAdopted  # a write in this clock tick could keep its mtime
+            os.chmod(tmp, 0o444)
+    except (OSError, _NotAdopted):
+        return False
+    record(root, digest, st)
+    return True

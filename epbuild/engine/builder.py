@@ -18,7 +18,7 @@ from epbuild.docsite import page_url
 from epbuild.engine.staging import WRITE_HINT, commit_journaled, hash_staged, make_staging
 from epbuild.errors import EpbuildError, StorageError, VerificationError
 from epbuild.executors.outofmemory import MemorySettings, explain, killed_cause, strip_model
-from epbuild.fs import os_error_text, remove_tree
+from epbuild.fs import inside, os_error_text, remove_tree
 from epbuild.kinds.contract import GraphAction, Kind, RunContext, kind_of
 from epbuild.onnx.context import machine_paths
 from epbuild.planning.keys import ActionKey
@@ -406,17 +406,21 @@ class Builder:
         them there, as Ninja's ``restat`` does, so that a run that writes the same bytes
         again (a preparation of every part after an edit of one) neither replaces nor
         flushes them, and whatever reads them sees them unchanged."""
-        kept = []
-        for name in names:
-            rel = posixpath.join(out_dir, name)
-            try:
-                st = os.lstat(os.path.join(self.ws.root, rel))
-            except OSError:
-                continue
-            entry = self.ws.stats.lookup(rel, st) if stat.S_ISREG(st.st_mode) else None
-            if entry is not None and entry.digest == record.outputs[rel].digest:
-                kept.append(name)
-        return kept
+        return [name for name in names if self._vouched(out_dir, name, record) is not None]
+
+    def _vouched(self, out_dir: str, name: str, record: ActionRecord) -> Entry | None:
+        """The stat-cache entry that vouches, without reading the file, that the output
+        ``name`` in ``out_dir`` is a regular file holding the digest ``record`` gives it;
+        None where none does."""
+        rel = posixpath.join(out_dir, name)
+        try:
+            st = os.lstat(os.path.join(self.ws.root, rel))
+        except OSError:
+            return None
+        entry = self.ws.stats.lookup(rel, st) if stat.S_ISREG(st.st_mode) else None
+        if entry is None or entry.digest != record.outputs[rel].digest:
+            return None
+        return entry
 
     def _restore(
         self, plan: ActionPlan, key: ActionKey, state: State
@@ -509,8 +513,16 @@ class Builder:
         warnings = [note] if note else []
         if self.cache is None:
             return warnings
+        out_dir = os.path.join(self.ws.root, action.out_dir)
+        vouched = None
+        if inside(out_dir, self.ws.state_dir):  # epbuild's own files: stored by hard link
+
+            def vouched(name: str) -> tuple[int, int, int] | None:
+                entry = self._vouched(action.out_dir, name, record)
+                return None if entry is None else (entry.ino, entry.size, entry.mtime_ns)
+
         try:
-            self.cache.save(record, os.path.join(self.ws.root, action.out_dir))
+            self.cache.save(record, out_dir, vouched)
         except Exception as exc:  # a cache that cannot be written must not fail a build
             where = self.cache.describe()
             why = os_error_text(exc) if isinstance(exc, OSError) else str(exc)
