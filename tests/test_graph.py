@@ -209,6 +209,36 @@ def test_a_preparation_with_the_same_graphs_compiles_nothing(llm_built: Workspac
     assert summary["prepared"] == 1 and summary["compiled"] == 0 and summary["up_to_date"] == 3
 
 
+def test_a_preparation_is_stored_in_the_cache_by_hard_links(
+    llm_built: Workspace, tmp_path: Path
+) -> None:
+    """The state directory's outputs are epbuild's own: the cache's objects are the very
+    files (the same inodes, read-only), not copies; the package in out_dir is copied."""
+    import onnx
+    from onnx import helper
+
+    from epbuild.cache.store import object_path
+    from epbuild.state.journal import load_state
+
+    workspace = llm_built  # workspace.llm() built once per session, copied
+    source = workspace.root / "models" / "tiny" / "model.onnx"
+    model = onnx.load(source, load_external_data=False)
+    model.graph.node.append(helper.make_node("Identity", [model.graph.input[0].name], ["dead"]))
+    onnx.save(model, source)
+    cache = tmp_path / "cache"
+    assert _summary(workspace.main("build", "--json", "--cache", str(cache)))["prepared"] == 1
+    state = load_state(str(workspace.root / ".epbuild" / "state.jsonl"))
+    prepared = state.records["chat/prepare"].outputs
+    files: dict[str, dict[int, int]] = {}  # digest → inode → mode (two graphs' data alike)
+    for rel, out in prepared.items():
+        st = (workspace.root / rel).stat()
+        files.setdefault(out.digest, {})[st.st_ino] = st.st_mode
+    assert files
+    for digest, modes in files.items():
+        ino = (cache / object_path(digest)).stat().st_ino
+        assert ino in modes and modes[ino] & 0o222 == 0, digest
+
+
 # ---------------------------------------------------------------------------------------
 # One record type for the journal and the cache
 
