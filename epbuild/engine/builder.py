@@ -19,7 +19,7 @@ from epbuild.engine.staging import WRITE_HINT, commit_journaled, hash_staged, ma
 from epbuild.errors import EpbuildError, StorageError, VerificationError
 from epbuild.executors.outofmemory import MemorySettings, explain, killed_cause, strip_model
 from epbuild.fs import inside, os_error_text, remove_tree
-from epbuild.kinds.contract import GraphAction, Kind, RunContext, kind_of
+from epbuild.kinds.contract import GraphAction, Kind, RunContext, kind_of, stored_by_link
 from epbuild.onnx.context import machine_paths
 from epbuild.planning.keys import ActionKey
 from epbuild.planning.moves import moved_from
@@ -515,7 +515,7 @@ class Builder:
             return warnings
         out_dir = os.path.join(self.ws.root, action.out_dir)
         vouched = None
-        if inside(out_dir, self.ws.state_dir):  # epbuild's own files: stored by hard link
+        if stored_by_link(kind_of(action)) and inside(out_dir, self.ws.state_dir):
 
             def vouched(name: str) -> tuple[int, int, int] | None:
                 entry = self._vouched(action.out_dir, name, record)

@@ -184,6 +184,12 @@ class Kind(Protocol):
         ...
 
 
+def stored_by_link(kind: Kind) -> bool:
+    """Whether ``kind``'s state-directory outputs go into the cache by a hard link
+    (``BaseKind.stored_by_link``; False for a kind that does not say)."""
+    return bool(getattr(kind, "stored_by_link", False))
+
+
 class BaseKind:
     """What kinds answer alike, for a kind to override where it differs (a kind need not
     derive from it: ``Kind`` is the interface): its job is its ``runner`` with its
@@ -198,6 +204,12 @@ class BaseKind:
     follows: ClassVar[bool] = False
     inline: ClassVar[bool] = False
     checks_input: ClassVar[bool] = False
+    stored_by_link: ClassVar[bool] = False
+    """Its outputs (in the state directory) become the cache's objects by a hard link, not
+    a copy: what reads them maps or copies their weights or hands them to ONNX Runtime,
+    never ONNX's Python loader, which refuses a data file with several hard links (a
+    restored output is one all the same). Not part of ``Kind``: a kind without it is
+    stored by copy (``stored_by_link``)."""
 
     def keyed(self, inputs: Mapping[str, str], **settings: Any) -> ActionKey:
         """The key of an action of this kind that reads ``inputs`` ({path: digest}) with

@@ -166,6 +166,7 @@ class LlmCalibrateKind(BaseKind):
     prompts file that cannot be read, a prompt longer than the KV cache) are bad input."""
 
     name = "llm-calibrate"
+    stored_by_link = True  # its readers map or copy the weights (llm.sessions)
     runner = "epbuild.kinds.llmquant:calibrate"
     format = LLM_CALIBRATE_FORMAT
     words = Wording(
@@ -269,6 +270,7 @@ class LlmQuantizeKind(BaseKind):
     errors (a name the graph lacks) are bad input."""
 
     name = "llm-quantize"
+    stored_by_link = True  # its readers map or copy the weights (llm.sessions)
     runner = "epbuild.kinds.llmquant:quantize"
     format = LLM_QUANTIZE_FORMAT
     words = Wording(

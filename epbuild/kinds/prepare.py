@@ -97,6 +97,7 @@ class PrepareKind(BaseKind):
     """``Kind`` of the LLM preparations (``PrepareAction``)."""
 
     name = "prepare"
+    stored_by_link = True  # its readers map or copy the weights (llm.sessions)
     runner = "epbuild.kinds.prepare:run"
     format = PREP_FORMAT
     words = Wording(
