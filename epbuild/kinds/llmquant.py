@@ -32,8 +32,8 @@ from epbuild._dataclass import dataclass
 from epbuild.errors import ModelError, UserError, VerificationError
 from epbuild.fs import sha256_hex
 from epbuild.kinds.calibrate import check_ranges
-from epbuild.kinds.contract import BaseKind, Checked, Reported, RunContext, Wording
-from epbuild.kinds.prepare import LlmStep, PrepareAction, graph_stages
+from epbuild.kinds.contract import Checked, Reported, RunContext, Wording
+from epbuild.kinds.prepare import LlmStep, LlmStepKind, PrepareAction, graph_stages
 from epbuild.kinds.quantize import check_qdq, recipe_settings
 from epbuild.llm.calibmemo import MEMO, Keep, runs_name
 from epbuild.llm.calibrate import GENERATED, static_io, tokenize
@@ -161,12 +161,11 @@ def llm_quant_actions(
     return calibrate, quantize
 
 
-class LlmCalibrateKind(BaseKind):
+class LlmCalibrateKind(LlmStepKind):
     """``Kind`` of the LLM calibrations (``LlmCalibrateAction``); its job's user errors (a
     prompts file that cannot be read, a prompt longer than the KV cache) are bad input."""
 
     name = "llm-calibrate"
-    stored_by_link = True  # its readers map or copy the weights (llm.sessions)
     runner = "epbuild.kinds.llmquant:calibrate"
     format = LLM_CALIBRATE_FORMAT
     words = Wording(
@@ -265,12 +264,11 @@ def _settings(action: LlmQuantizeAction) -> dict[str, Any]:
     return recipe_settings(action.recipe)
 
 
-class LlmQuantizeKind(BaseKind):
+class LlmQuantizeKind(LlmStepKind):
     """``Kind`` of the LLM graphs' quantizations (``LlmQuantizeAction``); its job's user
     errors (a name the graph lacks) are bad input."""
 
     name = "llm-quantize"
-    stored_by_link = True  # its readers map or copy the weights (llm.sessions)
     runner = "epbuild.kinds.llmquant:quantize"
     format = LLM_QUANTIZE_FORMAT
     words = Wording(

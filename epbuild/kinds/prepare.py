@@ -93,11 +93,19 @@ def prepare_action(llm: Llm, state_dir: str) -> PrepareAction:
     return PrepareAction(f"{llm.name}/prepare", llm, model, out_dir)
 
 
-class PrepareKind(BaseKind):
+class LlmStepKind(BaseKind):
+    """What the kinds of an ``[llms]`` entry's steps (``LlmStep``: its preparation,
+    calibration and quantizations) have alike: their outputs are graphs and ranges in the
+    state directory that only ``llm.sessions`` (which maps the weights), copies and ONNX
+    Runtime read, so the cache takes them by hard link (``BaseKind.stored_by_link``)."""
+
+    stored_by_link = True
+
+
+class PrepareKind(LlmStepKind):
     """``Kind`` of the LLM preparations (``PrepareAction``)."""
 
     name = "prepare"
-    stored_by_link = True  # its readers map or copy the weights (llm.sessions)
     runner = "epbuild.kinds.prepare:run"
     format = PREP_FORMAT
     words = Wording(
