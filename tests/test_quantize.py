@@ -592,3 +592,37 @@ def test_every_manifest_type_and_method_names_an_ort_member() -> None:
     assert {_qtype(t).name for t in ACTIVATION_TYPES + WEIGHT_TYPES} == {
         "QUInt8", "QInt8", "QUInt16", "QInt16", "QUInt4", "QInt4"
     }  # fmt: skip
+
+
+def test_a_restored_calibration_with_external_data_quantizes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A calibrated model of a GiB or more keeps its weights in external data, and a
+    restore makes that file a hard link to the cache's object, which ONNX's loader refuses
+    ("potential hardlink attack"): the quantization hands ONNX Runtime's quantizer a copy."""
+    import os
+
+    from epbuild.executors.job import Job
+    from epbuild.quant import work
+
+    root = tmp_path
+    shutil.copy(CORPUS / "cnn_torchscript.onnx", root / "cnn.onnx")
+    rng = np.random.default_rng(0)
+    for i in range(2):
+        np.savez(root / f"s{i}.npz", image=rng.standard_normal((1, 3, 32, 32), dtype=np.float32))
+    monkeypatch.setattr(work, "_LARGE", 0)  # its weights in external data, as a large model's
+    calibrate = {"model": "cnn.onnx", "samples": ["s0.npz", "s1.npz"], "method": "minmax",
+                 "flavour": "qnn"}  # fmt: skip
+    (root / "cal").mkdir()
+    work.calibrate(Job("v/cnn/calibrate", "", "cal", calibrate), str(root))
+    data = root / "cal" / (work.MODEL + ".data")
+    assert data.is_file()
+    os.link(data, root / "object")  # as a restore leaves it: linked to the cache's object
+    settings = {"method": "minmax", "activations": "uint16", "weights": "uint8",
+                "per_channel": False, "exclude": [], "overrides": {}}  # fmt: skip
+    payload = {"calibrated": f"cal/{work.MODEL}", "label": "vision/cnn (w8a16)",
+               "flavour": "qnn", **settings, "output": "cnn.qdq.onnx"}  # fmt: skip
+    (root / "q").mkdir()
+    result = work.quantize(Job("v/cnn/quantize", "", "q", payload), str(root))
+    assert result["detail"]["qdq_nodes"] > 0
+    assert sorted(p.name for p in (root / "q").iterdir()) == ["cnn.qdq.onnx", "cnn.qdq.onnx.data"]

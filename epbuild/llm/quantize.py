@@ -24,10 +24,8 @@ from typing import Any
 
 import onnx
 
-from epbuild.errors import ModelError
-from epbuild.fs import is_safe_reference
 from epbuild.llm.sessions import structure
-from epbuild.quant.work import _check_names, _config, _qtype, _quantize
+from epbuild.quant.work import _check_names, _config, _qtype, _quantize, stage_model
 
 QDQ_OPS = ("QuantizeLinear", "DequantizeLinear")
 RENAMED = ("_DequantizeLinear_Output", "_QuantizeLinear_Input")
@@ -41,32 +39,6 @@ def infer_shapes(model: onnx.ModelProto) -> onnx.ModelProto:
 
     inferred: onnx.ModelProto = SymbolicShapeInference.infer_shapes(model, auto_merge=True)
     return inferred
-
-
-def stage_float(floating: onnx.ModelProto, source: str, path: str) -> None:
-    """Write ``floating`` (the graph at ``source`` as ``structure`` read it, its weights
-    left in their files) at ``path`` for ONNX Runtime's quantizer, which reads a path: its
-    graph serialized, its external-data files beside it copies of ``source``'s, made by the
-    kernel (neither read into the process nor serialized again). Not links: ONNX's loader
-    refuses a data file with several hard links or a symbolic one."""
-    folder, into = os.path.dirname(os.path.abspath(source)), os.path.dirname(path)
-    locations = {
-        entry.value
-        for tensor in floating.graph.initializer
-        if tensor.data_location == onnx.TensorProto.EXTERNAL
-        for entry in tensor.external_data
-        if entry.key == "location"
-    }
-    for location in sorted(locations):
-        if not is_safe_reference(location):  # the prepare's check refuses it first
-            raise ModelError(
-                f"{source}: external data {location!r} is not beside the graph",
-                hint="remove the state directory's llm folder and build again",
-            )
-        target = os.path.join(into, location)
-        os.makedirs(os.path.dirname(target), exist_ok=True)
-        shutil.copyfile(os.path.join(folder, location), target)
-    onnx.save(floating, path)
 
 
 def restore_shapes(qdq: onnx.ModelProto, floating: onnx.ModelProto) -> int:
@@ -137,7 +109,7 @@ def quantize_graph(
             os.unlink(path)
     with tempfile.TemporaryDirectory(prefix="epbuild-llmquant-") as tmp:
         inferred = os.path.join(tmp, "float.onnx")
-        stage_float(floating, source, inferred)
+        stage_model(floating, source, inferred)
         cache = os.path.join(tmp, "ranges.json")  # ORT may rewrite a cache: never the committed one
         shutil.copyfile(ranges, cache)
         config = _config(inferred, {**settings, "flavour": "qnn"})

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from epbuild._names import PROGRESS_NAME
 from epbuild.errors import ModelError
-from epbuild.fs import atomic_write_text
+from epbuild.fs import atomic_write_text, is_safe_reference
 from epbuild.quant.samples import input_specs, iterate
 
 if TYPE_CHECKING:
@@ -281,19 +281,30 @@ def _qtype(name: str) -> Any:
 
 
 def quantize(job: Job, root: str) -> dict[str, Any]:
-    """Write the QDQ model from the calibrated model and its ranges."""
+    """Write the QDQ model from the calibrated model and its ranges. A calibrated model
+    with external data is handed to the quantizer as a copy (``stage_model``): ONNX's
+    loader refuses a data file with several hard links, which a restored one is."""
+    import onnx
+
     t0 = time.perf_counter()
     args = job.payload
-    calibrated = os.path.join(root, str(args["calibrated"]))
+    committed = os.path.join(root, str(args["calibrated"]))
     label = str(args["label"])
-    model = _load(root, str(args["calibrated"]))
+    try:
+        model = onnx.load(committed, load_external_data=False)
+    except Exception as exc:  # protobuf's DecodeError
+        raise ModelError(f"{args['calibrated']}: cannot be read as an ONNX model ({exc})") from exc
     _check_names(model, label, list(args["exclude"]), dict(args["overrides"]))
-    external = os.path.exists(calibrated + ".data")
-    del model
+    external = os.path.exists(committed + ".data")
     output = os.path.join(root, job.staging, str(args["output"]))
     with scratch(os.path.join(root, job.staging)) as tmp:
+        calibrated = committed
+        if external:
+            calibrated = os.path.join(tmp, MODEL)
+            stage_model(model, committed, calibrated)
+        del model
         cache = os.path.join(tmp, RANGES)  # ORT may rewrite a cache: never the committed one
-        shutil.copyfile(os.path.join(os.path.dirname(calibrated), RANGES), cache)
+        shutil.copyfile(os.path.join(os.path.dirname(committed), RANGES), cache)
         config = _config(calibrated, args)
         with quantizer_errors(label):
             _quantize(calibrated, output, cache, config, external)
@@ -302,6 +313,34 @@ def quantize(job: Job, root: str) -> dict[str, Any]:
         "detail": {"qdq_nodes": _count_qdq(output)},
         "versions": versions(),
     }
+
+
+def stage_model(model: onnx.ModelProto, source: str, path: str) -> None:
+    """Write ``model`` (the graph at ``source`` read without its weights) at ``path`` for
+    ONNX Runtime's quantizer, which reads a path: its graph serialized, its external-data
+    files beside it copies of ``source``'s, made by the kernel (neither read into the
+    process nor serialized again). Not links: ONNX's loader refuses a data file with several
+    hard links (a restored one) or a symbolic one."""
+    import onnx
+
+    folder, into = os.path.dirname(os.path.abspath(source)), os.path.dirname(path)
+    locations = {
+        entry.value
+        for tensor in model.graph.initializer
+        if tensor.data_location == onnx.TensorProto.EXTERNAL
+        for entry in tensor.external_data
+        if entry.key == "location"
+    }
+    for location in sorted(locations):
+        if not is_safe_reference(location):  # the producing kind's check refuses it first
+            raise ModelError(
+                f"{source}: external data {location!r} is not beside the graph",
+                hint="remove the state directory and build again",
+            )
+        target = os.path.join(into, location)
+        os.makedirs(os.path.dirname(target), exist_ok=True)
+        shutil.copyfile(os.path.join(folder, location), target)
+    onnx.save(model, path)
 
 
 def _config(model: str, args: Mapping[str, Any]) -> Any:
