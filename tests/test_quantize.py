@@ -594,7 +594,7 @@ def test_every_manifest_type_and_method_names_an_ort_member() -> None:
     }  # fmt: skip
 
 
-def test_a_restored_calibration_with_external_data_quantizes(
+def test_a_restored_calibration_with_external_data_quantizes_and_checks(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A calibrated model of a GiB or more keeps its weights in external data, and a
@@ -626,3 +626,12 @@ def test_a_restored_calibration_with_external_data_quantizes(
     result = work.quantize(Job("v/cnn/quantize", "", "q", payload), str(root))
     assert result["detail"]["qdq_nodes"] > 0
     assert sorted(p.name for p in (root / "q").iterdir()) == ["cnn.qdq.onnx", "cnn.qdq.onnx.data"]
+    # and verify --numerics compares the two, restored as they are, layer by layer
+    from epbuild.inspection.quantcheck import LayerErrors
+
+    os.link(root / "q" / "cnn.qdq.onnx.data", root / "object2")
+    layers = LayerErrors(
+        str(root / "cal" / work.MODEL), str(root / "q" / "cnn.qdq.onnx"), str(root)
+    )
+    layers.add(dict(np.load(root / "s0.npz")))
+    assert layers.worst()
