@@ -224,3 +224,15 @@ def test_a_killed_preparation_leaves_nothing_behind(workspace: Workspace) -> Non
     (dead / "context.onnx").write_bytes(b"half written")
     workspace.cli("build", check=True)
     assert sorted(p.name for p in prepared.iterdir() if p.is_dir()) == [folder.name]
+
+
+def test_a_source_whose_data_file_is_a_hard_link_prepares(workspace: Workspace) -> None:
+    """A source kept in a hard-linking store (DVC's ``hardlink`` cache): ONNX's own loader
+    refuses such a data file ("potential hardlink attack"); the preparation reads the
+    weights as ONNX Runtime does."""
+    import os
+
+    _ws(workspace, share=False)
+    data = workspace.root / "models" / "tiny" / "model.onnx.data"
+    os.link(data, workspace.root / "store-object")
+    workspace.main("build", "chat/prepare", check=True)

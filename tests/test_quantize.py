@@ -635,3 +635,20 @@ def test_a_restored_calibration_with_external_data_quantizes_and_checks(
     )
     layers.add(dict(np.load(root / "s0.npz")))
     assert layers.worst()
+
+
+def test_a_source_whose_data_file_is_a_hard_link_calibrates(workspace: Workspace) -> None:
+    """A model kept in a hard-linking store (DVC's ``hardlink`` cache), its weights in
+    external data: ONNX's own loader refuses the data file, ONNX Runtime does not; the
+    calibration reads it as ONNX Runtime does and preprocesses a kernel copy."""
+    import os
+
+    ws = _write_qws(workspace)
+    model = ws.root / "models" / "cnn.onnx"
+    onnx.save(onnx.load(model), model, save_as_external_data=True, location="cnn.onnx.data",
+              size_threshold=0)  # fmt: skip
+    os.link(ws.root / "models" / "cnn.onnx.data", ws.root / "store-object")
+    proc = ws.main("build", "--json", "vision/cnn/calibrate", "vision/cnn/quantize")
+    assert proc.returncode == 0, proc.stderr
+    summary = json.loads(proc.stdout)["summary"]
+    assert summary["calibrated"] == 1 and summary["quantized"] == 1

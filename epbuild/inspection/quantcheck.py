@@ -25,7 +25,7 @@ from epbuild.inspection.loadcheck import (
 )
 from epbuild.providers.contract import ProviderConfig
 from epbuild.quant.samples import InputSpec, read_sample
-from epbuild.quant.work import stage_model
+from epbuild.quant.work import stage_model, unlinked
 from epbuild.runtime import open_models
 
 LAYERS = 10
@@ -157,7 +157,7 @@ class LayerErrors(LayerSums):
         so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
         self._sessions = {}
         typed = _typed(qdq_model, os.path.join(tmp, "typed.onnx"))
-        float_model = _unlinked(float_model, os.path.join(tmp, "float"))
+        float_model = unlinked(float_model, os.path.join(tmp, "float"))
         for name, model in (("float", float_model), ("qdq", typed)):
             augmented = os.path.join(tmp, f"{name}.onnx")
             modify_model_output_intermediate_tensors(model, augmented)
@@ -202,21 +202,6 @@ def _typed(qdq_model: str, path: str) -> str:
                         helper.make_tensor_value_info(out, TensorProto.FLOAT, None)
                     )
     stage_model(model, qdq_model, path)  # its weights copied beside it
-    return path
-
-
-def _unlinked(model_path: str, folder: str) -> str:
-    """``model_path``, or where its graph and a copy of its external data are put in
-    ``folder`` when it has any: ONNX's loader, which ``qdq_loss_debug`` reads it with,
-    refuses a data file with several hard links, which a restored one is."""
-    import onnx
-
-    model = onnx.load(model_path, load_external_data=False)
-    if not any(t.data_location == onnx.TensorProto.EXTERNAL for t in model.graph.initializer):
-        return model_path
-    os.makedirs(folder, exist_ok=True)
-    path = os.path.join(folder, os.path.basename(model_path))
-    stage_model(model, model_path, path)
     return path
 
 

@@ -297,9 +297,11 @@ def _run_whole(args: Mapping[str, Any], root: str, staging: str) -> None:
     """Write the two static graphs of one part."""
     import onnx
 
+    from epbuild.llm.sessions import load_weights, structure
     from epbuild.llm.static import StaticPrepError, StaticShape, make_static
 
-    model = onnx.load(os.path.join(root, str(args["model"])))
+    path = os.path.join(root, str(args["model"]))  # its weights read as ONNX Runtime reads them
+    model = load_weights(structure(path), os.path.dirname(path))  # (a hard-linked data file)
     for stage, sequence in STAGES:
         shape = StaticShape(sequence or int(args["window"]), int(args["context"]),
                             int(args["head_size"]))  # fmt: skip

@@ -68,7 +68,8 @@ def calibrate(job: Job, root: str) -> dict[str, Any]:
         next(iterate(root, [sample], specs))
     target = os.path.join(staging, MODEL)
     with scratch(staging) as tmp:
-        _preprocess(model, root, source, target, str(args["flavour"]))
+        path = unlinked(os.path.join(root, source), os.path.join(tmp, "source"))
+        _preprocess(model, path, source, target, str(args["flavour"]))
         del model
         with progress(staging, "samples") as report:
             feeds = iterate(root, samples, specs, report)
@@ -99,17 +100,37 @@ def _check_opset(model: onnx.ModelProto, source: str) -> None:
 
 
 def _load(root: str, rel: str) -> onnx.ModelProto:
-    import onnx
+    """The model at ``rel`` with its weights, read as ONNX Runtime reads them: ONNX's own
+    loader refuses an external-data file with several hard links, which a source kept in a
+    hard-linking store (DVC's ``hardlink`` cache) or restored from epbuild's cache is."""
+    from epbuild.llm.sessions import load_weights, structure
 
+    path = os.path.join(root, rel)
     try:
-        return onnx.load(os.path.join(root, rel))
+        return load_weights(structure(path), os.path.dirname(path))
     except Exception as exc:  # protobuf's DecodeError, a missing external-data file
         raise ModelError(f"{rel}: cannot be read as an ONNX model ({exc})") from exc
 
 
-def _preprocess(model: onnx.ModelProto, root: str, source: str, target: str, flavour: str) -> None:
-    """The provider's preprocessing (QNN: ORT's ``qnn_preprocess_model``; others: none),
-    written to ``target`` (the source's bytes when it changes nothing)."""
+def unlinked(model_path: str, folder: str) -> str:
+    """``model_path``, or where its graph and a kernel copy of its external data are put in
+    ``folder`` when it has any (``stage_model``): for ONNX Runtime's quantization tools,
+    which read a path with ONNX's loader, and it refuses a data file with several hard links."""
+    import onnx
+
+    model = onnx.load(model_path, load_external_data=False)
+    if not any(t.data_location == onnx.TensorProto.EXTERNAL for t in model.graph.initializer):
+        return model_path
+    os.makedirs(folder, exist_ok=True)
+    path = os.path.join(folder, os.path.basename(model_path))
+    stage_model(model, model_path, path)
+    return path
+
+
+def _preprocess(model: onnx.ModelProto, path: str, source: str, target: str, flavour: str) -> None:
+    """The provider's preprocessing (QNN: ORT's ``qnn_preprocess_model`` of the model at
+    ``path``; others: none), written to ``target`` (the source's bytes when it changes
+    nothing); ``source`` names it in messages."""
     import onnx
 
     external = model.ByteSize() >= _LARGE if _small_enough(model) else True
@@ -119,7 +140,7 @@ def _preprocess(model: onnx.ModelProto, root: str, source: str, target: str, fla
             from onnxruntime.quantization.execution_providers.qnn import qnn_preprocess_model
 
             # by path: given a ModelProto it moves the weights to external data in place
-            if qnn_preprocess_model(os.path.join(root, source), target, **where):
+            if qnn_preprocess_model(path, target, **where):
                 return
         onnx.save(model, target, **_save_args(external))
     except ModelError:
