@@ -227,3 +227,27 @@ def test_status_json_lists_orphaned_actions(simple_built: Workspace) -> None:
     assert doc["orphaned"] == ["single/htp/c"]
     assert [(a["id"], a["stale"]) for a in doc["actions"]] == [("pair/htp", False)]
     assert ws.cli_json("status", "pair")["orphaned"] == []  # selected: orphans not listed
+
+
+def test_external_data_linked_from_outside_the_folder_is_refused_with_what_to_do(
+    workspace: Workspace, tmp_path: Path
+) -> None:
+    """A data file that is a symbolic link out of the model's folder (DVC's ``symlink``
+    cache type): ONNX Runtime refuses to read it; the failure says how to keep it."""
+    import onnx
+
+    store = tmp_path / "store"
+    store.mkdir()
+    model = matmul_model()
+    onnx.save(model, store / "m.onnx", save_as_external_data=True, location="m.onnx.data",
+              size_threshold=0)  # fmt: skip
+    (workspace.root / "models").mkdir(parents=True, exist_ok=True)
+    shutil.copy(store / "m.onnx", workspace.root / "models" / "m.onnx")
+    os.symlink(store / "m.onnx.data", workspace.root / "models" / "m.onnx.data")
+    workspace.manifest({
+        "providers": {"htp": HTP73},
+        "groups": {"g": {"models": ["models/m.onnx"], "providers": ["htp"]}},
+    })  # fmt: skip
+    proc = workspace.main("build")
+    assert proc.returncode == 1
+    assert "escapes model directory" in proc.stderr and "hard link to it" in proc.stderr

@@ -335,6 +335,11 @@ def _open_session(ort: Any, job: CompileWork, model: str, so: Any) -> Any:
         raise ort_failure(job, model, exc) from exc
 
 
+ESCAPES_FOLDER = "External data path escapes model directory"
+"""ONNX Runtime's words for external data it refuses to read: outside the model's folder,
+through a symbolic link."""
+
+
 def ort_failure(job: CompileWork, model: str, exc: Exception) -> CompileFailure:
     """The failure of an ONNX Runtime error while compiling ``model``."""
     hint = None
@@ -342,6 +347,12 @@ def ort_failure(job: CompileWork, model: str, exc: Exception) -> CompileFailure:
         hint = (
             "disable_cpu_ep_fallback = true refuses a model with nodes the EP cannot take; "
             "set it to false to leave them on the CPU EP"
+        )
+    elif ESCAPES_FOLDER in str(exc):
+        hint = (
+            "ONNX Runtime reads external data only from inside the model's folder, and this "
+            "data file is a symbolic link that leads out of it: keep the file itself, or a "
+            "hard link to it, beside the model (a DVC checkout: cache.type = hardlink or copy)"
         )
     elif QNN_MEM_ALLOC in str(exc):
         dynamo = dynamo_export(model)  # out of memory, unless a known failure of the EP
