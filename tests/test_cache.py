@@ -521,3 +521,78 @@ def test_a_vouched_state_output_becomes_its_object_by_a_hard_link(tmp_path: Path
     assert trust.is_trusted(str(tmp_path / "cache"), outs["state/a.bin"].digest, obj_a.stat())
     assert obj_b.stat().st_ino != b.st_ino and obj_b.read_bytes() == files["b.bin"]
     assert len(check_consistent(tmp_path / "cache")) == 1
+
+
+def _state_output(folder: Path, body: bytes) -> tuple[str, Any, tuple[int, int, int]]:
+    """A state output written long enough ago to be vouched for: (name, record, stat)."""
+    from epbuild.state.journal import OutputRecord
+
+    folder.mkdir(parents=True)
+    (folder / "a.bin").write_bytes(body)
+    os.utime(folder / "a.bin", ns=(1, 10**18))
+    st = (folder / "a.bin").stat()
+    digest = hashlib.sha256(body).hexdigest()
+    return "a.bin", OutputRecord(len(body), digest), (st.st_ino, st.st_size, st.st_mtime_ns)
+
+
+def test_two_stores_by_link_of_the_same_bytes_at_once_leave_one_good_object(
+    tmp_path: Path,
+) -> None:
+    """Two builds (two workspaces sharing a cache) store the same prepared bytes by hard link
+    at the same moment: one object, whole, the other's file as it was. The last rename wins
+    the object's name; the trust record may then name the other file, which costs one
+    re-hash at a restore (``cache.trust``: a record is only a hint)."""
+    import threading
+
+    from epbuild.state.journal import ActionRecord
+
+    body = b"w" * 4096
+    made = [_state_output(tmp_path / f"ws{i}", body) for i in range(2)]
+    start = threading.Barrier(2)
+    errors: list[BaseException] = []
+
+    def store(i: int) -> None:
+        name, out, stat_key = made[i]
+        record = ActionRecord("g/p", f"{i + 1}" * 64, {}, {f"s/{name}": out}, 0.0, 0, 0.0)
+        cache = ActionCache(str(tmp_path / "cache"))
+        start.wait()
+        try:
+            cache.save(record, str(tmp_path / f"ws{i}"), {name: stat_key}.get)
+        except BaseException as exc:  # reported below, in the test's thread
+            errors.append(exc)
+
+    threads = [threading.Thread(target=store, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    obj = tmp_path / "cache" / object_path(made[0][1].digest)
+    assert obj.read_bytes() == body
+    assert obj.stat().st_ino in {(tmp_path / f"ws{i}" / "a.bin").stat().st_ino for i in (0, 1)}
+    assert all((tmp_path / f"ws{i}" / "a.bin").read_bytes() == body for i in (0, 1))
+    assert len(check_consistent(tmp_path / "cache")) == 2
+
+
+def test_a_store_by_link_where_links_fail_copies(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A cache on another filesystem (no hard link across): the vouched output is copied and
+    hashed as any other, and stays writable as it was."""
+    import errno
+
+    from epbuild.state.journal import ActionRecord
+
+    name, out, stat_key = _state_output(tmp_path / "ws", b"c" * 100)
+
+    def cross_device(*_: object) -> None:
+        raise OSError(errno.EXDEV, "Invalid cross-device link")
+
+    monkeypatch.setattr(os, "link", cross_device)
+    record = ActionRecord("g/p", "1" * 64, {}, {f"s/{name}": out}, 0.0, 0, 0.0)
+    ActionCache(str(tmp_path / "cache")).save(record, str(tmp_path / "ws"), {name: stat_key}.get)
+    obj = tmp_path / "cache" / object_path(out.digest)
+    assert obj.read_bytes() == b"c" * 100
+    assert obj.stat().st_ino != (tmp_path / "ws" / "a.bin").stat().st_ino
+    assert (tmp_path / "ws" / "a.bin").stat().st_mode & 0o200  # not made read-only
+    assert len(check_consistent(tmp_path / "cache")) == 1
