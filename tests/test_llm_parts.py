@@ -141,6 +141,47 @@ def test_cutting_is_deterministic(deep: Path, tmp_path: Path) -> None:
         assert path.read_bytes() == (tmp_path / "b" / path.name).read_bytes(), path.name
 
 
+def test_a_preparation_keeps_the_data_files_an_edit_left_alone(deep: Path, tmp_path: Path) -> None:
+    """Written beside the last preparation (``previous``), a data file that would hold the
+    same bytes is that preparation's file (a hard link: compared, not written again); one
+    whose weights changed, one changed since, or a link in its place, is written anew."""
+    source = tmp_path / "source"
+    shutil.copytree(deep, source)
+    model, shape = str(source / "model.onnx"), PartShape(WINDOW, CONTEXT, HEAD, 3)
+    folders = {name: tmp_path / name for name in ("first", "fresh", "kept", "tampered")}
+    for folder in folders.values():
+        folder.mkdir()
+    write_parts(model, str(folders["first"]), shape)
+    _edit_last_layer(source)
+    write_parts(model, str(folders["fresh"]), shape)
+    write_parts(model, str(folders["kept"]), shape, str(folders["first"]))
+
+    def same(name: str, a: str = "first", b: str = "kept") -> bool:
+        return os.path.samefile(folders[a] / name, folders[b] / name)
+
+    for path in sorted(folders["fresh"].iterdir()):
+        assert path.read_bytes() == (folders["kept"] / path.name).read_bytes(), path.name
+    assert same("embeddings.onnx.data") and same("part1.onnx.data") and same("part2.onnx.data")
+    assert not same("part3.onnx.data")  # the edited layer's part
+
+    with open(folders["first"] / "part2.onnx.data", "r+b") as f:  # a byte changed since
+        f.seek(100)
+        flipped = bytes([f.read(1)[0] ^ 1])
+        f.seek(100)
+        f.write(flipped)
+    elsewhere = tmp_path / "elsewhere.data"
+    shutil.copyfile(folders["fresh"] / "part1.onnx.data", elsewhere)
+    os.unlink(folders["first"] / "part1.onnx.data")
+    os.symlink(elsewhere, folders["first"] / "part1.onnx.data")  # a link is never followed
+    write_parts(model, str(folders["tampered"]), shape, str(folders["first"]))
+    for path in sorted(folders["fresh"].iterdir()):
+        assert path.read_bytes() == (folders["tampered"] / path.name).read_bytes(), path.name
+    assert same("embeddings.onnx.data", b="tampered")
+    assert not os.path.islink(folders["tampered"] / "part1.onnx.data")
+    assert not os.path.samefile(elsewhere, folders["tampered"] / "part1.onnx.data")
+    assert not same("part2.onnx.data", b="tampered")
+
+
 @pytest.mark.parametrize(
     ("more", "key", "said"),
     [

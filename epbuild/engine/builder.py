@@ -27,10 +27,12 @@ from epbuild.planning.staleness import ActionPlan, plan_action
 from epbuild.planning.workspace import Workspace, recorded_outputs
 from epbuild.results import ActionResult, Outcome, Reporter, action_result
 from epbuild.state import locks
-from epbuild.state.journal import ActionRecord, State, done_line
+from epbuild.state.journal import ActionRecord, OutputRecord, State, done_line
 from epbuild.state.statcache import Entry
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from epbuild.cache.actioncache import ActionCache
     from epbuild.engine.memory import MemoryPlan
     from epbuild.engine.scheduler import Execution
@@ -351,7 +353,9 @@ class Builder:
             id=action.id,
             key=key.key,
             components=key.components,
-            outputs=hash_staged(self.ws.root, staging, action.out_dir, names),
+            outputs=hash_staged(
+                self.ws.root, staging, action.out_dir, names, self._kept(action.out_dir)
+            ),
             seconds=float(result.get("seconds", 0.0)),
             peak_rss=int(result.get("peak_rss", 0)),
             at=time.time(),
@@ -399,6 +403,26 @@ class Builder:
             )
             if back is not None:
                 ws.journal.forget(back.id)
+
+    def _kept(self, out_dir: str) -> Callable[[str, os.stat_result], OutputRecord | None]:
+        """The record of a staged output that is a hard link to the output in place in
+        ``out_dir`` (a job that kept a file it would have written the same: the LLM
+        preparation keeps the data files of the parts an edit did not touch), from the stat
+        cache, unread; None for any other."""
+
+        def kept(name: str, staged: os.stat_result) -> OutputRecord | None:
+            rel = posixpath.join(out_dir, name)
+            try:
+                placed = os.lstat(os.path.join(self.ws.root, rel))
+            except OSError:
+                return None
+            same = (placed.st_dev, placed.st_ino) == (staged.st_dev, staged.st_ino)
+            entry = (
+                self.ws.stats.lookup(rel, placed) if same and stat.S_ISREG(placed.st_mode) else None
+            )
+            return None if entry is None else OutputRecord(entry.size, entry.digest)
+
+        return kept
 
     def _in_place(self, out_dir: str, names: list[str], record: ActionRecord) -> list[str]:
         """The staged outputs whose bytes are already at their place (a regular file the

@@ -108,8 +108,17 @@ def _alive_windows(pid: int) -> bool:
         return True
 
 
-def hash_staged(root: str, staging: str, out_dir: str, names: list[str]) -> dict[str, OutputRecord]:
+def hash_staged(
+    root: str,
+    staging: str,
+    out_dir: str,
+    names: list[str],
+    kept: Callable[[str, os.stat_result], OutputRecord | None] | None = None,
+) -> dict[str, OutputRecord]:
     """Size and digest of each staged output, refusing any that holds the workspace path.
+    ``kept`` gives the record of a staged file that is the output already in place (a job
+    kept the file it would have written the same): it is not read again, as it was scanned
+    when it was written.
 
     Files are read in pieces (memory stays flat at any model size), and that one read also
     scans the bytes for the workspace path followed by a separator, only where that string
@@ -122,7 +131,12 @@ def hash_staged(root: str, staging: str, out_dir: str, names: list[str]) -> dict
     needles = scan_needles(root)
     records: dict[str, OutputRecord] = {}
     for name in names:
-        digest = digest_file(os.path.join(root, staging, name), needles)
+        path = os.path.join(root, staging, name)
+        known = kept(name, os.lstat(path)) if kept is not None else None
+        if known is not None:
+            records[posixpath.join(out_dir, name)] = known
+            continue
+        digest = digest_file(path, needles)
         problem = needle_problem(name, digest.found)
         if problem is not None:
             raise VerificationError(problem.line())

@@ -145,6 +145,7 @@ class PrepareKind(LlmStepKind):
         }
         if llm.parts > 1:
             payload["parts"] = llm.parts
+            payload["previous"] = action.out_dir  # its data files are kept where unchanged
         return payload
 
     def check(
@@ -284,7 +285,9 @@ def _run_parts(args: Mapping[str, Any], root: str, staging: str) -> dict[str, An
     )
     model = os.path.join(root, str(args["model"]))
     try:
-        split = write_parts(model, os.path.join(root, staging), shape)
+        previous = args.get("previous")
+        kept = os.path.join(root, str(previous)) if previous else None
+        split = write_parts(model, os.path.join(root, staging), shape, kept)
     except StaticPrepError as exc:
         raise ModelError(
             f"{args['model']}: splitting into parts failed: {exc}",

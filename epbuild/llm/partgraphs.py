@@ -20,13 +20,15 @@ from __future__ import annotations
 import json
 import os
 import re
+import stat
 from collections.abc import Sequence
+from typing import NamedTuple
 
 import onnx
 from onnx import TensorProto, helper
 
 from epbuild._dataclass import dataclass
-from epbuild.fs import copy_range
+from epbuild.fs import copy_range, open_nofollow, same_bytes, zeros
 from epbuild.llm.genai_config import EMBEDDINGS
 from epbuild.llm.parts import PARTS_JSON, STAGE_SEQUENCES, data_name, part_name, stage_name
 from epbuild.llm.sizes import split_layers, weight_sizes
@@ -38,6 +40,8 @@ _ALIGN_ABOVE = 1 << 20
 _ALIGNMENT = 4096
 """Tensors of at least ``_ALIGN_ABOVE`` bytes start at a multiple of ``_ALIGNMENT`` (as
 onnx's own writer aligns them), so that a runtime may map them."""
+
+_READ = os.O_RDONLY | getattr(os, "O_BINARY", 0)
 
 EMBED_STAGE = 0
 """The stage index of ``embeddings``; part ``k`` is stage ``k``."""
@@ -53,10 +57,13 @@ class PartShape:
     parts: int
 
 
-def write_parts(model_path: str, out_dir: str, shape: PartShape) -> tuple[range, ...]:
+def write_parts(
+    model_path: str, out_dir: str, shape: PartShape, previous: str | None = None
+) -> tuple[range, ...]:
     """Write ``embeddings.onnx`` and each part's ``context``/``iterator`` graphs with their
-    data files into ``out_dir``; returns the layers of each part. ``StaticPrepError`` when
-    the decoder cannot be cut."""
+    data files into ``out_dir``; returns the layers of each part. ``previous``: the folder
+    of the last preparation, whose data files are kept (hard-linked) where they already
+    hold the bytes. ``StaticPrepError`` when the decoder cannot be cut."""
     source = onnx.load(model_path, load_external_data=False)
     layers = sum(n.op_type == GQA for n in source.graph.node)
     try:
@@ -77,17 +84,20 @@ def write_parts(model_path: str, out_dir: str, shape: PartShape) -> tuple[range,
     hidden_type, hidden = _hidden(first.graph, cuts)
     free = ("batch_size", "sequence_length", hidden)
     embed = _stage_model(first, cuts, EMBED_STAGE, free, hidden_type, dynamic=True)
-    _write(embed, base, out_dir, f"{EMBEDDINGS}.onnx", f"{EMBEDDINGS}.onnx.data")
+    embed_data = _DataFile(f"{EMBEDDINGS}.onnx.data", base)
+    _save(embed, base, out_dir, f"{EMBEDDINGS}.onnx", embed_data)
+    embed_data.write(out_dir, previous)
     described: dict[str, dict[str, list[str] | list[int]]] = {EMBEDDINGS: _io(embed)}
     for index in range(1, len(split) + 1):
-        placed: dict[str, tuple[int, int]] = {}
+        data = _DataFile(data_name(index), base)
         for graph, sequence in STAGE_SEQUENCES:
             static = statics[graph]
             seq = sequence or shape.window
             cut = _Cuts(static.graph, stages)
             part = _stage_model(static, cut, index, (1, seq, hidden), hidden_type, dynamic=False)
             name = stage_name(index, graph)
-            _write(part, base, out_dir, f"{name}.onnx", data_name(index), placed)
+            _save(part, base, out_dir, f"{name}.onnx", data)
+        data.write(out_dir, previous)
         layers = split[index - 1]
         described[part_name(index)] = {**_io(part), "layers": [layers.start, layers.stop - 1]}
     with open(os.path.join(out_dir, PARTS_JSON), "w", encoding="utf-8") as f:
@@ -238,48 +248,146 @@ def _value(
     return helper.make_tensor_value_info(name, hidden_type, list(hidden_shape))
 
 
-def _write(
-    model: onnx.ModelProto,
-    source_dir: str,
-    out_dir: str,
-    name: str,
-    data: str,
-    placed: dict[str, tuple[int, int]] | None = None,
+def _save(
+    model: onnx.ModelProto, source_dir: str, out_dir: str, name: str, data: _DataFile
 ) -> None:
-    """Save ``model`` as ``out_dir/name``, its external weights copied from the source's
-    data into ``out_dir/data`` (appended; ``placed`` remembers what an earlier graph of the
-    same part wrote there, so that both graphs share one copy)."""
-    placed = {} if placed is None else placed
-    path = os.path.join(out_dir, data)
-    with open(path, "r+b" if os.path.exists(path) else "w+b") as out:
-        for tensor in model.graph.initializer:
-            if tensor.data_location != TensorProto.EXTERNAL:
-                continue
-            if tensor.name not in placed:
-                placed[tensor.name] = _append(out.fileno(), source_dir, tensor)
-            offset, length = placed[tensor.name]
-            del tensor.external_data[:]
-            for key, value in (("location", data), ("offset", offset), ("length", length)):
-                entry = tensor.external_data.add()
-                entry.key, entry.value = key, str(value)
-    if os.path.getsize(path) == 0:
-        os.unlink(path)
+    """Save ``model`` as ``out_dir/name``, its external weights placed in ``data`` (written
+    later, once every graph that shares it is placed)."""
+    for tensor in model.graph.initializer:
+        if tensor.data_location != TensorProto.EXTERNAL:
+            continue
+        offset, length = data.place(source_dir, tensor)
+        del tensor.external_data[:]
+        for key, value in (("location", data.name), ("offset", offset), ("length", length)):
+            entry = tensor.external_data.add()
+            entry.key, entry.value = key, str(value)
     onnx.save_model(model, os.path.join(out_dir, name))
 
 
-def _append(out: int, source_dir: str, tensor: onnx.TensorProto) -> tuple[int, int]:
-    """Copy ``tensor``'s bytes from its source data file to the end of the open file
-    ``out`` (in the kernel where it can: ``copy_range``); returns where they now are."""
-    info = {e.key: e.value for e in tensor.external_data}
-    location = info.get("location", "")
-    if not location or os.path.isabs(location) or ".." in location.replace("\\", "/").split("/"):
-        raise StaticPrepError(f"{tensor.name}: unusable external-data location {location!r}")
-    start = int(info.get("offset", 0))
-    with open(os.path.join(source_dir, location), "rb") as src:
-        length = int(info["length"]) if "length" in info else os.fstat(src.fileno()).st_size - start
-        offset = os.fstat(out).st_size
+class _Piece(NamedTuple):
+    tensor: str
+    location: str
+    start: int
+    length: int
+    at: int
+
+
+class _DataFile:
+    """A data file of the preparation, laid out before it is written: each external weight
+    of the graphs that share it gets its place (``place``), then its bytes are copied from
+    the source's data, or the previous preparation's file is kept (``write``)."""
+
+    def __init__(self, name: str, source_dir: str) -> None:
+        self.name = name
+        self.source_dir = source_dir
+        self.size = 0
+        self.pieces: list[_Piece] = []
+        self.placed: dict[str, tuple[int, int]] = {}
+
+    def place(self, source_dir: str, tensor: onnx.TensorProto) -> tuple[int, int]:
+        """Where ``tensor``'s bytes go (offset, length): at the end, aligned, the first
+        time; where they already went when a graph placed it before."""
+        if tensor.name in self.placed:
+            return self.placed[tensor.name]
+        info = {e.key: e.value for e in tensor.external_data}
+        location = info.get("location", "")
+        if (
+            not location
+            or os.path.isabs(location)
+            or ".." in location.replace("\\", "/").split("/")
+        ):
+            raise StaticPrepError(f"{tensor.name}: unusable external-data location {location!r}")
+        start = int(info.get("offset", 0))
+        if "length" in info:
+            length = int(info["length"])
+        else:
+            length = os.path.getsize(os.path.join(source_dir, location)) - start
+        offset = self.size
         if length >= _ALIGN_ABOVE and offset % _ALIGNMENT:
             offset += _ALIGNMENT - offset % _ALIGNMENT  # the gap reads as zeros
-        if copy_range(src.fileno(), out, start, length, offset) != length:
-            raise StaticPrepError(f"{tensor.name}: {location} ends before its data")
-    return offset, length
+        self.pieces.append(_Piece(tensor.name, location, start, length, offset))
+        self.size = offset + length
+        self.placed[tensor.name] = (offset, length)
+        return offset, length
+
+    def write(self, out_dir: str, previous: str | None) -> None:
+        """Write the file into ``out_dir`` (none when no weight was placed): a hard link to
+        the previous preparation's file in ``previous`` where that holds these very bytes
+        (after an edit of one part, the others' gigabytes are compared, not written again),
+        else the bytes copied from the source's data."""
+        if not self.pieces:
+            return
+        path = os.path.join(out_dir, self.name)
+        if previous is not None and self._kept(os.path.join(previous, self.name), path):
+            return
+        with open(path, "wb") as out, _Sources(self.source_dir) as sources:
+            for piece in self.pieces:
+                src = sources.fd(piece.location)
+                if (
+                    copy_range(src, out.fileno(), piece.start, piece.length, piece.at)
+                    != piece.length
+                ):
+                    raise StaticPrepError(f"{piece.tensor}: {piece.location} ends before its data")
+            out.truncate(self.size)
+
+    def _kept(self, previous: str, path: str) -> bool:
+        """Link ``previous`` at ``path`` when it is a regular file holding exactly the bytes
+        this file would (the same size, each weight's bytes, zeros between them)."""
+        try:
+            fd = open_nofollow(previous, os.O_RDONLY)
+        except OSError:
+            return False
+        try:
+            before = os.fstat(fd)
+            if not stat.S_ISREG(before.st_mode) or before.st_size != self.size:
+                return False
+            if not self._held_by(fd):
+                return False
+        finally:
+            os.close(fd)
+        try:
+            os.link(previous, path)
+        except OSError:  # no hard links here: copy
+            return False
+        after = os.lstat(path)
+        if (after.st_ino, after.st_dev, after.st_mtime_ns) != (
+            before.st_ino,
+            before.st_dev,
+            before.st_mtime_ns,
+        ):  # replaced meanwhile: what was compared is not what was linked
+            os.unlink(path)
+            return False
+        return True
+
+    def _held_by(self, fd: int) -> bool:
+        at = 0
+        with _Sources(self.source_dir) as sources:
+            for piece in self.pieces:
+                if piece.at > at and not zeros(fd, at, piece.at - at):
+                    return False
+                if not same_bytes(
+                    sources.fd(piece.location), piece.start, fd, piece.at, piece.length
+                ):
+                    return False
+                at = piece.at + piece.length
+        return at == self.size
+
+
+class _Sources:
+    """The source's data files, each opened once, all closed on leaving the ``with``."""
+
+    def __init__(self, source_dir: str) -> None:
+        self.source_dir = source_dir
+        self.open: dict[str, int] = {}
+
+    def fd(self, location: str) -> int:
+        if location not in self.open:
+            self.open[location] = os.open(os.path.join(self.source_dir, location), _READ)
+        return self.open[location]
+
+    def __enter__(self) -> _Sources:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for fd in self.open.values():
+            os.close(fd)
