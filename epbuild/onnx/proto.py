@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import os
 import struct
-from collections.abc import Iterator
-from typing import TypeAlias, overload
+from collections.abc import Callable, Iterator
+from typing import TypeAlias, TypeVar, overload
 
 from epbuild._dataclass import dataclass
 
@@ -581,13 +581,20 @@ class _PagedFile:
 
 def read_model(path: str | os.PathLike[str], *, strings: bool = False) -> ModelInfo:
     """Read an ONNX file (external data files are not opened; see `parse_model`)."""
+    return _read(path, lambda buf: _Reader(buf, strings).model())
+
+
+_T = TypeVar("_T")
+
+
+def _read(path: str | os.PathLike[str], read: Callable[[_Buf], _T]) -> _T:
+    """``read`` of an ONNX file's bytes: read whole, or in pages (`_PagedFile`) from
+    `_PAGED_MIN` bytes on; `ProtoError` for an empty file."""
     with open(path, "rb") as f:
         size = os.fstat(f.fileno()).st_size
         if size == 0:
             raise ProtoError("empty file")
-        if size < _PAGED_MIN:
-            return parse_model(f.read(), strings=strings)
-        return _Reader(_PagedFile(f.fileno(), size), strings).model()
+        return read(f.read() if size < _PAGED_MIN else _PagedFile(f.fileno(), size))
 
 
 def _external_refs(buf: _Buf) -> list[ExternalRef]:
@@ -643,10 +650,4 @@ def parse_external_refs(data: bytes) -> list[ExternalRef]:
 def read_external_refs(path: str | os.PathLike[str]) -> list[ExternalRef]:
     """`parse_external_refs` of an ONNX file (a big one is read in pages, as `read_model`
     reads it)."""
-    with open(path, "rb") as f:
-        size = os.fstat(f.fileno()).st_size
-        if size == 0:
-            raise ProtoError("empty file")
-        if size < _PAGED_MIN:
-            return _external_refs(f.read())
-        return _external_refs(_PagedFile(f.fileno(), size))
+    return _read(path, _external_refs)
