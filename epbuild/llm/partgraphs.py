@@ -85,7 +85,7 @@ def write_parts(
     free = ("batch_size", "sequence_length", hidden)
     embed = _stage_model(first, cuts, EMBED_STAGE, free, hidden_type, dynamic=True)
     embed_data = _DataFile(f"{EMBEDDINGS}.onnx.data", base)
-    _save(embed, base, out_dir, f"{EMBEDDINGS}.onnx", embed_data)
+    _save(embed, out_dir, f"{EMBEDDINGS}.onnx", embed_data)
     embed_data.write(out_dir, previous)
     described: dict[str, dict[str, list[str] | list[int]]] = {EMBEDDINGS: _io(embed)}
     for index in range(1, len(split) + 1):
@@ -96,7 +96,7 @@ def write_parts(
             cut = _Cuts(static.graph, stages)
             part = _stage_model(static, cut, index, (1, seq, hidden), hidden_type, dynamic=False)
             name = stage_name(index, graph)
-            _save(part, base, out_dir, f"{name}.onnx", data)
+            _save(part, out_dir, f"{name}.onnx", data)
         data.write(out_dir, previous)
         layers = split[index - 1]
         described[part_name(index)] = {**_io(part), "layers": [layers.start, layers.stop - 1]}
@@ -248,15 +248,13 @@ def _value(
     return helper.make_tensor_value_info(name, hidden_type, list(hidden_shape))
 
 
-def _save(
-    model: onnx.ModelProto, source_dir: str, out_dir: str, name: str, data: _DataFile
-) -> None:
+def _save(model: onnx.ModelProto, out_dir: str, name: str, data: _DataFile) -> None:
     """Save ``model`` as ``out_dir/name``, its external weights placed in ``data`` (written
     later, once every graph that shares it is placed)."""
     for tensor in model.graph.initializer:
         if tensor.data_location != TensorProto.EXTERNAL:
             continue
-        offset, length = data.place(source_dir, tensor)
+        offset, length = data.place(tensor)
         del tensor.external_data[:]
         for key, value in (("location", data.name), ("offset", offset), ("length", length)):
             entry = tensor.external_data.add()
@@ -284,7 +282,7 @@ class _DataFile:
         self.pieces: list[_Piece] = []
         self.placed: dict[str, tuple[int, int]] = {}
 
-    def place(self, source_dir: str, tensor: onnx.TensorProto) -> tuple[int, int]:
+    def place(self, tensor: onnx.TensorProto) -> tuple[int, int]:
         """Where ``tensor``'s bytes go (offset, length): at the end, aligned, the first
         time; where they already went when a graph placed it before."""
         if tensor.name in self.placed:
@@ -301,7 +299,7 @@ class _DataFile:
         if "length" in info:
             length = int(info["length"])
         else:
-            length = os.path.getsize(os.path.join(source_dir, location)) - start
+            length = os.path.getsize(os.path.join(self.source_dir, location)) - start
         offset = self.size
         if length >= _ALIGN_ABOVE and offset % _ALIGNMENT:
             offset += _ALIGNMENT - offset % _ALIGNMENT  # the gap reads as zeros
