@@ -182,6 +182,58 @@ def test_a_preparation_keeps_the_data_files_an_edit_left_alone(deep: Path, tmp_p
     assert not same("part2.onnx.data", b="tampered")
 
 
+def test_where_hard_links_fail_the_unchanged_data_files_are_copied(
+    deep: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A filesystem without hard links (EPERM, another device): the preparation copies
+    what it would have kept, the same bytes, and nothing of the last one is touched."""
+    shape = PartShape(WINDOW, CONTEXT, HEAD, 3)
+    first, second = tmp_path / "first", tmp_path / "second"
+    first.mkdir()
+    second.mkdir()
+    write_parts(str(deep / "model.onnx"), str(first), shape)
+    before = {p.name: (p.stat().st_ino, p.read_bytes()) for p in first.iterdir()}
+
+    def no_links(src: object, dst: object) -> None:
+        raise PermissionError(1, "Operation not permitted")
+
+    monkeypatch.setattr(os, "link", no_links)
+    write_parts(str(deep / "model.onnx"), str(second), shape, str(first))
+    for path in sorted(first.iterdir()):
+        assert (second / path.name).read_bytes() == path.read_bytes(), path.name
+        assert not os.path.samefile(second / path.name, path)
+        assert (path.stat().st_ino, path.read_bytes()) == before[path.name]
+
+
+@pytest.mark.slow
+def test_two_rebuilds_at_once_after_an_edit_keep_the_untouched_parts(
+    workspace: Workspace, deep: Path
+) -> None:
+    """Two builds at once after an edit of the last layer: both succeed, one prepares (the
+    other waits for it and finds it done), the untouched parts' data files stay the ones
+    in place, nothing staged is left, and a third build has nothing to do."""
+    import subprocess
+    import sys
+
+    _workspace(workspace, deep, share=True)
+    assert workspace.build().ok
+    prepared = workspace.root / ".epbuild" / "llm" / "chat" / "prepared"
+    kept = (prepared / "part1.onnx.data").stat().st_ino
+    _edit_last_layer(workspace.root / "models" / "tiny")
+    command = [sys.executable, "-m", "epbuild", "-C", str(workspace.root), "build"]
+    procs = [
+        subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for _ in range(2)
+    ]
+    for proc in procs:
+        out, err = proc.communicate(timeout=600)
+        assert proc.returncode == 0, out + err
+    assert (prepared / "part1.onnx.data").stat().st_ino == kept
+    assert not list((workspace.root / ".epbuild").rglob("*staging*"))
+    again = workspace.build()
+    assert {a.outcome for a in again.actions} == {Outcome.UP_TO_DATE}
+
+
 @pytest.mark.parametrize(
     ("more", "key", "said"),
     [
