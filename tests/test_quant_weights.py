@@ -189,7 +189,9 @@ def test_a_whole_quantization_is_the_same_model(
     monkeypatch.setattr(weights, "scale_zero_point", spy)
     with weights.vectorized():
         assert qdq_quantizer.QDQQuantizer._calc_initializer_quant_params is not original
-        got = run(str(tmp_path / "fast.onnx"))
+        with weights.vectorized():  # entered again (another thread): nothing changes
+            got = run(str(tmp_path / "fast.onnx"))
+        assert qdq_quantizer.QDQQuantizer._calc_initializer_quant_params is not original
     assert sorted(vectorized) == [(16, 24), (24,), (24, 8)]  # w1, w2 (per channel or not); b
     assert got == want
     assert qdq_quantizer.QDQQuantizer._calc_initializer_quant_params is original

@@ -33,6 +33,8 @@ _INTEGER = frozenset(
 )
 _PLAIN_KEYS = frozenset({"quant_type", "axis", "symmetric", "reduce_range"})
 """Per-tensor override keys the vectorized parameters honour; any other goes to ORT."""
+_MARK = "_epbuild_vectorized"
+"""Set on the parameters method while :func:`vectorized` is in force."""
 _PIECE = 1 << 20
 """Elements quantized at once (a 4 MB float piece, reused: no whole-weight temporaries)."""
 
@@ -225,15 +227,19 @@ def _parameters(original: Callable[[Any], dict[str, Any]]) -> Callable[[Any], di
 
 @contextmanager
 def vectorized() -> Iterator[None]:
-    """Inside, ONNX Runtime's QDQ quantizer quantizes weights vectorized, in pieces."""
+    """Inside, ONNX Runtime's QDQ quantizer quantizes weights vectorized, in pieces. Entered
+    while already in force (another thread's quantization), it changes nothing: the first
+    to enter puts ORT's own code back (the same bits either way)."""
     cls = qdq_quantizer.QDQQuantizer
     params = cls.__dict__.get("_calc_initializer_quant_params")
     initializer = getattr(qdq_quantizer, "quantize_onnx_initializer", None)
-    if params is None or initializer is None:  # another ORT: its own code, unchanged
-        yield
+    if params is None or initializer is None or hasattr(params, _MARK):
+        yield  # another ORT (its own code, unchanged), or already in force
         return
-    cls._calc_initializer_quant_params = _parameters(params)
-    qdq_quantizer.quantize_onnx_initializer = _initializer(initializer)
+    fast_params, fast_initializer = _parameters(params), _initializer(initializer)
+    setattr(fast_params, _MARK, True)
+    cls._calc_initializer_quant_params = fast_params
+    qdq_quantizer.quantize_onnx_initializer = fast_initializer
     try:
         yield
     finally:
