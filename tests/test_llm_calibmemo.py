@@ -62,6 +62,8 @@ def _calibrate(source: Path, parts: Path, out: Path, keep: Keep | None = None) -
     from onnxruntime.quantization import CalibrationMethod
 
     out.mkdir()
+    (out / ".scratch").mkdir()  # what a job's staging folder holds beside the calibration's
+    (out / ".epbuild-worker.log").write_text("a worker's log\n")
     io = static_io(json.loads((source / "genai_config.json").read_text()), WINDOW, CONTEXT)
     prompts = tokenize(str(source), TEXT_PROMPTS.read_text().splitlines()[:4])
     graphs = {s: str(parts / f"{s}.onnx") for s in STAGES}
@@ -113,9 +115,14 @@ def test_an_edit_that_changes_the_tokens_calibrates_every_part(
     again = _calibrate(source, flipped, tmp_path / "again", keep)
     assert keep.reused == []
     assert again == _calibrate(source, flipped, tmp_path / "whole")
-    assert (
-        json.loads((tmp_path / "again" / MEMO).read_text())["tokens"]
-        != json.loads((first / MEMO).read_text())["tokens"]
+    memo = json.loads((tmp_path / "again" / MEMO).read_text())
+    assert memo["tokens"] != json.loads((first / MEMO).read_text())["tokens"]
+    # The replay's files went, the job's stayed (its scratch folder: a directory), and the
+    # memo lists the calibration's files only.
+    assert (tmp_path / "again" / ".scratch").is_dir()
+    assert (tmp_path / "again" / ".epbuild-worker.log").is_file()
+    assert sorted(memo["files"]) == sorted(
+        [*(f"{s}.ranges.json" for s in STAGES), *(runs_name(f"part{k}") for k in (1, 2, 3))]
     )
 
 

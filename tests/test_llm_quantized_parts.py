@@ -8,6 +8,7 @@ default) each part's two quantized graphs are linked into one weight-shared bina
 
 from __future__ import annotations
 
+import json
 import platform
 import shutil
 from pathlib import Path
@@ -111,6 +112,14 @@ def _edit_last_layer(folder: Path) -> None:
     save_decoder(model, folder)
 
 
+def _flip_lm_head(folder: Path) -> None:
+    """Negate the lm_head: the chain chooses other tokens from the first prompt on."""
+    model = onnx.load(folder / "model.onnx")
+    (tensor,) = [t for t in model.graph.initializer if t.name == "lm_head.MatMul.weight"]
+    tensor.CopyFrom(numpy_helper.from_array(-numpy_helper.to_array(tensor), tensor.name))
+    save_decoder(model, folder)
+
+
 @pytest.mark.slow
 def test_w8a16_in_3_parts_generates_the_float_sources_tokens(
     workspace: Workspace, deep_text: Path
@@ -209,6 +218,16 @@ def test_an_edit_of_the_last_layer_calibrates_the_last_part_alone(
     assert again["chat/calibrate"] == "compiled"
     assert _calibration_detail(ws)["kept"] == ["part1", "part2"]
     assert again["chat/htp-v73/part1_context"] == "up_to_date"
+
+    # An edit that changes the tokens the chain chooses: the memo's replay diverges, what it
+    # wrote goes (not the job's own files beside it) and every part is calibrated again.
+    _flip_lm_head(ws.root / "models" / "tiny")
+    flipped = _outcomes(ws)
+    assert flipped["chat/calibrate"] == "compiled"
+    assert _calibration_detail(ws)["kept"] == []
+    assert sorted(json.loads((state / "memo.json").read_text())["files"]) == sorted(
+        [*(f"{s}.ranges.json" for s in STAGES), *(f"part{k}.runs" for k in (1, 2, 3))]
+    )
 
 
 @pytest.mark.slow

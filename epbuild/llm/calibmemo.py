@@ -185,18 +185,25 @@ def keep_files(keep: Keep, start: int, stages: Mapping[str, Sequence[str]]) -> N
     keep.reused[:] = parts[:start]
 
 
+def own_files(folder: str) -> list[str]:
+    """The calibration's files in ``folder`` (its ranges and runs), in name order: not its
+    memo, nor what the job beside it keeps there (the worker's log, the progress file, the
+    scratch folder: dot-named)."""
+    return [
+        name
+        for name in sorted(os.listdir(folder))
+        if name != MEMO and not name.startswith(".") and os.path.isfile(os.path.join(folder, name))
+    ]
+
+
 def write_memo(
     keep: Keep,
     prompts: Sequence[Sequence[int]],
     tokens: Sequence[Sequence[int]],
     inputs: Mapping[str, Sequence[str]],
 ) -> None:
-    """Write ``memo.json`` of the files now in ``keep.out``."""
-    files = {
-        name: _sha256(os.path.join(keep.out, name))
-        for name in sorted(os.listdir(keep.out))
-        if name != MEMO and os.path.isfile(os.path.join(keep.out, name))
-    }
+    """Write ``memo.json`` of the calibration's files now in ``keep.out``."""
+    files = {name: _sha256(os.path.join(keep.out, name)) for name in own_files(keep.out)}
     memo = {
         "format": MEMO_FORMAT,
         "settings": dict(keep.settings),

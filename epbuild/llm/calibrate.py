@@ -311,7 +311,7 @@ def calibrate(
     held four. ``keep`` (a decoder in parts): the memo of the last calibration is used
     and this one's written (``epbuild.llm.calibmemo``): after an edit of a late part,
     only that part and those after it run."""
-    from epbuild.llm.calibmemo import Diverged, first_changed
+    from epbuild.llm.calibmemo import Diverged, first_changed, own_files
 
     parts = _parts(graphs)
     stages = stages_of(parts, graphs, ranges)
@@ -322,7 +322,7 @@ def calibrate(
                 graphs, prompts, io, method, ranges, progress, embeddings, keep, start, memo
             )
         except Diverged:
-            for name in os.listdir(keep.out):  # what the replay wrote goes
+            for name in own_files(keep.out):  # what the replay wrote goes, not the job's
                 os.unlink(os.path.join(keep.out, name))
     return _calibrate(graphs, prompts, io, method, ranges, progress, embeddings, keep, 0, None)
 
