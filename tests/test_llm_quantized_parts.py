@@ -244,3 +244,18 @@ def test_numerics_of_each_part_graph(workspace: Workspace, deep_text: Path) -> N
         if stage.startswith("part3"):  # the last part's logits
             assert outputs["logits"]["sqnr_db"] >= 20, outputs
             assert outputs["logits"]["qdq_sqnr_db"] >= 20, outputs
+
+
+@pytest.mark.slow
+def test_generate_tells_the_parts_package_apart_by_its_qdq_graphs(
+    workspace: Workspace, deep_text: Path
+) -> None:
+    ws = _workspace(workspace, deep_text)
+    _outcomes(ws)
+    doc = ws.cli_json("verify", "--generate", "--timeout", "300")
+    assert doc["ok"], doc
+    (check,) = doc["generate"]
+    assert check["qdq_reason"] is None, check  # the chain of its QDQ part graphs ran
+    for prompt in check["prompts"]:
+        assert prompt["qdq_agreement"]["agreed"] >= 9, prompt
+        assert prompt["agreement_with_qdq"]["compared"] == prompt["agreement"]["compared"]
