@@ -311,8 +311,8 @@ LLM_QUANTIZE = LlmQuantizeKind()
 
 
 def calibrate(job: Job, root: str) -> dict[str, Any]:
-    """In the worker: read and tokenize the prompts, check each fits the KV cache, and
-    calibrate both graphs on them."""
+    """In the worker: read and tokenize the prompts, check each gives tokens that fit the
+    KV cache, and calibrate both graphs on them."""
     import importlib.util
 
     if importlib.util.find_spec("onnxruntime_genai") is None:
@@ -330,6 +330,12 @@ def calibrate(job: Job, root: str) -> dict[str, Any]:
         except PromptError as exc:
             raise ModelError(f"{label}: {exc.message}", hint=_PROMPTS_HINT) from exc
         for line, tokens in enumerate(tokenize(source, texts), 1):
+            if not tokens:  # genai refuses it ("input_ids is empty"); the graphs would not
+                raise ModelError(
+                    f"{label}: prompt {line} of {rel} gives no tokens: the source's "
+                    "tokenizer reads nothing in it",
+                    hint="give each line some text, or remove it",
+                )
             if io.fits(len(tokens)) < 1:
                 raise ModelError(
                     f"{label}: prompt {line} of {rel} is {len(tokens)} tokens: read in windows "
