@@ -141,3 +141,23 @@ def test_a_memo_of_other_settings_or_a_changed_file_is_not_used(
     keep = _keep(first, tmp_path / "again", "c2")
     _calibrate(source, parts, tmp_path / "again", keep)
     assert keep.reused == []
+
+
+@pytest.mark.parametrize("damage", ["a key removed", "its inputs reordered"])
+def test_a_memo_edited_by_hand_is_not_used(
+    prepared: tuple[Path, Path], tmp_path: Path, damage: str
+) -> None:
+    source, parts = prepared
+    first = tmp_path / "first"
+    _calibrate(source, parts, first, _keep(tmp_path / "none", first, "c"))
+    memo = json.loads((first / MEMO).read_text())
+    if damage == "a key removed":  # a KeyError in the worker on every build after it
+        del memo["inputs"]
+    else:  # valid JSON whose runs would be read under other names: other ranges
+        memo["inputs"]["part3"].reverse()
+    (first / MEMO).write_text(json.dumps(memo))
+    edited = _edited(parts, tmp_path / "edited", "model.layers.2.mlp.down_proj.MatMul.weight", 0.05)
+    keep = _keep(first, tmp_path / "again", "c2")
+    again = _calibrate(source, edited, tmp_path / "again", keep)
+    assert keep.reused == []
+    assert again == _calibrate(source, edited, tmp_path / "whole")

@@ -137,6 +137,36 @@ def test_a_bad_prompts_file_exits_2_with_one_message(workspace: Workspace) -> No
     assert not (ws.root / ".epbuild" / "llm").exists()
 
 
+@pytest.mark.parametrize(
+    ("line", "said"),
+    [
+        ("\x00\x00", "gives no tokens"),  # the tokenizer reads nothing in it
+        (" ".join(["word"] * 80), "leaves no room in the KV cache of 64"),
+    ],
+)
+def test_a_prompt_the_graphs_cannot_run_exits_2_naming_it(
+    workspace: Workspace, line: str, said: str
+) -> None:
+    ws = quantized(workspace)
+    (ws.root / "prompts.txt").write_text(f"The quick brown fox\n{line}\n")
+    proc = ws.cli("build", "chat/calibrate")
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    assert "prompt 2 of prompts.txt" in proc.stderr and said in proc.stderr, proc.stderr
+
+
+def test_a_text_recipe_no_llm_quantizes_with_is_named(workspace: Workspace) -> None:
+    """``quantize`` taken off the [llms] entry: its recipe's prompts are no samples."""
+    ws = quantized(workspace)
+    text = (ws.root / "epbuild.toml").read_text().replace('quantize = "w8a16"\n', "")
+    (ws.root / "epbuild.toml").write_text(text)
+    proc = ws.cli("build")
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    (message,) = [ln for ln in proc.stderr.splitlines() if "error:" in ln]
+    assert "quantization.w8a16.calibration: 'prompts.txt' names no samples: text prompts" in message
+    assert 'no [llms] entry has quantize = "w8a16"' in message, message
+    assert ".npz" not in message, message
+
+
 def test_quantize_naming_no_table_is_named(workspace: Workspace) -> None:
     ws = quantized(workspace, quantize="w4a16")
     proc = ws.cli("build")

@@ -244,3 +244,42 @@ def test_numerics_of_each_part_graph(workspace: Workspace, deep_text: Path) -> N
         if stage.startswith("part3"):  # the last part's logits
             assert outputs["logits"]["sqnr_db"] >= 20, outputs
             assert outputs["logits"]["qdq_sqnr_db"] >= 20, outputs
+
+
+@pytest.mark.slow
+def test_generate_tells_the_parts_package_apart_by_its_qdq_graphs(
+    workspace: Workspace, deep_text: Path
+) -> None:
+    ws = _workspace(workspace, deep_text)
+    _outcomes(ws)
+    doc = ws.cli_json("verify", "--generate", "--timeout", "300")
+    assert doc["ok"], doc
+    (check,) = doc["generate"]
+    assert check["qdq_reason"] is None, check  # the chain of its QDQ part graphs ran
+    for prompt in check["prompts"]:
+        assert prompt["qdq_agreement"]["agreed"] >= 9, prompt
+        assert prompt["agreement_with_qdq"]["compared"] == prompt["agreement"]["compared"]
+
+
+def test_a_new_pad_token_and_an_edit_of_the_last_layer_calibrate_every_part(
+    workspace: Workspace, deep_text: Path, tmp_path: Path
+) -> None:
+    """The pad token fills each prompt's last window, which every part reads: the memo of
+    another pad token keeps nothing (its ranges are not a calibration's of every part)."""
+    ws = _workspace(workspace, deep_text)
+    ws.cli("build", "chat/calibrate", check=True)
+    config = ws.root / "models" / "tiny" / "genai_config.json"
+    doc = json.loads(config.read_text())
+    doc["model"]["pad_token_id"] = 7
+    config.write_text(json.dumps(doc, indent=4))
+    _edit_last_layer(ws.root / "models" / "tiny")
+    ws.cli("build", "chat/calibrate", check=True)
+    assert _calibration_detail(ws)["kept"] == []
+    fresh = Workspace(tmp_path / "fresh")
+    shutil.copytree(ws.root / "models", fresh.root / "models")
+    _workspace(fresh, deep_text)
+    fresh.cli("build", "chat/calibrate", check=True)
+    for stage in STAGES:
+        name = f"{stage}.ranges.json"
+        mine = ws.root / ".epbuild" / "llm" / "chat" / "calibrated" / name
+        assert mine.read_bytes() == (fresh.root / mine.relative_to(ws.root)).read_bytes(), name

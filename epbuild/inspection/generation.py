@@ -323,12 +323,11 @@ def _qdq_generations(
 ) -> list[Generation]:
     """A quantized LLM's QDQ graphs on the CPU, teacher-forced on the source's tokens
     (``epbuild.llm.qdqgen``): the reference its package is told apart by."""
-    graphs = {
-        a.stage: os.path.join(ws.root, a.output)
-        for a in ws.graph
-        if isinstance(a, LlmQuantizeAction) and a.llm.name == llm.name
-    }
-    missing = [g for g in graphs.values() if not os.path.isfile(g)]
+    actions = [a for a in ws.graph if isinstance(a, LlmQuantizeAction) and a.llm.name == llm.name]
+    graphs = {a.stage: os.path.join(ws.root, a.output) for a in actions}
+    rel = actions[0].calibration.embeddings if actions else None  # a decoder in parts'
+    embeddings = None if rel is None else os.path.join(ws.root, rel)
+    missing = [g for g in (*graphs.values(), embeddings) if g and not os.path.isfile(g)]
     if not graphs or missing:
         raise GenerationError("its QDQ graphs are not built: run 'epbuild build'")
     started = time.perf_counter()
@@ -340,6 +339,7 @@ def _qdq_generations(
         prompts=prompts,
         forced=[s.tokens for s in sources],
         timeout=timeout,
+        embeddings=embeddings,
     )
     seconds = (time.perf_counter() - started) / max(1, len(found))
     return [Generation(tokens, (), seconds) for tokens in found]

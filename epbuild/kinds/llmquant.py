@@ -36,7 +36,7 @@ from epbuild.kinds.contract import Checked, Reported, RunContext, Wording
 from epbuild.kinds.prepare import LlmStep, LlmStepKind, PrepareAction, graph_stages
 from epbuild.kinds.quantize import check_qdq, recipe_settings
 from epbuild.llm.calibmemo import MEMO, Keep, runs_name
-from epbuild.llm.calibrate import GENERATED, static_io, tokenize
+from epbuild.llm.calibrate import GENERATED, StaticIo, static_io, tokenize
 from epbuild.llm.calibrate import calibrate as run_calibration
 from epbuild.llm.genai_schema import GENAI_CONFIG
 from epbuild.llm.package import source_files
@@ -311,8 +311,8 @@ LLM_QUANTIZE = LlmQuantizeKind()
 
 
 def calibrate(job: Job, root: str) -> dict[str, Any]:
-    """In the worker: read and tokenize the prompts, check each fits the KV cache, and
-    calibrate both graphs on them."""
+    """In the worker: read and tokenize the prompts, check each gives tokens that fit the
+    KV cache, and calibrate both graphs on them."""
     import importlib.util
 
     if importlib.util.find_spec("onnxruntime_genai") is None:
@@ -330,6 +330,12 @@ def calibrate(job: Job, root: str) -> dict[str, Any]:
         except PromptError as exc:
             raise ModelError(f"{label}: {exc.message}", hint=_PROMPTS_HINT) from exc
         for line, tokens in enumerate(tokenize(source, texts), 1):
+            if not tokens:  # genai refuses it ("input_ids is empty"); the graphs would not
+                raise ModelError(
+                    f"{label}: prompt {line} of {rel} gives no tokens: the source's "
+                    "tokenizer reads nothing in it",
+                    hint="give each line some text, or remove it",
+                )
             if io.fits(len(tokens)) < 1:
                 raise ModelError(
                     f"{label}: prompt {line} of {rel} is {len(tokens)} tokens: read in windows "
@@ -341,7 +347,7 @@ def calibrate(job: Job, root: str) -> dict[str, Any]:
     graphs = {stage: os.path.join(root, str(p)) for stage, p in dict(args["graphs"]).items()}
     ranges = {stage: os.path.join(staging, ranges_name(stage)) for stage in graphs}
     embeddings = args.get("embeddings")
-    keep = _keep(root, staging, args.get("memo"))
+    keep = _keep(root, staging, args.get("memo"), io)
     with progress(staging, "prompts") as report, scratch(staging):  # never /tmp
         counts = run_calibration(
             graphs,
@@ -366,12 +372,16 @@ def calibrate(job: Job, root: str) -> dict[str, Any]:
 _PROMPTS_HINT = "give .txt files of prompts, one a line, in UTF-8"
 
 
-def _keep(root: str, staging: str, memo: Any) -> Keep | None:
-    """The calibration's memo (``epbuild.llm.calibmemo``) of a decoder in parts."""
+def _keep(root: str, staging: str, memo: Any, io: StaticIo) -> Keep | None:
+    """The calibration's memo (``epbuild.llm.calibmemo``) of a decoder in parts; its
+    settings hold what the source's config decides of the runs (``io``: the pad token
+    that fills each prompt's last window, the names), which the key holds as a file's
+    digest only."""
     if memo is None:
         return None
     previous = os.path.join(root, str(memo["previous"]))
-    settings = json.loads(json.dumps(memo["settings"], sort_keys=True))  # as the memo holds it
+    settings = {**memo["settings"], "io": [io.pad_token, io.kv, io.input_ids, io.logits]}
+    settings = json.loads(json.dumps(settings, sort_keys=True))  # as the memo holds it
     return Keep(previous, staging, dict(memo["parts"]), settings)
 
 

@@ -5,8 +5,9 @@ A part's runs depend on the tokens and on what the parts before it give it; the 
 the whole chain's greedy choice. Beside its ranges, a calibration writes what each part
 read at each run (``<part>.runs``: the residual stream and the sequence lengths, in run
 order) and ``memo.json``: the settings, the prompts' tokens, each part's digest (its graphs
-and weights; the first part's with the embeddings stage's), each run's chosen token, and
-the sha256 of every file it wrote. The next calibration, of the same settings and prompts,
+and weights; the first part's with the embeddings stage's), each run's chosen token, the
+sha256 of every file it wrote, and the sha256 of all that (a memo changed by hand, even to
+valid JSON, is not used). The next calibration, of the same settings and prompts,
 finds the first part whose digest changed and runs that part and those after it on the
 recorded inputs of that part (``Replay``); when the last part chooses every token the
 memo holds, the parts before it would have seen exactly what they saw then, so their
@@ -26,14 +27,14 @@ from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from epbuild._dataclass import dataclass, field
-from epbuild.fs import digest_file
+from epbuild.fs import digest_file, sha256_hex
 
 if TYPE_CHECKING:
     import numpy as np
 
 MEMO = "memo.json"
-MEMO_FORMAT = 1
-"""Bump when a memo written before no longer describes the same runs."""
+MEMO_FORMAT = 2
+"""Bump when a memo written before no longer describes the same runs (2: its own digest)."""
 
 
 def runs_name(part: str) -> str:
@@ -80,6 +81,8 @@ def first_changed(
         return 0, None
     if not isinstance(memo, dict) or memo.get("format") != MEMO_FORMAT:
         return 0, None
+    if memo.get("digest") != _digest(memo):  # changed since written: any field may lie
+        return 0, None
     if memo.get("settings") != dict(keep.settings) or memo.get("prompts") != [
         list(p) for p in prompts
     ]:
@@ -102,6 +105,12 @@ def first_changed(
         if not isinstance(files, dict) or files.get(name) != _safe_sha256(path):
             return 0, None
     return start, memo
+
+
+def _digest(memo: Mapping[str, Any]) -> str:
+    """The sha256 of a memo's fields but its ``digest``."""
+    body = {k: v for k, v in memo.items() if k != "digest"}
+    return sha256_hex(json.dumps(body, sort_keys=True).encode())
 
 
 def _safe_sha256(path: str) -> str | None:
@@ -213,6 +222,7 @@ def write_memo(
         "tokens": [list(t) for t in tokens],
         "files": files,
     }
+    memo["digest"] = _digest(memo)
     with open(os.path.join(keep.out, MEMO), "w", encoding="utf-8") as f:
         json.dump(memo, f, sort_keys=True)
 

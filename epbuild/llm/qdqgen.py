@@ -6,8 +6,10 @@ differently" (they agree).
 
 The QDQ static graphs run in a child process through the feed loop calibration uses
 (``epbuild.llm.calibrate.run_prompt``: genai's own recipe), each step's greedy choice taken
-before the source's token is fed, as ``epbuild.llm.generate`` teacher-forces a package. The
-coordinator imports neither numpy nor onnxruntime; a crash of the child is a reason.
+before the source's token is fed, as ``epbuild.llm.generate`` teacher-forces a package; a
+decoder in parts runs as genai runs it, the CPU embeddings stage then each part's graphs
+(``epbuild.llm.calibrate.Chain``). The coordinator imports neither numpy nor onnxruntime;
+a crash of the child is a reason.
 """
 
 from __future__ import annotations
@@ -23,11 +25,14 @@ from epbuild.executors.local import own_command
 from epbuild.llm.calibrate import (
     CONTEXT,
     ITERATOR,
+    Chain,
     cpu_session,
+    graph_of,
     static_io,
     teacher_forced,
     tokenize,
 )
+from epbuild.llm.genai_config import EMBEDDINGS
 from epbuild.llm.genai_schema import GENAI_CONFIG
 from epbuild.llm.generate import GenerationError, GenerationTimeout, PromptProgress, _failure
 
@@ -43,14 +48,18 @@ def qdq_tokens(
     prompts: Sequence[str],
     forced: Sequence[Sequence[int]],
     timeout: float | None,
+    embeddings: str | None = None,
 ) -> list[tuple[int, ...]]:
-    """Per prompt, the QDQ graphs' (``graphs``: ``context``/``iterator`` → path) greedy
-    token at each step of ``forced`` (the source's tokens), in a child process; the
-    prompts are tokenized by ``source``'s tokenizer (a genai model folder).
-    ``GenerationTimeout`` after ``timeout`` seconds, ``GenerationError`` when it fails."""
+    """Per prompt, the QDQ graphs' (``graphs``: ``context``/``iterator`` → path, or each
+    part's ``partK_context``/``partK_iterator`` in session order after the CPU
+    ``embeddings`` stage) greedy token at each step of ``forced`` (the source's tokens), in
+    a child process; the prompts are tokenized by ``source``'s tokenizer (a genai model
+    folder). ``GenerationTimeout`` after ``timeout`` seconds, ``GenerationError`` when it
+    fails."""
     job = {
         "source": source,
         "graphs": dict(graphs),
+        "embeddings": embeddings,
         "window": window,
         "context_length": context_length,
         "prompts": list(prompts),
@@ -82,8 +91,7 @@ def _run(job: dict[str, Any]) -> dict[str, Any]:
     start = time.perf_counter()
     with open(f"{job['source']}/{GENAI_CONFIG}", encoding="utf-8") as f:
         io = static_io(json.load(f), int(job["window"]), int(job["context_length"]))
-    context = cpu_session(job["graphs"][CONTEXT])
-    iterator = cpu_session(job["graphs"][ITERATOR])
+    context, iterator = _runners(job["graphs"], job["embeddings"])
     found = [
         teacher_forced(context, iterator, tokens, io, forced)
         for tokens, forced in zip(
@@ -91,6 +99,22 @@ def _run(job: dict[str, Any]) -> dict[str, Any]:
         )
     ]
     return {"tokens": found, "seconds": time.perf_counter() - start}
+
+
+def _runners(graphs: Mapping[str, str], embeddings: str | None) -> tuple[Any, Any]:
+    """The context and the iterator runner: the two graphs' sessions, or for a decoder in
+    parts the chains of the embeddings stage and each part's graph."""
+    if embeddings is None:
+        return cpu_session(graphs[CONTEXT]), cpu_session(graphs[ITERATOR])
+    first = (EMBEDDINGS, cpu_session(embeddings))
+    context, iterator = (
+        Chain(
+            [first, *((s, cpu_session(p)) for s, p in graphs.items() if graph_of(s) == g)],
+            lambda *_: None,
+        )
+        for g in (CONTEXT, ITERATOR)
+    )
+    return context, iterator
 
 
 def main() -> None:

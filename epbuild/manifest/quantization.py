@@ -189,6 +189,14 @@ def _samples(
                     "samples are read from regular files only: replace it with the sample's file "
                     "(a FIFO or a device would never end)",
                 )
+        if not found and not prompts and rel.endswith(PROMPT_SUFFIX):
+            raise where.error(
+                here,
+                f"{entry!r} names no samples: text prompts, which only an [llms] entry "
+                f'calibrates on, and no [llms] entry has quantize = "{at[1]}"',
+                f'give the [llms] entry quantize = "{at[1]}", or remove [quantization.{at[1]}] '
+                "(a [groups] entry calibrates on .npz, .npy or test-data samples)",
+            )
         if not found:
             raise where.error(
                 here,
