@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+from pathlib import Path
 
 import numpy as np
 import onnx
@@ -196,3 +197,69 @@ def test_a_whole_quantization_is_the_same_model(
     assert got == want
     assert qdq_quantizer.QDQQuantizer._calc_initializer_quant_params is original
     assert qdq_quantizer.quantize_onnx_initializer is quant_utils.quantize_onnx_initializer
+
+
+CORPUS = Path(__file__).parent / "corpus"
+
+
+class _RandomFeeds(CalibrationDataReader):
+    """Four random feeds of a model's inputs (token ids below 64, floats around 0; each
+    symbolic dimension 1, a sequence 8)."""
+
+    def __init__(self, model: onnx.ModelProto) -> None:
+        rng = np.random.default_rng(3)
+        feeds = []
+        for _ in range(4):
+            feed = {}
+            for value in model.graph.input:
+                tensor = value.type.tensor_type
+                dims = [d.dim_value or (1 if i == 0 else 8) for i, d in enumerate(tensor.shape.dim)]
+                dtype = helper.tensor_dtype_to_np_dtype(tensor.elem_type)
+                if np.issubdtype(dtype, np.integer):
+                    feed[value.name] = rng.integers(0, 64, dims).astype(dtype)
+                else:
+                    feed[value.name] = rng.standard_normal(dims).astype(dtype)
+            feeds.append(feed)
+        self._feeds = iter(feeds)
+
+    def get_next(self):
+        return next(self._feeds, None)
+
+
+@pytest.mark.parametrize(
+    "name", ["cnn_torchscript.onnx", "bert_torchscript.onnx", "llama_dynamo_external.onnx"]
+)
+def test_exported_models_quantize_to_the_same_bytes(tmp_path, name, monkeypatch) -> None:
+    """Models from real exporters (a CNN's Conv weights per channel on axis 0, a BERT's and
+    a Llama's MatMul weights, one with external data) quantize to the same model inside
+    :func:`weights.vectorized` as with ONNX Runtime's own code, per channel and not."""
+    source = CORPUS / name
+    model = onnx.load(source)
+    params = weights.scale_zero_point
+    seen: list[int | None] = []
+    monkeypatch.setattr(
+        weights,
+        "scale_zero_point",
+        lambda data, axis, *a: seen.append(axis) or params(data, axis, *a),
+    )
+    for per_channel in (True, False):
+
+        def run(out: Path, source=source, per_channel=per_channel) -> bytes:
+            quantize_static(
+                str(source),
+                str(out),
+                _RandomFeeds(model),
+                quant_format=QuantFormat.QDQ,
+                activation_type=QuantType.QUInt16,
+                weight_type=QuantType.QInt8,
+                per_channel=per_channel,
+            )
+            return onnx.load(str(out)).SerializeToString()
+
+        want = run(tmp_path / f"ort-{per_channel}.onnx")
+        seen.clear()
+        with weights.vectorized():
+            got = run(tmp_path / f"fast-{per_channel}.onnx")
+        assert got == want, (name, per_channel)
+        assert seen, "no weight took the vectorized path"
+        assert any(axis is not None for axis in seen) == per_channel
