@@ -97,6 +97,12 @@ def test_same_bits_as_onnx_runtime(quant_type, symmetric, reduce, layout, dtype)
     assert got.SerializeToString() == want.SerializeToString()
 
 
+@pytest.mark.parametrize("count", [0, 1, 2, 7, 1000])
+def test_4bit_packing_is_onnx_runtimes(count) -> None:
+    src = np.random.default_rng(count).integers(0, 256, count, dtype=np.uint8).tobytes()
+    assert weights.pack_4bit(src) == bytes(quant_utils.pack_bytes_to_4bit(src))
+
+
 def test_quantized_in_pieces(monkeypatch) -> None:
     """A weight larger than one piece is quantized piece by piece to the same bits, along
     either axis and per tensor."""
