@@ -488,7 +488,12 @@ class Builder:
         except OSError as exc:
             return None, [], self._warn(f"cache unusable for {action.id}: {os_error_text(exc)}")
         placed = hit.entry.placed(action.out_dir)
-        record = replace(placed, components=key.components, at=time.time(), restored=True)
+        # Recorded under this action's id: an entry is found by key alone, and another
+        # workspace (or this one before a group or provider was renamed) stored it under
+        # its own.
+        record = replace(
+            placed, id=action.id, components=key.components, at=time.time(), restored=True
+        )
         return record, names, None
 
     def _new(self, warnings: list[str]) -> list[str]:

@@ -1,0 +1,53 @@
+"""The cache, restore and output-directory flows of a compile workspace under a hostile user
+or CI runner, with the real QNN EP on tiny models: a verdict ("restored", "up to date",
+exit 0) is true, and no command removes an output the manifest still owns or a user's
+file."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from conftest import Workspace
+
+pytestmark = pytest.mark.timeout(600)
+
+
+def stale(ws: Workspace) -> dict[str, list[str]]:
+    """``status``: each stale action's reasons."""
+    doc = ws.main_json("status")
+    return {a["id"]: a["reasons"] for a in doc["actions"] if a["stale"]}
+
+
+def files(ws: Workspace, top: str = "build") -> list[str]:
+    """The files under ``top`` (workspace-relative), less staging."""
+    base = ws.root / top
+    return sorted(str(p.relative_to(ws.root)) for p in base.rglob("*")
+                  if p.is_file() and ".staging" not in p.parts)  # fmt: skip
+
+
+def test_a_restore_under_a_renamed_group_and_provider_is_recorded_under_the_new_names(
+    simple_ws: Callable[..., Workspace], tmp_path: Path
+) -> None:
+    """The names of a group and its provider are not in the key: a renamed pair restores the
+    entry the old names stored, and that restore is recorded under the new action id (not
+    the id the entry was stored under), so the workspace is up to date after it and
+    ``clean --orphaned`` removes the old names' outputs, not the new ones."""
+    ws = simple_ws()
+    cache = str(tmp_path / "cache")
+    assert ws.main_json("build", "--cache", cache)["ok"]
+    text = (ws.root / "epbuild.toml").read_text()
+    renamed = text.replace("[groups.pair]", "[groups.duo]")
+    renamed = renamed.replace("[providers.htp]", "[providers.npu]").replace('"htp"', '"npu"')
+    (ws.root / "epbuild.toml").write_text(renamed)
+
+    doc = ws.main_json("build", "--cache", cache)
+    assert doc["ok"] and {a["outcome"] for a in doc["actions"]} == {"restored"}, doc
+    assert stale(ws) == {}
+    assert ws.main_json("build", "--cache", cache)["summary"]["restored"] == 0
+
+    now = files(ws, "build/duo") + files(ws, "build/single/npu")
+    assert ws.main("clean", "--orphaned").returncode == 0
+    assert files(ws) == now
+    assert stale(ws) == {}
