@@ -456,14 +456,20 @@ def orphaned_files(ws: Workspace, state: State) -> dict[str, int]:
 
 def _orphaned_outputs(ws: Workspace, state: State) -> tuple[dict[str, OutputRecord], list[str]]:
     """The recorded outputs of the orphaned actions and of the actions whose outputs moved,
-    less those a record in place lists; and those actions' ids."""
+    less those a record in place lists (by their path, or where a link leads); and those
+    actions' ids."""
     dead = [*orphaned_actions(ws), *_moved_actions(ws, state)]
     gone = set(dead)
     live = {p for i, rec in state.records.items() if i not in gone for p in rec.outputs}
+    # The same files by another path: an out_dir that named a link to the directory it
+    # names now.
+    real = {os.path.realpath(os.path.join(ws.root, p)) for p in live}
     found: dict[str, OutputRecord] = {}
     for action_id in sorted(dead):
         for rel, out in state.records[action_id].outputs.items():
-            if rel not in live and rel not in found:
+            if rel in live or rel in found:
+                continue
+            if os.path.realpath(os.path.join(ws.root, rel)) not in real:
                 found[rel] = out
     return found, dead
 

@@ -51,3 +51,24 @@ def test_a_restore_under_a_renamed_group_and_provider_is_recorded_under_the_new_
     assert ws.main("clean", "--orphaned").returncode == 0
     assert files(ws) == now
     assert stale(ws) == {}
+
+
+def test_clean_orphaned_after_out_dir_became_its_own_link_target_keeps_the_outputs(
+    simple_ws: Callable[..., Workspace],
+) -> None:
+    """``out_dir`` named a link to a directory of the workspace, then that directory: the old
+    place's outputs are the new place's files, reached by another path, and
+    ``clean --orphaned`` leaves them."""
+    ws = simple_ws()
+    (ws.root / "real").mkdir()
+    (ws.root / "link").symlink_to("real")
+    manifest = ws.root / "epbuild.toml"
+    text = manifest.read_text()
+    manifest.write_text('[workspace]\nout_dir = "link"\n\n' + text)
+    assert ws.main_json("build")["ok"]
+    manifest.write_text('[workspace]\nout_dir = "real"\n\n' + text)
+    assert ws.main_json("build")["ok"]
+    now = files(ws, "real")
+    assert ws.main("clean", "--orphaned").returncode == 0
+    assert files(ws, "real") == now
+    assert stale(ws) == {}
