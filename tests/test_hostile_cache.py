@@ -72,3 +72,24 @@ def test_clean_orphaned_after_out_dir_became_its_own_link_target_keeps_the_outpu
     assert ws.main("clean", "--orphaned").returncode == 0
     assert files(ws, "real") == now
     assert stale(ws) == {}
+
+
+def test_an_import_into_a_cache_that_cannot_be_written_blames_the_cache(
+    simple_ws: Callable[..., Workspace], tmp_path: Path
+) -> None:
+    """A whole archive into a cache where nothing can be written (a file where its objects'
+    directory goes: what a read-only or full disk says too): the command fails naming the
+    cache, not the archive, and imports nothing."""
+    ws = simple_ws()
+    cache = tmp_path / "cache"
+    assert ws.main_json("build", "--cache", str(cache))["ok"]
+    archive = str(tmp_path / "cache.tgz")
+    assert ws.main("cache", "export", archive, "--cache", str(cache)).returncode == 0
+    other = tmp_path / "other"
+    (other / "v1").mkdir(parents=True)
+    (other / "v1" / "objects").write_text("not a directory")
+    proc = ws.main("cache", "import", archive, "--cache", str(other))
+    assert proc.returncode != 0
+    assert "truncated" not in proc.stderr and "damaged" not in proc.stderr, proc.stderr
+    assert f"cannot write to the cache {other}" in proc.stderr, proc.stderr
+    assert not (other / "v1" / "entries").exists()

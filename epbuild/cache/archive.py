@@ -4,6 +4,8 @@ A tar (gzip-compressed when the name ends in ``.gz``/``.tgz``) in the store's ow
 objects first, entries after them. Import streams members, accepts only object and entry
 paths, verifies every object's digest on the way in and writes an entry only when all its
 objects are present, so a truncated or tampered archive never yields a usable bad entry.
+A cache that cannot be written (read-only, full) stops the import with a ``StorageError``
+naming the cache: the archive is not to blame.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from epbuild.cache import trust
 from epbuild.cache.layout import ENTRIES, OBJECTS, entry_path, object_path
 from epbuild.cache.local import LocalBackend
 from epbuild.cache.store import CacheEntry, CorruptEntryError, Store, entry_bytes, parse_entry
-from epbuild.errors import UserError
+from epbuild.errors import StorageError, UserError
 from epbuild.fs import CHUNK, atomic_output, digest_file, os_error_text
 
 _OBJECT = re.compile(rf"{OBJECTS}/[0-9a-f]{{2}}/([0-9a-f]{{64}})")
@@ -92,7 +94,7 @@ def import_archive(store: Store, backend: LocalBackend, path: str) -> ArchiveRep
                     continue
                 with src:
                     if m := _OBJECT.fullmatch(member.name):
-                        if _import_object(backend, m.group(1), src):
+                        if _import_object(store, backend, m.group(1), src):
                             report.objects += 1
                             report.bytes += member.size
                         else:
@@ -104,33 +106,66 @@ def import_archive(store: Store, backend: LocalBackend, path: str) -> ArchiveRep
                             report.problems.append(str(exc))
                     else:
                         report.problems.append(f"{member.name}: not a cache file; skipped")
-    except (tarfile.TarError, OSError, EOFError) as exc:
-        why = os_error_text(exc) if isinstance(exc, OSError) else str(exc)
+    except (tarfile.TarError, OSError, EOFError, _Unreadable) as exc:
+        cause = exc.cause if isinstance(exc, _Unreadable) else exc
+        why = os_error_text(cause) if isinstance(cause, OSError) else str(cause)
         report.problems.append(f"archive is truncated or damaged ({why}); kept what was whole")
     for entry in entries:
         missing = [o for o in entry.outputs.values() if not store.has_object(o.digest)]
         if missing:
             report.problems.append(f"entry {entry.key[:12]} ({entry.id}) lacks objects; skipped")
             continue
-        store.put_entry(entry)
+        try:
+            store.put_entry(entry)
+        except OSError as exc:
+            raise _unwritable(store, exc) from exc
         report.entries += 1
     return report
 
 
-def _import_object(backend: LocalBackend, digest: str, src: IO[bytes]) -> bool:
+def _import_object(store: Store, backend: LocalBackend, digest: str, src: IO[bytes]) -> bool:
+    """Copy one archived object into the cache, hashed on the way; False when its bytes are
+    not ``digest`` (dropped). Raises ``_Unreadable`` for the archive's read errors and
+    ``StorageError`` for the cache's write errors."""
     h = hashlib.sha256()
     try:
         with trust.sealed_object(backend.root, digest) as tmp:
             with open(tmp, "wb") as f:
-                while chunk := src.read(CHUNK):
+                while chunk := _read(src):
                     h.update(chunk)
                     f.write(chunk)
             if h.hexdigest() != digest:
                 raise _Mismatch
     except _Mismatch:
         return False
+    except OSError as exc:
+        raise _unwritable(store, exc) from exc
     return True
+
+
+def _read(src: IO[bytes]) -> bytes:
+    """The next chunk of an archived file (``_Unreadable``: the archive ends or is bad)."""
+    try:
+        return src.read(CHUNK)
+    except (tarfile.TarError, OSError, EOFError) as exc:
+        raise _Unreadable(exc) from exc
+
+
+def _unwritable(store: Store, exc: OSError) -> StorageError:
+    return StorageError(
+        f"cannot write to the cache {store.url}: {os_error_text(exc)}; nothing more imported",
+        hint="check that the cache directory is writable and has free space, "
+        "or name another with --cache",
+    )
 
 
 class _Mismatch(Exception):
     """An archived object's bytes are not its digest (it is dropped)."""
+
+
+class _Unreadable(Exception):
+    """The archive could not be read on (truncated, damaged): not the cache's fault."""
+
+    def __init__(self, cause: BaseException) -> None:
+        super().__init__(str(cause))
+        self.cause = cause
