@@ -93,3 +93,21 @@ def test_an_import_into_a_cache_that_cannot_be_written_blames_the_cache(
     assert "truncated" not in proc.stderr and "damaged" not in proc.stderr, proc.stderr
     assert f"cannot write to the cache {other}" in proc.stderr, proc.stderr
     assert not (other / "v1" / "entries").exists()
+
+
+@pytest.mark.parametrize("key", ["out_dir", "state_dir"])
+def test_a_workspace_directory_that_is_a_file_is_one_user_error(
+    simple_ws: Callable[..., Workspace], key: str
+) -> None:
+    """``[workspace] out_dir`` (or ``state_dir``) names a user's file: every command that
+    opens the workspace says so once, exit 2, and the file is left as it was."""
+    ws = simple_ws()
+    (ws.root / "notes").write_text("mine")
+    manifest = ws.root / "epbuild.toml"
+    manifest.write_text(f'[workspace]\n{key} = "notes"\n\n' + manifest.read_text())
+    for command in ("build", "status", "clean"):
+        proc = ws.main(command)
+        assert proc.returncode == 2, (command, proc.stderr)
+        assert proc.stderr.count("error:") == 1, proc.stderr
+        assert f"[workspace] {key} 'notes' is a file" in proc.stderr, proc.stderr
+    assert (ws.root / "notes").read_text() == "mine"

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 from epbuild._dataclass import dataclass
 from epbuild._names import JOURNAL_NAME, LOCKS_DIR, STATCACHE_NAME, STATE_LOCK_NAME
 from epbuild.cache.location import open_cache, resolve
+from epbuild.errors import UserError
 from epbuild.fs import ensure_dir_inside, refuse_outward
 from epbuild.kinds.contract import GraphAction, GraphRequest
 from epbuild.manifest.load import Manifest, find_manifest, load_manifest
@@ -67,6 +68,17 @@ class Workspace:
         return state
 
 
+def _refuse_non_directory(m: Manifest, key: str, rel: str) -> None:
+    """Refuse a ``[workspace]`` directory that is there as something else (a user's file):
+    epbuild would fail to write every output under it, action by action."""
+    path = os.path.join(m.root, rel)
+    if os.path.lexists(path) and not os.path.isdir(path):
+        raise UserError(
+            f"{m.path.name}: [workspace] {key} {rel!r} is a file, not a directory",
+            hint=f"move that file away, or name another directory in [workspace] {key}",
+        )
+
+
 def open_workspace(
     directory: str | os.PathLike[str] = ".",
     manifest: str | os.PathLike[str] | None = None,
@@ -86,6 +98,8 @@ def open_workspace(
         m = load_manifest(find_manifest(directory, os.fspath(manifest) if manifest else None))
     root = str(m.root)
     state_dir = os.path.join(root, m.workspace.state_dir)
+    for key in ("state_dir", "out_dir"):
+        _refuse_non_directory(m, key, getattr(m.workspace, key))
     if os.path.lexists(state_dir):
         ensure_dir_inside(state_dir, root, what="state_dir")
     refuse_outward(os.path.join(root, m.workspace.out_dir), root, what="out_dir")
