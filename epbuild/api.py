@@ -461,14 +461,16 @@ def _orphaned_outputs(ws: Workspace, state: State) -> tuple[dict[str, OutputReco
     dead = [*orphaned_actions(ws), *_moved_actions(ws, state)]
     gone = set(dead)
     live = {p for i, rec in state.records.items() if i not in gone for p in rec.outputs}
-    # The same files by another path: an out_dir that named a link to the directory it
-    # names now.
-    real = {os.path.realpath(os.path.join(ws.root, p)) for p in live}
+    # The same files by another path (an out_dir that named a link to the directory it
+    # names now): resolved once there is an output to tell.
+    real: set[str] | None = None
     found: dict[str, OutputRecord] = {}
     for action_id in sorted(dead):
         for rel, out in state.records[action_id].outputs.items():
             if rel in live or rel in found:
                 continue
+            if real is None:
+                real = {os.path.realpath(os.path.join(ws.root, p)) for p in live}
             if os.path.realpath(os.path.join(ws.root, rel)) not in real:
                 found[rel] = out
     return found, dead
