@@ -20,10 +20,12 @@ from pathlib import Path
 
 import numpy as np
 import psutil
+import onnx
 import pytest
 import waits
 from conftest import HTP73, Workspace, render_manifest
 from modelgen import matmul_model
+from onnx import TensorProto, helper, numpy_helper
 
 from epbuild.errors import ModelError
 from epbuild.manifest.globwalk import glob_paths
@@ -290,6 +292,57 @@ def test_nan_in_a_validation_sample_is_exit_2_naming_it(tws: Workspace) -> None:
     proc = tws.cli("verify", "--numerics")
     assert proc.returncode == 2, proc.stderr
     assert "valid/s01.npy: input 'x' holds NaN at [0, 5]" in proc.stderr, proc.stderr
+    assert "Traceback" not in proc.stderr and "SQNR" not in proc.stderr + proc.stdout
+
+
+def embedding_model(vocab: int = 16, n: int = N) -> onnx.ModelProto:
+    """ids[1, 4] (int64) → Gather of a [vocab, n] table → MatMul: a token id past ``vocab``
+    fails in ONNX Runtime, whatever its sample's header says."""
+    rng = np.random.default_rng(0)
+    table = rng.standard_normal((vocab, n), dtype=np.float32)
+    w = rng.standard_normal((n, n), dtype=np.float32) * 0.1
+    graph = helper.make_graph(
+        [
+            helper.make_node("Gather", ["E", "ids"], ["e"]),
+            helper.make_node("MatMul", ["e", "W"], ["y"]),
+        ],
+        "g",
+        [helper.make_tensor_value_info("ids", TensorProto.INT64, [1, 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, n])],
+        [numpy_helper.from_array(table, "E"), numpy_helper.from_array(w, "W")],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 9
+    return model
+
+
+def ids_samples(ws: Workspace, folder: str, n: int = 3, bad: int | None = None) -> None:
+    """``n`` .npy samples of token ids below 16; sample ``bad`` holds id 99."""
+    (ws.root / folder).mkdir(parents=True, exist_ok=True)
+    for i in range(n):
+        ids = np.array([[i, 1, 2, 3]], dtype=np.int64) if i != bad else np.full((1, 4), 99)
+        np.save(ws.root / folder / f"s{i:02d}.npy", ids.astype(np.int64))
+
+
+def test_a_sample_the_float_model_fails_on_is_exit_2_naming_it(workspace: Workspace) -> None:
+    """A token id past the vocabulary: ONNX Runtime's Gather fails in the calibration's (and
+    ``verify --numerics``'s) run of the float model; the message names the sample and the
+    model, exit 2, not ORT's error alone (exit 1, no file named)."""
+    workspace.model("models/emb.onnx", embedding_model())
+    ids_samples(workspace, "calib", bad=1)
+    manifest(workspace)
+    proc = workspace.cli("build")
+    assert proc.returncode == 2, proc.stderr
+    said = "calib/s01.npy: models/emb.onnx fails on this sample in ONNX Runtime"
+    assert said in proc.stderr and "idx=99" in proc.stderr, proc.stderr
+    assert not (workspace.root / ".epbuild/quant/g/emb").exists()
+    ids_samples(workspace, "calib")
+    ids_samples(workspace, "valid", bad=2)
+    manifest(workspace, validation="valid/*.npy")
+    assert workspace.main("build").returncode == 0
+    proc = workspace.cli("verify", "--numerics")
+    assert proc.returncode == 2, proc.stderr
+    assert "valid/s02.npy: models/emb.onnx fails on this sample" in proc.stderr, proc.stderr
     assert "Traceback" not in proc.stderr and "SQNR" not in proc.stderr + proc.stdout
 
 

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 from epbuild._names import PROGRESS_NAME
 from epbuild.errors import ModelError
 from epbuild.fs import atomic_write_text, is_safe_reference
-from epbuild.quant.samples import input_specs, iterate
+from epbuild.quant.samples import input_specs, iterate, runs_on
 
 if TYPE_CHECKING:
     import onnx
@@ -73,7 +73,7 @@ def calibrate(job: Job, root: str) -> dict[str, Any]:
         del model
         with progress(staging, "samples") as report:
             feeds = iterate(root, samples, specs, report)
-            tensors = _calibrate(target, feeds, str(args["method"]), len(samples), tmp)
+            tensors = _calibrate(target, feeds, str(args["method"]), samples, source, tmp)
     return {
         "seconds": time.perf_counter() - t0,
         "detail": {"samples": len(samples), "tensors": tensors},
@@ -232,11 +232,17 @@ def scratch(staging: str) -> Iterator[str]:
         shutil.rmtree(path, ignore_errors=True)
 
 
-def _calibrate(model: str, feeds: Any, method: str, count: int, tmp: str) -> int:
-    """Collect the tensors' ranges over ``feeds`` (``count`` samples) and write them beside
-    ``model`` (``tmp``: a folder for the augmented model)."""
+def _calibrate(
+    model: str, feeds: Any, method: str, samples: Sequence[str], source: str, tmp: str
+) -> int:
+    """Collect the tensors' ranges over ``feeds`` (of ``samples``) and write them beside
+    ``model`` (``tmp``: a folder for the augmented model). ONNX Runtime failing to run the
+    model on a sample names that sample (ORT's calibrators run each feed as they take it)
+    and ``source``."""
     from onnxruntime.quantization import CalibrationDataReader, save_tensors_data
     from onnxruntime.quantization.calibrate import create_calibrator
+
+    taken = [0]
 
     class Chunk(CalibrationDataReader):  # type: ignore[misc]
         def __init__(self) -> None:
@@ -246,7 +252,12 @@ def _calibrate(model: str, feeds: Any, method: str, count: int, tmp: str) -> int
             if not self.left:
                 return None
             self.left -= 1
-            return next(feeds, None)
+            feed = next(feeds, None)
+            taken[0] += feed is not None
+            return feed
+
+    def fed() -> str | None:
+        return samples[taken[0] - 1] if taken[0] else None
 
     calibrator = create_calibrator(
         model,
@@ -256,8 +267,9 @@ def _calibrate(model: str, feeds: Any, method: str, count: int, tmp: str) -> int
         use_external_data_format=os.path.exists(model + ".data"),
         providers=["CPUExecutionProvider"],
     )
-    for _ in range(0, count, CHUNK):
-        calibrator.collect_data(Chunk())
+    for _ in range(0, len(samples), CHUNK):
+        with runs_on(fed, source):
+            calibrator.collect_data(Chunk())
     ranges = calibrator.compute_data()
     path = os.path.join(os.path.dirname(model), RANGES)
     save_tensors_data(ranges, path)
