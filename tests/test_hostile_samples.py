@@ -19,8 +19,8 @@ import zipfile
 from pathlib import Path
 
 import numpy as np
-import psutil
 import onnx
+import psutil
 import pytest
 import waits
 from conftest import HTP73, Workspace, render_manifest
