@@ -10,6 +10,7 @@ HTP v73; only the validation test compiles (with the real QNN EP)."""
 from __future__ import annotations
 
 import io
+import json
 import os
 import re
 import signal
@@ -344,6 +345,45 @@ def test_a_sample_the_float_model_fails_on_is_exit_2_naming_it(workspace: Worksp
     assert proc.returncode == 2, proc.stderr
     assert "valid/s02.npy: models/emb.onnx fails on this sample" in proc.stderr, proc.stderr
     assert "Traceback" not in proc.stderr and "SQNR" not in proc.stderr + proc.stdout
+
+
+def rmsnorm_model(n: int = N) -> onnx.ModelProto:
+    """x[1, n] → MatMul → Pow(2) → ReduceMean → Mul: a decomposed RMSNorm, as torch's
+    dynamo exporter writes one (ops no ORT quantization registry lists)."""
+    rng = np.random.default_rng(0)
+    w = rng.standard_normal((n, n), dtype=np.float32) * 0.1
+    graph = helper.make_graph(
+        [
+            helper.make_node("MatMul", ["x", "W"], ["h"]),
+            helper.make_node("Pow", ["h", "two"], ["p"]),
+            helper.make_node("ReduceMean", ["p", "axes"], ["m"]),
+            helper.make_node("Mul", ["h", "m"], ["y"]),
+        ],
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, n])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, n])],
+        [
+            numpy_helper.from_array(w, "W"),
+            numpy_helper.from_array(np.array(2.0, np.float32), "two"),
+            numpy_helper.from_array(np.array([-1], np.int64), "axes"),
+        ],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    model.ir_version = 9
+    return model
+
+
+def test_ops_no_registry_lists_are_calibrated(workspace: Workspace) -> None:
+    """The quantizer quantizes every op type a graph has: its calibration records them all
+    (it recorded only the registries' ops, and the quantizer failed: "Quantization
+    parameters are not specified for param p")."""
+    workspace.model("models/rms.onnx", rmsnorm_model())
+    samples(workspace)
+    manifest(workspace)
+    proc = workspace.cli("build")
+    assert proc.returncode == 0, proc.stderr
+    ranges = json.loads((workspace.root / ".epbuild/quant/g/rms/ranges.json").read_text())
+    assert {"p", "m"} <= set(ranges["data"])
 
 
 def test_layer_errors_hold_no_activations(tmp_path: Path) -> None:

@@ -261,7 +261,7 @@ def _calibrate(
 
     calibrator = create_calibrator(
         model,
-        _op_types(),
+        _op_types(model),
         augmented_model_path=os.path.join(tmp, "augmented.onnx"),
         calibrate_method=_method(method),
         use_external_data_format=os.path.exists(model + ".data"),
@@ -289,11 +289,17 @@ def _canonical(path: str) -> None:
     os.chmod(path, 0o644)  # ORT wrote it through mkstemp (0600); outputs are readable
 
 
-def _op_types() -> list[str]:
-    """What ``quantize_static`` calibrates by default: every op it can quantize."""
+def _op_types(model: str) -> list[str]:
+    """The op types whose outputs a calibration records: every op ORT's registries quantize,
+    and every op type of ``model`` (the preprocessed graph): ``get_qnn_qdq_config`` and
+    ``get_qdq_config`` quantize every op type a graph has, and ``quantize_static`` calibrates
+    the op types it quantizes. Without them a graph with a ``Pow`` (a decomposed RMSNorm)
+    calibrated no range for its output, and the quantizer failed on it."""
+    import onnx
     from onnxruntime.quantization.registry import QDQRegistry, QLinearOpsRegistry
 
-    return sorted(set(QLinearOpsRegistry) | set(QDQRegistry))
+    graph = onnx.load(model, load_external_data=False).graph
+    return sorted(set(QLinearOpsRegistry) | set(QDQRegistry) | {n.op_type for n in graph.node})
 
 
 def _ort_member(enum: str, name: str) -> Any:
