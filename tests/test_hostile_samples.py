@@ -386,6 +386,18 @@ def test_ops_no_registry_lists_are_calibrated(workspace: Workspace) -> None:
     assert {"p", "m"} <= set(ranges["data"])
 
 
+def test_a_free_dimension_hint_names_the_model_the_manifest_lists(workspace: Workspace) -> None:
+    """A quantized model with a symbolic batch: the hint's table entry is the float model's
+    path, not the QDQ model's under the output directory (which the manifest cannot list)."""
+    workspace.model("models/tiny.onnx", matmul_model(n=N, batch="batch"))
+    samples(workspace)
+    manifest(workspace)
+    proc = workspace.cli("build")
+    assert proc.returncode != 0, proc.stderr
+    assert "symbolic dimension 'batch'" in proc.stderr, proc.stderr
+    assert '{ path = "models/tiny.onnx", free_dimensions = { batch = ... } }' in proc.stderr
+
+
 def test_layer_errors_hold_no_activations(tmp_path: Path) -> None:
     """The per-layer SQNR of ``verify --numerics`` keeps running sums: its memory after
     400 samples is what it was after 20 (ONNX Runtime's ``collect_activations`` holds
