@@ -8,6 +8,7 @@ temporary files live in the check's staging directory (``job["scratch"]``)."""
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 import tempfile
@@ -59,7 +60,7 @@ def check_quantized(job: dict[str, Any]) -> dict[str, Any]:
                 layers = LayerErrors(quant["float"], quant["qdq"], tmp)
                 for sample in quant["samples"]:
                     feed = read_sample(".", sample, specs)
-                    with runs_on(lambda s=sample: s, str(job["source"])):
+                    with runs_on(functools.partial(str, sample), str(job["source"])):
                         want = cpu.run(None, feed)
                     ctx_figures.add(built.run(built.names[0], feed), want)
                     qdq_figures.add(qdq.run(None, feed), want)
