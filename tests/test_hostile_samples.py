@@ -398,6 +398,51 @@ def test_a_free_dimension_hint_names_the_model_the_manifest_lists(workspace: Wor
     assert '{ path = "models/tiny.onnx", free_dimensions = { batch = ... } }' in proc.stderr
 
 
+def gelu_model(n: int = N) -> onnx.ModelProto:
+    """x[1, n] → MatMul → the Erf form of GELU (Div, Erf, Add, Mul, Mul), which ONNX
+    Runtime's QNN preprocessing fuses into one Gelu node."""
+    rng = np.random.default_rng(0)
+    w = rng.standard_normal((n, n), dtype=np.float32) * 0.1
+    consts = {"sqrt2": 1.4142135, "one": 1.0, "half": 0.5}
+    graph = helper.make_graph(
+        [
+            helper.make_node("MatMul", ["x", "W"], ["h"], name="mm"),
+            helper.make_node("Div", ["h", "sqrt2"], ["d"], name="div"),
+            helper.make_node("Erf", ["d"], ["e"], name="erf"),
+            helper.make_node("Add", ["e", "one"], ["a"], name="add"),
+            helper.make_node("Mul", ["h", "a"], ["m"], name="mul"),
+            helper.make_node("Mul", ["m", "half"], ["y"], name="half_mul"),
+        ],
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, n])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, n])],
+        [numpy_helper.from_array(w, "W")]
+        + [numpy_helper.from_array(np.array(v, np.float32), k) for k, v in consts.items()],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 9
+    return model
+
+
+def test_a_node_the_preprocessing_fused_is_not_called_missing(workspace: Workspace) -> None:
+    """``exclude`` naming a node the float model has (Netron shows it) but the QNN
+    preprocessing fused away: the message says so and names the preprocessed model, not
+    "which the model does not have" of a model that has it."""
+    workspace.model("models/gelu.onnx", gelu_model())
+    samples(workspace)
+    manifest(workspace)
+    text = (workspace.root / "epbuild.toml").read_text()
+    (workspace.root / "epbuild.toml").write_text(text + 'exclude = ["erf"]\n')
+    proc = workspace.cli("build")
+    assert proc.returncode == 2, proc.stderr
+    said = "exclude names node 'erf', which ONNX Runtime's quantization preprocessing fused"
+    assert said in proc.stderr and ".epbuild/quant/g/gelu/model.onnx" in proc.stderr, proc.stderr
+    (workspace.root / "epbuild.toml").write_text(text + 'exclude = ["nothing"]\n')
+    proc = workspace.cli("build")
+    assert proc.returncode == 2, proc.stderr
+    assert "exclude names node 'nothing', which the model does not have" in proc.stderr
+
+
 def test_layer_errors_hold_no_activations(tmp_path: Path) -> None:
     """The per-layer SQNR of ``verify --numerics`` keeps running sums: its memory after
     400 samples is what it was after 20 (ONNX Runtime's ``collect_activations`` holds

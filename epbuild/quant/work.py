@@ -333,7 +333,13 @@ def quantize(job: Job, root: str) -> dict[str, Any]:
         model = onnx.load(committed, load_external_data=False)
     except Exception as exc:  # protobuf's DecodeError
         raise ModelError(f"{args['calibrated']}: cannot be read as an ONNX model ({exc})") from exc
-    _check_names(model, label, list(args["exclude"]), dict(args["overrides"]))
+    names = (list(args["exclude"]), dict(args["overrides"]))
+    try:
+        _check_names(model, label, *names)
+    except ModelError:  # the source's names explain it (read only then: a parse)
+        source = onnx.load(os.path.join(root, str(args["source"])), load_external_data=False)
+        _check_names(model, label, *names, source=source, shown=str(args["calibrated"]))
+        raise
     external = os.path.exists(committed + ".data")
     output = os.path.join(root, job.staging, str(args["output"]))
     with scratch(os.path.join(root, job.staging)) as tmp:
@@ -438,25 +444,51 @@ def _quantize_hint(exc: Exception) -> str:
 
 
 def _check_names(
-    model: onnx.ModelProto, label: str, exclude: Sequence[str], overrides: Mapping[str, str]
+    model: onnx.ModelProto,
+    label: str,
+    exclude: Sequence[str],
+    overrides: Mapping[str, str],
+    source: onnx.ModelProto | None = None,
+    shown: str = "",
 ) -> None:
-    """Every excluded node and overridden tensor is one of the model's."""
+    """Every excluded node and overridden tensor is one of the model's. ``source``: the
+    float model ``model`` was preprocessed from (``shown``: the preprocessed model's path),
+    whose names the user sees: a name only it has was fused away by the preprocessing."""
     import difflib
 
-    nodes = {n.name for n in model.graph.node}
-    tensors = {t for n in model.graph.node for t in (*n.input, *n.output) if t}
-    tensors |= {i.name for i in model.graph.input}
-    for key, names, known in (("exclude", exclude, nodes), ("overrides", overrides, tensors)):
+    for key, names, known in (
+        ("exclude", exclude, _names(model, "exclude")),
+        ("overrides", overrides, _names(model, "overrides")),
+    ):
         unknown = [n for n in names if n not in known]
-        if unknown:
-            near = difflib.get_close_matches(unknown[0], sorted(known), n=3)
-            what = "node" if key == "exclude" else "tensor"
+        if not unknown:
+            continue
+        near = difflib.get_close_matches(unknown[0], sorted(known), n=3)
+        what = "node" if key == "exclude" else "tensor"
+        hint = (
+            f"did you mean {' or '.join(repr(n) for n in near)}?"
+            if near
+            else f"use the {what} names the model has (Netron shows them)"
+        )
+        if source is not None and unknown[0] in _names(source, key):
             raise ModelError(
-                f"{label}: {key} names {what} {unknown[0]!r}, which the model does not have",
-                hint=f"did you mean {' or '.join(repr(n) for n in near)}?"
-                if near
-                else f"use the {what} names the model has (Netron shows them)",
+                f"{label}: {key} names {what} {unknown[0]!r}, which ONNX Runtime's "
+                "quantization preprocessing fused away (the quantizer sees the preprocessed "
+                f"model {shown})",
+                hint=f"name the {what} of {shown} that took its place (Netron shows them); " + hint,
             )
+        raise ModelError(
+            f"{label}: {key} names {what} {unknown[0]!r}, which the model does not have",
+            hint=hint,
+        )
+
+
+def _names(model: onnx.ModelProto, key: str) -> set[str]:
+    """The names ``key`` (``exclude``: nodes; ``overrides``: tensors) can give in ``model``."""
+    if key == "exclude":
+        return {n.name for n in model.graph.node}
+    tensors = {t for n in model.graph.node for t in (*n.input, *n.output) if t}
+    return tensors | {i.name for i in model.graph.input}
 
 
 def _count_qdq(path: str) -> int:
