@@ -10,6 +10,7 @@ HTP v73; only the validation test compiles (with the real QNN EP)."""
 from __future__ import annotations
 
 import io
+import json
 import os
 import re
 import signal
@@ -19,11 +20,13 @@ import zipfile
 from pathlib import Path
 
 import numpy as np
+import onnx
 import psutil
 import pytest
 import waits
 from conftest import HTP73, Workspace, render_manifest
 from modelgen import matmul_model
+from onnx import TensorProto, helper, numpy_helper
 
 from epbuild.errors import ModelError
 from epbuild.manifest.globwalk import glob_paths
@@ -291,6 +294,153 @@ def test_nan_in_a_validation_sample_is_exit_2_naming_it(tws: Workspace) -> None:
     assert proc.returncode == 2, proc.stderr
     assert "valid/s01.npy: input 'x' holds NaN at [0, 5]" in proc.stderr, proc.stderr
     assert "Traceback" not in proc.stderr and "SQNR" not in proc.stderr + proc.stdout
+
+
+def embedding_model(vocab: int = 16, n: int = N) -> onnx.ModelProto:
+    """ids[1, 4] (int64) → Gather of a [vocab, n] table → MatMul: a token id past ``vocab``
+    fails in ONNX Runtime, whatever its sample's header says."""
+    rng = np.random.default_rng(0)
+    table = rng.standard_normal((vocab, n), dtype=np.float32)
+    w = rng.standard_normal((n, n), dtype=np.float32) * 0.1
+    graph = helper.make_graph(
+        [
+            helper.make_node("Gather", ["E", "ids"], ["e"]),
+            helper.make_node("MatMul", ["e", "W"], ["y"]),
+        ],
+        "g",
+        [helper.make_tensor_value_info("ids", TensorProto.INT64, [1, 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, n])],
+        [numpy_helper.from_array(table, "E"), numpy_helper.from_array(w, "W")],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 9
+    return model
+
+
+def ids_samples(ws: Workspace, folder: str, n: int = 3, bad: int | None = None) -> None:
+    """``n`` .npy samples of token ids below 16; sample ``bad`` holds id 99."""
+    (ws.root / folder).mkdir(parents=True, exist_ok=True)
+    for i in range(n):
+        ids = np.array([[i, 1, 2, 3]], dtype=np.int64) if i != bad else np.full((1, 4), 99)
+        np.save(ws.root / folder / f"s{i:02d}.npy", ids.astype(np.int64))
+
+
+def test_a_sample_the_float_model_fails_on_is_exit_2_naming_it(workspace: Workspace) -> None:
+    """A token id past the vocabulary: ONNX Runtime's Gather fails in the calibration's (and
+    ``verify --numerics``'s) run of the float model; the message names the sample and the
+    model, exit 2, not ORT's error alone (exit 1, no file named)."""
+    workspace.model("models/emb.onnx", embedding_model())
+    ids_samples(workspace, "calib", bad=1)
+    manifest(workspace)
+    proc = workspace.cli("build")
+    assert proc.returncode == 2, proc.stderr
+    said = "calib/s01.npy: models/emb.onnx fails on this sample in ONNX Runtime"
+    assert said in proc.stderr and "idx=99" in proc.stderr, proc.stderr
+    assert not (workspace.root / ".epbuild/quant/g/emb").exists()
+    ids_samples(workspace, "calib")
+    ids_samples(workspace, "valid", bad=2)
+    manifest(workspace, validation="valid/*.npy")
+    assert workspace.main("build").returncode == 0
+    proc = workspace.cli("verify", "--numerics")
+    assert proc.returncode == 2, proc.stderr
+    assert "valid/s02.npy: models/emb.onnx fails on this sample" in proc.stderr, proc.stderr
+    assert "Traceback" not in proc.stderr and "SQNR" not in proc.stderr + proc.stdout
+
+
+def rmsnorm_model(n: int = N) -> onnx.ModelProto:
+    """x[1, n] → MatMul → Pow(2) → ReduceMean → Mul: a decomposed RMSNorm, as torch's
+    dynamo exporter writes one (ops no ORT quantization registry lists)."""
+    rng = np.random.default_rng(0)
+    w = rng.standard_normal((n, n), dtype=np.float32) * 0.1
+    graph = helper.make_graph(
+        [
+            helper.make_node("MatMul", ["x", "W"], ["h"]),
+            helper.make_node("Pow", ["h", "two"], ["p"]),
+            helper.make_node("ReduceMean", ["p", "axes"], ["m"]),
+            helper.make_node("Mul", ["h", "m"], ["y"]),
+        ],
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, n])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, n])],
+        [
+            numpy_helper.from_array(w, "W"),
+            numpy_helper.from_array(np.array(2.0, np.float32), "two"),
+            numpy_helper.from_array(np.array([-1], np.int64), "axes"),
+        ],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    model.ir_version = 9
+    return model
+
+
+def test_ops_no_registry_lists_are_calibrated(workspace: Workspace) -> None:
+    """The quantizer quantizes every op type a graph has: its calibration records them all
+    (it recorded only the registries' ops, and the quantizer failed: "Quantization
+    parameters are not specified for param p")."""
+    workspace.model("models/rms.onnx", rmsnorm_model())
+    samples(workspace)
+    manifest(workspace)
+    proc = workspace.cli("build")
+    assert proc.returncode == 0, proc.stderr
+    ranges = json.loads((workspace.root / ".epbuild/quant/g/rms/ranges.json").read_text())
+    assert {"p", "m"} <= set(ranges["data"])
+
+
+def test_a_free_dimension_hint_names_the_model_the_manifest_lists(workspace: Workspace) -> None:
+    """A quantized model with a symbolic batch: the hint's table entry is the float model's
+    path, not the QDQ model's under the output directory (which the manifest cannot list)."""
+    workspace.model("models/tiny.onnx", matmul_model(n=N, batch="batch"))
+    samples(workspace)
+    manifest(workspace)
+    proc = workspace.cli("build")
+    assert proc.returncode != 0, proc.stderr
+    assert "symbolic dimension 'batch'" in proc.stderr, proc.stderr
+    assert '{ path = "models/tiny.onnx", free_dimensions = { batch = ... } }' in proc.stderr
+
+
+def gelu_model(n: int = N) -> onnx.ModelProto:
+    """x[1, n] → MatMul → the Erf form of GELU (Div, Erf, Add, Mul, Mul), which ONNX
+    Runtime's QNN preprocessing fuses into one Gelu node."""
+    rng = np.random.default_rng(0)
+    w = rng.standard_normal((n, n), dtype=np.float32) * 0.1
+    consts = {"sqrt2": 1.4142135, "one": 1.0, "half": 0.5}
+    graph = helper.make_graph(
+        [
+            helper.make_node("MatMul", ["x", "W"], ["h"], name="mm"),
+            helper.make_node("Div", ["h", "sqrt2"], ["d"], name="div"),
+            helper.make_node("Erf", ["d"], ["e"], name="erf"),
+            helper.make_node("Add", ["e", "one"], ["a"], name="add"),
+            helper.make_node("Mul", ["h", "a"], ["m"], name="mul"),
+            helper.make_node("Mul", ["m", "half"], ["y"], name="half_mul"),
+        ],
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, n])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, n])],
+        [numpy_helper.from_array(w, "W")]
+        + [numpy_helper.from_array(np.array(v, np.float32), k) for k, v in consts.items()],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 9
+    return model
+
+
+def test_a_node_the_preprocessing_fused_is_not_called_missing(workspace: Workspace) -> None:
+    """``exclude`` naming a node the float model has (Netron shows it) but the QNN
+    preprocessing fused away: the message says so and names the preprocessed model, not
+    "which the model does not have" of a model that has it."""
+    workspace.model("models/gelu.onnx", gelu_model())
+    samples(workspace)
+    manifest(workspace)
+    text = (workspace.root / "epbuild.toml").read_text()
+    (workspace.root / "epbuild.toml").write_text(text + 'exclude = ["erf"]\n')
+    proc = workspace.cli("build")
+    assert proc.returncode == 2, proc.stderr
+    said = "exclude names node 'erf', which ONNX Runtime's quantization preprocessing fused"
+    assert said in proc.stderr and ".epbuild/quant/g/gelu/model.onnx" in proc.stderr, proc.stderr
+    (workspace.root / "epbuild.toml").write_text(text + 'exclude = ["nothing"]\n')
+    proc = workspace.cli("build")
+    assert proc.returncode == 2, proc.stderr
+    assert "exclude names node 'nothing', which the model does not have" in proc.stderr
 
 
 def test_layer_errors_hold_no_activations(tmp_path: Path) -> None:

@@ -276,6 +276,7 @@ def test_a_wrong_sample_after_a_good_build_keeps_the_good_outputs(qws_built: Wor
         ({"calibration": "calib/s00.txt"}, "quantization.w8a16.calibration", "names no samples"),
         ({"activations": "int16"}, "quantization.w8a16.activations", "int16 is not a type"),
         ({"weights": "int4"}, "quantization.w8a16.weights", "need per_channel = true"),
+        ({"weights": "uint4", "per_channel": True}, "quantization.w8a16.weights", "uint4 weights"),
         ({"overrides": {"x": "int16"}}, "quantization.w8a16.overrides", "int16 is not a type"),
     ],
 )

@@ -8,6 +8,7 @@ temporary files live in the check's staging directory (``job["scratch"]``)."""
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 import tempfile
@@ -24,7 +25,7 @@ from epbuild.inspection.loadcheck import (
     reference,
 )
 from epbuild.providers.contract import ProviderConfig
-from epbuild.quant.samples import InputSpec, read_sample
+from epbuild.quant.samples import InputSpec, read_sample, runs_on
 from epbuild.quant.work import stage_model, unlinked
 from epbuild.runtime import open_models
 
@@ -59,7 +60,8 @@ def check_quantized(job: dict[str, Any]) -> dict[str, Any]:
                 layers = LayerErrors(quant["float"], quant["qdq"], tmp)
                 for sample in quant["samples"]:
                     feed = read_sample(".", sample, specs)
-                    want = cpu.run(None, feed)
+                    with runs_on(functools.partial(str, sample), str(job["source"])):
+                        want = cpu.run(None, feed)
                     ctx_figures.add(built.run(built.names[0], feed), want)
                     qdq_figures.add(qdq.run(None, feed), want)
                     layers.add(feed)

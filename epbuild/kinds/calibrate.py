@@ -20,7 +20,7 @@ from epbuild.kinds.contract import BaseKind, Checked, OwnStep, Reported, RunCont
 from epbuild.manifest.model import Group, ModelEntry, Quantization
 from epbuild.planning.keys import ActionKey, KeyComputer
 
-CALIBRATE_FORMAT = 2
+CALIBRATE_FORMAT = 3
 """Bump when the same inputs make other ranges or another preprocessed model."""
 
 

@@ -74,7 +74,12 @@ class QuantizeKind(BaseKind):
         )
 
     def payload(self, action: QuantizeAction, key: ActionKey, ctx: RunContext) -> dict[str, Any]:
-        return {"calibrated": action.calibration.model, "label": action.label, **_settings(action)}
+        return {
+            "calibrated": action.calibration.model,
+            "source": action.entry.path,
+            "label": action.label,
+            **_settings(action),
+        }
 
     def check(
         self, action: QuantizeAction, staging: str, ctx: RunContext, result: Reported

@@ -109,7 +109,7 @@ def _where_to_set(group: Group, entry: ModelEntry, names: list[str]) -> str:
     return (
         f"set {base}.free_dimensions.{first}: free_dimensions = {{ {values} }} in "
         f"[groups.{group.name}], or for this model only write its entry as a table: "
-        f'{{ path = "{entry.path}", free_dimensions = {{ {values} }} }}'
+        f'{{ path = "{group.listed_path(entry)}", free_dimensions = {{ {values} }} }}'
     )
 
 

@@ -192,6 +192,11 @@ class Group:
         are source files)."""
         return ()
 
+    def listed_path(self, entry: ModelEntry) -> str:
+        """The path the manifest lists ``entry`` by (what a hint tells the user to write):
+        its own."""
+        return entry.path
+
     def with_entries(self, entries: tuple[ModelEntry, ...]) -> Group:
         """This group with other models."""
         return replace(self, entries=entries)

@@ -47,6 +47,10 @@ class QuantizedGroup(Group):
     def deps_for(self, entries: Sequence[ModelEntry]) -> tuple[str, ...]:
         return tuple(self.quantized_by[e.name] for e in entries)
 
+    def listed_path(self, entry: ModelEntry) -> str:
+        """The float model's path: the manifest lists it, not the QDQ model."""
+        return next((s.path for s in self.sources if s.name == entry.name), entry.path)
+
 
 def quantization_actions(request: GraphRequest) -> list[CalibrateAction | QuantizeAction]:
     """The calibrate and quantize actions of every quantized group, in manifest order

@@ -200,8 +200,17 @@ class QnnProvider(BaseProvider):
     def refuse_quantization(
         self, activations: str, weights: str, per_channel: bool, overrides: Mapping[str, str]
     ) -> tuple[str, str, str] | None:
-        """Also: 4-bit weights only per channel (per tensor, the EP leaves Conv unplaced)."""
+        """Also: 4-bit weights only signed (uint4 weights leave a Conv unplaced, per channel
+        too, and a MatMul's compile empty) and per channel (per tensor, the EP leaves Conv
+        unplaced)."""
         found = super().refuse_quantization(activations, weights, per_channel, overrides)
+        if found is None and weights == "uint4":
+            return (
+                "weights",
+                "uint4 weights: the HTP runs 4-bit weights signed (a Conv's are left unplaced "
+                "and a MatMul compiles to nothing)",
+                'use weights = "int4" with per_channel = true',
+            )
         if found is None and weights in ("uint4", "int4") and not per_channel:
             return "weights", f"{weights} weights need per_channel = true", "set per_channel = true"
         return found

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 from epbuild._dataclass import dataclass
@@ -189,6 +190,31 @@ def _check_finite(sample: str, feed: Mapping[str, np.ndarray]) -> None:
             f"{sample}: input {name!r} holds {what} at {list(where)} ({count} value(s) not finite)",
             hint="calibration and validation samples must be finite: fix or drop the sample",
         )
+
+
+ORT_ERRORS = "onnxruntime.capi.onnxruntime_pybind11_state"
+"""The module of the exceptions ONNX Runtime's sessions raise (``Fail``,
+``InvalidArgument``...)."""
+
+
+@contextmanager
+def runs_on(sample: Callable[[], str | None], model: str) -> Iterator[None]:
+    """ONNX Runtime failing to run the float ``model`` on the CPU inside: a ``ModelError``
+    naming the sample that was fed (``sample()``: its path, None when none was yet) and the
+    model, the user's to fix (a token id past the vocabulary, an empty dimension the graph
+    cannot take); other exceptions pass as they are."""
+    try:
+        yield
+    except Exception as exc:
+        fed = sample()
+        if type(exc).__module__ != ORT_ERRORS or fed is None:
+            raise
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ModelError(
+            f"{fed}: {model} fails on this sample in ONNX Runtime: {first}",
+            hint="the float model runs on the CPU on each sample: fix the sample's values "
+            "(token ids within the vocabulary, dimensions the graph takes) or drop it",
+        ) from exc
 
 
 def iterate(

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 from epbuild._names import PROGRESS_NAME
 from epbuild.errors import ModelError
 from epbuild.fs import atomic_write_text, is_safe_reference
-from epbuild.quant.samples import input_specs, iterate
+from epbuild.quant.samples import input_specs, iterate, runs_on
 
 if TYPE_CHECKING:
     import onnx
@@ -73,7 +73,7 @@ def calibrate(job: Job, root: str) -> dict[str, Any]:
         del model
         with progress(staging, "samples") as report:
             feeds = iterate(root, samples, specs, report)
-            tensors = _calibrate(target, feeds, str(args["method"]), len(samples), tmp)
+            tensors = _calibrate(target, feeds, str(args["method"]), samples, source, tmp)
     return {
         "seconds": time.perf_counter() - t0,
         "detail": {"samples": len(samples), "tensors": tensors},
@@ -232,11 +232,17 @@ def scratch(staging: str) -> Iterator[str]:
         shutil.rmtree(path, ignore_errors=True)
 
 
-def _calibrate(model: str, feeds: Any, method: str, count: int, tmp: str) -> int:
-    """Collect the tensors' ranges over ``feeds`` (``count`` samples) and write them beside
-    ``model`` (``tmp``: a folder for the augmented model)."""
+def _calibrate(
+    model: str, feeds: Any, method: str, samples: Sequence[str], source: str, tmp: str
+) -> int:
+    """Collect the tensors' ranges over ``feeds`` (of ``samples``) and write them beside
+    ``model`` (``tmp``: a folder for the augmented model). ONNX Runtime failing to run the
+    model on a sample names that sample (ORT's calibrators run each feed as they take it)
+    and ``source``."""
     from onnxruntime.quantization import CalibrationDataReader, save_tensors_data
     from onnxruntime.quantization.calibrate import create_calibrator
+
+    taken = [0]
 
     class Chunk(CalibrationDataReader):  # type: ignore[misc]
         def __init__(self) -> None:
@@ -246,18 +252,24 @@ def _calibrate(model: str, feeds: Any, method: str, count: int, tmp: str) -> int
             if not self.left:
                 return None
             self.left -= 1
-            return next(feeds, None)
+            feed = next(feeds, None)
+            taken[0] += feed is not None
+            return feed
+
+    def fed() -> str | None:
+        return samples[taken[0] - 1] if taken[0] else None
 
     calibrator = create_calibrator(
         model,
-        _op_types(),
+        _op_types(model),
         augmented_model_path=os.path.join(tmp, "augmented.onnx"),
         calibrate_method=_method(method),
         use_external_data_format=os.path.exists(model + ".data"),
         providers=["CPUExecutionProvider"],
     )
-    for _ in range(0, count, CHUNK):
-        calibrator.collect_data(Chunk())
+    for _ in range(0, len(samples), CHUNK):
+        with runs_on(fed, source):
+            calibrator.collect_data(Chunk())
     ranges = calibrator.compute_data()
     path = os.path.join(os.path.dirname(model), RANGES)
     save_tensors_data(ranges, path)
@@ -277,11 +289,17 @@ def _canonical(path: str) -> None:
     os.chmod(path, 0o644)  # ORT wrote it through mkstemp (0600); outputs are readable
 
 
-def _op_types() -> list[str]:
-    """What ``quantize_static`` calibrates by default: every op it can quantize."""
+def _op_types(model: str) -> list[str]:
+    """The op types whose outputs a calibration records: every op ORT's registries quantize,
+    and every op type of ``model`` (the preprocessed graph): ``get_qnn_qdq_config`` and
+    ``get_qdq_config`` quantize every op type a graph has, and ``quantize_static`` calibrates
+    the op types it quantizes. Without them a graph with a ``Pow`` (a decomposed RMSNorm)
+    calibrated no range for its output, and the quantizer failed on it."""
+    import onnx
     from onnxruntime.quantization.registry import QDQRegistry, QLinearOpsRegistry
 
-    return sorted(set(QLinearOpsRegistry) | set(QDQRegistry))
+    graph = onnx.load(model, load_external_data=False).graph
+    return sorted(set(QLinearOpsRegistry) | set(QDQRegistry) | {n.op_type for n in graph.node})
 
 
 def _ort_member(enum: str, name: str) -> Any:
@@ -315,7 +333,13 @@ def quantize(job: Job, root: str) -> dict[str, Any]:
         model = onnx.load(committed, load_external_data=False)
     except Exception as exc:  # protobuf's DecodeError
         raise ModelError(f"{args['calibrated']}: cannot be read as an ONNX model ({exc})") from exc
-    _check_names(model, label, list(args["exclude"]), dict(args["overrides"]))
+    names = (list(args["exclude"]), dict(args["overrides"]))
+    try:
+        _check_names(model, label, *names)
+    except ModelError:  # the source's names explain it (read only then: a parse)
+        source = onnx.load(os.path.join(root, str(args["source"])), load_external_data=False)
+        _check_names(model, label, *names, source=source, shown=str(args["calibrated"]))
+        raise
     external = os.path.exists(committed + ".data")
     output = os.path.join(root, job.staging, str(args["output"]))
     with scratch(os.path.join(root, job.staging)) as tmp:
@@ -420,25 +444,51 @@ def _quantize_hint(exc: Exception) -> str:
 
 
 def _check_names(
-    model: onnx.ModelProto, label: str, exclude: Sequence[str], overrides: Mapping[str, str]
+    model: onnx.ModelProto,
+    label: str,
+    exclude: Sequence[str],
+    overrides: Mapping[str, str],
+    source: onnx.ModelProto | None = None,
+    shown: str = "",
 ) -> None:
-    """Every excluded node and overridden tensor is one of the model's."""
+    """Every excluded node and overridden tensor is one of the model's. ``source``: the
+    float model ``model`` was preprocessed from (``shown``: the preprocessed model's path),
+    whose names the user sees: a name only it has was fused away by the preprocessing."""
     import difflib
 
-    nodes = {n.name for n in model.graph.node}
-    tensors = {t for n in model.graph.node for t in (*n.input, *n.output) if t}
-    tensors |= {i.name for i in model.graph.input}
-    for key, names, known in (("exclude", exclude, nodes), ("overrides", overrides, tensors)):
+    for key, names, known in (
+        ("exclude", exclude, _names(model, "exclude")),
+        ("overrides", overrides, _names(model, "overrides")),
+    ):
         unknown = [n for n in names if n not in known]
-        if unknown:
-            near = difflib.get_close_matches(unknown[0], sorted(known), n=3)
-            what = "node" if key == "exclude" else "tensor"
+        if not unknown:
+            continue
+        near = difflib.get_close_matches(unknown[0], sorted(known), n=3)
+        what = "node" if key == "exclude" else "tensor"
+        hint = (
+            f"did you mean {' or '.join(repr(n) for n in near)}?"
+            if near
+            else f"use the {what} names the model has (Netron shows them)"
+        )
+        if source is not None and unknown[0] in _names(source, key):
             raise ModelError(
-                f"{label}: {key} names {what} {unknown[0]!r}, which the model does not have",
-                hint=f"did you mean {' or '.join(repr(n) for n in near)}?"
-                if near
-                else f"use the {what} names the model has (Netron shows them)",
+                f"{label}: {key} names {what} {unknown[0]!r}, which ONNX Runtime's "
+                "quantization preprocessing fused away (the quantizer sees the preprocessed "
+                f"model {shown})",
+                hint=f"name the {what} of {shown} that took its place (Netron shows them); " + hint,
             )
+        raise ModelError(
+            f"{label}: {key} names {what} {unknown[0]!r}, which the model does not have",
+            hint=hint,
+        )
+
+
+def _names(model: onnx.ModelProto, key: str) -> set[str]:
+    """The names ``key`` (``exclude``: nodes; ``overrides``: tensors) can give in ``model``."""
+    if key == "exclude":
+        return {n.name for n in model.graph.node}
+    tensors = {t for n in model.graph.node for t in (*n.input, *n.output) if t}
+    return tensors | {i.name for i in model.graph.input}
 
 
 def _count_qdq(path: str) -> int:
