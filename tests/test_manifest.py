@@ -199,6 +199,16 @@ def test_init_writes_valid_manifest_and_refuses_overwrite(workspace: Workspace) 
     assert (workspace.root / "epbuild.toml").read_text() == text
 
 
+def test_init_over_a_directory_named_like_the_manifest_is_a_user_error(
+    workspace: Workspace,
+) -> None:
+    (workspace.root / "epbuild.toml").mkdir(parents=True)
+    proc = workspace.cli("init")
+    assert proc.returncode == 2, proc.stderr
+    assert "epbuild.toml" in proc.stderr and "already exists" in proc.stderr
+    assert (workspace.root / "epbuild.toml").is_dir()
+
+
 def test_unknown_selector(workspace: Workspace) -> None:
     workspace.model("models/a.onnx")
     workspace.manifest({"providers": {"htp": HTP73},

@@ -256,8 +256,8 @@ def _read_or_none(path: str) -> bytes | None:
     try:
         with open(path, "rb") as f:
             return f.read()
-    except FileNotFoundError:
-        return None
+    except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
+        return None  # missing, or not a file: the caller's own checks say which
 
 
 def _without_line(exc: ManifestError) -> str:
