@@ -48,6 +48,20 @@ def test_unknown_key_names_line_and_key(workspace: Workspace) -> None:
     assert "epbuild.toml:8" in str(err)
 
 
+def test_misspelt_required_key_is_the_unknown_key_with_the_near_miss(
+    workspace: Workspace,
+) -> None:
+    err = _err(workspace, GOOD.replace('models = ["models/a.onnx"]', 'model = ["models/a.onnx"]'))
+    assert err.key == "groups.g.model" and err.line == 6
+    assert "unknown key" in str(err) and "did you mean 'models'?" in (err.hint or "")
+
+
+def test_misspelt_top_level_table_names_its_line(workspace: Workspace) -> None:
+    err = _err(workspace, GOOD.replace("[groups.g]", "[group.g]"))
+    assert err.key == "group" and err.line == 5
+    assert "did you mean 'groups'?" in (err.hint or "")
+
+
 def test_wrong_type(workspace: Workspace) -> None:
     err = _err(workspace, GOOD + 'embed_mode = "0"\n')
     assert err.key == "groups.g.embed_mode" and "must be integer" in str(err)

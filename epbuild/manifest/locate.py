@@ -46,6 +46,8 @@ class Locator:
                 header = [k.strip().strip("\"'") for k in inner.split(".")]
                 if header == keys:
                     return number
+                if header[: len(keys)] == keys:
+                    best = best or number  # [a.b] defines table a implicitly
                 continue
             name = _ASSIGNMENT.match(line)
             if not name:

@@ -8,6 +8,7 @@ third-party imports.
 
 from __future__ import annotations
 
+import difflib
 import json
 import sys
 from pathlib import Path
@@ -574,6 +575,11 @@ def validate(value: Any, schema: dict[str, Any] = SCHEMA, path: tuple[str, ...] 
             validate(item, schema.get("items", {}), (*path, f"[{i}]"))
     if isinstance(value, dict):
         props = schema.get("properties", {})
+        if schema.get("additionalProperties", True) is False:
+            # Before "is required": a misspelt required key ("model") is the unknown one.
+            for key in value:
+                if key not in props:
+                    raise SchemaViolation((*path, key), "unknown key", _known_keys(key, props))
         for req in schema.get("required", []):
             if req not in value:
                 raise SchemaViolation((*path, req), "is required")
@@ -585,11 +591,17 @@ def validate(value: Any, schema: dict[str, Any] = SCHEMA, path: tuple[str, ...] 
                 validate(item, props[key], (*path, key))
                 continue
             extra = schema.get("additionalProperties", True)
-            if extra is False:
-                hint = "known keys: " + ", ".join(props) if props else None
-                raise SchemaViolation((*path, key), "unknown key", hint)
             if isinstance(extra, dict):
                 validate(item, extra, (*path, key))
+
+
+def _known_keys(key: str, props: dict[str, Any]) -> str | None:
+    """The hint for an unknown ``key``: the known key it is closest to, then all of them."""
+    if not props:
+        return None
+    known = "known keys: " + ", ".join(props)
+    close = difflib.get_close_matches(key, props, n=1, cutoff=0.75)
+    return f"did you mean '{close[0]}'? {known}" if close else known
 
 
 def schema_text() -> str:
