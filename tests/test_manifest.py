@@ -62,6 +62,16 @@ def test_misspelt_top_level_table_names_its_line(workspace: Workspace) -> None:
     assert "did you mean 'groups'?" in (err.hint or "")
 
 
+def test_a_name_too_long_for_a_file_name_is_refused_when_loading(workspace: Workspace) -> None:
+    # A group name is a directory of the outputs: 300 characters passed here and failed
+    # only when the build wrote its files ('File name too long').
+    err = _err(workspace, GOOD.replace("[groups.g]", "[groups." + "a" * 300 + "]"))
+    assert "is not a valid name" in str(err) and "at most 64 characters" in (err.hint or "")
+    assert err.line == 5
+    m = load_manifest(workspace.manifest(GOOD.replace("[groups.g]", "[groups." + "a" * 64 + "]")))
+    assert list(m.groups) == ["a" * 64]
+
+
 def test_wrong_type(workspace: Workspace) -> None:
     err = _err(workspace, GOOD + 'embed_mode = "0"\n')
     assert err.key == "groups.g.embed_mode" and "must be integer" in str(err)

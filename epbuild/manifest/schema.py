@@ -16,7 +16,9 @@ from typing import Any
 
 from epbuild._names import ACTIVATION_TYPES, CALIBRATION_METHODS, WEIGHT_TYPES
 
-NAME_PATTERN = "^[A-Za-z0-9][A-Za-z0-9_.-]*$"
+NAME_PATTERN = "^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
+"""A group, provider, LLM, recipe or model name: each is a path component of the outputs,
+so at most 64 characters (a longer one failed only when the build wrote its files)."""
 EP_NAME_PATTERN = "^[A-Za-z][A-Za-z0-9_.-]*$"
 """An execution provider's name as an app registers it (``[package] ep_names``)."""
 _SCALAR = {"type": ["string", "integer", "number", "boolean"]}
@@ -503,7 +505,9 @@ _TYPES: dict[str, tuple[type, ...]] = {
 }
 
 
-_NAME_HINT = "use letters, digits, '_', '-' and '.', starting with a letter or digit"
+_NAME_HINT = (
+    "use letters, digits, '_', '-' and '.', starting with a letter or digit, at most 64 characters"
+)
 
 
 class SchemaViolation(Exception):
