@@ -8,7 +8,6 @@ third-party imports.
 
 from __future__ import annotations
 
-import difflib
 import json
 import sys
 from pathlib import Path
@@ -601,6 +600,8 @@ def validate(value: Any, schema: dict[str, Any] = SCHEMA, path: tuple[str, ...] 
 
 def _known_keys(key: str, props: dict[str, Any]) -> str | None:
     """The hint for an unknown ``key``: the known key it is closest to, then all of them."""
+    import difflib  # only on this error path: the fast paths validate manifests too
+
     if not props:
         return None
     known = "known keys: " + ", ".join(props)
