@@ -240,6 +240,23 @@ def test_refuses_unsafe_destinations(built: Workspace, tmp_path: Path) -> None:
     assert package(built.root, out="empty").stats.linked  # an empty directory is fine
 
 
+def test_refuses_a_package_directory_inside_a_cache(
+    built: Workspace, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A cache's prune deletes what it does not know there: a package inside the configured
+    cache, or the per-user one every workspace shares, would lose its files."""
+    from epbuild.userdirs import default_cache_dir
+
+    monkeypatch.setenv("EPBUILD_CACHE", str(tmp_path / "shared-cache"))
+    for out in (tmp_path / "shared-cache" / "pkg", os.path.join(default_cache_dir(), "pkg")):
+        with pytest.raises(UnsafePathError, match="inside the cache directory"):
+            package(built.root, out=out)
+        assert not os.path.lexists(out)
+    monkeypatch.setenv("EPBUILD_CACHE", "off")
+    with pytest.raises(UnsafePathError, match="inside the cache directory"):
+        package(built.root, out=os.path.join(default_cache_dir(), "v1", "pkg"))
+
+
 def test_failed_swap_leaves_the_old_package(built: Workspace, monkeypatch: Any) -> None:
     from epbuild.shipping import writer
 
