@@ -257,6 +257,20 @@ def test_refuses_a_package_directory_inside_a_cache(
         package(built.root, out=os.path.join(default_cache_dir(), "v1", "pkg"))
 
 
+def test_a_refused_destination_gets_no_lock_beside_it(built: Workspace) -> None:
+    """A directory of the user's, a file or a symlink refused as the package directory
+    leaves nothing beside it (no ``.<name>.epbuild.lock``)."""
+    (built.root / "mine").mkdir()
+    (built.root / "mine" / "notes.txt").write_text("keep me")
+    (built.root / "afile").write_text("x")
+    (built.root / "link").symlink_to("mine")
+    before = sorted(p.name for p in built.root.iterdir())
+    for out in ("mine", "afile", "link"):
+        with pytest.raises(UnsafePathError):
+            package(built.root, out=out)
+    assert sorted(p.name for p in built.root.iterdir()) == before
+
+
 def test_failed_swap_leaves_the_old_package(built: Workspace, monkeypatch: Any) -> None:
     from epbuild.shipping import writer
 
