@@ -240,6 +240,37 @@ def test_refuses_unsafe_destinations(built: Workspace, tmp_path: Path) -> None:
     assert package(built.root, out="empty").stats.linked  # an empty directory is fine
 
 
+def test_refuses_a_package_directory_inside_a_cache(
+    built: Workspace, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A cache's prune deletes what it does not know there: a package inside the configured
+    cache, or the per-user one every workspace shares, would lose its files."""
+    from epbuild.userdirs import default_cache_dir
+
+    monkeypatch.setenv("EPBUILD_CACHE", str(tmp_path / "shared-cache"))
+    for out in (tmp_path / "shared-cache" / "pkg", os.path.join(default_cache_dir(), "pkg")):
+        with pytest.raises(UnsafePathError, match="inside the cache directory"):
+            package(built.root, out=out)
+        assert not os.path.lexists(out)
+    monkeypatch.setenv("EPBUILD_CACHE", "off")
+    with pytest.raises(UnsafePathError, match="inside the cache directory"):
+        package(built.root, out=os.path.join(default_cache_dir(), "v1", "pkg"))
+
+
+def test_a_refused_destination_gets_no_lock_beside_it(built: Workspace) -> None:
+    """A directory of the user's, a file or a symlink refused as the package directory
+    leaves nothing beside it (no ``.<name>.epbuild.lock``)."""
+    (built.root / "mine").mkdir()
+    (built.root / "mine" / "notes.txt").write_text("keep me")
+    (built.root / "afile").write_text("x")
+    (built.root / "link").symlink_to("mine")
+    before = sorted(p.name for p in built.root.iterdir())
+    for out in ("mine", "afile", "link"):
+        with pytest.raises(UnsafePathError):
+            package(built.root, out=out)
+    assert sorted(p.name for p in built.root.iterdir()) == before
+
+
 def test_failed_swap_leaves_the_old_package(built: Workspace, monkeypatch: Any) -> None:
     from epbuild.shipping import writer
 

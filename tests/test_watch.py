@@ -356,6 +356,39 @@ def test_targets_are_the_inputs_never_the_outputs(
     assert not t.wants(os.path.join(root, "models", "a.onnx.tmp"), False)
 
 
+def test_a_finished_file_arriving_at_once_is_not_waited_for_as_one_being_written(
+    workspace: Workspace, tmp_path: Path
+) -> None:
+    """A model moved in from outside the watched folder (exported to /tmp, then ``mv``), a new
+    hard link or symlink arrives as a bare create with no close to follow: the burst settles
+    at the debounce, not at the settle timeout; a file created empty (being written) waits."""
+    from epbuild.manifest.load import load_manifest
+    from epbuild.watching.observer import Pending, make_handler
+    from epbuild.watching.observer import Watcher as Observed
+
+    workspace.model("m/a.onnx", matmul_model(1))
+    group = {"models": ["m/*.onnx"], "providers": ["htp"]}
+    path = workspace.manifest({"providers": {"htp": HTP73}, "groups": {"g": group}})
+    targets = make_targets(load_manifest(path), [])
+    pending = Pending(track_writes=True)
+    obs = Observed(False, 0.5, lambda text: None)
+    obs.handler = make_handler(lambda: targets, pending, obs.dead)
+    m = workspace.root / "m"
+    try:
+        obs.reconcile(targets)
+        save(matmul_model(2), tmp_path / "export.onnx")
+        os.rename(tmp_path / "export.onnx", m / "a.onnx")
+        os.link(m / "a.onnx", m / "b.onnx")
+        os.symlink("a.onnx", m / "c.onnx")
+        (m / "d.onnx").open("wb").close()
+        with (m / "e.onnx").open("wb"):  # still open: being written
+            names = {str(m / f"{n}.onnx") for n in "abcde"}
+            waits.wait_for(lambda: names <= pending.paths, "the events of all five files")
+            assert set(pending.writing) == {str(m / "e.onnx")}
+    finally:
+        obs.stop()
+
+
 def test_targets_of_a_quantized_group_are_its_samples(workspace: Workspace) -> None:
     import numpy as np
 

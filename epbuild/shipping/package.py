@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
 from epbuild.api import build
+from epbuild.cache.location import resolve
 from epbuild.errors import (
     ActionFailedError,
     OutOfDateError,
@@ -29,6 +30,7 @@ from epbuild.planning.workspace import open_workspace
 from epbuild.results import BuildResult, Reporter
 from epbuild.shipping.contents import DEPLOY_NAME, Contents, PackagedFile, package_contents
 from epbuild.shipping.writer import WriteStats, write_package
+from epbuild.userdirs import default_cache_dir
 
 if TYPE_CHECKING:
     from epbuild.manifest.model import Llm
@@ -82,7 +84,8 @@ def package(
     further keyword arguments of ``build`` (``jobs``, ``keep_going``, ``cache``...).
     """
     ws = open_workspace(directory, manifest, selectors)
-    dest = _destination(ws.root, ws.manifest, directory, out)
+    cache = (build_options or {}).get("cache") if build else None
+    dest = _destination(ws.root, ws.manifest, directory, out, cache)
     if not ws.actions:
         raise UserError("nothing to package: the manifest has no groups")
     built = None
@@ -181,10 +184,15 @@ def _add_llm_packages(ws: Workspace, contents: Contents) -> None:
 
 
 def _destination(
-    root: str, manifest: Any, directory: str | os.PathLike[str], out: str | os.PathLike[str] | None
+    root: str,
+    manifest: Any,
+    directory: str | os.PathLike[str],
+    out: str | os.PathLike[str] | None,
+    cache: str | bool | None = None,
 ) -> str:
-    """The package directory; refuses one inside the output or state directory, or one
-    holding the workspace."""
+    """The package directory; refuses one inside the output or state directory, inside a
+    cache (the one ``cache``, the environment or the manifest names, or the per-user one:
+    their prune deletes files they do not know), or one holding the workspace."""
     if out is not None:
         dest = os.path.join(os.fspath(directory), os.fspath(out))
     elif manifest.package.out_dir is not None:
@@ -200,6 +208,15 @@ def _destination(
         if inside(dest, os.path.join(root, d)):
             raise UnsafePathError(
                 f"package directory {os.fspath(out or dest)} is inside the {what} directory {d}",
+                hint="package into a directory of its own, e.g. -o dist",
+            )
+    base = os.path.abspath(directory)
+    cfg = resolve(cache, base=base, manifest_value=ws.cache, manifest_root=root)
+    for d in sorted({default_cache_dir(), *([cfg.local] if cfg is not None else [])}):
+        if inside(dest, d) and not inside(root, d):  # (a workspace kept in a cache: its own)
+            raise UnsafePathError(
+                f"package directory {os.fspath(out or dest)} is inside the cache directory "
+                f"{d} (pruning the cache deletes files it does not know)",
                 hint="package into a directory of its own, e.g. -o dist",
             )
     if inside(root, dest):

@@ -148,6 +148,7 @@ def write_package(
     parent = os.path.dirname(os.path.abspath(dest).rstrip(os.sep))
     what = f"epbuild package into {dest}"
     try:
+        old_package(dest)  # refuse what is not epbuild's before leaving a lock beside it
         os.makedirs(parent, exist_ok=True)
         with locks.hold(lock_path(dest), what, timeout=lock_timeout, on_wait=on_wait):
             return _write_locked(dest, _Wanted(root, files, generated), before_swap, force)

@@ -4,6 +4,7 @@ observed directories in line with the targets (falling back to polling without i
 from __future__ import annotations
 
 import os
+import stat
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -87,8 +88,10 @@ def make_handler(get_targets: Callable[[], Targets], pending: Pending, dead: set
             dest = os.fsdecode(event.dest_path) if event.dest_path else ""
             if event.is_directory and kind in ("deleted", "moved"):
                 dead.add(src)  # a watch on it (if any) is gone with it
+            what = "moved_from" if kind == "moved" else kind
+            if what == "created" and not event.is_directory and _arrived_whole(src):
+                what = "moved_to"  # no close will follow: nothing is being written
             for path in targets.names(src) if src else ():  # a symlink's target: the link
-                what = "moved_from" if kind == "moved" else kind
                 if targets.wants(path, event.is_directory):
                     pending.note(path, what, event.is_directory)
             for path in targets.names(dest) if dest and kind == "moved" else ():
@@ -96,6 +99,17 @@ def make_handler(get_targets: Callable[[], Targets], pending: Pending, dead: set
                     pending.note(path, "moved_to", event.is_directory)  # save-by-rename
 
     return Handler()
+
+
+def _arrived_whole(path: str) -> bool:
+    """Whether a created file came whole (moved in from an unwatched folder, a new hard link
+    or symlink: inotify sends no close for those) rather than being opened for writing, which
+    leaves it empty at first (a write already begun sends its own modified events)."""
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return False  # gone again: its deleted event follows
+    return not stat.S_ISREG(st.st_mode) or st.st_size > 0
 
 
 def _event_filter() -> list[type[FileSystemEvent]]:
