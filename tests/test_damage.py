@@ -121,6 +121,7 @@ def test_stat_cache_distrusts_an_entry_as_new_as_its_own_write(tmp_path: Path) -
     fresh = StatCache(str(tmp_path / "stats"))
     assert fresh.lookup("m.bin", os.stat(data)) is None
     assert fresh.digest(str(tmp_path), "m.bin").digest == hash_file(str(data))
+    fresh.save()  # the entry of the rewritten file (the first one's change time is gone)
     # An entry older than the cache's write is trusted (no re-hash).
     os.utime(tmp_path / "stats", ns=(st.st_mtime_ns + 1, st.st_mtime_ns + 1))
     assert StatCache(str(tmp_path / "stats")).lookup("m.bin", os.stat(data)) is not None
@@ -141,6 +142,51 @@ def test_a_same_tick_rewrite_of_an_input_is_rebuilt(built: Workspace) -> None:
         os.utime(built.root / ".epbuild" / name, ns=(st.st_mtime_ns, st.st_mtime_ns))
     proc = built.cli("build", check=True)
     assert "1 compiled" in proc.stdout + proc.stderr, proc.stdout + proc.stderr
+
+
+def test_an_input_rewritten_with_its_old_mtime_put_back_is_rebuilt(built: Workspace) -> None:
+    """A same-size rewrite of a source whose mtime is then put back (``touch -r``, an
+    archiver, ``os.utime``), long after the last build's records: inode, size and mtime
+    are those the stat cache and the no-op fingerprint hold; the change time is not."""
+    from modelgen import matmul_model, save
+
+    source = built.root / "models/c.onnx"
+    other = built.root / "other.onnx"
+    save(matmul_model(4), other)
+    if other.stat().st_size != source.stat().st_size:
+        pytest.skip("the two generated models differ in size")
+    assert other.read_bytes() != source.read_bytes()
+    before = source.stat()
+    _rewrite_same_tick(source, other.read_bytes())
+    after = source.stat()
+    assert (after.st_ino, after.st_size, after.st_mtime_ns) == (
+        before.st_ino,
+        before.st_size,
+        before.st_mtime_ns,
+    )
+    assert stale_reasons(built) != {}
+    proc = built.cli("build", check=True)
+    assert "1 compiled" in proc.stdout + proc.stderr, proc.stdout + proc.stderr
+
+
+def test_a_changed_change_time_rehashes_an_input_but_not_a_committed_output(
+    tmp_path: Path,
+) -> None:
+    data = tmp_path / "m.bin"
+    data.write_bytes(b"a" * 100)
+    old = os.stat(data).st_mtime_ns - 5_000_000_000
+    os.utime(data, ns=(old, old))
+    cache = StatCache(str(tmp_path / "stats"))
+    cache.digest(str(tmp_path), "m.bin")
+    os.chmod(data, 0o600)  # moves the change time alone: content, size and mtime kept
+    assert cache.lookup("m.bin", os.stat(data)) is None
+    # An output epbuild committed is vouched for without it: a restored output is a hard
+    # link to a cache object, whose change time other workspaces' restores move.
+    assert cache.digest(str(tmp_path), "m.bin", output=True).ctime_ns is None
+    os.chmod(data, 0o644)
+    assert cache.lookup("m.bin", os.stat(data)) is not None
+    cache.save()
+    assert StatCache(str(tmp_path / "stats")).lookup("m.bin", os.stat(data)) is not None
 
 
 def test_a_recorded_damage_survives_compaction_and_clears_on_done(tmp_path: Path) -> None:

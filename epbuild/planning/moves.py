@@ -55,7 +55,7 @@ def still_written(root: str, rel: str, size: int, digest: str, stats: StatCache)
         if not owning_top(rel):
             return False  # not <top>/<group>/<leaf>/<name>: no output of epbuild's
         cached = stats.lookup(rel, st)
-        found = cached.digest if cached is not None else stats.digest(root, rel).digest
+        found = cached.digest if cached is not None else stats.digest(root, rel, output=True).digest
     except OSError:
         return False
     return found == digest

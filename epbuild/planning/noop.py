@@ -1,17 +1,16 @@
 """The no-op fast path: answer "everything is up to date" by stat-ing, before importing more.
 
 When a build finds every selected action up to date, it records a *fingerprint*: the stat
-(inode, size, mtime_ns) of the manifest, the state journal, every input and output whose
-digest it verified, the version sources of the providers (site directories, SDK files) and
-the directories globs were expanded in, and each LLM package's source files and package
-files (checked against what the source makes); a path that does not exist (a toolchain
-workspace's ``epbuild.lock`` before ``epbuild lock``) is stamped as absent. The next
-``epbuild build`` stats exactly those paths (this module imports only ``os``, ``sys``, ``json``
-and ``tomllib``); if nothing changed it prints the recorded result without loading the rest of
-epbuild. Any difference falls back to the full
-path, which re-plans from content as always. Every stat stored is taken *before* the value
-it vouches for is re-checked, so a change racing with the fingerprint makes it miss, never
-lie.
+(inode, size, mtime_ns, and the change time but for committed outputs) of the manifest, the
+state journal, every input and output whose digest it verified, the version sources of the
+providers (site directories, SDK files) and the directories globs were expanded in, and each
+LLM package's source files and package files (checked against what the source makes); a path
+that does not exist (a toolchain workspace's ``epbuild.lock`` before ``epbuild lock``) is
+stamped as absent. The next ``epbuild build`` stats exactly those paths (this module imports
+only ``os``, ``sys``, ``json`` and ``tomllib``); if nothing changed it prints the recorded
+result without loading the rest of epbuild. Any difference falls back to the full path,
+which re-plans from content as always. Every stat stored is taken *before* the value it
+vouches for is re-checked, so a change racing with the fingerprint makes it miss, never lie.
 """
 
 from __future__ import annotations
@@ -29,7 +28,7 @@ if TYPE_CHECKING:
     from epbuild.planning.workspace import Workspace
     from epbuild.toolchains.env import Toolchain
 
-_VERSION = 1
+_VERSION = 2  # 2: a source's stamp holds its change time
 
 
 _ABSENT: list[int] = []
@@ -38,14 +37,24 @@ vouches like any other stamp (a toolchain workspace without ``epbuild.lock``).""
 
 
 def file_stamp(path: str) -> list[int] | None:
-    """(inode, size, mtime_ns), ``_ABSENT`` if nothing is there, None if stat cannot say."""
+    """(inode, size, mtime_ns, ctime_ns), ``_ABSENT`` if nothing is there, None if stat
+    cannot say."""
     try:
         st = os.stat(path)
     except (FileNotFoundError, NotADirectoryError):
         return _ABSENT
     except OSError:
         return None
-    return [st.st_ino, st.st_size, st.st_mtime_ns]
+    return [st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns]
+
+
+def _matches(stamp: object, found: list[int] | None) -> bool:
+    """Whether a recorded stamp still holds: all four numbers, or the first three for a
+    stamp of an output epbuild committed (the stat cache keeps no change time for those,
+    see ``epbuild.state.statcache``)."""
+    if not isinstance(stamp, list) or not found or found == _ABSENT:
+        return stamp == found
+    return len(stamp) in (3, 4) and found[: len(stamp)] == stamp
 
 
 def _dir_stamp(path: str) -> list[int] | None:
@@ -61,7 +70,7 @@ def _racy(stamp: object, written_ns: int) -> bool:
     racy: whatever creates it changes its stamp."""
     if stamp == _ABSENT:
         return False
-    return not isinstance(stamp, list) or len(stamp) != 3 or stamp[2] >= written_ns
+    return not isinstance(stamp, list) or len(stamp) not in (3, 4) or stamp[2] >= written_ns
 
 
 def _state_dir_of(root: str, manifest_bytes: bytes) -> str | None:
@@ -115,7 +124,7 @@ def fast_noop(
     if not isinstance(files, dict) or not isinstance(dirs, dict):
         return None
     for rel, stamp in files.items():
-        if file_stamp(os.path.join(root, rel)) != stamp or _racy(stamp, written):
+        if not _matches(stamp, file_stamp(os.path.join(root, rel))) or _racy(stamp, written):
             return None
     for d, stamp in dirs.items():
         if _dir_stamp(os.path.join(root, d)) != stamp:
@@ -267,6 +276,8 @@ def _stamp_plans(
             if entry is None:
                 return False  # too fresh to trust (racy mtime): no fingerprint this time
             files[rel] = [entry.ino, entry.size, entry.mtime_ns]
+            if entry.ctime_ns is not None:  # a file hashed as an input, not an output
+                files[rel].append(entry.ctime_ns)
     return True
 
 

@@ -46,7 +46,7 @@ def outputs_intact(
             continue
         cached = stats.lookup(rel, st)
         if cached is None:
-            cached = stats.digest(root, rel)
+            cached = stats.digest(root, rel, output=True)
         if cached.digest != digest:
             problems.append(f"output {rel} was modified")
     return problems

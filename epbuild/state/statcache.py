@@ -1,7 +1,12 @@
 """Content digests with a stat cache: an unchanged file is never read twice.
 
-Entries map a workspace-relative path to (inode, size, mtime_ns) → sha256 digest, plus,
-for ONNX models, the external-data files the model references (parsed once per digest).
+Entries map a workspace-relative path to (inode, size, mtime_ns, ctime_ns) → sha256
+digest, plus, for ONNX models, the external-data files the model references (parsed once per
+digest). The change time is what a rewrite that puts the old mtime back (``os.utime``,
+``touch -r``, an archiver) cannot put back: a file hashed as an input is trusted only while
+it is unchanged too (git's index and Bazel's digest cache hold the same). An output entry
+that epbuild committed has none (``ctime_ns`` None): a restored output is a hard link to a
+cache object, whose change time moves whenever another workspace links or uses it.
 The file is rewritten whole (temp + rename) under the state lock, merging entries other
 processes wrote meanwhile, so concurrent writers never corrupt it.
 """
@@ -17,13 +22,13 @@ from collections import namedtuple
 
 from epbuild.fs import atomic_write_bytes, digest_file, is_safe_reference, sha256_hex
 
-_VERSION = 2  # 2: a sha256 of the payload on the first line (a flipped byte is caught)
+_VERSION = 3  # 2: a sha256 of the payload on the first line; 3: the change time
 _RACY_NS = 20_000_000  # an mtime this close to "now" may still change within its tick
 # What a damaged or hand-edited stat cache can raise while it is read: it is then dropped.
 _UNREADABLE = (OSError, ValueError, KeyError, TypeError, IndexError, AttributeError, RecursionError)
 
 
-class Entry(namedtuple("Entry", "ino size mtime_ns digest refs", defaults=(None,))):
+class Entry(namedtuple("Entry", "ino size mtime_ns digest refs ctime_ns", defaults=(None, None))):
     """What we know about one file's content (a named tuple: a stat cache holds thousands,
     made at every load; made by ``collections``, as ``typing.NamedTuple`` compiles each
     annotation)."""
@@ -35,6 +40,8 @@ class Entry(namedtuple("Entry", "ino size mtime_ns digest refs", defaults=(None,
     digest: str
     refs: tuple[str, ...] | None
     """External-data files (workspace-relative) of an ONNX model; None if not parsed."""
+    ctime_ns: int | None
+    """The change time it was hashed at (None: an output epbuild committed, see above)."""
 
 
 def hash_file(path: str) -> str:
@@ -51,6 +58,7 @@ def _well_formed(rel: object, e: Entry) -> bool:
         and type(e.digest) is str
         and len(e.digest) == 64
         and (e.refs is None or all(type(r) is str and is_safe_reference(r) for r in e.refs))
+        and (e.ctime_ns is None or type(e.ctime_ns) is int)
     )
 
 
@@ -87,10 +95,10 @@ class StatCache:
                 return
             entries = self.entries
             for rel, e in data["entries"].items():
-                refs = e[4] if len(e) > 4 else None
+                refs = e[4]
                 if refs is not None:
                     refs = tuple(refs)
-                entry = _new(Entry, (e[0], e[1], e[2], e[3], refs))
+                entry = _new(Entry, (e[0], e[1], e[2], e[3], refs, e[5]))
                 if not _well_formed(rel, entry):
                     raise ValueError(rel)
                 entries[rel] = entry
@@ -109,12 +117,13 @@ class StatCache:
             e = self.entries.get(rel)
             if e is not None and e.mtime_ns >= self.written_ns:
                 return None
-        if e and e.ino == st.st_ino and e.size == st.st_size and e.mtime_ns == st.st_mtime_ns:
-            return e
-        return None
+        if e is None or (e.ino, e.size, e.mtime_ns) != (st.st_ino, st.st_size, st.st_mtime_ns):
+            return None
+        return e if e.ctime_ns is None or e.ctime_ns == st.st_ctime_ns else None
 
-    def digest(self, root: str, rel: str) -> Entry:
-        """Entry for ``root/rel``: from the cache when the stat matches, else hashed now.
+    def digest(self, root: str, rel: str, *, output: bool = False) -> Entry:
+        """Entry for ``root/rel``: from the cache when the stat matches, else hashed now
+        (``output``, an output epbuild committed: with no change time, see above).
         Anything but a regular file is an ``OSError`` (reading a FIFO would block, a device
         never end)."""
         full = os.path.join(root, rel)
@@ -127,8 +136,13 @@ class StatCache:
         digest = hash_file(full)
         self.hashed += 1
         after = os.stat(full)
-        entry = Entry(after.st_ino, after.st_size, after.st_mtime_ns, digest)
-        if (after.st_mtime_ns, after.st_size) == (st.st_mtime_ns, st.st_size):
+        ctime = None if output else after.st_ctime_ns
+        entry = Entry(after.st_ino, after.st_size, after.st_mtime_ns, digest, None, ctime)
+        if (after.st_mtime_ns, after.st_size, after.st_ctime_ns) == (
+            st.st_mtime_ns,
+            st.st_size,
+            st.st_ctime_ns,
+        ):
             self.remember(rel, entry)
         return entry
 
@@ -148,7 +162,7 @@ class StatCache:
 
     def with_refs(self, rel: str, entry: Entry, refs: tuple[str, ...]) -> Entry:
         """Attach parsed external-data references to an entry and remember it."""
-        new = Entry(entry.ino, entry.size, entry.mtime_ns, entry.digest, refs)
+        new = entry._replace(refs=refs)
         self.remember(rel, new)
         return new
 
@@ -165,7 +179,14 @@ class StatCache:
             current.entries.pop(rel, None)
         payload = {
             "entries": {
-                rel: [e.ino, e.size, e.mtime_ns, e.digest, None if e.refs is None else list(e.refs)]
+                rel: [
+                    e.ino,
+                    e.size,
+                    e.mtime_ns,
+                    e.digest,
+                    None if e.refs is None else list(e.refs),
+                    e.ctime_ns,
+                ]
                 for rel, e in current.entries.items()
             },
         }
