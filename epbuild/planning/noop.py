@@ -275,9 +275,10 @@ def _stamp_plans(
             entry = ws.stats.dirty.get(rel) or ws.stats.entries.get(rel)
             if entry is None:
                 return False  # too fresh to trust (racy mtime): no fingerprint this time
-            files[rel] = [entry.ino, entry.size, entry.mtime_ns]
+            stamp = [entry.ino, entry.size, entry.mtime_ns]
             if entry.ctime_ns is not None:  # a file hashed as an input, not an output
-                files[rel].append(entry.ctime_ns)
+                stamp.append(entry.ctime_ns)
+            files[rel] = stamp
     return True
 
 
