@@ -578,3 +578,24 @@ def test_model_reached_through_a_symlink(
     c = w.next()
     assert (c["changed"], built(c)) == (["models/c.onnx"], {"single/htp/c": "compiled"})
     assert w.stop() == 0
+
+
+def test_a_rewrite_whose_mtime_was_put_back_is_built(
+    simple_ws: Callable[..., Workspace], watcher: Callable[..., Watcher]
+) -> None:
+    """Same size, old mtime put back (``touch -r``): the change time still moved."""
+    ws = simple_ws()
+    source = ws.root / "models" / "c.onnx"
+    other = ws.root / "other.onnx"
+    save(matmul_model(30), other)
+    if other.stat().st_size != source.stat().st_size:
+        pytest.skip("the two generated models differ in size")
+    w = watcher(ws.root)
+    assert w.next()["cycle"] == 1
+    st = source.stat()
+    with open(source, "r+b") as f:
+        f.write(other.read_bytes())
+    os.utime(source, ns=(st.st_atime_ns, st.st_mtime_ns))
+    c = w.next()
+    assert (c["changed"], built(c)) == (["models/c.onnx"], {"single/htp/c": "compiled"})
+    assert w.stop() == 0, "".join(w.stderr)

@@ -29,8 +29,9 @@ if TYPE_CHECKING:
 
 GLOB_CHARS = re.compile(r"[*?\[]")
 """A path part with one of these is a glob."""
-Sig = tuple[int, int, int]
-"""(inode, size, mtime_ns) of a file."""
+Sig = tuple[int, int, int, int]
+"""(inode, size, mtime_ns, ctime_ns) of a file: the change time sees a rewrite whose mtime
+was put back (``touch -r``), as the stat cache does for inputs."""
 
 
 def under(path: str, top: str) -> bool:
@@ -63,12 +64,12 @@ def glob_match(rel: str, pattern: str) -> bool:
 
 
 def signature(path: str) -> Sig | None:
-    """The file's (inode, size, mtime_ns), or None when it does not exist."""
+    """The file's (inode, size, mtime_ns, ctime_ns), or None when it does not exist."""
     try:
         st = os.stat(path)
     except OSError:
         return None
-    return (st.st_ino, st.st_size, st.st_mtime_ns)
+    return (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
 
 
 @dataclass(frozen=True)
