@@ -6,10 +6,20 @@ cache turned off is one user error; an export never writes into the cache."""
 
 from __future__ import annotations
 
+import json
+import os
+import resource
 import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
+import waits
 from conftest import Workspace
 from test_fresh_restore import fresh
 
@@ -56,3 +66,117 @@ def test_an_export_into_the_cache_or_a_directory_is_refused(
     archive = tmp_path / "ci.tar"
     assert ws.main("cache", "export", str(archive), "--cache", str(cache)).returncode == 0
     assert archive.is_file()
+
+
+def _cli(ws: Workspace, *args: str, preexec: Any = None, prefix: tuple[str, ...] = ()) -> Any:
+    """``epbuild -C ws ARGS`` in a process of its own (started through ``prefix``)."""
+    command = [*prefix, sys.executable, "-m", "epbuild", "-C", str(ws.root), *args]
+    proc = waits.run(command, f"epbuild {' '.join(args)}", timeout=300, preexec_fn=preexec)
+    assert "Traceback" not in proc.stderr, proc.stderr
+    return proc
+
+
+def _file_size_limit(limit: int) -> Any:
+    def apply() -> None:
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+
+    return apply
+
+
+@pytest.fixture
+def elsewhere(seeded: tuple[Workspace, Path]) -> Iterator[Path]:
+    """A copy of the seeded cache on another file system (``/dev/shm``): a restore from it
+    copies its objects instead of linking them."""
+    ws, cache = seeded
+    if not os.path.isdir("/dev/shm") or os.stat("/dev/shm").st_dev == cache.stat().st_dev:
+        pytest.skip("no second file system to put the cache on")
+    top = Path(tempfile.mkdtemp(prefix="epbuild-test-", dir="/dev/shm"))
+    try:
+        shutil.copytree(cache, top / "cache")
+        yield top / "cache"
+    finally:
+        shutil.rmtree(top, ignore_errors=True)
+
+
+def test_a_restore_that_cannot_write_the_workspace_blames_the_disk(
+    seeded: tuple[Workspace, Path], elsewhere: Path, tmp_path: Path
+) -> None:
+    """A full disk under a restore (here a file-size limit below the pair's context binary,
+    copied from a cache on another file system) said ``not in the cache: cache unusable``,
+    with the hint to build where the toolchain is installed: the disk was to blame."""
+    ws, _ = seeded
+    checkout = fresh(ws.root, tmp_path / "checkout")
+    args = ("build", "--cache-only", "--cache", str(elsewhere), "--json")
+    proc = _cli(checkout, *args, preexec=_file_size_limit(64 << 10))
+    assert proc.returncode == 1, proc.stderr
+    failed = {a["id"]: a for a in json.loads(proc.stdout)["actions"] if a["outcome"] == "failed"}
+    assert list(failed) == ["pair/htp"], proc.stdout
+    error, hint = failed["pair/htp"]["error"], failed["pair/htp"]["hint"]
+    assert error.startswith("cannot restore pair/htp into build/pair/htp: "), error
+    assert "File too large" in error and "not in the cache" not in error, error
+    assert "free space" in hint, hint
+    assert _cli(checkout, *args).returncode == 0
+    assert _cli(checkout, "verify").returncode == 0
+
+
+def _without_dac_override() -> tuple[str, ...]:
+    """A command prefix under which file modes hold (root ignores them otherwise)."""
+    if os.geteuid() != 0:
+        return ()
+    setpriv = shutil.which("setpriv")
+    caps = "-dac_override,-dac_read_search"
+    prefix = (setpriv or "setpriv", "--bounding-set", caps, "--inh-caps", caps)
+    if setpriv is None or subprocess.run([*prefix, "true"], capture_output=True).returncode:
+        pytest.skip("root ignores file modes, and setpriv cannot drop that here")
+    return prefix
+
+
+@pytest.mark.parametrize("plant", ["unreadable", "link"])
+def test_an_object_that_cannot_be_used_is_stored_anew_by_the_next_build(
+    seeded: tuple[Workspace, Path], tmp_path: Path, plant: str
+) -> None:
+    """Another user's object made unreadable: a restore named a staging file of the
+    workspace (``Permission denied``), kept the entry, and a build's store took the object
+    for present, so no build ever cached that action again. A link planted in an object's
+    place: every store failed on it. Now the restore names the object, and the build after
+    it stores the object anew, which the next fresh checkout restores."""
+    ws, cache = seeded
+    obj = c_binary(ws, cache)
+    user = tmp_path / "user.bin"
+    user.write_bytes(b"the user's own bytes")
+    prefix: tuple[str, ...] = ()
+    if plant == "unreadable":
+        prefix = _without_dac_override()
+        obj.chmod(0)
+    else:
+        obj.unlink()
+        obj.symlink_to(user)
+    checkout = fresh(ws.root, tmp_path / "checkout")
+    only = ("build", "--cache-only", "--cache", str(cache))
+    proc = _cli(checkout, *only, prefix=prefix)
+    assert proc.returncode == 1 and str(obj) in proc.stdout + proc.stderr, proc.stderr
+    said = "cannot be read" if plant == "unreadable" else "symbolic link"
+    assert said in proc.stdout + proc.stderr
+    assert ".staging" not in proc.stdout + proc.stderr
+    proc = _cli(checkout, "build", "--cache", str(cache), "--json", prefix=prefix)
+    assert proc.returncode == 0 and "not stored" not in proc.stderr, proc.stderr
+    assert obj.is_file() and not obj.is_symlink()
+    assert user.read_bytes() == b"the user's own bytes"
+    again = fresh(ws.root, tmp_path / "again")
+    proc = _cli(again, *only, "--json", prefix=prefix)
+    assert proc.returncode == 0 and json.loads(proc.stdout)["summary"]["restored"] == 2
+
+
+def test_cache_verify_discards_an_object_that_cannot_be_read(
+    seeded: tuple[Workspace, Path],
+) -> None:
+    """``cache verify`` stopped at the first unreadable object with exit 2."""
+    ws, cache = seeded
+    prefix = _without_dac_override()
+    obj = c_binary(ws, cache)
+    obj.chmod(0)
+    proc = _cli(ws, "cache", "verify", "--cache", str(cache), prefix=prefix)
+    assert proc.returncode == 1, proc.stderr
+    assert "c_ctx_qnn.bin missing or damaged; discarded" in proc.stderr, proc.stderr
+    assert not obj.exists()

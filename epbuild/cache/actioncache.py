@@ -14,6 +14,7 @@ way in.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 import time
@@ -26,7 +27,7 @@ from epbuild.cache.layout import entry_path, key_lock_path, object_path
 from epbuild.cache.local import LocalBackend
 from epbuild.cache.store import CachedOutput, CacheEntry, CorruptEntryError, Store
 from epbuild.errors import CacheUnavailableError
-from epbuild.fs import CHUNK, new_sha256
+from epbuild.fs import CHUNK, LinkedPathError, new_sha256
 from epbuild.planning.keys import explain_difference
 from epbuild.state.journal import ActionRecord
 from epbuild.state.statcache import hash_file
@@ -125,6 +126,8 @@ class ActionCache:
                     f"entry {key[:12]} in {self.local.url}: the object of {name} is missing; "
                     "discarded"
                 ) from None
+            except PermissionError:
+                raise self._unreadable(entry, name, out.digest, dest) from None
             methods.add(method)
             st = os.stat(dest)
             linked = method == "link"  # dest is the object itself: same inode, same bytes
@@ -132,9 +135,13 @@ class ActionCache:
                 linked
                 and st.st_size == out.size
                 and trust.is_trusted(self.local_backend.root, out.digest, st)
+                and os.access(dest, os.R_OK)  # (a mode change keeps the stat trusted)
             ):
                 continue
-            size, digest = st.st_size, hash_file(dest)
+            try:
+                size, digest = st.st_size, hash_file(dest)
+            except PermissionError:  # a hard link to an object this user cannot read
+                raise self._unreadable(entry, name, out.digest, dest) from None
             if (size, digest) == (out.size, out.digest):
                 after = os.stat(dest)
                 if linked and (after.st_ino, after.st_size, after.st_mtime_ns) == (
@@ -155,6 +162,19 @@ class ActionCache:
         self.local_backend.touch(entry_path(key))
         method = "copy" if "copy" in methods else "reflink" if "reflink" in methods else "link"
         return Restored(entry, source, method)
+
+    def _unreadable(
+        self, entry: CacheEntry, name: str, digest: str, dest: str
+    ) -> CacheDamagedError:
+        """An object this user cannot read (another user's, made unreadable): damage. The
+        entry and the object are discarded, so that the next build stores them anew."""
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(dest)
+        self.local.discard(entry, damaged=(digest,))
+        return CacheDamagedError(
+            f"entry {entry.key[:12]} in {self.local.url}: the object of {name} "
+            f"({self.local_backend.full(object_path(digest))}) cannot be read; discarded"
+        )
 
     def discard(self, key: str) -> None:
         """Drop the local entry of ``key``: what it restored failed the build's checks."""
@@ -221,8 +241,9 @@ class ActionCache:
     def _ingest(self, src: str, out: CachedOutput, vouched: tuple[int, int, int] | None) -> None:
         path = object_path(out.digest)
         try:
-            present = os.path.getsize(self.local_backend.file(path)) == out.size
-        except FileNotFoundError:
+            full = self.local_backend.file(path)
+            present = os.path.getsize(full) == out.size and os.access(full, os.R_OK)
+        except (FileNotFoundError, LinkedPathError):  # a link planted there is replaced
             present = False
         if present:
             self.local_backend.mark_used(path)  # keeps it out of a concurrent prune's reach
