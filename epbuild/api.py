@@ -185,7 +185,9 @@ def build(
                                         reporter=reporter, lock_timeout=lock_timeout,
                                         tracer=tracer, cache_only=cache_only)  # fmt: skip
             # (--cache-only keeps going: it lists every missing action)
-            opened = functools.partial(open_action_cache, ws, directory, cache, cache_push)
+            opened = functools.partial(
+                open_action_cache, ws, directory, cache, cache_push, cache_only
+            )
             results.update(_compile(ws, run, builder, opened, len(plans), stale, trace, warnings))
         if isinstance(cache, str) and not dry_run:  # --cache DIR: seeded with what is built
             warnings += _seed_cache(ws, plans, directory, cache)

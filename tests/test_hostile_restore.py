@@ -180,3 +180,34 @@ def test_cache_verify_discards_an_object_that_cannot_be_read(
     assert proc.returncode == 1, proc.stderr
     assert "c_ctx_qnn.bin missing or damaged; discarded" in proc.stderr, proc.stderr
     assert not obj.exists()
+
+
+def test_cache_only_with_the_cache_off_is_one_user_error(
+    seeded: tuple[Workspace, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``build --cache-only`` with the cache turned off (``--no-cache``, an empty or ``off``
+    ``EPBUILD_CACHE``: a CI variable that was not set, ``[workspace] cache = "off"``) failed
+    every action with exit 1, "not in the cache: the cache is off" and the hint to build
+    where the toolchain is installed. It is one message naming the setting, exit 2."""
+    ws, _ = seeded
+    checkout = fresh(ws.root, tmp_path / "checkout")
+    for env, args, said in (
+        ("off", ["--no-cache"], "(set by --no-cache)"),
+        ("", [], "(set by EPBUILD_CACHE='')"),
+        (None, [], "(set by [workspace] cache)"),
+    ):
+        if env is None:
+            monkeypatch.delenv("EPBUILD_CACHE")
+            manifest = checkout.root / "epbuild.toml"
+            manifest.write_text('[workspace]\ncache = "off"\n\n' + manifest.read_text())
+        else:
+            monkeypatch.setenv("EPBUILD_CACHE", env)
+        proc = checkout.main("build", "--cache-only", *args)
+        assert proc.returncode == 2, proc.stderr
+        assert f"--cache-only needs a cache, and the cache is off {said}" in proc.stderr
+        assert proc.stderr.count("error:") == 1, proc.stderr
+    assert not (checkout.root / "build").exists()
+    monkeypatch.setenv("EPBUILD_CACHE", str(checkout.root / "epbuild.toml"))
+    proc = checkout.main("build")
+    assert proc.returncode == 2, proc.stderr
+    assert "is not a directory (set by EPBUILD_CACHE=" in proc.stderr, proc.stderr
