@@ -211,3 +211,15 @@ def test_cache_only_with_the_cache_off_is_one_user_error(
     proc = checkout.main("build")
     assert proc.returncode == 2, proc.stderr
     assert "is not a directory (set by EPBUILD_CACHE=" in proc.stderr, proc.stderr
+
+
+def test_cache_only_from_a_cache_that_does_not_exist_says_so(
+    seeded: tuple[Workspace, Path], tmp_path: Path
+) -> None:
+    """A mistyped cache path (or a CI cache not restored there) read as an ordinary miss."""
+    ws, _ = seeded
+    checkout = fresh(ws.root, tmp_path / "checkout")
+    proc = checkout.main("build", "--cache-only", "--cache", str(tmp_path / "typo"))
+    assert proc.returncode == 1
+    said = f"no entry for pair/htp in the cache ({tmp_path / 'typo'}, a directory that did not"
+    assert said in proc.stderr, proc.stderr

@@ -57,6 +57,8 @@ class ActionCache:
         self, local_dir: str, remote_url: str | None = None, *, push: bool = False
     ) -> None:
         self.local_backend = LocalBackend(local_dir)
+        self.found = os.path.isdir(local_dir)
+        """Whether the local directory was there when the cache was opened (a miss says so)."""
         self.local = Store(self.local_backend)
         self.remote: Store | None = None
         self.push = push
@@ -291,7 +293,10 @@ class ActionCache:
                 return why
             why += "; locally"
         elif not entries:
-            return f"no entry for {action_id} in the cache ({self.describe()})"
+            where = self.describe()
+            if not self.found and self.remote is None:
+                where += ", a directory that did not exist"
+            return f"no entry for {action_id} in the cache ({where})"
         # The nearest entry: fewest differences (another machine's build of the same
         # action, say), the newest among equals.
         diff = min(
