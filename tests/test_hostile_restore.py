@@ -88,7 +88,7 @@ def _file_size_limit(limit: int) -> Any:
 def elsewhere(seeded: tuple[Workspace, Path]) -> Iterator[Path]:
     """A copy of the seeded cache on another file system (``/dev/shm``): a restore from it
     copies its objects instead of linking them."""
-    ws, cache = seeded
+    _, cache = seeded
     if not os.path.isdir("/dev/shm") or os.stat("/dev/shm").st_dev == cache.stat().st_dev:
         pytest.skip("no second file system to put the cache on")
     top = Path(tempfile.mkdtemp(prefix="epbuild-test-", dir="/dev/shm"))
@@ -223,3 +223,26 @@ def test_cache_only_from_a_cache_that_does_not_exist_says_so(
     assert proc.returncode == 1
     said = f"no entry for pair/htp in the cache ({tmp_path / 'typo'}, a directory that did not"
     assert said in proc.stderr, proc.stderr
+
+
+def test_a_directory_where_an_output_goes_is_named_and_left_alone(
+    seeded: tuple[Workspace, Path], tmp_path: Path
+) -> None:
+    """A directory at an output's name failed the restore half-way with "cannot put the
+    outputs in place … Is a directory" and the hint to check free space; the outputs before
+    it were already replaced. Now nothing is touched, and the message names the directory."""
+    ws, cache = seeded
+    checkout = fresh(ws.root, tmp_path / "checkout")
+    folder = checkout.root / "build" / "pair" / "htp"
+    (folder / "b_ctx.onnx").mkdir(parents=True)
+    (folder / "b_ctx.onnx" / "mine.txt").write_text("mine")
+    (folder / "a_ctx.onnx").write_text("an old file")
+    proc = checkout.main("build", "--cache-only", "--cache", str(cache))
+    assert proc.returncode == 1
+    said = "build/pair/htp/b_ctx.onnx is a directory, where pair/htp puts an output file"
+    assert said in proc.stderr and "move that directory away" in proc.stderr, proc.stderr
+    assert (folder / "a_ctx.onnx").read_text() == "an old file"
+    assert (folder / "b_ctx.onnx" / "mine.txt").read_text() == "mine"
+    shutil.rmtree(folder / "b_ctx.onnx")
+    assert checkout.main("build", "--cache-only", "--cache", str(cache)).returncode == 0
+    assert checkout.cli("verify").returncode == 0

@@ -117,53 +117,57 @@ class ActionCache:
             source = self.remote.url
         if entry is None:
             return None
-        methods: set[str] = set()
-        for name, out in entry.outputs.items():
-            dest = os.path.join(dest_dir, name)
-            try:
-                method = self.local_backend.materialize(object_path(out.digest), dest)
-            except FileNotFoundError:
-                self.local.discard(entry)
-                raise CacheDamagedError(
-                    f"entry {key[:12]} in {self.local.url}: the object of {name} is missing; "
-                    "discarded"
-                ) from None
-            except PermissionError:
-                raise self._unreadable(entry, name, out.digest, dest) from None
-            methods.add(method)
-            st = os.stat(dest)
-            linked = method == "link"  # dest is the object itself: same inode, same bytes
-            if (
-                linked
-                and st.st_size == out.size
-                and trust.is_trusted(self.local_backend.root, out.digest, st)
-                and os.access(dest, os.R_OK)  # (a mode change keeps the stat trusted)
-            ):
-                continue
-            try:
-                size, digest = st.st_size, hash_file(dest)
-            except PermissionError:  # a hard link to an object this user cannot read
-                raise self._unreadable(entry, name, out.digest, dest) from None
-            if (size, digest) == (out.size, out.digest):
-                after = os.stat(dest)
-                if linked and (after.st_ino, after.st_size, after.st_mtime_ns) == (
-                    st.st_ino,
-                    st.st_size,
-                    st.st_mtime_ns,
-                ):
-                    trust.record(self.local_backend.root, out.digest, st)
-            else:
-                os.unlink(dest)
-                trust.forget(self.local_backend.root, out.digest)
-                self.local.discard(entry, damaged=(out.digest,))
-                raise CacheDamagedError(
-                    f"entry {key[:12]} in {self.local.url}: {name} is damaged (expected "
-                    f"{out.digest[:12]}, {out.size} bytes; found {digest[:12]}, {size} bytes); "
-                    "discarded"
-                )
+        methods = {
+            self._place(entry, name, out, os.path.join(dest_dir, name))
+            for name, out in entry.outputs.items()
+        }
         self.local_backend.touch(entry_path(key))
         method = "copy" if "copy" in methods else "reflink" if "reflink" in methods else "link"
         return Restored(entry, source, method)
+
+    def _place(self, entry: CacheEntry, name: str, out: CachedOutput, dest: str) -> str:
+        """Put the object of output ``name`` at ``dest`` and check it (see ``restore``);
+        says how (link, reflink, copy)."""
+        key = entry.key
+        try:
+            method = self.local_backend.materialize(object_path(out.digest), dest)
+        except FileNotFoundError:
+            self.local.discard(entry)
+            raise CacheDamagedError(
+                f"entry {key[:12]} in {self.local.url}: the object of {name} is missing; discarded"
+            ) from None
+        except PermissionError:
+            raise self._unreadable(entry, name, out.digest, dest) from None
+        st = os.stat(dest)
+        linked = method == "link"  # dest is the object itself: same inode, same bytes
+        if (
+            linked
+            and st.st_size == out.size
+            and trust.is_trusted(self.local_backend.root, out.digest, st)
+            and os.access(dest, os.R_OK)  # (a mode change keeps the stat trusted)
+        ):
+            return method
+        try:
+            size, digest = st.st_size, hash_file(dest)
+        except PermissionError:  # a hard link to an object this user cannot read
+            raise self._unreadable(entry, name, out.digest, dest) from None
+        if (size, digest) != (out.size, out.digest):
+            os.unlink(dest)
+            trust.forget(self.local_backend.root, out.digest)
+            self.local.discard(entry, damaged=(out.digest,))
+            raise CacheDamagedError(
+                f"entry {key[:12]} in {self.local.url}: {name} is damaged (expected "
+                f"{out.digest[:12]}, {out.size} bytes; found {digest[:12]}, {size} bytes); "
+                "discarded"
+            )
+        after = os.stat(dest)
+        if linked and (after.st_ino, after.st_size, after.st_mtime_ns) == (
+            st.st_ino,
+            st.st_size,
+            st.st_mtime_ns,
+        ):
+            trust.record(self.local_backend.root, out.digest, st)
+        return method
 
     def _unreadable(
         self, entry: CacheEntry, name: str, digest: str, dest: str
