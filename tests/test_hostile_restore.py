@@ -246,3 +246,23 @@ def test_a_directory_where_an_output_goes_is_named_and_left_alone(
     shutil.rmtree(folder / "b_ctx.onnx")
     assert checkout.main("build", "--cache-only", "--cache", str(cache)).returncode == 0
     assert checkout.cli("verify").returncode == 0
+
+
+def test_status_does_not_promise_a_restore_whose_object_is_gone(
+    seeded: tuple[Workspace, Path], tmp_path: Path
+) -> None:
+    """An entry whose object is gone (pruned by hand, lost): ``status`` said "in the cache: a
+    build restores it", and the build compiled it."""
+    ws, cache = seeded
+    c_binary(ws, cache).unlink()
+    checkout = fresh(ws.root, tmp_path / "checkout")
+    doc = checkout.main_json("status", "--cache", str(cache))
+    reasons = {a["id"]: a["reasons"][-1] for a in doc["actions"]}
+    assert reasons == {
+        "pair/htp": f"in the cache ({cache}): a build restores it",
+        "single/htp/c": "not in the cache: its entry lacks the object of c_ctx_qnn.bin (a build "
+        "discards it and runs this)",
+    }
+    proc = checkout.main("build", "--cache-only", "--cache", str(cache), "--json")
+    outcomes = {a["id"]: a["outcome"] for a in json.loads(proc.stdout)["actions"]}
+    assert outcomes == {"pair/htp": "restored", "single/htp/c": "failed"}

@@ -282,6 +282,19 @@ class ActionCache:
             found = self._remote(lambda r: r.get_entry(key), None)
         return found
 
+    def lacking(self, entry: CacheEntry) -> str | None:
+        """The first output of a local ``entry`` whose object is not there whole (missing,
+        another size, a link planted in its place; not hashed: a restore does that), or
+        None."""
+        for name, out in entry.outputs.items():
+            try:
+                if os.path.getsize(self.local_backend.file(object_path(out.digest))) == out.size:
+                    continue
+            except OSError:
+                pass
+            return name
+        return None
+
     def local_copy(self, digest: str) -> str | None:
         """The local tier's file of an object (not verified), or None where it has none."""
         path = object_path(digest)
