@@ -81,6 +81,15 @@ def _explain(
             return False
     if key is None:
         return True
+    return _restores(cache, plan, key, keys, read)
+
+
+def _restores(
+    cache: ActionCache, plan: ActionPlan, key: ActionKey, keys: KeyComputer, read: bool
+) -> bool:
+    """Say whether the cache restores ``key``, and if not why not; whether the build runs
+    the action (see ``_explain``)."""
+    action = plan.action
     where = cache.has(key.key)
     if where is None:
         plan.reasons.append("not in the cache: " + cache.explain_miss(action.id, key.components))
