@@ -161,6 +161,9 @@ def test_an_object_that_cannot_be_used_is_stored_anew_by_the_next_build(
     assert ".staging" not in proc.stdout + proc.stderr
     proc = _cli(checkout, "build", "--cache", str(cache), "--json", prefix=prefix)
     assert proc.returncode == 0 and "not stored" not in proc.stderr, proc.stderr
+    if plant == "link":
+        assert f"{obj} was a symbolic link to {user}" in proc.stderr, proc.stderr
+        assert "replaced by the object" in proc.stderr
     assert obj.is_file() and not obj.is_symlink()
     assert user.read_bytes() == b"the user's own bytes"
     again = fresh(ws.root, tmp_path / "again")

@@ -219,20 +219,27 @@ class ActionCache:
         record: ActionRecord,
         src_dir: str,
         vouched: Callable[[str], tuple[int, int, int] | None] | None = None,
-    ) -> CacheEntry:
+    ) -> list[str]:
         """Store an action's committed outputs (``record``: its journal record, outputs in
         ``src_dir``; objects first, entry last); push if asked. ``vouched``: output name →
         the stat at which the workspace's stat cache vouches for its digest, for outputs in
         the state directory, which become their objects by a hard link
-        (``trust.adopted_object``); None (or no ``vouched``): copied and hashed on the way."""
+        (``trust.adopted_object``); None (or no ``vouched``): copied and hashed on the way.
+        Returns one line per link found planted in an object's place (replaced by it)."""
         entry = replace(record.named(), at=time.time(), restored=False)
+        replaced = []
         for name, out in entry.outputs.items():
             stat_key = vouched(name) if vouched is not None else None
-            self._ingest(os.path.join(src_dir, name), out, stat_key)
+            link = self._ingest(os.path.join(src_dir, name), out, stat_key)
+            if link is not None:
+                replaced.append(
+                    f"{link} was a symbolic link to {self.local_backend.links.get(link, '?')} "
+                    "that epbuild did not make; not followed, and replaced by the object"
+                )
         self.local.put_entry(entry)
         if self.push and self.remote is not None:
             self._remote(lambda _: self.push_entry(entry), None)
-        return entry
+        return replaced
 
     def push_entry(self, entry: CacheEntry) -> None:
         """Copy a local entry and its objects to the remote tier."""
@@ -244,19 +251,26 @@ class ActionCache:
                 )
         self.remote.put_entry(entry)
 
-    def _ingest(self, src: str, out: CachedOutput, vouched: tuple[int, int, int] | None) -> None:
+    def _ingest(
+        self, src: str, out: CachedOutput, vouched: tuple[int, int, int] | None
+    ) -> str | None:
+        """Make ``src`` the object ``out.digest`` unless it is there; returns the path of a
+        link planted in the object's place, which the object replaces (None: there was none)."""
         path = object_path(out.digest)
+        link = None
         try:
             full = self.local_backend.file(path)
             present = os.path.getsize(full) == out.size and os.access(full, os.R_OK)
-        except (FileNotFoundError, LinkedPathError):  # a link planted there is replaced
+        except FileNotFoundError:
             present = False
+        except LinkedPathError as exc:  # at the object itself it is replaced (by a rename)
+            link, present = os.fsdecode(exc.filename), False
         if present:
             self.local_backend.mark_used(path)  # keeps it out of a concurrent prune's reach
-            return
+            return None
         root = self.local_backend.root
         if vouched is not None and trust.adopted_object(root, out.digest, src, vouched):
-            return
+            return link
         h = new_sha256(out.size)
         with trust.sealed_object(root, out.digest) as tmp:
             with open(src, "rb") as s, open(tmp, "wb") as d:
@@ -265,6 +279,7 @@ class ActionCache:
                     d.write(chunk)
             if h.hexdigest() != out.digest:
                 raise OSError(f"{os.path.basename(src)} changed while it was being cached")
+        return link
 
     # -- explain -------------------------------------------------------------------------
 

@@ -562,7 +562,7 @@ class Builder:
                 return None if entry is None else (entry.ino, entry.size, entry.mtime_ns)
 
         try:
-            self.cache.save(record, out_dir, vouched)
+            warnings += [self._warn(line) for line in self.cache.save(record, out_dir, vouched)]
         except Exception as exc:  # a cache that cannot be written must not fail a build
             where = self.cache.describe()
             why = os_error_text(exc) if isinstance(exc, OSError) else str(exc)
