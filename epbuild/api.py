@@ -8,6 +8,7 @@ import functools
 import os
 import time
 from collections.abc import Callable, Mapping
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from epbuild._names import STAGING_DIR, TRACE_NAME
@@ -185,7 +186,7 @@ def build(
                                         reporter=reporter, lock_timeout=lock_timeout,
                                         tracer=tracer, cache_only=cache_only)  # fmt: skip
             # (--cache-only keeps going: it lists every missing action)
-            opened = functools.partial(open_action_cache, ws, directory, cache, cache_push)
+            opened = partial(open_action_cache, ws, directory, cache, cache_push, cache_only)
             results.update(_compile(ws, run, builder, opened, len(plans), stale, trace, warnings))
         if isinstance(cache, str) and not dry_run:  # --cache DIR: seeded with what is built
             warnings += _seed_cache(ws, plans, directory, cache)

@@ -14,6 +14,7 @@ way in.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 import time
@@ -26,7 +27,7 @@ from epbuild.cache.layout import entry_path, key_lock_path, object_path
 from epbuild.cache.local import LocalBackend
 from epbuild.cache.store import CachedOutput, CacheEntry, CorruptEntryError, Store
 from epbuild.errors import CacheUnavailableError
-from epbuild.fs import CHUNK, new_sha256
+from epbuild.fs import CHUNK, LinkedPathError, new_sha256
 from epbuild.planning.keys import explain_difference
 from epbuild.state.journal import ActionRecord
 from epbuild.state.statcache import hash_file
@@ -56,6 +57,8 @@ class ActionCache:
         self, local_dir: str, remote_url: str | None = None, *, push: bool = False
     ) -> None:
         self.local_backend = LocalBackend(local_dir)
+        self.found = os.path.isdir(local_dir)
+        """Whether the local directory was there when the cache was opened (a miss says so)."""
         self.local = Store(self.local_backend)
         self.remote: Store | None = None
         self.push = push
@@ -114,47 +117,70 @@ class ActionCache:
             source = self.remote.url
         if entry is None:
             return None
-        methods: set[str] = set()
-        for name, out in entry.outputs.items():
-            dest = os.path.join(dest_dir, name)
-            try:
-                method = self.local_backend.materialize(object_path(out.digest), dest)
-            except FileNotFoundError:
-                self.local.discard(entry)
-                raise CacheDamagedError(
-                    f"entry {key[:12]} in {self.local.url}: the object of {name} is missing; "
-                    "discarded"
-                ) from None
-            methods.add(method)
-            st = os.stat(dest)
-            linked = method == "link"  # dest is the object itself: same inode, same bytes
-            if (
-                linked
-                and st.st_size == out.size
-                and trust.is_trusted(self.local_backend.root, out.digest, st)
-            ):
-                continue
-            size, digest = st.st_size, hash_file(dest)
-            if (size, digest) == (out.size, out.digest):
-                after = os.stat(dest)
-                if linked and (after.st_ino, after.st_size, after.st_mtime_ns) == (
-                    st.st_ino,
-                    st.st_size,
-                    st.st_mtime_ns,
-                ):
-                    trust.record(self.local_backend.root, out.digest, st)
-            else:
-                os.unlink(dest)
-                trust.forget(self.local_backend.root, out.digest)
-                self.local.discard(entry, damaged=(out.digest,))
-                raise CacheDamagedError(
-                    f"entry {key[:12]} in {self.local.url}: {name} is damaged (expected "
-                    f"{out.digest[:12]}, {out.size} bytes; found {digest[:12]}, {size} bytes); "
-                    "discarded"
-                )
+        methods = {
+            self._place(entry, name, out, os.path.join(dest_dir, name))
+            for name, out in entry.outputs.items()
+        }
         self.local_backend.touch(entry_path(key))
         method = "copy" if "copy" in methods else "reflink" if "reflink" in methods else "link"
         return Restored(entry, source, method)
+
+    def _place(self, entry: CacheEntry, name: str, out: CachedOutput, dest: str) -> str:
+        """Put the object of output ``name`` at ``dest`` and check it (see ``restore``);
+        says how (link, reflink, copy)."""
+        key = entry.key
+        try:
+            method = self.local_backend.materialize(object_path(out.digest), dest)
+        except FileNotFoundError:
+            self.local.discard(entry)
+            raise CacheDamagedError(
+                f"entry {key[:12]} in {self.local.url}: the object of {name} is missing; discarded"
+            ) from None
+        except PermissionError:
+            raise self._unreadable(entry, name, out.digest, dest) from None
+        st = os.stat(dest)
+        linked = method == "link"  # dest is the object itself: same inode, same bytes
+        if (
+            linked
+            and st.st_size == out.size
+            and trust.is_trusted(self.local_backend.root, out.digest, st)
+            and os.access(dest, os.R_OK)  # (a mode change keeps the stat trusted)
+        ):
+            return method
+        try:
+            size, digest = st.st_size, hash_file(dest)
+        except PermissionError:  # a hard link to an object this user cannot read
+            raise self._unreadable(entry, name, out.digest, dest) from None
+        if (size, digest) != (out.size, out.digest):
+            os.unlink(dest)
+            trust.forget(self.local_backend.root, out.digest)
+            self.local.discard(entry, damaged=(out.digest,))
+            raise CacheDamagedError(
+                f"entry {key[:12]} in {self.local.url}: {name} is damaged (expected "
+                f"{out.digest[:12]}, {out.size} bytes; found {digest[:12]}, {size} bytes); "
+                "discarded"
+            )
+        after = os.stat(dest)
+        if linked and (after.st_ino, after.st_size, after.st_mtime_ns) == (
+            st.st_ino,
+            st.st_size,
+            st.st_mtime_ns,
+        ):
+            trust.record(self.local_backend.root, out.digest, st)
+        return method
+
+    def _unreadable(
+        self, entry: CacheEntry, name: str, digest: str, dest: str
+    ) -> CacheDamagedError:
+        """An object this user cannot read (another user's, made unreadable): damage. The
+        entry and the object are discarded, so that the next build stores them anew."""
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(dest)
+        self.local.discard(entry, damaged=(digest,))
+        return CacheDamagedError(
+            f"entry {entry.key[:12]} in {self.local.url}: the object of {name} "
+            f"({self.local_backend.full(object_path(digest))}) cannot be read; discarded"
+        )
 
     def discard(self, key: str) -> None:
         """Drop the local entry of ``key``: what it restored failed the build's checks."""
@@ -193,20 +219,27 @@ class ActionCache:
         record: ActionRecord,
         src_dir: str,
         vouched: Callable[[str], tuple[int, int, int] | None] | None = None,
-    ) -> CacheEntry:
+    ) -> list[str]:
         """Store an action's committed outputs (``record``: its journal record, outputs in
         ``src_dir``; objects first, entry last); push if asked. ``vouched``: output name →
         the stat at which the workspace's stat cache vouches for its digest, for outputs in
         the state directory, which become their objects by a hard link
-        (``trust.adopted_object``); None (or no ``vouched``): copied and hashed on the way."""
+        (``trust.adopted_object``); None (or no ``vouched``): copied and hashed on the way.
+        Returns one line per link found planted in an object's place (replaced by it)."""
         entry = replace(record.named(), at=time.time(), restored=False)
+        replaced = []
         for name, out in entry.outputs.items():
             stat_key = vouched(name) if vouched is not None else None
-            self._ingest(os.path.join(src_dir, name), out, stat_key)
+            link = self._ingest(os.path.join(src_dir, name), out, stat_key)
+            if link is not None:
+                replaced.append(
+                    f"{link} was a symbolic link to {self.local_backend.links.get(link, '?')} "
+                    "that epbuild did not make; not followed, and replaced by the object"
+                )
         self.local.put_entry(entry)
         if self.push and self.remote is not None:
             self._remote(lambda _: self.push_entry(entry), None)
-        return entry
+        return replaced
 
     def push_entry(self, entry: CacheEntry) -> None:
         """Copy a local entry and its objects to the remote tier."""
@@ -218,18 +251,26 @@ class ActionCache:
                 )
         self.remote.put_entry(entry)
 
-    def _ingest(self, src: str, out: CachedOutput, vouched: tuple[int, int, int] | None) -> None:
+    def _ingest(
+        self, src: str, out: CachedOutput, vouched: tuple[int, int, int] | None
+    ) -> str | None:
+        """Make ``src`` the object ``out.digest`` unless it is there; returns the path of a
+        link planted in the object's place, which the object replaces (None: there was none)."""
         path = object_path(out.digest)
+        link = None
         try:
-            present = os.path.getsize(self.local_backend.file(path)) == out.size
+            full = self.local_backend.file(path)
+            present = os.path.getsize(full) == out.size and os.access(full, os.R_OK)
         except FileNotFoundError:
             present = False
+        except LinkedPathError as exc:  # at the object itself it is replaced (by a rename)
+            link, present = os.fsdecode(exc.filename), False
         if present:
             self.local_backend.mark_used(path)  # keeps it out of a concurrent prune's reach
-            return
+            return None
         root = self.local_backend.root
         if vouched is not None and trust.adopted_object(root, out.digest, src, vouched):
-            return
+            return link
         h = new_sha256(out.size)
         with trust.sealed_object(root, out.digest) as tmp:
             with open(src, "rb") as s, open(tmp, "wb") as d:
@@ -238,6 +279,7 @@ class ActionCache:
                     d.write(chunk)
             if h.hexdigest() != out.digest:
                 raise OSError(f"{os.path.basename(src)} changed while it was being cached")
+        return link
 
     # -- explain -------------------------------------------------------------------------
 
@@ -255,6 +297,19 @@ class ActionCache:
             found = self._remote(lambda r: r.get_entry(key), None)
         return found
 
+    def lacking(self, entry: CacheEntry) -> str | None:
+        """The first output of a local ``entry`` whose object is not there whole (missing,
+        another size, a link planted in its place; not hashed: a restore does that), or
+        None."""
+        for name, out in entry.outputs.items():
+            try:
+                if os.path.getsize(self.local_backend.file(object_path(out.digest))) == out.size:
+                    continue
+            except OSError:
+                pass
+            return name
+        return None
+
     def local_copy(self, digest: str) -> str | None:
         """The local tier's file of an object (not verified), or None where it has none."""
         path = object_path(digest)
@@ -270,7 +325,10 @@ class ActionCache:
                 return why
             why += "; locally"
         elif not entries:
-            return f"no entry for {action_id} in the cache ({self.describe()})"
+            where = self.describe()
+            if not self.found and self.remote is None:
+                where += ", a directory that did not exist"
+            return f"no entry for {action_id} in the cache ({where})"
         # The nearest entry: fewest differences (another machine's build of the same
         # action, say), the newest among equals.
         diff = min(

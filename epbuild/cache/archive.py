@@ -22,8 +22,8 @@ from epbuild.cache import trust
 from epbuild.cache.layout import ENTRIES, OBJECTS, entry_path, object_path
 from epbuild.cache.local import LocalBackend
 from epbuild.cache.store import CacheEntry, CorruptEntryError, Store, entry_bytes, parse_entry
-from epbuild.errors import StorageError, UserError
-from epbuild.fs import CHUNK, atomic_output, digest_file, os_error_text
+from epbuild.errors import StorageError, UnsafePathError, UserError
+from epbuild.fs import CHUNK, atomic_output, digest_file, inside, os_error_text
 
 _OBJECT = re.compile(rf"{OBJECTS}/[0-9a-f]{{2}}/([0-9a-f]{{64}})")
 _ENTRY = re.compile(rf"{ENTRIES}/[0-9a-f]{{2}}/([0-9a-f]{{64}})\.json")
@@ -43,6 +43,7 @@ def export_entries(
     store: Store, backend: LocalBackend, entries: list[CacheEntry], path: str
 ) -> ArchiveReport:
     """Write ``entries`` and their objects (each verified) to an archive at ``path``."""
+    _refuse_destination(path, backend.root)
     report = ArchiveReport()
     with atomic_output(os.path.abspath(path), durable=False) as tmp:
         gz = path.endswith((".gz", ".tgz"))
@@ -71,6 +72,18 @@ def export_entries(
                 tar.addfile(info, io.BytesIO(raw))
                 report.entries += 1
     return report
+
+
+def _refuse_destination(path: str, cache: str) -> None:
+    """Refuse an archive path that is no file of its own: empty, a directory, or inside the
+    cache directory (where it would replace an object, or be a file ``prune`` deletes)."""
+    hint = "name an archive file outside the cache, e.g. epbuild-cache.tar"
+    if not path:
+        raise UserError("cache export needs the archive's file name", hint=hint)
+    if os.path.isdir(path):
+        raise UserError(f"{path} is a directory, not an archive file", hint=hint)
+    if inside(os.path.dirname(os.path.abspath(path)), cache):
+        raise UnsafePathError(f"{path} is inside the cache directory {cache}", hint=hint)
 
 
 def import_archive(store: Store, backend: LocalBackend, path: str) -> ArchiveReport:

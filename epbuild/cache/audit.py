@@ -53,8 +53,8 @@ def verify_all(store: Store, backend: LocalBackend) -> CacheVerifyReport:
                     full = backend.file(object_path(out.digest))
                     st = os.stat(full)
                     ok = st.st_size == out.size and hash_file(full) == out.digest
-                except (FileNotFoundError, LinkedPathError):
-                    ok = False
+                except (FileNotFoundError, LinkedPathError, PermissionError):
+                    ok = False  # an object this user cannot read is damage too
                 intact[out.digest] = ok
                 if ok:
                     objects, size = objects + 1, size + out.size

@@ -69,12 +69,33 @@ def resolve(
     return CacheConfig(os.path.abspath(os.path.join(rel_to, os.path.expanduser(value))), None, push)
 
 
-def open_cache(cfg: CacheConfig | None, *, push: bool = False) -> ActionCache | None:
+def source(option: str | bool | None, manifest_value: str | None = None) -> str:
+    """Which setting chose the cache, in ``resolve``'s order (for messages)."""
+    if option is not None:
+        return "--no-cache" if option is False else "--cache"
+    if os.environ.get(ENV) is not None:
+        return f"{ENV}={os.environ[ENV]!r}"
+    if manifest_value is not None:
+        return "[workspace] cache"
+    return "the per-user default"
+
+
+def open_cache(
+    cfg: CacheConfig | None, *, push: bool = False, cache_only: bool = False, chosen_by: str = ""
+) -> ActionCache | None:
     """The action cache at ``cfg`` (``resolve``'s answer; None when caching is off), checked:
-    ``push`` (``--cache-push``) needs a remote tier, and the local tier must be a directory."""
+    ``push`` (``--cache-push``) and ``cache_only`` (``--cache-only``) need a cache, ``push``
+    a remote tier, and the local tier must be a directory. ``chosen_by``: the setting that
+    chose ``cfg`` (``source``), named in those messages."""
+    by = f" (set by {chosen_by})" if chosen_by else ""
     if cfg is None:
-        if push:
-            raise UserError("--cache-push needs a cache", hint="drop --no-cache")
+        if push or cache_only:
+            flag = "--cache-push" if push else "--cache-only"
+            raise UserError(
+                f"{flag} needs a cache, and the cache is off{by}",
+                hint="name one with --cache DIR (or drop --no-cache, EPBUILD_CACHE=off or "
+                '[workspace] cache = "off")',
+            )
         return None
     if push and cfg.remote is None:
         raise UserError(
@@ -83,7 +104,7 @@ def open_cache(cfg: CacheConfig | None, *, push: bool = False) -> ActionCache | 
         )
     if os.path.lexists(cfg.local) and not os.path.isdir(cfg.local):
         raise UserError(
-            f"the cache {cfg.local} is not a directory",
+            f"the cache {cfg.local} is not a directory{by}",
             hint="pass --cache DIR naming a directory (or move that file away)",
         )
     from epbuild.cache.actioncache import ActionCache  # not on a command that opens none

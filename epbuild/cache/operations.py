@@ -242,7 +242,7 @@ def store_up_to_date(
         if plan.stale or record is None or c.local.backend.exists(entry_path(record.key)):
             continue
         try:  # the objects are hashed as they are copied: a changed output is refused
-            c.save(record, os.path.join(ws.root, plan.action.out_dir))
+            warnings += c.save(record, os.path.join(ws.root, plan.action.out_dir))
         except Exception as exc:
             why = os_error_text(exc) if isinstance(exc, OSError) else str(exc)
             warnings.append(f"{plan.action.id} not stored in the cache {c.describe()}: {why}")

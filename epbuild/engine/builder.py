@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import os
 import posixpath
 import stat
@@ -40,6 +41,10 @@ if TYPE_CHECKING:
     from epbuild.executors.job import Job
     from epbuild.executors.local import Executor, WorkerOutcome
     from epbuild.onnx.context import MachinePaths
+
+
+_CANNOT_WRITE = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS}
+"""What a restore meets only where it writes: the workspace is full or read-only."""
 
 
 def _leave_behind(ws: Workspace, action: GraphAction, previous: ActionRecord) -> list[str]:
@@ -486,6 +491,12 @@ class Builder:
                 self.cache.discard(key.key)
             return None, [], self._warn(f"cache entry of {action.id} not restored: {exc}")
         except OSError as exc:
+            if exc.errno in _CANNOT_WRITE:  # the workspace's disk, not the cache, is to blame
+                raise StorageError(
+                    f"cannot restore {action.id} into {action.out_dir}: "
+                    f"{os_error_text(exc, self.ws.root)}",
+                    hint=WRITE_HINT,
+                ) from exc
             return None, [], self._warn(f"cache unusable for {action.id}: {os_error_text(exc)}")
         placed = hit.entry.placed(action.out_dir)
         # Recorded under this action's id: an entry is found by key alone, and another
@@ -551,7 +562,7 @@ class Builder:
                 return None if entry is None else (entry.ino, entry.size, entry.mtime_ns)
 
         try:
-            self.cache.save(record, out_dir, vouched)
+            warnings += [self._warn(line) for line in self.cache.save(record, out_dir, vouched)]
         except Exception as exc:  # a cache that cannot be written must not fail a build
             where = self.cache.describe()
             why = os_error_text(exc) if isinstance(exc, OSError) else str(exc)

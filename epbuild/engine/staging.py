@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import posixpath
+import stat
 import sys
 from collections.abc import Callable, Collection
 from typing import TYPE_CHECKING, Any
@@ -210,6 +211,23 @@ def commit(
     remove_tree(os.path.join(root, staging))
 
 
+def refuse_in_the_way(root: str, out_dir: str, names: list[str], action_id: str) -> None:
+    """Before anything is touched: refuse a directory where an output file goes (it cannot
+    be replaced by a rename; epbuild never made it, so it is not removed either)."""
+    for name in names:
+        rel = posixpath.join(out_dir, name)
+        try:
+            st = os.lstat(os.path.join(root, rel))
+        except OSError:
+            continue
+        if stat.S_ISDIR(st.st_mode):
+            raise UnsafePathError(
+                f"{rel} is a directory, where {action_id} puts an output file",
+                hint="move that directory away (epbuild owns everything under out_dir), "
+                "then build again",
+            )
+
+
 def commit_journaled(
     root: str,
     journal: str,
@@ -230,6 +248,7 @@ def commit_journaled(
     build's final journal sync: for restores, where losing it costs a re-restore.
     ``unchanged``: see ``commit``."""
     staging, out_dir, names = staged
+    refuse_in_the_way(root, out_dir, names, done["id"])
     try:
         journalfile.append(journal, journalfile.begin_line(done["id"], done["key"]), sync=False)
     except OSError as exc:  # nothing touched yet: the old outputs and record stand

@@ -81,16 +81,34 @@ def _explain(
             return False
     if key is None:
         return True
+    return _restores(cache, plan, key, keys, read)
+
+
+def _restores(
+    cache: ActionCache, plan: ActionPlan, key: ActionKey, keys: KeyComputer, read: bool
+) -> bool:
+    """Say whether the cache restores ``key``, and if not why not; whether the build runs
+    the action (see ``_explain``)."""
+    action = plan.action
     where = cache.has(key.key)
     if where is None:
         plan.reasons.append("not in the cache: " + cache.explain_miss(action.id, key.components))
         return True
-    if read:  # what it restores: what the actions that read it are keyed by
+    local = where == cache.local.url
+    if read or local:
         try:
             entry = cache.entry(key.key)
         except CorruptEntryError as exc:
             plan.reasons.append(f"not in the cache: {exc} (a build discards it and runs this)")
             return True
+        lacking = cache.lacking(entry) if local and entry is not None else None
+        if lacking is not None:
+            plan.reasons.append(
+                f"not in the cache: its entry lacks the object of {lacking} (a build discards "
+                "it and runs this)"
+            )
+            return True
+    if read:  # what it restores: what the actions that read it are keyed by
         for name, out in entry.outputs.items() if entry is not None else ():
             rel = posixpath.join(action.out_dir, name)
             keys.expected[rel] = Expected(out.digest, cache.local_copy(out.digest))

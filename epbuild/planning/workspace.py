@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 
 from epbuild._dataclass import dataclass
 from epbuild._names import JOURNAL_NAME, LOCKS_DIR, STATCACHE_NAME, STATE_LOCK_NAME
-from epbuild.cache.location import open_cache, resolve
+from epbuild.cache.location import open_cache, resolve, source
 from epbuild.errors import UserError
 from epbuild.fs import ensure_dir_inside, refuse_outward
 from epbuild.kinds.contract import GraphAction, GraphRequest
@@ -128,18 +128,24 @@ def _recorded_by_id(ws: Workspace, action_id: str) -> list[str]:
 
 
 def open_action_cache(
-    ws: Workspace, directory: str | os.PathLike[str], option: str | bool | None, push: bool = False
+    ws: Workspace,
+    directory: str | os.PathLike[str],
+    option: str | bool | None,
+    push: bool = False,
+    cache_only: bool = False,
 ) -> ActionCache | None:
     """The build's action cache: ``option`` (a directory or URL, False for none, None for the
-    configured one), else the manifest's; ``push`` also writes compiles to a remote tier."""
+    configured one), else the manifest's; ``push`` also writes compiles to a remote tier;
+    ``cache_only`` (``--cache-only``) refuses a cache that is off."""
+    configured = ws.manifest.workspace.cache
     cfg = resolve(
         option,
         base=os.path.abspath(directory),
-        manifest_value=ws.manifest.workspace.cache,
+        manifest_value=configured,
         manifest_root=ws.root,
         push=push,
     )
-    return open_cache(cfg, push=push)
+    return open_cache(cfg, push=push, cache_only=cache_only, chosen_by=source(option, configured))
 
 
 def save_stats(ws: Workspace) -> None:
