@@ -111,6 +111,17 @@ def test_a_generation_past_its_timeout_fails_saying_how_far_it_got(llm_built: Wo
     assert check["status"] == "failed" and check["timed_out"] is True
 
 
+@pytest.mark.slow
+def test_a_timeout_longer_than_a_child_can_be_waited_on_is_no_limit(
+    llm_built: Workspace,
+) -> None:
+    """``poll`` takes an int of milliseconds: a year of seconds, or 1e20, waits forever."""
+    for seconds in ("31536000", "99999999999999999999"):
+        proc = llm_built.cli("verify", "--generate", "--tokens", "2", "--timeout", seconds)
+        assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr
+        assert "generate: all 2 greedy tokens match the source" in proc.stdout, proc.stdout
+
+
 def test_a_bad_timeout_is_exit_2_naming_the_option(workspace: Workspace) -> None:
     workspace.llm("llama", share=False)
     for args in (("--generate", "--timeout", "soon"), ("--generate", "--timeout", "-5")):

@@ -37,6 +37,9 @@ DEFAULT_NEAR_TIE = 0.05
 
 DEFAULT_TIMEOUT = GENERATE_TIMEOUT
 """Seconds one child (a package's or a source's generation, every prompt) may take."""
+LONGEST_TIMEOUT = 2_000_000.0
+"""Seconds beyond which a timeout is no limit: a child is waited on with ``poll``, whose
+timeout is an int of milliseconds (2^31 ms is 24.8 days)."""
 
 _CHILD = r"""
 import json, sys, time
