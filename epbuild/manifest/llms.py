@@ -239,6 +239,16 @@ def _parts_for_size(
             f"{source}/{found.files[0]}: cannot read its weights' sizes ({exc})",
             "restore the source model",
         ) from exc
+    if not min(sizes.layers):  # a layer that holds no external weights holds them inline
+        layer = sizes.layers.index(0)
+        raise where.error(
+            (*base, "max_part_size"),
+            f"{source}/{found.files[0]} keeps the weights of layer {layer} inside the graph "
+            "file: max_part_size weighs a layer by its external data (as genai's model "
+            "builder writes it)",
+            "give the number of parts instead (parts = N), or save the model's weights as "
+            "external data",
+        )
     try:
         return parts_for_size(sizes, limit)
     except ValueError as exc:
