@@ -268,7 +268,9 @@ def _check(
         reason = f"the CPU source: {exc.reason}; {TIMEOUT_HINT}"
         return verdict(CheckStatus.FAILED, reason, timed_out=True)
     except GenerationError as exc:
+        check_room(llm, exc.prompt_tokens, given)
         return verdict(CheckStatus.NOT_CHECKABLE, f"the CPU source: {exc.reason}")
+    check_room(llm, tuple(s.prompt_tokens for s in sources), given)
     try:  # teacher-forced on the source's tokens (epbuild.llm.agreement)
         built_gens = run(folder, qnn=first.provider.ep == "qnn", forced=[s.tokens for s in sources])
     except GenerationTimeout as exc:
@@ -297,6 +299,33 @@ def _check(
         limit,
         qdq_reason=qdq_reason,
     )
+
+
+def check_room(llm: Llm, prompt_tokens: tuple[int, ...], given: str | None) -> None:
+    """A ``UserError`` when a prompt of ``prompt_tokens`` tokens leaves the package no room
+    to generate: read in windows of ``window_size`` (the last one padded), it fills the KV
+    cache of ``context_length`` (genai stops the package at its first token, while the
+    source, unpadded, might still go on). ``given``: the ``--prompt`` (None: the entry's
+    ``prompt`` or the default one)."""
+    window, context = llm.window_size, llm.context_length
+    for tokens in prompt_tokens:
+        padded = -(-tokens // window) * window
+        if context - max(tokens, padded) >= 1:
+            continue
+        if given:
+            key = "--prompt"
+        elif llm.prompt:
+            key = f"[llms.{llm.name}] prompt"
+        else:
+            key = f"the default prompt of verify --generate ([llms.{llm.name}] prompt sets one)"
+        raise UserError(
+            f"{key}: {tokens} tokens, read in windows of {window} (window_size), "
+            f"fill the KV cache of llms.{llm.name} ({context} tokens: context_length): no "
+            "token is left to generate",
+            hint=f"give a prompt of at most {most} tokens, or raise context_length"
+            if (most := (context - 1) // window * window)
+            else f"raise context_length above window_size ({window})",
+        )
 
 
 def _references(
