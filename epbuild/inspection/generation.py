@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 import platform
 import time
+from collections.abc import Callable
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
@@ -263,14 +264,12 @@ def _check(
         generate_all, tokens=tokens, prompts=prompts, max_length=llm.context_length, timeout=timeout
     )
     try:
-        sources = run(os.path.join(ws.root, llm.source), qnn=False)
+        sources = _source_run(partial(run, os.path.join(ws.root, llm.source)), llm, given)
     except GenerationTimeout as exc:
         reason = f"the CPU source: {exc.reason}; {TIMEOUT_HINT}"
         return verdict(CheckStatus.FAILED, reason, timed_out=True)
     except GenerationError as exc:
-        check_room(llm, exc.prompt_tokens, given)
         return verdict(CheckStatus.NOT_CHECKABLE, f"the CPU source: {exc.reason}")
-    check_room(llm, tuple(s.prompt_tokens for s in sources), given)
     try:  # teacher-forced on the source's tokens (epbuild.llm.agreement)
         built_gens = run(folder, qnn=first.provider.ep == "qnn", forced=[s.tokens for s in sources])
     except GenerationTimeout as exc:
@@ -299,6 +298,20 @@ def _check(
         limit,
         qdq_reason=qdq_reason,
     )
+
+
+def _source_run(
+    run: Callable[..., list[Generation]], llm: Llm, given: str | None
+) -> list[Generation]:
+    """The source's generations (``run``: ``generate_all`` of its folder), after
+    ``check_room`` of its prompts' sizes (those it read where it failed too)."""
+    try:
+        sources = run(qnn=False)
+    except GenerationError as exc:  # a timeout's prompt sizes are not known: none checked
+        check_room(llm, exc.prompt_tokens, given)
+        raise
+    check_room(llm, tuple(s.prompt_tokens for s in sources), given)
+    return sources
 
 
 def check_room(llm: Llm, prompt_tokens: tuple[int, ...], given: str | None) -> None:

@@ -103,7 +103,8 @@ def own_names(
     has, each other name given by one of ``siblings`` (the other graphs of a decoder in
     parts): a node of the last part (the ``lm_head``) is that part's alone. A name none of
     them has is a ``ModelError`` naming ``label``'s key, with the nearest names of all."""
-    wanted = {"exclude": list(settings["exclude"]), "overrides": dict(settings["overrides"])}
+    overrides: dict[str, str] = dict(settings["overrides"])
+    wanted = {"exclude": list(settings["exclude"]), "overrides": list(overrides)}
     if not siblings or not any(wanted.values()):
         return dict(settings)
     own = {key: _names(floating, key) for key in wanted}
@@ -123,8 +124,8 @@ def own_names(
                 else f"use the {what} names the decoder has (Netron shows them)",
             )
     exclude = [n for n in wanted["exclude"] if n in own["exclude"]]
-    overrides = {n: t for n, t in wanted["overrides"].items() if n in own["overrides"]}
-    return {**settings, "exclude": exclude, "overrides": overrides}
+    kept = {n: t for n, t in overrides.items() if n in own["overrides"]}
+    return {**settings, "exclude": exclude, "overrides": kept}
 
 
 def quantize_graph(
