@@ -131,6 +131,23 @@ def test_window_above_context(workspace: Workspace) -> None:
     assert "65 is above context_length (64)" in str(err)
 
 
+def test_a_window_as_long_as_the_context_leaves_no_token_to_generate(
+    workspace: Workspace,
+) -> None:
+    """genai stops such a package at its first token: refused, and never the default."""
+    _source(workspace)
+    err = _err(workspace, LLM.replace("window_size = 16", "window_size = 64"))
+    assert err.key == "llms.chat.window_size" and err.line == 9, err
+    assert "window_size 64 is context_length" in str(err) and "window_size = 32" in err.hint
+    text = LLM.replace("context_length = 64\nwindow_size = 16\n", "context_length = 32\n")
+    llm = load_manifest(workspace.manifest(PROVIDER + text)).llms["chat"]
+    assert (llm.context_length, llm.window_size) == (32, 16)
+    err = _err(
+        workspace, LLM.replace("context_length = 64\nwindow_size = 16\n", "context_length = 1\n")
+    )
+    assert err.key == "llms.chat.context_length" and "raise context_length" in err.hint
+
+
 def test_name_shared_with_a_group(workspace: Workspace) -> None:
     _source(workspace)
     workspace.model("models/a.onnx")

@@ -72,6 +72,7 @@ def test_sizes_parse() -> None:
     assert parse_size("1 GiB") == 1 << 30 and parse_size("512MB") == 512 << 20
     assert parse_size("1.5G") == 3 << 29 and parse_size("4096") == 4096
     assert parse_size("lots") is None and parse_size("0 MiB") is None
+    assert parse_size("1 iB") is None and parse_size("2 KiB") == 2048  # "i" only with a unit
 
 
 def test_weight_sizes_follow_the_layer_names(deep: Path) -> None:
@@ -251,6 +252,22 @@ def test_bad_parts_exit_2_naming_the_key(
     proc = workspace.cli("status")
     assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
     assert key in proc.stderr and said in proc.stderr, proc.stderr
+
+
+def test_max_part_size_of_a_decoder_with_inline_weights_is_refused(
+    workspace: Workspace, deep: Path
+) -> None:
+    """Its layers weigh nothing by their external data: no silent single part."""
+    _workspace(workspace, deep, share=False, more='max_part_size = "100 KiB"')
+    folder = workspace.root / "models" / "tiny"
+    onnx.save(onnx.load(folder / "model.onnx"), folder / "model.onnx")  # weights inline
+    (folder / "model.onnx.data").unlink()
+    proc = workspace.main("status")
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    assert "llms.chat.max_part_size: models/tiny/model.onnx keeps the weights of layer 0 " in (
+        proc.stderr
+    )
+    assert "parts = N" in proc.stderr, proc.stderr
 
 
 def test_parts_on_a_pipeline_source_is_refused(workspace: Workspace) -> None:

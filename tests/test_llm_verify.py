@@ -111,6 +111,33 @@ def test_a_generation_past_its_timeout_fails_saying_how_far_it_got(llm_built: Wo
     assert check["status"] == "failed" and check["timed_out"] is True
 
 
+@pytest.mark.slow
+def test_a_timeout_longer_than_a_child_can_be_waited_on_is_no_limit(
+    llm_built: Workspace,
+) -> None:
+    """``poll`` takes an int of milliseconds: a year of seconds, or 1e20, waits forever."""
+    for seconds in ("31536000", "99999999999999999999"):
+        proc = llm_built.cli("verify", "--generate", "--tokens", "2", "--timeout", seconds)
+        assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr
+        assert "generate: all 2 greedy tokens match the source" in proc.stdout, proc.stdout
+
+
+@pytest.mark.slow
+def test_a_prompt_that_fills_the_kv_cache_is_exit_2_naming_it(llm_built: Workspace) -> None:
+    """Read in windows of 16, a prompt of 49 to 64 tokens fills the 64-token cache: genai
+    stops the package at its first token while the source goes on; a longer one stops the
+    source too. Neither is the package's fault: the option is named."""
+    from epbuild.llm.calibrate import tokenize
+
+    source = str(llm_built.root / "models" / "tiny")
+    words = next(n for n in range(1, 64) if len(tokenize(source, ["word " * n])[0]) > 48)
+    for prompt in ("word " * words, "word " * 200):
+        proc = llm_built.cli("verify", "--generate", "--prompt", prompt)
+        assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+        assert "error: --prompt: " in proc.stderr and "no token is left" in proc.stderr
+        assert "give a prompt of at most 48 tokens" in proc.stderr, proc.stderr
+
+
 def test_a_bad_timeout_is_exit_2_naming_the_option(workspace: Workspace) -> None:
     workspace.llm("llama", share=False)
     for args in (("--generate", "--timeout", "soon"), ("--generate", "--timeout", "-5")):

@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 import platform
 import time
+from collections.abc import Callable
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
@@ -263,7 +264,7 @@ def _check(
         generate_all, tokens=tokens, prompts=prompts, max_length=llm.context_length, timeout=timeout
     )
     try:
-        sources = run(os.path.join(ws.root, llm.source), qnn=False)
+        sources = _source_run(partial(run, os.path.join(ws.root, llm.source)), llm, given)
     except GenerationTimeout as exc:
         reason = f"the CPU source: {exc.reason}; {TIMEOUT_HINT}"
         return verdict(CheckStatus.FAILED, reason, timed_out=True)
@@ -297,6 +298,47 @@ def _check(
         limit,
         qdq_reason=qdq_reason,
     )
+
+
+def _source_run(
+    run: Callable[..., list[Generation]], llm: Llm, given: str | None
+) -> list[Generation]:
+    """The source's generations (``run``: ``generate_all`` of its folder), after
+    ``check_room`` of its prompts' sizes (those it read where it failed too)."""
+    try:
+        sources = run(qnn=False)
+    except GenerationError as exc:  # a timeout's prompt sizes are not known: none checked
+        check_room(llm, exc.prompt_tokens, given)
+        raise
+    check_room(llm, tuple(s.prompt_tokens for s in sources), given)
+    return sources
+
+
+def check_room(llm: Llm, prompt_tokens: tuple[int, ...], given: str | None) -> None:
+    """A ``UserError`` when a prompt of ``prompt_tokens`` tokens leaves the package no room
+    to generate: read in windows of ``window_size`` (the last one padded), it fills the KV
+    cache of ``context_length`` (genai stops the package at its first token, while the
+    source, unpadded, might still go on). ``given``: the ``--prompt`` (None: the entry's
+    ``prompt`` or the default one)."""
+    window, context = llm.window_size, llm.context_length
+    for tokens in prompt_tokens:
+        padded = -(-tokens // window) * window
+        if context - max(tokens, padded) >= 1:
+            continue
+        if given:
+            key = "--prompt"
+        elif llm.prompt:
+            key = f"[llms.{llm.name}] prompt"
+        else:
+            key = f"the default prompt of verify --generate ([llms.{llm.name}] prompt sets one)"
+        raise UserError(
+            f"{key}: {tokens} tokens, read in windows of {window} (window_size), "
+            f"fill the KV cache of llms.{llm.name} ({context} tokens: context_length): no "
+            "token is left to generate",
+            hint=f"give a prompt of at most {most} tokens, or raise context_length"
+            if (most := (context - 1) // window * window)
+            else f"raise context_length above window_size ({window})",
+        )
 
 
 def _references(

@@ -28,7 +28,7 @@ from epbuild.inspection.loading import LoadCheck, LoadOutcome, load_check
 from epbuild.inspection.numerics import NumericsCheck, run_checks
 from epbuild.inspection.ortcompat import OrtCompatibility, ort_compatibility
 from epbuild.kinds.contract import GraphAction
-from epbuild.llm.generate import DEFAULT_TIMEOUT
+from epbuild.llm.generate import DEFAULT_TIMEOUT, LONGEST_TIMEOUT
 from epbuild.onnx.context import (
     COMPAT_PREFIX,
     LazySourceText,
@@ -152,6 +152,8 @@ def verify_outputs(
                 f"--timeout {generate_timeout:g} is not a number of seconds",
                 hint="give a positive number of seconds (None: no limit)",
             )
+        if generate_timeout is not None and generate_timeout > LONGEST_TIMEOUT:
+            generate_timeout = None  # longer than a child can be waited on: no limit
         require_genai()
     ws = open_workspace(directory, manifest, selectors)
     result = VerifyResult()

@@ -291,8 +291,10 @@ class LlmQuantizeKind(LlmStepKind):
         )
 
     def payload(self, action: LlmQuantizeAction, key: ActionKey, ctx: RunContext) -> dict[str, Any]:
+        graphs = action.calibration.graphs if action.llm.parts > 1 else {}
         return {
             "graph": action.graph,
+            "siblings": [g for stage, g in graphs.items() if stage != action.stage],
             "ranges": action.calibration.ranges[action.stage],
             "output": posixpath.basename(action.output),
             "label": action.label,
@@ -400,6 +402,7 @@ def quantize(job: Job, root: str) -> dict[str, Any]:
             output,
             dict(args["settings"]),
             label,
+            [os.path.join(root, str(g)) for g in args.get("siblings", ())],
         )
     return {
         "seconds": time.perf_counter() - t0,

@@ -37,6 +37,9 @@ DEFAULT_NEAR_TIE = 0.05
 
 DEFAULT_TIMEOUT = GENERATE_TIMEOUT
 """Seconds one child (a package's or a source's generation, every prompt) may take."""
+LONGEST_TIMEOUT = 2_000_000.0
+"""Seconds beyond which a timeout is no limit: a child is waited on with ``poll``, whose
+timeout is an int of milliseconds (2^31 ms is 24.8 days)."""
 
 _CHILD = r"""
 import json, sys, time
@@ -85,11 +88,13 @@ for index, text in enumerate(args["prompts"]):
 
 
 class GenerationError(Exception):
-    """Generation could not run or did not finish; ``reason`` says why."""
+    """Generation could not run or did not finish; ``reason`` says why, ``prompt_tokens``
+    how many tokens each prompt it had read was (where the child said)."""
 
-    def __init__(self, reason: str) -> None:
+    def __init__(self, reason: str, prompt_tokens: tuple[int, ...] = ()) -> None:
         super().__init__(reason)
         self.reason = reason
+        self.prompt_tokens = prompt_tokens
 
 
 @dataclass(frozen=True)
@@ -142,6 +147,8 @@ class Generation:
     """Per step, the top-1 minus top-2 logit of the step's distribution."""
     seconds: float
     """Prompt plus generation, wall clock."""
+    prompt_tokens: int = 0
+    """The prompt's tokens (0: not known)."""
 
     @property
     def tokens_per_second(self) -> float:
@@ -216,12 +223,19 @@ def generate_all(
         wanted = [len(f) for f in forced] if forced is not None else [tokens] * len(prompts)
         loaded, progress = read_progress(said, wanted)
         raise GenerationTimeout(timeout, loaded, progress) from None
+    events = _events(proc.stdout)
     if proc.returncode != 0:
-        raise GenerationError(_failure(proc))
-    done = [e for e in _events(proc.stdout) if e.get("event") == "done"]
+        sizes = tuple(int(e["prompt_tokens"]) for e in events if e.get("event") == "prompt")
+        raise GenerationError(_failure(proc), sizes)
+    done = [e for e in events if e.get("event") == "done"]
     if len(done) != len(prompts):
         raise GenerationError(f"generation printed no result: {proc.stdout[-300:]!r}")
-    return [Generation(tuple(e["tokens"]), tuple(e["margins"]), float(e["seconds"])) for e in done]
+    return [
+        Generation(
+            tuple(e["tokens"]), tuple(e["margins"]), float(e["seconds"]), int(e["prompt_tokens"])
+        )
+        for e in done
+    ]
 
 
 def _events(text: str) -> list[dict[str, Any]]:

@@ -16,16 +16,18 @@ Imports onnx and onnxruntime: call it from a worker.
 
 from __future__ import annotations
 
+import difflib
 import os
 import shutil
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import onnx
 
+from epbuild.errors import ModelError
 from epbuild.llm.sessions import structure
-from epbuild.quant.work import _check_names, _config, _qtype, _quantize, stage_model
+from epbuild.quant.work import _check_names, _config, _names, _qtype, _quantize, stage_model
 
 QDQ_OPS = ("QuantizeLinear", "DequantizeLinear")
 RENAMED = ("_DequantizeLinear_Output", "_QuantizeLinear_Input")
@@ -94,15 +96,55 @@ def per_channel_matmuls(
     return count
 
 
+def own_names(
+    floating: onnx.ModelProto, settings: Mapping[str, Any], siblings: Sequence[str], label: str
+) -> dict[str, Any]:
+    """``settings`` with ``exclude`` and ``overrides`` narrowed to the names ``floating``
+    has, each other name given by one of ``siblings`` (the other graphs of a decoder in
+    parts): a node of the last part (the ``lm_head``) is that part's alone. A name none of
+    them has is a ``ModelError`` naming ``label``'s key, with the nearest names of all."""
+    overrides: dict[str, str] = dict(settings["overrides"])
+    wanted = {"exclude": list(settings["exclude"]), "overrides": list(overrides)}
+    if not siblings or not any(wanted.values()):
+        return dict(settings)
+    own = {key: _names(floating, key) for key in wanted}
+    known = {key: set(names) for key, names in own.items()}
+    for path in siblings:
+        other = structure(path)
+        for key, names in known.items():
+            names |= _names(other, key)
+    for key, what in (("exclude", "node"), ("overrides", "tensor")):
+        unknown = [n for n in wanted[key] if n not in known[key]]
+        if unknown:
+            near = difflib.get_close_matches(unknown[0], sorted(known[key]), n=3)
+            raise ModelError(
+                f"{label}: {key} names {what} {unknown[0]!r}, which no part of the decoder has",
+                hint=f"did you mean {' or '.join(repr(n) for n in near)}?"
+                if near
+                else f"use the {what} names the decoder has (Netron shows them)",
+            )
+    exclude = [n for n in wanted["exclude"] if n in own["exclude"]]
+    kept = {n: t for n, t in overrides.items() if n in own["overrides"]}
+    return {**settings, "exclude": exclude, "overrides": kept}
+
+
 def quantize_graph(
-    source: str, ranges: str, output: str, settings: Mapping[str, Any], label: str
+    source: str,
+    ranges: str,
+    output: str,
+    settings: Mapping[str, Any],
+    label: str,
+    siblings: Sequence[str] = (),
 ) -> int:
     """Write the QDQ graph of the float static graph ``source`` at ``output`` (external data
     beside it) from the calibration's ``ranges`` (ORT's calibration cache) with
     ``settings`` (``activations``, ``weights``, ``per_channel``, ``method``, ``exclude``,
     ``overrides``: the manifest's); returns its count of Q/DQ nodes. ``label`` names the
-    graph and recipe in a ``ModelError`` (a name the graph lacks)."""
+    graph and recipe in a ``ModelError`` (a name no graph has); ``siblings``: the other
+    part graphs of a decoder in parts, whose names ``exclude`` and ``overrides`` may give
+    (``own_names``)."""
     floating = infer_shapes(structure(source))  # its weights stay in their files
+    settings = own_names(floating, settings, siblings, label)
     _check_names(floating, label, list(settings["exclude"]), dict(settings["overrides"]))
     for path in (output, output + ".data"):  # onnx appends to a data file there
         if os.path.lexists(path):

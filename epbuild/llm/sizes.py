@@ -18,7 +18,7 @@ from epbuild.onnx.proto import read_model
 
 _LAYER = r"(?:^|[./])layers\.(\d+)[./]"
 _EMBEDDING = r"(?i)embed"
-_SIZE = r"(?i)\s*(\d+(?:\.\d+)?)\s*([KMGT]?)(i?)B?\s*"
+_SIZE = r"(?i)\s*(\d+(?:\.\d+)?)\s*(?:([KMGT])i?)?B?\s*"
 
 
 def layer_of(tensor: str) -> int | None:
@@ -34,7 +34,7 @@ def parse_size(text: str) -> int | None:
     if not found:
         return None
     scale = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
-    size = int(float(found.group(1)) * scale[found.group(2).upper()])
+    size = int(float(found.group(1)) * scale[(found.group(2) or "").upper()])
     return size if size > 0 else None
 
 

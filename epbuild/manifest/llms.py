@@ -161,13 +161,26 @@ def _sizes(
             f"({source}/genai_config.json: model.context_length)",
             f"use context_length = {limit} or less",
         )
-    default_window = found.window_size or min(DEFAULT_WINDOW_SIZE, context)
+    # A prompt is read in whole windows: one as long as the KV cache leaves no room for
+    # a generated token (genai stops the package at its first), so the default is below it.
+    default_window = found.window_size or (
+        DEFAULT_WINDOW_SIZE if context > DEFAULT_WINDOW_SIZE else max(1, context // 2)
+    )
     window = table.get("window_size", default_window)
     if window > context:
         raise where.error(
             (*base, "window_size"),
             f"{window} is above context_length ({context}): a prompt window must fit the KV cache",
-            f"use window_size = {context} or less",
+            f"use a window_size below context_length, e.g. {max(1, context // 2)}",
+        )
+    if window == context and not pipeline:
+        raise where.error(
+            (*base, "window_size" if "window_size" in table else "context_length"),
+            f"window_size {window} is context_length: a prompt is read in whole windows, so "
+            "its first fills the KV cache and leaves no room for a generated token",
+            f"use window_size = {context // 2}, or raise context_length"
+            if context > 1
+            else "raise context_length: the prompt and a generated token need 2 at least",
         )
     return context, window
 
@@ -239,6 +252,16 @@ def _parts_for_size(
             f"{source}/{found.files[0]}: cannot read its weights' sizes ({exc})",
             "restore the source model",
         ) from exc
+    if not min(sizes.layers):  # a layer that holds no external weights holds them inline
+        layer = sizes.layers.index(0)
+        raise where.error(
+            (*base, "max_part_size"),
+            f"{source}/{found.files[0]} keeps the weights of layer {layer} inside the graph "
+            "file: max_part_size weighs a layer by its external data (as genai's model "
+            "builder writes it)",
+            "give the number of parts instead (parts = N), or save the model's weights as "
+            "external data",
+        )
     try:
         return parts_for_size(sizes, limit)
     except ValueError as exc:

@@ -415,8 +415,9 @@ SCHEMA: dict[str, Any] = {
                 "window_size": {
                     "type": "integer",
                     "minimum": 1,
-                    "description": "Prefill chunk length: the context graph's sequence "
-                    "(default 64, or context_length where lower).",
+                    "description": "Prefill chunk length: the context graph's sequence, below "
+                    "context_length (default 64, or half of context_length where that is 64 or "
+                    "less).",
                 },
                 "share_weights": {
                     "type": "boolean",
