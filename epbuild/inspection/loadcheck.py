@@ -13,6 +13,7 @@ an EPContext node, so for it this bites only on a model without one; other EPs d
 from __future__ import annotations
 
 import json
+import os
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
@@ -20,6 +21,7 @@ from typing import Any
 from epbuild._dataclass import replace
 from epbuild.errors import EpbuildError, ProviderUnavailableError
 from epbuild.executors.worker import compiled_with
+from epbuild.fs import os_error_text
 from epbuild.providers.contract import ProviderConfig
 from epbuild.runtime import open_models
 
@@ -275,6 +277,8 @@ def answer(
         result = check(job)
     except plain as exc:
         result = {"outcome": "failed", "message": f"{exc}"}
+    except OSError as exc:  # a file gone or unreadable: named from the workspace (the cwd)
+        result = {"outcome": "failed", "message": os_error_text(exc, os.getcwd())}
     except Exception as exc:
         result = {"outcome": "failed", "message": f"{type(exc).__name__}: {exc}".splitlines()[0]}
     try:  # what it ran with, as an action key names them (a check action's result)
