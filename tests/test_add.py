@@ -357,7 +357,7 @@ def test_init_from_refuses_an_existing_manifest_and_bad_dirs(workspace: Workspac
 def test_init_from_with_a_target(workspace: Workspace) -> None:
     workspace.model("m/a.onnx")
     workspace.model("a.onnx")
-    workspace.cli("init", "--from", ".", "--target", "sm8750", check=True)
+    workspace.main("init", "--from", ".", "--target", "sm8750", check=True)
     m = load_manifest(workspace.root / "epbuild.toml")
     assert m.providers["sm8750"].options["soc_model"] == "69"
     assert {n: g.providers for n, g in m.groups.items()} == {"main": ("sm8750",), "m": ("sm8750",)}
@@ -367,7 +367,7 @@ def test_edits_of_the_starter_manifest_keep_commented_keys_with_their_table(
     workspace: Workspace,
 ) -> None:
     workspace.root.mkdir(parents=True)
-    workspace.cli("init", check=True)
+    workspace.main("init", check=True)
     starter = text(workspace)
     workspace.model("models/a.onnx")
     assert run(workspace, "add", "target", "snapdragon-8-gen-2")[0] == 0

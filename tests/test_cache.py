@@ -106,7 +106,7 @@ def _built_cleaned_object(ws: Workspace, tmp_path: Path) -> tuple[Path, Any, Pat
     cache = tmp_path / "cache"
     ws.build(cache=str(cache))
     good = outputs(ws)
-    ws.cli("clean", check=True)
+    ws.main("clean", check=True)
     entry = next(e for e in check_consistent(cache) if e.action_id == "single/htp/c")
     return cache, good, cache / object_path(entry.outputs["c_ctx_qnn.bin"].digest)
 

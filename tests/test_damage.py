@@ -60,7 +60,7 @@ def test_damage_found_by_verify_is_rebuilt(built: Workspace) -> None:
     with pytest.raises(NotBuiltError, match="damaged"):
         open_action("single/htp", built.root)
     # the CLI's no-op fast path must not answer from its fingerprint either
-    proc = built.cli("build", check=True)
+    proc = built.main("build", check=True)
     assert "1 compiled" in proc.stdout + proc.stderr, proc.stdout + proc.stderr
     assert hash_file(str(built.root / BIN)) == good
     assert verify_outputs(built.root).ok
@@ -140,7 +140,7 @@ def test_a_same_tick_rewrite_of_an_input_is_rebuilt(built: Workspace) -> None:
     st = _rewrite_same_tick(source, other.read_bytes())
     for name in (NOOP_NAME, STATCACHE_NAME):  # written in the same (coarse) tick
         os.utime(built.root / ".epbuild" / name, ns=(st.st_mtime_ns, st.st_mtime_ns))
-    proc = built.cli("build", check=True)
+    proc = built.main("build", check=True)
     assert "1 compiled" in proc.stdout + proc.stderr, proc.stdout + proc.stderr
 
 

@@ -261,7 +261,7 @@ def test_link_loops_under_calibration_and_model_globs_end(tws: Workspace) -> Non
     loops(tws.root / "calib")
     loops(tws.root / "models")
     manifest(tws, "calib/**/*.npy", "models/**/*.onnx")
-    proc = tws.cli("status", "--json")
+    proc = tws.main("status", "--json")
     assert proc.returncode in (0, 1), proc.stderr
     assert "g/tiny/calibrate" in proc.stdout
 
@@ -332,7 +332,7 @@ def test_a_sample_the_float_model_fails_on_is_exit_2_naming_it(workspace: Worksp
     workspace.model("models/emb.onnx", embedding_model())
     ids_samples(workspace, "calib", bad=1)
     manifest(workspace)
-    proc = workspace.cli("build")
+    proc = workspace.main("build")
     assert proc.returncode == 2, proc.stderr
     said = "calib/s01.npy: models/emb.onnx fails on this sample in ONNX Runtime"
     assert said in proc.stderr and "idx=99" in proc.stderr, proc.stderr
@@ -380,7 +380,7 @@ def test_ops_no_registry_lists_are_calibrated(workspace: Workspace) -> None:
     workspace.model("models/rms.onnx", rmsnorm_model())
     samples(workspace)
     manifest(workspace)
-    proc = workspace.cli("build")
+    proc = workspace.main("build")
     assert proc.returncode == 0, proc.stderr
     ranges = json.loads((workspace.root / ".epbuild/quant/g/rms/ranges.json").read_text())
     assert {"p", "m"} <= set(ranges["data"])
@@ -392,7 +392,7 @@ def test_a_free_dimension_hint_names_the_model_the_manifest_lists(workspace: Wor
     workspace.model("models/tiny.onnx", matmul_model(n=N, batch="batch"))
     samples(workspace)
     manifest(workspace)
-    proc = workspace.cli("build")
+    proc = workspace.main("build")
     assert proc.returncode != 0, proc.stderr
     assert "symbolic dimension 'batch'" in proc.stderr, proc.stderr
     assert '{ path = "models/tiny.onnx", free_dimensions = { batch = ... } }' in proc.stderr
@@ -433,12 +433,12 @@ def test_a_node_the_preprocessing_fused_is_not_called_missing(workspace: Workspa
     manifest(workspace)
     text = (workspace.root / "epbuild.toml").read_text()
     (workspace.root / "epbuild.toml").write_text(text + 'exclude = ["erf"]\n')
-    proc = workspace.cli("build")
+    proc = workspace.main("build")
     assert proc.returncode == 2, proc.stderr
     said = "exclude names node 'erf', which ONNX Runtime's quantization preprocessing fused"
     assert said in proc.stderr and ".epbuild/quant/g/gelu/model.onnx" in proc.stderr, proc.stderr
     (workspace.root / "epbuild.toml").write_text(text + 'exclude = ["nothing"]\n')
-    proc = workspace.cli("build")
+    proc = workspace.main("build")
     assert proc.returncode == 2, proc.stderr
     assert "exclude names node 'nothing', which the model does not have" in proc.stderr
 

@@ -191,6 +191,6 @@ def test_build_says_a_pipeline_without_a_static_stage_builds_nothing(
     workspace.manifest(PROVIDER + LLM.replace("context_length = 64\nwindow_size = 16\n", ""))
     assert load_manifest(workspace.root / "epbuild.toml").llms["chat"].form == "decoder-pipeline"
     for _ in range(2):  # and never recorded for the no-op path
-        proc = workspace.cli("build")
+        proc = workspace.main("build")
         assert proc.returncode == 0
         assert "warning: llms.chat: no stage of its decoder-pipeline has static" in proc.stderr

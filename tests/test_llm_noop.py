@@ -22,7 +22,7 @@ from epbuild.planning.noop import fast_noop
 def llm_ws(llm_built: Workspace) -> Workspace:
     """A built LLM workspace whose next build is answered by the fast path."""
     ws = llm_built  # workspace.llm() built once per session (conftest), copied
-    ws.cli("build", check=True)  # all up to date: records the fingerprint
+    ws.main("build", check=True)  # all up to date: records the fingerprint
     assert fast_noop(str(ws.root), None, []) is not None
     return ws
 

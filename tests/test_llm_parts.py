@@ -273,20 +273,20 @@ def test_max_part_size_of_a_decoder_with_inline_weights_is_refused(
 def test_parts_on_a_pipeline_source_is_refused(workspace: Workspace) -> None:
     shutil.copytree(LLM_FIXTURES / "llama-pipeline", workspace.root / "models" / "tiny")
     workspace.manifest(chat_manifest(context=None, window=None) + "parts = 2\n")
-    proc = workspace.cli("status")
+    proc = workspace.main("status")
     assert proc.returncode == 2 and "is a decoder-pipeline already" in proc.stderr, proc.stderr
 
 
 def test_max_part_size_chooses_the_parts(workspace: Workspace, deep: Path) -> None:
     _workspace(workspace, deep, share=True, more='max_part_size = "300 KiB"')
-    ids = {a["id"] for a in workspace.cli_json("status")["actions"]}
+    ids = {a["id"] for a in workspace.main_json("status")["actions"]}
     parts = {i for i in ids if i.startswith("chat/htp-v73/part")}
     assert parts == {"chat/htp-v73/part1", "chat/htp-v73/part2", "chat/htp-v73/part3"}
 
 
 def test_one_part_is_the_whole_decoder(workspace: Workspace, deep: Path) -> None:
     _workspace(workspace, deep, share=False, more="parts = 1")
-    ids = {a["id"] for a in workspace.cli_json("status")["actions"]}
+    ids = {a["id"] for a in workspace.main_json("status")["actions"]}
     assert ids == {
         "chat/prepare",
         "chat/htp-v73/context",

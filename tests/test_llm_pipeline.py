@@ -57,7 +57,7 @@ def test_builds_stage_by_stage_and_a_cpu_stage_edit_compiles_nothing(
     workspace: Workspace,
 ) -> None:
     _ws(workspace, share=False)
-    first = workspace.cli("build", check=True)
+    first = workspace.main("build", check=True)
     assert _compiled(first.stderr) == ["chat/htp-v73/context", "chat/htp-v73/iterator"]
     out = workspace.root / "build" / "chat" / "htp-v73"
     for stage in ("context", "iterator"):
@@ -84,7 +84,7 @@ def test_builds_stage_by_stage_and_a_cpu_stage_edit_compiles_nothing(
     head.doc_string = "edited"
     onnx.save(head, source / "lm_head.onnx")
     assert fast_noop(str(workspace.root), None, []) is None
-    again = workspace.cli("build", check=True)
+    again = workspace.main("build", check=True)
     assert _compiled(again.stderr) == [] and "2 up to date" in again.stdout
     assert (out / "lm_head.onnx").read_bytes() == (source / "lm_head.onnx").read_bytes()
 
@@ -92,7 +92,7 @@ def test_builds_stage_by_stage_and_a_cpu_stage_edit_compiles_nothing(
 @needs_genai
 def test_verify_generate_matches_the_source(workspace: Workspace) -> None:
     _ws(workspace, share=False)
-    workspace.cli("build", check=True)
+    workspace.main("build", check=True)
     doc = workspace.cli_json("verify", "--generate", "--tokens", "8")
     (check,) = doc["generate"]
     assert check["status"] == "ok", check

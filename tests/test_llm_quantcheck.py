@@ -32,7 +32,7 @@ def quantized(ws: Workspace, types: str) -> Workspace:
     shutil.copy(TEXT_PROMPTS, ws.root / "prompts.txt")
     recipe = '[quantization.q]\ncalibration = "prompts.txt"\n' + types
     ws.manifest(chat_manifest(share=False) + 'quantize = "q"\n\n' + recipe)
-    ws.cli("build", check=True, timeout=900)
+    ws.main("build", check=True)
     return ws
 
 

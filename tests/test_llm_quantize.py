@@ -47,7 +47,7 @@ def quantized(ws: Workspace, quantize: str = "w8a16", **recipe: Any) -> Workspac
 
 
 def counts(ws: Workspace) -> dict[str, int]:
-    doc = ws.cli_json("build")
+    doc = ws.main_json("build")
     assert doc["ok"], doc
     found: dict[str, int] = {}
     for action in doc["actions"]:
@@ -218,7 +218,7 @@ def test_a_pipeline_source_is_not_quantized(workspace: Workspace) -> None:
 def test_an_unquantized_llm_keeps_its_actions(workspace: Workspace) -> None:
     """Without ``quantize`` the graph is what it was: prepare, compiles, package."""
     workspace.llm("llama-text", share=False)
-    ids = {a["id"]: a["kind"] for a in workspace.cli_json("status")["actions"]}
+    ids = {a["id"]: a["kind"] for a in workspace.main_json("status")["actions"]}
     assert ids == {
         "chat/prepare": "prepare",
         "chat/htp-v73/context": "compile",

@@ -68,7 +68,7 @@ def test_a_decoder_in_parts_gets_a_quantization_per_part_graph(
 ) -> None:
     ws = _workspace(workspace, deep_text)
     assert load_manifest(ws.root / "epbuild.toml").llms["chat"].parts == 3
-    actions = {a["id"]: (a["kind"], a["deps"]) for a in ws.cli_json("status")["actions"]}
+    actions = {a["id"]: (a["kind"], a["deps"]) for a in ws.main_json("status")["actions"]}
     assert actions["chat/calibrate"] == ("llm-calibrate", ["chat/prepare"])
     for stage in STAGES:
         assert actions[f"chat/{stage}/quantize"] == (
@@ -87,7 +87,7 @@ def test_shared_parts_compile_each_parts_two_quantized_graphs_together(
     workspace: Workspace, deep_text: Path
 ) -> None:
     ws = _workspace(workspace, deep_text, share=True)
-    actions = {a["id"]: (a["kind"], a["deps"]) for a in ws.cli_json("status")["actions"]}
+    actions = {a["id"]: (a["kind"], a["deps"]) for a in ws.main_json("status")["actions"]}
     compiles = {i: deps for i, (kind, deps) in actions.items() if kind == "compile"}
     assert compiles == {  # one compile per part, after both its graphs' quantizations
         f"chat/htp-v73/part{k}": [f"chat/part{k}_{g}/quantize" for g in ("context", "iterator")]
@@ -267,18 +267,18 @@ def test_a_new_pad_token_and_an_edit_of_the_last_layer_calibrate_every_part(
     """The pad token fills each prompt's last window, which every part reads: the memo of
     another pad token keeps nothing (its ranges are not a calibration's of every part)."""
     ws = _workspace(workspace, deep_text)
-    ws.cli("build", "chat/calibrate", check=True)
+    ws.main("build", "chat/calibrate", check=True)
     config = ws.root / "models" / "tiny" / "genai_config.json"
     doc = json.loads(config.read_text())
     doc["model"]["pad_token_id"] = 7
     config.write_text(json.dumps(doc, indent=4))
     _edit_last_layer(ws.root / "models" / "tiny")
-    ws.cli("build", "chat/calibrate", check=True)
+    ws.main("build", "chat/calibrate", check=True)
     assert _calibration_detail(ws)["kept"] == []
     fresh = Workspace(tmp_path / "fresh")
     shutil.copytree(ws.root / "models", fresh.root / "models")
     _workspace(fresh, deep_text)
-    fresh.cli("build", "chat/calibrate", check=True)
+    fresh.main("build", "chat/calibrate", check=True)
     for stage in STAGES:
         name = f"{stage}.ranges.json"
         mine = ws.root / ".epbuild" / "llm" / "chat" / "calibrated" / name

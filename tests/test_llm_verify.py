@@ -21,7 +21,7 @@ FIXTURES = LLM_FIXTURES
 
 def _built(ws: Workspace, *, share: bool, family: str = "llama") -> None:
     ws.llm(family, share=share)
-    ws.cli("build", check=True)
+    ws.main("build", check=True)
 
 
 @pytest.mark.slow

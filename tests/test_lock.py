@@ -42,7 +42,7 @@ def _ws(workspace: Workspace, *, toolchain: bool = False) -> Workspace:
 
 
 def _lock(ws: Workspace) -> Path:
-    ws.cli("lock", check=True)
+    ws.main("lock", check=True)
     return ws.root / LOCK_NAME
 
 
@@ -63,22 +63,22 @@ def test_lock_written_and_read_back_byte_identically(
     assert env.python.count(".") == 2 and env.platform
     tc = lock.environments[lock.providers["tc"].environment]
     assert tc.interpreter == sys.executable and "onnxruntime-qnn" in tc.distributions
-    again = workspace.cli("lock", check=True)
+    again = workspace.main("lock", check=True)
     assert "unchanged" in again.stdout and path.read_text() == text  # stable: same bytes
 
 
 def test_lock_check_and_status_say_when_out_of_date(workspace: Workspace) -> None:
     ws = _ws(workspace)
-    assert ws.cli("lock", "--check").returncode == 1  # no lock yet
+    assert ws.main("lock", "--check").returncode == 1  # no lock yet
     _lock(ws)
-    assert ws.cli("lock", "--check").returncode == 0
-    assert ws.cli_json("status")["lock"] == []
+    assert ws.main("lock", "--check").returncode == 0
+    assert ws.main_json("status")["lock"] == []
     _ws(workspace, toolchain=True)  # a provider with a toolchain joins the manifest
-    check = ws.cli("lock", "--check")
+    check = ws.main("lock", "--check")
     assert check.returncode == 1
     assert "provider tc is not in the lock" in check.stderr
-    assert any("provider tc is not in the lock" in n for n in ws.cli_json("status")["lock"])
-    assert "lock        epbuild.lock is out of date" in ws.cli("status").stdout
+    assert any("provider tc is not in the lock" in n for n in ws.main_json("status")["lock"])
+    assert "lock        epbuild.lock is out of date" in ws.main("status").stdout
 
 
 def test_locked_refuses_a_drifted_default_environment(workspace: Workspace) -> None:
@@ -94,8 +94,8 @@ def test_locked_refuses_a_drifted_default_environment(workspace: Workspace) -> N
         assert f"onnxruntime-qnn 2.6.0 (lock) ≠ {installed} (installed)" in proc.stderr
         assert "Traceback" not in proc.stderr
     assert not (ws.root / "build").exists()  # nothing compiled
-    ws.cli("lock", check=True)  # accept the installed versions
-    doc = ws.cli_json("build", "--locked")
+    ws.main("lock", check=True)  # accept the installed versions
+    doc = ws.main_json("build", "--locked")
     assert doc["summary"]["compiled"] == 1, doc
 
 
@@ -110,13 +110,13 @@ def test_locked_refuses_a_drifted_toolchain(workspace: Workspace, private_toolch
         + "[environments.tc.distributions]"
         + tail.replace(f'numpy = "{numpy}"', 'numpy = "1.0.0"', 1)
     )
-    proc = ws.cli("build", "--locked", "g/tc")
+    proc = ws.main("build", "--locked", "g/tc")
     assert proc.returncode == 2, proc.stderr
     assert f"toolchain tc: numpy 1.0.0 (lock) ≠ {numpy} (installed)" in proc.stderr
 
 
 def test_locked_without_a_lock_is_a_clear_error(workspace: Workspace) -> None:
-    proc = _ws(workspace).cli("build", "--locked")
+    proc = _ws(workspace).main("build", "--locked")
     assert proc.returncode == 2
     assert "no epbuild.lock beside the manifest" in proc.stderr and "epbuild lock" in proc.stderr
 
@@ -384,8 +384,8 @@ def test_a_toolchain_not_made_yet_takes_its_keys_from_the_lock(
     (workspace.root / LOCK_NAME).write_text(lock.to_toml())
     cfg = load_manifest(path).providers["ov"]
     assert read_versions(cfg, Toolchains(create=False)) == pinned
-    workspace.cli("cache", "key", check=True)
-    (action,) = workspace.cli_json("status")["actions"]
+    workspace.main("cache", "key", check=True)
+    (action,) = workspace.main_json("status")["actions"]
     assert action["stale"] and action["id"] == "g/ov/a", action
     assert not private_toolchains.exists() or not any(private_toolchains.iterdir())
 

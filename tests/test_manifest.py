@@ -215,10 +215,10 @@ def test_cli_reports_manifest_error_without_traceback(workspace: Workspace) -> N
 
 def test_init_writes_valid_manifest_and_refuses_overwrite(workspace: Workspace) -> None:
     workspace.root.mkdir(parents=True)
-    assert workspace.cli("init").returncode == 0
+    assert workspace.main("init").returncode == 0
     text = (workspace.root / "epbuild.toml").read_text()
     assert "# " in text and "[providers.htp-v73]" in text
-    proc = workspace.cli("init")
+    proc = workspace.main("init")
     assert proc.returncode == 2 and "already exists" in proc.stderr
     assert (workspace.root / "epbuild.toml").read_text() == text
 
@@ -227,7 +227,7 @@ def test_init_over_a_directory_named_like_the_manifest_is_a_user_error(
     workspace: Workspace,
 ) -> None:
     (workspace.root / "epbuild.toml").mkdir(parents=True)
-    proc = workspace.cli("init")
+    proc = workspace.main("init")
     assert proc.returncode == 2, proc.stderr
     assert "epbuild.toml" in proc.stderr and "already exists" in proc.stderr
     assert (workspace.root / "epbuild.toml").is_dir()

@@ -184,7 +184,7 @@ def test_cli_rejects_a_bad_budget(simple_ws: Callable[..., Workspace]) -> None:
 
 @pytest.mark.parametrize("value", ["0", "0M"])
 def test_cli_rejects_a_zero_budget(simple_ws: Callable[..., Workspace], value: str) -> None:
-    proc = simple_ws().cli("build", "--memory-budget", value)
+    proc = simple_ws().main("build", "--memory-budget", value)
     assert proc.returncode == 2 and "must be positive" in proc.stderr
 
 

@@ -223,7 +223,7 @@ def test_cache_warnings_name_the_path_not_a_repr(simple_ws: Callable[..., Worksp
     ws = simple_ws()
     (ws.root / "c2" / "v1").mkdir(parents=True)
     (ws.root / "c2" / "v1" / "entries").write_text("")  # the cache's own layout is blocked
-    proc = epbuild(ws.root, "build", "--cache", "c2", timeout=300)
+    proc = ws.main("build", "--cache", "c2")
     assert proc.returncode == 0, proc.stderr
     assert "warning: cache unusable for" in proc.stderr
     assert "[Errno" not in proc.stderr and "Not a directory" in proc.stderr
@@ -318,8 +318,7 @@ def test_package_build_takes_builds_options(simple_ws: Callable[..., Workspace])
     ws = simple_ws()
     clean_error(epbuild(ws.root, "package", "-o", "pkg", "-j", "2"), 2, "package --build only")
     clean_error(epbuild(ws.root, "package", "-o", "pkg", "--build", "-j", "0"), 2, "-j must be")
-    proc = epbuild(ws.root, "package", "-o", "pkg", "--build", "-j", "1", "-k", "--no-cache",
-                   timeout=300)  # fmt: skip
+    proc = ws.main("package", "-o", "pkg", "--build", "-j", "1", "-k", "--no-cache")
     assert proc.returncode == 0, proc.stderr
     assert "[1/2]" in proc.stderr and "[2/2]" in proc.stderr  # built first, one at a time
 

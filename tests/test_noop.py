@@ -42,12 +42,12 @@ def test_build_cache_new_after_a_noop_seeds_it(simple_built: Workspace, tmp_path
     _noop_ready(ws)
     assert fast_noop(str(ws.root), None, []) is not None
     new = tmp_path / "new-cache"
-    doc = ws.cli_json("build", "--cache", str(new))
+    doc = ws.main_json("build", "--cache", str(new))
     assert doc["summary"]["up_to_date"] == 2 and doc["summary"]["compiled"] == 0, doc
     assert doc["warnings"] == []
     assert sorted(e.id for e in check_consistent(new)) == ["pair/htp", "single/htp/c"]
-    ws.cli("clean", check=True)
-    doc = ws.cli_json("build", "--cache-only", "--cache", str(new))
+    ws.main("clean", check=True)
+    doc = ws.main_json("build", "--cache-only", "--cache", str(new))
     assert doc["summary"]["restored"] == 2 and doc["summary"]["compiled"] == 0, doc
 
 
@@ -112,7 +112,7 @@ def test_manifest_edit_and_clean_miss(simple_built: Workspace) -> None:
     manifest.write_text(manifest.read_text() + "\n# a comment\n")
     assert fast_noop(str(ws.root), None, []) is None
     _noop_ready(ws)
-    assert ws.cli("clean").returncode == 0
+    assert ws.main("clean").returncode == 0
     assert fast_noop(str(ws.root), None, []) is None
 
 

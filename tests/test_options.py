@@ -208,7 +208,7 @@ def test_multi_soc_with_sharing_is_refused(workspace: Workspace) -> None:
     workspace.model("m/b.onnx")
     group = {"models": ["m/a.onnx", "m/b.onnx"], "providers": ["multi"], "share_weights": True}
     workspace.manifest({"providers": {"multi": MULTI}, "groups": {"g": group}})
-    proc = workspace.cli("build")
+    proc = workspace.main("build")
     assert proc.returncode == 2 and "several SoCs" in proc.stderr
     assert "groups.g.share_weights" in proc.stderr
 

@@ -265,7 +265,7 @@ def test_a_wrong_sample_after_a_good_build_keeps_the_good_outputs(qws_built: Wor
     qws = qws_built  # built once per session (calibrated, quantized, compiled), copied
     before = digests(qws.root)
     _bad_sample("wrong shape")(qws)
-    assert qws.cli("build").returncode == 2
+    assert qws.main("build").returncode == 2
     assert digests(qws.root) == before
 
 
@@ -285,14 +285,14 @@ def test_a_recipe_the_manifest_cannot_take(
 ) -> None:
     (qws.root / "calib/s00.txt").write_text("x")
     manifest(qws, recipe)
-    proc = qws.cli("status")
+    proc = qws.main("status")
     assert proc.returncode == 2
     assert key in proc.stderr and said in proc.stderr, proc.stderr
 
 
 def test_an_unknown_recipe_is_named(qws: Workspace) -> None:
     manifest(qws, quantize="w4a8")
-    proc = qws.cli("status")
+    proc = qws.main("status")
     assert proc.returncode == 2
     assert "groups.vision.quantize" in proc.stderr and "[quantization.w4a8]" in proc.stderr
 
@@ -306,7 +306,7 @@ def test_an_unknown_recipe_is_named(qws: Workspace) -> None:
 )
 def test_a_name_the_model_does_not_have(qws: Workspace, recipe: dict[str, Any], said: str) -> None:
     manifest(qws, recipe)
-    proc = qws.cli("build")
+    proc = qws.main("build")
     assert proc.returncode == 2, proc.stderr
     assert said in proc.stderr and "models/cnn.onnx" in proc.stderr, proc.stderr
     assert "did you mean" in proc.stderr or "names the model has" in proc.stderr
@@ -314,7 +314,7 @@ def test_a_name_the_model_does_not_have(qws: Workspace, recipe: dict[str, Any], 
 
 def test_an_already_quantized_model_is_refused(qws: Workspace) -> None:
     shutil.copy(CORPUS / "cnn_qdq.onnx", qws.root / "models" / "cnn.onnx")  # a quantizer's
-    proc = qws.cli("build")
+    proc = qws.main("build")
     assert proc.returncode == 2, proc.stderr
     assert "models/cnn.onnx: already quantized" in proc.stderr, proc.stderr
 
@@ -387,21 +387,21 @@ def test_add_quantization_and_add_model_quantize(workspace: Workspace) -> None:
     samples(workspace)
     workspace.manifest({"providers": {"htp-v73": HTP73}})
     before = (workspace.root / "epbuild.toml").read_bytes()
-    proc = workspace.cli("add", "model", "models/cnn.onnx", "-g", "vision", "--quantize", "w8a16")
+    proc = workspace.main("add", "model", "models/cnn.onnx", "-g", "vision", "--quantize", "w8a16")
     assert proc.returncode == 2 and "[quantization.w8a16]" in proc.stderr, proc.stderr
     assert (workspace.root / "epbuild.toml").read_bytes() == before  # refused: untouched
-    proc = workspace.cli("add", "quantization", "w8a16")
+    proc = workspace.main("add", "quantization", "w8a16")
     assert proc.returncode == 2 and "--calibration" in proc.stderr
-    workspace.cli("add", "quantization", "w8a16", "--calibration", "calib/*.npz",
+    workspace.main("add", "quantization", "w8a16", "--calibration", "calib/*.npz",
                   "--activations", "uint16", check=True)  # fmt: skip
-    workspace.cli("add", "model", "models/cnn.onnx", "-g", "vision", "--quantize", "w8a16",
+    workspace.main("add", "model", "models/cnn.onnx", "-g", "vision", "--quantize", "w8a16",
                   check=True)  # fmt: skip
-    proc = workspace.cli("add", "quantization", "w8a16", "--exclude", "/8/Gemm", check=True)
+    proc = workspace.main("add", "quantization", "w8a16", "--exclude", "/8/Gemm", check=True)
     assert "keeps /8/Gemm in float" in proc.stdout
-    proc = workspace.cli("add", "quantization", "w8a16", "--activations", "int16")
+    proc = workspace.main("add", "quantization", "w8a16", "--activations", "int16")
     assert proc.returncode == 2 and "int16 is not a type" in proc.stderr  # htp-v73 can't
     assert counts(workspace) == {"calibrated": 1, "quantized": 1, "compiled": 1}
-    detail = workspace.cli("status", "--detail", check=True).stdout
+    detail = workspace.main("status", "--detail", check=True).stdout
     assert "build/vision/quantized/cnn.onnx: 1 EPContext node(s)" in detail
     assert "(the QDQ model of models/cnn.onnx)" in detail
 
@@ -410,7 +410,7 @@ def test_the_report_plots_sqnr_per_layer(qws_built: Workspace, tmp_path: Path) -
     qws = qws_built  # built once per session (calibrated, quantized, compiled), copied
     assert numerics(qws)[0] == 0
     page = tmp_path / "report.html"
-    qws.cli("report", "-o", str(page), check=True)
+    qws.main("report", "-o", str(page), check=True)
     text = page.read_text()
     assert text.count("SQNR per layer against the float model") == 2
     assert 'class="layers"' in text and " dB</text>" in text
@@ -515,7 +515,7 @@ def test_npy_samples_and_onnx_test_data_folders(qws_built: Workspace) -> None:
         assert counts(qws) == {"calibrated": 1, "up_to_date": 3}, calibration
         assert (qws.root / ".epbuild/quant/vision/cnn/ranges.json").read_bytes() == ranges
     (qws.root / "zoo/test_data_set_0/input_0.pb").write_bytes(b"\x08garbage")
-    proc = qws.cli("build")
+    proc = qws.main("build")
     assert proc.returncode == 2 and "zoo/test_data_set_0/input_0.pb" in proc.stderr, proc.stderr
 
 
@@ -524,7 +524,7 @@ def test_status_detail_calls_a_compile_stale_while_its_quantization_is(
 ) -> None:
     qws = qws_built  # built once per session (calibrated, quantized, compiled), copied
     manifest(qws, {"exclude": ["/8/Gemm"]})  # not built: the QDQ model is the old one
-    detail = qws.cli("status", "--detail", check=True).stdout
+    detail = qws.main("status", "--detail", check=True).stdout
     assert "vision/htp-v73/cnn  (stale;" in detail, detail
     ranges = qws.root / ".epbuild/quant/vision/cnn/ranges.json"
     assert ranges.stat().st_mode & 0o044 == 0o044  # readable like every output

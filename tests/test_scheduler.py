@@ -355,7 +355,7 @@ def test_status_shows_kinds_and_deps_and_draws_the_graph(
     dot = ws.main("status", "--graph", "dot", check=True).stdout
     assert dot.startswith("digraph epbuild {") and dot.rstrip().endswith("}")
     assert 'label="single/htp/c\\ncompile, stale"' in dot
-    refused = ws.cli("status", "--graph", "dot", "--json")
+    refused = ws.main("status", "--graph", "dot", "--json")
     assert refused.returncode == 2 and "--graph" in refused.stdout
 
 
@@ -429,9 +429,9 @@ def test_status_graph_of_a_hostile_model_name(workspace: Workspace) -> None:
             "groups": {"g": {"models": ["models/*.onnx"], "providers": ["htp"]}},
         }
     )
-    dot = workspace.cli("status", "--graph", "dot", check=True).stdout
+    dot = workspace.main("status", "--graph", "dot", check=True).stdout
     assert _dot_labels(dot) == [['g/htp/a"b<i>&', "compile, stale"]], dot
-    mermaid = workspace.cli("status", "--graph", "mermaid", check=True).stdout
+    mermaid = workspace.main("status", "--graph", "mermaid", check=True).stdout
     assert _mermaid_labels(mermaid) == [['g/htp/a"b<i>&', "compile, stale"]], mermaid
 
 

@@ -266,7 +266,7 @@ def test_prefill_and_decode_share_one_binary(workspace: Workspace, load: str) ->
         "decode_ctx.onnx", "prefill_ctx.onnx", "prefill_ctx_qnn.bin"]  # fmt: skip
     shapes = {n: read_model(out / f"{n}_ctx.onnx").inputs[0].shape for n in ("prefill", "decode")}
     assert shapes == {"prefill": (128, 32), "decode": (1, 32)}
-    detail = workspace.cli_json("status", "--detail")
+    detail = workspace.main_json("status", "--detail")
     models = detail["actions"][0]["models"]
     assert [(m["name"], m["context_nodes"], m["cpu_nodes"]) for m in models] == [
         ("prefill", 1, 0), ("decode", 1, 0)]  # fmt: skip

@@ -351,7 +351,7 @@ def test_add_provider_with_a_toolchain(workspace: Workspace) -> None:
     )
     before = path.read_text()
     args = ("add", "provider", "intel-cpu", "--ep", "openvino", "--option", "device_type=CPU")
-    proc = workspace.cli(*args, "--requirement", OPENVINO_PIN)
+    proc = workspace.main(*args, "--requirement", OPENVINO_PIN)
     assert proc.returncode == 0, proc.stderr
     loaded = load_manifest(path).providers["intel-cpu"]
     assert loaded.toolchain == ToolchainSpec(requirements=(OPENVINO_PIN,))
@@ -372,12 +372,12 @@ def test_toolchains_list_and_prune(
     other = create.ensure(ToolchainSpec(requirements=("onnxruntime-gpu==1.23.2",)), "gpu")
     (private_toolchains / "0123456789abcdef" / "lib").mkdir(parents=True)  # half-made
     (private_toolchains / "fedcba9876543210.log").write_text("ERROR: no such package\n")
-    listed = workspace.cli_json("toolchains")["environments"]
+    listed = workspace.main_json("toolchains")["environments"]
     by_path = {e["path"]: e for e in listed}
     assert by_path[used.prefix]["used_by"] == ["intel-cpu"] and by_path[used.prefix]["ready"]
     assert by_path[other.prefix]["used_by"] == []
     assert not by_path[str(private_toolchains / "0123456789abcdef")]["ready"]
-    proc = workspace.cli("toolchains", "--prune")
+    proc = workspace.main("toolchains", "--prune")
     assert proc.returncode == 0, proc.stderr
     left = sorted(p.name for p in private_toolchains.iterdir() if not p.name.startswith("worker-"))
     assert left == [Path(used.prefix).name, Path(used.prefix).name + ".lock"]
@@ -463,12 +463,12 @@ def test_noop_without_a_lock_is_fast_until_a_lock_appears(
     spec = load_manifest(str(workspace.root / "epbuild.toml")).providers["htp"].toolchain
     assert spec is not None
     create.ensure(spec, "htp")
-    assert workspace.cli_json("build")["summary"]["compiled"] == 1
+    assert workspace.main_json("build")["summary"]["compiled"] == 1
     assert workspace.cli_json("build")["summary"]["up_to_date"] == 1  # records the fingerprint
     lock = workspace.root / "epbuild.lock"
     assert not lock.exists()
     assert fast_noop(str(workspace.root), None, []) is not None
-    workspace.cli("lock", check=True)
+    workspace.main("lock", check=True)
     assert lock.is_file()
     assert fast_noop(str(workspace.root), None, []) is None  # a lock appeared
     assert workspace.cli_json("build")["summary"]["up_to_date"] == 1

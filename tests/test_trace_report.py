@@ -46,7 +46,7 @@ def _check_trace(doc: dict[str, Any]) -> list[dict[str, Any]]:
 def test_trace_of_a_build(simple_ws: Callable[..., Workspace], tmp_path: Path) -> None:
     ws = simple_ws()
     path = tmp_path / "trace.json"
-    proc = ws.cli("build", "-j", "2", "--trace", str(path))
+    proc = ws.main("build", "-j", "2", "--trace", str(path))
     assert proc.returncode == 0, proc.stderr
     spans = _check_trace(json.loads(path.read_text()))
     names = {e["tid"]: e["args"]["name"] for e in json.loads(path.read_text())["traceEvents"]
@@ -80,7 +80,7 @@ def test_noop_build_writes_a_trace_too(simple_built: Workspace, tmp_path: Path) 
 
 def _report(ws: Workspace, tmp_path: Path, name: str) -> Path:
     page = tmp_path / name
-    proc = ws.cli("report", "--html", str(page))
+    proc = ws.main("report", "--html", str(page))
     assert proc.returncode == 0, proc.stderr
     return page
 
@@ -99,7 +99,7 @@ def test_report_is_self_contained(simple_built: Workspace, tmp_path: Path) -> No
 
 
 def test_report_cli_needs_html(simple_ws: Callable[..., Workspace]) -> None:
-    proc = simple_ws().cli("report")
+    proc = simple_ws().main("report")
     assert proc.returncode == 2 and "--html" in proc.stderr
 
 

@@ -498,7 +498,7 @@ def test_a_model_read_while_it_was_saved_is_built_again_not_failed(workspace: Wo
         stop.set()
         thread.join(timeout=waits.scaled(CYCLE_TIMEOUT))
     assert not thread.is_alive()
-    assert not any(a["stale"] for a in workspace.cli_json("status")["actions"])
+    assert not any(a["stale"] for a in workspace.main_json("status")["actions"])
 
 
 @pytest.mark.slow
