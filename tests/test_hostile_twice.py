@@ -5,12 +5,20 @@ kills of a build: tests/test_crash.py.)"""
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
+import waits
 from conftest import Workspace
 from modelgen import matmul_model
 
+from epbuild.fs import atomic_write_bytes, temp_name
 from epbuild.inspection import verify as verify_module
 from epbuild.state.journal import load_state
 
@@ -36,3 +44,56 @@ def test_verify_beside_a_build_that_replaces_the_outputs_finds_nothing_wrong(
     assert not state.damaged, state.damaged
     assert (ws.root / "build" / "single" / "htp" / "c_ctx.onnx").is_file()
 
+
+
+def test_a_killed_writers_temp_is_removed_by_the_next_write(tmp_path: Path) -> None:
+    """Of the temps beside a user's file, those whose writers died on this host go; a live
+    writer's, another host's and look-alikes stay."""
+    target = tmp_path / "epbuild.lock"
+    done = subprocess.Popen([sys.executable, "-c", "pass"])
+    done.wait()
+    dead = Path(temp_name(str(target)).replace(f"-{os.getpid()}-", f"-{done.pid}-", 1))
+    live = Path(temp_name(str(target)))  # this process's: it is alive
+    other_host = Path(f"{target}.tmp-{done.pid}-00000000-0badcafe")
+    mine = tmp_path / f"epbuild.lock.tmp-{done.pid}-notes"
+    for p in (dead, live, other_host, mine):
+        p.write_text("half")
+    atomic_write_bytes(str(target), b"whole", leftovers=True)
+    assert target.read_bytes() == b"whole"
+    assert not dead.exists()
+    assert live.exists() and other_host.exists() and mine.exists()
+
+
+def _temps(folder: Path) -> list[str]:
+    return sorted(p.name for p in folder.iterdir() if ".tmp-" in p.name)
+
+
+@pytest.mark.slow  # export killed until a kill lands mid-write
+def test_an_export_killed_mid_write_leaves_nothing_once_run_again(
+    simple_ws: Callable[..., Workspace], tmp_path: Path
+) -> None:
+    ws = simple_ws()
+    cache, out = tmp_path / "cache", tmp_path / "out"
+    out.mkdir()
+    assert ws.build(cache=str(cache)).ok
+    archive = out / "ci.tar"
+    export = ("cache", "export", str(archive), "--cache", str(cache))
+    landed = 0
+    for _ in range(20):  # each try kills the export once its temp is there, if it is still running
+        proc = subprocess.Popen([sys.executable, "-m", "epbuild", "-C", str(ws.root), *export],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
+        waits.wait_for(lambda: _temps(out) or proc.poll() is not None,  # noqa: B023
+                       "the export's temp file (or its end)", interval=0.001)  # fmt: skip
+        if proc.poll() is None:
+            proc.kill()
+        proc.communicate()
+        if proc.returncode == -signal.SIGKILL and _temps(out):
+            landed += 1
+            if landed == 2:
+                break
+    assert landed, "no kill landed while the export wrote its temp file"
+    again = ws.cli(*export)
+    assert again.returncode == 0, again.stderr
+    assert _temps(out) == [], "a killed export's temp file was left in the user's folder"
+    imported = ws.cli("cache", "import", str(archive), "--cache", str(tmp_path / "other"))
+    assert imported.returncode == 0 and "2 entr(ies), 5 object(s)" in imported.stdout, imported

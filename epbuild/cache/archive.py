@@ -45,7 +45,7 @@ def export_entries(
     """Write ``entries`` and their objects (each verified) to an archive at ``path``."""
     _refuse_destination(path, backend.root)
     report = ArchiveReport()
-    with atomic_output(os.path.abspath(path), durable=False) as tmp:
+    with atomic_output(os.path.abspath(path), durable=False, leftovers=True) as tmp:
         gz = path.endswith((".gz", ".tgz"))
         with tarfile.open(tmp, "w:gz") if gz else tarfile.open(tmp, "w") as tar:
             digests = sorted({o.digest for e in entries for o in e.outputs.values()})

@@ -42,7 +42,7 @@ def run_lock_command(args: argparse.Namespace) -> int:
     except OSError:
         same = False
     if not same:
-        atomic_write_bytes(path, text.encode())
+        atomic_write_bytes(path, text.encode(), leftovers=True)
     if args.json:
         print_json({"lock": path, "written": not same}, command="lock")
     else:
