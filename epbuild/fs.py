@@ -114,7 +114,8 @@ def remove_dead_temps(path: str) -> None:
     except OSError:
         return
     for entry in entries:
-        pid, host, rand = (entry[len(prefix) :].split("-") + ["", ""])[:3]
+        pid, _, rest = entry[len(prefix) :].partition("-")
+        host, _, rand = rest.partition("-")
         if not pid.isdigit() or host != _host_tag() or len(rand) != 8 or _alive(int(pid)):
             continue
         with contextlib.suppress(OSError):  # gone meanwhile, or not a file: left alone
