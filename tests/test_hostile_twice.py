@@ -45,7 +45,6 @@ def test_verify_beside_a_build_that_replaces_the_outputs_finds_nothing_wrong(
     assert (ws.root / "build" / "single" / "htp" / "c_ctx.onnx").is_file()
 
 
-
 def test_a_killed_writers_temp_is_removed_by_the_next_write(tmp_path: Path) -> None:
     """Of the temps beside a user's file, those whose writers died on this host go; a live
     writer's, another host's and look-alikes stay."""
