@@ -18,6 +18,8 @@ import waits
 from conftest import Workspace
 from modelgen import matmul_model
 
+from epbuild.cache.operations import prune_cache
+from epbuild.cache.store import Store
 from epbuild.fs import atomic_write_bytes, temp_name
 from epbuild.inspection import verify as verify_module
 from epbuild.state.journal import load_state
@@ -96,3 +98,32 @@ def test_an_export_killed_mid_write_leaves_nothing_once_run_again(
     assert _temps(out) == [], "a killed export's temp file was left in the user's folder"
     imported = ws.cli("cache", "import", str(archive), "--cache", str(tmp_path / "other"))
     assert imported.returncode == 0 and "2 entr(ies), 5 object(s)" in imported.stdout, imported
+
+
+def test_prune_beside_a_build_storing_an_entry_that_shares_an_evicted_object(
+    simple_ws: Callable[..., Workspace], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A build stores an entry whose object an entry being evicted also uses (a ctx model
+    recompiled with new weights: the same ctx file, a new binary) while prune runs: the
+    object is spared, as the store marked it used, and the new entry stays whole."""
+    ws = simple_ws()
+    cache = tmp_path / "cache"
+    assert ws.build(cache=str(cache)).ok
+    ws.model("models/c.onnx", matmul_model(77))
+    discard = Store.discard
+    stored: list[str] = []
+
+    def discard_after_a_store(self: Store, *args: Any, **kw: Any) -> None:
+        if not stored:  # prune listed the entries; another process stores meanwhile
+            stored.append(ws.cli("build", "--cache", str(cache), check=True).stderr)
+        discard(self, *args, **kw)
+
+    monkeypatch.setattr(Store, "discard", discard_after_a_store)
+    prune_cache(1, ws.root, cache=str(cache))
+    assert stored and "compiled single/htp/c" in stored[0], stored
+    monkeypatch.undo()
+    checked = ws.cli("cache", "verify", "--cache", str(cache))
+    assert checked.returncode == 0 and "0 discarded" in checked.stdout, checked
+    ws.cli("clean", check=True)
+    restored = ws.cli("build", "--cache-only", "single", "--cache", str(cache))
+    assert restored.returncode == 0 and "restored single/htp/c" in restored.stderr, restored
