@@ -17,6 +17,7 @@ import pytest
 import waits
 from conftest import Workspace
 from modelgen import matmul_model
+from test_concurrency import _hold
 
 from epbuild.cache.operations import prune_cache
 from epbuild.cache.store import Store
@@ -127,3 +128,25 @@ def test_prune_beside_a_build_storing_an_entry_that_shares_an_evicted_object(
     ws.cli("clean", check=True)
     restored = ws.cli("build", "--cache-only", "single", "--cache", str(cache))
     assert restored.returncode == 0 and "restored single/htp/c" in restored.stderr, restored
+
+
+def test_verify_honours_lock_timeout_when_recording_damage(simple_built: Workspace) -> None:
+    """Recording damage takes the state lock: verify --lock-timeout bounds that wait (it
+    waited a minute whatever was asked); the damage is still reported, the failed record
+    named in a warning with the holder."""
+    ws = simple_built
+    binary = ws.root / "build" / "single" / "htp" / "c_ctx_qnn.bin"
+    data = bytearray(binary.read_bytes())
+    data[100] ^= 0xFF
+    binary.write_bytes(bytes(data))
+    holder = _hold(ws.root / ".epbuild" / "state.lock")
+    try:
+        proc = ws.cli("verify", "--lock-timeout", "0.5")
+    finally:
+        holder.kill()
+        holder.communicate()
+    assert proc.returncode == 1, proc.stderr
+    out = proc.stdout + proc.stderr
+    assert "c_ctx_qnn.bin: content does not match the digest recorded" in out, out
+    assert "could not record the damage" in out and "timed out after 0.5s" in out, out
+    assert f"pid {holder.pid}" in out and "Traceback" not in out, out
