@@ -19,7 +19,7 @@ from conftest import Workspace
 from modelgen import matmul_model
 from test_concurrency import _hold
 
-from epbuild.cache.operations import prune_cache
+from epbuild.cache.operations import prune_cache, verify_cache
 from epbuild.cache.store import Store
 from epbuild.fs import atomic_write_bytes, temp_name
 from epbuild.inspection import verify as verify_module
@@ -150,3 +150,27 @@ def test_verify_honours_lock_timeout_when_recording_damage(simple_built: Workspa
     assert "c_ctx_qnn.bin: content does not match the digest recorded" in out, out
     assert "could not record the damage" in out and "timed out after 0.5s" in out, out
     assert f"pid {holder.pid}" in out and "Traceback" not in out, out
+
+
+def test_cache_verify_beside_a_prune_reports_no_damage(
+    simple_ws: Callable[..., Workspace], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Entries a prune removes after cache verify listed them are gone, not damaged: cache
+    verify reported each as "missing or damaged; discarded" and exited 1."""
+    ws = simple_ws()
+    cache = tmp_path / "cache"
+    assert ws.build(cache=str(cache)).ok
+    get_entry = Store.get_entry
+    pruned: list[str] = []
+
+    def read_then_prune(self: Store, key: str) -> Any:
+        entry = get_entry(self, key)
+        if not pruned:  # another process prunes everything once verify read an entry
+            prune = ws.cli("cache", "prune", "--max-size", "1", "--cache", str(cache), check=True)
+            pruned.append(prune.stdout)
+        return entry
+
+    monkeypatch.setattr(Store, "get_entry", read_then_prune)
+    report = verify_cache(ws.root, cache=str(cache))
+    assert pruned and "removed 2 entr(ies)" in pruned[0], pruned
+    assert report.problems == [], report.problems
