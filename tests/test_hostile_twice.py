@@ -19,7 +19,7 @@ from conftest import Workspace
 from modelgen import matmul_model
 from test_concurrency import _hold
 
-from epbuild.cache.operations import prune_cache, verify_cache
+from epbuild.cache.operations import export_cache, prune_cache, verify_cache
 from epbuild.cache.store import Store
 from epbuild.fs import atomic_write_bytes, temp_name
 from epbuild.inspection import verify as verify_module
@@ -174,3 +174,35 @@ def test_cache_verify_beside_a_prune_reports_no_damage(
     report = verify_cache(ws.root, cache=str(cache))
     assert pruned and "removed 2 entr(ies)" in pruned[0], pruned
     assert report.problems == [], report.problems
+
+
+def test_cache_export_beside_a_prune_lists_what_went_missing(
+    simple_ws: Callable[..., Workspace], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Entries a prune removes after export read them are listed as missing (exit 1), and
+    the archive holds the others whole; the export failed on the first vanished object
+    with a message that blamed the disk."""
+    ws = simple_ws()
+    cache = tmp_path / "cache"
+    assert ws.build(cache=str(cache)).ok
+    get_entry = Store.get_entry
+    pruned: list[str] = []
+
+    def read_then_prune(self: Store, key: str) -> Any:
+        entry = get_entry(self, key)
+        if entry is not None and entry.id == "single/htp/c" and not pruned:
+            # once export read both entries, another process evicts pair/htp's (the larger)
+            size = sum(o.size for o in entry.outputs.values()) + 1
+            args = ("cache", "prune", "--max-size", str(size), "--cache", str(cache))
+            pruned.append(ws.cli(*args, check=True).stdout)
+        return entry
+
+    monkeypatch.setattr(Store, "get_entry", read_then_prune)
+    archive = tmp_path / "ci.tar"
+    report = export_cache(archive, ws.root, cache=str(cache))
+    assert pruned, "the prune did not run"
+    (missing,) = report.missing
+    assert missing.startswith("pair/htp: ") and "removed from the cache" in missing, missing
+    assert report.entries == 1 and archive.is_file()
+    imported = ws.cli("cache", "import", str(archive), "--cache", str(tmp_path / "other"))
+    assert imported.returncode == 0 and "imported 1 entr(ies)" in imported.stdout, imported
