@@ -21,6 +21,7 @@ from test_concurrency import _hold
 
 from epbuild.cache.operations import export_cache, prune_cache, verify_cache
 from epbuild.cache.store import Store
+from epbuild.frontends import lock_cli
 from epbuild.fs import atomic_write_bytes, temp_name
 from epbuild.inspection import verify as verify_module
 from epbuild.state.journal import load_state
@@ -206,3 +207,27 @@ def test_cache_export_beside_a_prune_lists_what_went_missing(
     assert report.entries == 1 and archive.is_file()
     imported = ws.cli("cache", "import", str(archive), "--cache", str(tmp_path / "other"))
     assert imported.returncode == 0 and "imported 1 entr(ies)" in imported.stdout, imported
+
+
+def test_lock_beside_an_edit_of_the_manifest_writes_the_lock_of_the_edited_one(
+    simple_ws: Callable[..., Workspace], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``add`` lands while ``lock`` gathers the environments: the lock written is the edited
+    manifest's (it said "written" and was out of date with the manifest at once)."""
+    ws = simple_ws()
+    gather = lock_cli.gather
+    edits: list[str] = []
+
+    def gather_beside_an_edit(*args: Any, **kw: Any) -> Any:
+        found = gather(*args, **kw)
+        if not edits:
+            edit = ("add", "provider", "v75", "--ep", "qnn", "--option", "htp_arch=75")
+            edits.append(ws.cli(*edit, "--option", "soc_model=57", check=True).stdout)
+        return found
+
+    monkeypatch.setattr(lock_cli, "gather", gather_beside_an_edit)
+    assert ws.main("lock", check=True).returncode == 0
+    assert edits and "added provider v75" in edits[0], edits
+    checked = ws.main("lock", "--check")
+    assert checked.returncode == 0, checked.stderr
+    assert "[providers.v75]" in (ws.root / "epbuild.lock").read_text()
