@@ -24,6 +24,7 @@ from epbuild.cache.store import Store
 from epbuild.frontends import lock_cli
 from epbuild.fs import atomic_write_bytes, temp_name
 from epbuild.inspection import verify as verify_module
+from epbuild.shipping import writer
 from epbuild.state.journal import load_state
 
 
@@ -231,3 +232,28 @@ def test_lock_beside_an_edit_of_the_manifest_writes_the_lock_of_the_edited_one(
     checked = ws.main("lock", "--check")
     assert checked.returncode == 0, checked.stderr
     assert "[providers.v75]" in (ws.root / "epbuild.lock").read_text()
+
+
+def test_package_beside_a_clean_says_the_outputs_went(
+    simple_built: Workspace, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A clean removes the outputs while package links them: package fails naming the
+    output that went and what to do, nothing half-made left (the message blamed
+    permissions and free space)."""
+    ws = simple_built
+    dest = tmp_path / "pkg"
+    try_link = writer._try_link
+    cleaned: list[str] = []
+
+    def clean_then_link(source: str, target: str) -> bool:
+        if not cleaned:
+            cleaned.append(ws.cli("clean", check=True).stdout)
+        return try_link(source, target)
+
+    monkeypatch.setattr(writer, "_try_link", clean_then_link)
+    proc = ws.main("package", "-o", str(dest))
+    assert cleaned and proc.returncode == 1, (proc.stdout, proc.stderr)
+    assert "was removed while it was packaged" in proc.stderr, proc.stderr
+    assert "free space" not in proc.stderr and "Traceback" not in proc.stderr
+    assert not dest.exists()
+    assert not [p for p in tmp_path.iterdir() if ".pkg.epbuild-" in p.name]
