@@ -87,8 +87,52 @@ def digest_file(path: str, needles: Sequence[bytes] = ()) -> FileDigest:
 
 
 def temp_name(path: str) -> str:
-    """A sibling temp path unique to this process and call."""
-    return f"{path}.tmp-{os.getpid()}-{os.urandom(4).hex()}"
+    """A sibling temp path unique to this process and call:
+    ``<path>.tmp-<pid>-<host tag>-<random>`` (see `remove_dead_temps`)."""
+    return f"{path}.tmp-{os.getpid()}-{_host_tag()}-{os.urandom(4).hex()}"
+
+
+_host: list[str] = []
+
+
+def _host_tag() -> str:
+    """Eight hex digits naming this host in temp names: on a filesystem several hosts share,
+    a temp whose writer runs elsewhere is never taken for a dead one's."""
+    if not _host:
+        _host.append(sha256_hex(os.uname().nodename.encode())[:8])
+    return _host[0]
+
+
+def remove_dead_temps(path: str) -> None:
+    """Remove the temp siblings of ``path`` (`temp_name`) whose writers died on this host: a
+    process killed mid-write leaves its temp behind, and nothing else would ever remove it
+    from a user's folder. Temps of live processes, other hosts and other names are kept."""
+    directory, name = os.path.split(path)
+    prefix = f"{name}.tmp-"
+    try:
+        entries = [e for e in os.listdir(directory or ".") if e.startswith(prefix)]
+    except OSError:
+        return
+    for entry in entries:
+        pid, _, rest = entry[len(prefix) :].partition("-")
+        host, _, rand = rest.partition("-")
+        if not pid.isdigit() or host != _host_tag() or len(rand) != 8 or _alive(int(pid)):
+            continue
+        with contextlib.suppress(OSError):  # gone meanwhile, or not a file: left alone
+            os.unlink(os.path.join(directory, entry))
+
+
+def _alive(pid: int) -> bool:
+    """Whether a process with this pid runs on this host (this one included)."""
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True  # another user's
+    return True
 
 
 # -- writing files: the one API ----------------------------------------------------------
@@ -101,17 +145,26 @@ def temp_name(path: str) -> str:
 
 @contextlib.contextmanager
 def atomic_output(
-    path: str, *, mode: int | None = None, durable: bool, within: str | None = None
+    path: str,
+    *,
+    mode: int | None = None,
+    durable: bool,
+    within: str | None = None,
+    leftovers: bool = False,
 ) -> Iterator[str]:
     """Yield a sibling temp path to write; on a clean exit it replaces ``path`` (with
     ``mode``, the file gets it before it appears; a link at ``path`` is replaced, never
     followed). On an error ``path`` is as it was and no temp is left behind; an OS error
     about the temp names ``path``. ``within``: the directory epbuild owns that ``path`` is
-    in (a cache): a link between it and ``path`` raises `LinkedPathError`."""
+    in (a cache): a link between it and ``path`` raises `LinkedPathError`. ``leftovers``:
+    first remove the temps of earlier writers of ``path`` that were killed
+    (`remove_dead_temps`; for a file in a user's folder)."""
     directory = os.path.dirname(path) or "."
     if within is not None:
         refuse_links(within, directory)
     os.makedirs(directory, exist_ok=True)
+    if leftovers:
+        remove_dead_temps(path)
     tmp = temp_name(path)
     try:
         yield tmp
@@ -138,10 +191,11 @@ def atomic_write_bytes(
     mode: int | None = None,
     durable: bool = True,
     within: str | None = None,
+    leftovers: bool = False,
 ) -> None:
     """Write ``data`` to ``path``: all or nothing (see `atomic_output`)."""
     with (
-        atomic_output(path, mode=mode, durable=durable, within=within) as tmp,
+        atomic_output(path, mode=mode, durable=durable, within=within, leftovers=leftovers) as tmp,
         open(tmp, "wb") as f,
     ):
         f.write(data)

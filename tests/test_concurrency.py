@@ -265,14 +265,15 @@ def test_input_rewritten_during_compile_is_not_recorded(workspace: Workspace) ->
         (("clean",), ".epbuild/state.lock"),
         (("add", "model", "m/m0.onnx", "-g", "other"), ".epbuild/locks/manifest.lock"),
         (("init", "--from", "m"), ".epbuild/locks/manifest.lock"),
+        (("lock",), ".epbuild/locks/manifest.lock"),
     ],
-    ids=["clean", "add", "init"],
+    ids=["clean", "add", "init", "lock"],
 )
 def test_every_command_honours_lock_timeout(
     workspace: Workspace, args: tuple[str, ...], lock: str
 ) -> None:
     """``--lock-timeout`` bounds the wait of commands besides build (their locks are taken
-    deep in the library: the state lock of clean, the manifest lock of add and init)."""
+    deep in the library: the state lock of clean, the manifest lock of add, init and lock)."""
     ws, _ = _lock_ws(workspace)
     if args[0] == "init":
         (ws.root / "epbuild.toml").unlink()

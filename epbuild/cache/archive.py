@@ -42,29 +42,44 @@ class ArchiveReport:
 def export_entries(
     store: Store, backend: LocalBackend, entries: list[CacheEntry], path: str
 ) -> ArchiveReport:
-    """Write ``entries`` and their objects (each verified) to an archive at ``path``."""
+    """Write ``entries`` and their objects (each verified) to an archive at ``path``. An
+    entry whose object was removed meanwhile (a concurrent prune) is left out and named in
+    the report's ``problems`` (``ID: why``)."""
     _refuse_destination(path, backend.root)
     report = ArchiveReport()
-    with atomic_output(os.path.abspath(path), durable=False) as tmp:
+    gone: set[str] = set()
+    with atomic_output(os.path.abspath(path), durable=False, leftovers=True) as tmp:
         gz = path.endswith((".gz", ".tgz"))
         with tarfile.open(tmp, "w:gz") if gz else tarfile.open(tmp, "w") as tar:
             digests = sorted({o.digest for e in entries for o in e.outputs.values()})
             for digest in digests:
-                full = backend.file(object_path(digest))  # never through a planted link
-                if digest_file(full).sha256 != digest:
-                    raise UserError(
-                        f"cache object {digest[:12]} in {store.url} is damaged",
-                        hint="run epbuild build to recompile, then export again",
-                    )
-                info = tar.gettarinfo(full, arcname=object_path(digest))
-                info.uid = info.gid = 0
-                info.uname = info.gname = ""
-                info.mode = 0o444
-                with open(full, "rb") as f:
+                try:
+                    full = backend.file(object_path(digest))  # never through a planted link
+                    found = digest_file(full).sha256
+                    info = tar.gettarinfo(full, arcname=object_path(digest))
+                    f = open(full, "rb")  # noqa: SIM115 (closed below)
+                except FileNotFoundError:  # removed meanwhile (a concurrent prune)
+                    gone.add(digest)
+                    continue
+                with f:
+                    if found != digest:
+                        raise UserError(
+                            f"cache object {digest[:12]} in {store.url} is damaged",
+                            hint="run epbuild build to recompile, then export again",
+                        )
+                    info.uid = info.gid = 0
+                    info.uname = info.gname = ""
+                    info.mode = 0o444
                     tar.addfile(info, f)
                 report.objects += 1
                 report.bytes += info.size
             for entry in entries:
+                if any(o.digest in gone for o in entry.outputs.values()):
+                    report.problems.append(
+                        f"{entry.id}: its entry was removed from the cache while it was "
+                        "exported (a prune?); not written"
+                    )
+                    continue
                 raw = entry_bytes(entry)
                 info = tarfile.TarInfo(entry_path(entry.key))
                 info.size = len(raw)

@@ -9,7 +9,7 @@ import os
 from dataclasses import dataclass, field
 
 from epbuild.cache import trust
-from epbuild.cache.layout import object_path
+from epbuild.cache.layout import entry_path, object_path
 from epbuild.cache.local import LocalBackend
 from epbuild.cache.store import CorruptEntryError, Store
 from epbuild.fs import LinkedPathError
@@ -30,7 +30,8 @@ class CacheVerifyReport:
 
 def verify_all(store: Store, backend: LocalBackend) -> CacheVerifyReport:
     """Re-hash every object every entry uses, ignoring recorded stats; discard damaged
-    entries (and their damaged objects) and re-record the stats of intact objects."""
+    entries (and their damaged objects) and re-record the stats of intact objects. An
+    entry removed while it was checked (a concurrent prune) is neither: it is gone."""
     for _ in backend.walk(""):  # first, every link planted anywhere in the cache is met
         pass
     intact: dict[str, bool] = {}
@@ -64,6 +65,9 @@ def verify_all(store: Store, backend: LocalBackend) -> CacheVerifyReport:
                     trust.forget(backend.root, out.digest)
             if not intact[out.digest]:
                 bad.append(name)
+        if bad and not backend.exists(entry_path(key)):
+            entries -= 1  # removed meanwhile (a prune evicts an entry, then its objects)
+            continue
         if bad:
             damaged = tuple(o.digest for n, o in entry.outputs.items() if n in bad)
             store.discard(entry, damaged=damaged)

@@ -173,7 +173,7 @@ def export_cache(
         elif entry not in entries:
             entries.append(entry)
     report = export_entries(c.local, c.local_backend, entries, os.fspath(file))
-    return ExportReport(**asdict(report), missing=missing)
+    return ExportReport(**asdict(report), missing=missing + report.problems)
 
 
 def _recorded_checks(ws: Workspace) -> dict[str, tuple[str, dict[str, object]]]:

@@ -2,8 +2,10 @@
 
 An entry's file time is its last use (written when stored, touched on every restore).
 Entries are kept newest first while the unique bytes of their objects fit; the others are
-removed with the objects only they used. Unreferenced objects and temp files younger than a
-grace period are left alone: a concurrent build may be storing them before writing its entry.
+removed with the objects only they used, but for an object a concurrent build marked used
+since the prune started (it stores an entry naming it). Unreferenced objects and temp files
+younger than a grace period are left alone: a concurrent build may be storing them before
+writing its entry.
 A symbolic link planted in the cache is never followed: prune removes the link itself (never
 what it points at) and names it in a warning.
 """
@@ -14,6 +16,7 @@ import os
 import time
 from dataclasses import dataclass, field
 
+from epbuild.cache.backend import Backend
 from epbuild.cache.layout import (
     ENTRIES,
     IDS,
@@ -92,9 +95,12 @@ def _prune(store: Store, max_size: int, grace: float) -> PruneReport:
             removed += 1
     freed = 0
     for name, f in sizes.items():
-        if name not in kept_digests and (name in evicted or now - max(f.mtime, f.atime) > grace):
-            backend.delete(f.path)
-            freed += f.size
+        if name in kept_digests or not (name in evicted or now - max(f.mtime, f.atime) > grace):
+            continue
+        if _used_since(backend, f.path, now):
+            continue  # a build stored an entry using it after the listing (``mark_used``)
+        backend.delete(f.path)
+        freed += f.size
     if isinstance(backend, LocalBackend):  # verified-stat records of objects that are gone
         for f in backend.walk(VERIFIED):
             if not backend.exists(object_path(f.path.rsplit("/", 1)[-1])):
@@ -106,6 +112,17 @@ def _prune(store: Store, max_size: int, grace: float) -> PruneReport:
     if isinstance(backend, LocalBackend):
         _prune_key_locks(backend, now - grace)
     return PruneReport(removed, kept, freed, total)
+
+
+def _used_since(backend: Backend, path: str, since: float) -> bool:
+    """Whether a local object was marked used (``LocalBackend.mark_used``: a store found it
+    there and is about to write an entry naming it) at ``since`` or later."""
+    if not isinstance(backend, LocalBackend):
+        return False
+    try:
+        return os.lstat(backend.full(path)).st_atime >= since
+    except OSError:
+        return False
 
 
 def _prune_key_locks(backend: LocalBackend, before: float) -> None:

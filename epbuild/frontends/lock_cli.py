@@ -1,14 +1,17 @@
 """``epbuild lock [--check]``: write ``epbuild.lock`` beside the manifest (making missing
-toolchains), or say whether it is out of date with the manifest."""
+toolchains), or say whether it is out of date with the manifest. The lock is written under
+the manifest lock ``add`` holds: it is always the lock of the manifest as it is then."""
 
 from __future__ import annotations
 
 import argparse
 import os
 import sys
+from pathlib import Path
 
 from epbuild.frontends.render import print_json
 from epbuild.fs import atomic_write_bytes
+from epbuild.manifest.edit import manifest_lock
 from epbuild.manifest.load import find_manifest, load_manifest
 from epbuild.planning.lock import gather, outdated
 from epbuild.toolchains.lockfile import lock_path, read_lock
@@ -35,16 +38,30 @@ def run_lock_command(args: argparse.Namespace) -> int:
         return 1 if reasons else 0
     say = (lambda text: print(f"epbuild: {text}", file=sys.stderr)) if not args.json else None
     toolchains = Toolchains(create=True, say=say or (lambda _: None))
-    text = gather(manifest, toolchains).to_toml()
-    try:
-        with open(path, encoding="utf-8") as f:
-            same = f.read() == text
-    except OSError:
-        same = False
-    if not same:
-        atomic_write_bytes(path, text.encode())
+    same = _write(manifest.path, path, toolchains)
     if args.json:
         print_json({"lock": path, "written": not same}, command="lock")
     else:
         print(f"epbuild: {name} {'is unchanged' if same else 'written'}")
     return 0
+
+
+def _write(manifest_path: Path, path: str, toolchains: Toolchains) -> bool:
+    """Write the lock of the manifest at ``manifest_path`` to ``path``; whether it was there
+    already. The environments are read outside the manifest lock (making a toolchain takes
+    minutes); the lock is written under it, for the manifest it was gathered from: one that
+    ``add`` changed meanwhile is gathered again."""
+    while True:
+        before = manifest_path.read_bytes()
+        text = gather(load_manifest(manifest_path), toolchains).to_toml()
+        with manifest_lock(manifest_path, "epbuild lock"):
+            if manifest_path.read_bytes() != before:
+                continue  # edited while the environments were read
+            try:
+                with open(path, encoding="utf-8") as f:
+                    same = f.read() == text
+            except OSError:
+                same = False
+            if not same:
+                atomic_write_bytes(path, text.encode(), leftovers=True)
+            return same

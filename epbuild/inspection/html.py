@@ -308,7 +308,7 @@ def write_html_report(
     details = status_detail(directory, manifest, selectors)
     trace = load_trace(os.path.join(ws.state_dir, TRACE_NAME))
     page = render_html(details, trace, os.path.basename(ws.root), _graph_nodes(ws))
-    atomic_write_bytes(os.fspath(path), page.encode("utf-8"))
+    atomic_write_bytes(os.fspath(path), page.encode("utf-8"), leftovers=True)
     return len(details)
 
 

@@ -212,7 +212,9 @@ def _check_record(
     ws: Workspace, action: GraphAction, result: VerifyResult
 ) -> dict[str, str] | None:
     """Check an action's recorded outputs against their digests into ``result``: the
-    outputs found changed (recorded as damaged), or None when it has no complete record."""
+    outputs found changed (recorded as damaged), or None when it has no complete record.
+    Outputs a build replaced after the journal was read are checked against its new record
+    (``record_damage`` reads the journal again under the lock commits hold)."""
     rec = ws.state.records.get(action.id)
     if rec is None or action.id in ws.state.interrupted:
         damage = ws.state.damaged.get(action.id)
@@ -229,8 +231,12 @@ def _check_record(
             Problem(action.out_dir, f"action {action.id} {what}; run 'epbuild build'")
         )
         return None
-    changed = _check_outputs(ws, {p: (o.size, o.digest) for p, o in rec.outputs.items()}, result)
-    warning = record_damage(ws, action.id, changed, "verify")
+    seen = VerifyResult()
+    changed = _check_outputs(ws, {p: (o.size, o.digest) for p, o in rec.outputs.items()}, seen)
+    warning = record_damage(ws, action.id, changed, "verify")  # reloads the journal
+    if changed and ws.state.records.get(action.id) != rec:
+        return _check_record(ws, action, result)  # rebuilt meanwhile: check the new record
+    result.problems += seen.problems
     if warning is not None:
         result.problems.append(Problem(action.out_dir, warning, severity=Severity.WARNING))
     return changed

@@ -219,7 +219,7 @@ def write_checked(
             hint="run the command again",
         )
     mode = stat.S_IMODE(os.stat(target).st_mode) if before is not None else None
-    atomic_write_bytes(target, text.encode("utf-8"), mode=mode)
+    atomic_write_bytes(target, text.encode("utf-8"), mode=mode, leftovers=True)
     return loaded
 
 

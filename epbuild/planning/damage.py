@@ -11,7 +11,12 @@ import os
 
 from epbuild.errors import EpbuildError
 from epbuild.planning.workspace import Workspace
+from epbuild.state import waiting
 from epbuild.state.journal import Damage
+
+RECORD_WAIT = 60.0
+"""Seconds a check waits at most for the state lock to record damage (less where the
+command's ``--lock-timeout`` says less): the check's verdict does not wait on it."""
 
 
 def record_damage(ws: Workspace, action_id: str, checked: dict[str, str], by: str) -> str | None:
@@ -30,7 +35,9 @@ def record_damage(ws: Workspace, action_id: str, checked: dict[str, str], by: st
     if not checked or not os.path.isdir(ws.state_dir):
         return None
     try:
-        with locks.hold(ws.state_lock, f"epbuild {by} (recording damage)", timeout=60):
+        bound = waiting.policy.timeout
+        wait = RECORD_WAIT if bound is None else min(bound, RECORD_WAIT)
+        with locks.hold(ws.state_lock, f"epbuild {by} (recording damage)", timeout=wait):
             rec = ws.reload_state().records.get(action_id)
             damaged = []
             for rel, digest in sorted(checked.items()):

@@ -300,11 +300,21 @@ def _assemble(new: str, dest: str, wanted: _Wanted, old: dict[str, tuple[int, st
         if _keeps(dest, f, old, source):
             os.link(os.path.join(dest, f.path), target)
             stats.kept.append(f.path)
-        elif _try_link(source, target):
-            stats.linked.append(f.path)
-        else:
-            _copy_checked(source, target, f)
-            stats.copied.append(f.path)
+            continue
+        try:
+            if _try_link(source, target):
+                stats.linked.append(f.path)
+            else:
+                _copy_checked(source, target, f)
+                stats.copied.append(f.path)
+        except FileNotFoundError:
+            if os.path.lexists(source):
+                raise
+            raise VerificationError(
+                f"{f.source} was removed while it was packaged (another epbuild cleaned or "
+                "rebuilt its action meanwhile); the old package is unchanged",
+                hint="run 'epbuild status', build, then package again",
+            ) from None
     for path, data in wanted.generated.items():
         with open(os.path.join(new, path), "wb") as fh:
             fh.write(data)
