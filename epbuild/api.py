@@ -512,6 +512,8 @@ def clean(
     journal = os.path.relpath(ws.journal.path, ws.root).replace(os.sep, "/")
     refuse_planted_links(ws.root, out_dir, state_dir, [journal])  # what it would go by
     with locks.hold(ws.state_lock, "epbuild clean"):
+        if orphaned:  # what the manifest has now: an action added and built meanwhile is no orphan
+            ws = _reopened(ws, directory, manifest)
         state = ws.reload_state()
         clean_one = (
             _clean_orphaned if orphaned else functools.partial(_clean_actions, selectors=selectors)
@@ -519,6 +521,20 @@ def clean(
         removed = clean_one(ws, state)
     _remove_emptied_dirs(ws, removed)
     return removed
+
+
+def _reopened(
+    ws: Workspace, directory: str | os.PathLike[str], manifest: str | os.PathLike[str] | None
+) -> Workspace:
+    """The workspace as its manifest is now, for a command that waited for the state lock
+    ``ws`` names; a manifest that moved the state directory meanwhile is a user error."""
+    now = open_workspace(directory, manifest, (), numerics=True)
+    if now.state_dir != ws.state_dir:
+        raise UserError(
+            "the manifest's state_dir changed while epbuild clean waited for the state lock",
+            hint="run the command again",
+        )
+    return now
 
 
 def _clean_orphaned(ws: Workspace, state: State) -> list[str]:

@@ -19,11 +19,13 @@ from conftest import Workspace
 from modelgen import matmul_model
 from test_concurrency import _hold
 
+from epbuild.api import status
 from epbuild.cache.operations import export_cache, prune_cache, verify_cache
 from epbuild.cache.store import Store
 from epbuild.frontends import lock_cli
 from epbuild.fs import atomic_write_bytes, temp_name
 from epbuild.inspection import verify as verify_module
+from epbuild.planning.workspace import open_workspace
 from epbuild.shipping import writer
 from epbuild.state.journal import load_state
 
@@ -257,3 +259,40 @@ def test_package_beside_a_clean_says_the_outputs_went(
     assert "free space" not in proc.stderr and "Traceback" not in proc.stderr
     assert not dest.exists()
     assert not [p for p in tmp_path.iterdir() if ".pkg.epbuild-" in p.name]
+
+
+def test_clean_orphaned_goes_by_the_manifest_as_it_is_once_it_holds_the_state_lock(
+    simple_built: Workspace,
+) -> None:
+    """``clean --orphaned`` read a manifest without ``single``, then waited for the state
+    lock while ``single`` came back and was built: the action is no orphan any more, and its
+    outputs stay."""
+    ws = simple_built
+    manifest = ws.root / "epbuild.toml"
+    full = manifest.read_text()
+    lock = Path(open_workspace(ws.root).state_lock)
+    kept = ws.root / "build" / "single" / "htp"
+    assert any(kept.iterdir())
+    holder = _hold(lock)
+    err_path = ws.root.parent / "clean.err"
+    try:
+        manifest.write_text(full.split("[groups.single]")[0])  # single removed
+        with open(err_path, "w+") as err:
+            clean = subprocess.Popen(
+                [sys.executable, "-m", "epbuild", "-C", str(ws.root), "clean", "--orphaned"],
+                stdout=subprocess.DEVNULL,
+                stderr=err,
+            )
+            waits.wait_for(
+                lambda: "waiting for" in err_path.read_text(),
+                "clean --orphaned to wait for the state lock",
+                proc=clean,
+                output=err_path.read_text,
+            )
+            manifest.write_text(full)  # single back (as an add would put it)
+    finally:
+        waits.communicate(holder, "the holder to release the state lock")
+    waits.communicate(clean, "clean --orphaned to finish")
+    assert clean.returncode == 0, err_path.read_text()
+    assert any(kept.iterdir()), "clean --orphaned removed the outputs of an action it has"
+    assert not any(a.stale for a in status(ws.root).actions)
