@@ -197,6 +197,6 @@ def _timed_out(lock_path: str, what: str, timeout: float | None) -> LockTimeoutE
     return LockTimeoutError(
         f"timed out after {timeout or 0:g}s waiting for the lock held by "
         f"{owner.get('what', what)} (pid {owner.get('pid', '?')})",
-        hint="wait for that build to finish, or raise --lock-timeout "
+        hint="wait for it to finish, or raise --lock-timeout "
         f"(see {page_url('troubleshooting.md', 'lock-waits')})",
     )
