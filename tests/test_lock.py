@@ -99,6 +99,24 @@ def test_locked_refuses_a_drifted_default_environment(workspace: Workspace) -> N
     assert doc["summary"]["compiled"] == 1, doc
 
 
+def test_locked_names_the_lock_as_the_docs_show_it(workspace: Workspace) -> None:
+    """The refusal names ``epbuild.lock`` (beside the manifest), not this machine's path to
+    it, and lists each difference on a line of its own (docs/guides/vendors.md)."""
+    ws = _ws(workspace)
+    path = _lock(ws)
+    installed = Lock.from_toml(path.read_text()).providers["htp73"].versions["onnxruntime-qnn"]
+    path.write_text(
+        path.read_text().replace(f'onnxruntime-qnn = "{installed}"', 'onnxruntime-qnn = "2.6.0"')
+    )
+    proc = ws.main("build", "--locked")
+    assert proc.returncode == 2, proc.stderr
+    said = (
+        "epbuild: error: --locked: the environment differs from epbuild.lock:\n"
+        f"    provider htp73: onnxruntime-qnn 2.6.0 (lock) ≠ {installed} (installed)\n"
+    )
+    assert said in proc.stderr and str(ws.root) not in proc.stderr, proc.stderr
+
+
 def test_locked_refuses_a_drifted_toolchain(workspace: Workspace, private_toolchains: Path) -> None:
     ws = _ws(workspace, toolchain=True)
     path = _lock(ws)

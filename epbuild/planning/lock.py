@@ -202,11 +202,12 @@ def outdated(lock: Lock, manifest: Manifest) -> list[str]:
 
 
 def check_current(lock: Lock, manifest: Manifest, path: str) -> None:
-    """Raise ``LockError`` when the lock is out of date with the manifest."""
+    """Raise ``LockError`` when the lock is out of date with the manifest (named by its file
+    name: it is always beside the manifest)."""
     reasons = outdated(lock, manifest)
     if reasons:
         raise LockError(
-            f"{path} is out of date with the manifest: " + "; ".join(reasons),
+            f"{os.path.basename(path)} is out of date with the manifest: " + "; ".join(reasons),
             hint="run epbuild lock to write it again, and commit it",
         )
 
@@ -265,7 +266,8 @@ def enforce(
     lines = drift(lock, manifest, toolchains, providers)
     if lines:
         raise LockError(
-            f"--locked: the environment differs from {path}:\n    " + "\n    ".join(lines),
+            f"--locked: the environment differs from {os.path.basename(path)}:\n    "
+            + "\n    ".join(lines),
             hint="install the locked versions (or run epbuild lock to accept these, and commit "
             "the lock)",
         )
