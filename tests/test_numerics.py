@@ -378,6 +378,22 @@ def test_a_fresh_checkout_restores_the_check_from_the_cache(
 
 
 @pytest.mark.slow
+def test_a_check_the_cache_lacks_is_not_missing_from_an_export(
+    workspace: Workspace, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Seeding a new cache from a built workspace stores its compiles; the checks verify
+    ran are exported where a cache holds them, never listed as missing (exit 0)."""
+    from epbuild.cache.operations import export_cache
+
+    monkeypatch.setenv("EPBUILD_CACHE", str(tmp_path / "first"))
+    ws = _one_model(workspace)
+    assert by_model(verify_outputs(ws.root, numerics=True))["c_ctx.onnx"].status is CheckStatus.OK
+    ws.cli("build", "--cache", str(tmp_path / "second"), check=True)
+    report = export_cache(tmp_path / "all.tar", ws.root, cache=str(tmp_path / "second"))
+    assert report.missing == [] and report.entries == 1
+
+
+@pytest.mark.slow
 def test_two_numerics_checks_at_once_run_the_check_once(workspace: Workspace) -> None:
     from concurrent.futures import ThreadPoolExecutor
 
