@@ -5,11 +5,18 @@ module of the package is in a band."""
 from __future__ import annotations
 
 import ast
+import functools
 import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "epbuild"
+
+
+@functools.cache
+def parsed(path: Path) -> ast.Module:
+    """A module's syntax tree, read once for all the rules here (the trees are not changed)."""
+    return ast.parse(path.read_text(), str(path))
 
 
 def bands() -> list[list[str]]:
@@ -52,7 +59,7 @@ def module_file(module: str) -> str:
 def imports(path: Path) -> list[tuple[int, str]]:
     """(line, module) of every import of an epbuild module in ``path``."""
     found = []
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+    for node in ast.walk(parsed(path)):
         if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
             if node.module == "epbuild":
                 found += [(node.lineno, f"epbuild.{a.name}") for a in node.names]
@@ -107,7 +114,7 @@ def test_no_adapter_member_is_looked_up_by_name() -> None:
     members |= set(BaseProvider.__annotations__)
     found = []
     for path in sorted(PACKAGE.rglob("*.py")):
-        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        for node in ast.walk(parsed(path)):
             if (
                 isinstance(node, ast.Call)
                 and isinstance(node.func, ast.Name)
@@ -130,7 +137,7 @@ def own_imports(path: Path, module: str) -> list[tuple[int, str, bool]]:
     """(line, imported module, inside a function) of each import of an epbuild module in
     ``path`` (the module ``module``), those under ``if TYPE_CHECKING:`` left out: they never
     run. ``from epbuild.a import b`` names ``epbuild.a.b`` where that is a module."""
-    tree = ast.parse(path.read_text(), str(path))
+    tree = parsed(path)
     hidden = {
         id(n)
         for top in ast.walk(tree)
