@@ -1,0 +1,59 @@
+"""Odd but valid models, and files that only pass for models, from real exporters
+(``tests/corpus``) through the whole flow: each user mistake is one message naming the
+file and what to do (never a traceback), and what builds verifies and packages.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import onnx
+import pytest
+from conftest import HTP73, Workspace
+
+CORPUS = Path(__file__).parent / "corpus"
+
+
+def _external_cnn(ws: Workspace, rel: str, location: str) -> Path:
+    """The corpus CNN at ``rel`` with every tensor in the external-data file ``location``."""
+    path = ws.root / rel
+    path.parent.mkdir(parents=True, exist_ok=True)
+    model = onnx.load(CORPUS / "cnn_torchscript.onnx")
+    onnx.save(model, path, save_as_external_data=True, all_tensors_to_one_file=True,
+              location=location, size_threshold=0)  # fmt: skip
+    return path
+
+
+def _group(ws: Workspace, *models: str, **group: object) -> None:
+    groups = {"g": {"models": list(models), "providers": ["htp"], **group}}
+    ws.manifest({"providers": {"htp": HTP73}, "groups": groups})
+
+
+@pytest.mark.parametrize("kind", ["folder", "fifo"])
+def test_external_data_that_is_no_regular_file_is_named_as_such(
+    workspace: Workspace, kind: str
+) -> None:
+    # both passed for a missing file; a folder whose references are parsed afresh, for one
+    # truncated to its size (4096 bytes)
+    _external_cnn(workspace, "models/cnn.onnx", "cnn.data")
+    _group(workspace, "models/cnn.onnx")
+    workspace.main("build", check=True)
+    data = workspace.root / "models" / "cnn.data"
+    data.unlink()
+    if kind == "folder":
+        data.mkdir()
+    else:
+        os.mkfifo(data)
+    what = "a folder" if kind == "folder" else "a FIFO (named pipe)"
+    for command in ("status", "build"):
+        proc = workspace.main(command)
+        out = proc.stdout + proc.stderr
+        assert "external data file 'models/cnn.data'" in out, out
+        assert f"is {what}, not a regular file" in out, out
+        assert "truncated" not in out and "missing" not in out, out
+        assert "Traceback" not in out
+    shutil.rmtree(workspace.root / ".epbuild")  # a fresh stat cache: the references parsed now
+    proc = workspace.main("build")
+    assert proc.returncode == 1 and f"is {what}, not a regular file" in proc.stderr, proc.stderr
