@@ -19,7 +19,7 @@ CORPUS = Path(__file__).parent / "corpus"
 def _external_cnn(ws: Workspace, rel: str, location: str) -> Path:
     """The corpus CNN at ``rel`` with every tensor in the external-data file ``location``."""
     path = ws.root / rel
-    path.parent.mkdir(parents=True, exist_ok=True)
+    (path.parent / location).parent.mkdir(parents=True, exist_ok=True)
     model = onnx.load(CORPUS / "cnn_torchscript.onnx")
     onnx.save(model, path, save_as_external_data=True, all_tensors_to_one_file=True,
               location=location, size_threshold=0)  # fmt: skip
@@ -57,3 +57,21 @@ def test_external_data_that_is_no_regular_file_is_named_as_such(
     shutil.rmtree(workspace.root / ".epbuild")  # a fresh stat cache: the references parsed now
     proc = workspace.main("build")
     assert proc.returncode == 1 and f"is {what}, not a regular file" in proc.stderr, proc.stderr
+
+
+def test_verify_load_names_a_source_that_no_longer_loads(workspace: Workspace) -> None:
+    # external data in a subfolder builds, verifies and loads; moved away after the build,
+    # the ctx model is whole (verify) but its source does not load (ORT's message said
+    # "FAIL: External data path validation failed" as if of the ctx model)
+    _external_cnn(workspace, "models/cnn.onnx", "w/cnn.data")
+    _group(workspace, "models/cnn.onnx")
+    workspace.main("build", check=True)
+    assert workspace.cli("verify", "--load").returncode == 0
+    (workspace.root / "models" / "w").rename(workspace.root / "models" / "w2")
+    assert "external data file 'models/w/cnn.data'" in workspace.main("status").stdout
+    proc = workspace.cli("verify", "--load")
+    assert proc.returncode == 1
+    out = proc.stdout + proc.stderr
+    assert "its source model models/cnn.onnx does not load on the CPU EP" in out, out
+    assert "'epbuild status' says what changed" in out
+    assert "Traceback" not in out
