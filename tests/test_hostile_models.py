@@ -75,3 +75,25 @@ def test_verify_load_names_a_source_that_no_longer_loads(workspace: Workspace) -
     assert "its source model models/cnn.onnx does not load on the CPU EP" in out, out
     assert "'epbuild status' says what changed" in out
     assert "Traceback" not in out
+
+
+@pytest.mark.slow  # the transformers optimizer, a split compile and a load (a few seconds)
+def test_contrib_ops_an_optimizer_wrote_are_not_sent_to_another_level(workspace: Workspace) -> None:
+    # ORT's transformers optimizer fuses the exported BERT into com.microsoft ops the QNN
+    # EP does not take; the split warning said 'try graph_optimization_level = "auto"',
+    # which compiles four times and leaves the same split
+    from onnxruntime.transformers.optimizer import optimize_model
+
+    bert = optimize_model(str(CORPUS / "bert_torchscript.onnx"), model_type="bert",
+                          num_heads=2, hidden_size=32, opt_level=0)  # fmt: skip
+    (workspace.root / "models").mkdir(parents=True)
+    bert.save_model_to_file(str(workspace.root / "models" / "bert.onnx"))
+    _group(workspace, "models/bert.onnx", free_dimensions={"batch": 1, "sequence_length": 8})
+    (action,) = workspace.build().actions
+    (warning,) = action.warnings
+    assert "on the CPU EP: com.microsoft::Attention x2" in warning, warning
+    assert "those com.microsoft ops are in the model itself" in warning, warning
+    assert '"auto"' not in warning
+    assert workspace.main("status").stdout.startswith("up to date")
+    proc = workspace.cli("verify", "--load")
+    assert proc.returncode == 0 and "1 loaded and matched the CPU EP" in proc.stdout, proc.stdout
