@@ -9,9 +9,11 @@ import os
 import shutil
 from pathlib import Path
 
+import numpy as np
 import onnx
 import pytest
 from conftest import HTP73, Workspace
+from onnx import TensorProto, numpy_helper
 
 CORPUS = Path(__file__).parent / "corpus"
 
@@ -23,6 +25,43 @@ def _external_cnn(ws: Workspace, rel: str, location: str) -> Path:
     model = onnx.load(CORPUS / "cnn_torchscript.onnx")
     onnx.save(model, path, save_as_external_data=True, all_tensors_to_one_file=True,
               location=location, size_threshold=0)  # fmt: skip
+    return path
+
+
+def _float16_cnn(ws: Workspace, rel: str, opset: int | None = None) -> Path:
+    """The corpus CNN with float16 weights, inputs and outputs (as a float16 conversion
+    writes it), at its own opset or converted to ``opset``."""
+    model = onnx.load(CORPUS / "cnn_torchscript.onnx")
+    for init in model.graph.initializer:
+        if init.data_type == TensorProto.FLOAT:
+            half = numpy_helper.to_array(init).astype(np.float16)
+            init.CopyFrom(numpy_helper.from_array(half, init.name))
+    graph = model.graph
+    for value in (*graph.input, *graph.output, *graph.value_info):
+        if value.type.tensor_type.elem_type == TensorProto.FLOAT:
+            value.type.tensor_type.elem_type = TensorProto.FLOAT16
+    if opset is not None:
+        model = onnx.version_converter.convert_version(model, opset)
+    path = ws.root / rel
+    path.parent.mkdir(parents=True, exist_ok=True)
+    onnx.save(model, path)
+    return path
+
+
+def _samples(ws: Workspace, folder: str, dtype: type, count: int = 3) -> None:
+    """``count`` random ``.npy`` samples of the CNN's input ``[1, 3, 32, 32]``."""
+    (ws.root / folder).mkdir(parents=True)
+    for i in range(count):
+        sample = np.random.default_rng(i).standard_normal((1, 3, 32, 32)).astype(dtype)
+        np.save(ws.root / folder / f"s{i}.npy", sample)
+
+
+def _quantized(ws: Workspace) -> Path:
+    """A manifest quantizing ``models/cnn.onnx`` (8-bit) on the samples in ``calib``."""
+    _group(ws, "models/cnn.onnx", quantize="q")
+    path = ws.root / "epbuild.toml"
+    with path.open("a") as f:
+        f.write('\n[quantization.q]\ncalibration = "calib/*.npy"\n')
     return path
 
 
@@ -97,3 +136,34 @@ def test_contrib_ops_an_optimizer_wrote_are_not_sent_to_another_level(workspace:
     assert workspace.main("status").stdout.startswith("up to date")
     proc = workspace.cli("verify", "--load")
     assert proc.returncode == 0 and "1 loaded and matched the CPU EP" in proc.stdout, proc.stdout
+
+
+def test_a_float16_model_the_quantizer_would_make_invalid_is_refused(workspace: Workspace) -> None:
+    # 8-bit types keep the graph's opset (17) and ORT's quantizer gave the QDQ model
+    # float16 scales, which DequantizeLinear takes from opset 19: the compile failed with
+    # ONNX Runtime's type error about build/.../quantized/cnn.onnx (exit 1)
+    _float16_cnn(workspace, "models/cnn.onnx")
+    _samples(workspace, "calib", np.float16)
+    manifest = _quantized(workspace)
+    before = manifest.read_bytes()
+    proc = workspace.main("build")
+    assert proc.returncode == 2, proc.stderr
+    assert "models/cnn.onnx (quantization.q): a float16 model at opset 17" in proc.stderr
+    assert "convert_version(model, 21)" in proc.stderr and "Traceback" not in proc.stderr
+    assert not list((workspace.root / "build").rglob("*.onnx"))
+    assert manifest.read_bytes() == before
+    assert "g/htp/cnn" in workspace.main("status").stdout
+
+
+@pytest.mark.slow  # calibrate, quantize, compile and verify --numerics (a loader process)
+def test_a_float16_model_at_opset_21_quantizes_and_checks(workspace: Workspace) -> None:
+    # the refusal's own advice works; verify --numerics failed on it ("Type (tensor(float))
+    # of output arg ... does not match expected type (tensor(float16))"): its per-layer
+    # check typed every DequantizeLinear output float
+    _float16_cnn(workspace, "models/cnn.onnx", opset=21)
+    _samples(workspace, "calib", np.float16)
+    _quantized(workspace)
+    workspace.main("build", check=True)
+    proc = workspace.cli("verify", "--load", "--numerics")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "numerics: ok" in proc.stdout, proc.stdout
