@@ -167,3 +167,24 @@ def test_a_float16_model_at_opset_21_quantizes_and_checks(workspace: Workspace) 
     proc = workspace.cli("verify", "--load", "--numerics")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "numerics: ok" in proc.stdout, proc.stdout
+
+
+def test_the_free_dimensions_hint_is_valid_toml_for_any_dimension_name(
+    workspace: Workspace,
+) -> None:
+    # an exporter's dimension named 'batch size': the hint said free_dimensions =
+    # { batch size = ... }, which is no TOML; pasted as given (quoted), it builds
+    model = onnx.load(CORPUS / "cnn_torchscript.onnx")
+    model.graph.input[0].type.tensor_type.shape.dim[0].dim_param = "batch size"
+    (workspace.root / "models").mkdir(parents=True)
+    onnx.save(model, workspace.root / "models" / "cnn.onnx")
+    _group(workspace, "models/cnn.onnx")
+    proc = workspace.main("build")
+    assert proc.returncode == 1 and "symbolic dimension 'batch size'" in proc.stderr
+    assert 'set groups.g.free_dimensions."batch size": ' in proc.stderr, proc.stderr
+    table = proc.stderr.split("free_dimensions = ", 1)[1].split(" in [groups.g]")[0]
+    assert table == '{ "batch size" = ... }', table
+    with (workspace.root / "epbuild.toml").open("a") as f:
+        f.write("free_dimensions = " + table.replace("...", "1") + "\n")
+    workspace.main("build", check=True)
+    assert workspace.main("status").stdout.startswith("up to date  g/htp/cnn")
