@@ -486,6 +486,7 @@ def _checked_ctx(
         "source_nodes": src.node_count,
         "cpu_nodes": sum(cpu_ops.values()),
         "cpu_op_types": cpu_ops,
+        "cpu_ops_in_source": sorted(op for op in cpu_ops if "::" in op and op in src.op_types),
         "node_names": [n.name for n in info.context_nodes],
         "compatibility": compatibility_entry(info.metadata, adapter, config)[1],
     }

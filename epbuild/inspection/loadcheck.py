@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from epbuild._dataclass import replace
-from epbuild.errors import EpbuildError, ProviderUnavailableError
+from epbuild.errors import EpbuildError, ModelError, ProviderUnavailableError
 from epbuild.executors.worker import compiled_with
 from epbuild.fs import os_error_text
 from epbuild.providers.contract import ProviderConfig
@@ -162,7 +162,14 @@ def reference(ort: Any, job: dict[str, Any]) -> tuple[Any, list[str]]:
     so = ort.SessionOptions()
     for dim, value in job.get("free_dimensions", {}).items():
         so.add_free_dimension_override_by_name(dim, value)
-    cpu = ort.InferenceSession(job["source"], so, providers=["CPUExecutionProvider"])
+    try:
+        cpu = ort.InferenceSession(job["source"], so, providers=["CPUExecutionProvider"])
+    except Exception as exc:  # ORT's own types: a source changed since the build, most often
+        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise ModelError(
+            f"its source model {job['source']} does not load on the CPU EP ({first}); "
+            "'epbuild status' says what changed since the build"
+        ) from exc
     return cpu, [o.name for o in cpu.get_outputs()]
 
 
@@ -228,9 +235,9 @@ def check(job: dict[str, Any]) -> dict[str, Any]:
 
     config = ProviderConfig.from_json(job["provider"])
     config = replace(config, session_options={**config.session_options, **NO_COMPILE})
-    cpu, names = reference(ort, job)
-    figures = Figures(names)
     try:
+        cpu, names = reference(ort, job)
+        figures = Figures(names)
         with open_models([job["ctx"]], config) as built:
             for feed in samples(cpu, job):
                 want = cpu.run(None, feed)
@@ -271,12 +278,14 @@ def answer(
 ) -> None:
     """A loader subprocess's entry point: one JSON job on stdin, ``check``'s result as one
     JSON line on stdout. An exception is a failure: its type and first line, or (``plain``
-    exceptions) its text alone."""
+    exceptions, epbuild's own) its text alone."""
     job = json.loads(sys.stdin.read())
     try:
         result = check(job)
     except plain as exc:
         result = {"outcome": "failed", "message": f"{exc}"}
+    except EpbuildError as exc:  # says what it is (a source model that does not load)
+        result = {"outcome": "failed", "message": exc.message}
     except OSError as exc:  # a file gone or unreadable: named from the workspace (the cwd)
         result = {"outcome": "failed", "message": os_error_text(exc, os.getcwd())}
     except Exception as exc:

@@ -188,21 +188,23 @@ class LayerErrors(LayerSums):
 
 
 def _typed(qdq_model: str, path: str) -> str:
-    """The QDQ model with a float type on each DequantizeLinear output: ONNX's shape
-    inference does not know the com.microsoft Q/DQ ops that 16-bit types use, and
-    ``qdq_loss_debug`` saves only tensors whose type it knows."""
+    """The QDQ model with a float type on each DequantizeLinear output (its scale's: a
+    float16 model's are float16): ONNX's shape inference does not know the com.microsoft
+    Q/DQ ops that 16-bit types use, and ``qdq_loss_debug`` saves only tensors whose type it
+    knows."""
     import onnx
     from onnx import TensorProto, helper
 
     model = onnx.load(qdq_model, load_external_data=False)
     known = {v.name for v in (*model.graph.value_info, *model.graph.output)}
+    scales = {t.name: t.data_type for t in model.graph.initializer}
     for node in model.graph.node:
         if node.op_type == "DequantizeLinear":
+            scale = node.input[1] if len(node.input) > 1 else ""
+            elem = scales.get(scale, TensorProto.FLOAT)
             for out in node.output:
                 if out not in known:
-                    model.graph.value_info.append(
-                        helper.make_tensor_value_info(out, TensorProto.FLOAT, None)
-                    )
+                    model.graph.value_info.append(helper.make_tensor_value_info(out, elem, None))
     stage_model(model, qdq_model, path)  # its weights copied beside it
     return path
 

@@ -20,6 +20,7 @@ from epbuild._dataclass import dataclass, field
 from epbuild._names import model_label
 from epbuild.errors import ModelError
 from epbuild.manifest.model import Group, ModelEntry
+from epbuild.manifest.tomledit import render_key
 from epbuild.onnx.proto import Dim, GraphInput, ProtoError, read_model
 from epbuild.planning.actions import CompileAction
 from epbuild.providers import get_provider
@@ -96,10 +97,11 @@ def _require_static(
 
 
 def _where_to_set(group: Group, entry: ModelEntry, names: list[str]) -> str:
-    """The manifest keys that would fix the dimensions ``names``."""
-    values = ", ".join(f"{n} = ..." for n in names)
+    """The manifest keys that would fix the dimensions ``names`` (quoted where a name is
+    no bare TOML key: an exporter's ``batch size``, ``2*s0``)."""
+    values = ", ".join(f"{render_key(n)} = ..." for n in names)
     base = f"groups.{group.name}"
-    first = names[0]
+    first = render_key(names[0])
     if entry.index is not None:
         return (
             f"set {base}.{entry.key}.free_dimensions.{first} (this model), or "

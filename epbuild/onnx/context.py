@@ -393,14 +393,23 @@ def report_problems(
 
 def split_warning(report: dict[str, Any]) -> str | None:
     """A warning when the EP split a model's graph: more than one EPContext node, with the
-    nodes ONNX Runtime left on the CPU EP (between or around them) named by op type."""
+    nodes ONNX Runtime left on the CPU EP (between or around them) named by op type, and
+    what to try (another level, unless they are contrib ops the source model holds)."""
     contexts = report.get("context_nodes", 0)
     if not isinstance(contexts, int) or contexts < 2:
         return None
     ops = report.get("cpu_op_types") or {}
     cpu = ", ".join(f"{op} x{n}" for op, n in sorted(ops.items())) or "none"
     level = report.get("optimization_level")
-    if level is None:
+    own = report.get("cpu_ops_in_source") or []
+    if ops and set(ops) <= set(own):  # an optimizer's contrib ops: no level undoes them
+        domains = ", ".join(sorted({op.split("::")[0] for op in own}))
+        advice = (
+            f"those {domains} ops are in the model itself (as ONNX Runtime's transformers "
+            "optimizer writes them), and no graph_optimization_level undoes them: compile "
+            "the model from before that optimizer, or rewrite those ops"
+        )
+    elif level is None:
         advice = 'try graph_optimization_level = "auto", or rewrite those ops'
     else:
         advice = f'"auto" kept level {level} (no level left fewer); rewrite those ops'

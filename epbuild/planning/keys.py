@@ -19,6 +19,7 @@ from epbuild._names import model_label, model_stem
 from epbuild.errors import ModelError, ToolchainError, UserError
 from epbuild.fs import is_safe_reference
 from epbuild.manifest.model import SESSION_SETTINGS
+from epbuild.manifest.quantization import special_kind
 from epbuild.providers import get_provider, library
 from epbuild.providers.contract import Provider, ProviderConfig
 from epbuild.providers.distributions import (
@@ -35,6 +36,18 @@ FORMAT_VERSION = "1"
 """epbuild's output-format version of a compile (its key's ``format``): bump it when the same
 inputs give different outputs."""
 T = TypeVar("T")
+
+
+def _refuse_special(model: str, rel: str, full: str, tensor: str | None = None) -> None:
+    """A ``ModelError`` where the external-data file ``rel`` of ``model`` is a folder, a
+    FIFO or a device (its size would pass for a truncated file; a FIFO's read never ends)."""
+    kind = special_kind(full)
+    if kind is not None:
+        of = f" (tensor {tensor!r})" if tensor is not None else ""
+        raise ModelError(
+            f"{model}: external data file {rel!r}{of} is {kind}, not a regular file",
+            hint="put the model's external-data file there, as its 'location' says",
+        )
 
 
 @dataclass(frozen=True)
@@ -134,6 +147,7 @@ class KeyComputer:
             try:
                 external[ref] = self.stats.digest(self.root, ref).digest
             except OSError as exc:
+                _refuse_special(model, ref, os.path.join(self.root, ref))
                 raise ModelError(
                     f"{model}: external data file {ref!r} is missing{where}",
                     hint="keep external-data files next to the model, as its 'location' says"
@@ -202,6 +216,7 @@ class KeyComputer:
                         if folder
                         else None,
                     ) from exc
+                _refuse_special(model, rel, os.path.join(self.root, rel), ref.tensor)
                 refs.append(rel)
             end = (ref.offset or 0) + (ref.length or 0)
             if end > sizes[rel]:

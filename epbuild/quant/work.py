@@ -333,6 +333,7 @@ def quantize(job: Job, root: str) -> dict[str, Any]:
         model = onnx.load(committed, load_external_data=False)
     except Exception as exc:  # protobuf's DecodeError
         raise ModelError(f"{args['calibrated']}: cannot be read as an ONNX model ({exc})") from exc
+    _check_float16(model, label, args)
     names = (list(args["exclude"]), dict(args["overrides"]))
     try:
         _check_names(model, label, *names)
@@ -358,6 +359,43 @@ def quantize(job: Job, root: str) -> dict[str, Any]:
         "detail": {"qdq_nodes": _count_qdq(output)},
         "versions": versions(),
     }
+
+
+FLOAT16_QDQ_OPSET = 19
+"""The first ai.onnx opset whose QuantizeLinear/DequantizeLinear take float16 scales."""
+_OPSET21_TYPES = ("uint16", "int16", "uint4", "int4")
+"""Types for which ONNX Runtime's quantizer raises a graph's opset to 21."""
+
+
+def _check_float16(model: onnx.ModelProto, label: str, args: Mapping[str, Any]) -> None:
+    """Refuse a float16 model the quantizer would make invalid: its scales are float16, and
+    below opset 19 (which the quantizer leaves as it is for 8-bit types) no
+    DequantizeLinear takes them; the compile failed on the QDQ model with ONNX Runtime's
+    type error, naming no source."""
+    import onnx
+
+    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
+    types = {
+        str(args["activations"]),
+        str(args["weights"]),
+        *map(str, dict(args["overrides"]).values()),
+    }
+    if opset >= FLOAT16_QDQ_OPSET or types & set(_OPSET21_TYPES):
+        return
+    half = onnx.TensorProto.FLOAT16
+    graph = model.graph
+    values = (*graph.input, *graph.output, *graph.value_info)
+    if not any(t.data_type == half for t in graph.initializer) and not any(
+        v.type.tensor_type.elem_type == half for v in values
+    ):
+        return
+    raise ModelError(
+        f"{label}: a float16 model at opset {opset}: ONNX Runtime's quantizer gives it float16 "
+        f"scales, which QuantizeLinear/DequantizeLinear take from opset {FLOAT16_QDQ_OPSET}",
+        hint="quantize the float32 model, or convert this one to opset 21 first "
+        "(onnx.version_converter.convert_version(model, 21)); 16-bit activations work too "
+        "(the quantizer then raises the opset to 21)",
+    )
 
 
 def stage_model(model: onnx.ModelProto, source: str, path: str) -> None:
