@@ -188,3 +188,21 @@ def test_the_free_dimensions_hint_is_valid_toml_for_any_dimension_name(
         f.write("free_dimensions = " + table.replace("...", "1") + "\n")
     workspace.main("build", check=True)
     assert workspace.main("status").stdout.startswith("up to date  g/htp/cnn")
+
+
+def test_external_data_located_in_the_model_file_itself_is_refused(workspace: Workspace) -> None:
+    # ONNX Runtime read the protobuf's own bytes as the weights: a build "succeeded"
+    path = _external_cnn(workspace, "models/cnn.onnx", "cnn.data")
+    model = onnx.load(path, load_external_data=False)
+    for init in model.graph.initializer:
+        for entry in init.external_data:
+            if entry.key == "location":
+                entry.value = "cnn.onnx"
+    onnx.save(model, path)
+    _group(workspace, "models/cnn.onnx")
+    for command in ("status", "build"):
+        proc = workspace.main(command)
+        out = proc.stdout + proc.stderr
+        assert "has its external data 'location' in the model file itself" in out, out
+        assert "Traceback" not in out
+    assert not (workspace.root / "build" / "g").exists()

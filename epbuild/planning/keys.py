@@ -206,6 +206,13 @@ class KeyComputer:
                     hint="external data must be a relative path without '..' next to the model",
                 )
             rel = posixpath.normpath(posixpath.join(base, ref.location))
+            if rel == model:  # ONNX Runtime would read the protobuf's own bytes as weights
+                raise ModelError(
+                    f"{model}: tensor {ref.tensor!r} has its external data 'location' in the "
+                    "model file itself",
+                    hint="save the model again with its weights in a file of their own "
+                    "(onnx.save(model, path, save_as_external_data=True, location='NAME.data'))",
+                )
             if rel not in sizes:
                 try:
                     sizes[rel] = os.stat(os.path.join(self.root, rel)).st_size
