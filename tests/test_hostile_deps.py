@@ -53,6 +53,51 @@ def test_a_plugin_library_relative_to_the_manifest_is_loaded(workspace: Workspac
     assert (ws.root / "build/g/p/c_ctx.onnx").is_file()
 
 
+# ---------------------------------------------------------------- onnxruntime-genai
+
+SHADOWS = {
+    # a wheel that fails to import (a library it needs is missing)
+    "broken": (
+        "onnxruntime_genai/__init__.py",
+        "raise ImportError('libonnxruntime-genai.so: "
+        "cannot open shared object file: No such file or directory')\n",
+    ),
+    # not installed at all (find_spec sees nothing, an import fails)
+    "missing": ("sitecustomize.py", "import sys\nsys.modules['onnxruntime_genai'] = None\n"),
+}
+
+
+@pytest.mark.parametrize(
+    ("shadow", "needle"),
+    [
+        (
+            "broken",
+            "onnxruntime-genai is installed but does not import: ImportError: "
+            "libonnxruntime-genai.so",
+        ),
+        ("missing", "verify --generate needs onnxruntime-genai"),
+    ],
+)
+def test_verify_generate_without_a_usable_genai_is_a_user_error(
+    llm_built: Workspace,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    shadow: str,
+    needle: str,
+) -> None:
+    """Not "0 problems" and exit 0 with the check marked not checkable: the check asked
+    for cannot run here, which is said once, exit 2."""
+    rel, text = SHADOWS[shadow]
+    (tmp_path / "shadow" / rel).parent.mkdir(parents=True, exist_ok=True)
+    (tmp_path / "shadow" / rel).write_text(text)
+    path = os.pathsep.join([str(tmp_path / "shadow"), os.environ.get("PYTHONPATH", "")])
+    monkeypatch.setenv("PYTHONPATH", path)
+    proc = llm_built.cli("verify", "--generate", "--tokens", "2")
+    assert proc.returncode == 2, (proc.stdout, proc.stderr)
+    assert "Traceback" not in proc.stderr and needle in proc.stderr, proc.stderr
+    assert proc.stderr.count("epbuild: error: ") == 1 and "hint: " in proc.stderr
+
+
 # ---------------------------------------------------------------- Dask
 
 distributed = pytest.importorskip("distributed")
