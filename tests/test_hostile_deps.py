@@ -53,6 +53,53 @@ def test_a_plugin_library_relative_to_the_manifest_is_loaded(workspace: Workspac
     assert (ws.root / "build/g/p/c_ctx.onnx").is_file()
 
 
+# ---------------------------------------------------------------- EP packages
+
+
+def _shadow(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, rel: str, text: str) -> None:
+    """A directory first on the ``PYTHONPATH`` of the processes a test starts, holding
+    ``rel`` (a module that shadows an installed one, or a ``sitecustomize``)."""
+    (tmp_path / "shadow" / rel).parent.mkdir(parents=True, exist_ok=True)
+    (tmp_path / "shadow" / rel).write_text(text)
+    path = os.pathsep.join([str(tmp_path / "shadow"), os.environ.get("PYTHONPATH", "")])
+    monkeypatch.setenv("PYTHONPATH", path)
+
+
+@pytest.mark.parametrize(
+    ("rel", "text", "needle", "hint"),
+    [
+        (
+            "onnxruntime_qnn/__init__.py",
+            "raise ImportError('libQnnHtp.so: cannot open')\n",
+            "onnxruntime-qnn is installed but does not import: ImportError: libQnnHtp.so",
+            "--force-reinstall",
+        ),
+        (
+            "sitecustomize.py",
+            "import sys\nsys.modules['onnxruntime_qnn'] = None\n",
+            "onnxruntime-qnn is not installed",
+            'pip install "epbuild[qnn]"',
+        ),
+    ],
+    ids=["broken", "missing"],
+)
+def test_a_qnn_package_that_does_not_import_is_not_called_missing(
+    simple_ws: Callable[..., Workspace],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    rel: str,
+    text: str,
+    needle: str,
+    hint: str,
+) -> None:
+    ws = simple_ws()
+    _shadow(tmp_path, monkeypatch, rel, text)
+    proc = ws.cli("build", "single")
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
+    assert needle in proc.stderr and hint in proc.stderr, proc.stderr
+    assert not (ws.root / "build/single").exists()
+
+
 # ---------------------------------------------------------------- onnxruntime-genai
 
 SHADOWS = {
@@ -77,6 +124,7 @@ SHADOWS = {
         ),
         ("missing", "verify --generate needs onnxruntime-genai"),
     ],
+    ids=["broken", "missing"],
 )
 def test_verify_generate_without_a_usable_genai_is_a_user_error(
     llm_built: Workspace,
@@ -87,11 +135,7 @@ def test_verify_generate_without_a_usable_genai_is_a_user_error(
 ) -> None:
     """Not "0 problems" and exit 0 with the check marked not checkable: the check asked
     for cannot run here, which is said once, exit 2."""
-    rel, text = SHADOWS[shadow]
-    (tmp_path / "shadow" / rel).parent.mkdir(parents=True, exist_ok=True)
-    (tmp_path / "shadow" / rel).write_text(text)
-    path = os.pathsep.join([str(tmp_path / "shadow"), os.environ.get("PYTHONPATH", "")])
-    monkeypatch.setenv("PYTHONPATH", path)
+    _shadow(tmp_path, monkeypatch, *SHADOWS[shadow])
     proc = llm_built.cli("verify", "--generate", "--tokens", "2")
     assert proc.returncode == 2, (proc.stdout, proc.stderr)
     assert "Traceback" not in proc.stderr and needle in proc.stderr, proc.stderr
