@@ -5,6 +5,7 @@ thing and what to do, with no traceback, no hang and no false verdict."""
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import threading
@@ -15,6 +16,7 @@ from typing import Any
 import pytest
 import waits
 from conftest import Workspace
+from llmfixture import TEXT_PROMPTS, chat_manifest, place_source
 from modelgen import matmul_model
 
 from epbuild.api import Outcome
@@ -140,6 +142,34 @@ def test_verify_generate_without_a_usable_genai_is_a_user_error(
     assert proc.returncode == 2, (proc.stdout, proc.stderr)
     assert "Traceback" not in proc.stderr and needle in proc.stderr, proc.stderr
     assert proc.stderr.count("epbuild: error: ") == 1 and "hint: " in proc.stderr
+
+
+@pytest.mark.parametrize(
+    ("shadow", "needle"),
+    [
+        ("broken", "onnxruntime-genai is installed but does not import: ImportError: "),
+        ("missing", "calibrating an LLM needs onnxruntime-genai"),
+    ],
+    ids=["broken", "missing"],
+)
+def test_calibrating_without_a_usable_genai_names_it(
+    workspace: Workspace,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    shadow: str,
+    needle: str,
+) -> None:
+    """A quantized LLM's calibration reads its prompts with genai's tokenizer: a genai that
+    does not import is named with what to do, not a bare ``ImportError``."""
+    place_source(workspace.root, "llama-text")
+    shutil.copy(TEXT_PROMPTS, workspace.root / "prompts.txt")
+    recipe = 'calibration = "prompts.txt"\nactivations = "uint16"\nweights = "uint8"\n'
+    workspace.manifest(chat_manifest() + f'quantize = "w8a16"\n\n[quantization.w8a16]\n{recipe}')
+    _shadow(tmp_path, monkeypatch, *SHADOWS[shadow])
+    proc = workspace.cli("build")
+    assert proc.returncode in (1, 2) and "Traceback" not in proc.stderr, proc.stderr
+    assert "FAILED chat/calibrate" in proc.stderr and needle in proc.stderr, proc.stderr
+    assert "hint: " in proc.stderr and "epbuild[genai]" in proc.stderr
 
 
 # ---------------------------------------------------------------- Dask
