@@ -102,6 +102,29 @@ def test_a_qnn_package_that_does_not_import_is_not_called_missing(
     assert not (ws.root / "build/single").exists()
 
 
+def test_a_worker_environment_that_cannot_import_onnxruntime_is_named(
+    simple_ws: Callable[..., Workspace], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What a toolchain whose packages were deleted after it was made does (a worker that
+    dies importing onnxruntime): one message naming the environment and what to do, not
+    the worker's traceback."""
+    ws = simple_ws()
+    _shadow(
+        tmp_path,
+        monkeypatch,
+        "onnxruntime/__init__.py",
+        "raise ImportError('libonnxruntime.so.1: cannot open shared object file')\n",
+    )
+    proc = ws.cli("build", "single")
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
+    assert (
+        f"the worker's Python environment {sys.prefix} cannot import onnxruntime: "
+        "ImportError: libonnxruntime.so.1" in proc.stderr
+    ), proc.stderr
+    assert "delete that directory and build again" in proc.stderr
+    assert not (ws.root / "build/single").exists()
+
+
 # ---------------------------------------------------------------- onnxruntime-genai
 
 SHADOWS = {
