@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import importlib.util
 import json
 import shutil
@@ -186,3 +188,123 @@ def test_cache_only_against_a_missing_bucket_names_the_bucket(
     proc = ws.cli("build", "--cache-only", "--cache", "s3://no-such-bucket/epbuild")
     assert proc.returncode == 1 and "Traceback" not in proc.stderr
     assert "s3://no-such-bucket/epbuild: bucket 'no-such-bucket' does not exist" in proc.stderr
+
+
+class _Dying:
+    """A TCP proxy on 127.0.0.1 in front of the S3 server that dies mid-operation: at the
+    first request starting with ``trigger`` it forwards ``keep`` bytes of the answer (0:
+    none), then closes every connection and its port (``died`` is set)."""
+
+    def __init__(self, upstream: int, trigger: bytes, keep: int = 0) -> None:
+        self.upstream, self.trigger, self.keep = upstream, trigger, keep
+        self.died = threading.Event()
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(16)
+        self.port = int(self.sock.getsockname()[1])
+        self.conns: list[socket.socket] = []
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return  # died
+            up = socket.create_connection(("127.0.0.1", self.upstream))
+            self.conns += [conn, up]
+            armed = threading.Event()
+            threading.Thread(target=self._pipe, args=(conn, up, armed, True), daemon=True).start()
+            threading.Thread(target=self._pipe, args=(up, conn, armed, False), daemon=True).start()
+
+    def _pipe(
+        self, src: socket.socket, dst: socket.socket, armed: threading.Event, request: bool
+    ) -> None:
+        left = self.keep
+        try:
+            while data := src.recv(65536):
+                if request and data.startswith(self.trigger):
+                    armed.set()
+                    if not self.keep:
+                        return self.die()
+                if not request and armed.is_set():
+                    data = data[:left]
+                    left -= len(data)
+                dst.sendall(data)
+                if not request and armed.is_set() and left <= 0:
+                    return self.die()
+        except OSError:
+            pass
+        return None
+
+    def die(self) -> None:
+        self.died.set()
+        self.sock.close()
+        for c in self.conns:
+            with contextlib.suppress(OSError):
+                c.shutdown(socket.SHUT_RDWR)
+            c.close()
+
+
+def _through(monkeypatch: pytest.MonkeyPatch, proxy: _Dying) -> None:
+    monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{proxy.port}")
+    monkeypatch.setenv("EPBUILD_CACHE_TIMEOUT", "5")
+
+
+@pytest.mark.slow
+def test_a_server_dying_mid_push_is_one_warning_and_stores_nothing_false(
+    simple_ws: Callable[..., Workspace], s3_server: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The server dies at the first object upload: the build compiles, says so once, exits
+    0; no entry that names a missing object is left in S3; the next push fills it in."""
+    remote = "s3://ci-cache/epbuild"
+    ws = simple_ws()
+    proxy = _Dying(int(s3_server.rsplit(":", 1)[1]), b"PUT /ci-cache/epbuild/v1/objects/")
+    _through(monkeypatch, proxy)
+    proc = ws.cli("build", "--cache", remote, "--cache-push", "--json")
+    doc = json.loads(proc.stdout or "{}")
+    assert proxy.died.is_set()
+    assert proc.returncode == 0 and doc["summary"]["compiled"] == 2, (doc, proc.stderr)
+    assert "Traceback" not in proc.stderr
+    said = [line for line in proc.stderr.splitlines() if "remote cache" in line]
+    assert len(said) == 1 and "unavailable" in said[0], proc.stderr
+    assert "epbuild/v1/entries/" not in _list(s3_server)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("keep", [0, 300])
+def test_a_server_dying_mid_restore_is_compiled_around_or_named(
+    simple_ws: Callable[..., Workspace],
+    s3_server: str,
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+    keep: int,
+) -> None:
+    """The server dies at the first object download (before its answer, or inside its
+    body): a build compiles with one warning, and nothing half-downloaded is kept;
+    --cache-only exits 1 naming the outage. Never "restored"."""
+    remote = "s3://ci-cache/epbuild"
+    ws = simple_ws()
+    ws.cli("build", "--cache", remote, "--cache-push", check=True)
+    ws.cli("clean", check=True)
+    for only in (True, False):
+        monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / f"runner-{only}"))
+        proxy = _Dying(int(s3_server.rsplit(":", 1)[1]), b"GET /ci-cache/epbuild/v1/objects/", keep)
+        _through(monkeypatch, proxy)
+        args = ("--cache-only",) if only else ()
+        proc = ws.cli("build", "--cache", remote, *args, "--json")
+        doc = json.loads(proc.stdout or "{}")
+        assert proxy.died.is_set()
+        assert "Traceback" not in proc.stderr
+        assert doc["summary"]["restored"] == 0, (doc, proc.stderr)
+        if only:
+            assert proc.returncode == 1, proc.stderr
+            assert "not in the cache: the remote cache is unavailable" in proc.stderr
+        else:
+            assert proc.returncode == 0 and doc["summary"]["compiled"] == 2, proc.stderr
+            said = [line for line in proc.stderr.splitlines() if "remote cache" in line]
+            assert len(said) == 1, proc.stderr
+        objects = tmp_path / f"runner-{only}" / "epbuild" / "v1" / "objects"
+        kept = [p for p in objects.rglob("*") if p.is_file()]
+        assert all(hashlib.sha256(p.read_bytes()).hexdigest() == p.name for p in kept), kept
+        ws.cli("clean", check=True)

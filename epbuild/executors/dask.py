@@ -11,18 +11,23 @@ coordinator alone verifies, commits and records state.
 
 A Dask worker that dies mid-action makes the scheduler run the task elsewhere (Dask's
 ``allowed-failures``, 3 by default); past that the action fails, with nothing committed.
+A cluster without workers fails the build (at the start) or its actions (once the last
+worker is gone) after ``connect_timeout`` seconds, instead of queueing them forever; a lost
+scheduler fails the actions it held, named as such.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import shutil
 import subprocess
 import sys
 import tempfile
 import threading
+import time
 import uuid
 from typing import TYPE_CHECKING, Any
 
@@ -41,6 +46,9 @@ SCATTER_OVER = 8 << 20
 """Inputs larger than this are scattered to the workers once instead of riding in the task."""
 MEMORY_RESOURCE = "memory"
 """A worker started with ``--resources memory=BYTES`` gets work by predicted peak memory."""
+
+POLL = 1.0
+"""Seconds between the checks a waiting action makes that the cluster still has workers."""
 
 # Worker-side registry of running compile subprocesses, so ``cancel`` can stop them.
 _PROCS: dict[str, subprocess.Popen[bytes]] = {}
@@ -134,15 +142,34 @@ class DaskExecutor:
             ) from None
         self.root = root
         self._own = isinstance(scheduler, str)
+        self.grace = connect_timeout
+        """Seconds the cluster may be without workers before what waits for one fails."""
         if isinstance(scheduler, str):
             from epbuild.executors.address import connect
 
+            self.address = scheduler
             self.client = connect(scheduler, connect_timeout)
+            # Its failures are this executor's to report, in one line each: not the client's
+            # log records (a lost scheduler logs the client's reconnect traceback).
+            logging.getLogger("distributed.client").addFilter(_quiet)
         else:
+            rpc = scheduler.scheduler
+            self.address = str(rpc.address) if rpc is not None else "its address"
             self.client = scheduler
         self._lock = threading.Lock()
         self._running: dict[str, Future[Any]] = {}
         self._scattered: dict[str, Future[Any]] = {}
+        try:
+            self.client.wait_for_workers(1, timeout=connect_timeout)
+        except Exception as exc:
+            self.close()
+            if not isinstance(exc, TimeoutError):
+                raise
+            raise UserError(
+                f"the Dask scheduler at {self.address} has no workers "
+                f"(none joined within {connect_timeout:g} s)",
+                hint=f"start one on each compile machine: dask worker {self.address}",
+            ) from None
 
     def _workers(self) -> dict[str, Any]:
         workers: dict[str, Any] = self.client.scheduler_info(n_workers=-1).get("workers", {})
@@ -200,20 +227,25 @@ class DaskExecutor:
         job = replace(job, token=token)
         try:
             files = self._inputs(job)
-        except InputChanged as exc:
-            return WorkerOutcome(False, error=str(exc), hint="run the build again")
-        future = self.client.submit(
-            remote_run,
-            job,
-            files,
-            key=token,
-            pure=False,
-            resources=self._resources(job.predicted_peak),
-        )
-        with self._lock:
-            self._running[token] = future
-        try:
-            reply: dict[str, Any] = future.result()
+            future = self.client.submit(
+                remote_run,
+                job,
+                files,
+                key=token,
+                pure=False,
+                resources=self._resources(job.predicted_peak),
+            )
+            with self._lock:
+                self._running[token] = future
+            reply: dict[str, Any] = self._result(future)
+        except _NoWorkers as exc:
+            self.client.cancel([future], force=True)  # type: ignore[no-untyped-call]
+            return WorkerOutcome(
+                False,
+                error=f"the Dask scheduler at {self.address} has had no workers for "
+                f"{exc.args[0]:g} s, so nothing ran this action",
+                hint=f"start workers (dask worker {self.address}), then run the build again",
+            )
         except KilledWorker as exc:
             return WorkerOutcome(
                 False,
@@ -223,11 +255,39 @@ class DaskExecutor:
         except InputChanged as exc:
             return WorkerOutcome(False, error=str(exc), hint="run the build again")
         except Exception as exc:  # a cancelled future or a Dask-side failure
+            lost = getattr(exc, "reason", None) == "scheduler-connection-lost"
+            if lost or self.client.status != "running":
+                return WorkerOutcome(
+                    False,
+                    error=f"lost the connection to the Dask scheduler at {self.address}; "
+                    "nothing of this action was committed",
+                    hint="check that the scheduler is running and reachable, then run the "
+                    "build again",
+                )
             return WorkerOutcome(False, error=f"Dask: {type(exc).__name__}: {exc}")
         finally:
             with self._lock:
                 self._running.pop(token, None)
         return self._land(staging, reply)
+
+    def _result(self, future: Future[Any]) -> Any:
+        """The future's result; raises ``_NoWorkers`` once the cluster has had no worker for
+        ``grace`` seconds (the task would wait for one forever)."""
+        since: float | None = None
+        while True:
+            try:
+                return future.result(timeout=POLL)
+            except TimeoutError:
+                if future.done():  # type: ignore[no-untyped-call]
+                    raise
+            try:  # (a lost scheduler is for the future to say)
+                idle = self.client.status == "running" and not self._workers()
+            except Exception:
+                idle = False
+            now = time.monotonic()
+            since = (since or now) if idle else None
+            if since is not None and now - since >= self.grace:
+                raise _NoWorkers(self.grace)
 
     def _land(self, staging: str, reply: dict[str, Any]) -> WorkerOutcome:
         """Write the returned outputs into the staging directory, checking each digest."""
@@ -272,3 +332,13 @@ class DaskExecutor:
             self.client.cancel(scattered)  # type: ignore[no-untyped-call]
         if self._own:
             self.client.close()  # type: ignore[no-untyped-call]
+            logging.getLogger("distributed.client").removeFilter(_quiet)
+
+
+class _NoWorkers(Exception):
+    """The cluster has had no workers for ``args[0]`` seconds."""
+
+
+def _quiet(record: logging.LogRecord) -> bool:
+    """A logging filter that drops every record."""
+    return False

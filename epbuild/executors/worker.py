@@ -497,12 +497,16 @@ def main() -> None:
     import epbuild._stacks as _stacks
 
     _stacks.register()
-    import onnxruntime  # noqa: F401  (import first: the bulk of the start-up cost)
+    unusable: ImportError | None = None
+    try:
+        import onnxruntime  # noqa: F401  (import first: the bulk of the start-up cost)
+    except ImportError as exc:  # said as the job's failure, naming the environment
+        unusable = exc
 
     line = sys.stdin.buffer.readline()
     threading.Thread(target=_watch_parent, daemon=True).start()
     job = Job.from_json(json.loads(line))
-    result = result_of(job, ".")
+    result = result_of(job, ".") if unusable is None else _no_onnxruntime(job, unusable)
     result_path = posixpath.join(job.staging, RESULT_NAME)
     try:
         atomic_write_text(result_path, json.dumps(result), durable=False)
@@ -514,6 +518,18 @@ def main() -> None:
             sys.stderr.flush()
         os._exit(NO_RESULT)  # never the interpreter's shutdown, which aborts on a full disk
     os._exit(0 if result["ok"] else 1)
+
+
+def _no_onnxruntime(job: Job, exc: ImportError) -> dict[str, Any]:
+    """The failed result of a worker whose Python environment cannot import onnxruntime:
+    a toolchain damaged after it was made (a package deleted), a broken install."""
+    return _failure(
+        job,
+        f"the worker's Python environment {sys.prefix} cannot import onnxruntime: "
+        f"{type(exc).__name__}: {exc}",
+        "if it is a toolchain epbuild made, delete that directory and build again (it is "
+        "made anew); otherwise reinstall onnxruntime there",
+    )
 
 
 NO_RESULT = 75

@@ -312,13 +312,25 @@ LLM_CALIBRATE = LlmCalibrateKind()
 LLM_QUANTIZE = LlmQuantizeKind()
 
 
+def _require_genai() -> None:
+    """A ``UserError`` unless onnxruntime-genai imports here (the tokenizer needs it): one
+    that is missing, or installed but broken, each said as such."""
+    try:
+        import onnxruntime_genai  # noqa: F401
+    except ImportError as exc:
+        if exc.name == "onnxruntime_genai":
+            raise UserError("calibrating an LLM needs onnxruntime-genai", hint=GENAI_HINT) from None
+        raise UserError(
+            f"onnxruntime-genai is installed but does not import: {type(exc).__name__}: {exc}",
+            hint='reinstall it (pip install --force-reinstall "epbuild[genai]"), or install '
+            "what its error names",
+        ) from None
+
+
 def calibrate(job: Job, root: str) -> dict[str, Any]:
     """In the worker: read and tokenize the prompts, check each gives tokens that fit the
     KV cache, and calibrate both graphs on them."""
-    import importlib.util
-
-    if importlib.util.find_spec("onnxruntime_genai") is None:
-        raise UserError("calibrating an LLM needs onnxruntime-genai", hint=GENAI_HINT)
+    _require_genai()
     t0 = time.perf_counter()
     args = job.payload
     label = str(args["label"])

@@ -29,6 +29,7 @@ from typing import Any
 
 from epbuild._dataclass import dataclass, field
 from epbuild._names import GENERATE_TIMEOUT
+from epbuild.errors import UserError
 
 INSTALL_HINT = 'install onnxruntime-genai: pip install "epbuild[genai]"'
 DEFAULT_PROMPT = "The quick brown fox"
@@ -44,7 +45,13 @@ timeout is an int of milliseconds (2^31 ms is 24.8 days)."""
 _CHILD = r"""
 import json, sys, time
 args = json.loads(sys.stdin.readline())
-import onnxruntime_genai as og
+try:
+    import onnxruntime_genai as og
+except Exception as exc:
+    if getattr(exc, "name", None) == "onnxruntime_genai":
+        raise  # not installed: said as such
+    print(json.dumps({"event": "unusable", "error": f"{type(exc).__name__}: {exc}"}), flush=True)
+    sys.exit(3)
 import numpy as np
 def say(**event):
     print(json.dumps(event), flush=True)
@@ -95,6 +102,11 @@ class GenerationError(Exception):
         super().__init__(reason)
         self.reason = reason
         self.prompt_tokens = prompt_tokens
+
+
+class GenaiUnusable(UserError):
+    """onnxruntime-genai is installed but does not import (a broken wheel, a library it
+    needs missing): nothing can generate here, whatever the model."""
 
 
 @dataclass(frozen=True)
@@ -224,6 +236,13 @@ def generate_all(
         loaded, progress = read_progress(said, wanted)
         raise GenerationTimeout(timeout, loaded, progress) from None
     events = _events(proc.stdout)
+    for event in events:
+        if event.get("event") == "unusable":
+            raise GenaiUnusable(
+                f"onnxruntime-genai is installed but does not import: {event.get('error')}",
+                hint='reinstall it (pip install --force-reinstall "epbuild[genai]"), or '
+                "install what its error names",
+            )
     if proc.returncode != 0:
         sizes = tuple(int(e["prompt_tokens"]) for e in events if e.get("event") == "prompt")
         raise GenerationError(_failure(proc), sizes)

@@ -132,7 +132,8 @@ class PluginProvider(BaseProvider):
         """Register the library as ``ep_name`` (default its ``ep_name`` setting) and add its
         devices."""
         ep_name = ep_name or config.settings["ep_name"]
-        library = config.resolve(config.settings["library"])
+        # Absolute: ONNX Runtime looks a relative library path up in its own directory.
+        library = os.path.abspath(config.resolve(config.settings["library"]))
         if not os.path.isfile(library):
             raise ProviderUnavailableError(
                 f"plugin EP library {library} does not exist", hint=install_hint(self.extra)

@@ -393,6 +393,13 @@ class QnnProvider(BaseProvider):
         try:
             import onnxruntime_qnn
         except ImportError as exc:
+            if exc.name != "onnxruntime_qnn":  # there, but it or what it needs is broken
+                raise ProviderUnavailableError(
+                    f"the QNN execution provider package onnxruntime-qnn is installed but does "
+                    f"not import: {type(exc).__name__}: {exc}",
+                    hint='reinstall it (pip install --force-reinstall "epbuild[qnn]"), or '
+                    "install what its error names",
+                ) from exc
             raise ProviderUnavailableError(
                 "the QNN execution provider package onnxruntime-qnn is not installed",
                 hint='install it with pip install "epbuild[qnn]"',
