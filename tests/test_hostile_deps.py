@@ -221,7 +221,7 @@ def test_a_scheduler_without_workers_is_named_not_waited_on_forever(
 
     ws = simple_ws()
     with pytest.raises(UserError) as info:
-        DaskExecutor(str(ws.root), scheduler, connect_timeout=1)
+        DaskExecutor(str(ws.root), scheduler, worker_wait=1)
     assert f"the Dask scheduler at {scheduler} has no workers" in info.value.message
     assert info.value.hint and f"dask worker {scheduler}" in info.value.hint
 

@@ -12,8 +12,9 @@ coordinator alone verifies, commits and records state.
 A Dask worker that dies mid-action makes the scheduler run the task elsewhere (Dask's
 ``allowed-failures``, 3 by default); past that the action fails, with nothing committed.
 A cluster without workers fails the build (at the start) or its actions (once the last
-worker is gone) after ``connect_timeout`` seconds, instead of queueing them forever; a lost
-scheduler fails the actions it held, named as such.
+worker is gone) after ``worker_wait`` seconds (two minutes: long enough for an adaptive
+cluster to start one), instead of queueing them forever; a lost scheduler fails the actions
+it held, named as such.
 """
 
 from __future__ import annotations
@@ -132,7 +133,14 @@ def _kill_tokens(tokens: list[str]) -> int:
 class DaskExecutor:
     """Runs each job as a Dask task on a cluster (``Executor`` protocol)."""
 
-    def __init__(self, root: str, scheduler: str | Client, *, connect_timeout: float = 20) -> None:
+    def __init__(
+        self,
+        root: str,
+        scheduler: str | Client,
+        *,
+        connect_timeout: float = 20,
+        worker_wait: float = 120,
+    ) -> None:
         try:
             import distributed  # noqa: F401
         except ImportError:
@@ -142,7 +150,7 @@ class DaskExecutor:
             ) from None
         self.root = root
         self._own = isinstance(scheduler, str)
-        self.grace = connect_timeout
+        self.grace = worker_wait
         """Seconds the cluster may be without workers before what waits for one fails."""
         if isinstance(scheduler, str):
             from epbuild.executors.address import connect
@@ -160,14 +168,14 @@ class DaskExecutor:
         self._running: dict[str, Future[Any]] = {}
         self._scattered: dict[str, Future[Any]] = {}
         try:
-            self.client.wait_for_workers(1, timeout=connect_timeout)
+            self.client.wait_for_workers(1, timeout=worker_wait)
         except Exception as exc:
             self.close()
             if not isinstance(exc, TimeoutError):
                 raise
             raise UserError(
                 f"the Dask scheduler at {self.address} has no workers "
-                f"(none joined within {connect_timeout:g} s)",
+                f"(none joined within {worker_wait:g} s)",
                 hint=f"start one on each compile machine: dask worker {self.address}",
             ) from None
 
