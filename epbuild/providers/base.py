@@ -77,7 +77,7 @@ def require_devices(
         raise ProviderUnavailableError(
             f"execution provider {ep_name!r} found no device on this machine"
             + (f" of type {device_type}" if device_type else ""),
-            hint=install_hint(extra) + " and check the hardware",
+            hint=install_hint(extra) + "; the device must be on this machine",
         )
     return devices
 
