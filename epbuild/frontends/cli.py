@@ -189,6 +189,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         debug = debug or args.debug
         notes = list(getattr(args, "deprecated", None) or [])
         render.command_notes(notes)
+        if not os.path.isabs(directory) and failures.working_directory_gone():
+            hint = failures.WORKING_DIRECTORY_HINT
+            raise UserError(failures.WORKING_DIRECTORY_GONE, hint=hint)
         if directory != "." and not os.path.isdir(directory):
             raise UserError(f"-C {directory}: no such directory")
         with _waiting(args), usual_collections(args.command):
