@@ -104,6 +104,13 @@ def test_a_long_output_into_a_closed_pipe(workspace: Workspace) -> None:
         clean(run(workspace.root, *args, shell="| head -c 1"), 0)
 
 
+@pytest.mark.parametrize("args", [["watch"], ["watch", "--json"]], ids=" ".join)
+def test_watch_ends_when_nobody_reads_it(built: Workspace, args: list[str]) -> None:
+    """``watch | true``: it ends at its first cycle, as on Ctrl-C (it had become a loop
+    writing to nobody; before, a traceback)."""
+    clean(run(built.root, *args, shell="| true"), 0)
+
+
 def test_a_progress_reader_that_goes_away_fails_no_build(built: Workspace) -> None:
     """``2>&1 | true`` during a build: stderr's reader is gone too; the build completes."""
     built.main("clean", check=True)

@@ -98,6 +98,8 @@ class _Output(io.RawIOBase):
         super().__init__()
         self.fd = fd
         self.name = name
+        self.reader_gone = False
+        """Whether the pipe's reader went away (``render.stdout_reader_gone``)."""
 
     def writable(self) -> bool:
         return True
@@ -118,6 +120,7 @@ class _Output(io.RawIOBase):
                 select.select([], [self.fd], [])
             except OSError as exc:
                 _drop(self.fd)
+                self.reader_gone = exc.errno == errno.EPIPE
                 if self.fd == 1 and exc.errno != errno.EPIPE:
                     reason = exc.strerror or type(exc).__name__
                     raise StorageError(
