@@ -127,7 +127,7 @@ class LockTimeoutError(BuildError):
 
 
 class Interrupted(BuildError):
-    """The build was interrupted (Ctrl-C, SIGTERM); exit code 130."""
+    """The build was interrupted (Ctrl-C, SIGTERM, SIGHUP); exit code 130."""
 
     exit_code = 130
 

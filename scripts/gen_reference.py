@@ -494,7 +494,7 @@ def exit_codes_page() -> str:
         "`epbuild: internal error:`; `--debug` shows its traceback)",
         2: "a user error: the manifest, an argument, an unsafe path, a missing toolchain",
         3: "a lock wait timed out (`--lock-timeout`)",
-        130: "interrupted (Ctrl-C, SIGTERM)",
+        130: "interrupted (Ctrl-C, SIGTERM, SIGHUP unless ignored as under `nohup`)",
     }
     lines = [
         "# Exit codes\n",
@@ -502,6 +502,11 @@ def exit_codes_page() -> str:
         "Every error is one line `epbuild: error: ...` on stderr naming the file, key or path, "
         "with a `hint:` line saying what to do; [Troubleshooting](../troubleshooting.md) "
         "explains the common ones.\n\n",
+        "Output that cannot be delivered changes no exit code but one: a closed stdout "
+        "(`>&-`) is output thrown away, and a reader that went away (`| head -1`) takes "
+        "the rest of it silently, as does anything failing on stderr; a stdout that fails "
+        "otherwise (`>/dev/full`) is one error, `cannot write to standard output`, exit "
+        "code 1 (where the command had succeeded).\n\n",
         "| code | meaning | raised as (`epbuild.errors`) |\n|---|---|---|\n",
         f"| 0 | {meaning[0]} | |\n",
     ]

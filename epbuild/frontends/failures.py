@@ -86,6 +86,9 @@ def describe(exc: BaseException, root: str) -> Failure:
             f"epbuild: error: {exc}",
             _error(exc, exc.exit_code, exc.message, exc.hint),
         )
+    if isinstance(exc, FileNotFoundError) and working_directory_gone():
+        gone = UserError(WORKING_DIRECTORY_GONE, hint=WORKING_DIRECTORY_HINT)
+        return describe(gone, root)
     if isinstance(exc, OSError):  # a write no layer below expected to fail (a full disk)
         from epbuild.fs import os_error_hint, os_error_text
 
@@ -99,6 +102,20 @@ def describe(exc: BaseException, root: str) -> Failure:
     message = f"{type(exc).__name__}: {exc}"[:2000]
     text = f"epbuild: internal error: {message}\n  hint: {BUG_HINT}"
     return Failure(1, text, _error(exc, 1, message, BUG_HINT))
+
+
+WORKING_DIRECTORY_GONE = "the current directory no longer exists (it was deleted or moved)"
+WORKING_DIRECTORY_HINT = "cd to a directory that exists, or give -C an absolute path"
+
+
+def working_directory_gone() -> bool:
+    """Whether the process's working directory was deleted under it (``os.getcwd`` fails:
+    no relative path can be resolved)."""
+    try:
+        os.getcwd()
+    except FileNotFoundError:
+        return True
+    return False
 
 
 def json_requested(argv: Sequence[str]) -> bool:

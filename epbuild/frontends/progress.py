@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 import threading
 from typing import TextIO
@@ -24,7 +25,9 @@ class ConsoleReporter(Reporter):
 
     def __init__(self, stream: TextIO | None = None, *, quiet: bool = False) -> None:
         self.stream = stream or sys.stderr
-        self.tty = self.stream.isatty()
+        self.tty = self.stream.isatty() and os.environ.get("TERM") != "dumb"
+        """Whether progress is one updating status line (a terminal that reads ANSI
+        escapes: not ``TERM=dumb``, an editor's shell), else plain lines."""
         self.quiet = quiet
         self.total = 0
         self.done = 0

@@ -162,12 +162,27 @@ def watch_started(as_json: bool, c: Cycle) -> None:
     if not as_json:
         what = "initial build" if c.number == 1 else ", ".join(c.changed) + " changed"
         print(f"epbuild watch: {what}", flush=True)
+        _stop_unread()
+
+
+def stdout_reader_gone() -> bool:
+    """Whether the reader of the program's stdout went away (``epbuild watch | head``):
+    the command line's stdout stream (``cli._Output``) drops the rest and says so."""
+    raw = getattr(getattr(sys.stdout, "buffer", None), "raw", None)
+    return bool(getattr(raw, "reader_gone", False))
+
+
+def _stop_unread() -> None:
+    """``watch`` ends as on Ctrl-C (exit 0) once nobody reads what it prints."""
+    if stdout_reader_gone():
+        raise KeyboardInterrupt
 
 
 def watch_finished(as_json: bool, c: Cycle) -> None:
     """``epbuild watch``: a cycle ended (one JSON line, or its errors and summary)."""
     if as_json:
         print_json_line(c.to_json(), command="watch", ok=c.ok)
+        _stop_unread()
         return
     for err in (c.manifest_error, c.error):
         if err:
@@ -179,6 +194,7 @@ def watch_finished(as_json: bool, c: Cycle) -> None:
     if c.again:
         again = ", ".join(c.again)
         print(f"epbuild watch: {again} changed while the build read it: building again", flush=True)
+    _stop_unread()
 
 
 def watch_message(text: str) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import posixpath
 import re
+import sys
 from pathlib import Path
 
 from epbuild._names import CACHE_LAYOUT, CTX_SUFFIX, PACKAGE_MANIFEST
@@ -74,7 +75,37 @@ def expand_entry(
             f"rename the file (e.g. to {_shown(renamed)}), or narrow the pattern so that it "
             "does not match it",
         )
+    odd = next((p for p in expanded if not _spelled(p)), None)
+    if odd is not None and is_pattern(pattern):  # a listed name: ``check_model``
+        raise where.error(
+            at,
+            f"pattern {raw!r} matches {_shown(odd)}, whose name is not text in the file-name "
+            f"encoding ({sys.getfilesystemencoding()}): epbuild names the model's outputs and "
+            "records after it",
+            "rename the file to UTF-8 text, or narrow the pattern so that it does not match it"
+            + _LOCALE_HINT,
+        )
     return expanded
+
+
+_LOCALE_HINT = (
+    "; or run epbuild under a UTF-8 locale (LC_ALL=C.UTF-8) or with PYTHONUTF8=1"
+    if sys.getfilesystemencoding() != "utf-8"
+    else ""
+)
+"""What a message about a file name adds where Python's file-name encoding is not UTF-8
+(``LC_ALL=C`` with ``PYTHONUTF8=0``)."""
+
+
+def _spelled(path: str) -> bool:
+    """Whether ``path`` is text in the file-name encoding: a name that is not (bytes
+    ``os.scandir`` could only carry as surrogate escapes) cannot go into a UTF-8 record."""
+    try:
+        path.encode(sys.getfilesystemencoding())
+        path.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def _shown(path: str) -> str:
@@ -143,6 +174,13 @@ def check_model(
     """Why the listed ``model`` cannot be used (it is missing or not a file); None if it can."""
     import stat
 
+    if not _spelled(model):
+        return where.error(
+            path,
+            f"model file {model!r} cannot be named in the file-name encoding "
+            f"({sys.getfilesystemencoding()})",
+            "rename the file and the manifest's entry to ASCII" + _LOCALE_HINT,
+        )
     try:
         mode = os.stat(os.path.join(root, model)).st_mode
     except OSError:

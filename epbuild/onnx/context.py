@@ -616,7 +616,7 @@ def scan_needles(root: str) -> tuple[bytes, ...]:
     """What opaque output bytes are scanned for: the workspace path (real and as given)
     followed by a separator, each only when at least `LONG_PATH_MIN` bytes long."""
     paths = {os.path.realpath(root), os.path.abspath(root)}
-    needles = {(p.rstrip(os.sep) + os.sep).encode() for p in paths}
+    needles = {os.fsencode(p.rstrip(os.sep) + os.sep) for p in paths}  # its bytes on disk
     return tuple(sorted(n for n in needles if len(n) >= LONG_PATH_MIN))
 
 
