@@ -80,8 +80,10 @@ def _stops(signum: int) -> bool:
     return bool(signum == _signal.SIGTERM or _signal.getsignal(signum) != _signal.SIG_IGN)
 
 
-_STOPPING = (_signal.SIGINT, _signal.SIGTERM, _signal.SIGHUP)
-"""The signals that interrupt a command (``_stops``; SIGINT as Python's own Ctrl-C)."""
+_HANGUP = [_signal.SIGHUP] if hasattr(_signal, "SIGHUP") else []  # none on Windows
+_STOPPING = (_signal.SIGINT, _signal.SIGTERM, *_HANGUP)
+"""The signals that interrupt a command (``_stops``; SIGINT as Python's own Ctrl-C; Windows
+has no SIGHUP)."""
 
 
 class _Output(io.RawIOBase):
@@ -142,7 +144,11 @@ def _standard_streams() -> None:
     """A closed descriptor 0, 1 or 2 (``epbuild status >&-``) gets ``/dev/null``, so that
     no file the command opens takes its number (a child's output would land in it); then
     ``sys.stdout`` and ``sys.stderr`` are ``_Output`` streams in the encoding Python chose,
-    writing what that encoding cannot spell as escapes (``\\xf6``) rather than failing."""
+    writing what that encoding cannot spell as escapes (``\\xf6``) rather than failing.
+    POSIX only: Windows keeps Python's own streams (a console's is written as UTF-16 by
+    ``WriteConsoleW``, which bytes written to the descriptor would not be)."""
+    if os.name != "posix":
+        return
     for fd in (0, 1, 2):
         try:
             os.fstat(fd)
