@@ -157,8 +157,10 @@ def _standard_streams() -> None:
     for fd, name, old in ((1, "<stdout>", sys.stdout), (2, "<stderr>", sys.stderr)):
         encoding = getattr(old, "encoding", None) or "utf-8"
         line_buffering = bool(getattr(old, "line_buffering", False))
+        raw = _Output(fd, name)
+        # stderr unbuffered below its text layer, as Python's own: a line is out when written
         stream = io.TextIOWrapper(
-            io.BufferedWriter(_Output(fd, name)),
+            io.BufferedWriter(raw) if fd == 1 else raw,
             encoding=encoding,
             errors="backslashreplace",
             line_buffering=line_buffering,

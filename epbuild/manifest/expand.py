@@ -64,6 +64,15 @@ def expand_entry(
             if hidden
             else "add the models, or fix the pattern (relative to the manifest's directory)",
         )
+    _refuse_odd_names(where, at, raw, pattern, expanded)
+    return expanded
+
+
+def _refuse_odd_names(
+    where: Where, at: tuple[str, ...], raw: str, pattern: str, expanded: list[str]
+) -> None:
+    """Refuse a model a pattern found whose name holds a backslash, or is not text in the
+    file-name encoding: epbuild names outputs and records after it."""
     odd = next((p for p in expanded if "\\" in p), None)
     if odd is not None:
         renamed = odd.replace("\\", "_")
@@ -85,7 +94,6 @@ def expand_entry(
             "rename the file to UTF-8 text, or narrow the pattern so that it does not match it"
             + _LOCALE_HINT,
         )
-    return expanded
 
 
 _LOCALE_HINT = (
