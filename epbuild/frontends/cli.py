@@ -157,14 +157,16 @@ def _standard_streams() -> None:
     for fd, name, old in ((1, "<stdout>", sys.stdout), (2, "<stderr>", sys.stderr)):
         encoding = getattr(old, "encoding", None) or "utf-8"
         line_buffering = bool(getattr(old, "line_buffering", False))
+        # Unbuffered where Python's own is (stderr; stdout too under PYTHONUNBUFFERED or -u):
+        # a line is out when written.
+        unbuffered = fd == 2 or bool(getattr(old, "write_through", False))
         raw = _Output(fd, name)
-        # stderr unbuffered below its text layer, as Python's own: a line is out when written
         stream = io.TextIOWrapper(
-            io.BufferedWriter(raw) if fd == 1 else raw,
+            raw if unbuffered else io.BufferedWriter(raw),
             encoding=encoding,
             errors="backslashreplace",
             line_buffering=line_buffering,
-            write_through=fd == 2,
+            write_through=unbuffered,
         )
         if fd == 1:
             sys.stdout = stream
