@@ -168,7 +168,8 @@ def watch_started(as_json: bool, c: Cycle) -> None:
 def stdout_reader_gone() -> bool:
     """Whether the reader of the program's stdout went away (``epbuild watch | head``):
     the command line's stdout stream (``cli._Output``) drops the rest and says so."""
-    raw = getattr(getattr(sys.stdout, "buffer", None), "raw", None)
+    buffer = getattr(sys.stdout, "buffer", None)
+    raw = getattr(buffer, "raw", buffer)  # no buffer between them where stdout is unbuffered
     return bool(getattr(raw, "reader_gone", False))
 
 
