@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import _signal  # type: ignore[import-not-found]  # signal's module less its enums
 import argparse
-import contextlib
 import errno
 import gc
 import io
@@ -224,8 +223,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(failure.text, file=sys.stderr)
         quiet_stop = command == "watch" and isinstance(exc, KeyboardInterrupt)
         if as_json and not quiet_stop and render.documents_printed() == printed:
-            with contextlib.suppress(OSError, StorageError):  # stdout failed: said above
+            try:
                 render.print_error_json(command, failure.error)
+            except (OSError, StorageError) as lost:  # an unbuffered stdout fails here, not at exit
+                print(failures.describe(lost, ".").text, file=sys.stderr)
         return failure.exit_code
 
 
