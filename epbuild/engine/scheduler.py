@@ -150,8 +150,10 @@ def schedule(runner: ActionRunner, stale: list[ActionPlan]) -> dict[str, ActionR
                 stop = True
             graph.release()
     except KeyboardInterrupt:
-        runner.executor.cancel()
-        slots.shutdown()  # the running actions end (cancelled), as a pool's would
+        try:  # a second Ctrl-C while workers are stopped still ends the slot threads
+            runner.executor.cancel()
+        finally:
+            slots.shutdown()  # the running actions end (cancelled), as a pool's would
         raise Interrupted("interrupted; workers stopped, nothing half-written was kept") from None
     except BaseException:
         slots.shutdown(join=False)  # the running actions finish; none starts
